@@ -1,0 +1,1 @@
+//! cudabuf-cuda (being written).

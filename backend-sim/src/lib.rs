@@ -1,0 +1,1 @@
+//! cudabuf-sim (being written).

@@ -1,0 +1,1 @@
+//! cudabuf-conformance (being written).

@@ -1,0 +1,328 @@
+//! The backend traits: the narrow waist between cudabuf's API and a device.
+//!
+//! A backend implements three small, object-safe traits and nothing else:
+//!
+//! - [`Platform`]: how many devices there are and a handle to each;
+//! - [`Device`]: one device's properties and its contexts;
+//! - [`Context`]: raw memory operations on device addresses (allocate, free, copy,
+//!   pinned host memory, pointer queries, IPC).
+//!
+//! Everything a user sees (bounds checks, accounting, zero-size rules, slices, the IPC
+//! handle format with offsets, the mapping cache, readers and writers) is written once in
+//! this crate on top of these traits, so that backends cannot drift apart. Backends are
+//! therefore allowed to assume what this crate guarantees (see each method's `# Contract`)
+//! but should still check what is cheap to check: the simulator checks everything, to
+//! catch bugs in the layer above.
+//!
+//! With the `mock` feature, `mockall` generates [`MockPlatform`], [`MockDevice`] and
+//! [`MockContext`] for unit-testing code that drives a context.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+
+/// A device address (a `CUdeviceptr` on CUDA; a key into the simulator's allocation
+/// table on the simulator). Address 0 is never a live allocation.
+pub type DevicePtr = u64;
+
+/// The size in bytes of a raw IPC memory handle (`CUipcMemHandle`).
+pub const RAW_IPC_HANDLE_LEN: usize = 64;
+
+/// The backend-specific part of an IPC handle: 64 opaque bytes, as `CUipcMemHandle`.
+pub type RawIpcHandle = [u8; RAW_IPC_HANDLE_LEN];
+
+/// Which backend made something (written into IPC handles, so that a simulator handle is
+/// never handed to the CUDA driver and the reverse).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// The host-memory simulator (`cudabuf-sim`).
+    Sim,
+    /// The CUDA driver (`cudabuf-cuda`).
+    Cuda,
+}
+
+impl BackendKind {
+    /// The wire code of this kind in the extended IPC handle format.
+    pub fn code(self) -> u8 {
+        match self {
+            BackendKind::Sim => 1,
+            BackendKind::Cuda => 2,
+        }
+    }
+
+    /// The kind with this wire code.
+    pub fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(BackendKind::Sim),
+            2 => Some(BackendKind::Cuda),
+            _ => None,
+        }
+    }
+
+    /// A short lower-case name: `"sim"` or `"cuda"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Sim => "sim",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a backend can do, so that behaviour tests can say why they did not run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// IPC handles can be exported and opened in another process.
+    pub ipc: bool,
+    /// Copies between devices are possible.
+    pub peer_copy: bool,
+    /// Pinned host memory has a device address.
+    pub mapped_host_memory: bool,
+    /// Faults can be injected (the simulator).
+    pub fault_injection: bool,
+}
+
+impl Capabilities {
+    /// A capability set with everything on.
+    pub fn all() -> Self {
+        Capabilities {
+            ipc: true,
+            peer_copy: true,
+            mapped_host_memory: true,
+            fault_injection: true,
+        }
+    }
+
+    /// A capability set with everything off.
+    pub fn none() -> Self {
+        Capabilities {
+            ipc: false,
+            peer_copy: false,
+            mapped_host_memory: false,
+            fault_injection: false,
+        }
+    }
+}
+
+/// Pinned (page-locked) host memory returned by [`Context::alloc_host`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedAlloc {
+    /// The host address of the first byte; valid for reads and writes of `size` bytes
+    /// until the allocation is freed.
+    pub host_ptr: *mut u8,
+    /// The device address of the same memory (device-mapped pinned memory).
+    pub device_ptr: DevicePtr,
+    /// The size in bytes (> 0).
+    pub size: usize,
+}
+
+// SAFETY: a `PinnedAlloc` is a plain description of memory (addresses and a size); the
+// memory it names is page-locked process memory reachable from any thread, and access to
+// it is governed by `HostBuffer`, which owns the allocation.
+unsafe impl Send for PinnedAlloc {}
+// SAFETY: as for `Send`: the struct holds no thread-bound state.
+unsafe impl Sync for PinnedAlloc {}
+
+/// A backend: the entry point that enumerates devices.
+///
+/// # Contract
+/// - `num_devices` is stable for the life of the platform.
+/// - `device(n)` for `n >= num_devices()` is [`Error::InvalidDevice`](crate::Error).
+/// - When the backend cannot run at all (CUDA with no driver), every method that
+///   returns a `Result` returns [`Error::NoDriver`](crate::Error) and nothing panics.
+#[cfg_attr(feature = "mock", mockall::automock)]
+pub trait Platform: Send + Sync + fmt::Debug {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// The number of devices.
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`](crate::Error) if the backend cannot run here.
+    fn num_devices(&self) -> Result<usize>;
+
+    /// Device number `ordinal`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDevice`](crate::Error) for a number out of range;
+    /// [`Error::NoDriver`](crate::Error) if the backend cannot run here.
+    fn device(&self, ordinal: usize) -> Result<Arc<dyn Device>>;
+}
+
+/// One device.
+#[cfg_attr(feature = "mock", mockall::automock)]
+pub trait Device: Send + Sync + fmt::Debug {
+    /// The device number (0-based, as `cuDeviceGet`).
+    fn ordinal(&self) -> usize;
+
+    /// The device's name, e.g. `"NVIDIA H200"`.
+    fn name(&self) -> Result<String>;
+
+    /// Total device memory in bytes (the simulator's configured capacity).
+    fn total_memory(&self) -> Result<usize>;
+
+    /// The device's primary context (the one cudarc, PyTorch and CuPy use), retained
+    /// for as long as the returned value lives.
+    fn primary_context(&self) -> Result<Arc<dyn Context>>;
+
+    /// A non-owning context for an existing raw context handle of this device (a
+    /// `CUcontext` on CUDA, a [`Context::handle`] on the simulator).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error) if `handle` is not a context of this device
+    /// (where the backend can tell).
+    ///
+    /// # Safety
+    /// `handle` must be a live context of this device and must outlive the returned
+    /// context and everything allocated through it.
+    unsafe fn shared_context(&self, handle: u64) -> Result<Arc<dyn Context>>;
+}
+
+/// Raw memory operations of one context on one device.
+///
+/// Every method runs with this context made current for the duration of the call and the
+/// previous current context restored afterwards (CUDA: push/pop), so that another
+/// library's context on the calling thread is never clobbered.
+///
+/// # Contract
+/// The caller (cudabuf's core) guarantees:
+/// - sizes passed to `allocate`/`alloc_host` are > 0; copies have `len > 0`;
+/// - every device range passed to a copy lies inside one live allocation (device memory,
+///   mapped pinned memory, or an IPC mapping) that is reachable from this context;
+/// - `free`, `free_host` and `ipc_close` are called exactly once, with what
+///   `allocate`, `alloc_host` and `ipc_open` returned, after the last use.
+///
+/// The implementation guarantees:
+/// - copies are synchronous: when they return, the destination holds the bytes;
+/// - errors are mapped to [`Error`](crate::Error) kinds: out of memory as
+///   `OutOfMemory`, bad addresses as `InvalidAddress`, bad handles as `InvalidIpcHandle`,
+///   everything else from the driver as `Driver` with the call and the CUDA error name.
+#[cfg_attr(feature = "mock", mockall::automock)]
+pub trait Context: Send + Sync + fmt::Debug {
+    /// The number of the device this context is on.
+    fn device_ordinal(&self) -> usize;
+
+    /// The raw context handle (`CUcontext` as an integer on CUDA; a process-unique
+    /// nonzero id on the simulator).
+    fn handle(&self) -> u64;
+
+    /// Wait until all work on the device for this context is done.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Allocate `size` bytes of device memory that can be exported through IPC
+    /// (`cuMemAlloc`, never a stream-ordered pool).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error) when the device cannot hold it.
+    fn allocate(&self, size: usize) -> Result<DevicePtr>;
+
+    /// Free an allocation made by [`Context::allocate`].
+    ///
+    /// # Safety
+    /// `ptr` came from `allocate` on this context, is freed once, and is not used after.
+    unsafe fn free(&self, ptr: DevicePtr) -> Result<()>;
+
+    /// Copy `src` from host memory to the device at `dst`.
+    ///
+    /// # Safety
+    /// `dst..dst + src.len()` lies inside a live allocation reachable from this context.
+    unsafe fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
+
+    /// Copy `dst.len()` bytes from the device at `src` to host memory.
+    ///
+    /// # Safety
+    /// `src..src + dst.len()` lies inside a live allocation reachable from this context.
+    unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()>;
+
+    /// Copy `len` bytes between two device ranges of this context's device (the ranges may
+    /// be in the same allocation and may overlap; the result is as if copied through a
+    /// temporary).
+    ///
+    /// # Safety
+    /// Both ranges lie inside live allocations reachable from this context.
+    unsafe fn copy_device_to_device(&self, dst: DevicePtr, src: DevicePtr, len: usize)
+        -> Result<()>;
+
+    /// Copy `len` bytes from `src` in `src_context` (another context, possibly of another
+    /// device, of the same backend) to `dst` in this context (`cuMemcpyPeer`, with peer
+    /// access enabled where the devices allow it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error) if `src_context` is of another backend.
+    ///
+    /// # Safety
+    /// `dst..dst+len` lies in a live allocation of this context, `src..src+len` in one of
+    /// `src_context`.
+    unsafe fn copy_peer(
+        &self,
+        dst: DevicePtr,
+        src_context: &dyn Context,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<()>;
+
+    /// Allocate `size` bytes of pinned host memory: page-locked, portable (usable from
+    /// every context), device-mapped, and not write-combined.
+    fn alloc_host(&self, size: usize) -> Result<PinnedAlloc>;
+
+    /// Free pinned host memory from [`Context::alloc_host`].
+    ///
+    /// # Safety
+    /// `alloc` came from `alloc_host` on this context, is freed once and not used after.
+    unsafe fn free_host(&self, alloc: PinnedAlloc) -> Result<()>;
+
+    /// The device address for `address`: a device address of a live allocation maps to
+    /// itself; a host address inside pinned, device-mapped memory maps to its device
+    /// address.
+    ///
+    /// # Errors
+    /// [`Error::InvalidAddress`](crate::Error) for pageable host memory, freed memory,
+    /// and addresses the backend does not know.
+    fn device_address(&self, address: u64) -> Result<DevicePtr>;
+
+    /// The base address and size of the allocation that contains `ptr`
+    /// (`cuMemGetAddressRange`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidAddress`](crate::Error) if `ptr` is in no live allocation.
+    fn address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)>;
+
+    /// Export the allocation whose base address is `base` (`cuIpcGetMemHandle`).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error) for memory that cannot be exported (pinned
+    /// host memory, IPC mappings, pool allocations).
+    fn ipc_export(&self, base: DevicePtr) -> Result<RawIpcHandle>;
+
+    /// Map an allocation exported by another process (`cuIpcOpenMemHandle` with
+    /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`); returns the base address of the mapping.
+    ///
+    /// Backends behave as CUDA does: opening a handle exported by this same process
+    /// fails, and opening a handle that this context already has mapped fails. cudabuf's
+    /// core handles both cases above this trait.
+    ///
+    /// # Errors
+    /// [`Error::InvalidIpcHandle`](crate::Error) for a handle that names nothing
+    /// reachable (exporter gone, corrupt bytes); [`Error::Driver`](crate::Error) for
+    /// other driver failures.
+    fn ipc_open(&self, handle: &RawIpcHandle) -> Result<DevicePtr>;
+
+    /// Unmap an IPC mapping (`cuIpcCloseMemHandle`).
+    ///
+    /// # Safety
+    /// `ptr` came from `ipc_open` on this context, is closed once and not used after.
+    unsafe fn ipc_close(&self, ptr: DevicePtr) -> Result<()>;
+}

@@ -1,0 +1,2 @@
+//! cudabuf facade.
+pub use cudabuf_core::*;
