@@ -1,1 +1,56 @@
-//! cudabuf-cuda (being written).
+//! cudabuf-cuda: cudabuf's backend on the real CUDA driver, through cudarc.
+//!
+//! [`CudaBackend`] implements cudabuf's [`Platform`](cudabuf_core::backend::Platform),
+//! [`CudaDevice`] its [`Device`](cudabuf_core::backend::Device) and [`CudaDriverContext`]
+//! its [`Context`](cudabuf_core::backend::Context). Everything a user sees (bounds checks,
+//! accounting, IPC handle format, readers and writers) lives in `cudabuf-core`; this crate
+//! only makes the raw driver calls. It uses cudarc's `sys` layer (the driver API as is)
+//! almost everywhere, and its safe layer only for interop ([`CudaBackend::to_cudarc`],
+//! [`CudaBackend::context_from_cudarc`], [`cudarc_slice_view`]).
+//!
+//! # Rules
+//! - **Push/pop.** Every driver call made for a context runs with that context pushed
+//!   (`cuCtxPushCurrent`) and popped afterwards (`cuCtxPopCurrent`), through a guard, so
+//!   that another library's current context on the calling thread is never clobbered
+//!   (pyarrow does the same; cudarc's `bind_to_thread` does not, so calls into cudarc's
+//!   safe layer save and restore the current context instead).
+//! - **`cuMemAlloc`, not cudarc's allocations.** Device memory comes from `cuMemAlloc`:
+//!   cudarc's stream allocations come from the stream-ordered pool (`cuMemAllocAsync`),
+//!   which `cuIpcGetMemHandle` refuses, and a `CudaSlice` would free our pointers with
+//!   `cuMemFreeAsync`. So no `CudaSlice` ever wraps memory this crate allocates.
+//! - **Pinned memory is portable and device-mapped, not write-combined**
+//!   (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`; cudarc's
+//!   `alloc_pinned` is write-combined, which makes CPU reads very slow).
+//! - **Copies are synchronous**: `cuMemcpy*` calls that may return early (device to
+//!   device, host to device from pageable memory, peer copies) are followed by a wait.
+//! - **Peer access** is enabled once per (destination context, source context) pair on
+//!   different devices that allow it, so that peer copies do not go through the host.
+//! - **Primary contexts** are retained once per device and released when the last clone
+//!   is dropped; a shared context (from a raw handle) is never released by us; a context
+//!   from cudarc is kept alive by an `Arc` of cudarc's context.
+//!
+//! # Without a driver
+//! cudarc loads libcuda lazily and *panics* if it is missing. [`CudaBackend::new`] checks
+//! first (`is_culib_present`) and returns [`Error::NoDriver`](cudabuf_core::Error) with a
+//! reason, as it does when `cuInit` fails; every other entry point needs a `CudaBackend`
+//! (or a cudarc object, which cannot exist without the driver), so nothing here panics
+//! for want of a driver. The crate builds without CUDA installed (libcuda is loaded at
+//! run time).
+
+mod context;
+mod current;
+mod device;
+mod driver_error;
+mod interop;
+mod platform;
+mod registry;
+
+pub use context::CudaDriverContext;
+pub use device::CudaDevice;
+pub use interop::{cudarc_slice_view, CudarcSliceView};
+pub use platform::CudaBackend;
+
+/// The version of cudarc this crate is built on, re-exported so that users name the same
+/// types ([`cudarc::driver::CudaContext`], [`cudarc::driver::CudaSlice`]) in the interop
+/// functions.
+pub use cudarc;

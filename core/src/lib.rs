@@ -1,8 +1,63 @@
-//! cudabuf-core: the backend traits and the pyarrow.cuda API written once on top of them.
-#![warn(missing_docs)]
+//! cudabuf-core: pyarrow.cuda's API for Rust, written once over small backend traits.
+//!
+//! This crate holds everything a user of cudabuf sees, independent of the device:
+//!
+//! - [`Backend`]: a backend (simulator or CUDA) and its devices; [`Backend::context`]
+//!   gives a device's primary [`Context`];
+//! - [`Context`]: allocates [`DeviceBuffer`]s, pinned [`HostBuffer`]s, wraps foreign
+//!   memory, opens [`IpcMemHandle`]s, and counts `bytes_allocated`;
+//! - [`DeviceBuffer`]: device memory with checked, synchronous copies, zero-copy slices,
+//!   and export for IPC;
+//! - [`BufferReader`] / [`BufferWriter`]: `std::io` over device memory;
+//! - [`backend`]: the three traits a backend implements ([`backend::Platform`],
+//!   [`backend::Device`], [`backend::Context`]).
+//!
+//! # Rules
+//! - Every position, offset and size is checked; bad input is a typed [`Error`] (see
+//!   [`ErrorKind`]), never a panic, and changes nothing.
+//! - Copies are synchronous, like pyarrow's.
+//! - Names follow pyarrow's (snake_case, same words); where cudabuf deliberately differs
+//!   from pyarrow, the item's documentation says so under "Fixed pyarrow quirk".
+//! - Memory is freed when the last buffer using it is dropped; `bytes_allocated` counts
+//!   only owning allocations.
+//!
+//! # pyarrow -> cudabuf
+//! | pyarrow.cuda | cudabuf |
+//! |---|---|
+//! | `Context(n)` | [`Backend::context`] |
+//! | `Context(n, handle)` | [`Backend::shared_context`] (unsafe) |
+//! | `Context.get_num_devices()` | [`Backend::num_devices`] |
+//! | `ctx.new_buffer(n)` | [`Context::new_buffer`] |
+//! | `ctx.buffer_from_data(d)` | [`Context::buffer_from_data`] |
+//! | `ctx.buffer_from_object(o)` | [`Context::buffer_from_object`] |
+//! | `ctx.foreign_buffer(a, n, base)` | [`Context::foreign_buffer`] (unsafe) |
+//! | `ctx.get_device_address(a)` | [`Context::get_device_address`] |
+//! | `ctx.open_ipc_buffer(h)` | [`Context::open_ipc_buffer`] |
+//! | `CudaBuffer` | [`DeviceBuffer`] |
+//! | `new_host_buffer(n, dev)` | [`Backend::new_host_buffer`], [`Context::new_host_buffer`] |
+//! | `IpcMemHandle.serialize()` / `from_buffer()` | [`IpcMemHandle::to_bytes`] / [`IpcMemHandle::from_bytes`] |
+//! | `BufferReader`, `BufferWriter` | [`BufferReader`], [`BufferWriter`] |
 
 pub mod backend;
+mod buffer;
+mod context;
+mod devices;
 mod error;
+mod host;
+mod ipc;
+mod memory;
+mod object;
+mod reader;
+mod writer;
 
 pub use backend::BackendKind;
+pub use buffer::DeviceBuffer;
+pub use context::Context;
+pub use devices::Backend;
 pub use error::{Error, ErrorKind, Result};
+pub use host::HostBuffer;
+pub use ipc::{IpcMemHandle, EXTENDED_HANDLE_LEN};
+pub use memory::Owner;
+pub use object::{DataSource, DeviceAccessible, DeviceView, RawDeviceMemory};
+pub use reader::BufferReader;
+pub use writer::BufferWriter;

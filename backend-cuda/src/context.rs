@@ -1,0 +1,523 @@
+//! [`CudaDriverContext`]: a CUDA context (primary, shared, or cudarc's) and the raw
+//! memory operations of [`Context`] on it.
+
+use std::collections::HashSet;
+use std::ffi::{c_int, c_uint, c_void};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudabuf_core::backend::{Context, DevicePtr, PinnedAlloc, RawIpcHandle, RAW_IPC_HANDLE_LEN};
+use cudabuf_core::{Error, Result};
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
+
+use crate::current::PushedContext;
+use crate::driver_error::{check, CuFailure};
+use crate::registry;
+
+/// A raw `CUcontext` that may be used from any thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RawContext(CUcontext);
+
+// SAFETY: a `CUcontext` is a driver handle, not thread-bound data: the driver API is
+// thread safe and a context may be made current on any thread (which is what every use
+// here does, through `PushedContext`).
+unsafe impl Send for RawContext {}
+// SAFETY: as for `Send`; the handle itself is never mutated.
+unsafe impl Sync for RawContext {}
+
+/// What keeps the context alive, and what dropping the wrapper gives back.
+enum Ownership {
+    /// A retained primary context: `cuDevicePrimaryCtxRelease` on drop.
+    Primary,
+    /// Somebody else's context (`Device::shared_context`): nothing on drop.
+    Shared,
+    /// cudarc's context, kept alive by this reference.
+    Cudarc(Arc<cudarc::driver::CudaContext>),
+}
+
+impl fmt::Debug for Ownership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Ownership::Primary => "Primary",
+            Ownership::Shared => "Shared",
+            Ownership::Cudarc(_) => "Cudarc",
+        })
+    }
+}
+
+/// A CUDA context on one device, as cudabuf's [`Context`].
+///
+/// Three kinds, told apart only by what they own:
+/// - the device's primary context ([`Device::primary_context`]), retained with
+///   `cuDevicePrimaryCtxRetain` and released on drop (the same primary context that
+///   cudarc, PyTorch and CuPy use);
+/// - a shared context ([`Device::shared_context`]) wrapping somebody else's handle, which
+///   it never releases;
+/// - a cudarc context ([`CudaBackend::context_from_cudarc`]), kept alive by an `Arc`.
+///
+/// Every method pushes the context (`cuCtxPushCurrent`) for the duration of its driver
+/// calls and pops it after, so another library's current context on the calling thread
+/// is left as it was.
+///
+/// Named `CudaDriverContext` so that it is not confused with `cudarc::driver::CudaContext`.
+///
+/// [`Device::primary_context`]: cudabuf_core::backend::Device::primary_context
+/// [`Device::shared_context`]: cudabuf_core::backend::Device::shared_context
+/// [`CudaBackend::context_from_cudarc`]: crate::CudaBackend::context_from_cudarc
+#[derive(Debug)]
+pub struct CudaDriverContext {
+    ctx: RawContext,
+    device: CUdevice,
+    ordinal: usize,
+    ownership: Ownership,
+    /// Source contexts (by handle) for which peer access from this context has been
+    /// enabled, or found impossible, so that it is tried once per pair.
+    peers: Mutex<HashSet<u64>>,
+}
+
+impl CudaDriverContext {
+    fn new(ctx: CUcontext, device: CUdevice, ordinal: usize, ownership: Ownership) -> Self {
+        registry::register(ctx as u64, device);
+        CudaDriverContext {
+            ctx: RawContext(ctx),
+            device,
+            ordinal,
+            ownership,
+            peers: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Retain the primary context of `device` (`cuDevicePrimaryCtxRetain`).
+    ///
+    /// # Safety
+    /// The driver is initialised and `device` is the `CUdevice` of ordinal `ordinal`.
+    pub(crate) unsafe fn retain_primary(ordinal: usize, device: CUdevice) -> Result<Self> {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer; the caller guarantees `device` is valid.
+        check("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, device)
+        })
+        .map_err(|f| f.into_error(ordinal))?;
+        Ok(Self::new(ctx, device, ordinal, Ownership::Primary))
+    }
+
+    /// Wrap somebody else's context without owning it.
+    ///
+    /// # Safety
+    /// `ctx` is a live context of `device` (ordinal `ordinal`) and outlives the wrapper.
+    pub(crate) unsafe fn shared(ordinal: usize, device: CUdevice, ctx: CUcontext) -> Self {
+        Self::new(ctx, device, ordinal, Ownership::Shared)
+    }
+
+    /// Wrap cudarc's context, keeping it alive.
+    pub(crate) fn from_cudarc(ctx: &Arc<cudarc::driver::CudaContext>) -> Self {
+        Self::new(
+            ctx.cu_ctx(),
+            ctx.cu_device(),
+            ctx.ordinal(),
+            Ownership::Cudarc(Arc::clone(ctx)),
+        )
+    }
+
+    /// The raw `CUcontext`. It stays owned by this wrapper: do not release or destroy it.
+    pub fn cu_ctx(&self) -> CUcontext {
+        self.ctx.0
+    }
+
+    /// The raw `CUdevice` of this context.
+    pub fn cu_device(&self) -> CUdevice {
+        self.device
+    }
+
+    /// Whether this wrapper holds a retain of the device's primary context.
+    pub fn is_primary(&self) -> bool {
+        matches!(self.ownership, Ownership::Primary)
+    }
+
+    /// Push this context for the duration of the returned guard.
+    fn push(&self) -> Result<PushedContext> {
+        // SAFETY: `self.ctx` is live while `self` is: owned (primary, cudarc) or
+        // guaranteed by the caller of `shared_context`.
+        unsafe { PushedContext::push(self.ctx.0) }.map_err(|f| f.into_error(self.ordinal))
+    }
+
+    /// The general error mapping for a failure on this context's device.
+    fn fail(&self, failure: CuFailure) -> Error {
+        failure.into_error(self.ordinal)
+    }
+
+    /// Wait for the legacy default stream of the pushed context, which is where the
+    /// synchronous-looking `cuMemcpy*` calls run: they may return before the copy is
+    /// complete (device to device always; host to device from pageable memory), and our
+    /// contract is that a copy is done when it returns.
+    fn wait_default_stream(&self, _pushed: &PushedContext) -> Result<()> {
+        // SAFETY: a context is pushed (witnessed by `_pushed`); the null stream is the
+        // legacy default stream of that context.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(std::ptr::null_mut())
+        })
+        .map_err(|f| self.fail(f))
+    }
+
+    /// Enable peer access from this context to `src_ctx` (on `src_device`) once, if the
+    /// devices differ and the hardware allows it. Failure to enable is not an error:
+    /// `cuMemcpyPeer` still works, staged through the host.
+    fn ensure_peer_access(&self, src_ctx: CUcontext, src_device: CUdevice) -> Result<()> {
+        if src_device == self.device {
+            return Ok(());
+        }
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if peers.contains(&(src_ctx as u64)) {
+            return Ok(());
+        }
+        let mut can_access: c_int = 0;
+        // SAFETY: `can_access` is a valid out-pointer; both devices are valid `CUdevice`s
+        // (ours from `cuDeviceGet`, the source's from a live registered context).
+        check("cuDeviceCanAccessPeer", unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can_access, self.device, src_device)
+        })
+        .map_err(|f| self.fail(f))?;
+        if can_access != 0 {
+            let pushed = self.push()?;
+            // SAFETY: our context is pushed; `src_ctx` is live (the caller's contract for
+            // `copy_peer`) and of another device.
+            let status = unsafe { sys::cuCtxEnablePeerAccess(src_ctx, 0) };
+            drop(pushed);
+            // CUDA_SUCCESS and CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED both leave access
+            // enabled; any other failure (e.g. CUDA_ERROR_TOO_MANY_PEERS) only means that
+            // copies from this source are staged through the host.
+            let _ = status;
+        }
+        // Remembered by handle. A context destroyed and another created at the same
+        // address would skip enabling: slower copies, never wrong ones.
+        peers.insert(src_ctx as u64);
+        Ok(())
+    }
+}
+
+impl Drop for CudaDriverContext {
+    fn drop(&mut self) {
+        registry::unregister(self.ctx.0 as u64);
+        match std::mem::replace(&mut self.ownership, Ownership::Shared) {
+            Ownership::Primary => {
+                // SAFETY: this wrapper retained the primary context of `self.device` once
+                // (in `retain_primary`) and releases it once, here. Errors cannot be
+                // reported from `drop`.
+                let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+            }
+            Ownership::Shared => {}
+            Ownership::Cudarc(cudarc_ctx) => {
+                // cudarc's drop makes its context current (`cuCtxSetCurrent`); put back
+                // the thread's context unless it was that very context.
+                let restore = crate::current::RestoreCurrent::save()
+                    .map(|r| r.unless(self.ctx.0))
+                    .ok();
+                drop(cudarc_ctx);
+                drop(restore);
+            }
+        }
+    }
+}
+
+impl Context for CudaDriverContext {
+    fn device_ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    fn handle(&self) -> u64 {
+        self.ctx.0 as u64
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let _pushed = self.push()?;
+        // SAFETY: our context is pushed.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() }).map_err(|f| self.fail(f))
+    }
+
+    fn allocate(&self, size: usize) -> Result<DevicePtr> {
+        let _pushed = self.push()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: our context is pushed; `ptr` is a valid out-pointer.
+        let status = unsafe { sys::cuMemAlloc_v2(&mut ptr, size) };
+        match check("cuMemAlloc_v2", status) {
+            Ok(()) => Ok(ptr),
+            Err(failure) if failure.code == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let mut free = 0usize;
+                let mut total = 0usize;
+                // SAFETY: our context is pushed; both are valid out-pointers.
+                let info = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
+                let mut detail = failure.reason();
+                if info == CUresult::CUDA_SUCCESS {
+                    detail.push_str(&format!("; {free} of {total} bytes free"));
+                }
+                Err(Error::OutOfMemory {
+                    device: self.ordinal,
+                    requested: size,
+                    detail,
+                })
+            }
+            Err(failure) => Err(failure.into_alloc_error(self.ordinal, size)),
+        }
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
+        let _pushed = self.push()?;
+        // SAFETY: our context is pushed; the caller guarantees `ptr` came from
+        // `cuMemAlloc_v2` on this context and is freed once.
+        check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) }).map_err(|f| self.fail(f))
+    }
+
+    unsafe fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let pushed = self.push()?;
+        // SAFETY: our context is pushed; `src` is readable for `src.len()` bytes; the
+        // caller guarantees `dst..dst + src.len()` is in a live allocation reachable from
+        // this context.
+        check("cuMemcpyHtoD_v2", unsafe {
+            sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast::<c_void>(), src.len())
+        })
+        .map_err(|f| self.fail(f))?;
+        self.wait_default_stream(&pushed)
+    }
+
+    unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let _pushed = self.push()?;
+        // SAFETY: our context is pushed; `dst` is writable for `dst.len()` bytes; the
+        // caller guarantees `src..src + dst.len()` is in a live allocation reachable from
+        // this context. cuMemcpyDtoH returns once the copy is complete.
+        check("cuMemcpyDtoH_v2", unsafe {
+            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len())
+        })
+        .map_err(|f| self.fail(f))
+    }
+
+    unsafe fn copy_device_to_device(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let pushed = self.push()?;
+        // SAFETY: our context is pushed; the caller guarantees both ranges are in live
+        // allocations reachable from this context. cuMemcpy handles overlapping ranges
+        // (the trait asks for copy-through-a-temporary semantics).
+        check("cuMemcpyDtoD_v2", unsafe {
+            sys::cuMemcpyDtoD_v2(dst, src, len)
+        })
+        .map_err(|f| self.fail(f))?;
+        self.wait_default_stream(&pushed)
+    }
+
+    unsafe fn copy_peer(
+        &self,
+        dst: DevicePtr,
+        src_context: &dyn Context,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<()> {
+        let src_handle = src_context.handle();
+        let Some(src_device) = registry::device_of(src_handle) else {
+            return Err(Error::invalid_argument(
+                "copy_peer",
+                format!(
+                    "the source context (handle {src_handle:#x}, device {}) is not a live \
+                     context of the CUDA backend",
+                    src_context.device_ordinal()
+                ),
+            ));
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        if src_handle == self.handle() {
+            // SAFETY: same context: the caller's guarantees for `copy_peer` are those of
+            // `copy_device_to_device`.
+            return unsafe { self.copy_device_to_device(dst, src, len) };
+        }
+        let src_ctx = src_handle as CUcontext;
+        self.ensure_peer_access(src_ctx, src_device)?;
+        let _pushed = self.push()?;
+        // SAFETY: our context is pushed; `src_ctx` is a live context (registered, and
+        // the caller guarantees `src_context` is live); the caller guarantees the ranges.
+        check("cuMemcpyPeer", unsafe {
+            sys::cuMemcpyPeer(dst, self.ctx.0, src, src_ctx, len)
+        })
+        .map_err(|f| self.fail(f))?;
+        // cuMemcpyPeer is asynchronous with respect to the host but serialised with all
+        // work in both contexts: wait for this context to finish it.
+        // SAFETY: our context is pushed.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() }).map_err(|f| self.fail(f))
+    }
+
+    fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
+        let _pushed = self.push()?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags: c_uint = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: our context is pushed; `host` is a valid out-pointer. Portable and
+        // device-mapped, deliberately not write-combined (CPU reads stay fast).
+        check("cuMemHostAlloc", unsafe {
+            sys::cuMemHostAlloc(&mut host, size, flags)
+        })
+        .map_err(|f| f.into_alloc_error(self.ordinal, size))?;
+        let mut device_ptr: sys::CUdeviceptr = 0;
+        // SAFETY: our context is pushed; `host` is a live device-mapped pinned allocation;
+        // flags must be 0.
+        let mapped = check("cuMemHostGetDevicePointer_v2", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, host, 0)
+        });
+        if let Err(failure) = mapped {
+            // SAFETY: `host` came from cuMemHostAlloc above and is not used after.
+            let _ = unsafe { sys::cuMemFreeHost(host) };
+            return Err(self.fail(failure));
+        }
+        Ok(PinnedAlloc {
+            host_ptr: host.cast::<u8>(),
+            device_ptr,
+            size,
+        })
+    }
+
+    unsafe fn free_host(&self, alloc: PinnedAlloc) -> Result<()> {
+        let _pushed = self.push()?;
+        // SAFETY: our context is pushed; the caller guarantees `alloc` came from
+        // `alloc_host` (cuMemHostAlloc) and is freed once.
+        check("cuMemFreeHost", unsafe {
+            sys::cuMemFreeHost(alloc.host_ptr.cast::<c_void>())
+        })
+        .map_err(|f| self.fail(f))
+    }
+
+    fn device_address(&self, address: u64) -> Result<DevicePtr> {
+        const NOT_DEVICE: &str = "not device memory or pinned host memory (pageable or freed)";
+        if address == 0 {
+            return Err(Error::invalid_address(address, NOT_DEVICE));
+        }
+        let _pushed = self.push()?;
+        let mut device_ptr: sys::CUdeviceptr = 0;
+        // SAFETY: our context is pushed; for DEVICE_POINTER the driver writes one
+        // CUdeviceptr into `data`, which points at `device_ptr`. The driver only looks the
+        // address up; it never dereferences it.
+        let status = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut device_ptr as *mut sys::CUdeviceptr).cast::<c_void>(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                address,
+            )
+        };
+        match check("cuPointerGetAttribute", status) {
+            Ok(()) if device_ptr != 0 => Ok(device_ptr),
+            Ok(()) => Err(Error::invalid_address(address, NOT_DEVICE)),
+            Err(failure)
+                if matches!(
+                    failure.code,
+                    CUresult::CUDA_ERROR_INVALID_VALUE | CUresult::CUDA_ERROR_NOT_FOUND
+                ) =>
+            {
+                Err(Error::invalid_address(
+                    address,
+                    format!("{NOT_DEVICE}: {}", failure.reason()),
+                ))
+            }
+            Err(failure) => Err(self.fail(failure)),
+        }
+    }
+
+    fn address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
+        let _pushed = self.push()?;
+        let mut base: sys::CUdeviceptr = 0;
+        let mut size = 0usize;
+        // SAFETY: our context is pushed; both are valid out-pointers; the driver only
+        // looks `ptr` up.
+        let status = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+        match check("cuMemGetAddressRange_v2", status) {
+            Ok(()) => Ok((base, size)),
+            Err(failure) if crate::driver_error::is_no_driver(failure.code) => {
+                Err(self.fail(failure))
+            }
+            Err(failure) => Err(Error::invalid_address(
+                ptr,
+                format!("in no live allocation: {}", failure.reason()),
+            )),
+        }
+    }
+
+    fn ipc_export(&self, base: DevicePtr) -> Result<RawIpcHandle> {
+        let _pushed = self.push()?;
+        let mut handle = sys::CUipcMemHandle {
+            reserved: [0; RAW_IPC_HANDLE_LEN],
+        };
+        // SAFETY: our context is pushed; `handle` is a valid out-pointer.
+        let status = unsafe { sys::cuIpcGetMemHandle(&mut handle, base) };
+        match check("cuIpcGetMemHandle", status) {
+            Ok(()) => Ok(handle.reserved.map(|byte| byte as u8)),
+            Err(failure)
+                if matches!(
+                    failure.code,
+                    CUresult::CUDA_ERROR_INVALID_VALUE | CUresult::CUDA_ERROR_NOT_SUPPORTED
+                ) =>
+            {
+                Err(Error::unsupported(
+                    "export_for_ipc",
+                    format!(
+                        "memory at {base:#x} is not a cuMemAlloc allocation (pinned host \
+                         memory, a stream-ordered pool allocation such as cudarc's \
+                         CudaStream::alloc, or an IPC mapping cannot be exported); allocate \
+                         with this context's new_buffer to export: {}",
+                        failure.reason()
+                    ),
+                ))
+            }
+            Err(failure) => Err(self.fail(failure)),
+        }
+    }
+
+    fn ipc_open(&self, handle: &RawIpcHandle) -> Result<DevicePtr> {
+        let _pushed = self.push()?;
+        let raw = sys::CUipcMemHandle {
+            reserved: handle.map(|byte| byte as std::ffi::c_char),
+        };
+        let mut ptr: sys::CUdeviceptr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint;
+        // SAFETY: our context is pushed; `ptr` is a valid out-pointer; the handle is
+        // passed by value and only interpreted by the driver, which validates it.
+        let status = unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, raw, flags) };
+        match check("cuIpcOpenMemHandle_v2", status) {
+            Ok(()) => Ok(ptr),
+            // Invalid context (opened in the exporting process) and already mapped stay
+            // `Error::Driver` with their names: core relies on that.
+            Err(failure)
+                if matches!(
+                    failure.code,
+                    CUresult::CUDA_ERROR_INVALID_VALUE
+                        | CUresult::CUDA_ERROR_INVALID_HANDLE
+                        | CUresult::CUDA_ERROR_MAP_FAILED
+                ) =>
+            {
+                Err(Error::invalid_ipc_handle(format!(
+                    "the handle names no memory this process can map (exporter gone, or \
+                     corrupt bytes): {}",
+                    failure.reason()
+                )))
+            }
+            Err(failure) => Err(self.fail(failure)),
+        }
+    }
+
+    unsafe fn ipc_close(&self, ptr: DevicePtr) -> Result<()> {
+        let _pushed = self.push()?;
+        // SAFETY: our context is pushed; the caller guarantees `ptr` came from `ipc_open`
+        // on this context and is closed once.
+        check("cuIpcCloseMemHandle", unsafe {
+            sys::cuIpcCloseMemHandle(ptr)
+        })
+        .map_err(|f| self.fail(f))
+    }
+}

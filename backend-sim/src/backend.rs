@@ -1,0 +1,225 @@
+//! [`SimBackend`]: the simulator's platform, and the state its devices and contexts share.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudabuf_core::backend::{BackendKind, Capabilities, Device, Platform};
+use cudabuf_core::{Error, Result};
+
+use crate::address::{new_tag, MAX_DEVICES};
+use crate::config::SimConfig;
+use crate::context::{new_context_handle, SimContext};
+use crate::device::SimDevice;
+use crate::faults::{FaultOp, Faults};
+use crate::leak::LeakReport;
+use crate::table::Table;
+
+/// What the mutex guards: the allocation table and the fault injector.
+#[derive(Debug)]
+pub(crate) struct State {
+    /// Every allocation of the instance.
+    pub(crate) table: Table,
+    /// Armed faults and call counters.
+    pub(crate) faults: Faults,
+}
+
+/// The state of one simulator instance, shared by its backend handles, devices and
+/// contexts. Dropping the last reference prints a leak report if allocations are live.
+pub(crate) struct Shared {
+    /// The configured name.
+    pub(crate) name: String,
+    /// Each device's capacity.
+    pub(crate) capacity: usize,
+    /// The primary context handle of each device.
+    contexts: Vec<u64>,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    /// Locks the instance (a panic elsewhere does not make the simulator unusable).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The device of a context handle of this instance.
+    pub(crate) fn context_device(&self, handle: u64) -> Option<usize> {
+        self.contexts.iter().position(|&h| h == handle)
+    }
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("name", &self.name)
+            .field("devices", &self.contexts.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let report = self.lock().table.leak_report(&self.name);
+        if !report.is_empty() {
+            eprintln!("cudabuf-sim: memory leaked at shutdown: {report}");
+        }
+    }
+}
+
+struct Inner {
+    config: SimConfig,
+    shared: Arc<Shared>,
+    devices: Vec<Arc<SimDevice>>,
+}
+
+/// The simulator: host memory that behaves like CUDA device memory and enforces CUDA's
+/// rules (see the [crate documentation](crate)). Cheap to clone: clones are handles to
+/// the same instance.
+#[derive(Clone)]
+pub struct SimBackend {
+    inner: Arc<Inner>,
+}
+
+impl SimBackend {
+    /// A simulator with the default configuration: 2 devices of 1 GiB.
+    pub fn new() -> Self {
+        Self::with_config(SimConfig::default())
+    }
+
+    /// A simulator with this configuration.
+    ///
+    /// # Panics
+    /// If `config.devices` exceeds [`MAX_DEVICES`].
+    pub fn with_config(config: SimConfig) -> Self {
+        assert!(
+            config.devices <= MAX_DEVICES,
+            "SimConfig: {} devices requested, the simulator supports at most {MAX_DEVICES}",
+            config.devices
+        );
+        let contexts: Vec<u64> = (0..config.devices).map(|_| new_context_handle()).collect();
+        let shared = Arc::new(Shared {
+            name: config.name.clone(),
+            capacity: config.capacity_per_device,
+            contexts: contexts.clone(),
+            state: Mutex::new(State {
+                table: Table::new(new_tag(), config.devices, config.capacity_per_device),
+                faults: Faults::default(),
+            }),
+        });
+        let devices = contexts
+            .iter()
+            .enumerate()
+            .map(|(ordinal, &handle)| {
+                let primary = Arc::new(SimContext::new(shared.clone(), ordinal, handle));
+                Arc::new(SimDevice::new(shared.clone(), ordinal, primary))
+            })
+            .collect();
+        SimBackend {
+            inner: Arc::new(Inner {
+                config,
+                shared,
+                devices,
+            }),
+        }
+    }
+
+    /// The configuration this simulator was made with.
+    pub fn config(&self) -> &SimConfig {
+        &self.inner.config
+    }
+
+    /// Device `ordinal` as its concrete type.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDevice`] for a number out of range.
+    pub fn sim_device(&self, ordinal: usize) -> Result<Arc<SimDevice>> {
+        self.inner
+            .devices
+            .get(ordinal)
+            .cloned()
+            .ok_or(Error::InvalidDevice {
+                device: ordinal,
+                count: self.inner.devices.len(),
+            })
+    }
+
+    /// Makes the `n`th call (1-based, counting from now) of `op` fail with `error`,
+    /// changing nothing.
+    ///
+    /// # Panics
+    /// If `n` is 0.
+    pub fn fail_nth(&self, op: FaultOp, n: u64, error: Error) {
+        self.inner.shared.lock().faults.fail_nth(op, n, error);
+    }
+
+    /// Makes each call of `op` fail with `error` with `probability`, deterministically
+    /// from `seed` (each armed rule draws once per call of its op).
+    ///
+    /// # Panics
+    /// If `probability` is not in `0.0..=1.0`.
+    pub fn fail_randomly(&self, op: FaultOp, probability: f64, seed: u64, error: Error) {
+        self.inner
+            .shared
+            .lock()
+            .faults
+            .fail_randomly(op, probability, seed, error);
+    }
+
+    /// Disarms every injected fault (the counters keep counting).
+    pub fn clear_faults(&self) {
+        self.inner.shared.lock().faults.clear();
+    }
+
+    /// How many calls of `op` this instance has seen (failed ones included).
+    pub fn op_count(&self, op: FaultOp) -> u64 {
+        self.inner.shared.lock().faults.count(op)
+    }
+
+    /// The live allocations of every kind on every device.
+    pub fn leak_report(&self) -> LeakReport {
+        self.inner
+            .shared
+            .lock()
+            .table
+            .leak_report(&self.inner.shared.name)
+    }
+
+    /// The bytes of live device allocations on `device` (what counts against its
+    /// capacity; 0 for a device that does not exist).
+    pub fn bytes_in_use(&self, device: usize) -> usize {
+        self.inner.shared.lock().table.bytes_in_use(device)
+    }
+}
+
+impl Default for SimBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for SimBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimBackend")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Platform for SimBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Sim
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::all();
+        caps.ipc = cfg!(target_os = "linux");
+        caps
+    }
+
+    fn num_devices(&self) -> Result<usize> {
+        Ok(self.inner.devices.len())
+    }
+
+    fn device(&self, ordinal: usize) -> Result<Arc<dyn Device>> {
+        Ok(self.sim_device(ordinal)?)
+    }
+}

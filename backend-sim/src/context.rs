@@ -1,0 +1,170 @@
+//! [`SimContext`]: the raw memory operations of the simulator.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cudabuf_core::backend::{Context, DevicePtr, PinnedAlloc, RawIpcHandle};
+use cudabuf_core::{Error, Result};
+
+use crate::backend::Shared;
+use crate::faults::FaultOp;
+
+/// A process-unique, nonzero context handle. The high bits keep it away from real
+/// `CUcontext` values (user-space pointers are below 2^47).
+pub(crate) fn new_context_handle() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    0x51A0_0000_0000_0000 | NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A context on one simulated device. Memory belongs to the device: every context of
+/// the device may use it; other devices' memory is refused (except through
+/// [`Context::copy_peer`]); pinned memory is usable from every context.
+#[derive(Debug)]
+pub struct SimContext {
+    shared: Arc<Shared>,
+    device: usize,
+    handle: u64,
+}
+
+impl SimContext {
+    pub(crate) fn new(shared: Arc<Shared>, device: usize, handle: u64) -> Self {
+        SimContext {
+            shared,
+            device,
+            handle,
+        }
+    }
+}
+
+impl Context for SimContext {
+    fn device_ordinal(&self) -> usize {
+        self.device
+    }
+
+    fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.shared.lock().faults.check(FaultOp::Synchronize)
+    }
+
+    fn allocate(&self, size: usize) -> Result<DevicePtr> {
+        let mut state = self.shared.lock();
+        state.faults.check(FaultOp::Allocate)?;
+        state.table.allocate(self.device, size)
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
+        self.shared.lock().table.free(self.device, ptr)
+    }
+
+    unsafe fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        let mut state = self.shared.lock();
+        state.faults.check(FaultOp::Copy)?;
+        state.table.copy_to_device(self.device, dst, src)
+    }
+
+    unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        let mut state = self.shared.lock();
+        state.faults.check(FaultOp::Copy)?;
+        state.table.copy_to_host(self.device, dst, src)
+    }
+
+    unsafe fn copy_device_to_device(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<()> {
+        let mut state = self.shared.lock();
+        state.faults.check(FaultOp::Copy)?;
+        state.table.copy_between(
+            "copy_device_to_device",
+            self.device,
+            dst,
+            self.device,
+            src,
+            len,
+        )
+    }
+
+    /// `src_context` is identified by its handle, which must be a context of this same
+    /// simulator instance.
+    unsafe fn copy_peer(
+        &self,
+        dst: DevicePtr,
+        src_context: &dyn Context,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<()> {
+        let handle = src_context.handle();
+        let src_device = match self.shared.context_device(handle) {
+            Some(d) if d == src_context.device_ordinal() => d,
+            Some(d) => {
+                return Err(Error::invalid_argument(
+                    "copy_peer",
+                    format!(
+                        "source context {handle:#x} is a context of device {d}, but it says \
+                         device {}",
+                        src_context.device_ordinal()
+                    ),
+                ))
+            }
+            None => {
+                return Err(Error::invalid_argument(
+                    "copy_peer",
+                    format!(
+                        "source context {handle:#x} is not a context of this simulator \
+                         instance (another instance or another backend)"
+                    ),
+                ))
+            }
+        };
+        let mut state = self.shared.lock();
+        state.faults.check(FaultOp::Copy)?;
+        state
+            .table
+            .copy_between("copy_peer", self.device, dst, src_device, src, len)
+    }
+
+    fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
+        let mut state = self.shared.lock();
+        state.faults.check(FaultOp::AllocHost)?;
+        state.table.alloc_pinned(self.device, size)
+    }
+
+    unsafe fn free_host(&self, alloc: PinnedAlloc) -> Result<()> {
+        self.shared.lock().table.free_pinned(alloc)
+    }
+
+    fn device_address(&self, address: u64) -> Result<DevicePtr> {
+        self.shared.lock().table.device_address(address)
+    }
+
+    fn address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
+        self.shared.lock().table.address_range(ptr)
+    }
+
+    fn ipc_export(&self, base: DevicePtr) -> Result<RawIpcHandle> {
+        let mut state = self.shared.lock();
+        state.faults.check(FaultOp::IpcExport)?;
+        state.table.export(self.device, base)
+    }
+
+    fn ipc_open(&self, handle: &RawIpcHandle) -> Result<DevicePtr> {
+        let mut state = self.shared.lock();
+        state.faults.check(FaultOp::IpcOpen)?;
+        state.table.import(self.device, handle)
+    }
+
+    unsafe fn ipc_close(&self, ptr: DevicePtr) -> Result<()> {
+        self.shared.lock().table.close_import(self.device, ptr)
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod ipc_tests;

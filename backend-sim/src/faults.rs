@@ -1,0 +1,181 @@
+//! Fault injection: make the nth call of an operation fail, or fail calls at random from
+//! a seed, with a chosen error. An injected failure changes no state.
+
+use cudabuf_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// The operations faults can be injected into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FaultOp {
+    /// `Context::allocate`.
+    Allocate,
+    /// `Context::alloc_host`.
+    AllocHost,
+    /// Every copy: host to device, device to host, device to device, peer.
+    Copy,
+    /// `Context::ipc_export`.
+    IpcExport,
+    /// `Context::ipc_open`.
+    IpcOpen,
+    /// `Context::synchronize`.
+    Synchronize,
+}
+
+impl FaultOp {
+    /// Every operation.
+    pub const ALL: [FaultOp; 6] = [
+        FaultOp::Allocate,
+        FaultOp::AllocHost,
+        FaultOp::Copy,
+        FaultOp::IpcExport,
+        FaultOp::IpcOpen,
+        FaultOp::Synchronize,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// When a rule fires.
+#[derive(Debug)]
+enum Trigger {
+    /// When the op's call count reaches this value (then the rule is gone).
+    AtCount(u64),
+    /// Each call, with this probability, drawn from a seeded generator.
+    Random { probability: f64, state: u64 },
+}
+
+#[derive(Debug)]
+struct Rule {
+    op: FaultOp,
+    trigger: Trigger,
+    error: Error,
+}
+
+/// The armed rules and the call counters of one simulator instance.
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    counts: [u64; 6],
+    rules: Vec<Rule>,
+}
+
+impl Faults {
+    /// Arms a failure of the `n`th call (1-based, from now) of `op`.
+    pub(crate) fn fail_nth(&mut self, op: FaultOp, n: u64, error: Error) {
+        assert!(n >= 1, "fail_nth: n is 1-based (the next call is n = 1)");
+        let at = self.counts[op.index()] + n;
+        self.rules.push(Rule {
+            op,
+            trigger: Trigger::AtCount(at),
+            error,
+        });
+    }
+
+    /// Arms failures of each call of `op` with `probability`, deterministic from `seed`.
+    pub(crate) fn fail_randomly(&mut self, op: FaultOp, probability: f64, seed: u64, error: Error) {
+        assert!(
+            (0.0..=1.0).contains(&probability),
+            "fail_randomly: probability {probability} is not in 0..=1"
+        );
+        self.rules.push(Rule {
+            op,
+            trigger: Trigger::Random {
+                probability,
+                state: seed,
+            },
+            error,
+        });
+    }
+
+    /// Disarms every rule (the counters keep counting).
+    pub(crate) fn clear(&mut self) {
+        self.rules.clear();
+    }
+
+    /// Calls of `op` so far (including failed ones).
+    pub(crate) fn count(&self, op: FaultOp) -> u64 {
+        self.counts[op.index()]
+    }
+
+    /// Counts a call of `op` and returns the injected error if a rule fires. Every random
+    /// rule of `op` draws once per call, so a seed gives the same sequence whatever else
+    /// is armed.
+    pub(crate) fn check(&mut self, op: FaultOp) -> Result<()> {
+        let count = {
+            let c = &mut self.counts[op.index()];
+            *c += 1;
+            *c
+        };
+        let mut fired: Option<Error> = None;
+        self.rules.retain_mut(|rule| {
+            if rule.op != op {
+                return true;
+            }
+            let (fires, keep) = match &mut rule.trigger {
+                Trigger::AtCount(at) => (*at == count, *at > count),
+                Trigger::Random { probability, state } => (next_unit(state) < *probability, true),
+            };
+            if fires && fired.is_none() {
+                fired = Some(rule.error.clone());
+            }
+            keep
+        });
+        fired.map_or(Ok(()), Err)
+    }
+}
+
+/// SplitMix64, as a uniform number in `0..1`.
+fn next_unit(state: &mut u64) -> f64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boom() -> Error {
+        Error::unsupported("test", "injected")
+    }
+
+    #[test]
+    fn nth_counts_from_arming_and_fires_once() {
+        let mut f = Faults::default();
+        f.check(FaultOp::Copy).unwrap();
+        f.fail_nth(FaultOp::Copy, 2, boom());
+        f.check(FaultOp::Allocate).unwrap();
+        f.check(FaultOp::Copy).unwrap();
+        assert_eq!(f.check(FaultOp::Copy), Err(boom()));
+        f.check(FaultOp::Copy).unwrap();
+        assert_eq!(f.count(FaultOp::Copy), 4);
+        assert!(f.rules.is_empty());
+    }
+
+    #[test]
+    fn random_is_deterministic_from_the_seed() {
+        let run = |seed| {
+            let mut f = Faults::default();
+            f.fail_randomly(FaultOp::Synchronize, 0.3, seed, boom());
+            (0..200)
+                .map(|_| f.check(FaultOp::Synchronize).is_err())
+                .collect::<Vec<_>>()
+        };
+        let a = run(1);
+        assert_eq!(a, run(1));
+        assert_ne!(a, run(2));
+        let failures = a.iter().filter(|&&x| x).count();
+        assert!((30..90).contains(&failures), "{failures} of 200");
+        let mut f = Faults::default();
+        f.fail_randomly(FaultOp::Copy, 0.0, 5, boom());
+        f.fail_randomly(FaultOp::IpcOpen, 1.0, 5, boom());
+        assert!((0..50).all(|_| f.check(FaultOp::Copy).is_ok()));
+        assert!((0..50).all(|_| f.check(FaultOp::IpcOpen).is_err()));
+        f.clear();
+        assert!(f.check(FaultOp::IpcOpen).is_ok());
+    }
+}

@@ -1,0 +1,339 @@
+//! [`DeviceBuffer`]: pyarrow's `CudaBuffer`, a range of device memory.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::backend::DevicePtr;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::ipc::{self, IpcMemHandle};
+use crate::memory::{Memory, Owner};
+
+/// A range of device memory (pyarrow's `CudaBuffer`): an allocation, a slice of one, a
+/// view of foreign memory, or an IPC mapping.
+///
+/// Cheap to clone: clones and slices share the memory, which is freed when the last of
+/// them is dropped. Writing through a slice is visible in its parent.
+///
+/// Copies are synchronous: when a copy returns, the destination holds the bytes.
+/// All positions and sizes are checked; out-of-range arguments are an
+/// [`Error::OutOfRange`] or [`Error::SourceTooShort`] and change nothing.
+///
+/// ```
+/// # fn main() -> cudabuf_core::Result<()> {
+/// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+/// let buf = ctx.new_buffer(8)?;
+/// buf.copy_from_host(b"abcdefgh", 0, None)?;
+/// let tail = buf.slice(4, 4)?;
+/// tail.copy_from_host(b"WXYZ", 0, None)?;
+/// assert_eq!(buf.copy_to_host(0, None)?, b"abcdWXYZ");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct DeviceBuffer {
+    memory: Arc<Memory>,
+    /// Offset of this buffer in `memory`.
+    offset: usize,
+    size: usize,
+    parent: Option<Arc<DeviceBuffer>>,
+}
+
+impl DeviceBuffer {
+    pub(crate) fn from_memory(memory: Arc<Memory>) -> Self {
+        let size = memory.size;
+        DeviceBuffer {
+            memory,
+            offset: 0,
+            size,
+            parent: None,
+        }
+    }
+
+    /// A buffer over `size` bytes at `offset` of `memory` (checked by the caller).
+    pub(crate) fn over(memory: Arc<Memory>, offset: usize, size: usize) -> Self {
+        DeviceBuffer {
+            memory,
+            offset,
+            size,
+            parent: None,
+        }
+    }
+
+    pub(crate) fn memory(&self) -> &Arc<Memory> {
+        &self.memory
+    }
+
+    /// Something that keeps this buffer's memory alive.
+    pub(crate) fn keep_alive(&self) -> Owner {
+        self.memory.clone()
+    }
+
+    /// The size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Whether the size is 0.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// The device address of the first byte (0 for a zero-size allocation).
+    pub fn address(&self) -> DevicePtr {
+        self.memory.address + self.offset as u64
+    }
+
+    /// The context this buffer belongs to (with the right `device_number`, unlike
+    /// pyarrow's).
+    pub fn context(&self) -> &Context {
+        &self.memory.ctx
+    }
+
+    /// The buffer this one was sliced from, if it is a slice.
+    pub fn parent(&self) -> Option<&DeviceBuffer> {
+        self.parent.as_deref()
+    }
+
+    /// Whether this buffer owns its allocation (rather than viewing foreign memory or an
+    /// IPC mapping). Slices of an owning buffer also report `true`.
+    pub fn is_owning(&self) -> bool {
+        self.memory.is_owned()
+    }
+
+    /// A zero-copy slice of `length` bytes at `offset`; writes through it are visible in
+    /// `self` and the reverse. The slice keeps the memory alive.
+    ///
+    /// Fixed pyarrow quirk: pyarrow clamps an over-long `length`; cudabuf refuses it, like
+    /// Rust's own slicing.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if `offset + length > size`.
+    pub fn slice(&self, offset: usize, length: usize) -> Result<DeviceBuffer> {
+        self.check_range("slice", offset, length)?;
+        Ok(DeviceBuffer {
+            memory: self.memory.clone(),
+            offset: self.offset + offset,
+            size: length,
+            parent: Some(Arc::new(self.clone())),
+        })
+    }
+
+    /// `self.slice(offset, self.size() - offset)`: from `offset` to the end.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if `offset > size`.
+    pub fn slice_from(&self, offset: usize) -> Result<DeviceBuffer> {
+        self.check_range("slice", offset, 0)?;
+        self.slice(offset, self.size - offset)
+    }
+
+    fn check_range(&self, operation: &'static str, position: usize, len: usize) -> Result<()> {
+        match position.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(Error::out_of_range(
+                operation,
+                "device buffer",
+                position,
+                len,
+                self.size,
+            )),
+        }
+    }
+
+    /// Copy `nbytes` (default: all from `position` to the end) starting at `position` to a
+    /// new host vector.
+    ///
+    /// `position == size` is allowed and copies nothing.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if `position > size` or `position + nbytes > size`.
+    pub fn copy_to_host(&self, position: usize, nbytes: Option<usize>) -> Result<Vec<u8>> {
+        self.check_range("copy_to_host", position, 0)?;
+        let nbytes = nbytes.unwrap_or(self.size - position);
+        self.check_range("copy_to_host", position, nbytes)?;
+        let mut out = vec![0u8; nbytes];
+        self.read_into(position, &mut out)?;
+        Ok(out)
+    }
+
+    /// Copy into a caller's host memory, starting at `position`, and return the number of
+    /// bytes copied. `nbytes` defaults to as much as fits: `min(size - position,
+    /// dst.len())`.
+    ///
+    /// Fixed pyarrow quirk: pyarrow (and Arrow C++) do not check that `position + nbytes`
+    /// stays inside the device buffer when the caller gives the destination; cudabuf does.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if `position > size`, if `position + nbytes > size`
+    /// ("device buffer"), or if `nbytes > dst.len()` ("host buffer").
+    pub fn copy_to_host_into(
+        &self,
+        position: usize,
+        dst: &mut [u8],
+        nbytes: Option<usize>,
+    ) -> Result<usize> {
+        self.check_range("copy_to_host", position, 0)?;
+        let available = self.size - position;
+        let nbytes = match nbytes {
+            None => available.min(dst.len()),
+            Some(n) if n > dst.len() => {
+                return Err(Error::out_of_range(
+                    "copy_to_host",
+                    "host buffer",
+                    0,
+                    n,
+                    dst.len(),
+                ))
+            }
+            Some(n) => n,
+        };
+        self.check_range("copy_to_host", position, nbytes)?;
+        self.read_into(position, &mut dst[..nbytes])?;
+        Ok(nbytes)
+    }
+
+    /// The whole buffer as a host vector.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        self.copy_to_host(0, None)
+    }
+
+    /// Checked by the caller: `position + dst.len() <= size`.
+    pub(crate) fn read_into(&self, position: usize, dst: &mut [u8]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let src = self.address() + position as u64;
+        // SAFETY: the caller checked `position + dst.len() <= self.size`, and this buffer's
+        // range lies inside its memory, which is alive (we hold an `Arc`) and reachable from
+        // its own context.
+        unsafe { self.context().raw().copy_device_to_host(dst, src) }
+    }
+
+    /// Copy `nbytes` of `data` (default: all of it) into this buffer at `position`; returns
+    /// the number of bytes copied.
+    ///
+    /// Deviation from pyarrow: with `nbytes` left out pyarrow silently copies only what
+    /// fits; cudabuf copies all of `data` or, if it does not fit, nothing and errors.
+    ///
+    /// # Errors
+    /// [`Error::SourceTooShort`] if `nbytes > data.len()` ("available from host buffer");
+    /// [`Error::OutOfRange`] if `position + nbytes > size` ("available in device buffer").
+    pub fn copy_from_host(
+        &self,
+        data: &[u8],
+        position: usize,
+        nbytes: Option<usize>,
+    ) -> Result<usize> {
+        let nbytes = nbytes.unwrap_or(data.len());
+        if nbytes > data.len() {
+            return Err(Error::SourceTooShort {
+                operation: "copy_from_host",
+                what: "host buffer",
+                requested: nbytes,
+                available: data.len(),
+            });
+        }
+        self.check_range("copy_from_host", position, nbytes)?;
+        if nbytes == 0 {
+            return Ok(0);
+        }
+        let dst = self.address() + position as u64;
+        // SAFETY: `position + nbytes <= self.size` was checked, this buffer's range lies in
+        // its live memory, reachable from its context.
+        unsafe {
+            self.context()
+                .raw()
+                .copy_host_to_device(dst, &data[..nbytes])?
+        };
+        Ok(nbytes)
+    }
+
+    /// Copy `nbytes` (default: all) from the start of `src` into this buffer at `position`;
+    /// returns the number of bytes copied. `src` may be in another context or on another
+    /// device (a peer copy).
+    ///
+    /// # Errors
+    /// [`Error::SourceTooShort`] if `nbytes > src.size()` ("available from device buffer");
+    /// [`Error::OutOfRange`] if `position + nbytes > size` ("available in device buffer");
+    /// [`Error::InvalidArgument`] if `src` belongs to another backend.
+    pub fn copy_from_device(
+        &self,
+        src: &DeviceBuffer,
+        position: usize,
+        nbytes: Option<usize>,
+    ) -> Result<usize> {
+        let nbytes = nbytes.unwrap_or(src.size);
+        if nbytes > src.size {
+            return Err(Error::SourceTooShort {
+                operation: "copy_from_device",
+                what: "device buffer",
+                requested: nbytes,
+                available: src.size,
+            });
+        }
+        self.check_range("copy_from_device", position, nbytes)?;
+        let (dst_ctx, src_ctx) = (self.context(), src.context());
+        if dst_ctx.backend_kind() != src_ctx.backend_kind() {
+            return Err(Error::invalid_argument(
+                "copy_from_device",
+                format!(
+                    "cannot copy from a {} buffer into a {} buffer",
+                    src_ctx.backend_kind(),
+                    dst_ctx.backend_kind()
+                ),
+            ));
+        }
+        if nbytes == 0 {
+            return Ok(0);
+        }
+        let dst = self.address() + position as u64;
+        if dst_ctx.handle() == src_ctx.handle() {
+            // SAFETY: both ranges were checked against their buffers, whose memory is alive
+            // and reachable from this (shared) context.
+            unsafe {
+                dst_ctx
+                    .raw()
+                    .copy_device_to_device(dst, src.address(), nbytes)?
+            };
+        } else {
+            // SAFETY: as above, the destination in `dst_ctx`, the source in `src_ctx`.
+            unsafe {
+                dst_ctx
+                    .raw()
+                    .copy_peer(dst, src_ctx.raw().as_ref(), src.address(), nbytes)?
+            };
+        }
+        Ok(nbytes)
+    }
+
+    /// Export this buffer for another process (pyarrow's `export_for_ipc`).
+    ///
+    /// Fixed pyarrow quirks:
+    /// - pyarrow leaks an exported allocation forever; cudabuf keeps it alive as long as
+    ///   any clone or slice of this buffer lives, and frees it after the last one. Keep a
+    ///   clone while importers use the memory.
+    /// - an IPC handle names a whole allocation; cudabuf's handle also carries this
+    ///   buffer's offset and size, so exporting a slice gives the importer exactly the
+    ///   slice.
+    ///
+    /// A zero-size buffer exports the 8-byte handle of pyarrow's format.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for memory that cannot be exported (a view of pinned host
+    /// memory, an IPC mapping opened from another process).
+    pub fn export_for_ipc(&self) -> Result<IpcMemHandle> {
+        ipc::export(self)
+    }
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("address", &format_args!("{:#x}", self.address()))
+            .field("size", &self.size)
+            .field("device", &self.context().device_number())
+            .field("memory", &self.memory.describe())
+            .field("is_slice", &self.parent.is_some())
+            .finish()
+    }
+}

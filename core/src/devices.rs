@@ -1,0 +1,131 @@
+//! [`Backend`]: a chosen backend, its devices and their contexts.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{BackendKind, Capabilities, Device, Platform};
+use crate::context::Context;
+use crate::error::Result;
+use crate::host::HostBuffer;
+
+/// A backend (the simulator or CUDA) and its devices: where contexts come from.
+///
+/// Cheap to clone. [`context(n)`](Self::context) returns the same context (one shared
+/// `bytes_allocated` counter) for a device every time, like pyarrow's `Context(n)`.
+///
+/// ```
+/// # fn main() -> cudabuf_core::Result<()> {
+/// let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+/// let ctx = backend.context(0)?;
+/// assert_eq!(ctx.device_number(), 0);
+/// assert!(backend.context(0)?.same_as(&ctx));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Backend {
+    inner: Arc<BackendInner>,
+}
+
+struct BackendInner {
+    platform: Arc<dyn Platform>,
+    contexts: Mutex<HashMap<usize, Context>>,
+}
+
+impl Backend {
+    /// Wrap a backend implementation.
+    pub fn new(platform: impl Platform + 'static) -> Self {
+        Self::from_platform(Arc::new(platform))
+    }
+
+    /// Wrap a shared backend implementation.
+    pub fn from_platform(platform: Arc<dyn Platform>) -> Self {
+        Backend {
+            inner: Arc::new(BackendInner {
+                platform,
+                contexts: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The backend implementation.
+    pub fn platform(&self) -> &Arc<dyn Platform> {
+        &self.inner.platform
+    }
+
+    /// Which backend this is.
+    pub fn kind(&self) -> BackendKind {
+        self.inner.platform.kind()
+    }
+
+    /// What the backend can do.
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.platform.capabilities()
+    }
+
+    /// The number of devices (pyarrow's `Context.get_num_devices()`).
+    pub fn num_devices(&self) -> Result<usize> {
+        self.inner.platform.num_devices()
+    }
+
+    /// Device number `device_number`, for its properties.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDevice`](crate::Error::InvalidDevice) for a number out of range.
+    pub fn device(&self, device_number: usize) -> Result<Arc<dyn Device>> {
+        self.inner.platform.device(device_number)
+    }
+
+    /// The primary context of device `device_number` (pyarrow's `Context(device_number)`),
+    /// the same one every call, and the one cudarc, PyTorch and CuPy use.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDevice`](crate::Error::InvalidDevice) for a number out of range;
+    /// [`Error::NoDriver`](crate::Error::NoDriver) without a CUDA driver.
+    pub fn context(&self, device_number: usize) -> Result<Context> {
+        let mut contexts = self
+            .inner
+            .contexts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(ctx) = contexts.get(&device_number) {
+            return Ok(ctx.clone());
+        }
+        let raw = self.device(device_number)?.primary_context()?;
+        let ctx = Context::from_raw(raw, self.kind());
+        contexts.insert(device_number, ctx.clone());
+        Ok(ctx)
+    }
+
+    /// A context over an existing raw context handle of device `device_number`
+    /// (pyarrow's `Context(device_number, handle)`); it does not own the handle. It has its
+    /// own `bytes_allocated` counter.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if the backend can tell
+    /// that `handle` is not a context of that device.
+    ///
+    /// # Safety
+    /// `handle` must be a live context of that device, outliving the returned context and
+    /// everything allocated through it.
+    pub unsafe fn shared_context(&self, device_number: usize, handle: u64) -> Result<Context> {
+        let device = self.device(device_number)?;
+        // SAFETY: forwarded from this function's contract.
+        let raw = unsafe { device.shared_context(handle)? };
+        Ok(Context::from_raw(raw, self.kind()))
+    }
+
+    /// A pinned host buffer of `size` bytes, allocated through device `device_number`'s
+    /// primary context (pyarrow's `new_host_buffer(size, device)`).
+    pub fn new_host_buffer(&self, size: usize, device_number: usize) -> Result<HostBuffer> {
+        self.context(device_number)?.new_host_buffer(size)
+    }
+}
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backend")
+            .field("platform", &self.inner.platform)
+            .finish()
+    }
+}

@@ -1,0 +1,151 @@
+//! The memory behind a [`DeviceBuffer`](crate::DeviceBuffer): one allocation, view or
+//! mapping, released exactly once when its last buffer goes.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+
+use enum_dispatch::enum_dispatch;
+
+use crate::backend::{DevicePtr, RawIpcHandle};
+use crate::context::Context;
+
+/// Something that keeps foreign memory alive for as long as a view of it exists.
+pub type Owner = Arc<dyn Any + Send + Sync>;
+
+/// What a kind of memory does when its last buffer is dropped.
+#[enum_dispatch]
+pub(crate) trait Release {
+    /// Give the memory back. Called once, from `Memory::drop`.
+    fn release(&mut self, ctx: &Context, address: DevicePtr, size: usize);
+
+    /// A short name for messages: "allocation", "view", "IPC mapping", ...
+    fn describe(&self) -> &'static str;
+}
+
+/// The kinds of memory a buffer can stand on.
+#[enum_dispatch(Release)]
+pub(crate) enum MemoryKind {
+    Empty,
+    Owned,
+    View,
+    IpcMapping,
+}
+
+/// A zero-size buffer: address 0, nothing to release, no driver call ever.
+pub(crate) struct Empty;
+
+impl Release for Empty {
+    fn release(&mut self, _: &Context, _: DevicePtr, _: usize) {}
+    fn describe(&self) -> &'static str {
+        "empty buffer"
+    }
+}
+
+/// A `cuMemAlloc` allocation made through a context; counted in `bytes_allocated`.
+pub(crate) struct Owned;
+
+impl Release for Owned {
+    fn release(&mut self, ctx: &Context, address: DevicePtr, size: usize) {
+        // SAFETY: `address` came from `allocate` on this context (only `Context::new_buffer`
+        // makes `Owned` memory) and this is the one release of it: `Memory::drop` runs once
+        // and no buffer refers to the memory any more.
+        let result = unsafe { ctx.raw().free(address) };
+        ctx.inner().bytes_allocated.fetch_sub(size, Ordering::AcqRel);
+        if let Err(e) = result {
+            eprintln!("cudabuf: freeing device allocation {address:#x} ({size} bytes) failed: {e}");
+        }
+    }
+    fn describe(&self) -> &'static str {
+        "allocation"
+    }
+}
+
+/// A view of memory owned by someone else (another buffer, a pinned host buffer, a
+/// cudarc slice, a foreign pointer); keeps its owner alive, frees nothing.
+pub(crate) struct View {
+    pub(crate) _owner: Option<Owner>,
+}
+
+impl Release for View {
+    fn release(&mut self, _: &Context, _: DevicePtr, _: usize) {}
+    fn describe(&self) -> &'static str {
+        "view"
+    }
+}
+
+/// An allocation of another process, mapped through its IPC handle; one per handle and
+/// context, shared by every buffer opened from that handle.
+pub(crate) struct IpcMapping {
+    pub(crate) key: RawIpcHandle,
+}
+
+impl Release for IpcMapping {
+    fn release(&mut self, ctx: &Context, address: DevicePtr, _: usize) {
+        // Close while holding the cache lock, so that a concurrent open of the same handle
+        // either finds this mapping alive or opens a new one after it is closed.
+        let mut cache = ctx.inner().ipc_mappings.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: `address` came from `ipc_open` on this context (only
+        // `Context::open_ipc_buffer` makes `IpcMapping` memory) and this is its one close.
+        if let Err(e) = unsafe { ctx.raw().ipc_close(address) } {
+            eprintln!("cudabuf: closing IPC mapping {address:#x} failed: {e}");
+        }
+        // The entry is this mapping's: openers wait while it is present and dead.
+        cache.remove(&self.key);
+    }
+    fn describe(&self) -> &'static str {
+        "IPC mapping"
+    }
+}
+
+/// One piece of device-accessible memory and how to give it back.
+pub(crate) struct Memory {
+    pub(crate) ctx: Context,
+    pub(crate) address: DevicePtr,
+    pub(crate) size: usize,
+    pub(crate) kind: MemoryKind,
+    /// The export id of this memory in the process's export registry, once exported.
+    pub(crate) export_id: OnceLock<u64>,
+}
+
+impl Memory {
+    pub(crate) fn new(ctx: Context, address: DevicePtr, size: usize, kind: MemoryKind) -> Self {
+        Memory {
+            ctx,
+            address,
+            size,
+            kind,
+            export_id: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn is_owned(&self) -> bool {
+        matches!(self.kind, MemoryKind::Owned(_))
+    }
+
+    pub(crate) fn describe(&self) -> &'static str {
+        self.kind.describe()
+    }
+}
+
+impl fmt::Debug for Memory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Memory")
+            .field("kind", &self.kind.describe())
+            .field("address", &format_args!("{:#x}", self.address))
+            .field("size", &self.size)
+            .field("device", &self.ctx.device_number())
+            .finish()
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        if let Some(id) = self.export_id.get() {
+            crate::ipc::forget_export(*id);
+        }
+        let (ctx, address, size) = (self.ctx.clone(), self.address, self.size);
+        self.kind.release(&ctx, address, size);
+    }
+}

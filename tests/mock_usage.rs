@@ -1,0 +1,126 @@
+//! Testing your own code against a mocked context (the `mock` feature).
+//!
+//! Mocks test *callers*: the order of calls your code makes and how it handles errors.
+//! Backend behaviour is the conformance suite's job.
+
+use std::sync::Arc;
+
+use cudabuf::backend::MockContext;
+use cudabuf::{BackendKind, Context, DeviceBuffer, Error, ErrorKind, Result};
+use mockall::{predicate, Sequence};
+
+/// User code under test: after launching work that fills `buf`, results must be read
+/// only after the context is synchronized.
+fn fetch_results(ctx: &Context, buf: &DeviceBuffer) -> Result<Vec<u8>> {
+    ctx.synchronize()?;
+    buf.to_vec()
+}
+
+/// User code under test: allocate a scratch buffer, halving the request on out-of-memory
+/// down to `min` bytes.
+fn allocate_scratch(ctx: &Context, mut size: usize, min: usize) -> Result<DeviceBuffer> {
+    loop {
+        match ctx.new_buffer(size) {
+            Err(e) if e.kind() == ErrorKind::OutOfMemory && size / 2 >= min => size /= 2,
+            other => return other,
+        }
+    }
+}
+
+fn oom(requested: usize) -> Error {
+    Error::OutOfMemory {
+        device: 0,
+        requested,
+        detail: "mocked".into(),
+    }
+}
+
+#[test]
+fn results_are_read_only_after_synchronize() {
+    let mut mock = MockContext::new();
+    let mut seq = Sequence::new();
+    mock.expect_device_ordinal().return_const(0usize);
+    mock.expect_allocate()
+        .with(predicate::eq(4))
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_| Ok(0x1000));
+    mock.expect_synchronize()
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|| Ok(()));
+    mock.expect_copy_device_to_host()
+        .withf(|dst, src| dst.len() == 4 && *src == 0x1000)
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|dst, _| {
+            dst.copy_from_slice(b"done");
+            Ok(())
+        });
+    mock.expect_free()
+        .with(predicate::eq(0x1000))
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_| Ok(()));
+
+    let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+    let buf = ctx.new_buffer(4).unwrap();
+    assert_eq!(fetch_results(&ctx, &buf).unwrap(), b"done");
+    drop(buf);
+    assert_eq!(ctx.bytes_allocated(), 0);
+}
+
+#[test]
+fn a_failed_synchronize_reads_nothing() {
+    let mut mock = MockContext::new();
+    mock.expect_device_ordinal().return_const(0usize);
+    mock.expect_allocate().returning(|_| Ok(0x2000));
+    mock.expect_synchronize().returning(|| {
+        Err(Error::Driver {
+            call: "cuCtxSynchronize",
+            name: "CUDA_ERROR_LAUNCH_FAILED".into(),
+            code: 719,
+            message: "unspecified launch failure".into(),
+        })
+    });
+    mock.expect_copy_device_to_host().never();
+    mock.expect_free().times(1).returning(|_| Ok(()));
+
+    let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+    let buf = ctx.new_buffer(8).unwrap();
+    let e = fetch_results(&ctx, &buf).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Driver);
+    assert!(e.to_string().contains("CUDA_ERROR_LAUNCH_FAILED"));
+}
+
+#[test]
+fn scratch_allocation_halves_on_out_of_memory() {
+    let mut mock = MockContext::new();
+    mock.expect_device_ordinal().return_const(0usize);
+    mock.expect_allocate()
+        .with(predicate::ge(512))
+        .times(2)
+        .returning(|n| Err(oom(n)));
+    mock.expect_allocate()
+        .with(predicate::eq(256))
+        .times(1)
+        .returning(|_| Ok(0x3000));
+    mock.expect_free().times(1).returning(|_| Ok(()));
+
+    let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+    let buf = allocate_scratch(&ctx, 1024, 128).unwrap();
+    assert_eq!(buf.size(), 256);
+    assert_eq!(ctx.bytes_allocated(), 256);
+}
+
+#[test]
+fn scratch_allocation_gives_up_at_the_minimum() {
+    let mut mock = MockContext::new();
+    mock.expect_device_ordinal().return_const(0usize);
+    mock.expect_allocate().times(3).returning(|n| Err(oom(n)));
+
+    let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+    let e = allocate_scratch(&ctx, 4096, 1024).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfMemory);
+    assert_eq!(ctx.bytes_allocated(), 0);
+}
