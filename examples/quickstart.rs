@@ -93,7 +93,11 @@ fn parent() -> AnyResult<()> {
     let shared = buf.slice(32, 16)?;
     shared.copy_from_host(b"parent says hi  ", 0, None)?;
     let handle = shared.export_for_ipc()?;
-    let hex: String = handle.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let hex: String = handle
+        .to_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     println!(
         "exported a 16-byte slice at offset 32 ({} handle bytes); starting a child process",
         handle.to_bytes().len()

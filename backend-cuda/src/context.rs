@@ -449,6 +449,44 @@ impl Context for CudaDriverContext {
         }
     }
 
+    fn address_device(&self, ptr: DevicePtr) -> Result<Option<usize>> {
+        let _pushed = self.push()?;
+        let not_found = |failure: crate::driver_error::CuFailure| {
+            if crate::driver_error::is_no_driver(failure.code) {
+                self.fail(failure)
+            } else {
+                Error::invalid_address(ptr, format!("in no live allocation: {}", failure.reason()))
+            }
+        };
+        // CUmemorytype is an unsigned int; read it as one rather than as cudarc's enum, so
+        // that a value the enum lacks cannot be undefined behaviour.
+        let mut memory_type: u32 = 0;
+        // SAFETY: our context is pushed; for MEMORY_TYPE the driver writes one unsigned int
+        // into `data`, which points at `memory_type`; it only looks `ptr` up.
+        let status = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut memory_type as *mut u32).cast::<c_void>(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr,
+            )
+        };
+        check("cuPointerGetAttribute", status).map_err(not_found)?;
+        if memory_type == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
+            return Ok(None);
+        }
+        let mut ordinal: i32 = -1;
+        // SAFETY: as above; for DEVICE_ORDINAL the driver writes one int.
+        let status = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut ordinal as *mut i32).cast::<c_void>(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            )
+        };
+        check("cuPointerGetAttribute", status).map_err(not_found)?;
+        Ok(usize::try_from(ordinal).ok())
+    }
+
     fn ipc_export(&self, base: DevicePtr) -> Result<RawIpcHandle> {
         let _pushed = self.push()?;
         let mut handle = sys::CUipcMemHandle {

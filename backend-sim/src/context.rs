@@ -146,6 +146,10 @@ impl Context for SimContext {
         self.shared.lock().table.address_range(ptr)
     }
 
+    fn address_device(&self, ptr: DevicePtr) -> Result<Option<usize>> {
+        self.shared.lock().table.address_device(ptr)
+    }
+
     fn ipc_export(&self, base: DevicePtr) -> Result<RawIpcHandle> {
         let mut state = self.shared.lock();
         state.faults.check(FaultOp::IpcExport)?;

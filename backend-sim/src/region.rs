@@ -60,7 +60,7 @@ pub(crate) trait RegionStorage {
 #[enum_dispatch(RegionStorage)]
 #[derive(Debug)]
 pub(crate) enum Storage {
-    /// Device memory that was never exported: zeroed heap memory.
+    /// Device memory that was never exported: heap memory.
     HeapMemory,
     /// Exported device memory: a `memfd` mapped shared.
     SharedMemory,
@@ -90,6 +90,16 @@ impl RawHeap {
             layout,
         })
     }
+
+    /// Like `zeroed`, then every byte set to `fill`.
+    fn filled(size: usize, align: usize, fill: u8) -> Option<Self> {
+        let heap = Self::zeroed(size, align)?;
+        if fill != 0 {
+            // SAFETY: `ptr` is valid for writes of `layout.size()` bytes, owned by `heap`.
+            unsafe { std::ptr::write_bytes(heap.ptr.as_ptr(), fill, heap.layout.size()) };
+        }
+        Some(heap)
+    }
 }
 
 impl Drop for RawHeap {
@@ -103,14 +113,20 @@ impl Drop for RawHeap {
 // through the table, under the instance's mutex.
 unsafe impl Send for RawHeap {}
 
-/// Plain device memory: zeroed heap memory, 256-byte aligned like `cuMemAlloc`.
+/// The byte new device memory is filled with: `cuMemAlloc` does not clear memory, so the
+/// simulator does not hand out zeros that code could come to rely on.
+pub(crate) const UNINIT_FILL: u8 = 0xA5;
+
+/// Plain device memory: heap memory filled with [`UNINIT_FILL`], 256-byte aligned like
+/// `cuMemAlloc`.
 #[derive(Debug)]
 pub(crate) struct HeapMemory(RawHeap);
 
 impl HeapMemory {
-    /// `size` zeroed bytes (`size > 0`), or `None` when the host is out of memory.
-    pub(crate) fn zeroed(size: usize) -> Option<Self> {
-        RawHeap::zeroed(size, 256).map(HeapMemory)
+    /// `size` bytes of [`UNINIT_FILL`] (`size > 0`), or `None` when the host is out of
+    /// memory.
+    pub(crate) fn uninit(size: usize) -> Option<Self> {
+        RawHeap::filled(size, 256, UNINIT_FILL).map(HeapMemory)
     }
 }
 
@@ -273,7 +289,7 @@ mod tests {
 
     #[test]
     fn storage_kinds_dispatch() {
-        let heap = Storage::from(HeapMemory::zeroed(300).unwrap());
+        let heap = Storage::from(HeapMemory::uninit(300).unwrap());
         assert_eq!(heap.len(), 300);
         assert_eq!(heap.kind(), RegionKind::Device);
         assert_eq!(heap.as_ptr() as usize % 256, 0);
@@ -287,7 +303,7 @@ mod tests {
 
     #[test]
     fn impossible_sizes_are_none() {
-        assert!(HeapMemory::zeroed(usize::MAX).is_none());
+        assert!(HeapMemory::uninit(usize::MAX).is_none());
         assert!(PinnedMemory::zeroed(0).is_none());
     }
 }

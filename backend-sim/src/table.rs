@@ -238,7 +238,7 @@ impl Table {
         if size > self.capacity - used {
             return Err(oom(format!("capacity {}, in use {used}", self.capacity)));
         }
-        let storage = HeapMemory::zeroed(size)
+        let storage = HeapMemory::uninit(size)
             .ok_or_else(|| oom("the host could not allocate the simulated memory".into()))?;
         let base = self
             .space
@@ -385,6 +385,14 @@ impl Table {
     /// `cuMemGetAddressRange`.
     pub(crate) fn address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
         self.find(ptr).map(|r| (r.base, r.size()))
+    }
+
+    /// The device of the allocation containing `ptr`; `None` for pinned host memory.
+    pub(crate) fn address_device(&self, ptr: DevicePtr) -> Result<Option<usize>> {
+        self.find(ptr).map(|r| match r.kind() {
+            RegionKind::Pinned => None,
+            RegionKind::Device | RegionKind::IpcMapping => Some(r.device),
+        })
     }
 
     /// `cuIpcGetMemHandle` from a context of `device`: the first export moves the bytes

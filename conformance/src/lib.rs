@@ -1,1 +1,21 @@
-//! cudabuf-conformance (being written).
+//! cudabuf-conformance: the one suite of pyarrow.cuda behaviours, run against every backend.
+//!
+//! Each behaviour is a plain function `fn(&Fixture) -> CaseResult`, named after what it
+//! checks (`slice_aliases_parent`, `ipc_open_in_child_process`), listed once in
+//! [`cases`]. A test binary per backend (`tests/sim.rs`, `tests/cuda.rs`) stamps the whole
+//! list out with [`conformance_tests!`], so `cargo test` shows every case under each
+//! backend by name, with libtest's filters and output.
+//!
+//! A case that cannot run (no CUDA driver, a single device) reports itself as ignored
+//! with the reason; with `CUDABUF_REQUIRE_CUDA=1` a case that cannot run fails instead.
+//!
+//! Cases that need a second process (IPC) re-execute the test binary itself
+//! ([`Fixture::run_child`]); the binary's `main` (from [`conformance_tests!`]) hands such
+//! a child to [`child::run`] before running any test.
+
+pub mod cases;
+pub mod child;
+mod harness;
+pub mod model;
+
+pub use harness::{run_suite, CaseFn, CaseResult, Fixture, Skip, CHILD_ROLE_VAR, REQUIRE_CUDA_VAR};

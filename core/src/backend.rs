@@ -253,8 +253,12 @@ pub trait Context: Send + Sync + fmt::Debug {
     ///
     /// # Safety
     /// Both ranges lie inside live allocations reachable from this context.
-    unsafe fn copy_device_to_device(&self, dst: DevicePtr, src: DevicePtr, len: usize)
-        -> Result<()>;
+    unsafe fn copy_device_to_device(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<()>;
 
     /// Copy `len` bytes from `src` in `src_context` (another context, possibly of another
     /// device, of the same backend) to `dst` in this context (`cuMemcpyPeer`, with peer
@@ -299,6 +303,15 @@ pub trait Context: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`Error::InvalidAddress`](crate::Error) if `ptr` is in no live allocation.
     fn address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)>;
+
+    /// The device whose memory `ptr` is: `Some(n)` for device memory and IPC mappings,
+    /// `None` for pinned host memory (which every device reaches).
+    /// (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` and
+    /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.)
+    ///
+    /// # Errors
+    /// [`Error::InvalidAddress`](crate::Error) if `ptr` is in no live allocation.
+    fn address_device(&self, ptr: DevicePtr) -> Result<Option<usize>>;
 
     /// Export the allocation whose base address is `base` (`cuIpcGetMemHandle`).
     ///

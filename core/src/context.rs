@@ -107,7 +107,8 @@ impl Context {
     /// Allocate a device buffer of `nbytes` (`cuMemAlloc`, so it can be exported for IPC).
     ///
     /// Zero bytes gives an empty buffer with address 0 and makes no driver call. The
-    /// contents of a new buffer are unspecified (the simulator zeroes them).
+    /// contents of a new buffer are unspecified, as with `cuMemAlloc` (the simulator
+    /// fills them with `0xA5`, so that code relying on zeros fails there too).
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] when the device cannot hold it.
@@ -209,6 +210,17 @@ impl Context {
         address: DevicePtr,
         size: usize,
     ) -> Result<()> {
+        if let Some(device) = self.inner.raw.address_device(address)? {
+            if device != self.device_number() {
+                return Err(Error::invalid_address(
+                    address,
+                    format!(
+                        "{operation}: the memory is on device {device}, this context on device {}",
+                        self.device_number()
+                    ),
+                ));
+            }
+        }
         let (base, len) = self.inner.raw.address_range(address)?;
         let end = address.checked_add(size as u64);
         let alloc_end = base.saturating_add(len as u64);

@@ -101,6 +101,15 @@ pub enum Error {
         /// Why, and what to do instead.
         reason: String,
     },
+    /// Bytes that should hold a structure (an Arrow IPC message, a record batch) are
+    /// truncated, corrupt, or of a kind that is not supported.
+    #[error("invalid {what}: {reason}")]
+    InvalidData {
+        /// What was being read, e.g. `"Arrow IPC message"`.
+        what: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// A reader or writer was used after `close`.
     #[error("{what} is closed")]
     Closed {
@@ -143,6 +152,8 @@ pub enum ErrorKind {
     NoDriver,
     /// [`Error::Unsupported`]
     Unsupported,
+    /// [`Error::InvalidData`]
+    InvalidData,
     /// [`Error::Closed`]
     Closed,
     /// [`Error::Driver`]
@@ -168,6 +179,7 @@ impl Error {
             Error::InvalidIpcHandle { .. } => ErrorKind::InvalidIpcHandle,
             Error::NoDriver { .. } => ErrorKind::NoDriver,
             Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::InvalidData { .. } => ErrorKind::InvalidData,
             Error::Closed { .. } => ErrorKind::Closed,
             Error::Driver { .. } => ErrorKind::Driver,
         }
@@ -214,6 +226,14 @@ impl Error {
         }
     }
 
+    /// An [`Error::InvalidData`].
+    pub fn invalid_data(what: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidData {
+            what,
+            reason: reason.into(),
+        }
+    }
+
     /// An [`Error::Unsupported`].
     pub fn unsupported(operation: &'static str, reason: impl Into<String>) -> Self {
         Error::Unsupported {
@@ -234,7 +254,7 @@ impl From<Error> for std::io::Error {
             ErrorKind::OutOfMemory => std::io::ErrorKind::OutOfMemory,
             ErrorKind::Unsupported => std::io::ErrorKind::Unsupported,
             ErrorKind::Closed => std::io::ErrorKind::BrokenPipe,
-            ErrorKind::InvalidIpcHandle => std::io::ErrorKind::InvalidData,
+            ErrorKind::InvalidIpcHandle | ErrorKind::InvalidData => std::io::ErrorKind::InvalidData,
             _ => std::io::ErrorKind::Other,
         };
         std::io::Error::new(kind, e)

@@ -198,7 +198,11 @@ impl IpcMemHandle {
             ));
         }
         let mut bytes = self.to_bytes();
-        bytes.truncate(if self.size == 0 { SIZE_LEN } else { PYARROW_LEN });
+        bytes.truncate(if self.size == 0 {
+            SIZE_LEN
+        } else {
+            PYARROW_LEN
+        });
         Ok(bytes)
     }
 
@@ -268,9 +272,8 @@ impl IpcMemHandle {
                 "checksum mismatch: the handle bytes were altered",
             ));
         }
-        let backend = BackendKind::from_code(ext[8]).ok_or_else(|| {
-            Error::invalid_ipc_handle(format!("unknown backend code {}", ext[8]))
-        })?;
+        let backend = BackendKind::from_code(ext[8])
+            .ok_or_else(|| Error::invalid_ipc_handle(format!("unknown backend code {}", ext[8])))?;
         let offset = read_u64(ext, 16);
         if offset.checked_add(size).is_none() {
             return Err(Error::invalid_ipc_handle("offset + size overflows"));
@@ -464,7 +467,10 @@ pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer>
         return Ok(DeviceBuffer::over(memory, start as usize, size));
     }
     let mapping = ctx.ipc_mapping(&handle.raw)?;
-    if offset.checked_add(size).is_none_or(|end| end > mapping.size) {
+    if offset
+        .checked_add(size)
+        .is_none_or(|end| end > mapping.size)
+    {
         return Err(Error::invalid_ipc_handle(format!(
             "offset {offset} and size {size} lie outside the {}-byte allocation the handle names",
             mapping.size

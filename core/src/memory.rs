@@ -52,7 +52,9 @@ impl Release for Owned {
         // makes `Owned` memory) and this is the one release of it: `Memory::drop` runs once
         // and no buffer refers to the memory any more.
         let result = unsafe { ctx.raw().free(address) };
-        ctx.inner().bytes_allocated.fetch_sub(size, Ordering::AcqRel);
+        ctx.inner()
+            .bytes_allocated
+            .fetch_sub(size, Ordering::AcqRel);
         if let Err(e) = result {
             eprintln!("cudabuf: freeing device allocation {address:#x} ({size} bytes) failed: {e}");
         }
@@ -85,7 +87,11 @@ impl Release for IpcMapping {
     fn release(&mut self, ctx: &Context, address: DevicePtr, _: usize) {
         // Close while holding the cache lock, so that a concurrent open of the same handle
         // either finds this mapping alive or opens a new one after it is closed.
-        let mut cache = ctx.inner().ipc_mappings.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = ctx
+            .inner()
+            .ipc_mappings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         // SAFETY: `address` came from `ipc_open` on this context (only
         // `Context::open_ipc_buffer` makes `IpcMapping` memory) and this is its one close.
         if let Err(e) = unsafe { ctx.raw().ipc_close(address) } {

@@ -89,8 +89,7 @@ pub trait DeviceAccessible {
 impl DeviceAccessible for DeviceBuffer {
     fn device_view(&self, ctx: &Context) -> Result<DeviceView> {
         let own = self.context();
-        if own.backend_kind() != ctx.backend_kind() || own.device_number() != ctx.device_number()
-        {
+        if own.backend_kind() != ctx.backend_kind() || own.device_number() != ctx.device_number() {
             return Err(Error::invalid_argument(
                 "buffer_from_object",
                 format!(

@@ -173,6 +173,7 @@ pub(crate) fn resolve_seek(pos: SeekFrom, current: usize, size: usize) -> Option
 
 impl Seek for BufferReader {
     fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        self.check_open()?;
         let target = resolve_seek(pos, self.position, self.size()).ok_or_else(|| {
             io::Error::from(Error::invalid_argument(
                 "seek",

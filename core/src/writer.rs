@@ -127,7 +127,10 @@ impl BufferWriter {
     ///
     /// # Errors
     /// As the flush.
-    pub fn set_staging_buffer(&mut self, staging: Option<HostBuffer>) -> Result<Option<HostBuffer>> {
+    pub fn set_staging_buffer(
+        &mut self,
+        staging: Option<HostBuffer>,
+    ) -> Result<Option<HostBuffer>> {
         self.check_open()?;
         self.flush_staged()?;
         let staging = staging.filter(|s| s.size() > 0);
@@ -176,6 +179,20 @@ impl BufferWriter {
     /// # Errors
     /// [`Error::OutOfRange`] if it does not fit (nothing written); [`Error::Closed`].
     pub fn write_at(&mut self, position: usize, data: &[u8]) -> Result<()> {
+        self.check_open()?;
+        // Refuse before moving: a write that does not fit changes nothing.
+        if position
+            .checked_add(data.len())
+            .is_none_or(|end| end > self.size())
+        {
+            return Err(Error::out_of_range(
+                "BufferWriter::write_at",
+                "device buffer",
+                position,
+                data.len(),
+                self.size(),
+            ));
+        }
         self.seek_to(position)?;
         self.write_bytes(data)
     }
@@ -255,6 +272,7 @@ impl Write for BufferWriter {
 
 impl Seek for BufferWriter {
     fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        self.check_open()?;
         let target = resolve_seek(pos, self.position, self.size()).ok_or_else(|| {
             io::Error::from(Error::invalid_argument(
                 "BufferWriter::seek",
@@ -269,7 +287,9 @@ impl Seek for BufferWriter {
 impl Drop for BufferWriter {
     fn drop(&mut self) {
         if let Err(e) = self.close() {
-            eprintln!("cudabuf: BufferWriter dropped with staged bytes that could not be flushed: {e}");
+            eprintln!(
+                "cudabuf: BufferWriter dropped with staged bytes that could not be flushed: {e}"
+            );
         }
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use cudabuf_core::backend::{Context, Platform};
 use cudabuf_core::{BackendKind, Error, ErrorKind};
 
+use crate::region::UNINIT_FILL;
 use crate::{FaultOp, RegionKind, SimBackend, SimConfig};
 
 pub(super) fn ctx(sim: &SimBackend, device: usize) -> Arc<dyn Context> {
@@ -109,7 +110,11 @@ fn allocate_free_and_double_free() {
     assert_eq!(a % 256, 0);
     assert_eq!(b % 256, 0);
     assert!(b >= a + 100 + 4096, "guard gap between allocations");
-    assert_eq!(read(&*c, a, 100).unwrap(), vec![0; 100], "zeroed");
+    assert_eq!(
+        read(&*c, a, 100).unwrap(),
+        vec![UNINIT_FILL; 100],
+        "filled like uninitialized memory"
+    );
     assert_eq!(sim.bytes_in_use(0), 101);
     assert_invalid_address(free(&*c, a + 8), "not the base of an allocation");
     free(&*c, a).unwrap();
@@ -144,7 +149,7 @@ fn copies_in_out_and_device_to_device() {
     dtod(&*c, b + 10, a, 20).unwrap();
     let back = read(&*c, b, 64).unwrap();
     assert_eq!(&back[10..30], &data[..20]);
-    assert_eq!(&back[..10], &[0; 10]);
+    assert_eq!(&back[..10], &[UNINIT_FILL; 10]);
     assert_eq!(read(&*c, a + 58, 6).unwrap(), [58, 59, 9, 9, 9, 9]);
     // A context of the same device sees the same memory.
     let shared =
@@ -216,7 +221,7 @@ fn copies_outside_one_live_allocation_are_refused() {
         ErrorKind::InvalidArgument
     );
     // Nothing was written by the refused copies.
-    assert_eq!(read(&*c0, b, 100).unwrap(), vec![0; 100]);
+    assert_eq!(read(&*c0, b, 100).unwrap(), vec![UNINIT_FILL; 100]);
 }
 
 #[test]
@@ -228,7 +233,11 @@ fn peer_copies_cross_devices_of_one_instance_only() {
     write(&*c0, a, b"abcdefgh").unwrap();
     // SAFETY: the simulator checks every address and context.
     unsafe { c1.copy_peer(b + 2, &*c0, a, 4) }.unwrap();
-    assert_eq!(read(&*c1, b, 8).unwrap(), b"\0\0abcd\0\0");
+    let f = UNINIT_FILL;
+    assert_eq!(
+        read(&*c1, b, 8).unwrap(),
+        [f, f, b'a', b'b', b'c', b'd', f, f]
+    );
     // SAFETY: as above.
     let e = unsafe { c1.copy_peer(b, &*c1, a, 4) }.unwrap_err();
     assert!(e.to_string().contains("belongs to device 0"), "{e}");
@@ -392,7 +401,7 @@ fn fail_nth_fails_one_call_and_changes_nothing() {
     assert_eq!(write(&*c, a, b"xyz").unwrap_err(), injected);
     assert_eq!(
         read(&*c, a, 3).unwrap(),
-        [0, 0, 0],
+        [UNINIT_FILL; 3],
         "the failed copy wrote nothing"
     );
 

@@ -1,0 +1,173 @@
+//! Every behaviour of the suite, listed once in [`ALL`].
+//!
+//! Each case is a plain function `fn(&Fixture) -> CaseResult` named after the behaviour it
+//! checks, generic over the backend (it uses only `cudabuf_core`'s API and the
+//! [`Fixture`](crate::Fixture)), so the same list runs unchanged on the simulator and on
+//! CUDA. A broken behaviour panics (`assert!`); errors are checked by
+//! [`ErrorKind`](cudabuf_core::ErrorKind), never by message alone.
+//!
+//! The cases live in submodules by subject:
+//! - `copies`: every copy path at sizes 0, 1 and 1000, and where bytes land;
+//! - `ranges`: out-of-range arguments, their error kinds, and that a refused operation
+//!   changes nothing;
+//! - `slices`: slices alias their parent and keep its memory alive;
+//! - `context`: devices, contexts, accounting, zero-size rules, copies versus views;
+//! - `host`: pinned host buffers and device addresses;
+//! - `reader` / `writer`: `BufferReader` and `BufferWriter`;
+//! - `ipc`: IPC handles, in this process and in a child process.
+
+use crate::model;
+use crate::CaseFn;
+
+mod context;
+mod copies;
+mod expect;
+mod host;
+mod ipc;
+mod ranges;
+mod reader;
+mod slices;
+mod writer;
+
+/// Builds the `(name, function)` list from `module::function` paths, so that a case's
+/// name is always its function's name.
+macro_rules! cases {
+    ($($module:ident :: $case:ident),* $(,)?) => {
+        &[$((stringify!($case), $module::$case as CaseFn)),*]
+    };
+}
+
+/// Every case of the suite: `(name, function)`, the name being the function's name.
+pub const ALL: &[(&str, CaseFn)] = cases![
+    // copies
+    copies::copy_from_host_then_copy_to_host_round_trips,
+    copies::copy_to_host_into_caller_slice_round_trips,
+    copies::copy_from_device_same_context_copies,
+    copies::buffer_from_data_of_host_slice_copies,
+    copies::buffer_from_data_of_host_buffer_copies,
+    copies::buffer_from_data_of_device_buffer_copies,
+    copies::reader_read_copies_to_host,
+    copies::writer_unbuffered_write_copies_to_device,
+    copies::writer_buffered_write_copies_to_device,
+    copies::peer_copy_between_devices_0_and_1,
+    copies::buffer_from_data_of_other_device_buffer_copies,
+    copies::copy_from_host_at_position_writes_only_there,
+    copies::copy_to_host_at_position_reads_that_range,
+    copies::copy_from_device_prefix_at_position_writes_only_there,
+    copies::copy_from_device_within_one_allocation_overlapping_is_memmove,
+    // ranges
+    ranges::copy_to_host_position_past_size_is_out_of_range,
+    ranges::copy_to_host_position_equal_to_size_copies_nothing,
+    ranges::copy_to_host_position_plus_nbytes_past_size_is_out_of_range,
+    ranges::copy_to_host_into_nbytes_over_destination_is_out_of_range,
+    ranges::copy_to_host_into_past_device_end_is_out_of_range,
+    ranges::copy_to_host_into_default_copies_what_fits,
+    ranges::copy_from_host_source_too_short_is_source_too_short,
+    ranges::copy_from_host_destination_too_short_is_out_of_range,
+    ranges::copy_from_device_source_too_short_is_source_too_short,
+    ranges::copy_from_device_destination_too_short_is_out_of_range,
+    ranges::slice_past_end_is_out_of_range_not_clamped,
+    ranges::usize_max_positions_and_lengths_are_errors_not_overflows,
+    ranges::usize_max_in_reader_and_writer_is_an_error_not_an_overflow,
+    ranges::refused_operations_change_nothing,
+    ranges::error_messages_name_the_operation,
+    // slices
+    slices::slice_aliases_parent,
+    slices::parent_writes_show_in_slice,
+    slices::slice_of_slice_aliases_root,
+    slices::slice_parent_returns_the_parent,
+    slices::slice_keeps_memory_alive_after_parent_drop,
+    slices::zero_length_slices_are_allowed_up_to_size,
+    // context
+    context::num_devices_is_at_least_one,
+    context::context_of_same_device_is_the_same_context,
+    context::contexts_of_different_devices_differ,
+    context::device_number_is_right_on_every_context,
+    context::buffer_context_device_number_is_its_device,
+    context::invalid_device_number_is_invalid_device,
+    context::bytes_allocated_counts_owning_allocations_until_dropped,
+    context::bytes_allocated_is_shared_by_context_clones,
+    context::bytes_allocated_returns_to_start_after_every_kind_of_buffer,
+    context::new_buffer_beyond_device_memory_is_out_of_memory,
+    context::new_buffer_of_zero_bytes_has_address_zero,
+    context::synchronize_succeeds,
+    context::shared_context_over_primary_handle_has_its_own_counter,
+    context::buffer_from_data_copies_the_source,
+    context::buffer_from_object_is_a_view,
+    context::buffer_from_object_keeps_the_object_alive,
+    context::buffer_from_object_of_other_device_buffer_is_invalid_argument,
+    context::buffer_from_object_raw_memory_past_allocation_is_invalid_address,
+    context::foreign_buffer_is_a_view,
+    context::foreign_buffer_keeps_its_owner_alive,
+    context::foreign_buffer_zero_zero_is_empty,
+    context::foreign_buffer_past_allocation_is_invalid_address,
+    context::foreign_buffer_of_other_device_memory_is_invalid_address,
+    // host
+    host::new_host_buffer_is_zeroed,
+    host::new_host_buffer_of_zero_bytes_is_empty,
+    host::new_host_buffer_is_not_counted_in_bytes_allocated,
+    host::host_buffer_device_address_is_usable_for_copies,
+    host::host_buffer_is_portable_to_other_devices,
+    host::get_device_address_of_device_address_is_itself,
+    host::get_device_address_of_pageable_memory_is_invalid_address,
+    host::get_device_address_of_freed_buffer_is_invalid_address,
+    // reader
+    reader::reader_sequence_of_reads_and_read_buffers,
+    reader::reader_read_buffer_is_zero_copy,
+    reader::reader_seek_to_size_then_read_returns_zero,
+    reader::reader_read_is_short_at_the_end,
+    reader::reader_seek_from_end_and_current,
+    reader::reader_seek_past_size_is_out_of_range,
+    reader::reader_seek_before_start_is_an_error,
+    reader::reader_read_at_does_not_move,
+    reader::reader_read_at_past_size_is_out_of_range,
+    reader::closed_reader_is_closed,
+    // writer
+    writer::writer_is_unbuffered_by_default,
+    writer::writer_buffered_small_write_is_staged,
+    writer::writer_buffered_chunk_of_staging_size_goes_straight_through,
+    writer::writer_buffered_write_filling_staging_flushes_then_writes,
+    writer::writer_write_at_with_staged_bytes_lands_in_place,
+    writer::writer_seek_to_size_is_allowed,
+    writer::writer_seek_past_size_is_out_of_range,
+    writer::writer_write_past_end_writes_nothing,
+    writer::writer_flush_writes_staged_bytes,
+    writer::writer_seek_flushes_staged_bytes,
+    writer::writer_close_flushes_staged_bytes,
+    writer::writer_drop_flushes_staged_bytes,
+    writer::writer_set_buffer_size_flushes_staged_bytes,
+    writer::writer_into_inner_flushes_staged_bytes,
+    writer::writer_after_close_is_closed,
+    // ipc
+    ipc::ipc_handle_bytes_round_trip,
+    ipc::ipc_handle_names_backend_device_size_and_offset,
+    ipc::ipc_truncated_handle_is_invalid_ipc_handle,
+    ipc::ipc_oversized_handle_is_invalid_ipc_handle,
+    ipc::ipc_bit_flipped_handle_is_invalid_ipc_handle,
+    ipc::ipc_handle_of_other_backend_is_invalid_ipc_handle,
+    ipc::ipc_zero_size_export_is_8_bytes_and_opens_empty,
+    ipc::ipc_open_in_exporting_process_is_a_view_of_the_allocation,
+    ipc::ipc_open_of_exported_slice_is_exactly_the_slice,
+    ipc::ipc_open_twice_in_one_context_shares_the_memory,
+    ipc::ipc_open_after_exporter_dropped_is_invalid_ipc_handle,
+    ipc::ipc_export_keeps_memory_alive_while_a_clone_lives,
+    ipc::ipc_export_of_pinned_host_view_is_unsupported,
+    ipc::ipc_open_in_child_process_whole_buffer,
+    ipc::ipc_open_in_child_process_slice_at_offset,
+    // model-based (proptest state machines)
+    model::buffer_semantics_match_vec_model,
+    model::reader_writer_match_cursor_model,
+];
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    #[test]
+    fn case_names_are_unique() {
+        let mut seen = HashSet::new();
+        for (name, _) in super::ALL {
+            assert!(seen.insert(*name), "case {name} is listed twice");
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! Every copy path, at sizes 0, 1 and 1000, and where the bytes land.
+
+use std::io::{Read, Write};
+
+use cudabuf_core::{BufferReader, BufferWriter};
+
+use super::expect::{contents, context0, contexts01, device_bytes, pattern, SIZES};
+use crate::{CaseResult, Fixture};
+
+/// `copy_from_host` then `copy_to_host` (a new `Vec`) gives the bytes back.
+pub(crate) fn copy_from_host_then_copy_to_host_round_trips(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    for n in SIZES {
+        let data = pattern(n, 1);
+        let buf = ctx.new_buffer(n).expect("new_buffer");
+        assert_eq!(buf.size(), n);
+        assert_eq!(
+            buf.copy_from_host(&data, 0, None).expect("copy_from_host"),
+            n
+        );
+        assert_eq!(
+            buf.copy_to_host(0, None).expect("copy_to_host"),
+            data,
+            "size {n}"
+        );
+        assert_eq!(
+            buf.copy_to_host(0, Some(n)).expect("copy_to_host"),
+            data,
+            "size {n}"
+        );
+    }
+    Ok(())
+}
+
+/// `copy_to_host_into` a caller's slice copies the bytes and returns the count.
+pub(crate) fn copy_to_host_into_caller_slice_round_trips(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    for n in SIZES {
+        let data = pattern(n, 2);
+        let buf = device_bytes(&ctx, &data);
+        let mut dst = vec![0xEEu8; n];
+        assert_eq!(
+            buf.copy_to_host_into(0, &mut dst, None)
+                .expect("copy_to_host_into"),
+            n
+        );
+        assert_eq!(dst, data, "size {n}, default nbytes");
+        let mut dst = vec![0xEEu8; n];
+        assert_eq!(
+            buf.copy_to_host_into(0, &mut dst, Some(n))
+                .expect("copy_to_host_into"),
+            n
+        );
+        assert_eq!(dst, data, "size {n}, explicit nbytes");
+    }
+    Ok(())
+}
+
+/// `copy_from_device` between two buffers of one context copies the bytes.
+pub(crate) fn copy_from_device_same_context_copies(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    for n in SIZES {
+        let data = pattern(n, 3);
+        let src = device_bytes(&ctx, &data);
+        let dst = ctx.new_buffer(n).expect("new_buffer");
+        assert_eq!(
+            dst.copy_from_device(&src, 0, None)
+                .expect("copy_from_device"),
+            n
+        );
+        assert_eq!(contents(&dst), data, "size {n}");
+        assert_eq!(contents(&src), data, "the source is unchanged, size {n}");
+    }
+    Ok(())
+}
+
+/// `buffer_from_data(&[u8])` gives a new buffer holding the bytes.
+pub(crate) fn buffer_from_data_of_host_slice_copies(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    for n in SIZES {
+        let data = pattern(n, 4);
+        let buf = ctx
+            .buffer_from_data(data.as_slice())
+            .expect("buffer_from_data");
+        assert_eq!(buf.size(), n);
+        assert_eq!(contents(&buf), data, "size {n}");
+        // pyarrow's offset/size arguments are Rust slicing.
+        if n >= 3 {
+            let part = ctx
+                .buffer_from_data(&data[1..n - 1])
+                .expect("buffer_from_data");
+            assert_eq!(contents(&part), &data[1..n - 1]);
+        }
+    }
+    Ok(())
+}
+
+/// `buffer_from_data(&HostBuffer)` gives a new device buffer holding the pinned bytes.
+pub(crate) fn buffer_from_data_of_host_buffer_copies(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    for n in SIZES {
+        let data = pattern(n, 5);
+        let mut host = ctx.new_host_buffer(n).expect("new_host_buffer");
+        host.copy_from_slice(&data);
+        let buf = ctx.buffer_from_data(&host).expect("buffer_from_data");
+        assert_eq!(buf.size(), n);
+        assert_eq!(contents(&buf), data, "size {n}");
+    }
+    Ok(())
+}
+
+/// `buffer_from_data(&DeviceBuffer)` gives a new buffer holding the device bytes.
+pub(crate) fn buffer_from_data_of_device_buffer_copies(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    for n in SIZES {
+        let data = pattern(n, 6);
+        let src = device_bytes(&ctx, &data);
+        let copy = ctx.buffer_from_data(&src).expect("buffer_from_data");
+        assert_eq!(copy.size(), n);
+        assert_eq!(contents(&copy), data, "size {n}");
+        if n > 0 {
+            assert_ne!(copy.address(), src.address(), "a copy has its own memory");
+        }
+    }
+    Ok(())
+}
+
+/// `Read::read` on a `BufferReader` copies the buffer's bytes to the host.
+pub(crate) fn reader_read_copies_to_host(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    for n in SIZES {
+        let data = pattern(n, 7);
+        let mut reader = BufferReader::new(device_bytes(&ctx, &data));
+        let mut out = Vec::new();
+        assert_eq!(reader.read_to_end(&mut out).expect("read_to_end"), n);
+        assert_eq!(out, data, "size {n}");
+        assert_eq!(reader.position(), n);
+    }
+    Ok(())
+}
+
+/// `Write::write` on an unbuffered `BufferWriter` puts the bytes on the device.
+pub(crate) fn writer_unbuffered_write_copies_to_device(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    for n in SIZES {
+        let data = pattern(n, 8);
+        let buf = ctx.new_buffer(n).expect("new_buffer");
+        let mut writer = BufferWriter::new(buf.clone());
+        assert_eq!(writer.write(&data).expect("write"), n);
+        assert_eq!(writer.position(), n);
+        assert_eq!(contents(&buf), data, "size {n}, before close");
+        writer.close().expect("close");
+        assert_eq!(contents(&buf), data, "size {n}");
+    }
+    Ok(())
+}
+
+/// `Write::write` on a buffered `BufferWriter` puts the bytes on the device by `close`.
+pub(crate) fn writer_buffered_write_copies_to_device(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    for n in SIZES {
+        let data = pattern(n, 9);
+        let buf = ctx.new_buffer(n).expect("new_buffer");
+        let mut writer = BufferWriter::new(buf.clone());
+        writer.set_buffer_size(4096).expect("set_buffer_size");
+        writer.write_all(&data).expect("write_all");
+        assert_eq!(writer.position(), n);
+        writer.close().expect("close");
+        assert_eq!(contents(&buf), data, "size {n}");
+    }
+    Ok(())
+}
+
+/// `copy_from_device` between buffers of devices 0 and 1 (a peer copy) copies the bytes,
+/// both ways.
+pub(crate) fn peer_copy_between_devices_0_and_1(f: &Fixture) -> CaseResult {
+    let (_b, c0, c1) = contexts01(f)?;
+    for n in SIZES {
+        let data = pattern(n, 10);
+        let on0 = device_bytes(&c0, &data);
+        let on1 = c1.new_buffer(n).expect("new_buffer on device 1");
+        assert_eq!(
+            on1.copy_from_device(&on0, 0, None)
+                .expect("peer copy 0 -> 1"),
+            n
+        );
+        assert_eq!(contents(&on1), data, "0 -> 1, size {n}");
+        let back = c0.new_buffer(n).expect("new_buffer on device 0");
+        assert_eq!(
+            back.copy_from_device(&on1, 0, None)
+                .expect("peer copy 1 -> 0"),
+            n
+        );
+        assert_eq!(contents(&back), data, "1 -> 0, size {n}");
+    }
+    // A peer copy lands at the destination position.
+    let on1 = device_bytes(&c1, b"peer");
+    let dst = device_bytes(&c0, &[0u8; 10]);
+    assert_eq!(
+        dst.copy_from_device(&on1, 3, None).expect("peer copy at 3"),
+        4
+    );
+    assert_eq!(contents(&dst), b"\0\0\0peer\0\0\0");
+    Ok(())
+}
+
+/// `buffer_from_data` of another device's buffer copies it onto this context's device.
+pub(crate) fn buffer_from_data_of_other_device_buffer_copies(f: &Fixture) -> CaseResult {
+    let (_b, c0, c1) = contexts01(f)?;
+    for n in SIZES {
+        let data = pattern(n, 11);
+        let on1 = device_bytes(&c1, &data);
+        let on0 = c0
+            .buffer_from_data(&on1)
+            .expect("buffer_from_data of a device-1 buffer");
+        assert_eq!(on0.context().device_number(), 0);
+        assert_eq!(contents(&on0), data, "size {n}");
+    }
+    Ok(())
+}
+
+/// `copy_from_host` at a position writes exactly `nbytes` there and nothing else.
+pub(crate) fn copy_from_host_at_position_writes_only_there(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let before = pattern(1000, 12);
+    let buf = device_bytes(&ctx, &before);
+    let data = pattern(100, 13);
+    assert_eq!(
+        buf.copy_from_host(&data, 450, Some(60))
+            .expect("copy_from_host"),
+        60
+    );
+    let mut expected = before.clone();
+    expected[450..510].copy_from_slice(&data[..60]);
+    assert_eq!(contents(&buf), expected);
+    // The last byte, and a zero-byte copy at the end.
+    assert_eq!(
+        buf.copy_from_host(&[0xAB], 999, None)
+            .expect("copy_from_host"),
+        1
+    );
+    assert_eq!(
+        buf.copy_from_host(&[], 1000, None).expect("copy_from_host"),
+        0
+    );
+    expected[999] = 0xAB;
+    assert_eq!(contents(&buf), expected);
+    Ok(())
+}
+
+/// `copy_to_host(position, nbytes)` returns exactly that range.
+pub(crate) fn copy_to_host_at_position_reads_that_range(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let data = pattern(1000, 14);
+    let buf = device_bytes(&ctx, &data);
+    assert_eq!(
+        buf.copy_to_host(123, Some(456)).expect("copy_to_host"),
+        &data[123..579]
+    );
+    assert_eq!(
+        buf.copy_to_host(900, None).expect("copy_to_host"),
+        &data[900..]
+    );
+    assert_eq!(
+        buf.copy_to_host(999, Some(1)).expect("copy_to_host"),
+        &data[999..]
+    );
+    let mut dst = [0u8; 7];
+    assert_eq!(
+        buf.copy_to_host_into(500, &mut dst, None)
+            .expect("copy_to_host_into"),
+        7
+    );
+    assert_eq!(dst, data[500..507]);
+    let mut dst = [0u8; 7];
+    assert_eq!(
+        buf.copy_to_host_into(10, &mut dst, Some(3))
+            .expect("copy_to_host_into"),
+        3
+    );
+    assert_eq!(&dst[..3], &data[10..13]);
+    assert_eq!(&dst[3..], &[0; 4], "bytes past nbytes are untouched");
+    Ok(())
+}
+
+/// `copy_from_device(src, position, Some(n))` copies the first `n` bytes of `src` to
+/// `position`, and nothing else.
+pub(crate) fn copy_from_device_prefix_at_position_writes_only_there(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let before = pattern(1000, 15);
+    let dst = device_bytes(&ctx, &before);
+    let src_bytes = pattern(300, 16);
+    let src = device_bytes(&ctx, &src_bytes);
+    assert_eq!(
+        dst.copy_from_device(&src, 700, Some(250))
+            .expect("copy_from_device"),
+        250
+    );
+    let mut expected = before;
+    expected[700..950].copy_from_slice(&src_bytes[..250]);
+    assert_eq!(contents(&dst), expected);
+    // From a slice: its own first bytes, not its parent's.
+    let tail = src.slice(280, 20).expect("slice");
+    assert_eq!(
+        dst.copy_from_device(&tail, 0, None)
+            .expect("copy_from_device"),
+        20
+    );
+    expected[..20].copy_from_slice(&src_bytes[280..]);
+    assert_eq!(contents(&dst), expected);
+    Ok(())
+}
+
+/// `copy_from_device` between overlapping slices of one allocation behaves like
+/// `memmove` (as if through a temporary).
+pub(crate) fn copy_from_device_within_one_allocation_overlapping_is_memmove(
+    f: &Fixture,
+) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let data = pattern(1000, 17);
+    let buf = device_bytes(&ctx, &data);
+    let src = buf.slice(0, 600).expect("slice");
+    assert_eq!(
+        buf.copy_from_device(&src, 100, None)
+            .expect("overlapping copy"),
+        600
+    );
+    let mut expected = data.clone();
+    expected.copy_within(0..600, 100);
+    assert_eq!(contents(&buf), expected, "forward overlap");
+    let buf = device_bytes(&ctx, &data);
+    let src = buf.slice(100, 600).expect("slice");
+    assert_eq!(
+        buf.copy_from_device(&src, 0, None)
+            .expect("overlapping copy"),
+        600
+    );
+    let mut expected = data;
+    expected.copy_within(100..700, 0);
+    assert_eq!(contents(&buf), expected, "backward overlap");
+    Ok(())
+}

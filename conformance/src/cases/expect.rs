@@ -1,0 +1,86 @@
+//! What the cases share: test data, a backend with its first context, and checks of
+//! error kinds (also through `std::io::Error`).
+
+use std::fmt::Debug;
+use std::io;
+
+use cudabuf_core::{Backend, Context, DeviceBuffer, Error, ErrorKind, Result};
+
+use crate::Fixture;
+
+/// The sizes every copy path is checked at.
+pub(crate) const SIZES: [usize; 3] = [0, 1, 1000];
+
+/// `len` bytes that differ from zero and, for two different seeds, at every position.
+pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u8).wrapping_mul(31).wrapping_add(seed)) ^ ((i >> 8) as u8))
+        .collect()
+}
+
+/// A fresh backend and the primary context of its device 0.
+pub(crate) fn context0(f: &Fixture) -> (Backend, Context) {
+    let backend = f.backend();
+    let ctx = backend.context(0).expect("backend.context(0)");
+    (backend, ctx)
+}
+
+/// A fresh backend and the primary contexts of devices 0 and 1, or a skip.
+pub(crate) fn contexts01(
+    f: &Fixture,
+) -> std::result::Result<(Backend, Context, Context), crate::Skip> {
+    let backend = f.backend();
+    f.require_devices(&backend, 2)?;
+    let c0 = backend.context(0).expect("backend.context(0)");
+    let c1 = backend.context(1).expect("backend.context(1)");
+    Ok((backend, c0, c1))
+}
+
+/// A new device buffer holding `bytes`.
+pub(crate) fn device_bytes(ctx: &Context, bytes: &[u8]) -> DeviceBuffer {
+    ctx.buffer_from_data(bytes).expect("buffer_from_data")
+}
+
+/// The whole contents of `buf`.
+pub(crate) fn contents(buf: &DeviceBuffer) -> Vec<u8> {
+    buf.to_vec().expect("copy_to_host of the whole buffer")
+}
+
+/// Asserts that `result` is an error of `kind` and returns the error.
+#[track_caller]
+pub(crate) fn expect_err<T: Debug>(result: Result<T>, kind: ErrorKind, what: &str) -> Error {
+    match result {
+        Ok(v) => panic!("{what}: expected a {kind} error, got Ok({v:?})"),
+        Err(e) => {
+            assert_eq!(e.kind(), kind, "{what}: expected a {kind} error, got: {e}");
+            e
+        }
+    }
+}
+
+/// The cudabuf error kind inside a `std::io::Error`, if there is one.
+pub(crate) fn io_error_kind(e: &io::Error) -> Option<ErrorKind> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<Error>())
+        .map(Error::kind)
+}
+
+/// Asserts that `result` is an `io::Error` carrying a cudabuf error of `kind`.
+#[track_caller]
+pub(crate) fn expect_io_err<T: Debug>(
+    result: io::Result<T>,
+    kind: ErrorKind,
+    what: &str,
+) -> io::Error {
+    match result {
+        Ok(v) => panic!("{what}: expected an io::Error carrying {kind}, got Ok({v:?})"),
+        Err(e) => {
+            assert_eq!(
+                io_error_kind(&e),
+                Some(kind),
+                "{what}: expected an io::Error carrying {kind}, got: {e:?}"
+            );
+            e
+        }
+    }
+}

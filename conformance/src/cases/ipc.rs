@@ -1,0 +1,417 @@
+//! IPC handles: the wire format, opening in the exporting process, in a child process,
+//! and the exporter's lifetime.
+
+use cudabuf_core::{BackendKind, ErrorKind, IpcMemHandle, EXTENDED_HANDLE_LEN};
+
+use super::expect::{contents, context0, device_bytes, expect_err, pattern};
+use crate::child::{hex_encode, EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, WRITE_VAR};
+use crate::{CaseResult, Fixture, Skip};
+
+/// pyarrow's part of a handle: 8 bytes of size, 64 of raw handle.
+const PYARROW_LEN: usize = 72;
+
+/// FNV-1a 64, the checksum of cudabuf's handle extension.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// A handle survives `to_bytes` / `from_bytes` unchanged, in cudabuf's extended length,
+/// for a whole buffer and a slice.
+pub(crate) fn ipc_handle_bytes_round_trip(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let buf = device_bytes(&ctx, &pattern(1000, 1));
+    for exported in [buf.clone(), buf.slice(300, 200).expect("slice")] {
+        let handle = exported.export_for_ipc().expect("export_for_ipc");
+        let bytes = handle.to_bytes();
+        assert_eq!(bytes.len(), EXTENDED_HANDLE_LEN);
+        assert_eq!(
+            &bytes[..8],
+            &(exported.size() as i64).to_le_bytes(),
+            "pyarrow's size field"
+        );
+        let back = IpcMemHandle::from_bytes(&bytes).expect("from_bytes");
+        assert_eq!(back, handle);
+        assert_eq!(back.to_bytes(), bytes);
+        assert_eq!(
+            (back.size(), back.offset()),
+            (handle.size(), handle.offset())
+        );
+    }
+    Ok(())
+}
+
+/// A handle says which backend and device made it, its size, and the offset of an
+/// exported slice in its allocation.
+pub(crate) fn ipc_handle_names_backend_device_size_and_offset(f: &Fixture) -> CaseResult {
+    let (backend, ctx) = context0(f);
+    let buf = device_bytes(&ctx, &pattern(1000, 2));
+    let whole = buf.export_for_ipc().expect("export_for_ipc");
+    assert_eq!(whole.backend(), Some(backend.kind()));
+    assert_eq!(whole.device_number(), Some(0));
+    assert_eq!((whole.size(), whole.offset()), (1000, 0));
+    let part = buf
+        .slice(100, 500)
+        .expect("slice")
+        .slice(50, 10)
+        .expect("slice of slice");
+    let handle = part.export_for_ipc().expect("export_for_ipc of a slice");
+    assert_eq!((handle.size(), handle.offset()), (10, 150));
+    assert_eq!(handle.backend(), Some(backend.kind()));
+    Ok(())
+}
+
+/// Every truncation of a handle's bytes is `InvalidIpcHandle`, except the 72-byte
+/// pyarrow form, which reads as a CUDA handle at offset 0 (and a simulator context
+/// refuses to open it).
+pub(crate) fn ipc_truncated_handle_is_invalid_ipc_handle(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let buf = device_bytes(&ctx, &pattern(1000, 3));
+    let bytes = buf
+        .slice(8, 900)
+        .expect("slice")
+        .export_for_ipc()
+        .expect("export")
+        .to_bytes();
+    for len in 0..bytes.len() {
+        let result = IpcMemHandle::from_bytes(&bytes[..len]);
+        if len == PYARROW_LEN {
+            let h = result.expect("the 72-byte pyarrow form is a valid handle");
+            assert_eq!(h.backend(), Some(BackendKind::Cuda));
+            assert_eq!((h.size(), h.offset()), (900, 0));
+            if ctx.backend_kind() != BackendKind::Cuda {
+                expect_err(
+                    ctx.open_ipc_buffer(&h),
+                    ErrorKind::InvalidIpcHandle,
+                    "opening a pyarrow (CUDA) handle in another backend",
+                );
+            }
+        } else {
+            expect_err(
+                result,
+                ErrorKind::InvalidIpcHandle,
+                &format!("{len} of {} bytes", bytes.len()),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Bytes beyond a handle's length are `InvalidIpcHandle` (zero-size, pyarrow and cudabuf
+/// forms).
+pub(crate) fn ipc_oversized_handle_is_invalid_ipc_handle(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let buf = device_bytes(&ctx, &pattern(100, 4));
+    let full = buf.export_for_ipc().expect("export").to_bytes();
+    let zero = ctx
+        .new_buffer(0)
+        .expect("new_buffer(0)")
+        .export_for_ipc()
+        .expect("export")
+        .to_bytes();
+    for (name, mut bytes) in [
+        ("cudabuf", full.clone()),
+        ("pyarrow", full[..PYARROW_LEN].to_vec()),
+        ("zero-size", zero),
+    ] {
+        bytes.push(0);
+        expect_err(
+            IpcMemHandle::from_bytes(&bytes),
+            ErrorKind::InvalidIpcHandle,
+            &format!("{name} + 1 byte"),
+        );
+    }
+    let mut long = full;
+    long.extend_from_slice(&[0; 1000]);
+    expect_err(
+        IpcMemHandle::from_bytes(&long),
+        ErrorKind::InvalidIpcHandle,
+        "+ 1000 bytes",
+    );
+    Ok(())
+}
+
+/// Flipping any single bit of a handle makes it `InvalidIpcHandle`.
+pub(crate) fn ipc_bit_flipped_handle_is_invalid_ipc_handle(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let buf = device_bytes(&ctx, &pattern(1000, 5));
+    let bytes = buf
+        .slice(200, 300)
+        .expect("slice")
+        .export_for_ipc()
+        .expect("export")
+        .to_bytes();
+    for bit in 0..bytes.len() * 8 {
+        let mut flipped = bytes.clone();
+        flipped[bit / 8] ^= 1 << (bit % 8);
+        expect_err(
+            IpcMemHandle::from_bytes(&flipped),
+            ErrorKind::InvalidIpcHandle,
+            &format!("bit {bit} flipped"),
+        );
+    }
+    Ok(())
+}
+
+/// A well-formed handle of another backend is `InvalidIpcHandle` when opened.
+pub(crate) fn ipc_handle_of_other_backend_is_invalid_ipc_handle(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let buf = device_bytes(&ctx, &pattern(100, 6));
+    let mut bytes = buf.export_for_ipc().expect("export").to_bytes();
+    let other = match ctx.backend_kind() {
+        BackendKind::Sim => BackendKind::Cuda,
+        _ => BackendKind::Sim,
+    };
+    // Byte 80 is the backend code; bytes 120.. the checksum of bytes 0..120.
+    bytes[80] = other.code();
+    let sum = fnv1a(&bytes[..EXTENDED_HANDLE_LEN - 8]);
+    bytes[EXTENDED_HANDLE_LEN - 8..].copy_from_slice(&sum.to_le_bytes());
+    let handle =
+        IpcMemHandle::from_bytes(&bytes).expect("a well-formed handle of the other backend");
+    assert_eq!(handle.backend(), Some(other));
+    expect_err(
+        ctx.open_ipc_buffer(&handle),
+        ErrorKind::InvalidIpcHandle,
+        "a handle of the other backend",
+    );
+    Ok(())
+}
+
+/// A zero-size buffer (or zero-length slice) exports the 8-byte handle, which opens as an
+/// empty buffer (also pyarrow's own 8 zero bytes).
+pub(crate) fn ipc_zero_size_export_is_8_bytes_and_opens_empty(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let start = ctx.bytes_allocated();
+    let empty = ctx.new_buffer(0).expect("new_buffer(0)");
+    let buf = device_bytes(&ctx, &pattern(10, 7));
+    for exported in [empty, buf.slice(5, 0).expect("zero-length slice")] {
+        let bytes = exported
+            .export_for_ipc()
+            .expect("export_for_ipc")
+            .to_bytes();
+        assert_eq!(bytes, 0i64.to_le_bytes());
+        let handle = IpcMemHandle::from_bytes(&bytes).expect("from_bytes");
+        assert_eq!(handle.size(), 0);
+        let opened = ctx.open_ipc_buffer(&handle).expect("open_ipc_buffer");
+        assert_eq!((opened.size(), opened.address()), (0, 0));
+        assert_eq!(opened.to_vec().expect("to_vec"), Vec::<u8>::new());
+    }
+    let pyarrow_zero = IpcMemHandle::from_bytes(&[0; 8]).expect("pyarrow's zero-size handle");
+    assert_eq!(ctx.open_ipc_buffer(&pyarrow_zero).expect("open").size(), 0);
+    assert_eq!(ctx.bytes_allocated(), start + 10);
+    Ok(())
+}
+
+/// Opening a handle in the process that exported it gives a view of the exporter's own
+/// allocation: same address, writes show both ways, nothing more counted.
+pub(crate) fn ipc_open_in_exporting_process_is_a_view_of_the_allocation(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let data = pattern(1000, 8);
+    let buf = device_bytes(&ctx, &data);
+    let counted = ctx.bytes_allocated();
+    let bytes = buf.export_for_ipc().expect("export_for_ipc").to_bytes();
+    let handle = IpcMemHandle::from_bytes(&bytes).expect("from_bytes");
+    let opened = ctx
+        .open_ipc_buffer(&handle)
+        .expect("open_ipc_buffer in the exporting process");
+    assert_eq!(ctx.bytes_allocated(), counted, "opening counts nothing");
+    assert_eq!((opened.address(), opened.size()), (buf.address(), 1000));
+    assert_eq!(contents(&opened), data);
+    opened
+        .copy_from_host(b"importer", 0, None)
+        .expect("copy_from_host");
+    assert_eq!(&contents(&buf)[..8], b"importer");
+    buf.copy_from_host(b"exporter", 992, None)
+        .expect("copy_from_host");
+    assert_eq!(&contents(&opened)[992..], b"exporter");
+    Ok(())
+}
+
+/// Opening the handle of an exported slice gives exactly the slice (pyarrow gives the
+/// start of the allocation): its size, its address, its bytes; writes land in the slice.
+pub(crate) fn ipc_open_of_exported_slice_is_exactly_the_slice(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let data = pattern(1000, 9);
+    let buf = device_bytes(&ctx, &data);
+    let part = buf.slice(300, 200).expect("slice");
+    let handle = part.export_for_ipc().expect("export_for_ipc");
+    let opened = ctx.open_ipc_buffer(&handle).expect("open_ipc_buffer");
+    assert_eq!((opened.address(), opened.size()), (part.address(), 200));
+    assert_eq!(contents(&opened), &data[300..500]);
+    opened
+        .copy_from_host(b"into the slice", 0, None)
+        .expect("copy_from_host");
+    let mut expected = data;
+    expected[300..314].copy_from_slice(b"into the slice");
+    assert_eq!(
+        contents(&buf),
+        expected,
+        "the write landed at the slice's offset only"
+    );
+    let inner = part.slice(150, 50).expect("slice of slice");
+    let opened = ctx
+        .open_ipc_buffer(&inner.export_for_ipc().expect("export"))
+        .expect("open");
+    assert_eq!(contents(&opened), &expected[450..500]);
+    Ok(())
+}
+
+/// Opening one handle twice in one context works: both see the same memory, and one
+/// stays valid after the other is dropped.
+pub(crate) fn ipc_open_twice_in_one_context_shares_the_memory(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let buf = device_bytes(&ctx, &pattern(100, 10));
+    let handle = buf.export_for_ipc().expect("export_for_ipc");
+    let first = ctx.open_ipc_buffer(&handle).expect("first open");
+    let second = ctx.open_ipc_buffer(&handle).expect("second open");
+    assert_eq!(first.address(), second.address());
+    assert_eq!(contents(&first), contents(&second));
+    first
+        .copy_from_host(b"one", 0, None)
+        .expect("copy_from_host");
+    assert_eq!(&contents(&second)[..3], b"one");
+    drop(first);
+    second
+        .copy_from_host(b"two", 3, None)
+        .expect("copy_from_host after the first drop");
+    assert_eq!(&contents(&second)[..6], b"onetwo");
+    assert_eq!(&contents(&buf)[..6], b"onetwo");
+    let third = ctx.open_ipc_buffer(&handle).expect("third open");
+    assert_eq!(&contents(&third)[..6], b"onetwo");
+    Ok(())
+}
+
+/// Opening a handle after every buffer of the exported memory was dropped (in the
+/// exporting process) is `InvalidIpcHandle`, and the memory was freed.
+pub(crate) fn ipc_open_after_exporter_dropped_is_invalid_ipc_handle(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let start = ctx.bytes_allocated();
+    let buf = device_bytes(&ctx, &pattern(100, 11));
+    let whole = buf.export_for_ipc().expect("export_for_ipc");
+    let part = buf
+        .slice(10, 10)
+        .expect("slice")
+        .export_for_ipc()
+        .expect("export_for_ipc");
+    drop(buf);
+    assert_eq!(
+        ctx.bytes_allocated(),
+        start,
+        "a handle does not keep the memory alive"
+    );
+    expect_err(
+        ctx.open_ipc_buffer(&whole),
+        ErrorKind::InvalidIpcHandle,
+        "open after drop",
+    );
+    expect_err(
+        ctx.open_ipc_buffer(&part),
+        ErrorKind::InvalidIpcHandle,
+        "open of a slice after drop",
+    );
+    Ok(())
+}
+
+/// Exported memory stays allocated (and openable) while any clone or slice of the
+/// exporting buffer lives, and is freed after the last one (pyarrow leaks it forever).
+pub(crate) fn ipc_export_keeps_memory_alive_while_a_clone_lives(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let start = ctx.bytes_allocated();
+    let buf = device_bytes(&ctx, &pattern(100, 12));
+    let clone = buf.clone();
+    let part = buf.slice(90, 10).expect("slice");
+    let handle = buf.export_for_ipc().expect("export_for_ipc");
+    drop(buf);
+    assert_eq!(ctx.bytes_allocated(), start + 100);
+    let opened = ctx
+        .open_ipc_buffer(&handle)
+        .expect("open while a clone lives");
+    assert_eq!(contents(&opened), pattern(100, 12));
+    drop(opened);
+    drop(clone);
+    assert_eq!(ctx.bytes_allocated(), start + 100, "the slice keeps it");
+    let opened = ctx
+        .open_ipc_buffer(&handle)
+        .expect("open while a slice lives");
+    assert_eq!(&contents(&opened)[90..], &pattern(100, 12)[90..]);
+    drop(opened);
+    drop(part);
+    assert_eq!(ctx.bytes_allocated(), start, "freed after the last clone");
+    expect_err(
+        ctx.open_ipc_buffer(&handle),
+        ErrorKind::InvalidIpcHandle,
+        "open after the last clone",
+    );
+    Ok(())
+}
+
+/// Exporting a view of pinned host memory is `Unsupported` (CUDA exports only device
+/// allocations).
+pub(crate) fn ipc_export_of_pinned_host_view_is_unsupported(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let host = ctx.new_host_buffer(100).expect("new_host_buffer");
+    let view = ctx
+        .buffer_from_object(&host)
+        .expect("buffer_from_object(host)");
+    expect_err(
+        view.export_for_ipc(),
+        ErrorKind::Unsupported,
+        "export_for_ipc of pinned memory",
+    );
+    expect_err(
+        view.slice(10, 10).expect("slice").export_for_ipc(),
+        ErrorKind::Unsupported,
+        "export_for_ipc of a slice of pinned memory",
+    );
+    Ok(())
+}
+
+/// Exports `exported` (a part of `buf`, at `offset`), has a child process open it, check
+/// it, double-open it and write into it, then checks that the write landed at `offset`
+/// of `buf` and nothing else changed.
+fn open_in_child(f: &Fixture, whole: bool) -> CaseResult {
+    let (backend, ctx) = context0(f);
+    if !backend.capabilities().ipc {
+        return Err(Skip(format!(
+            "the {} backend has no cross-process IPC here",
+            f.suite()
+        )));
+    }
+    let before = pattern(1000, 13);
+    let buf = device_bytes(&ctx, &before);
+    let (offset, len) = if whole { (0, 1000) } else { (300, 200) };
+    let exported = buf.slice(offset, len).expect("slice");
+    let exported = if whole { buf.clone() } else { exported };
+    let handle = exported.export_for_ipc().expect("export_for_ipc");
+    let write = b"written by the child process".to_vec();
+    f.run_child_ok(
+        IPC_OPEN_AND_CHECK,
+        &[
+            (HANDLE_VAR, hex_encode(&handle.to_bytes())),
+            (EXPECT_VAR, hex_encode(&before[offset..offset + len])),
+            (WRITE_VAR, hex_encode(&write)),
+        ],
+    );
+    let mut expected = before;
+    expected[offset..offset + write.len()].copy_from_slice(&write);
+    assert_eq!(
+        contents(&buf),
+        expected,
+        "the child's write must land at offset {offset} of the exporter's buffer, and nothing else change"
+    );
+    drop(exported);
+    Ok(())
+}
+
+/// A child process opens an exported whole buffer, sees its bytes, opens it twice, and
+/// its write shows in the exporter's buffer.
+pub(crate) fn ipc_open_in_child_process_whole_buffer(f: &Fixture) -> CaseResult {
+    open_in_child(f, true)
+}
+
+/// A child process opens an exported slice at a nonzero offset and sees exactly the
+/// slice; its write at position 0 lands at the slice's offset in the exporter's buffer.
+pub(crate) fn ipc_open_in_child_process_slice_at_offset(f: &Fixture) -> CaseResult {
+    open_in_child(f, false)
+}

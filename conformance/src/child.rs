@@ -1,0 +1,233 @@
+//! The roles a re-executed test binary plays for cases that need a second process (IPC).
+//!
+//! A case runs [`Fixture::run_child_ok`](crate::Fixture::run_child_ok) with a role and
+//! environment variables; the test binary's `main` (from
+//! [`conformance_tests!`](crate::conformance_tests)) sees `CUDABUF_CONFORMANCE_CHILD` set
+//! to the role and calls [`run`] instead of running tests.
+//! Bytes travel through the environment as lower-case hex ([`hex_encode`] /
+//! [`hex_decode`]).
+//!
+//! # Roles
+//! - [`IPC_OPEN_AND_CHECK`]: open the IPC handle in [`HANDLE_VAR`], check that it holds
+//!   [`EXPECT_VAR`]'s bytes, open it a second time (the two share one mapping), write
+//!   [`WRITE_VAR`]'s bytes at position 0, synchronize, check the write through the second
+//!   buffer, drop both, open it a third time (a fresh mapping) and check the write again.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::process::ExitCode;
+
+use cudabuf_core::{Backend, IpcMemHandle, Result};
+
+/// Role: open an IPC handle, check its bytes, double-open it, write into it.
+pub const IPC_OPEN_AND_CHECK: &str = "ipc_open_and_check";
+
+/// Environment variable: the IPC handle's bytes ([`IpcMemHandle::to_bytes`]), as hex.
+pub const HANDLE_VAR: &str = "CUDABUF_HANDLE";
+
+/// Environment variable: the bytes the opened buffer must hold, as hex.
+pub const EXPECT_VAR: &str = "CUDABUF_EXPECT";
+
+/// Environment variable: the bytes to write at position 0 of the opened buffer, as hex.
+pub const WRITE_VAR: &str = "CUDABUF_WRITE";
+
+/// Plays `role` in a child process, with backends made by `make`; returns success, or
+/// prints why not to stderr and returns failure.
+pub fn run(role: &str, make: fn() -> Result<Backend>) -> ExitCode {
+    let outcome = catch_unwind(AssertUnwindSafe(|| match role {
+        IPC_OPEN_AND_CHECK => ipc_open_and_check(make),
+        other => Err(format!(
+            "unknown child role '{other}' (known roles: {IPC_OPEN_AND_CHECK})"
+        )),
+    }));
+    let message = match outcome {
+        Ok(Ok(())) => {
+            println!("cudabuf-conformance child '{role}': ok");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Err(message)) => message,
+        Err(panic) => panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panicked".into()),
+    };
+    eprintln!(
+        "cudabuf-conformance child '{role}' (pid {}) failed: {message}",
+        std::process::id()
+    );
+    ExitCode::FAILURE
+}
+
+/// `bytes` as lower-case hex, two digits a byte.
+pub fn hex_encode(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        // Writing into a String cannot fail.
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// The bytes that `hex` (two hex digits a byte, either case) spells.
+///
+/// # Errors
+/// A message if `hex` has an odd length or a character that is not a hex digit.
+pub fn hex_decode(hex: &str) -> std::result::Result<Vec<u8>, String> {
+    let digits = hex.as_bytes();
+    if !digits.len().is_multiple_of(2) {
+        return Err(format!("hex of odd length {}", digits.len()));
+    }
+    let digit = |c: u8| -> std::result::Result<u8, String> {
+        match c {
+            b'0'..=b'9' => Ok(c - b'0'),
+            b'a'..=b'f' => Ok(c - b'a' + 10),
+            b'A'..=b'F' => Ok(c - b'A' + 10),
+            _ => Err(format!("'{}' is not a hex digit", c as char)),
+        }
+    };
+    digits
+        .chunks_exact(2)
+        .map(|pair| Ok(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
+}
+
+/// The bytes in environment variable `name`, hex-decoded.
+fn env_bytes(name: &str) -> std::result::Result<Vec<u8>, String> {
+    let hex = std::env::var(name).map_err(|e| format!("environment variable {name}: {e}"))?;
+    hex_decode(&hex).map_err(|e| format!("environment variable {name}: {e}"))
+}
+
+/// Fails with `message` unless `condition` holds.
+fn check(condition: bool, message: impl FnOnce() -> String) -> std::result::Result<(), String> {
+    if condition {
+        Ok(())
+    } else {
+        Err(message())
+    }
+}
+
+/// Short hex of at most the first 32 bytes, for messages.
+fn preview(bytes: &[u8]) -> String {
+    let shown = &bytes[..bytes.len().min(32)];
+    let more = if bytes.len() > 32 { "..." } else { "" };
+    format!("{} bytes {}{more}", bytes.len(), hex_encode(shown))
+}
+
+fn ipc_open_and_check(make: fn() -> Result<Backend>) -> std::result::Result<(), String> {
+    let handle_bytes = env_bytes(HANDLE_VAR)?;
+    let expect = env_bytes(EXPECT_VAR)?;
+    let write = env_bytes(WRITE_VAR)?;
+    check(write.len() <= expect.len(), || {
+        format!(
+            "{WRITE_VAR} ({} bytes) is longer than {EXPECT_VAR} ({})",
+            write.len(),
+            expect.len()
+        )
+    })?;
+    let handle = IpcMemHandle::from_bytes(&handle_bytes)
+        .map_err(|e| format!("IpcMemHandle::from_bytes({}): {e}", preview(&handle_bytes)))?;
+    let backend = make().map_err(|e| format!("making the backend: {e}"))?;
+    let device = handle.device_number().unwrap_or(0);
+    let ctx = backend
+        .context(device)
+        .map_err(|e| format!("context({device}): {e}"))?;
+    let start = ctx.bytes_allocated();
+
+    let first = ctx
+        .open_ipc_buffer(&handle)
+        .map_err(|e| format!("open_ipc_buffer ({handle:?}): {e}"))?;
+    check(first.size() == expect.len(), || {
+        format!(
+            "opened buffer has {} bytes, expected {}",
+            first.size(),
+            expect.len()
+        )
+    })?;
+    let got = first
+        .to_vec()
+        .map_err(|e| format!("copy_to_host of the opened buffer: {e}"))?;
+    check(got == expect, || {
+        format!(
+            "opened buffer holds {}, expected {}",
+            preview(&got),
+            preview(&expect)
+        )
+    })?;
+
+    let second = ctx
+        .open_ipc_buffer(&handle)
+        .map_err(|e| format!("second open_ipc_buffer of the same handle: {e}"))?;
+    check(second.address() == first.address(), || {
+        format!(
+            "the second open maps {:#x}, the first {:#x}: the mapping is not shared",
+            second.address(),
+            first.address()
+        )
+    })?;
+    let got = second
+        .to_vec()
+        .map_err(|e| format!("copy_to_host of the second buffer: {e}"))?;
+    check(got == expect, || {
+        format!("second open holds {}", preview(&got))
+    })?;
+    check(ctx.bytes_allocated() == start, || {
+        format!(
+            "opening IPC handles changed bytes_allocated from {start} to {}",
+            ctx.bytes_allocated()
+        )
+    })?;
+
+    first
+        .copy_from_host(&write, 0, None)
+        .map_err(|e| format!("copy_from_host into the opened buffer: {e}"))?;
+    ctx.synchronize().map_err(|e| format!("synchronize: {e}"))?;
+    let through_second = second
+        .copy_to_host(0, Some(write.len()))
+        .map_err(|e| format!("copy_to_host of the second buffer: {e}"))?;
+    check(through_second == write, || {
+        format!(
+            "a write through the first open shows {} in the second",
+            preview(&through_second)
+        )
+    })?;
+    drop(first);
+    let still = second
+        .to_vec()
+        .map_err(|e| format!("second buffer after dropping the first: {e}"))?;
+    check(still[..write.len()] == write[..], || {
+        "the second buffer changed after the first was dropped".into()
+    })?;
+    drop(second);
+
+    let third = ctx
+        .open_ipc_buffer(&handle)
+        .map_err(|e| format!("open_ipc_buffer after both opens were dropped: {e}"))?;
+    let again = third
+        .copy_to_host(0, Some(write.len()))
+        .map_err(|e| format!("copy_to_host of the reopened buffer: {e}"))?;
+    check(again == write, || {
+        format!("the reopened buffer holds {}", preview(&again))
+    })?;
+    drop(third);
+    ctx.synchronize().map_err(|e| format!("synchronize: {e}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_and_rejects_garbage() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let hex = hex_encode(&bytes);
+        assert_eq!(hex.len(), 512);
+        assert_eq!(hex_decode(&hex).unwrap(), bytes);
+        assert_eq!(hex_decode("ABcd").unwrap(), [0xab, 0xcd]);
+        assert_eq!(hex_decode("").unwrap(), Vec::<u8>::new());
+        assert!(hex_decode("abc").is_err());
+        assert!(hex_decode("zz").is_err());
+        assert!(hex_decode("é0").is_err());
+    }
+}
