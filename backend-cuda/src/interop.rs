@@ -41,6 +41,19 @@ impl CudaBackend {
         Ok(Arc::new(CudaDriverContext::from_cudarc(ctx)))
     }
 
+    /// A cudabuf [`Context`](cudabuf_core::Context) over cudarc's context `ctx`, with its
+    /// own `bytes_allocated` counter (pyarrow's `Context.from_numba`); see
+    /// [`context_from_cudarc`](Self::context_from_cudarc).
+    ///
+    /// # Errors
+    /// As [`context_from_cudarc`](Self::context_from_cudarc).
+    pub fn from_cudarc(&self, ctx: &Arc<CudaContext>) -> Result<cudabuf_core::Context> {
+        Ok(cudabuf_core::Context::from_raw(
+            self.context_from_cudarc(ctx)?,
+            cudabuf_core::BackendKind::Cuda,
+        ))
+    }
+
     /// cudarc's context for device `ordinal`: `CudaContext::new`, which retains the
     /// device's primary context, the same one [`Device::primary_context`] returns, so
     /// memory is shared both ways.
@@ -89,6 +102,31 @@ impl fmt::Debug for CudarcSliceView {
             .field("byte_len", &self.byte_len)
             .field("device_ordinal", &self.device_ordinal)
             .finish_non_exhaustive()
+    }
+}
+
+/// `ctx.buffer_from_object(&cudarc_slice_view(slice)?)` views a cudarc slice without a
+/// copy and keeps it alive as long as the buffer.
+impl cudabuf_core::DeviceAccessible for CudarcSliceView {
+    fn device_view(&self, ctx: &cudabuf_core::Context) -> Result<cudabuf_core::DeviceView> {
+        if ctx.backend_kind() != cudabuf_core::BackendKind::Cuda
+            || ctx.device_number() != self.device_ordinal
+        {
+            return Err(Error::invalid_argument(
+                "buffer_from_object",
+                format!(
+                    "the cudarc slice is on CUDA device {}, the context is {} device {}",
+                    self.device_ordinal,
+                    ctx.backend_kind(),
+                    ctx.device_number()
+                ),
+            ));
+        }
+        Ok(cudabuf_core::DeviceView {
+            address: self.device_ptr,
+            size: self.byte_len,
+            owner: Some(self.owner.clone()),
+        })
     }
 }
 

@@ -286,3 +286,32 @@ fn cudarc_slices_are_viewed_without_a_copy() {
     }
     drop(view);
 }
+
+#[test]
+fn cudarc_slice_is_a_buffer_without_a_copy_and_contexts_interoperate() {
+    let Some(backend) =
+        backend("cudarc_slice_is_a_buffer_without_a_copy_and_contexts_interoperate")
+    else {
+        return;
+    };
+    let cudabuf = cudabuf_core::Backend::new(backend.clone());
+    let ctx = cudabuf.context(0).unwrap();
+    let cudarc_ctx = backend.to_cudarc(0).unwrap();
+    // The primary context is shared both ways.
+    assert_eq!(ctx.handle(), cudarc_ctx.cu_ctx() as u64);
+    let from = backend.from_cudarc(&cudarc_ctx).unwrap();
+    assert_eq!(from.handle(), ctx.handle());
+    assert_eq!(from.device_number(), 0);
+
+    let stream = cudarc_ctx.default_stream();
+    let slice = stream.clone_htod(&[7u8, 8, 9, 10]).unwrap();
+    let view = cudarc_slice_view(slice).unwrap();
+    let address = view.device_ptr;
+    let buf = ctx.buffer_from_object(&view).unwrap();
+    drop(view); // the buffer keeps the slice alive
+    assert_eq!(buf.address(), address, "a view, not a copy");
+    assert_eq!(ctx.bytes_allocated(), 0, "views are not counted");
+    assert_eq!(buf.to_vec().unwrap(), [7, 8, 9, 10]);
+    buf.copy_from_host(&[1], 0, None).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), [1, 8, 9, 10]);
+}

@@ -82,19 +82,31 @@ pub struct SimBackend {
 impl SimBackend {
     /// A simulator with the default configuration: 2 devices of 1 GiB.
     pub fn new() -> Self {
-        Self::with_config(SimConfig::default())
+        // The default configuration is within every limit `with_config` checks.
+        Self::build(SimConfig::default())
     }
 
     /// A simulator with this configuration.
     ///
-    /// # Panics
-    /// If `config.devices` exceeds [`MAX_DEVICES`].
-    pub fn with_config(config: SimConfig) -> Self {
-        assert!(
-            config.devices <= MAX_DEVICES,
-            "SimConfig: {} devices requested, the simulator supports at most {MAX_DEVICES}",
-            config.devices
-        );
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `config.devices` exceeds [`MAX_DEVICES`].
+    pub fn with_config(config: SimConfig) -> Result<Self> {
+        if config.devices > MAX_DEVICES {
+            return Err(Error::invalid_argument(
+                "SimBackend::with_config",
+                format!(
+                    "{} devices requested, the simulator supports at most {MAX_DEVICES}",
+                    config.devices
+                ),
+            ));
+        }
+        Ok(Self::build(config))
+    }
+
+    /// Builds a simulator from a configuration already known to be valid (see
+    /// [`SimBackend::with_config`] for the checks).
+    fn build(config: SimConfig) -> Self {
+        debug_assert!(config.devices <= MAX_DEVICES);
         let contexts: Vec<u64> = (0..config.devices).map(|_| new_context_handle()).collect();
         let shared = Arc::new(Shared {
             name: config.name.clone(),
@@ -145,23 +157,31 @@ impl SimBackend {
     /// Makes the `n`th call (1-based, counting from now) of `op` fail with `error`,
     /// changing nothing.
     ///
-    /// # Panics
-    /// If `n` is 0.
-    pub fn fail_nth(&self, op: FaultOp, n: u64, error: Error) {
-        self.inner.shared.lock().faults.fail_nth(op, n, error);
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `n` is 0 (or names a call past `u64::MAX`); nothing
+    /// is armed then.
+    pub fn fail_nth(&self, op: FaultOp, n: u64, error: Error) -> Result<()> {
+        self.inner.shared.lock().faults.fail_nth(op, n, error)
     }
 
     /// Makes each call of `op` fail with `error` with `probability`, deterministically
     /// from `seed` (each armed rule draws once per call of its op).
     ///
-    /// # Panics
-    /// If `probability` is not in `0.0..=1.0`.
-    pub fn fail_randomly(&self, op: FaultOp, probability: f64, seed: u64, error: Error) {
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `probability` is not in `0.0..=1.0` (NaN
+    /// included); nothing is armed then.
+    pub fn fail_randomly(
+        &self,
+        op: FaultOp,
+        probability: f64,
+        seed: u64,
+        error: Error,
+    ) -> Result<()> {
         self.inner
             .shared
             .lock()
             .faults
-            .fail_randomly(op, probability, seed, error);
+            .fail_randomly(op, probability, seed, error)
     }
 
     /// Disarms every injected fault (the counters keep counting).

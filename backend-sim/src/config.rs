@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 ///     devices: 4,
 ///     capacity_per_device: 1 << 20,
 ///     ..SimConfig::default()
-/// });
+/// })?;
 /// # drop(sim);
+/// # Ok::<(), cudabuf_core::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]

@@ -62,22 +62,50 @@ pub(crate) struct Faults {
 
 impl Faults {
     /// Arms a failure of the `n`th call (1-based, from now) of `op`.
-    pub(crate) fn fail_nth(&mut self, op: FaultOp, n: u64, error: Error) {
-        assert!(n >= 1, "fail_nth: n is 1-based (the next call is n = 1)");
-        let at = self.counts[op.index()] + n;
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `n` is 0, or if the call number it names does not
+    /// fit in a `u64`; nothing is armed then.
+    pub(crate) fn fail_nth(&mut self, op: FaultOp, n: u64, error: Error) -> Result<()> {
+        if n == 0 {
+            return Err(Error::invalid_argument(
+                "SimBackend::fail_nth",
+                "n is 1-based (the next call is n = 1), got 0",
+            ));
+        }
+        let at = self.counts[op.index()].checked_add(n).ok_or_else(|| {
+            Error::invalid_argument(
+                "SimBackend::fail_nth",
+                format!("n = {n} names a call past u64::MAX"),
+            )
+        })?;
         self.rules.push(Rule {
             op,
             trigger: Trigger::AtCount(at),
             error,
         });
+        Ok(())
     }
 
     /// Arms failures of each call of `op` with `probability`, deterministic from `seed`.
-    pub(crate) fn fail_randomly(&mut self, op: FaultOp, probability: f64, seed: u64, error: Error) {
-        assert!(
-            (0.0..=1.0).contains(&probability),
-            "fail_randomly: probability {probability} is not in 0..=1"
-        );
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `probability` is not in `0.0..=1.0` (NaN included);
+    /// nothing is armed then.
+    pub(crate) fn fail_randomly(
+        &mut self,
+        op: FaultOp,
+        probability: f64,
+        seed: u64,
+        error: Error,
+    ) -> Result<()> {
+        // `contains` is false for NaN, so NaN is refused too.
+        if !(0.0..=1.0).contains(&probability) {
+            return Err(Error::invalid_argument(
+                "SimBackend::fail_randomly",
+                format!("probability {probability} is not in 0.0..=1.0"),
+            ));
+        }
         self.rules.push(Rule {
             op,
             trigger: Trigger::Random {
@@ -86,6 +114,7 @@ impl Faults {
             },
             error,
         });
+        Ok(())
     }
 
     /// Disarms every rule (the counters keep counting).
@@ -138,6 +167,7 @@ fn next_unit(state: &mut u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cudabuf_core::ErrorKind;
 
     fn boom() -> Error {
         Error::unsupported("test", "injected")
@@ -147,7 +177,7 @@ mod tests {
     fn nth_counts_from_arming_and_fires_once() {
         let mut f = Faults::default();
         f.check(FaultOp::Copy).unwrap();
-        f.fail_nth(FaultOp::Copy, 2, boom());
+        f.fail_nth(FaultOp::Copy, 2, boom()).unwrap();
         f.check(FaultOp::Allocate).unwrap();
         f.check(FaultOp::Copy).unwrap();
         assert_eq!(f.check(FaultOp::Copy), Err(boom()));
@@ -160,7 +190,8 @@ mod tests {
     fn random_is_deterministic_from_the_seed() {
         let run = |seed| {
             let mut f = Faults::default();
-            f.fail_randomly(FaultOp::Synchronize, 0.3, seed, boom());
+            f.fail_randomly(FaultOp::Synchronize, 0.3, seed, boom())
+                .unwrap();
             (0..200)
                 .map(|_| f.check(FaultOp::Synchronize).is_err())
                 .collect::<Vec<_>>()
@@ -171,11 +202,45 @@ mod tests {
         let failures = a.iter().filter(|&&x| x).count();
         assert!((30..90).contains(&failures), "{failures} of 200");
         let mut f = Faults::default();
-        f.fail_randomly(FaultOp::Copy, 0.0, 5, boom());
-        f.fail_randomly(FaultOp::IpcOpen, 1.0, 5, boom());
+        f.fail_randomly(FaultOp::Copy, 0.0, 5, boom()).unwrap();
+        f.fail_randomly(FaultOp::IpcOpen, 1.0, 5, boom()).unwrap();
         assert!((0..50).all(|_| f.check(FaultOp::Copy).is_ok()));
         assert!((0..50).all(|_| f.check(FaultOp::IpcOpen).is_err()));
         f.clear();
         assert!(f.check(FaultOp::IpcOpen).is_ok());
+    }
+
+    #[test]
+    fn nth_zero_is_refused_and_arms_nothing() {
+        let mut f = Faults::default();
+        let err = f.fail_nth(FaultOp::Copy, 0, boom()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        assert!(err.to_string().contains("SimBackend::fail_nth"), "{err}");
+        assert!(f.rules.is_empty());
+        f.check(FaultOp::Copy).unwrap();
+    }
+
+    #[test]
+    fn nth_past_u64_max_is_refused() {
+        let mut f = Faults::default();
+        f.check(FaultOp::Copy).unwrap();
+        let err = f.fail_nth(FaultOp::Copy, u64::MAX, boom()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        assert!(f.rules.is_empty());
+    }
+
+    #[test]
+    fn probability_outside_unit_interval_or_nan_is_refused() {
+        let mut f = Faults::default();
+        for p in [-0.1, 1.000_001, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let err = f.fail_randomly(FaultOp::Copy, p, 1, boom()).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{p}");
+            assert!(
+                err.to_string().contains("SimBackend::fail_randomly"),
+                "{err}"
+            );
+        }
+        assert!(f.rules.is_empty());
+        assert!((0..50).all(|_| f.check(FaultOp::Copy).is_ok()));
     }
 }

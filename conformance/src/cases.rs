@@ -140,6 +140,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     writer::writer_after_close_is_closed,
     // ipc
     ipc::ipc_handle_bytes_round_trip,
+    ipc::ipc_handle_serde_round_trip,
     ipc::ipc_handle_names_backend_device_size_and_offset,
     ipc::ipc_truncated_handle_is_invalid_ipc_handle,
     ipc::ipc_oversized_handle_is_invalid_ipc_handle,

@@ -179,7 +179,7 @@ fn every_injected_fault_is_the_typed_error_and_leaks_nothing() {
             let what = format!("fault at call {n} of {count} of {op:?}");
             let (sim, backend) = fresh();
             let error = injected(op, n);
-            sim.fail_nth(op, n, error.clone());
+            sim.fail_nth(op, n, error.clone()).expect("arm fault");
             match run_workload(&backend, &what) {
                 Ok(()) => panic!("{what}: the workload succeeded; the fault went unnoticed"),
                 Err(e) => assert_eq!(e, error, "{what}: another error came back"),
@@ -201,7 +201,8 @@ fn random_faults_give_typed_errors_and_leak_nothing() {
     for seed in 0..64u64 {
         let (sim, backend) = fresh();
         for (i, op) in FaultOp::ALL.into_iter().enumerate() {
-            sim.fail_randomly(op, 0.03, seed * 7 + i as u64, injected(op, 0));
+            sim.fail_randomly(op, 0.03, seed * 7 + i as u64, injected(op, 0))
+                .expect("arm fault");
         }
         match run_workload(&backend, &format!("seed {seed}")) {
             Ok(()) => {}
@@ -233,20 +234,25 @@ fn an_injected_copy_fault_changes_no_bytes() {
         .buffer_from_data(&pattern(100, 3))
         .expect("buffer_from_data");
     let error = injected(FaultOp::Copy, 1);
-    sim.fail_nth(FaultOp::Copy, 1, error.clone());
+    sim.fail_nth(FaultOp::Copy, 1, error.clone())
+        .expect("arm fault");
     assert_eq!(buf.copy_from_host(&[0; 100], 0, None), Err(error.clone()));
-    sim.fail_nth(FaultOp::Copy, 1, error.clone());
+    sim.fail_nth(FaultOp::Copy, 1, error.clone())
+        .expect("arm fault");
     assert_eq!(buf.copy_from_device(&src, 0, None), Err(error.clone()));
-    sim.fail_nth(FaultOp::Copy, 1, error.clone());
+    sim.fail_nth(FaultOp::Copy, 1, error.clone())
+        .expect("arm fault");
     let mut dst = [7u8; 100];
     assert_eq!(buf.copy_to_host_into(0, &mut dst, None), Err(error.clone()));
     assert_eq!(dst, [7; 100], "a failed copy to the host wrote nothing");
     assert_eq!(buf.to_vec().expect("to_vec"), pattern(100, 2));
-    sim.fail_nth(FaultOp::Allocate, 1, injected(FaultOp::Allocate, 1));
+    sim.fail_nth(FaultOp::Allocate, 1, injected(FaultOp::Allocate, 1))
+        .expect("arm fault");
     let before = ctx.bytes_allocated();
     assert!(ctx.buffer_from_data(&buf).is_err());
     assert_eq!(ctx.bytes_allocated(), before);
-    sim.fail_nth(FaultOp::Copy, 1, error.clone());
+    sim.fail_nth(FaultOp::Copy, 1, error.clone())
+        .expect("arm fault");
     assert_eq!(ctx.buffer_from_data(&buf).map(|_| ()), Err(error));
     assert_eq!(
         ctx.bytes_allocated(),

@@ -14,8 +14,8 @@
 //! but should still check what is cheap to check: the simulator checks everything, to
 //! catch bugs in the layer above.
 //!
-//! With the `mock` feature, `mockall` generates [`MockPlatform`], [`MockDevice`] and
-//! [`MockContext`] for unit-testing code that drives a context.
+//! With the `mock` feature, `mockall` generates `MockPlatform`, `MockDevice` and
+//! `MockContext` for unit-testing code that drives a context.
 
 use std::fmt;
 use std::sync::Arc;

@@ -72,7 +72,8 @@ fn platform_devices_and_contexts() {
         devices: 3,
         capacity_per_device: 4096,
         name: "gpu".into(),
-    });
+    })
+    .unwrap();
     assert_eq!(custom.num_devices().unwrap(), 3);
     assert_eq!(custom.device(2).unwrap().name().unwrap(), "gpu 2");
     assert_eq!(custom.device(2).unwrap().total_memory().unwrap(), 4096);
@@ -252,7 +253,8 @@ fn capacity_gives_out_of_memory() {
     let sim = SimBackend::with_config(SimConfig {
         capacity_per_device: 1000,
         ..SimConfig::default()
-    });
+    })
+    .unwrap();
     let c = ctx(&sim, 0);
     let a = c.allocate(600).unwrap();
     let e = c.allocate(401).unwrap_err();
@@ -379,7 +381,7 @@ fn fail_nth_fails_one_call_and_changes_nothing() {
         requested: 1,
         detail: "injected".into(),
     };
-    sim.fail_nth(FaultOp::Allocate, 2, oom.clone());
+    sim.fail_nth(FaultOp::Allocate, 2, oom.clone()).unwrap();
     let a = c.allocate(10).unwrap();
     assert_eq!(c.allocate(10).unwrap_err(), oom);
     assert_eq!(
@@ -397,7 +399,7 @@ fn fail_nth_fails_one_call_and_changes_nothing() {
         code: 999,
         message: "injected".into(),
     };
-    sim.fail_nth(FaultOp::Copy, 1, injected.clone());
+    sim.fail_nth(FaultOp::Copy, 1, injected.clone()).unwrap();
     assert_eq!(write(&*c, a, b"xyz").unwrap_err(), injected);
     assert_eq!(
         read(&*c, a, 3).unwrap(),
@@ -411,7 +413,7 @@ fn fail_nth_fails_one_call_and_changes_nothing() {
         FaultOp::IpcExport,
         FaultOp::IpcOpen,
     ] {
-        sim.fail_nth(op, 1, injected.clone());
+        sim.fail_nth(op, 1, injected.clone()).unwrap();
     }
     assert_eq!(c.synchronize().unwrap_err(), injected);
     c.synchronize().unwrap();
@@ -420,7 +422,7 @@ fn fail_nth_fails_one_call_and_changes_nothing() {
     assert_eq!(c.ipc_open(&[0; 64]).unwrap_err(), injected);
     assert_eq!(sim.leak_report().len(), 2);
 
-    sim.fail_nth(FaultOp::Copy, 1, injected.clone());
+    sim.fail_nth(FaultOp::Copy, 1, injected.clone()).unwrap();
     sim.clear_faults();
     write(&*c, a, b"xyz").unwrap();
     for p in [a, b] {
@@ -439,7 +441,8 @@ fn fail_randomly_is_deterministic_from_the_seed() {
             0.5,
             seed,
             Error::unsupported("copy", "injected"),
-        );
+        )
+        .unwrap();
         let outcome: Vec<bool> = (0..64).map(|_| write(&*c, a, b"abcd").is_ok()).collect();
         assert_eq!(sim.op_count(FaultOp::Copy), 64);
         sim.clear_faults();
@@ -453,11 +456,74 @@ fn fail_randomly_is_deterministic_from_the_seed() {
 }
 
 #[test]
+fn with_config_refuses_too_many_devices() {
+    let e = SimBackend::with_config(SimConfig {
+        devices: crate::MAX_DEVICES + 1,
+        ..SimConfig::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("SimBackend::with_config"), "{e}");
+    assert!(
+        e.to_string()
+            .contains(&format!("at most {}", crate::MAX_DEVICES)),
+        "{e}"
+    );
+    let max = SimBackend::with_config(SimConfig {
+        devices: crate::MAX_DEVICES,
+        capacity_per_device: 4096,
+        ..SimConfig::default()
+    })
+    .unwrap();
+    assert_eq!(max.num_devices().unwrap(), crate::MAX_DEVICES);
+}
+
+#[test]
+fn fail_nth_refuses_zero_and_arms_nothing() {
+    let sim = SimBackend::new();
+    let c = ctx(&sim, 0);
+    let e = sim
+        .fail_nth(
+            FaultOp::Allocate,
+            0,
+            Error::unsupported("allocate", "injected"),
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("SimBackend::fail_nth"), "{e}");
+    let a = c.allocate(10).unwrap();
+    free(&*c, a).unwrap();
+}
+
+#[test]
+fn fail_randomly_refuses_bad_probabilities_and_arms_nothing() {
+    let sim = SimBackend::new();
+    let c = ctx(&sim, 0);
+    for p in [-0.5, 1.5, f64::NAN, f64::INFINITY] {
+        let e = sim
+            .fail_randomly(
+                FaultOp::Allocate,
+                p,
+                7,
+                Error::unsupported("allocate", "injected"),
+            )
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{p}: {e}");
+        assert!(e.to_string().contains("SimBackend::fail_randomly"), "{e}");
+    }
+    for _ in 0..20 {
+        let a = c.allocate(10).unwrap();
+        free(&*c, a).unwrap();
+    }
+}
+
+#[test]
 fn leak_report_lists_live_allocations() {
     let sim = SimBackend::with_config(SimConfig {
         name: "leaky".into(),
         ..SimConfig::default()
-    });
+    })
+    .unwrap();
     let c1 = ctx(&sim, 1);
     let d = c1.allocate(300).unwrap();
     let p = ctx(&sim, 0).alloc_host(20).unwrap();

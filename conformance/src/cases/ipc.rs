@@ -42,6 +42,32 @@ pub(crate) fn ipc_handle_bytes_round_trip(f: &Fixture) -> CaseResult {
     Ok(())
 }
 
+/// A handle goes through serde unchanged: JSON (a hex string) and a binary format
+/// (postcard, bytes), for a whole buffer, a slice and a zero-size buffer; it still opens.
+pub(crate) fn ipc_handle_serde_round_trip(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let buf = device_bytes(&ctx, &pattern(64, 9));
+    let empty = ctx.new_buffer(0).expect("new_buffer(0)");
+    for exported in [buf.clone(), buf.slice(16, 8).expect("slice"), empty] {
+        let handle = exported.export_for_ipc().expect("export_for_ipc");
+        let json = serde_json::to_string(&handle).expect("to JSON");
+        assert!(json.starts_with('"'), "a JSON string: {json}");
+        let from_json: IpcMemHandle = serde_json::from_str(&json).expect("from JSON");
+        assert_eq!(from_json, handle);
+        let bin = postcard::to_allocvec(&handle).expect("to postcard");
+        let from_bin: IpcMemHandle = postcard::from_bytes(&bin).expect("from postcard");
+        assert_eq!(from_bin, handle);
+        let opened = ctx.open_ipc_buffer(&from_bin).expect("open");
+        assert_eq!(contents(&opened), contents(&exported));
+    }
+    let bad: Result<IpcMemHandle, _> = serde_json::from_str("\"00ff\"");
+    assert!(
+        bad.is_err(),
+        "truncated handle bytes through serde are refused"
+    );
+    Ok(())
+}
+
 /// A handle says which backend and device made it, its size, and the offset of an
 /// exported slice in its allocation.
 pub(crate) fn ipc_handle_names_backend_device_size_and_offset(f: &Fixture) -> CaseResult {
