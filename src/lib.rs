@@ -37,6 +37,18 @@ pub use cudabuf_sim as sim;
 #[cfg(feature = "cuda")]
 pub use cudabuf_cuda as cuda;
 
+/// Arrow on the device (`cudabuf-arrow`), with the `arrow` feature: record batches and
+/// IPC streams in device memory, and the Arrow C Device Data Interface.
+#[cfg(feature = "arrow")]
+pub use cudabuf_arrow as device_arrow;
+
+/// pyarrow.cuda's record-batch functions, at the top level as in pyarrow (`arrow` feature).
+#[cfg(feature = "arrow")]
+pub use cudabuf_arrow::{
+    read_message, read_record_batch, serialize_record_batch, DeviceMessage, DeviceRecordBatch,
+    DeviceStreamReader, DeviceStreamWriter, Serializer,
+};
+
 /// The environment variable [`backend_from_env`] reads: `sim` (default) or `cuda`.
 pub const BACKEND_VAR: &str = "CUDABUF_BACKEND";
 

@@ -1,0 +1,209 @@
+//! [`DeviceRecordBatch`] and [`read_record_batch`]: a record batch whose buffers stay in
+//! device memory.
+
+use std::fmt;
+
+use arrow::array::RecordBatchOptions;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::MessageHeader;
+use arrow::record_batch::RecordBatch;
+use cudabuf_core::{Context, DeviceBuffer, Error, Result};
+
+use crate::array::{DeviceArray, HostCopy};
+use crate::arrow_error;
+use crate::decode::{self, Dictionaries, DictionaryIds};
+use crate::message::{read_message, DeviceMessage};
+
+/// A record batch whose column buffers are in device memory: the device-resident result of
+/// [`read_record_batch`], [`DeviceStreamReader`](crate::DeviceStreamReader) and
+/// [`import_device_record_batch`](crate::import_device_record_batch).
+///
+/// A batch read from an IPC message is zero-copy: every column buffer is a slice of the
+/// message body ([`body`](Self::body)), and the batch keeps the message's device memory
+/// alive. It is not an arrow-rs `RecordBatch` (those always dereference their buffers);
+/// [`to_host`](Self::to_host) makes one.
+///
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct DeviceRecordBatch {
+    pub(crate) schema: SchemaRef,
+    pub(crate) num_rows: usize,
+    pub(crate) columns: Vec<DeviceArray>,
+    pub(crate) context: Context,
+    /// The record batch message body, for batches read from IPC.
+    pub(crate) body: Option<DeviceBuffer>,
+    /// Device regions copied whole by `to_host`: the body and the dictionary bodies.
+    pub(crate) regions: Vec<DeviceBuffer>,
+}
+
+impl DeviceRecordBatch {
+    /// Build a batch from a record batch message (pyarrow's `read_record_batch` on a
+    /// message). The message must be a record batch without dictionary-encoded columns;
+    /// read streams with dictionaries through
+    /// [`DeviceStreamReader`](crate::DeviceStreamReader).
+    ///
+    /// # Errors
+    /// As [`read_record_batch`].
+    pub fn from_message(message: &DeviceMessage, schema: &SchemaRef) -> Result<Self> {
+        Self::decode(message, schema, &DictionaryIds::new(), &Dictionaries::new())
+    }
+
+    pub(crate) fn decode(
+        message: &DeviceMessage,
+        schema: &SchemaRef,
+        ids: &DictionaryIds,
+        dictionaries: &Dictionaries,
+    ) -> Result<Self> {
+        let fb = message.message();
+        let batch = match (message.header_type(), fb.header_as_record_batch()) {
+            (MessageHeader::RecordBatch, Some(batch)) => batch,
+            (other, _) => {
+                return Err(Error::invalid_data(
+                    "Arrow IPC message",
+                    format!("expected a RecordBatch message, found {other:?}"),
+                ))
+            }
+        };
+        let body = message.body();
+        let decoded = decode::decode_record_batch(
+            batch,
+            body,
+            message.version(),
+            schema.fields(),
+            ids,
+            dictionaries,
+        )?;
+        let mut regions = vec![body.clone()];
+        regions.extend(decoded.dictionary_bodies);
+        Ok(DeviceRecordBatch {
+            schema: schema.clone(),
+            num_rows: decoded.num_rows,
+            columns: decoded.columns,
+            context: body.context().clone(),
+            body: Some(body.clone()),
+            regions,
+        })
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The number of rows.
+    pub fn num_rows(&self) -> usize {
+        self.num_rows
+    }
+
+    /// The number of columns.
+    pub fn num_columns(&self) -> usize {
+        self.columns.len()
+    }
+
+    /// The columns, in schema order.
+    pub fn columns(&self) -> &[DeviceArray] {
+        &self.columns
+    }
+
+    /// Column `index`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] past the last column.
+    pub fn column(&self, index: usize) -> Result<&DeviceArray> {
+        self.columns.get(index).ok_or_else(|| {
+            Error::out_of_range(
+                "DeviceRecordBatch::column",
+                "columns",
+                index,
+                1,
+                self.columns.len(),
+            )
+        })
+    }
+
+    /// The column named `name`, if there is one.
+    pub fn column_by_name(&self, name: &str) -> Option<&DeviceArray> {
+        let index = self.schema.index_of(name).ok()?;
+        self.columns.get(index)
+    }
+
+    /// The context whose device holds the buffers.
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    /// The body of the record batch message this batch was read from (every column
+    /// buffer that is not a dictionary's lies inside it); `None` for imported batches.
+    pub fn body(&self) -> Option<&DeviceBuffer> {
+        self.body.as_ref()
+    }
+
+    /// Copy the batch to the host as an arrow-rs `RecordBatch`, equal to the batch that was
+    /// serialized: each message body is copied once (one device-to-host copy), the
+    /// buffers become slices of that copy, and arrow-rs validates the result fully, as its
+    /// IPC reader does.
+    ///
+    /// # Errors
+    /// [`Error::InvalidData`] if the data is not valid for the schema (corrupt offsets,
+    /// dictionary keys out of range, nulls in a non-nullable field, ...); copy errors.
+    pub fn to_host(&self) -> Result<RecordBatch> {
+        let host = HostCopy::new(&self.regions)?;
+        let columns = self
+            .columns
+            .iter()
+            .map(|c| c.to_array_data(&host).map(arrow::array::make_array))
+            .collect::<Result<Vec<_>>>()?;
+        RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(self.num_rows)),
+        )
+        .map_err(|e| arrow_error::invalid_data("record batch copied from the device", e))
+    }
+}
+
+impl fmt::Debug for DeviceRecordBatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceRecordBatch")
+            .field("schema", &self.schema)
+            .field("num_rows", &self.num_rows)
+            .field("columns", &self.columns)
+            .field("device", &self.context.device_number())
+            .field("body", &self.body)
+            .finish()
+    }
+}
+
+/// Read the record batch message that fills `buffer` (pyarrow's `cuda.read_record_batch`;
+/// what [`serialize_record_batch`](crate::serialize_record_batch) makes): the metadata is
+/// copied to the host, the body stays on the device, and every column buffer is a
+/// zero-copy slice of it.
+///
+/// The message must end where the buffer ends: bytes after it are refused, which catches
+/// a corrupted length that would otherwise frame the body a few bytes off. To read a
+/// message followed by other data, use [`read_message`](crate::read_message) and
+/// [`DeviceRecordBatch::from_message`].
+///
+/// Dictionary-encoded columns need their dictionary batches, which a single message does
+/// not carry: read such data as a stream with
+/// [`DeviceStreamReader`](crate::DeviceStreamReader).
+///
+/// # Errors
+/// [`Error::InvalidData`] for a truncated or corrupt message, bytes after it, a message
+/// that is not a record batch, or one that does not match `schema`; [`Error::Unsupported`] for a
+/// compressed body or an unsupported type; [`Error::InvalidArgument`] for a
+/// dictionary-encoded column.
+pub fn read_record_batch(buffer: &DeviceBuffer, schema: &SchemaRef) -> Result<DeviceRecordBatch> {
+    let message = read_message(buffer)?;
+    if message.len() != buffer.size() {
+        return Err(Error::invalid_data(
+            "Arrow IPC record batch",
+            format!(
+                "the buffer holds {} bytes after the {}-byte message (a corrupt length?); to read a message followed by other data, use read_message and DeviceRecordBatch::from_message",
+                buffer.size() - message.len(),
+                message.len()
+            ),
+        ));
+    }
+    DeviceRecordBatch::from_message(&message, schema)
+}

@@ -1,0 +1,206 @@
+//! The physical layout of each Arrow type: which buffers an array has, how big they
+//! must be, and which child arrays it has. Shared by the IPC decoder, the host copy and
+//! the C Device Data Interface, so the three cannot disagree.
+
+use arrow::datatypes::{DataType, FieldRef, UnionMode};
+use cudabuf_core::{Error, Result};
+
+/// How one buffer (other than the validity bitmap) of an array is sized, from the number
+/// of slots `n` (the array's offset plus its length).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BufferKind {
+    /// A bitmap of values (`Boolean`): `ceil(n / 8)` bytes.
+    Bits,
+    /// `n * width` bytes (primitives, fixed-size binary, view structs, type ids, union
+    /// and list-view offsets and sizes).
+    Fixed(usize),
+    /// `(n + 1) * width` bytes of offsets (variable-size binary and lists); width 4 or 8.
+    Offsets(usize),
+    /// Variable-size data whose size is the last offset of the preceding offsets buffer.
+    Data,
+}
+
+impl BufferKind {
+    /// The minimum size in bytes for `n` slots (`Data`: 0, its size comes from the
+    /// offsets). `None` on overflow.
+    pub(crate) fn min_size(self, n: usize) -> Option<usize> {
+        match self {
+            BufferKind::Bits => Some(n.div_ceil(8)),
+            BufferKind::Fixed(width) => n.checked_mul(width),
+            BufferKind::Offsets(_) if n == 0 => Some(0),
+            BufferKind::Offsets(width) => n.checked_add(1)?.checked_mul(width),
+            BufferKind::Data => Some(0),
+        }
+    }
+}
+
+/// The layout of one Arrow type.
+#[derive(Debug, Clone)]
+pub(crate) struct TypeLayout {
+    /// Whether the type has a validity bitmap (every type but `Null`, unions and
+    /// run-end-encoded, as in IPC metadata V5 and the C Data Interface).
+    pub(crate) validity: bool,
+    /// The buffers after the validity bitmap, in `ArrayData::buffers` order.
+    pub(crate) buffers: Vec<BufferKind>,
+    /// The fields of the child arrays, in `ArrayData::child_data` order (the
+    /// dictionary of a dictionary-encoded type is not a child).
+    pub(crate) children: Vec<FieldRef>,
+    /// Whether variadic data buffers follow (`Utf8View`, `BinaryView`).
+    pub(crate) variadic: bool,
+}
+
+impl TypeLayout {
+    fn new(validity: bool, buffers: Vec<BufferKind>, children: Vec<FieldRef>) -> Self {
+        TypeLayout {
+            validity,
+            buffers,
+            children,
+            variadic: false,
+        }
+    }
+}
+
+/// The layout of `data_type`.
+///
+/// # Errors
+/// [`Error::Unsupported`] for a type cudabuf cannot lay out (a dictionary with a
+/// non-integer key, a negative fixed size).
+pub(crate) fn type_layout(data_type: &DataType) -> Result<TypeLayout> {
+    use BufferKind::*;
+    if let Some(width) = data_type.primitive_width() {
+        return Ok(TypeLayout::new(true, vec![Fixed(width)], vec![]));
+    }
+    let layout = match data_type {
+        DataType::Null => TypeLayout::new(false, vec![], vec![]),
+        DataType::Boolean => TypeLayout::new(true, vec![Bits], vec![]),
+        DataType::FixedSizeBinary(width) => {
+            let width = usize::try_from(*width).map_err(|_| {
+                Error::unsupported(
+                    "Arrow layout",
+                    format!("FixedSizeBinary with negative width {width}"),
+                )
+            })?;
+            TypeLayout::new(true, vec![Fixed(width)], vec![])
+        }
+        DataType::Utf8 | DataType::Binary => TypeLayout::new(true, vec![Offsets(4), Data], vec![]),
+        DataType::LargeUtf8 | DataType::LargeBinary => {
+            TypeLayout::new(true, vec![Offsets(8), Data], vec![])
+        }
+        DataType::Utf8View | DataType::BinaryView => TypeLayout {
+            validity: true,
+            buffers: vec![Fixed(16)],
+            children: vec![],
+            variadic: true,
+        },
+        DataType::List(f) | DataType::Map(f, _) => {
+            TypeLayout::new(true, vec![Offsets(4)], vec![f.clone()])
+        }
+        DataType::LargeList(f) => TypeLayout::new(true, vec![Offsets(8)], vec![f.clone()]),
+        DataType::ListView(f) => TypeLayout::new(true, vec![Fixed(4), Fixed(4)], vec![f.clone()]),
+        DataType::LargeListView(f) => {
+            TypeLayout::new(true, vec![Fixed(8), Fixed(8)], vec![f.clone()])
+        }
+        DataType::FixedSizeList(f, _) => TypeLayout::new(true, vec![], vec![f.clone()]),
+        DataType::Struct(fields) => TypeLayout::new(true, vec![], fields.iter().cloned().collect()),
+        DataType::Union(fields, mode) => TypeLayout::new(
+            false,
+            match mode {
+                UnionMode::Sparse => vec![Fixed(1)],
+                UnionMode::Dense => vec![Fixed(1), Fixed(4)],
+            },
+            fields.iter().map(|(_, f)| f.clone()).collect(),
+        ),
+        DataType::Dictionary(key, _) => {
+            let width = key
+                .is_dictionary_key_type()
+                .then(|| key.primitive_width())
+                .flatten()
+                .ok_or_else(|| {
+                    Error::unsupported(
+                        "Arrow layout",
+                        format!("dictionary with non-integer key type {key}"),
+                    )
+                })?;
+            TypeLayout::new(true, vec![Fixed(width)], vec![])
+        }
+        DataType::RunEndEncoded(run_ends, values) => {
+            TypeLayout::new(false, vec![], vec![run_ends.clone(), values.clone()])
+        }
+        other => {
+            return Err(Error::unsupported(
+                "Arrow layout",
+                format!("data type {other} is not supported"),
+            ))
+        }
+    };
+    Ok(layout)
+}
+
+/// The fields nested directly in `data_type`, in the order IPC schemas list them as a
+/// field's children (for a dictionary type: those of its value type).
+pub(crate) fn nested_fields(data_type: &DataType) -> Vec<&FieldRef> {
+    match data_type {
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _)
+        | DataType::Map(f, _) => vec![f],
+        DataType::Struct(fields) => fields.iter().collect(),
+        DataType::Union(fields, _) => fields.iter().map(|(_, f)| f).collect(),
+        DataType::RunEndEncoded(run_ends, values) => vec![run_ends, values],
+        DataType::Dictionary(_, values) => nested_fields(values),
+        _ => vec![],
+    }
+}
+
+/// The length in slots of child `index` of an array of `data_type` with `n` slots, where
+/// it follows from the parent (struct, sparse union, fixed-size list); `None` where the
+/// child's length is independent (lists, dense unions, run-end encoded).
+pub(crate) fn min_child_len(data_type: &DataType, n: usize) -> Option<usize> {
+    match data_type {
+        DataType::Struct(_) | DataType::Union(_, UnionMode::Sparse) => Some(n),
+        DataType::FixedSizeList(_, size) => usize::try_from(*size).ok()?.checked_mul(n),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use arrow::datatypes::Field;
+
+    #[test]
+    fn layouts_match_arrow_rs_buffer_counts() {
+        let list = DataType::List(Arc::new(Field::new("item", DataType::Int32, true)));
+        for (dt, buffers) in [
+            (DataType::Int64, 1),
+            (DataType::Boolean, 1),
+            (DataType::Utf8, 2),
+            (DataType::Null, 0),
+            (list, 1),
+            (
+                DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8)),
+                1,
+            ),
+        ] {
+            let layout = type_layout(&dt).unwrap();
+            assert_eq!(layout.buffers.len(), buffers, "{dt}");
+            assert_eq!(
+                layout.buffers.len(),
+                arrow::array::layout(&dt).buffers.len(),
+                "{dt}"
+            );
+        }
+    }
+
+    #[test]
+    fn min_sizes() {
+        assert_eq!(BufferKind::Bits.min_size(9), Some(2));
+        assert_eq!(BufferKind::Offsets(4).min_size(0), Some(0));
+        assert_eq!(BufferKind::Offsets(4).min_size(3), Some(16));
+        assert_eq!(BufferKind::Fixed(8).min_size(usize::MAX), None);
+    }
+}

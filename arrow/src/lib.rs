@@ -1,0 +1,84 @@
+//! cudabuf-arrow: Arrow record batches and IPC streams in device memory, and the Arrow C
+//! Device Data Interface, on top of cudabuf (pyarrow.cuda's `serialize_record_batch`,
+//! `read_message` and `read_record_batch`, and what pyarrow lacks).
+//!
+//! - [`serialize_record_batch`] / [`Serializer`]: one encapsulated IPC message in one
+//!   device buffer, byte-identical to arrow-rs's own encoding on the host;
+//!   [`serialize_stream`] / [`DeviceStreamWriter`]: a whole IPC stream (with
+//!   dictionaries).
+//! - [`read_message`]: a message from a device buffer or a [`BufferReader`](cudabuf_core::BufferReader);
+//!   metadata to the host, body left on the device.
+//! - [`read_record_batch`] / [`DeviceStreamReader`]: [`DeviceRecordBatch`]es whose column
+//!   buffers ([`DeviceArray`]) are zero-copy slices of the message body;
+//!   [`DeviceRecordBatch::to_host`] makes an arrow-rs `RecordBatch` equal to the original.
+//! - [`export_device_record_batch`], [`export_device_array`], [`import_device_array`],
+//!   [`import_device_record_batch`]: the Arrow C Device Data Interface
+//!   ([`ArrowDeviceArray`]), for cuDF, pyarrow's `_import_from_c_device` and other
+//!   device-aware consumers; schemas through arrow-rs's `FFI_ArrowSchema`
+//!   ([`export_schema`]).
+//!
+//! # Rules
+//! - **No arrow-rs array ever points at device memory.** arrow-rs arrays read their
+//!   buffers whenever they like (validation, `Debug`, comparisons), so a device address
+//!   inside one is a crash or, on the simulator, garbage. Device-resident data is held in
+//!   this crate's own types ([`DeviceArray`], [`DeviceRecordBatch`]) whose buffers are
+//!   [`DeviceBuffer`](cudabuf_core::DeviceBuffer)s; the only way to an arrow-rs array is
+//!   a copy (`to_host`). For the same reason the C Device Data Interface structs are
+//!   defined here, not borrowed from arrow-rs's `FFI_ArrowArray`.
+//! - **The encoding is arrow-rs's.** Serialization drives arrow-rs's `StreamEncoder`
+//!   (default `IpcWriteOptions`: metadata V5, 64-byte alignment) and writes its output,
+//!   in order, through a [`BufferWriter`](cudabuf_core::BufferWriter) with a reused
+//!   pinned staging buffer; the body parts are the batch's own buffers (no host copy of
+//!   the data is made).
+//! - **Reading never trusts the bytes.** Every length, offset and count of a message is
+//!   checked against the bytes present and the minimum sizes of the schema's types before
+//!   a device slice is made; a truncated or corrupt message is an
+//!   [`Error::InvalidData`](cudabuf_core::Error::InvalidData), never a panic or a device
+//!   buffer shorter than its array claims. Values on the device (offsets, dictionary
+//!   keys) are validated when copied to the host.
+//! - **Limits, reported as [`Error::Unsupported`](cudabuf_core::Error::Unsupported):**
+//!   compressed bodies (they cannot be decompressed in place on the device), delta
+//!   dictionary batches, big-endian streams, and view types (`Utf8View`, `BinaryView`)
+//!   in the C Device Data Interface (IPC reads them). A dictionary-encoded column in the
+//!   single-message [`serialize_record_batch`] is refused: one message cannot carry its
+//!   dictionary (pyarrow silently drops it); use the stream API.
+//!
+//! ```
+//! # fn main() -> cudabuf_core::Result<()> {
+//! use std::sync::Arc;
+//! use arrow::array::{Float64Array, Int64Array};
+//! use arrow::record_batch::RecordBatch;
+//!
+//! let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+//! let batch = RecordBatch::try_from_iter([
+//!     ("id", Arc::new(Int64Array::from(vec![1, 2, 3])) as _),
+//!     ("score", Arc::new(Float64Array::from(vec![0.5, 1.5, 2.5])) as _),
+//! ])
+//! .unwrap();
+//!
+//! let message = cudabuf_arrow::serialize_record_batch(&batch, &ctx)?;
+//! let on_device = cudabuf_arrow::read_record_batch(&message, &batch.schema())?;
+//! assert_eq!(on_device.num_rows(), 3);
+//! assert_eq!(on_device.to_host()?, batch);
+//! # Ok(()) }
+//! ```
+
+mod array;
+mod arrow_error;
+mod batch;
+pub mod c_device;
+mod decode;
+mod layout;
+mod message;
+mod serialize;
+mod stream;
+
+pub use array::DeviceArray;
+pub use batch::{read_record_batch, DeviceRecordBatch};
+pub use c_device::{
+    export_device_array, export_device_record_batch, export_schema, import_device_array,
+    import_device_record_batch, ArrowArray, ArrowDeviceArray, ArrowDeviceType,
+};
+pub use message::{read_message, DeviceMessage, MessageSource, CONTINUATION_MARKER};
+pub use serialize::{serialize_record_batch, serialize_stream, Serializer, DEFAULT_STAGING_LIMIT};
+pub use stream::{DeviceStreamReader, DeviceStreamWriter};

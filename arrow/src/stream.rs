@@ -1,0 +1,291 @@
+//! Arrow IPC streams in device memory: [`DeviceStreamReader`] reads one through a
+//! [`BufferReader`], [`DeviceStreamWriter`] writes one onto the device.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::buffer::Buffer;
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::ipc::convert::try_fb_to_schema;
+use arrow::ipc::writer::{IpcWriteOptions, StreamEncoder};
+use arrow::ipc::{Endianness, MessageHeader};
+use arrow::record_batch::RecordBatch;
+use cudabuf_core::{BufferReader, Context, DeviceBuffer, Error, Result};
+
+use crate::batch::DeviceRecordBatch;
+use crate::decode::{self, Dictionaries, DictionaryIds};
+use crate::message::{read_next_message, DeviceMessage};
+use crate::serialize::{encode_stream_batch, finish_stream, Serializer};
+
+const WHAT: &str = "Arrow IPC stream";
+
+/// Reads an Arrow IPC stream (schema message, dictionary batches, record batches,
+/// end-of-stream marker) held in device memory, yielding [`DeviceRecordBatch`]es whose
+/// buffers are zero-copy slices of the stream.
+///
+/// Metadata goes to the host message by message; bodies never leave the device. A
+/// dictionary-encoded column's [`dictionary`](crate::DeviceArray::dictionary) is the
+/// dictionary batch's device arrays; a later dictionary batch with the same id
+/// (a replacement) applies to the batches after it, earlier batches keep theirs.
+///
+/// Iteration ends at the end-of-stream marker or the end of the buffer; after an error
+/// it ends too.
+///
+/// ```
+/// # fn main() -> cudabuf_core::Result<()> {
+/// # use std::sync::Arc;
+/// # use arrow::array::Int32Array;
+/// # use arrow::record_batch::RecordBatch;
+/// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+/// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2])) as _)]).unwrap();
+/// let stream = cudabuf_arrow::serialize_stream(&batch.schema(), [&batch, &batch], &ctx)?;
+/// let reader = cudabuf_arrow::DeviceStreamReader::new(cudabuf_core::BufferReader::new(stream))?;
+/// for device_batch in reader {
+///     assert_eq!(device_batch?.to_host()?, batch);
+/// }
+/// # Ok(()) }
+/// ```
+pub struct DeviceStreamReader {
+    reader: BufferReader,
+    schema: SchemaRef,
+    ids: DictionaryIds,
+    dictionaries: Dictionaries,
+    done: bool,
+}
+
+impl DeviceStreamReader {
+    /// Start reading the stream at the reader's position: reads the schema message.
+    ///
+    /// # Errors
+    /// [`Error::InvalidData`] if the stream does not start with a valid schema message;
+    /// [`Error::Unsupported`] for a big-endian stream.
+    pub fn new(mut reader: BufferReader) -> Result<Self> {
+        let message = read_next_message(&mut reader)?
+            .ok_or_else(|| Error::invalid_data(WHAT, "the stream is empty: no schema message"))?;
+        let fb = message.message();
+        let schema = match (message.header_type(), fb.header_as_schema()) {
+            (MessageHeader::Schema, Some(schema)) => schema,
+            (other, _) => {
+                return Err(Error::invalid_data(
+                    WHAT,
+                    format!("a stream starts with a Schema message, this one with {other:?}"),
+                ))
+            }
+        };
+        if schema.endianness() != Endianness::Little {
+            return Err(Error::unsupported(
+                "reading an Arrow IPC stream",
+                "the stream is big-endian; device buffers are read in place, without byte swapping",
+            ));
+        }
+        let ids = decode::dictionary_ids(schema);
+        let schema = try_fb_to_schema(schema)
+            .map_err(|e| Error::invalid_data(WHAT, format!("invalid schema message: {e}")))?;
+        Ok(DeviceStreamReader {
+            reader,
+            schema: Arc::new(schema),
+            ids,
+            dictionaries: Dictionaries::new(),
+            done: false,
+        })
+    }
+
+    /// Read the stream at the start of `buffer`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn from_buffer(buffer: &DeviceBuffer) -> Result<Self> {
+        Self::new(BufferReader::new(buffer.clone()))
+    }
+
+    /// The stream's schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The reader's position in the device buffer.
+    pub fn position(&self) -> usize {
+        self.reader.position()
+    }
+
+    /// Give the reader back, positioned after what was read.
+    pub fn into_inner(self) -> BufferReader {
+        self.reader
+    }
+
+    fn next_batch(&mut self) -> Result<Option<DeviceRecordBatch>> {
+        loop {
+            let Some(message) = read_next_message(&mut self.reader)? else {
+                return Ok(None);
+            };
+            match message.header_type() {
+                MessageHeader::RecordBatch => {
+                    return DeviceRecordBatch::decode(
+                        &message,
+                        &self.schema,
+                        &self.ids,
+                        &self.dictionaries,
+                    )
+                    .map(Some)
+                }
+                MessageHeader::DictionaryBatch => self.read_dictionary(&message)?,
+                other => {
+                    return Err(Error::invalid_data(
+                        WHAT,
+                        format!(
+                            "unexpected {other:?} message at byte {} of the stream",
+                            message.position()
+                        ),
+                    ))
+                }
+            }
+        }
+    }
+
+    fn read_dictionary(&mut self, message: &DeviceMessage) -> Result<()> {
+        let batch = message
+            .message()
+            .header_as_dictionary_batch()
+            .ok_or_else(|| {
+                Error::invalid_data(WHAT, "a DictionaryBatch message without its header")
+            })?;
+        let (id, entry) = decode::decode_dictionary_batch(
+            batch,
+            message.body(),
+            message.version(),
+            self.schema.fields(),
+            &self.ids,
+            &self.dictionaries,
+        )?;
+        self.dictionaries.insert(id, entry);
+        Ok(())
+    }
+}
+
+impl Iterator for DeviceStreamReader {
+    type Item = Result<DeviceRecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let next = self.next_batch();
+        if !matches!(next, Ok(Some(_))) {
+            self.done = true;
+        }
+        next.transpose()
+    }
+}
+
+impl fmt::Debug for DeviceStreamReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceStreamReader")
+            .field("schema", &self.schema)
+            .field("position", &self.reader.position())
+            .field("dictionaries", &self.dictionaries.len())
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+/// Writes an Arrow IPC stream onto the device: batches are encoded as they come (arrow-rs's
+/// `StreamEncoder`, default options unless given; no host copy of their data is made, the
+/// writer holds references to the batches' buffers), and [`finish`](Self::finish) writes
+/// the whole stream into one device buffer of exactly its size. The bytes equal arrow-rs's
+/// `StreamWriter` output for the same batches.
+///
+/// Dictionaries are written as arrow-rs writes them: each dictionary once, again when it
+/// changes (a replacement, not a delta).
+pub struct DeviceStreamWriter {
+    serializer: Serializer,
+    schema: Schema,
+    encoder: StreamEncoder,
+    parts: Vec<Buffer>,
+}
+
+impl DeviceStreamWriter {
+    /// A stream of `schema` onto `ctx`'s device.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if arrow-rs cannot encode the schema.
+    pub fn new(ctx: &Context, schema: &Schema) -> Result<Self> {
+        Self::with_serializer(Serializer::new(ctx), schema)
+    }
+
+    /// A stream of `schema` with these write options.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_options(ctx: &Context, schema: &Schema, options: IpcWriteOptions) -> Result<Self> {
+        Self::with_serializer(Serializer::with_options(ctx, options), schema)
+    }
+
+    /// A stream written through `serializer` (its options and staging buffer), which
+    /// [`finish`](Self::finish) gives back.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_serializer(serializer: Serializer, schema: &Schema) -> Result<Self> {
+        let encoder = serializer.encoder(schema, "DeviceStreamWriter::new")?;
+        Ok(DeviceStreamWriter {
+            serializer,
+            schema: schema.clone(),
+            encoder,
+            parts: Vec::new(),
+        })
+    }
+
+    /// Add a batch (and the dictionary batches it needs).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if its fields differ from the stream's or arrow-rs cannot
+    /// encode it.
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        encode_stream_batch(&mut self.encoder, &self.schema, batch, &mut self.parts)
+    }
+
+    /// The bytes of the stream so far (without the end-of-stream marker).
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(|p| p.len()).sum()
+    }
+
+    /// Whether nothing was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// End the stream and write it into a new device buffer of exactly its size.
+    ///
+    /// # Errors
+    /// Allocation and copy errors.
+    pub fn finish(self) -> Result<DeviceBuffer> {
+        self.finish_with_serializer().map(|(buffer, _)| buffer)
+    }
+
+    /// As [`finish`](Self::finish), also giving back the serializer for reuse.
+    ///
+    /// # Errors
+    /// As [`finish`](Self::finish).
+    pub fn finish_with_serializer(self) -> Result<(DeviceBuffer, Serializer)> {
+        let DeviceStreamWriter {
+            mut serializer,
+            encoder,
+            mut parts,
+            ..
+        } = self;
+        parts.extend(finish_stream(encoder)?);
+        let slices: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+        let buffer = serializer.write_parts(&slices)?;
+        Ok((buffer, serializer))
+    }
+}
+
+impl fmt::Debug for DeviceStreamWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceStreamWriter")
+            .field("schema", &self.schema)
+            .field("len", &self.len())
+            .field("serializer", &self.serializer)
+            .finish()
+    }
+}

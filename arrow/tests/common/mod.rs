@@ -1,0 +1,100 @@
+//! The Arrow cases, run on every backend by `tests/sim.rs` and `tests/cuda.rs` through
+//! cudabuf-conformance's harness. Each case is a plain function named after the behaviour
+//! it checks; errors are checked by kind.
+
+mod c_device;
+mod corrupt;
+mod data;
+mod roundtrip;
+mod stream;
+
+use cudabuf_arrow::{DeviceArray, DeviceRecordBatch};
+use cudabuf_conformance::{CaseFn, Fixture};
+use cudabuf_core::{Context, DeviceBuffer};
+
+/// Builds the `(name, function)` list from `module::function` paths.
+macro_rules! cases {
+    ($($module:ident :: $case:ident),* $(,)?) => {
+        &[$((stringify!($case), $module::$case as CaseFn)),*]
+    };
+}
+
+/// Every Arrow case.
+pub(crate) const ARROW_CASES: &[(&str, CaseFn)] = cases![
+    roundtrip::int_column_bytes_match_arrow_rs_and_round_trip,
+    roundtrip::float_column_bytes_match_arrow_rs_and_round_trip,
+    roundtrip::bool_column_bytes_match_arrow_rs_and_round_trip,
+    roundtrip::utf8_column_bytes_match_arrow_rs_and_round_trip,
+    roundtrip::list_column_bytes_match_arrow_rs_and_round_trip,
+    roundtrip::struct_column_bytes_match_arrow_rs_and_round_trip,
+    roundtrip::many_types_bytes_match_arrow_rs_and_round_trip,
+    roundtrip::zero_rows_bytes_match_arrow_rs_and_round_trip,
+    roundtrip::zero_columns_bytes_match_arrow_rs_and_round_trip,
+    roundtrip::multi_mib_batch_bytes_match_arrow_rs_and_round_trip,
+    roundtrip::sliced_batches_serialize_like_arrow_rs_and_round_trip,
+    roundtrip::dictionary_column_in_one_message_is_unsupported,
+    roundtrip::serializer_reuses_its_pinned_staging_buffer,
+    roundtrip::serializer_without_staging_writes_the_same_bytes,
+    roundtrip::column_buffers_are_zero_copy_slices_of_the_body,
+    roundtrip::read_record_batch_allocates_no_device_memory,
+    roundtrip::read_message_from_buffer_keeps_body_on_device,
+    roundtrip::read_message_from_reader_advances_past_each_message,
+    roundtrip::read_message_at_end_of_stream_is_invalid_data,
+    roundtrip::read_message_pre_0_15_framing_is_read,
+    roundtrip::read_message_on_closed_reader_is_closed,
+    roundtrip::read_record_batch_of_schema_message_is_invalid_data,
+    roundtrip::read_record_batch_with_wrong_schema_is_invalid_data,
+    roundtrip::dictionary_column_in_one_message_is_invalid_argument,
+    roundtrip::bytes_allocated_returns_to_start_after_drops,
+    stream::stream_bytes_match_arrow_rs_stream_writer,
+    stream::stream_with_dictionaries_reads_back_through_buffer_reader,
+    stream::stream_dictionaries_stay_on_device_and_are_shared,
+    stream::stream_dictionary_replacement_applies_to_later_batches,
+    stream::stream_delta_dictionary_is_unsupported,
+    stream::stream_of_arrow_rs_bytes_copied_to_device_reads_back,
+    stream::stream_writer_rejects_batch_of_other_schema,
+    stream::empty_stream_has_schema_and_no_batches,
+    stream::stream_reader_stops_after_an_error,
+    c_device::c_device_batch_export_import_round_trips_and_releases_once,
+    c_device::c_device_export_dropped_without_import_releases_once,
+    c_device::c_device_export_points_at_the_device_buffers,
+    c_device::c_device_column_export_import_round_trips,
+    c_device::c_device_children_are_released_with_their_parent_unless_moved,
+    c_device::c_device_import_keeps_producer_alive_until_last_buffer_drops,
+    c_device::c_device_import_of_other_device_type_is_refused_and_released,
+    c_device::c_device_import_of_released_array_is_invalid_argument,
+    c_device::c_device_import_computes_unknown_null_count,
+    c_device::c_device_import_with_wrong_buffer_count_is_invalid_data,
+    c_device::c_device_schema_export_round_trips,
+    c_device::c_device_view_types_are_unsupported,
+    corrupt::every_truncation_of_a_message_is_invalid_data,
+    corrupt::every_truncation_of_a_stream_is_an_error_never_a_panic,
+    corrupt::bit_flips_in_metadata_length_are_invalid_data,
+    corrupt::bit_flips_in_body_length_are_invalid_data,
+    corrupt::bit_flips_in_flatbuffer_metadata_never_panic,
+    corrupt::buffer_descriptor_outside_body_is_invalid_data,
+    corrupt::trailing_bytes_after_the_message_are_invalid_data,
+    corrupt::compressed_body_is_unsupported,
+    corrupt::corrupt_offsets_on_device_are_invalid_data_on_to_host,
+];
+
+/// A fresh backend's device 0 context.
+pub(crate) fn context(f: &Fixture) -> Context {
+    f.backend().context(0).expect("context 0")
+}
+
+/// Whether `inner` lies within `outer` (same context, address range inside).
+pub(crate) fn within(inner: &DeviceBuffer, outer: &DeviceBuffer) -> bool {
+    inner.context().same_as(outer.context())
+        && inner.address() >= outer.address()
+        && inner.address() + inner.size() as u64 <= outer.address() + outer.size() as u64
+}
+
+/// Every device buffer of every column.
+pub(crate) fn all_buffers(batch: &DeviceRecordBatch) -> Vec<&DeviceBuffer> {
+    batch
+        .columns()
+        .iter()
+        .flat_map(DeviceArray::device_buffers)
+        .collect()
+}
