@@ -13,6 +13,7 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 use crate::current::PushedContext;
 use crate::driver_error::{check, CuFailure};
 use crate::registry;
+use crate::staging::{Direction, StagingConfig, StagingEngine};
 
 /// A raw `CUcontext` that may be used from any thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +48,16 @@ impl fmt::Debug for Ownership {
 
 /// A CUDA context on one device, as cudabuf's [`Context`].
 ///
+/// # Fast paths
+/// - Copies between *pageable* host memory and the device of at least
+///   [`StagingConfig::min_bytes`] are staged through pinned chunks allocated once per
+///   context, by a pool of worker threads that overlap the CPU copy with the DMA (see
+///   [`set_staging_config`](Self::set_staging_config); `CUDABUF_STAGING=0` turns it off).
+///   Pinned host memory (ours, or registered by anyone) is copied directly.
+/// - [`Context::copy_host_to_device_async`] runs on the legacy default stream and is
+///   tracked with a pooled event, so that a writer can fill one staging buffer while the
+///   previous one is copied.
+///
 /// Three kinds, told apart only by what they own:
 /// - the device's primary context ([`Device::primary_context`]), retained with
 ///   `cuDevicePrimaryCtxRetain` and released on drop (the same primary context that
@@ -73,6 +84,28 @@ pub struct CudaDriverContext {
     /// Source contexts (by handle) for which peer access from this context has been
     /// enabled, or found impossible, so that it is tried once per pair.
     peers: Mutex<HashSet<u64>>,
+    /// How pageable copies are staged, and the engine once started.
+    staging: Mutex<Staging>,
+    /// Idle events for asynchronous copies (`copy_host_to_device_async`).
+    events: Mutex<Vec<RawEvent>>,
+}
+
+/// A `CUevent` that may be used from any thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RawEvent(sys::CUevent);
+
+// SAFETY: a `CUevent` is a driver handle; the driver API is thread safe, and an idle
+// pooled event is used by one caller at a time (taken out of the pool while in use).
+unsafe impl Send for RawEvent {}
+
+/// The staging state of a context.
+#[derive(Debug)]
+struct Staging {
+    config: StagingConfig,
+    /// Started on the first staged copy; `None` also after a failed start (then
+    /// `failed` is set and copies go to the driver unstaged).
+    engine: Option<Arc<StagingEngine>>,
+    failed: bool,
 }
 
 impl CudaDriverContext {
@@ -84,6 +117,12 @@ impl CudaDriverContext {
             ordinal,
             ownership,
             peers: Mutex::new(HashSet::new()),
+            staging: Mutex::new(Staging {
+                config: StagingConfig::from_env(),
+                engine: None,
+                failed: false,
+            }),
+            events: Mutex::new(Vec::new()),
         }
     }
 
@@ -132,6 +171,104 @@ impl CudaDriverContext {
     /// Whether this wrapper holds a retain of the device's primary context.
     pub fn is_primary(&self) -> bool {
         matches!(self.ownership, Ownership::Primary)
+    }
+
+    /// How pageable copies are staged now.
+    pub fn staging_config(&self) -> StagingConfig {
+        self.staging
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .config
+    }
+
+    /// Change how pageable copies are staged ([`StagingConfig::disabled`] turns staging
+    /// off). The worker threads and pinned chunks of the old setting are freed once no
+    /// copy uses them; the new ones are made on the next staged copy.
+    pub fn set_staging_config(&self, config: StagingConfig) {
+        let old = {
+            let mut staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
+            staging.config = config;
+            staging.failed = false;
+            staging.engine.take()
+        };
+        drop(old);
+    }
+
+    /// The staging engine for a copy of `len` bytes from or to host memory at `host`, if
+    /// such a copy is staged: staging is on, the copy is large enough, and the memory is
+    /// pageable. The engine is started on first use.
+    fn staging_engine(
+        &self,
+        pushed: &PushedContext,
+        host: *const u8,
+        len: usize,
+    ) -> Option<Arc<StagingEngine>> {
+        {
+            let staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
+            if !staging.config.enabled() || len < staging.config.min_bytes || staging.failed {
+                return None;
+            }
+        }
+        if !self.is_pageable(pushed, host) {
+            return None;
+        }
+        let mut staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
+        if !staging.config.enabled() || staging.failed {
+            return None;
+        }
+        if staging.engine.is_none() {
+            // SAFETY: `self.ctx` is live while `self` is, and the engine is dropped (its
+            // workers joined) before the context is released (see `Drop`).
+            match unsafe { StagingEngine::start(self.ctx.0, staging.config) } {
+                Ok(engine) => staging.engine = Some(Arc::new(engine)),
+                Err(failure) => {
+                    eprintln!(
+                        "cudabuf: staging pageable copies is off for this context: {}",
+                        failure.reason()
+                    );
+                    staging.failed = true;
+                    return None;
+                }
+            }
+        }
+        staging.engine.clone()
+    }
+
+    /// Whether `ptr` is pageable host memory (unknown to CUDA), with our context pushed.
+    fn is_pageable(&self, _pushed: &PushedContext, ptr: *const u8) -> bool {
+        let mut memory_type: u32 = 0;
+        // SAFETY: a context is pushed; for MEMORY_TYPE the driver writes one unsigned int
+        // into `data`; it only looks the address up.
+        let status = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut memory_type as *mut u32).cast::<c_void>(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr as u64,
+            )
+        };
+        status == CUresult::CUDA_ERROR_INVALID_VALUE
+    }
+
+    /// An event for an asynchronous copy, from the pool or new (context pushed).
+    fn take_event(&self, _pushed: &PushedContext) -> Result<RawEvent> {
+        if let Some(event) = self
+            .events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+        {
+            return Ok(event);
+        }
+        let mut event: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: a context is pushed; `event` is a valid out-pointer.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint,
+            )
+        })
+        .map_err(|f| self.fail(f))?;
+        Ok(RawEvent(event))
     }
 
     /// Push this context for the duration of the returned guard.
@@ -197,6 +334,29 @@ impl CudaDriverContext {
 
 impl Drop for CudaDriverContext {
     fn drop(&mut self) {
+        // Stop the staging workers (they free their streams and pinned chunks) and destroy
+        // the pooled events while the context is still alive.
+        let engine = self
+            .staging
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .engine
+            .take();
+        drop(engine);
+        let events = std::mem::take(
+            self.events
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        if !events.is_empty() {
+            if let Ok(_pushed) = self.push() {
+                for event in events {
+                    // SAFETY: the event was created in this context and is idle (every
+                    // ticket was waited for before its event came back to the pool).
+                    let _ = unsafe { sys::cuEventDestroy_v2(event.0) };
+                }
+            }
+        }
         registry::unregister(self.ctx.0 as u64);
         match std::mem::replace(&mut self.ownership, Ownership::Shared) {
             Ownership::Primary => {
@@ -219,7 +379,9 @@ impl Drop for CudaDriverContext {
     }
 }
 
-impl Context for CudaDriverContext {
+// SAFETY: pinned allocations come from cuMemHostAlloc with the requested size and live
+// until cuMemFreeHost; copies are cuMemcpy* of exactly the ranges given.
+unsafe impl Context for CudaDriverContext {
     fn device_ordinal(&self) -> usize {
         self.ordinal
     }
@@ -272,6 +434,21 @@ impl Context for CudaDriverContext {
             return Ok(());
         }
         let pushed = self.push()?;
+        if let Some(engine) = self.staging_engine(&pushed, src.as_ptr(), src.len()) {
+            // SAFETY: `src` is readable for its length during the call (the engine only
+            // reads it); the caller guarantees the device range. The engine's streams are
+            // ordered with the legacy default stream, and `copy` returns when every part
+            // is done.
+            return unsafe {
+                engine.copy(
+                    Direction::HostToDevice,
+                    src.as_ptr().cast_mut(),
+                    dst,
+                    src.len(),
+                )
+            }
+            .map_err(|f| self.fail(f));
+        }
         // SAFETY: our context is pushed; `src` is readable for `src.len()` bytes; the
         // caller guarantees `dst..dst + src.len()` is in a live allocation reachable from
         // this context.
@@ -282,11 +459,74 @@ impl Context for CudaDriverContext {
         self.wait_default_stream(&pushed)
     }
 
+    unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<u64> {
+        if src.is_empty() {
+            return Ok(0);
+        }
+        let pushed = self.push()?;
+        let event = self.take_event(&pushed)?;
+        // SAFETY: our context is pushed; the caller guarantees that `src` (pinned) and the
+        // device range stay valid, and `src` unmodified, until `wait_copy` returns. The
+        // copy runs on the legacy default stream, ordered with every other copy here.
+        let copied = check("cuMemcpyHtoDAsync_v2", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst,
+                src.as_ptr().cast::<c_void>(),
+                src.len(),
+                std::ptr::null_mut(),
+            )
+        })
+        .and_then(|()| {
+            // SAFETY: our context is pushed; the event is idle and of this context.
+            check("cuEventRecord", unsafe {
+                sys::cuEventRecord(event.0, std::ptr::null_mut())
+            })
+        });
+        match copied {
+            Ok(()) => Ok(event.0 as u64),
+            Err(failure) => {
+                // Nothing may stay in flight from the caller's memory.
+                let _ = self.wait_default_stream(&pushed);
+                self.events
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(event);
+                Err(self.fail(failure))
+            }
+        }
+    }
+
+    fn wait_copy(&self, ticket: u64) -> Result<()> {
+        if ticket == 0 {
+            return Ok(());
+        }
+        let event = RawEvent(ticket as sys::CUevent);
+        let _pushed = self.push()?;
+        // SAFETY: our context is pushed; the ticket is an event recorded by
+        // `copy_host_to_device_async` on this context and waited for once (core's contract).
+        let status = unsafe { sys::cuEventSynchronize(event.0) };
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(event);
+        check("cuEventSynchronize", status).map_err(|f| self.fail(f))
+    }
+
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
-        let _pushed = self.push()?;
+        let pushed = self.push()?;
+        if let Some(engine) = self.staging_engine(&pushed, dst.as_ptr(), dst.len()) {
+            // SAFETY: `dst` is writable for its length and exclusively ours during the
+            // call; the caller guarantees the device range. The engine's streams are
+            // ordered with the legacy default stream (so pending copies into the source
+            // land first), and `copy` returns when every part is done.
+            return unsafe {
+                engine.copy(Direction::DeviceToHost, dst.as_mut_ptr(), src, dst.len())
+            }
+            .map_err(|f| self.fail(f));
+        }
         // SAFETY: our context is pushed; `dst` is writable for `dst.len()` bytes; the
         // caller guarantees `src..src + dst.len()` is in a live allocation reachable from
         // this context. cuMemcpyDtoH returns once the copy is complete.

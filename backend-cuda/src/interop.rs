@@ -80,19 +80,40 @@ impl CudaBackend {
 
 /// Device memory owned by a cudarc [`CudaSlice`], ready for a zero-copy cudabuf view
 /// (from [`cudarc_slice_view`]).
-#[non_exhaustive]
 pub struct CudarcSliceView {
+    device_ptr: DevicePtr,
+    byte_len: usize,
+    device_ordinal: usize,
+    context: Arc<CudaContext>,
+    owner: Arc<dyn Any + Send + Sync>,
+}
+
+impl CudarcSliceView {
     /// The device address of the first element.
-    pub device_ptr: DevicePtr,
+    pub fn device_ptr(&self) -> DevicePtr {
+        self.device_ptr
+    }
+
     /// The length in bytes (`len * size_of::<T>()`).
-    pub byte_len: usize,
+    pub fn byte_len(&self) -> usize {
+        self.byte_len
+    }
+
     /// The device the memory is on.
-    pub device_ordinal: usize,
+    pub fn device_ordinal(&self) -> usize {
+        self.device_ordinal
+    }
+
     /// cudarc's context of the slice (for [`CudaBackend::context_from_cudarc`]).
-    pub context: Arc<CudaContext>,
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.context
+    }
+
     /// Keeps the slice (and so the memory) alive; dropping the last clone frees it the
     /// way cudarc does (`cuMemFreeAsync` on the slice's stream for pool allocations).
-    pub owner: Arc<dyn Any + Send + Sync>,
+    pub fn owner(&self) -> &Arc<dyn Any + Send + Sync> {
+        &self.owner
+    }
 }
 
 impl fmt::Debug for CudarcSliceView {
@@ -107,7 +128,9 @@ impl fmt::Debug for CudarcSliceView {
 
 /// `ctx.buffer_from_object(&cudarc_slice_view(slice)?)` views a cudarc slice without a
 /// copy and keeps it alive as long as the buffer.
-impl cudabuf_core::DeviceAccessible for CudarcSliceView {
+// SAFETY: the view's fields are private and set only by `cudarc_slice_view` from a live
+// `CudaSlice`, which `owner` keeps alive; Rust code holds no references into device memory.
+unsafe impl cudabuf_core::DeviceAccessible for CudarcSliceView {
     fn device_view(&self, ctx: &cudabuf_core::Context) -> Result<cudabuf_core::DeviceView> {
         if ctx.backend_kind() != cudabuf_core::BackendKind::Cuda
             || ctx.device_number() != self.device_ordinal

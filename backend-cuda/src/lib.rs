@@ -23,6 +23,14 @@
 //!   `alloc_pinned` is write-combined, which makes CPU reads very slow).
 //! - **Copies are synchronous**: `cuMemcpy*` calls that may return early (device to
 //!   device, host to device from pageable memory, peer copies) are followed by a wait.
+//! - **Pageable copies are staged** (from [`StagingConfig::min_bytes`], 512 KiB by
+//!   default) through pinned chunks allocated once per context, by worker threads that
+//!   overlap the CPU copy with the DMA, on blocking streams (ordered with the legacy
+//!   default stream, where every other copy runs); no memory is pinned per call.
+//!   `CUDABUF_STAGING=0` (or [`CudaDriverContext::set_staging_config`]) turns it off.
+//! - **Asynchronous copies** (`Context::copy_host_to_device_async`, used by the
+//!   double-buffered `BufferWriter`) run on the legacy default stream and are tracked by
+//!   pooled events.
 //! - **Peer access** is enabled once per (destination context, source context) pair on
 //!   different devices that allow it, so that peer copies do not go through the host.
 //! - **Primary contexts** are retained once per device and released when the last clone
@@ -44,11 +52,15 @@ mod driver_error;
 mod interop;
 mod platform;
 mod registry;
+mod staging;
 
 pub use context::CudaDriverContext;
 pub use device::CudaDevice;
 pub use interop::{cudarc_slice_view, CudarcSliceView};
 pub use platform::CudaBackend;
+pub use staging::{
+    StagingConfig, STAGING_CHUNK_VAR, STAGING_MIN_VAR, STAGING_THREADS_VAR, STAGING_VAR,
+};
 
 /// The version of cudarc this crate is built on, re-exported so that users name the same
 /// types ([`cudarc::driver::CudaContext`], [`cudarc::driver::CudaSlice`]) in the interop

@@ -267,13 +267,16 @@ fn cudarc_slices_are_viewed_without_a_copy() {
     let stream = cudarc_ctx.default_stream();
     let slice = stream.clone_htod(&[1u32, 2, 3, 4]).unwrap();
     let view = cudarc_slice_view(slice).unwrap();
-    assert_eq!(view.byte_len, 16);
-    assert_eq!(view.device_ordinal, 0);
-    let ctx = backend.context_from_cudarc(&view.context).unwrap();
+    assert_eq!(view.byte_len(), 16);
+    assert_eq!(view.device_ordinal(), 0);
+    let ctx = backend.context_from_cudarc(view.context()).unwrap();
     assert_eq!(ctx.handle(), cudarc_ctx.cu_ctx() as u64);
     let mut back = [0u8; 16];
     // SAFETY: the view's range is the live slice, kept alive by `view.owner`.
-    unsafe { ctx.copy_device_to_host(&mut back, view.device_ptr).unwrap() };
+    unsafe {
+        ctx.copy_device_to_host(&mut back, view.device_ptr())
+            .unwrap()
+    };
     let expected: Vec<u8> = [1u32, 2, 3, 4]
         .iter()
         .flat_map(|v| v.to_ne_bytes())
@@ -281,7 +284,7 @@ fn cudarc_slices_are_viewed_without_a_copy() {
     assert_eq!(&back[..], &expected[..]);
     if cudarc_ctx.has_async_alloc() {
         // A pool allocation cannot be exported.
-        let e = ctx.ipc_export(view.device_ptr).unwrap_err();
+        let e = ctx.ipc_export(view.device_ptr()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     }
     drop(view);
@@ -306,7 +309,7 @@ fn cudarc_slice_is_a_buffer_without_a_copy_and_contexts_interoperate() {
     let stream = cudarc_ctx.default_stream();
     let slice = stream.clone_htod(&[7u8, 8, 9, 10]).unwrap();
     let view = cudarc_slice_view(slice).unwrap();
-    let address = view.device_ptr;
+    let address = view.device_ptr();
     let buf = ctx.buffer_from_object(&view).unwrap();
     drop(view); // the buffer keeps the slice alive
     assert_eq!(buf.address(), address, "a view, not a copy");

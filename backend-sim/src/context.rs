@@ -36,7 +36,9 @@ impl SimContext {
     }
 }
 
-impl Context for SimContext {
+// SAFETY: SimContext's pinned allocations are real host memory of the requested size
+// until freed, and its copies touch only the ranges given (checked against its tables).
+unsafe impl Context for SimContext {
     fn device_ordinal(&self) -> usize {
         self.device
     }

@@ -14,7 +14,10 @@
 //! - `context`: devices, contexts, accounting, zero-size rules, copies versus views;
 //! - `host`: pinned host buffers and device addresses;
 //! - `reader` / `writer`: `BufferReader` and `BufferWriter`;
-//! - `ipc`: IPC handles, in this process and in a child process.
+//! - `ipc`: IPC handles, in this process and in a child process;
+//! - `reliability_*`: hostile input the modules above leave out, IPC handle bytes fuzzed,
+//!   process faults around IPC (crashed, exited and killed peers), and a multi-thread
+//!   load; `docs/RELIABILITY.md` maps every public operation to its cases.
 
 use crate::model;
 use crate::CaseFn;
@@ -28,6 +31,12 @@ mod ranges;
 mod reader;
 mod slices;
 mod writer;
+
+mod reliability_inputs;
+mod reliability_ipc_fuzz;
+mod reliability_leaks;
+mod reliability_load;
+mod reliability_process;
 
 /// Builds the `(name, function)` list from `module::function` paths, so that a case's
 /// name is always its function's name.
@@ -158,6 +167,31 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     // model-based (proptest state machines)
     model::buffer_semantics_match_vec_model,
     model::reader_writer_match_cursor_model,
+    // reliability: hostile input
+    reliability_inputs::invalid_device_number_everywhere_is_invalid_device,
+    reliability_inputs::shared_context_of_null_handle_is_invalid_argument,
+    reliability_inputs::shared_context_of_other_device_handle_is_invalid_argument,
+    reliability_inputs::new_host_buffer_of_impossible_size_is_out_of_memory,
+    reliability_inputs::writer_set_buffer_size_impossible_is_out_of_memory_and_keeps_writer,
+    reliability_inputs::get_device_address_of_unmapped_addresses_is_invalid_address,
+    reliability_inputs::foreign_buffer_of_freed_pageable_or_unmapped_memory_is_invalid_address,
+    reliability_inputs::buffer_from_object_of_freed_pageable_or_unmapped_memory_is_invalid_address,
+    reliability_inputs::buffer_of_another_backend_instance_is_refused_or_shared_by_kind,
+    reliability_inputs::ipc_to_pyarrow_bytes_refuses_offsets_and_simulator_handles,
+    reliability_inputs::ipc_forged_handle_ranges_are_invalid_ipc_handle,
+    reliability_inputs::reader_and_writer_over_an_empty_buffer_refuse_all_but_nothing,
+    reliability_inputs::writer_into_inner_after_close_gives_the_buffer_back,
+    reliability_inputs::buffer_outlives_its_backend_and_context_handles,
+    // reliability: IPC handle bytes fuzzed (bounded proptest)
+    reliability_ipc_fuzz::ipc_handle_bytes_fuzzed_are_typed_errors,
+    // reliability: process faults around IPC
+    reliability_process::process_importer_crash_while_mapped_leaves_exporter_intact,
+    reliability_process::process_exporter_exit_while_mapped_keeps_importer_mapping,
+    reliability_process::process_handle_of_exited_exporter_is_invalid_ipc_handle,
+    reliability_process::process_importer_killed_mid_copy_leaves_exporter_consistent,
+    // reliability: load
+    reliability_load::stress_mixed_operations_on_many_threads_lose_nothing,
+    reliability_load::device_filled_with_buffers_gives_out_of_memory_and_recovers,
 ];
 
 #[cfg(test)]

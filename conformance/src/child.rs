@@ -12,6 +12,18 @@
 //!   [`EXPECT_VAR`]'s bytes, open it a second time (the two share one mapping), write
 //!   [`WRITE_VAR`]'s bytes at position 0, synchronize, check the write through the second
 //!   buffer, drop both, open it a third time (a fresh mapping) and check the write again.
+//! - [`IPC_EXPORT_AND_WAIT`]: copy [`EXPECT_VAR`]'s bytes into a new device buffer,
+//!   export it, print `handle <hex>` on stdout, wait for a line (or end of file) on stdin,
+//!   then exit at once, freeing nothing (an exporter that goes away while importers hold
+//!   its memory).
+//! - [`IPC_EXPORT_AND_EXIT`]: the same, but return (freeing the buffer) right after
+//!   printing the handle: a handle whose exporter has exited.
+//! - [`IPC_OPEN_WRITE_ABORT`]: open [`HANDLE_VAR`], write [`WRITE_VAR`]'s bytes at
+//!   position 0, synchronize, print `written`, then abort while holding the mapping (an
+//!   importer that crashes).
+//! - [`IPC_OPEN_COPY_LOOP`]: open [`HANDLE_VAR`] and fill the whole buffer with 1, 2, ...,
+//!   [`COPY_LOOP_VALUES`], 1, ... by `copy_from_host`, printing `copying` after the first
+//!   fill, until killed (or, as a safety net, for 60 s, or until its parent changes).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::ExitCode;
@@ -20,6 +32,24 @@ use cudabuf_core::{Backend, IpcMemHandle, Result};
 
 /// Role: open an IPC handle, check its bytes, double-open it, write into it.
 pub const IPC_OPEN_AND_CHECK: &str = "ipc_open_and_check";
+
+/// Role: export [`EXPECT_VAR`]'s bytes, print the handle, wait for stdin, exit holding it.
+pub const IPC_EXPORT_AND_WAIT: &str = "ipc_export_and_wait";
+
+/// Role: export [`EXPECT_VAR`]'s bytes, print the handle, exit.
+pub const IPC_EXPORT_AND_EXIT: &str = "ipc_export_and_exit";
+
+/// Role: open [`HANDLE_VAR`], write [`WRITE_VAR`]'s bytes at 0, print `written`, abort.
+pub const IPC_OPEN_WRITE_ABORT: &str = "ipc_open_write_abort";
+
+/// Role: open [`HANDLE_VAR`] and fill it with 1..=[`COPY_LOOP_VALUES`] until killed.
+pub const IPC_OPEN_COPY_LOOP: &str = "ipc_open_copy_loop";
+
+/// The values [`IPC_OPEN_COPY_LOOP`] fills the buffer with: `1..=COPY_LOOP_VALUES`.
+pub const COPY_LOOP_VALUES: u8 = 7;
+
+/// The line prefix before the hex of a handle the export roles print.
+pub const HANDLE_LINE: &str = "handle ";
 
 /// Environment variable: the IPC handle's bytes ([`IpcMemHandle::to_bytes`]), as hex.
 pub const HANDLE_VAR: &str = "CUDABUF_HANDLE";
@@ -35,8 +65,14 @@ pub const WRITE_VAR: &str = "CUDABUF_WRITE";
 pub fn run(role: &str, make: fn() -> Result<Backend>) -> ExitCode {
     let outcome = catch_unwind(AssertUnwindSafe(|| match role {
         IPC_OPEN_AND_CHECK => ipc_open_and_check(make),
+        IPC_EXPORT_AND_WAIT => ipc_export(make, true),
+        IPC_EXPORT_AND_EXIT => ipc_export(make, false),
+        IPC_OPEN_WRITE_ABORT => ipc_open_write_abort(make),
+        IPC_OPEN_COPY_LOOP => ipc_open_copy_loop(make),
         other => Err(format!(
-            "unknown child role '{other}' (known roles: {IPC_OPEN_AND_CHECK})"
+            "unknown child role '{other}' (known roles: {IPC_OPEN_AND_CHECK}, \
+             {IPC_EXPORT_AND_WAIT}, {IPC_EXPORT_AND_EXIT}, {IPC_OPEN_WRITE_ABORT}, \
+             {IPC_OPEN_COPY_LOOP})"
         )),
     }));
     let message = match outcome {
@@ -212,6 +248,93 @@ fn ipc_open_and_check(make: fn() -> Result<Backend>) -> std::result::Result<(), 
     drop(third);
     ctx.synchronize().map_err(|e| format!("synchronize: {e}"))?;
     Ok(())
+}
+
+/// Prints `line` on stdout and flushes it, so that a parent reading a pipe sees it now.
+fn say(line: &str) -> std::result::Result<(), String> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("writing to stdout: {e}"))
+}
+
+/// The backend's context for a handle's device, and the handle, from [`HANDLE_VAR`].
+fn open_handle(
+    make: fn() -> Result<Backend>,
+) -> std::result::Result<(Backend, cudabuf_core::DeviceBuffer), String> {
+    let handle_bytes = env_bytes(HANDLE_VAR)?;
+    let handle = IpcMemHandle::from_bytes(&handle_bytes)
+        .map_err(|e| format!("IpcMemHandle::from_bytes({}): {e}", preview(&handle_bytes)))?;
+    let backend = make().map_err(|e| format!("making the backend: {e}"))?;
+    let device = handle.device_number().unwrap_or(0);
+    let ctx = backend
+        .context(device)
+        .map_err(|e| format!("context({device}): {e}"))?;
+    let opened = ctx
+        .open_ipc_buffer(&handle)
+        .map_err(|e| format!("open_ipc_buffer ({handle:?}): {e}"))?;
+    Ok((backend, opened))
+}
+
+fn ipc_export(make: fn() -> Result<Backend>, wait: bool) -> std::result::Result<(), String> {
+    let data = env_bytes(EXPECT_VAR)?;
+    let backend = make().map_err(|e| format!("making the backend: {e}"))?;
+    let ctx = backend.context(0).map_err(|e| format!("context(0): {e}"))?;
+    let buf = ctx
+        .buffer_from_data(&data)
+        .map_err(|e| format!("buffer_from_data: {e}"))?;
+    let handle = buf
+        .export_for_ipc()
+        .map_err(|e| format!("export_for_ipc: {e}"))?;
+    ctx.synchronize().map_err(|e| format!("synchronize: {e}"))?;
+    say(&format!("{HANDLE_LINE}{}", hex_encode(&handle.to_bytes())))?;
+    if wait {
+        let mut line = String::new();
+        // A line or the end of stdin (the parent dropped its end) both mean "go".
+        let _ = std::io::stdin().read_line(&mut line);
+        // Exit now, with the buffer exported and alive: the OS and the driver reclaim it.
+        std::process::exit(0);
+    }
+    drop(buf);
+    Ok(())
+}
+
+fn ipc_open_write_abort(make: fn() -> Result<Backend>) -> std::result::Result<(), String> {
+    let write = env_bytes(WRITE_VAR)?;
+    let (_backend, opened) = open_handle(make)?;
+    opened
+        .copy_from_host(&write, 0, None)
+        .map_err(|e| format!("copy_from_host into the opened buffer: {e}"))?;
+    opened
+        .context()
+        .synchronize()
+        .map_err(|e| format!("synchronize: {e}"))?;
+    say("written")?;
+    // Crash while holding the mapping: no destructor runs, no close, no unmap.
+    std::process::abort()
+}
+
+fn ipc_open_copy_loop(make: fn() -> Result<Backend>) -> std::result::Result<(), String> {
+    use std::time::{Duration, Instant};
+    let (_backend, opened) = open_handle(make)?;
+    let parent = std::os::unix::process::parent_id();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut fill = vec![0u8; opened.size()];
+    let mut value = 0u8;
+    let mut announced = false;
+    while Instant::now() < deadline && std::os::unix::process::parent_id() == parent {
+        value = value % COPY_LOOP_VALUES + 1;
+        fill.fill(value);
+        opened
+            .copy_from_host(&fill, 0, None)
+            .map_err(|e| format!("copy_from_host of {value}s: {e}"))?;
+        if !announced {
+            say("copying")?;
+            announced = true;
+        }
+    }
+    Err("still copying after 60 s (or the parent went away): nobody killed this child".into())
 }
 
 #[cfg(test)]

@@ -210,8 +210,14 @@ pub trait Device: Send + Sync + fmt::Debug {
 /// - errors are mapped to [`Error`](crate::Error) kinds: out of memory as
 ///   `OutOfMemory`, bad addresses as `InvalidAddress`, bad handles as `InvalidIpcHandle`,
 ///   everything else from the driver as `Driver` with the call and the CUDA error name.
+///
+/// # Safety
+/// Core's safe API dereferences what this trait returns: an implementation must return
+/// from [`alloc_host`](Context::alloc_host) host memory valid for reads and writes of the
+/// requested size until [`free_host`](Context::free_host), and its copies must touch only
+/// the ranges they are given. (Mocks that return pinned memory must return real memory.)
 #[cfg_attr(feature = "mock", mockall::automock)]
-pub trait Context: Send + Sync + fmt::Debug {
+pub unsafe trait Context: Send + Sync + fmt::Debug {
     /// The number of the device this context is on.
     fn device_ordinal(&self) -> usize;
 
@@ -240,6 +246,37 @@ pub trait Context: Send + Sync + fmt::Debug {
     /// # Safety
     /// `dst..dst + src.len()` lies inside a live allocation reachable from this context.
     unsafe fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
+
+    /// Start copying `src` (pinned host memory) to the device at `dst` and return a ticket
+    /// for [`wait_copy`](Self::wait_copy), possibly before the copy is done.
+    ///
+    /// The copy is ordered before every later copy and `synchronize` of this context (on
+    /// CUDA: it runs on the context's legacy default stream, with which every other copy
+    /// of the backend is ordered), so later reads of the memory through this backend see
+    /// its bytes. cudabuf's core uses it to overlap the flush of one staging buffer with
+    /// filling the next ([`BufferWriter`](crate::BufferWriter)).
+    ///
+    /// The provided implementation copies synchronously and returns ticket 0; backends
+    /// without asynchronous copies need not override either method.
+    ///
+    /// # Safety
+    /// As [`copy_host_to_device`](Self::copy_host_to_device), and: `src` and the device
+    /// range stay alive, and `src` unmodified, until `wait_copy` with the returned ticket
+    /// returns; `wait_copy` is called exactly once per ticket.
+    unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<u64> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.copy_host_to_device(dst, src)? };
+        Ok(0)
+    }
+
+    /// Wait for a copy started by [`copy_host_to_device_async`](Self::copy_host_to_device_async).
+    ///
+    /// # Errors
+    /// The copy's failure, mapped as any copy's.
+    fn wait_copy(&self, ticket: u64) -> Result<()> {
+        let _ = ticket;
+        Ok(())
+    }
 
     /// Copy `dst.len()` bytes from the device at `src` to host memory.
     ///

@@ -94,8 +94,10 @@ impl DeviceBuffer {
         self.parent.as_deref()
     }
 
-    /// Whether this buffer owns its allocation (rather than viewing foreign memory or an
-    /// IPC mapping). Slices of an owning buffer also report `true`.
+    /// Whether this buffer stands on an allocation made by `new_buffer` (rather than on
+    /// foreign memory or an IPC mapping). Slices of an owning buffer also report `true`, and
+    /// so does a buffer opened from an IPC handle in the process that exported it (it
+    /// shares the exporter's allocation, and its context is the exporter's).
     pub fn is_owning(&self) -> bool {
         self.memory.is_owned()
     }
@@ -252,6 +254,10 @@ impl DeviceBuffer {
     /// returns the number of bytes copied. `src` may be in another context or on another
     /// device (a peer copy).
     ///
+    /// Deviation from pyarrow: with `nbytes` left out pyarrow copies
+    /// `min(size - position, src.size)`; cudabuf copies all of `src` or, if it does not
+    /// fit, nothing and errors (as [`copy_from_host`](Self::copy_from_host)).
+    ///
     /// # Errors
     /// [`Error::SourceTooShort`] if `nbytes > src.size()` ("available from device buffer");
     /// [`Error::OutOfRange`] if `position + nbytes > size` ("available in device buffer");
@@ -323,6 +329,20 @@ impl DeviceBuffer {
     /// memory, an IPC mapping opened from another process).
     pub fn export_for_ipc(&self) -> Result<IpcMemHandle> {
         ipc::export(self)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    /// Unlinks the chain of parents one by one, so that dropping a slice of a slice of ...
+    /// (say, a reader's many `read_buffer` slices made in a loop) cannot overflow the stack.
+    fn drop(&mut self) {
+        let mut next = self.parent.take();
+        while let Some(parent) = next {
+            next = match Arc::try_unwrap(parent) {
+                Ok(mut parent) => parent.parent.take(),
+                Err(_) => None, // still shared: whoever holds it drops the rest
+            };
+        }
     }
 }
 

@@ -1,23 +1,24 @@
 //! [`Context`]: pyarrow.cuda's `Context`, one device context and what it allocates.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
-use crate::backend::{self, BackendKind, DevicePtr, RawIpcHandle};
+use crate::allocator::{self, AllocatorStats, DeviceCache};
+use crate::backend::{self, BackendKind, DevicePtr};
 use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::host::HostBuffer;
 use crate::ipc::{self, IpcMemHandle};
-use crate::memory::{Empty, IpcMapping, Memory, MemoryKind, Owned, Owner, View};
+use crate::memory::{Empty, Memory, MemoryKind, Owned, Owner, View};
 use crate::object::{DataSource, DeviceAccessible};
+use crate::staging::{HostPool, DEFAULT_STAGING_POOL_LIMIT};
 
 /// A CUDA context on one device (pyarrow's `Context`): allocates device buffers, opens IPC
 /// handles, and counts what it allocated.
 ///
-/// Cheap to clone; all clones share one `bytes_allocated` counter and one IPC mapping
-/// cache. Get one from [`Backend::context`](crate::Backend::context) (the device's primary
+/// Cheap to clone; all clones share one `bytes_allocated` counter, one IPC mapping
+/// cache, one caching allocator and one pool of pinned staging buffers. Get one from [`Backend::context`](crate::Backend::context) (the device's primary
 /// context, the same one cudarc, PyTorch and CuPy use) or
 /// [`Backend::shared_context`](crate::Backend::shared_context).
 ///
@@ -30,6 +31,20 @@ use crate::object::{DataSource, DeviceAccessible};
 /// assert_eq!(ctx.bytes_allocated(), 0);
 /// # Ok(()) }
 /// ```
+///
+/// # Caching allocator
+/// Dropped device buffers can be kept for reuse by the next `new_buffer` of the same size
+/// (like PyTorch's and CuPy's pools), which makes an allocation round trip cost well under
+/// a microsecond instead of `cuMemAlloc` + `cuMemFree`. Every block stays its own
+/// `cuMemAlloc` allocation of exactly the requested size, so IPC export and
+/// `cuMemGetAddressRange` see what they would without the cache; an exported block is
+/// freed for real, never reused. The cache is bounded
+/// ([`set_allocator_cache_limit`](Self::set_allocator_cache_limit)), trimmable
+/// ([`trim_cache`](Self::trim_cache)), emptied and retried once when an allocation runs
+/// out of memory, and invisible to [`bytes_allocated`](Self::bytes_allocated). It is on by
+/// default on CUDA (4 GiB per context) and off on the simulator (which reports every
+/// leak and use after free exactly); `CUDABUF_ALLOCATOR_CACHE=0|1|<size>` overrides the
+/// default for every context of the process.
 #[derive(Clone)]
 pub struct Context {
     inner: Arc<ContextInner>,
@@ -40,8 +55,31 @@ pub(crate) struct ContextInner {
     kind: BackendKind,
     device_number: usize,
     pub(crate) bytes_allocated: AtomicUsize,
-    /// One mapping per raw handle, shared by every buffer opened from it.
-    pub(crate) ipc_mappings: Mutex<HashMap<RawIpcHandle, Weak<Memory>>>,
+    /// Freed device blocks kept for reuse.
+    cache: DeviceCache,
+    /// Idle pinned staging buffers kept for reuse.
+    host_pool: HostPool,
+}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // Every buffer of this context is gone (each holds a clone): give the cached blocks
+        // back to the backend.
+        for (address, size) in self.cache.drain() {
+            free_block(&self.raw, address, size);
+        }
+        drop(self.host_pool.drain());
+    }
+}
+
+/// Free a device block for real.
+fn free_block(raw: &Arc<dyn backend::Context>, address: DevicePtr, size: usize) {
+    // SAFETY: `address` came from `allocate` on `raw` (only `new_buffer` makes blocks, and
+    // the cache holds only blocks of its own context), and it is freed once: it left the
+    // cache (or was never put there) and no buffer refers to it.
+    if let Err(e) = unsafe { raw.free(address) } {
+        eprintln!("cudabuf: freeing device allocation {address:#x} ({size} bytes) failed: {e}");
+    }
 }
 
 impl Context {
@@ -49,19 +87,22 @@ impl Context {
     /// contexts from a [`Backend`](crate::Backend).
     pub fn from_raw(raw: Arc<dyn backend::Context>, kind: BackendKind) -> Self {
         let device_number = raw.device_ordinal();
+        let cache_limit = allocator::default_limit(kind);
+        let pool_limit = if cache_limit > 0 {
+            DEFAULT_STAGING_POOL_LIMIT
+        } else {
+            0
+        };
         Context {
             inner: Arc::new(ContextInner {
                 raw,
                 kind,
                 device_number,
                 bytes_allocated: AtomicUsize::new(0),
-                ipc_mappings: Mutex::new(HashMap::new()),
+                cache: DeviceCache::new(cache_limit),
+                host_pool: HostPool::new(pool_limit),
             }),
         }
-    }
-
-    pub(crate) fn inner(&self) -> &ContextInner {
-        &self.inner
     }
 
     /// The backend context underneath.
@@ -121,7 +162,10 @@ impl Context {
                 MemoryKind::Empty(Empty),
             ))));
         }
-        let address = self.inner.raw.allocate(nbytes)?;
+        let address = match self.inner.cache.take(nbytes) {
+            Some(address) => address,
+            None => self.allocate_block(nbytes)?,
+        };
         self.inner
             .bytes_allocated
             .fetch_add(nbytes, Ordering::AcqRel);
@@ -131,6 +175,110 @@ impl Context {
             nbytes,
             MemoryKind::Owned(Owned),
         ))))
+    }
+
+    /// Allocate a block from the backend; on out-of-memory, free the cached blocks and
+    /// try once more.
+    fn allocate_block(&self, nbytes: usize) -> Result<DevicePtr> {
+        match self.inner.raw.allocate(nbytes) {
+            Err(e) if e.kind() == crate::ErrorKind::OutOfMemory => {
+                if self.trim_device_cache() == 0 {
+                    return Err(e);
+                }
+                self.inner.raw.allocate(nbytes)
+            }
+            other => other,
+        }
+    }
+
+    /// The last buffer over the block at `address` (from `new_buffer`) is gone: cache it or
+    /// free it, and stop counting it.
+    pub(crate) fn release_block(&self, address: DevicePtr, size: usize) {
+        if allocator::any_exported() && allocator::take_exported(self.handle(), address) {
+            // Another process may have it mapped: never reuse it.
+            free_block(&self.inner.raw, address, size);
+        } else if let Err(blocks) = self.inner.cache.put(address, size) {
+            for (a, s) in blocks {
+                free_block(&self.inner.raw, a, s);
+            }
+        }
+        self.inner.bytes_allocated.fetch_sub(size, Ordering::AcqRel);
+    }
+
+    fn trim_device_cache(&self) -> usize {
+        let blocks = self.inner.cache.drain();
+        let bytes = blocks.iter().map(|&(_, s)| s).sum();
+        for (a, s) in blocks {
+            free_block(&self.inner.raw, a, s);
+        }
+        bytes
+    }
+
+    /// Free every device block held by the caching allocator and every idle pooled pinned
+    /// staging buffer; returns the device bytes freed. Buffers in use are not affected.
+    pub fn trim_cache(&self) -> usize {
+        drop(self.inner.host_pool.drain());
+        self.trim_device_cache()
+    }
+
+    /// The limit of device bytes the caching allocator keeps for reuse (0: off).
+    pub fn allocator_cache_limit(&self) -> usize {
+        self.inner.cache.limit()
+    }
+
+    /// Set the limit of device bytes the caching allocator keeps for reuse, for this
+    /// context and its clones; 0 turns the cache off. Cached blocks over the new limit are
+    /// freed now (the least recently freed first).
+    pub fn set_allocator_cache_limit(&self, max_cached_bytes: usize) {
+        for (a, s) in self.inner.cache.set_limit(max_cached_bytes) {
+            free_block(&self.inner.raw, a, s);
+        }
+    }
+
+    /// Device bytes held by the caching allocator (freed buffers kept for reuse; not
+    /// counted in [`bytes_allocated`](Self::bytes_allocated)).
+    pub fn bytes_cached(&self) -> usize {
+        self.inner.cache.stats().bytes_cached
+    }
+
+    /// The caching allocator's counters (hits, misses, evictions, bytes held).
+    pub fn allocator_stats(&self) -> AllocatorStats {
+        self.inner.cache.stats()
+    }
+
+    /// A pinned host buffer of exactly `size` bytes for staging copies: an idle one from
+    /// this context's pool if there is one, else a new one (pinned, portable,
+    /// device-mapped, like [`new_host_buffer`](Self::new_host_buffer)). Unlike a new host
+    /// buffer, its contents are unspecified. Give it back with
+    /// [`recycle_staging_buffer`](Self::recycle_staging_buffer) when done, so that the next
+    /// writer (or Arrow serializer) does not pin memory again.
+    ///
+    /// # Errors
+    /// As [`new_host_buffer`](Self::new_host_buffer).
+    pub fn staging_buffer(&self, size: usize) -> Result<HostBuffer> {
+        match self.inner.host_pool.take(size) {
+            Some(buffer) => Ok(buffer),
+            None => self.new_host_buffer(size),
+        }
+    }
+
+    /// Keep `buffer` in this context's pool for [`staging_buffer`](Self::staging_buffer)
+    /// (pinned memory of any context is usable by every context). It is freed instead when
+    /// the pool is off or full, or when a device view of it still exists.
+    pub fn recycle_staging_buffer(&self, buffer: HostBuffer) {
+        drop(self.inner.host_pool.put(buffer));
+    }
+
+    /// Set the limit of idle pinned bytes this context's staging pool keeps (0: off,
+    /// every recycled buffer is freed). The pool is on (256 MiB) exactly when the caching
+    /// allocator is on by default.
+    pub fn set_staging_pool_limit(&self, max_pooled_bytes: usize) {
+        drop(self.inner.host_pool.set_limit(max_pooled_bytes));
+    }
+
+    /// Idle pinned bytes held in this context's staging pool.
+    pub fn bytes_pooled(&self) -> usize {
+        self.inner.host_pool.bytes_pooled()
     }
 
     /// A new device buffer holding a copy of `data`: host bytes (`&[u8]`, `Vec<u8>`, a
@@ -160,19 +308,45 @@ impl Context {
     /// A device buffer that views `object`'s memory without copying, keeping `object`'s
     /// memory alive (pyarrow's `buffer_from_object`).
     ///
-    /// `object` is anything that references device-accessible memory: a [`DeviceBuffer`],
-    /// a [`HostBuffer`] (its device-mapped address), a
+    /// `object` is anything that references device memory: a [`DeviceBuffer`], a
     /// [`RawDeviceMemory`](crate::RawDeviceMemory), or a backend's own type (cudarc slices
-    /// on the CUDA backend).
+    /// on the CUDA backend). For a pinned [`HostBuffer`] use the `unsafe`
+    /// [`buffer_from_host_buffer`](Self::buffer_from_host_buffer): its bytes are also
+    /// reachable through Rust references, which device writes must not race.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if the memory is on another device or backend.
+    /// [`Error::InvalidArgument`] if the memory is on another device or backend;
+    /// [`Error::InvalidAddress`] if this context cannot reach it (freed, pageable or
+    /// unknown raw memory; a buffer of another simulator instance).
     pub fn buffer_from_object(&self, object: &dyn DeviceAccessible) -> Result<DeviceBuffer> {
         let view = object.device_view(self)?;
         if view.size == 0 {
             return self.new_buffer(0);
         }
         Ok(self.view_buffer(view.address, view.size, view.owner))
+    }
+
+    /// A device buffer that views a pinned host buffer through its device address, without
+    /// copying (pyarrow's `buffer_from_object(host_buffer)`); it keeps the host memory
+    /// alive. Device copies through the view read and write the host bytes.
+    ///
+    /// # Safety
+    /// While the view (or a slice or clone of it) lives, `host`'s bytes must not be
+    /// accessed through Rust references (`Deref`, `DerefMut`, `as_ref`) at the same time
+    /// as a copy through the view, and must not be the host side of a copy through the
+    /// view (`view.copy_from_host(&host, ..)`): the copy would write memory a live
+    /// reference promises unchanged. Access through the view itself is always fine.
+    ///
+    /// # Errors
+    /// [`Error::InvalidAddress`] if this context cannot reach the memory.
+    pub unsafe fn buffer_from_host_buffer(&self, host: &HostBuffer) -> Result<DeviceBuffer> {
+        if host.size() == 0 {
+            return self.new_buffer(0);
+        }
+        // Pinned memory is portable: every context reaches it, at the address this
+        // context reports for it.
+        let address = self.get_device_address(host.as_ptr() as u64)?;
+        Ok(self.view_buffer(address, host.size(), Some(host.keep_alive())))
     }
 
     /// A device buffer over foreign device memory at `address` of `size` bytes, keeping
@@ -222,6 +396,12 @@ impl Context {
             }
         }
         let (base, len) = self.inner.raw.address_range(address)?;
+        if self.inner.cache.containing(base).is_some() {
+            return Err(Error::invalid_address(
+                address,
+                format!("{operation}: freed (the allocation is held for reuse by cudabuf's caching allocator)"),
+            ));
+        }
         let end = address.checked_add(size as u64);
         let alloc_end = base.saturating_add(len as u64);
         match end {
@@ -260,7 +440,14 @@ impl Context {
         if address == 0 {
             return Err(Error::invalid_address(0, "the null address"));
         }
-        self.inner.raw.device_address(address)
+        let device = self.inner.raw.device_address(address)?;
+        if self.inner.cache.containing(device).is_some() {
+            return Err(Error::invalid_address(
+                address,
+                "freed (the allocation is held for reuse by cudabuf's caching allocator)",
+            ));
+        }
+        Ok(device)
     }
 
     /// Allocate a pinned host buffer of `size` bytes through this context (page-locked,
@@ -275,10 +462,12 @@ impl Context {
     /// Fixed pyarrow quirks:
     /// - the buffer is exactly what was exported, also for an exported slice (the handle
     ///   carries the offset and the logical size);
-    /// - opening the same handle again in this context shares one mapping (reference
-    ///   counted) instead of failing with `CUDA_ERROR_ALREADY_MAPPED`;
+    /// - opening the same handle again shares one mapping (reference counted) instead of
+    ///   failing with `CUDA_ERROR_ALREADY_MAPPED`, also through other `Context` values of
+    ///   the same device;
     /// - opening a handle in the process that exported it gives a view of the exporter's
-    ///   own allocation instead of failing with `CUDA_ERROR_INVALID_CONTEXT`.
+    ///   own allocation instead of failing with `CUDA_ERROR_INVALID_CONTEXT` (also for a
+    ///   pyarrow-format handle of a live export); that buffer's context is the exporter's.
     ///
     /// The mapping is closed when the last buffer opened from it is dropped. The exporter
     /// must keep its buffer alive while importers use the memory (as with CUDA).
@@ -288,45 +477,6 @@ impl Context {
     /// exited or dropped the buffer, or one whose offset and size do not fit the mapping.
     pub fn open_ipc_buffer(&self, handle: &IpcMemHandle) -> Result<DeviceBuffer> {
         ipc::open(self, handle)
-    }
-
-    /// Open (or reuse) this context's mapping of `raw`; the caller slices it.
-    pub(crate) fn ipc_mapping(&self, raw: &RawIpcHandle) -> Result<Arc<Memory>> {
-        let mut cache = loop {
-            let cache = self
-                .inner
-                .ipc_mappings
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            match cache.get(raw).map(Weak::upgrade) {
-                Some(Some(memory)) => return Ok(memory),
-                // The last buffer of this mapping is being dropped on another thread; it
-                // removes the entry once the mapping is closed. Wait for that, then open anew.
-                Some(None) => {
-                    drop(cache);
-                    std::thread::yield_now();
-                }
-                None => break cache,
-            }
-        };
-        let address = self.inner.raw.ipc_open(raw)?;
-        let size = match self.inner.raw.address_range(address) {
-            Ok((_, size)) => size,
-            Err(e) => {
-                // SAFETY: `address` was just returned by `ipc_open` on this context and
-                // nothing else refers to it yet; this is its one close.
-                let _ = unsafe { self.inner.raw.ipc_close(address) };
-                return Err(e);
-            }
-        };
-        let memory = Arc::new(Memory::new(
-            self.clone(),
-            address,
-            size,
-            MemoryKind::IpcMapping(IpcMapping { key: *raw }),
-        ));
-        cache.insert(*raw, Arc::downgrade(&memory));
-        Ok(memory)
     }
 }
 

@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::backend::{self, DevicePtr, PinnedAlloc};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::Owner;
 
 /// Pinned host memory (pyarrow's `HostBuffer`, from `new_host_buffer`): page-locked,
@@ -75,8 +75,22 @@ impl HostBuffer {
             None
         } else {
             let alloc = raw.alloc_host(size)?;
+            if alloc.host_ptr.is_null() || alloc.size != size {
+                if !alloc.host_ptr.is_null() {
+                    // SAFETY: `alloc` came from `alloc_host` on `raw` and is not used again.
+                    let _ = unsafe { raw.free_host(alloc) };
+                }
+                return Err(Error::invalid_argument(
+                    "new_host_buffer",
+                    format!(
+                        "the backend returned {} bytes at {:p} for {size} bytes",
+                        alloc.size, alloc.host_ptr
+                    ),
+                ));
+            }
             // Make the memory initialized before any `&[u8]` of it exists.
-            // SAFETY: the backend guarantees `host_ptr` is valid for writes of `size` bytes.
+            // SAFETY: the backend (an `unsafe trait`) guarantees `host_ptr` is valid for
+            // writes of `size` bytes; it is not null (checked above).
             unsafe { std::ptr::write_bytes(alloc.host_ptr, 0, size) };
             Some(alloc)
         };
@@ -109,6 +123,11 @@ impl HostBuffer {
 
     pub(crate) fn keep_alive(&self) -> Owner {
         self.memory.clone()
+    }
+
+    /// Whether no device view (or other owner) of this memory exists.
+    pub(crate) fn is_unshared(&self) -> bool {
+        Arc::strong_count(&self.memory) == 1
     }
 }
 

@@ -17,8 +17,9 @@
 //! 128            end
 //! ```
 //! Handles written by pyarrow (72 bytes) are read as CUDA handles with offset 0.
-//! Anything else (truncated, oversized, bad magic, version or checksum, a negative size)
-//! is [`Error::InvalidIpcHandle`].
+//! Anything else (truncated, oversized, bad magic, version or checksum, nonzero reserved
+//! bytes, a negative size, an offset + size past `u64::MAX`) is
+//! [`Error::InvalidIpcHandle`], so every accepted handle reads back to the same bytes.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -146,8 +147,12 @@ impl IpcMemHandle {
         &self.raw
     }
 
-    /// The handle as bytes, in cudabuf's extended format (see the module docs); pyarrow
-    /// reads the first 72 bytes.
+    /// The handle as bytes, in cudabuf's extended format (see the module docs).
+    ///
+    /// pyarrow reads only the first 72 bytes, which name the whole allocation: for an
+    /// exported slice at a nonzero offset, pyarrow would open the start of the allocation.
+    /// For a Python process use [`to_pyarrow_bytes`](Self::to_pyarrow_bytes), which refuses
+    /// such handles.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(EXTENDED_HANDLE_LEN);
         out.extend_from_slice(&(self.size as i64).to_le_bytes());
@@ -272,6 +277,11 @@ impl IpcMemHandle {
                 "checksum mismatch: the handle bytes were altered",
             ));
         }
+        if ext[9..12].iter().chain(&ext[28..32]).any(|&b| b != 0) {
+            return Err(Error::invalid_ipc_handle(
+                "reserved bytes of the extension are not zero",
+            ));
+        }
         let backend = BackendKind::from_code(ext[8])
             .ok_or_else(|| Error::invalid_ipc_handle(format!("unknown backend code {}", ext[8])))?;
         let offset = read_u64(ext, 16);
@@ -328,8 +338,10 @@ impl<'de> Deserialize<'de> for IpcMemHandle {
         use serde::de::Error as _;
         let bytes: Vec<u8> = if deserializer.is_human_readable() {
             let hex = String::deserialize(deserializer)?;
-            if hex.len() % 2 != 0 || !hex.is_ascii() {
-                return Err(D::Error::custom("IPC handle: odd-length or non-ASCII hex"));
+            if hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(D::Error::custom(
+                    "IPC handle: expected an even number of hex digits",
+                ));
             }
             (0..hex.len())
                 .step_by(2)
@@ -379,17 +391,27 @@ fn serde_bytes_vec<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<u
 
 /// Memory this process exported, by export id, so that opening its handle here gives a
 /// view of the exporter's own allocation (CUDA refuses to open it in the same process).
-fn exports() -> &'static Mutex<HashMap<u64, Weak<Memory>>> {
-    static EXPORTS: OnceLock<Mutex<HashMap<u64, Weak<Memory>>>> = OnceLock::new();
+fn exports() -> &'static Mutex<Exports> {
+    static EXPORTS: OnceLock<Mutex<Exports>> = OnceLock::new();
     EXPORTS.get_or_init(Default::default)
+}
+
+/// This process's exports: by export id, and the latest export id of each raw handle (for
+/// pyarrow-format handles, which carry no export id).
+#[derive(Default)]
+struct Exports {
+    by_id: HashMap<u64, (Weak<Memory>, RawIpcHandle)>,
+    by_raw: HashMap<RawIpcHandle, u64>,
 }
 
 /// Called when exported memory is released.
 pub(crate) fn forget_export(id: u64) {
-    exports()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&id);
+    let mut exports = exports().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, raw)) = exports.by_id.remove(&id) {
+        if exports.by_raw.get(&raw) == Some(&id) {
+            exports.by_raw.remove(&raw);
+        }
+    }
 }
 
 pub(crate) fn export(buffer: &DeviceBuffer) -> Result<IpcMemHandle> {
@@ -404,15 +426,17 @@ pub(crate) fn export(buffer: &DeviceBuffer) -> Result<IpcMemHandle> {
     let memory = buffer.memory();
     let (base, alloc_size) = ctx.raw().address_range(buffer.address())?;
     let raw = ctx.raw().ipc_export(base)?;
+    // Another process may map the allocation from now on: the caching allocator must free
+    // it for real, never reuse it.
+    crate::allocator::mark_exported(ctx.handle(), base);
     let offset = buffer.address() - base;
     debug_assert!(offset + buffer.size() as u64 <= alloc_size as u64);
     static NEXT_EXPORT_ID: AtomicU64 = AtomicU64::new(1);
     let export_id = *memory.export_id.get_or_init(|| {
         let id = NEXT_EXPORT_ID.fetch_add(1, Ordering::Relaxed);
-        exports()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, Arc::downgrade(memory));
+        let mut exports = exports().lock().unwrap_or_else(|p| p.into_inner());
+        exports.by_id.insert(id, (Arc::downgrade(memory), raw));
+        exports.by_raw.insert(raw, id);
         id
     });
     Ok(IpcMemHandle {
@@ -443,22 +467,42 @@ pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer>
     }
     let size = handle.size as usize;
     let offset = handle.offset();
-    if let Some(ext) = handle.extension.filter(|e| e.exporter == this_process()) {
-        let memory = exports()
+    // Exported by this process? CUDA cannot open it here: give a view of the exporter's
+    // memory. cudabuf handles say so; a pyarrow-format handle (no extension, offset 0) is
+    // recognised by its raw bytes while this process's export of it lives.
+    let own_export = match handle.extension {
+        Some(ext) if ext.exporter == this_process() => Some((Some(ext.export_id), ext.offset)),
+        Some(_) => None,
+        None => exports()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&ext.export_id)
-            .and_then(Weak::upgrade)
-            .ok_or_else(|| {
-                Error::invalid_ipc_handle(
-                    "the handle was exported by this process, and every buffer of the exported memory has been dropped",
-                )
-            })?;
+            .by_raw
+            .contains_key(&handle.raw)
+            .then_some((None, 0)),
+    };
+    if let Some((export_id, ext_offset)) = own_export {
+        let memory = {
+            let exports = exports().lock().unwrap_or_else(|p| p.into_inner());
+            export_id
+                .or_else(|| exports.by_raw.get(&handle.raw).copied())
+                .and_then(|id| exports.by_id.get(&id))
+                .and_then(|(weak, _)| weak.upgrade())
+        }
+        .ok_or_else(|| {
+            Error::invalid_ipc_handle(
+                "the handle was exported by this process, and every buffer of the exported memory has been dropped",
+            )
+        })?;
         // The registry holds the exporting memory, which may start inside the allocation.
         let (base, _) = memory.ctx.raw().address_range(memory.address)?;
-        let start = (base + ext.offset)
-            .checked_sub(memory.address)
-            .filter(|s| s + handle.size <= memory.size as u64)
+        // Checked arithmetic: a forged (checksummed) handle may carry any offset and size.
+        let start = base
+            .checked_add(ext_offset)
+            .and_then(|a| a.checked_sub(memory.address))
+            .filter(|s| {
+                s.checked_add(handle.size)
+                    .is_some_and(|end| end <= memory.size as u64)
+            })
             .ok_or_else(|| {
                 Error::invalid_ipc_handle(format!(
                     "offset {offset} and size {size} lie outside the exported memory"
@@ -466,7 +510,7 @@ pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer>
             })?;
         return Ok(DeviceBuffer::over(memory, start as usize, size));
     }
-    let mapping = ctx.ipc_mapping(&handle.raw)?;
+    let mapping = crate::mappings::open(ctx, &handle.raw)?;
     if offset
         .checked_add(size)
         .is_none_or(|end| end > mapping.size)

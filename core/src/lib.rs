@@ -14,7 +14,8 @@
 //!
 //! # Rules
 //! - Every position, offset and size is checked; bad input is a typed [`Error`] (see
-//!   [`ErrorKind`]), never a panic, and changes nothing.
+//!   [`ErrorKind`]), never a panic, and changes nothing. Sizes and offsets are `usize`
+//!   (fixed pyarrow quirk: Arrow C++ takes `int64_t` and accepts negative values).
 //! - Copies are synchronous, like pyarrow's.
 //! - Names follow pyarrow's (snake_case, same words); where cudabuf deliberately differs
 //!   from pyarrow, the item's documentation says so under "Fixed pyarrow quirk".
@@ -38,6 +39,7 @@
 //! | `IpcMemHandle.serialize()` / `from_buffer()` | [`IpcMemHandle::to_bytes`] / [`IpcMemHandle::from_bytes`] |
 //! | `BufferReader`, `BufferWriter` | [`BufferReader`], [`BufferWriter`] |
 
+mod allocator;
 pub mod backend;
 mod buffer;
 mod context;
@@ -45,11 +47,14 @@ mod devices;
 mod error;
 mod host;
 mod ipc;
+mod mappings;
 mod memory;
 mod object;
 mod reader;
+mod staging;
 mod writer;
 
+pub use allocator::{AllocatorStats, ALLOCATOR_CACHE_VAR, DEFAULT_CACHE_LIMIT};
 pub use backend::BackendKind;
 pub use buffer::DeviceBuffer;
 pub use context::Context;
@@ -60,4 +65,5 @@ pub use ipc::{IpcMemHandle, EXTENDED_HANDLE_LEN};
 pub use memory::Owner;
 pub use object::{DataSource, DeviceAccessible, DeviceView, RawDeviceMemory};
 pub use reader::BufferReader;
+pub use staging::DEFAULT_STAGING_POOL_LIMIT;
 pub use writer::BufferWriter;

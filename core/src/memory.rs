@@ -3,7 +3,6 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 use enum_dispatch::enum_dispatch;
@@ -48,16 +47,10 @@ pub(crate) struct Owned;
 
 impl Release for Owned {
     fn release(&mut self, ctx: &Context, address: DevicePtr, size: usize) {
-        // SAFETY: `address` came from `allocate` on this context (only `Context::new_buffer`
-        // makes `Owned` memory) and this is the one release of it: `Memory::drop` runs once
-        // and no buffer refers to the memory any more.
-        let result = unsafe { ctx.raw().free(address) };
-        ctx.inner()
-            .bytes_allocated
-            .fetch_sub(size, Ordering::AcqRel);
-        if let Err(e) = result {
-            eprintln!("cudabuf: freeing device allocation {address:#x} ({size} bytes) failed: {e}");
-        }
+        // `address` came from `new_buffer` on this context (only it makes `Owned` memory)
+        // and this is the one release of it: `Memory::drop` runs once and no buffer refers
+        // to the memory any more. The context caches the block or frees it.
+        ctx.release_block(address, size);
     }
     fn describe(&self) -> &'static str {
         "allocation"
@@ -78,27 +71,14 @@ impl Release for View {
 }
 
 /// An allocation of another process, mapped through its IPC handle; one per handle and
-/// context, shared by every buffer opened from that handle.
+/// driver context in the process (see `mappings`), shared by every buffer opened from it.
 pub(crate) struct IpcMapping {
     pub(crate) key: RawIpcHandle,
 }
 
 impl Release for IpcMapping {
     fn release(&mut self, ctx: &Context, address: DevicePtr, _: usize) {
-        // Close while holding the cache lock, so that a concurrent open of the same handle
-        // either finds this mapping alive or opens a new one after it is closed.
-        let mut cache = ctx
-            .inner()
-            .ipc_mappings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        // SAFETY: `address` came from `ipc_open` on this context (only
-        // `Context::open_ipc_buffer` makes `IpcMapping` memory) and this is its one close.
-        if let Err(e) = unsafe { ctx.raw().ipc_close(address) } {
-            eprintln!("cudabuf: closing IPC mapping {address:#x} failed: {e}");
-        }
-        // The entry is this mapping's: openers wait while it is present and dead.
-        cache.remove(&self.key);
+        crate::mappings::close(ctx, &self.key, address);
     }
     fn describe(&self) -> &'static str {
         "IPC mapping"

@@ -74,10 +74,13 @@ impl fmt::Debug for DeviceView {
 /// Objects that reference device-accessible memory, for
 /// [`Context::buffer_from_object`] (pyarrow's "objects with a CUDA array interface").
 ///
-/// # Contract
-/// The returned view's `address..address + size` must be device-accessible from `ctx`
-/// for as long as `owner` lives.
-pub trait DeviceAccessible {
+/// # Safety
+/// [`Context::buffer_from_object`] trusts the view: its `address..address + size` must be
+/// device memory reachable from `ctx` for as long as `owner` lives, and no Rust reference
+/// (`&[u8]`, `&mut [u8]`) may alias it while the view lives (device copies through the
+/// view would write behind it). Pinned host memory therefore goes through the `unsafe`
+/// [`Context::buffer_from_host_buffer`] instead.
+pub unsafe trait DeviceAccessible {
     /// Describe this object's memory for a view in `ctx`.
     ///
     /// # Errors
@@ -86,7 +89,9 @@ pub trait DeviceAccessible {
     fn device_view(&self, ctx: &Context) -> Result<DeviceView>;
 }
 
-impl DeviceAccessible for DeviceBuffer {
+// SAFETY: a device buffer's memory is device memory of its context's device, kept alive
+// by the owner returned (its `Memory`); Rust code never holds references into it.
+unsafe impl DeviceAccessible for DeviceBuffer {
     fn device_view(&self, ctx: &Context) -> Result<DeviceView> {
         let own = self.context();
         if own.backend_kind() != ctx.backend_kind() || own.device_number() != ctx.device_number() {
@@ -101,28 +106,14 @@ impl DeviceAccessible for DeviceBuffer {
                 ),
             ));
         }
+        // Another context of the same device and backend: make sure `ctx` reaches the
+        // memory at all (two simulator instances are two machines), so that an unusable
+        // view is refused here rather than failing at its first copy.
+        if self.size() > 0 && own.handle() != ctx.handle() {
+            ctx.check_device_range("buffer_from_object", self.address(), self.size())?;
+        }
         Ok(DeviceView {
             address: self.address(),
-            size: self.size(),
-            owner: Some(self.keep_alive()),
-        })
-    }
-}
-
-impl DeviceAccessible for HostBuffer {
-    fn device_view(&self, ctx: &Context) -> Result<DeviceView> {
-        if self.size() == 0 {
-            return Ok(DeviceView {
-                address: 0,
-                size: 0,
-                owner: None,
-            });
-        }
-        // Pinned memory is portable: every context reaches it, at the address this
-        // context reports for it.
-        let address = ctx.get_device_address(self.as_ptr() as u64)?;
-        Ok(DeviceView {
-            address,
             size: self.size(),
             owner: Some(self.keep_alive()),
         })
@@ -144,7 +135,8 @@ impl RawDeviceMemory {
     ///
     /// # Safety
     /// The memory must stay allocated for as long as `owner` (or, without owner, as long
-    /// as any buffer made from this description) lives.
+    /// as any buffer made from this description) lives, and no Rust reference may alias it
+    /// meanwhile (see [`DeviceAccessible`]).
     pub unsafe fn new(address: DevicePtr, size: usize, owner: Option<Owner>) -> Self {
         RawDeviceMemory {
             address,
@@ -163,7 +155,9 @@ impl fmt::Debug for RawDeviceMemory {
     }
 }
 
-impl DeviceAccessible for RawDeviceMemory {
+// SAFETY: `RawDeviceMemory::new` is `unsafe` and makes its caller promise what this
+// trait requires; the range is also checked against the backend's allocation.
+unsafe impl DeviceAccessible for RawDeviceMemory {
     fn device_view(&self, ctx: &Context) -> Result<DeviceView> {
         if self.size > 0 {
             ctx.check_device_range("buffer_from_object", self.address, self.size)?;
@@ -176,7 +170,8 @@ impl DeviceAccessible for RawDeviceMemory {
     }
 }
 
-impl<T: DeviceAccessible + ?Sized> DeviceAccessible for Arc<T> {
+// SAFETY: forwards to `T`'s view, which `T`'s implementation vouches for.
+unsafe impl<T: DeviceAccessible + ?Sized> DeviceAccessible for Arc<T> {
     fn device_view(&self, ctx: &Context) -> Result<DeviceView> {
         (**self).device_view(ctx)
     }

@@ -7,14 +7,21 @@ use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::host::HostBuffer;
 use crate::reader::resolve_seek;
+use crate::staging::PendingCopy;
 
 /// Writes into a device buffer like a file (pyarrow's `BufferWriter`).
 ///
 /// Unbuffered by default: every write is one host-to-device copy. With
 /// [`set_buffer_size`](Self::set_buffer_size) `> 0`, small writes are staged in a pinned
 /// host buffer: a write that fits (`staged + len < buffer_size`) is staged; otherwise the
-/// staged bytes are flushed and the write goes straight to the device. `flush`, `seek`,
+/// staged bytes are flushed and the write goes to the device. `flush`, `seek`,
 /// `write_at`, `close` and drop flush.
+///
+/// Performance: a full staging buffer is sent with an asynchronous copy while the writer
+/// fills a second one (taken from the context's pool of pinned staging buffers), so
+/// filling and copying overlap. Sent bytes are ordered before every later copy of the
+/// context, so reads through cudabuf see them at once; `flush` (and `seek`, `write_at`,
+/// `close`, drop) waits until they are on the device.
 ///
 /// Every write is checked: a write that does not fit is refused whole
 /// ([`Error::OutOfRange`], nothing written).
@@ -42,22 +49,57 @@ use crate::reader::resolve_seek;
 /// ```
 #[derive(Debug)]
 pub struct BufferWriter {
+    /// Staging slots: `[primary, spare]`. The primary is what `buffer_size` reports and
+    /// `set_staging_buffer` swaps; the spare (same size, from the context's pool) is taken
+    /// on the first overlapped flush. Declared before `buffer`, so that copies in flight
+    /// are waited for (a slot waits on drop) before the buffer can go.
+    slots: [Option<Slot>; 2],
+    /// The slot being filled.
+    current: usize,
+    /// Whether the primary came from the context's staging pool (it goes back there).
+    primary_pooled: bool,
     buffer: DeviceBuffer,
     /// The logical position: staged bytes count as written.
     position: usize,
-    staging: Option<HostBuffer>,
-    /// Bytes staged, which belong at `position - staged .. position`.
+    /// Bytes staged in the current slot, which belong at `position - staged .. position`.
     staged: usize,
     closed: bool,
+}
+
+/// A pinned staging buffer and the copy from it that may still be in flight.
+#[derive(Debug)]
+struct Slot {
+    /// Declared first: dropping a slot waits for its copy before the memory can go.
+    pending: Option<PendingCopy>,
+    host: HostBuffer,
+}
+
+impl Slot {
+    fn new(host: HostBuffer) -> Self {
+        Slot {
+            pending: None,
+            host,
+        }
+    }
+
+    /// Wait for the copy in flight from this slot, if any.
+    fn ready(&mut self) -> Result<()> {
+        match self.pending.take() {
+            Some(pending) => pending.wait(),
+            None => Ok(()),
+        }
+    }
 }
 
 impl BufferWriter {
     /// An unbuffered writer at position 0 of `buffer`.
     pub fn new(buffer: DeviceBuffer) -> Self {
         BufferWriter {
+            slots: [None, None],
+            current: 0,
+            primary_pooled: false,
             buffer,
             position: 0,
-            staging: None,
             staged: 0,
             closed: false,
         }
@@ -80,7 +122,7 @@ impl BufferWriter {
 
     /// The size of the staging buffer (0: unbuffered).
     pub fn buffer_size(&self) -> usize {
-        self.staging.as_ref().map_or(0, |s| s.size())
+        self.slots[0].as_ref().map_or(0, |s| s.host.size())
     }
 
     /// Bytes staged and not yet on the device.
@@ -106,6 +148,11 @@ impl BufferWriter {
     /// Stage writes in a pinned host buffer of `buffer_size` bytes (0: unbuffered).
     /// Staged bytes are flushed first.
     ///
+    /// The staging buffer comes from the context's pool of pinned staging buffers
+    /// ([`Context::staging_buffer`](crate::Context::staging_buffer)) and goes back there
+    /// when replaced or when the writer is dropped. While writing, the writer may take a
+    /// second one of the same size from the pool, to fill it while the first is copied.
+    ///
     /// # Errors
     /// As the flush, and the pinned allocation.
     pub fn set_buffer_size(&mut self, buffer_size: usize) -> Result<()> {
@@ -114,11 +161,12 @@ impl BufferWriter {
         if buffer_size == self.buffer_size() {
             return Ok(());
         }
-        self.staging = if buffer_size == 0 {
-            None
-        } else {
-            Some(self.buffer.context().new_host_buffer(buffer_size)?)
-        };
+        self.release_slots();
+        if buffer_size > 0 {
+            let host = self.buffer.context().staging_buffer(buffer_size)?;
+            self.slots[0] = Some(Slot::new(host));
+            self.primary_pooled = true;
+        }
         Ok(())
     }
 
@@ -133,11 +181,74 @@ impl BufferWriter {
     ) -> Result<Option<HostBuffer>> {
         self.check_open()?;
         self.flush_staged()?;
-        let staging = staging.filter(|s| s.size() > 0);
-        Ok(std::mem::replace(&mut self.staging, staging))
+        let previous = self.slots[0].take().map(|slot| slot.host);
+        self.primary_pooled = false;
+        self.release_slots();
+        self.slots[0] = staging.filter(|s| s.size() > 0).map(Slot::new);
+        Ok(previous)
+    }
+
+    /// Give the staging buffers back (to the context's pool where they came from it).
+    /// Nothing is staged or in flight (the caller flushed).
+    fn release_slots(&mut self) {
+        let ctx = self.buffer.context().clone();
+        if let Some(spare) = self.slots[1].take() {
+            // Flushed: nothing in flight. The spare always comes from the pool.
+            ctx.recycle_staging_buffer(spare.host);
+        }
+        if let Some(primary) = self.slots[0].take() {
+            if self.primary_pooled {
+                ctx.recycle_staging_buffer(primary.host);
+            }
+        }
+        self.primary_pooled = false;
+        self.current = 0;
+        self.staged = 0;
+    }
+
+    /// Make the current slot ready to fill: taken from the pool if it is the spare and
+    /// does not exist yet, and with no copy from it in flight.
+    fn ready_current(&mut self, size: usize) -> Result<&mut Slot> {
+        if self.slots[self.current].is_none() {
+            let host = self.buffer.context().staging_buffer(size)?;
+            self.slots[self.current] = Some(Slot::new(host));
+        }
+        let slot = self.slots[self.current]
+            .as_mut()
+            .expect("the current slot exists (made above)");
+        slot.ready()?;
+        Ok(slot)
+    }
+
+    /// Start copying the first `len` bytes of the current slot to `position` of the
+    /// buffer, and move on to the other slot.
+    fn send_current(&mut self, len: usize, position: usize) -> Result<()> {
+        let dst = self.buffer.address() + position as u64;
+        let raw = self.buffer.context().raw().clone();
+        let slot = self.slots[self.current]
+            .as_mut()
+            .expect("the current slot exists: it was just filled");
+        debug_assert!(slot.pending.is_none());
+        // SAFETY: `position + len <= size` (the caller checked the write against the
+        // buffer's size), the buffer's range lies in its live memory, which the writer
+        // keeps alive (its `slots` drop, and wait, before `buffer`). The source is the
+        // slot's pinned buffer, which is not written again or dropped before the copy is
+        // waited for: `ready` waits before every refill, and the slot waits when dropped.
+        let pending = unsafe { PendingCopy::start(&raw, dst, &slot.host[..len])? };
+        slot.pending = Some(pending);
+        self.current ^= 1;
+        Ok(())
     }
 
     /// Write all of `data` at the current position and advance.
+    ///
+    /// Buffered, a write that fits in the staging buffer with what is staged is staged;
+    /// otherwise the staged bytes and the write are sent to the device and nothing stays
+    /// staged. Bytes sent may still be in flight when this returns: they are ordered
+    /// before every later copy of the context (so reads through cudabuf see them), and
+    /// `flush`, `seek`, `write_at`, `close` and drop wait for them. Flush before handing
+    /// the memory to work that is not ordered with the context's copies (a kernel on
+    /// another stream, another process).
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if it does not fit (nothing written); [`Error::Closed`].
@@ -158,15 +269,49 @@ impl BufferWriter {
                 ))
             }
         }
-        let buffer_size = self.buffer_size();
-        match &mut self.staging {
-            Some(staging) if self.staged + data.len() < buffer_size => {
-                staging[self.staged..self.staged + data.len()].copy_from_slice(data);
-                self.staged += data.len();
-            }
-            _ => {
-                self.flush_staged()?;
-                self.buffer.copy_from_host(data, self.position, None)?;
+        let size = self.buffer_size();
+        if size == 0 {
+            self.buffer.copy_from_host(data, self.position, None)?;
+        } else if self.staged + data.len() < size {
+            let staged = self.staged;
+            let slot = if staged > 0 {
+                // Filling already: the slot exists and nothing is in flight from it.
+                match self.slots[self.current].as_mut() {
+                    Some(slot) => slot,
+                    None => self.ready_current(size)?,
+                }
+            } else {
+                self.ready_current(size)?
+            };
+            slot.host[staged..staged + data.len()].copy_from_slice(data);
+            self.staged += data.len();
+        } else if self.staged == 0 {
+            // At least a whole staging buffer: straight to the device (ordered after the
+            // copies in flight by the backend's contract).
+            self.buffer.copy_from_host(data, self.position, None)?;
+        } else {
+            // Fill the current slot up and send it whole; what is left goes to the other
+            // slot and is sent too (or straight to the device if it is that big), so that
+            // nothing stays staged, as in unoverlapped pyarrow semantics.
+            let staged = self.staged;
+            let room = size - staged;
+            let start = self.position - staged;
+            let slot = self.ready_current(size)?;
+            slot.host[staged..].copy_from_slice(&data[..room]);
+            // Only once the copy has started are the staged bytes no longer ours to keep:
+            // if it cannot start, they stay staged (and this write changed nothing).
+            self.send_current(size, start)?;
+            self.staged = 0;
+            let rest = &data[room..];
+            let rest_at = self.position + room;
+            if rest.len() >= size {
+                self.buffer.copy_from_host(rest, rest_at, None)?;
+            } else if !rest.is_empty() {
+                let slot = self.ready_current(size)?;
+                slot.host[..rest.len()].copy_from_slice(rest);
+                self.send_current(rest.len(), rest_at)?;
+                // Refill the slot sent first (its copy is the older one) next.
+                self.current ^= 1;
             }
         }
         self.position += data.len();
@@ -217,19 +362,27 @@ impl BufferWriter {
         Ok(())
     }
 
-    /// Copy staged bytes to the device.
+    /// Wait for the copies in flight, then copy the staged bytes to the device.
     fn flush_staged(&mut self) -> Result<()> {
+        let mut result = Ok(());
+        for slot in self.slots.iter_mut().flatten() {
+            let waited = slot.ready();
+            if result.is_ok() {
+                result = waited;
+            }
+        }
+        result?;
         if self.staged == 0 {
             return Ok(());
         }
-        // Bytes are staged only into a staging buffer; none means nothing to flush.
-        let Some(staging) = self.staging.as_ref() else {
+        // Bytes are staged only into a staging slot; none means nothing to flush.
+        let Some(slot) = self.slots[self.current].as_ref() else {
             self.staged = 0;
             return Ok(());
         };
         let start = self.position - self.staged;
         self.buffer
-            .copy_from_host(&staging[..self.staged], start, None)?;
+            .copy_from_host(&slot.host[..self.staged], start, None)?;
         self.staged = 0;
         Ok(())
     }
@@ -245,6 +398,11 @@ impl BufferWriter {
         let result = self.flush_staged();
         self.closed = true;
         self.staged = 0;
+        // Flushed or failed: either way nothing is in flight any more (waiting consumed
+        // every pending copy), so the spare can go back to the pool now.
+        if let Some(spare) = self.slots[1].take() {
+            self.buffer.context().recycle_staging_buffer(spare.host);
+        }
         result
     }
 
@@ -291,5 +449,6 @@ impl Drop for BufferWriter {
                 "cudabuf: BufferWriter dropped with staged bytes that could not be flushed: {e}"
             );
         }
+        self.release_slots();
     }
 }

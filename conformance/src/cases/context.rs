@@ -182,9 +182,9 @@ pub(crate) fn bytes_allocated_returns_to_start_after_every_kind_of_buffer(
         let copy = ctx.buffer_from_data(&part).expect("buffer_from_data");
         let view = ctx.buffer_from_object(&buf).expect("buffer_from_object");
         let host = ctx.new_host_buffer(64).expect("new_host_buffer");
-        let host_view = ctx
-            .buffer_from_object(&host)
-            .expect("buffer_from_object(host)");
+        // SAFETY: the host buffer is not accessed while the view lives.
+        let host_view =
+            unsafe { ctx.buffer_from_host_buffer(&host) }.expect("buffer_from_host_buffer");
         let handle = part.export_for_ipc().expect("export_for_ipc");
         let opened = ctx.open_ipc_buffer(&handle).expect("open_ipc_buffer");
         let mut reader = BufferReader::new(view.clone());

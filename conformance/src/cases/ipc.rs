@@ -377,9 +377,8 @@ pub(crate) fn ipc_export_keeps_memory_alive_while_a_clone_lives(f: &Fixture) -> 
 pub(crate) fn ipc_export_of_pinned_host_view_is_unsupported(f: &Fixture) -> CaseResult {
     let (_b, ctx) = context0(f);
     let host = ctx.new_host_buffer(100).expect("new_host_buffer");
-    let view = ctx
-        .buffer_from_object(&host)
-        .expect("buffer_from_object(host)");
+    // SAFETY: the host buffer is not accessed while the view lives.
+    let view = unsafe { ctx.buffer_from_host_buffer(&host) }.expect("buffer_from_host_buffer");
     expect_err(
         view.export_for_ipc(),
         ErrorKind::Unsupported,

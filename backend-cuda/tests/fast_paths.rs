@@ -1,0 +1,192 @@
+//! The CUDA backend's fast paths against a real driver: staged pageable copies (odd sizes,
+//! offsets, every staging shape), asynchronous copies through the double-buffered writer,
+//! and the caching allocator on CUDA (on by default there).
+//!
+//! Without libcuda every test here prints why it did nothing and passes, unless
+//! `CUDABUF_REQUIRE_CUDA=1`, which makes a missing driver a failure.
+
+use std::io::Write;
+
+use cudabuf_core::backend::Platform;
+use cudabuf_core::{Backend, BufferWriter, ErrorKind};
+use cudabuf_cuda::{CudaBackend, StagingConfig};
+
+/// The backend, or `None` (after saying so) when there is no driver and none is required.
+fn backend(test: &str) -> Option<CudaBackend> {
+    let required = std::env::var("CUDABUF_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    match CudaBackend::new() {
+        Ok(backend) if backend.num_devices().unwrap() > 0 => Some(backend),
+        Ok(_) if !required => {
+            eprintln!("{test}: skipped: no CUDA device");
+            None
+        }
+        Err(e) if e.kind() == ErrorKind::NoDriver && !required => {
+            eprintln!("{test}: skipped: {e}");
+            None
+        }
+        Ok(_) => panic!("CUDABUF_REQUIRE_CUDA=1 but the driver reports no device"),
+        Err(e) => panic!("CUDABUF_REQUIRE_CUDA=1 but {e}"),
+    }
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2654435761) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn staged_pageable_copies_move_the_right_bytes() {
+    let Some(cuda) = backend("staged_pageable_copies_move_the_right_bytes") else {
+        return;
+    };
+    let raw = cuda
+        .cuda_device(0)
+        .unwrap()
+        .primary_driver_context()
+        .unwrap();
+    let default = raw.staging_config();
+    let ctx = Backend::new(cuda.clone()).context(0).unwrap();
+    let configs = [
+        default,
+        StagingConfig {
+            threads: 3,
+            chunk_bytes: 256 << 10,
+            min_bytes: 0,
+        },
+        StagingConfig {
+            threads: 1,
+            chunk_bytes: 64 << 10,
+            min_bytes: 1,
+        },
+        StagingConfig::disabled(),
+    ];
+    let sizes = [1usize, 4095, 512 << 10, (1 << 20) + 1, (17 << 20) + 4097];
+    for (c, &config) in configs.iter().enumerate() {
+        raw.set_staging_config(config);
+        for (s, &size) in sizes.iter().enumerate() {
+            let seed = (c * 10 + s) as u32;
+            // Odd host offsets (a slice 3 bytes into a vector) and device offsets.
+            let mut host = pattern(size + 3, seed);
+            let dev = ctx.new_buffer(size + 5).unwrap();
+            let part = dev.slice(5, size).unwrap();
+            part.copy_from_host(&host[3..], 0, None).unwrap();
+            let mut back = vec![0u8; size + 7];
+            part.copy_to_host_into(0, &mut back[7..], None).unwrap();
+            assert!(
+                back[7..] == host[3..],
+                "config {config:?}, size {size}: the bytes differ"
+            );
+            // Device to device and back again, through another path.
+            let other = ctx.buffer_from_data(&part).unwrap();
+            host[3..].fill(0);
+            other.copy_to_host_into(0, &mut host[3..], None).unwrap();
+            assert!(host[3..] == back[7..], "config {config:?}, size {size}");
+        }
+    }
+    raw.set_staging_config(default);
+}
+
+#[test]
+fn staged_copies_are_ordered_with_the_default_stream() {
+    let Some(cuda) = backend("staged_copies_are_ordered_with_the_default_stream") else {
+        return;
+    };
+    let raw = cuda
+        .cuda_device(0)
+        .unwrap()
+        .primary_driver_context()
+        .unwrap();
+    let ctx = Backend::new(cuda.clone()).context(0).unwrap();
+    let size = 8 << 20;
+    let dev = ctx.new_buffer(size).unwrap();
+    let mut pinned = ctx.new_host_buffer(size).unwrap();
+    let mut host = vec![0u8; size];
+    for round in 0..5u32 {
+        // A pinned (unstaged, default-stream) write, then a staged read, then a staged
+        // write, then a pinned read: each sees the one before.
+        pinned.copy_from_slice(&pattern(size, round));
+        dev.copy_from_host(&pinned, 0, None).unwrap();
+        dev.copy_to_host_into(0, &mut host, None).unwrap();
+        assert!(host[..] == pinned[..], "round {round}: staged read");
+        let next = pattern(size, round + 100);
+        dev.copy_from_host(&next, 0, None).unwrap();
+        dev.copy_to_host_into(0, &mut pinned, None).unwrap();
+        assert!(pinned[..] == next[..], "round {round}: pinned read");
+    }
+    assert!(raw.staging_config().enabled() || std::env::var_os("CUDABUF_STAGING").is_some());
+}
+
+#[test]
+fn the_double_buffered_writer_is_ordered_and_complete() {
+    let Some(cuda) = backend("the_double_buffered_writer_is_ordered_and_complete") else {
+        return;
+    };
+    let ctx = Backend::new(cuda).context(0).unwrap();
+    let size = 24 << 20;
+    let dev = ctx.buffer_from_data(&vec![0u8; size]).unwrap();
+    let data = pattern(size, 7);
+    for (staging, chunk) in [
+        (1 << 20, 4096usize),
+        (64 << 10, 1000),
+        (4096, 4096),
+        (4 << 20, 65536),
+    ] {
+        let mut writer = BufferWriter::new(dev.clone());
+        writer.set_buffer_size(staging).unwrap();
+        let mut at = 0;
+        while at < size {
+            let n = chunk.min(size - at);
+            writer.write_all(&data[at..at + n]).unwrap();
+            at += n;
+        }
+        // Sent but not flushed: later copies of the context see it.
+        let staged = writer.num_bytes_buffered();
+        let seen = dev.copy_to_host(0, Some(size - staged)).unwrap();
+        assert!(
+            seen[..] == data[..size - staged],
+            "staging {staging}, chunk {chunk}"
+        );
+        writer.close().unwrap();
+        assert!(
+            dev.to_vec().unwrap() == data,
+            "staging {staging}, chunk {chunk}"
+        );
+        dev.copy_from_host(&vec![0u8; size], 0, None).unwrap();
+    }
+}
+
+#[test]
+fn the_caching_allocator_reuses_blocks_and_hides_them() {
+    let Some(cuda) = backend("the_caching_allocator_reuses_blocks_and_hides_them") else {
+        return;
+    };
+    let ctx = Backend::new(cuda).context(0).unwrap();
+    if ctx.allocator_cache_limit() == 0 {
+        eprintln!("the caching allocator is off here (CUDABUF_ALLOCATOR_CACHE)");
+        return;
+    }
+    let a = ctx.new_buffer(3 << 20).unwrap();
+    let address = a.address();
+    drop(a);
+    assert_eq!(ctx.bytes_allocated(), 0);
+    assert_eq!(ctx.bytes_cached(), 3 << 20);
+    assert_eq!(
+        ctx.get_device_address(address).unwrap_err().kind(),
+        ErrorKind::InvalidAddress
+    );
+    let b = ctx.new_buffer(3 << 20).unwrap();
+    assert_eq!(b.address(), address);
+    let _handle = b.export_for_ipc().unwrap();
+    drop(b);
+    assert_eq!(ctx.bytes_cached(), 0, "an exported block is freed for real");
+    drop(ctx.new_buffer(1 << 20).unwrap());
+    assert_eq!(ctx.trim_cache(), 1 << 20);
+    assert_eq!(ctx.bytes_cached(), 0);
+}

@@ -1,0 +1,113 @@
+//! The process's IPC mappings: one per (context, handle), shared by every buffer opened
+//! from that handle, whichever `Context` wrapper opened it.
+//!
+//! CUDA maps a handle once per device in a process: a second `cuIpcOpenMemHandle` fails
+//! with `CUDA_ERROR_ALREADY_MAPPED`. Several cudabuf contexts can stand on one driver
+//! context (`Backend::context`, `shared_context`, a second `Backend`, cudarc interop), so
+//! the cache is keyed by the raw context handle, not by the wrapper; and when the driver
+//! still reports the handle as mapped (another driver context of the same device), the
+//! live mapping of that device is shared.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+use crate::backend::{DevicePtr, RawIpcHandle};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::memory::{IpcMapping, Memory, MemoryKind};
+
+/// (raw context handle, raw IPC handle).
+type Key = (u64, RawIpcHandle);
+type Table = HashMap<Key, Weak<Memory>>;
+
+fn table() -> &'static Mutex<Table> {
+    static TABLE: OnceLock<Mutex<Table>> = OnceLock::new();
+    TABLE.get_or_init(Default::default)
+}
+
+fn lock() -> MutexGuard<'static, Table> {
+    table().lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn already_mapped(e: &Error) -> bool {
+    matches!(e, Error::Driver { name, .. } if name == "CUDA_ERROR_ALREADY_MAPPED")
+}
+
+/// The mapping of `raw` for `ctx`: the live one if any, else a new one.
+pub(crate) fn open(ctx: &Context, raw: &RawIpcHandle) -> Result<Arc<Memory>> {
+    let key = (ctx.handle(), *raw);
+    let mut table = loop {
+        let table = lock();
+        match table.get(&key).map(Weak::upgrade) {
+            Some(Some(memory)) => return Ok(memory),
+            // The last buffer of this mapping is being dropped on another thread; it
+            // removes the entry once the mapping is closed. Wait for that, then open anew.
+            Some(None) => {
+                drop(table);
+                std::thread::yield_now();
+            }
+            None => break table,
+        }
+    };
+    let address = match ctx.raw().ipc_open(raw) {
+        Ok(address) => address,
+        Err(e) if already_mapped(&e) => {
+            // Mapped through another driver context of this device: share that mapping.
+            return table
+                .iter()
+                .filter(|((_, r), _)| r == raw)
+                .filter_map(|(_, weak)| weak.upgrade())
+                .find(|m| {
+                    m.ctx.backend_kind() == ctx.backend_kind()
+                        && m.ctx.device_number() == ctx.device_number()
+                })
+                .ok_or(e);
+        }
+        Err(e) => return Err(e),
+    };
+    let size = match ctx.raw().address_range(address) {
+        Ok((_, size)) => size,
+        Err(e) => {
+            // SAFETY: `address` was just returned by `ipc_open` on this context and
+            // nothing else refers to it yet; this is its one close.
+            let _ = unsafe { ctx.raw().ipc_close(address) };
+            return Err(e);
+        }
+    };
+    let memory = Arc::new(Memory::new(
+        ctx.clone(),
+        address,
+        size,
+        MemoryKind::IpcMapping(IpcMapping { key: *raw }),
+    ));
+    table.insert(key, Arc::downgrade(&memory));
+    Ok(memory)
+}
+
+/// Removes the entry when dropped, also if closing panics, so that openers never wait
+/// on an entry nobody will remove.
+struct RemoveEntry {
+    table: MutexGuard<'static, Table>,
+    key: Key,
+}
+
+impl Drop for RemoveEntry {
+    fn drop(&mut self) {
+        self.table.remove(&self.key);
+    }
+}
+
+/// Close the mapping of `raw` at `address` in `ctx` (its last buffer is gone).
+pub(crate) fn close(ctx: &Context, raw: &RawIpcHandle, address: DevicePtr) {
+    // Close while holding the table lock, so that a concurrent open of the same handle
+    // either finds this mapping alive or opens a new one after it is closed.
+    let _entry = RemoveEntry {
+        table: lock(),
+        key: (ctx.handle(), *raw),
+    };
+    // SAFETY: `address` came from `ipc_open` on this context (only `open` above makes
+    // `IpcMapping` memory) and this is its one close: the last buffer is gone.
+    if let Err(e) = unsafe { ctx.raw().ipc_close(address) } {
+        eprintln!("cudabuf: closing IPC mapping {address:#x} failed: {e}");
+    }
+}

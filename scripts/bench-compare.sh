@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# cudabuf's performance run against PyTorch and CuPy, in two halves (docs/PERFORMANCE.md).
+#
+#   scripts/bench-compare.sh pack        # here, on the build machine (Rust toolchain, no GPU)
+#   scripts/bench-compare.sh run [DIR]   # on the GPU machine, from the repo root, .gpu/ carried
+#   scripts/bench-compare.sh sim [DIR]   # here: the same benchmark on the simulator
+#
+# `pack` builds the `perf` bench binary, the `bandwidth` example and the CUDA fast-path
+# tests (backend-cuda/tests/fast_paths.rs) with the CUDA backend (release, no debug info)
+# into .gpu/bin with ../shared/tools/gpu-pack (which replaces any earlier .gpu/).
+# `run` prints the GPU and driver, runs the fast-path tests, runs perf on CUDA (JSON to DIR/ours.json, its table and
+# progress to DIR/ours.log), then scripts/bench_compare.py, which measures the same
+# operations through PyTorch and CuPy in one process and prints one table with ratios and
+# the targets met or missed (DIR/compare.md, DIR/compare.json), then the bandwidth example.
+# DIR defaults to $OUT on the lent GPU machine, else target/bench-logs/. About 3 minutes on an H200.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+pack() {
+  set -e
+  local tool=../shared/tools/gpu-pack
+  if [ ! -x "$tool" ]; then
+    echo "gpu-pack not found at $tool" >&2
+    exit 2
+  fi
+  "$tool" bench -p cudabuf --features cuda --bench perf "$@"
+  CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p cudabuf --features cuda --example bandwidth
+  cp target/release/examples/bandwidth .gpu/bin/ && strip .gpu/bin/bandwidth
+  # The CUDA fast-path tests (staged copies, async writer copies, caching allocator) run
+  # first on the GPU, so that wrong bytes are caught in the same call as the figures.
+  local exe
+  exe=$(CARGO_PROFILE_RELEASE_DEBUG=0 cargo test --release -p cudabuf-cuda --test fast_paths \
+          --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "fast_paths":
+        print(m["executable"])')
+  cp "$exe" .gpu/bin/fast_paths && strip .gpu/bin/fast_paths
+  ls -la .gpu/bin
+  du -sh .gpu
+}
+
+perf_bin() {
+  ls .gpu/bin/ | grep -E '^perf-[0-9a-f]+$' | head -1
+}
+
+run() {
+  local dir=${1:-${OUT:-target/bench-logs}}
+  mkdir -p "$dir"
+  local fail=0 start=$SECONDS
+  export PYTHONUNBUFFERED=1
+  {
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
+    nproc
+    grep -m1 'model name' /proc/cpuinfo || true
+  } 2>&1 | tee "$dir/gpu.txt"
+  local bin
+  bin=$(perf_bin)
+  if [ -z "$bin" ]; then
+    echo "no perf binary in .gpu/bin: run 'scripts/bench-compare.sh pack' first" >&2
+    return 2
+  fi
+  if [ -x .gpu/bin/fast_paths ]; then
+    echo "=== CUDA fast-path tests (CUDABUF_REQUIRE_CUDA=1)"
+    CUDABUF_REQUIRE_CUDA=1 RUST_BACKTRACE=1 .gpu/bin/fast_paths --test-threads=1 >"$dir/fast_paths.log" 2>&1 || fail=1
+    grep -E '^test |test result' "$dir/fast_paths.log" || true
+  fi
+  echo "=== cudabuf perf on CUDA (.gpu/bin/$bin, $(( SECONDS - start )) s so far)"
+  CUDABUF_BACKEND=cuda .gpu/bin/"$bin" --json "$dir/ours.json" >"$dir/ours.log" 2>&1 || fail=1
+  # The table (stdout) is at the end of the log; progress lines start with [perf] or spaces.
+  grep -E '^\||FAILED|^simulator' "$dir/ours.log" | grep -v '^| sweep' || true
+  echo "=== staging sweep (best of each direction)"
+  grep -E '^\| sweep' "$dir/ours.log" | sort -t'|' -k5 -g -r | head -4 || true
+  echo "=== PyTorch and CuPy ($(( SECONDS - start )) s so far)"
+  python3 scripts/bench_compare.py --ours "$dir/ours.json" --out "$dir" 2>"$dir/compare.log" || fail=1
+  tail -5 "$dir/compare.log"
+  echo "=== bandwidth example ($(( SECONDS - start )) s so far)"
+  if [ -x .gpu/bin/bandwidth ]; then
+    CUDABUF_BACKEND=cuda .gpu/bin/bandwidth --sizes 1M,64M,256M >"$dir/bandwidth.txt" 2>&1 || fail=1
+    cat "$dir/bandwidth.txt"
+  fi
+  echo "=== done in $(( SECONDS - start )) s; results in $dir (gpu.txt, fast_paths.log, ours.json, ours.log, compare.md, compare.json, compare.log, bandwidth.txt)"
+  return $fail
+}
+
+sim() {
+  local dir=${1:-target/bench-logs}
+  mkdir -p "$dir"
+  cargo bench -p cudabuf --bench perf -- --json "$dir/sim.json" 2>"$dir/sim.log" | tee "$dir/sim.txt"
+}
+
+case "${1:-}" in
+  pack) shift; pack "$@" ;;
+  run) shift; run "$@" ;;
+  sim) shift; sim "$@" ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
+esac
