@@ -55,6 +55,19 @@ run() {
   # The sanitizer runs last, on its own, so that its slowness cannot crowd out the rest.
   SKIP_SANITIZER=1 timeout 150 scripts/gpu-conformance.sh run "$logs/conformance" || fail=1
 
+  local conf
+  conf=$(for f in $(ls .gpu/bin/ | grep -E '^cuda-[0-9a-f]+$'); do
+    .gpu/bin/"$f" --list 2>/dev/null | grep -q '^cuda::slice_aliases_parent' && echo "$f"; done | head -1)
+  step "device filled with buffers: out of memory, then usable (alone)"
+  CUDABUF_REQUIRE_CUDA=1 CUDABUF_FILL_DEVICE=1 timeout 90 .gpu/bin/"$conf" --exact \
+    cuda::device_filled_with_buffers_gives_out_of_memory_and_recovers >"$logs/fill.log" 2>&1 || fail=1
+  grep -E 'test result|panicked' "$logs/fill.log"
+
+  step "load: 16 threads for 30 s"
+  CUDABUF_REQUIRE_CUDA=1 CUDABUF_STRESS_SECS=30 CUDABUF_STRESS_THREADS=16 timeout 60 .gpu/bin/"$conf" \
+    --exact cuda::stress_mixed_operations_on_many_threads_lose_nothing --nocapture >"$logs/stress.log" 2>&1 || fail=1
+  grep -E 'test result|panicked|operations' "$logs/stress.log" | head -5
+
   step "arrow example on CUDA"
   CUDABUF_BACKEND=cuda timeout 30 .gpu/bin/arrow_roundtrip >"$logs/arrow_example.log" 2>&1 || fail=1
   tail -5 "$logs/arrow_example.log"
@@ -80,7 +93,7 @@ run() {
   cp "$logs/bench/compare.md" "$out/compare.md" 2>/dev/null
   cp "$logs/bench/ours.json" "$out/ours.json" 2>/dev/null
   cp "$logs/arrow_bench.log" "$out/arrow_bench.log" 2>/dev/null
-  cp "$logs/conformance/sanitizer.log" "$out/sanitizer.log" 2>/dev/null
+  grep -E 'ERROR SUMMARY|LEAK SUMMARY|test result' "$logs/conformance/sanitizer.log" > "$out/sanitizer-summary.txt" 2>/dev/null
   tar czf "$out/logs.tgz" -C /tmp gpu-logs
   ls -la "$out"
   return $fail

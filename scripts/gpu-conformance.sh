@@ -30,6 +30,17 @@ pack() {
   du -sh .gpu
 }
 
+# The CUDA conformance binary (the arrow crate has a `cuda-*` test binary too).
+conformance_bin() {
+  local f
+  for f in $(ls .gpu/bin/ | grep -E '^cuda-[0-9a-f]+$'); do
+    if .gpu/bin/"$f" --list 2>/dev/null | grep -q '^cuda::slice_aliases_parent'; then
+      echo "$f"
+      return
+    fi
+  done
+}
+
 run() {
   local dir=${1:-${OUT:-gpu-logs}}
   mkdir -p "$dir"
@@ -49,7 +60,7 @@ run() {
   fi
   [ -n "${SKIP_SANITIZER:-}" ] && return $fail
   local cuda_bin
-  cuda_bin=$(ls .gpu/bin/ | grep -E '^cuda-[0-9a-f]+$' | head -1)
+  cuda_bin=$(conformance_bin)
   if command -v compute-sanitizer >/dev/null && [ -n "$cuda_bin" ]; then
     echo "=== compute-sanitizer memcheck over $cuda_bin"
     # API errors are not reported: the suite provokes them on purpose (out of memory,

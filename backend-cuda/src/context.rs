@@ -287,6 +287,60 @@ impl CudaDriverContext {
     /// synchronous-looking `cuMemcpy*` calls run: they may return before the copy is
     /// complete (device to device always; host to device from pageable memory), and our
     /// contract is that a copy is done when it returns.
+    /// Copy between overlapping device ranges as if through a temporary: in chunks no
+    /// longer than the distance between the ranges, in the order that never overwrites
+    /// bytes still to be read (each chunk's source and destination are disjoint, and the
+    /// copies are ordered on the legacy default stream). When that would take many
+    /// chunks, through a temporary allocation instead (falling back to chunks if there is
+    /// no memory for it). The context must be pushed.
+    ///
+    /// # Safety
+    /// Both ranges lie in live allocations reachable from this context.
+    unsafe fn copy_overlapping(&self, dst: DevicePtr, src: DevicePtr, len: usize) -> Result<()> {
+        let distance = dst.abs_diff(src) as usize;
+        let dtod = |d: DevicePtr, s: DevicePtr, n: usize| {
+            // SAFETY: the caller guarantees the ranges; every call here copies a part of
+            // them whose source and destination are disjoint.
+            check("cuMemcpyDtoD_v2", unsafe { sys::cuMemcpyDtoD_v2(d, s, n) })
+                .map_err(|f| self.fail(f))
+        };
+        const MAX_CHUNKS: usize = 16;
+        if len.div_ceil(distance) > MAX_CHUNKS {
+            let mut tmp: sys::CUdeviceptr = 0;
+            // SAFETY: the context is pushed; `tmp` is a valid out-pointer.
+            if check("cuMemAlloc_v2", unsafe {
+                sys::cuMemAlloc_v2(&mut tmp, len)
+            })
+            .is_ok()
+            {
+                let copied = dtod(tmp, src, len).and_then(|()| dtod(dst, tmp, len));
+                // cuMemFree waits for the copies that use `tmp` before freeing it.
+                // SAFETY: `tmp` was just allocated here and is freed once.
+                let freed = check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(tmp) })
+                    .map_err(|f| self.fail(f));
+                return copied.and(freed);
+            }
+        }
+        if dst < src {
+            // Forward: the destination trails the source.
+            let mut done = 0;
+            while done < len {
+                let n = distance.min(len - done);
+                dtod(dst + done as u64, src + done as u64, n)?;
+                done += n;
+            }
+        } else {
+            // Backward: the destination leads the source.
+            let mut left = len;
+            while left > 0 {
+                let n = distance.min(left);
+                left -= n;
+                dtod(dst + left as u64, src + left as u64, n)?;
+            }
+        }
+        Ok(())
+    }
+
     fn wait_default_stream(&self, _pushed: &PushedContext) -> Result<()> {
         // SAFETY: a context is pushed (witnessed by `_pushed`); the null stream is the
         // legacy default stream of that context.
@@ -546,13 +600,20 @@ unsafe impl Context for CudaDriverContext {
             return Ok(());
         }
         let pushed = self.push()?;
-        // SAFETY: our context is pushed; the caller guarantees both ranges are in live
-        // allocations reachable from this context. cuMemcpy handles overlapping ranges
-        // (the trait asks for copy-through-a-temporary semantics).
-        check("cuMemcpyDtoD_v2", unsafe {
-            sys::cuMemcpyDtoD_v2(dst, src, len)
-        })
-        .map_err(|f| self.fail(f))?;
+        let overlapping = dst != src && dst < src + len as u64 && src < dst + len as u64;
+        if !overlapping {
+            // SAFETY: our context is pushed; the caller guarantees both ranges are in live
+            // allocations reachable from this context; they do not overlap (checked).
+            check("cuMemcpyDtoD_v2", unsafe {
+                sys::cuMemcpyDtoD_v2(dst, src, len)
+            })
+            .map_err(|f| self.fail(f))?;
+        } else {
+            // cuMemcpy does not promise memmove semantics for overlapping ranges (on the
+            // H200 a multi-threaded stress test saw corrupted bytes), but the trait does.
+            // SAFETY: forwarded from this function's contract.
+            unsafe { self.copy_overlapping(dst, src, len) }?;
+        }
         self.wait_default_stream(&pushed)
     }
 

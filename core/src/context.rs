@@ -472,6 +472,11 @@ impl Context {
     /// The mapping is closed when the last buffer opened from it is dropped. The exporter
     /// must keep its buffer alive while importers use the memory (as with CUDA).
     ///
+    /// Open only handles from processes you trust: the handle's checksum catches
+    /// corruption, not forgery, and the CUDA driver cannot validate the 64 raw bytes (on an
+    /// H200, forged raw bytes crashed the process inside `cuIpcOpenMemHandle`). The
+    /// simulator validates them.
+    ///
     /// # Errors
     /// [`Error::InvalidIpcHandle`] for a handle of another backend, one whose exporter has
     /// exited or dropped the buffer, or one whose offset and size do not fit the mapping.

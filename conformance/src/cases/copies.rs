@@ -338,5 +338,29 @@ pub(crate) fn copy_from_device_within_one_allocation_overlapping_is_memmove(
     let mut expected = data;
     expected.copy_within(100..700, 0);
     assert_eq!(contents(&buf), expected, "backward overlap");
+    // Larger copies, near and far overlaps in both directions: the GPU copies big
+    // ranges in parallel, where overlap without care corrupts bytes.
+    let size = 4 << 20;
+    let data = pattern(size, 18);
+    let buf = device_bytes(&ctx, &data);
+    for (from, to, len) in [
+        (0, 1, size - 1),
+        (1, 0, size - 1),
+        (0, 4096, 3 << 20),
+        (4096, 0, 3 << 20),
+        (0, 1 << 20, 3 << 20),
+        (1 << 20, 0, 3 << 20),
+    ] {
+        buf.copy_from_host(&data, 0, None).expect("reset");
+        let src = buf.slice(from, len).expect("slice");
+        buf.copy_from_device(&src, to, None)
+            .expect("overlapping copy");
+        let mut expected = data.clone();
+        expected.copy_within(from..from + len, to);
+        assert!(
+            contents(&buf) == expected,
+            "overlapping copy of {len} bytes from {from} to {to} is not a memmove"
+        );
+    }
     Ok(())
 }
