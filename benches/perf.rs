@@ -5,6 +5,7 @@
 //! cargo bench --bench perf                                   # the simulator
 //! CUDABUF_BACKEND=cuda cargo bench --features cuda --bench perf -- --json out.json
 //! perf [--json PATH] [--only SECTION,...] [--sizes 1M,64M,1G] [--quick]
+//!      [--peer-sizes 64M,1G] [--sim-devices N]
 //! ```
 //!
 //! Sections: `copies` (H2D/D2H pinned and pageable, D2D, and on the simulator a plain host
@@ -13,7 +14,12 @@
 //! open in re-executed children; on CUDA also a raw `cuIpcOpenMemHandle` in a fresh child),
 //! `writer` (`BufferWriter`, 128 MiB in 256 B / 4 KiB / 64 KiB chunks, buffered and
 //! unbuffered), `from_data` (`buffer_from_data` of a 1 GiB pageable slice), `dispatch`
-//! (a call through `Arc<dyn Context>` and cudabuf's `Context` against the backend type).
+//! (a call through `Arc<dyn Context>` and cudabuf's `Context` against the backend type),
+//! `peer` (`copy_from_device` device 0 -> 1 and 1 -> 0 at 64 MiB and 1 GiB, with peer
+//! access as cudabuf enables it, then again in a re-executed child with
+//! `CUDABUF_PEER_ACCESS=0`, where the driver stages the copy through the host; with fewer
+//! than 2 devices it says that it did not run and why, in the table and in the JSON's
+//! `not_run`). The simulator has 2 devices here (`--sim-devices` changes that).
 //!
 //! Every figure is a median over repetitions; GB/s with 1 GB = 1e9 bytes; device-to-device
 //! counts bytes read plus bytes written (as the baseline table in the docs does). The
@@ -37,6 +43,11 @@ const IPC_CHILD_VAR: &str = "CUDABUF_BENCH_IPC_CHILD";
 const IPC_ROLE_VAR: &str = "CUDABUF_BENCH_IPC_ROLE";
 /// Where the JSON goes when `--json` is not given.
 const JSON_VAR: &str = "CUDABUF_BENCH_JSON";
+/// Set in a re-executed child: the peer-copy sizes to measure (bytes, comma-separated).
+const PEER_CHILD_VAR: &str = "CUDABUF_BENCH_PEER_CHILD";
+/// cudabuf-cuda's switch that keeps peer copies from enabling peer access
+/// (`cudabuf::cuda::PEER_ACCESS_VAR`, spelled out so that the simulator build has it).
+const PEER_ACCESS_VAR: &str = "CUDABUF_PEER_ACCESS";
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -47,6 +58,8 @@ const GIB: usize = 1 << 30;
 fn main() -> ExitCode {
     let result = if let Ok(hex) = std::env::var(IPC_CHILD_VAR) {
         ipc_child(&hex)
+    } else if let Ok(sizes) = std::env::var(PEER_CHILD_VAR) {
+        peer_child(&sizes)
     } else {
         run()
     };
@@ -67,6 +80,10 @@ struct Options {
     only: Option<Vec<String>>,
     sizes: Vec<usize>,
     quick: bool,
+    /// Sizes of the `peer` section.
+    peer_sizes: Vec<usize>,
+    /// Devices of the simulator (the `peer` section needs 2).
+    sim_devices: usize,
 }
 
 fn parse_size(text: &str) -> Option<usize> {
@@ -90,7 +107,10 @@ fn parse_options() -> AnyResult<Options> {
         only: None,
         sizes: vec![MIB, 64 * MIB, GIB],
         quick: false,
+        peer_sizes: vec![64 * MIB, GIB],
+        sim_devices: 2,
     };
+    let mut peer_sizes_given = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -106,9 +126,24 @@ fn parse_options() -> AnyResult<Options> {
                     .map(|s| parse_size(s).ok_or_else(|| format!("bad size {s:?}")))
                     .collect::<Result<_, _>>()?;
             }
+            "--peer-sizes" => {
+                let list = args.next().ok_or("--peer-sizes needs a list")?;
+                opts.peer_sizes = list
+                    .split(',')
+                    .map(|s| parse_size(s).ok_or_else(|| format!("bad size {s:?}")))
+                    .collect::<Result<_, _>>()?;
+                peer_sizes_given = true;
+            }
+            "--sim-devices" => {
+                let n = args.next().ok_or("--sim-devices needs a number")?;
+                opts.sim_devices = n.parse().map_err(|e| format!("--sim-devices {n}: {e}"))?;
+            }
             "--quick" => {
                 opts.quick = true;
                 opts.sizes = vec![MIB, 8 * MIB];
+                if !peer_sizes_given {
+                    opts.peer_sizes = vec![8 * MIB];
+                }
             }
             // `cargo bench` passes `--bench`; libtest-style filters are ignored.
             _ => {}
@@ -133,12 +168,12 @@ enum Bench {
 }
 
 impl Bench {
-    fn from_env(capacity: usize) -> AnyResult<(Bench, Backend)> {
+    fn from_env(capacity: usize, sim_devices: usize) -> AnyResult<(Bench, Backend)> {
         let name = std::env::var(cudabuf::BACKEND_VAR).unwrap_or_default();
         match name.trim() {
             "" | "sim" => {
                 let sim = cudabuf::sim::SimBackend::with_config(cudabuf::sim::SimConfig {
-                    devices: 1,
+                    devices: sim_devices,
                     capacity_per_device: capacity,
                     ..Default::default()
                 })?;
@@ -176,7 +211,7 @@ struct Record {
 }
 
 #[derive(Default)]
-struct Records(Vec<Record>);
+struct Records(Vec<Record>, Vec<(&'static str, String)>);
 
 impl Records {
     #[allow(clippy::too_many_arguments)]
@@ -210,6 +245,13 @@ impl Records {
             r.note
         );
         self.0.push(r);
+    }
+
+    /// A section that did not run, and why: said now, in the table and in the JSON.
+    fn not_run(&mut self, section: &'static str, why: impl Into<String>) {
+        let why = why.into();
+        eprintln!("[perf] section {section} NOT RUN: {why}");
+        self.1.push((section, why));
     }
 
     fn find(&self, section: &str, op: &str, size: Option<usize>) -> Option<f64> {
@@ -327,9 +369,10 @@ fn progress(msg: impl AsRef<str>) {
 fn run() -> AnyResult<()> {
     let opts = parse_options()?;
     let max_size = opts.sizes.iter().copied().max().unwrap_or(MIB);
+    let max_peer = opts.peer_sizes.iter().copied().max().unwrap_or(MIB);
     // The simulator's device must hold two buffers of the largest size (D2D), plus room.
-    let capacity = (3 * max_size).max(GIB);
-    let (bench, backend) = Bench::from_env(capacity)?;
+    let capacity = (3 * max_size).max(2 * max_peer).max(GIB);
+    let (bench, backend) = Bench::from_env(capacity, opts.sim_devices)?;
     let ctx = backend.context(0)?;
     let device = backend.device(0)?;
     let name = device.name()?;
@@ -347,6 +390,8 @@ fn run() -> AnyResult<()> {
         "total_memory": total,
         "host_cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "sizes": opts.sizes,
+        "peer_sizes": opts.peer_sizes,
+        "num_devices": backend.num_devices()?,
         "allocator_cache_limit": ctx.allocator_cache_limit(),
         "unix_time": std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -362,7 +407,7 @@ fn run() -> AnyResult<()> {
     }
     let mut records = Records::default();
     let started = Instant::now();
-    let sections: [(&str, SectionFn); 7] = [
+    let sections: [(&str, SectionFn); 8] = [
         ("copies", copies),
         ("sweep", sweep),
         ("alloc", alloc),
@@ -370,6 +415,7 @@ fn run() -> AnyResult<()> {
         ("writer", writer),
         ("from_data", from_data),
         ("dispatch", dispatch),
+        ("peer", peer),
     ];
     for (section, f) in sections {
         if !opts.wants(section) {
@@ -412,7 +458,14 @@ fn write_json(opts: &Options, info: &Value, records: &Records, summary: &Value) 
             })
         })
         .collect();
-    let doc = json!({ "info": info, "results": results, "summary": summary });
+    let not_run: serde_json::Map<String, Value> = records
+        .1
+        .iter()
+        .map(|(section, why)| ((*section).to_owned(), json!(why)))
+        .collect();
+    let doc = json!({
+        "info": info, "results": results, "summary": summary, "not_run": not_run,
+    });
     std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
     Ok(())
 }
@@ -1142,6 +1195,214 @@ fn dispatch(
 }
 
 // ---------------------------------------------------------------------------------------
+// peer: copies between devices 0 and 1
+
+/// The two directions: `copy_from_device` into a buffer of device 1 from one of device 0,
+/// and back.
+const PEER_OPS: [&str; 2] = ["d2d_peer_0to1", "d2d_peer_1to0"];
+/// The suffix of the figures measured with `CUDABUF_PEER_ACCESS=0`.
+const NO_PEER_ACCESS: &str = "_no_peer_access";
+/// The line prefix of the peer child's result.
+const PEER_RESULT: &str = "PEER_RESULT ";
+
+/// One peer-copy figure: seconds per copy (median), samples, and whether the destination
+/// context copies with peer access that cudabuf enabled (CUDA; `None` on the simulator).
+struct PeerFigure {
+    op: &'static str,
+    size: usize,
+    secs: f64,
+    samples: usize,
+    peer_access: Option<bool>,
+}
+
+/// Whether cudabuf enabled peer access for copies into device `dst` from device `src`.
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+fn peer_access_state(bench: &Bench, dst: usize, src: usize) -> AnyResult<Option<bool>> {
+    match bench {
+        Bench::Sim(_) => Ok(None),
+        #[cfg(feature = "cuda")]
+        Bench::Cuda(cuda) => {
+            let d = cuda.cuda_device(dst)?.primary_driver_context()?;
+            let s = cuda.cuda_device(src)?.primary_driver_context()?;
+            Ok(d.peer_access_from(&s))
+        }
+    }
+}
+
+/// What the hardware allows (`cuDeviceCanAccessPeer`), both ways, for the notes.
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+fn can_access_peer(bench: &Bench) -> AnyResult<String> {
+    match bench {
+        Bench::Sim(_) => Ok("simulator: a peer copy is a memmove".into()),
+        #[cfg(feature = "cuda")]
+        Bench::Cuda(cuda) => {
+            let (d0, d1) = (cuda.cuda_device(0)?, cuda.cuda_device(1)?);
+            Ok(format!(
+                "cuDeviceCanAccessPeer 0->1 {}, 1->0 {}",
+                d1.can_access_peer(&d0)?,
+                d0.can_access_peer(&d1)?
+            ))
+        }
+    }
+}
+
+/// `copy_from_device` device 0 -> 1 and 1 -> 0 at each size, checked for the right bytes.
+fn measure_peer(bench: &Bench, backend: &Backend, sizes: &[usize]) -> AnyResult<Vec<PeerFigure>> {
+    let (c0, c1) = (backend.context(0)?, backend.context(1)?);
+    let mut figures = Vec::new();
+    for &size in sizes {
+        progress(format!("peer copies at {}", human(size)));
+        let (warm, min, max, budget) = copy_budget(size);
+        let data = pattern(size);
+        let on0 = c0.buffer_from_data(&data)?;
+        let on1 = c1.new_buffer(size)?;
+        for (op, dst, src, dst_dev, src_dev) in [
+            (PEER_OPS[0], &on1, &on0, 1, 0),
+            (PEER_OPS[1], &on0, &on1, 0, 1),
+        ] {
+            let mut s = time_calls(warm, min, max, budget, || {
+                dst.copy_from_device(src, 0, None)?;
+                Ok(())
+            })?;
+            figures.push(PeerFigure {
+                op,
+                size,
+                samples: s.len(),
+                secs: median(&mut s),
+                peer_access: peer_access_state(bench, dst_dev, src_dev)?,
+            });
+        }
+        // Both buffers hold the pattern now; check one end to end after a fresh copy.
+        on1.copy_from_host(&pattern(4096), 0, None)?;
+        on1.copy_from_device(&on0, 0, None)?;
+        if on1.to_vec()? != data {
+            return Err(format!("peer copies at {}: wrong bytes", human(size)).into());
+        }
+    }
+    Ok(figures)
+}
+
+fn peer_note(f: &PeerFigure, base: &str) -> String {
+    match f.peer_access {
+        Some(true) => format!("{base}; peer access enabled by cudabuf"),
+        Some(false) => format!("{base}; no peer access (staged through the host)"),
+        None => base.to_owned(),
+    }
+}
+
+fn peer(
+    bench: &Bench,
+    backend: &Backend,
+    _ctx: &Context,
+    opts: &Options,
+    rec: &mut Records,
+) -> AnyResult<()> {
+    let n = backend.num_devices()?;
+    if n < 2 {
+        let why = format!(
+            "needs 2 devices, the {} backend here has {n}{}",
+            backend.kind(),
+            if bench.is_sim() {
+                " (--sim-devices)"
+            } else {
+                ""
+            }
+        );
+        println!("peer section did NOT run: {why}");
+        rec.not_run("peer", why);
+        return Ok(());
+    }
+    let hardware = can_access_peer(bench)?;
+    progress(format!("peer: {hardware}"));
+    for f in measure_peer(bench, backend, &opts.peer_sizes)? {
+        let note = peer_note(&f, &format!("bytes once; {hardware}"));
+        rec.push(
+            "peer",
+            f.op,
+            Some(f.size),
+            gbps(f.size, f.secs),
+            "GB/s",
+            f.samples,
+            note,
+        );
+    }
+    // Without peer access: a fresh process (the switch is read once per process, and
+    // access once enabled stays enabled for the context).
+    let sizes: Vec<String> = opts.peer_sizes.iter().map(|s| s.to_string()).collect();
+    progress(format!("peer child with {PEER_ACCESS_VAR}=0"));
+    let out = Command::new(std::env::current_exe()?)
+        .env(PEER_CHILD_VAR, sizes.join(","))
+        .env(PEER_ACCESS_VAR, "0")
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "the peer child ({PEER_ACCESS_VAR}=0) failed: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(PEER_RESULT))
+        .ok_or("the peer child printed no result")?;
+    let doc: Value = serde_json::from_str(line)?;
+    for r in doc["figures"].as_array().ok_or("peer child: no figures")? {
+        let op = r["op"].as_str().ok_or("peer child: no op")?;
+        let size = r["size"].as_u64().ok_or("peer child: no size")? as usize;
+        let secs = r["secs"].as_f64().ok_or("peer child: no secs")?;
+        let samples = r["samples"].as_u64().unwrap_or(0) as usize;
+        let f = PeerFigure {
+            op: "",
+            size,
+            secs,
+            samples,
+            peer_access: r["peer_access"].as_bool(),
+        };
+        let base = if bench.is_sim() {
+            format!("child with {PEER_ACCESS_VAR}=0 (no effect on the simulator)")
+        } else {
+            format!("child with {PEER_ACCESS_VAR}=0")
+        };
+        rec.push(
+            "peer",
+            format!("{op}{NO_PEER_ACCESS}"),
+            Some(size),
+            gbps(size, secs),
+            "GB/s",
+            samples,
+            peer_note(&f, &base),
+        );
+    }
+    Ok(())
+}
+
+/// The re-executed child of the `peer` section (run with `CUDABUF_PEER_ACCESS=0`): the
+/// same copies, one `PEER_RESULT {json}` line.
+fn peer_child(sizes: &str) -> AnyResult<()> {
+    let sizes: Vec<usize> = sizes
+        .split(',')
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<Result<_, _>>()?;
+    let max = sizes.iter().copied().max().unwrap_or(MIB);
+    let (bench, backend) = Bench::from_env((2 * max).max(GIB), 2)?;
+    let figures = measure_peer(&bench, &backend, &sizes)?;
+    let figures: Vec<Value> = figures
+        .iter()
+        .map(|f| {
+            json!({
+                "op": f.op, "size": f.size, "secs": f.secs, "samples": f.samples,
+                "peer_access": f.peer_access,
+            })
+        })
+        .collect();
+    println!("{PEER_RESULT}{}", json!({ "figures": figures }));
+    std::io::stdout().flush()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
 // summary and table
 
 fn summarize(bench: &Bench, rec: &Records, opts: &Options) -> Value {
@@ -1165,6 +1426,20 @@ fn summarize(bench: &Bench, rec: &Records, opts: &Options) -> Value {
         }
         out.insert("sim_vs_memcpy".into(), Value::Object(ratios));
     }
+    // Peer copies with peer access against the same copies without it.
+    let mut peer = serde_json::Map::new();
+    for &size in &opts.peer_sizes {
+        for op in PEER_OPS {
+            let with = rec.find("peer", op, Some(size));
+            let without = rec.find("peer", &format!("{op}{NO_PEER_ACCESS}"), Some(size));
+            if let (Some(with), Some(without)) = (with, without) {
+                peer.insert(format!("{op}@{}", human(size)), json!(with / without));
+            }
+        }
+    }
+    if !peer.is_empty() {
+        out.insert("peer_access_speedup".into(), Value::Object(peer));
+    }
     Value::Object(out)
 }
 
@@ -1187,6 +1462,18 @@ fn print_table(rec: &Records, summary: &Value) {
             r.samples,
             r.note
         );
+    }
+    if let Some(ratios) = summary
+        .get("peer_access_speedup")
+        .and_then(Value::as_object)
+    {
+        let _ = writeln!(out, "\npeer copy with peer access / without:");
+        for (k, v) in ratios {
+            let _ = writeln!(out, "  {k:<24} {:.2}", v.as_f64().unwrap_or(f64::NAN));
+        }
+    }
+    for (section, why) in &rec.1 {
+        let _ = writeln!(out, "\nsection {section} did NOT run: {why}");
     }
     if let Some(ratios) = summary.get("sim_vs_memcpy").and_then(Value::as_object) {
         let _ = writeln!(out, "\nsimulator copy / host memcpy (target >= 0.8):");

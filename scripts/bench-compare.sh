@@ -4,6 +4,8 @@
 #   scripts/bench-compare.sh pack        # here, on the build machine (Rust toolchain, no GPU)
 #   scripts/bench-compare.sh run [DIR]   # on the GPU machine, from the repo root, .gpu/ carried
 #   scripts/bench-compare.sh sim [DIR]   # here: the same benchmark on the simulator
+#   scripts/bench-compare.sh peer [DIR]  # on a machine with 2+ GPUs: only the copies between
+#                                        # GPUs 0 and 1 (perf --only peer, then PyTorch's .to)
 #
 # `pack` builds the `perf` bench binary, the `bandwidth` example and the CUDA fast-path
 # tests (backend-cuda/tests/fast_paths.rs) with the CUDA backend (release, no debug info)
@@ -13,6 +15,7 @@
 # operations through PyTorch and CuPy in one process and prints one table with ratios and
 # the targets met or missed (DIR/compare.md, DIR/compare.json), then the bandwidth example.
 # DIR defaults to $OUT on the lent GPU machine, else target/bench-logs/. About 3 minutes on an H200.
+# With fewer than 2 GPUs the peer figures are not measured, and both halves say so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,7 +74,7 @@ run() {
   echo "=== cudabuf perf on CUDA (.gpu/bin/$bin, $(( SECONDS - start )) s so far)"
   CUDABUF_BACKEND=cuda .gpu/bin/"$bin" --json "$dir/ours.json" >"$dir/ours.log" 2>&1 || fail=1
   # The table (stdout) is at the end of the log; progress lines start with [perf] or spaces.
-  grep -E '^\||FAILED|^simulator' "$dir/ours.log" | grep -v '^| sweep' || true
+  grep -E '^\||FAILED|NOT RUN|did NOT run|^simulator|^peer' "$dir/ours.log" | grep -v '^| sweep' || true
   echo "=== staging sweep (best of each direction)"
   grep -E '^\| sweep' "$dir/ours.log" | sort -t'|' -k5 -g -r | head -4 || true
   echo "=== PyTorch and CuPy ($(( SECONDS - start )) s so far)"
@@ -86,6 +89,26 @@ run() {
   return $fail
 }
 
+peer() {
+  local dir=${1:-${OUT:-target/bench-logs}}
+  mkdir -p "$dir"
+  local fail=0 bin
+  export PYTHONUNBUFFERED=1
+  bin=$(perf_bin)
+  if [ -z "$bin" ]; then
+    echo "no perf binary in .gpu/bin: run 'scripts/bench-compare.sh pack' first" >&2
+    return 2
+  fi
+  nvidia-smi topo -m 2>&1 | tee "$dir/topo.txt"
+  echo "=== cudabuf peer copies (with peer access, then a child with CUDABUF_PEER_ACCESS=0)"
+  CUDABUF_BACKEND=cuda .gpu/bin/"$bin" --only peer --json "$dir/ours_peer.json" >"$dir/ours_peer.log" 2>&1 || fail=1
+  grep -E '^\||FAILED|NOT RUN|did NOT run|^peer|^  d2d' "$dir/ours_peer.log" || true
+  echo "=== PyTorch tensor.to('cuda:1') and back"
+  python3 scripts/bench_compare.py --ours "$dir/ours_peer.json" --out "$dir/peer" --peer-only 2>"$dir/compare_peer.log" || fail=1
+  tail -3 "$dir/compare_peer.log"
+  return $fail
+}
+
 sim() {
   local dir=${1:-target/bench-logs}
   mkdir -p "$dir"
@@ -96,5 +119,6 @@ case "${1:-}" in
   pack) shift; pack "$@" ;;
   run) shift; run "$@" ;;
   sim) shift; sim "$@" ;;
-  *) sed -n '2,15p' "$0"; exit 2 ;;
+  peer) shift; peer "$@" ;;
+  *) sed -n '2,18p' "$0"; exit 2 ;;
 esac

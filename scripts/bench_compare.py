@@ -13,6 +13,11 @@ device-to-device counting bytes read plus written):
   and plain `cudaMalloc` + `cudaFree`, at 256 B, 1 MiB, 256 MiB;
 - a raw `cuIpcOpenMemHandle` (ctypes on libcuda) in fresh child processes, the reference
   for cudabuf's first IPC open;
+- with at least 2 GPUs (`torch.cuda.device_count() >= 2`), peer copies at 64 MiB and
+  1 GiB (`--peer-sizes`): `tensor.to('cuda:1')` of a `cuda:0` tensor and back, and
+  `copy_` into a preallocated tensor of the other device, counting the bytes once (as
+  cudabuf's `peer` section does); with fewer GPUs it prints that they did not run, and
+  why, and the JSON says so (`info.peer_not_run`);
 
 then reads cudabuf's figures (`--ours`, the JSON of `perf --json`), prints one table with
 ratios (ours / theirs) and the issue's targets met or missed, and writes compare.json and
@@ -20,6 +25,7 @@ compare.md (a Markdown table for docs/PERFORMANCE.md) into `--out`.
 
 Usage:
     python3 scripts/bench_compare.py --ours OUT/ours.json --out OUT
+    python3 scripts/bench_compare.py --ours OUT/ours.json --out OUT --peer-only   # several GPUs
     python3 scripts/bench_compare.py --ipc-child HEX     # internal: one raw IPC open
 """
 
@@ -147,6 +153,59 @@ def torch_bench(sizes, results):
     torch.cuda.empty_cache()
 
 
+def torch_peer_bench(peer_sizes, results):
+    """Copies between cuda:0 and cuda:1 through PyTorch, if there are two GPUs."""
+    import torch
+
+    results["info"].setdefault("torch", torch.__version__)
+    count = torch.cuda.device_count()
+    results["info"]["gpus"] = count
+    if count < 2:
+        why = f"torch.cuda.device_count() is {count}: peer copies need 2 GPUs"
+        print(f"peer copies (tensor.to('cuda:1')) did NOT run: {why}", flush=True)
+        results["info"]["peer_not_run"] = why
+        return
+    results["info"]["gpu"] = torch.cuda.get_device_name(0)
+    results["info"]["gpu1"] = torch.cuda.get_device_name(1)
+    results["info"]["torch_can_device_access_peer"] = {
+        "0->1": torch.cuda.can_device_access_peer(1, 0), "1->0": torch.cuda.can_device_access_peer(0, 1)}
+    d0, d1 = torch.device("cuda", 0), torch.device("cuda", 1)
+
+    def sync():
+        torch.cuda.synchronize(d0)
+        torch.cuda.synchronize(d1)
+
+    for size in peer_sizes:
+        log(f"torch peer copies at {human(size)}")
+        x0 = torch.empty(size, dtype=torch.uint8, device=d0)
+        x0.fill_(5)
+        x1 = torch.empty(size, dtype=torch.uint8, device=d1)
+        x1.fill_(6)
+        sync()
+
+        def op(f):
+            def g():
+                f()
+                sync()
+            return g
+
+        ops = {
+            # .to allocates the result (from the caching allocator once warm), as users write it.
+            "d2d_peer_0to1_to": op(lambda: x0.to(d1)),
+            "d2d_peer_1to0_to": op(lambda: x1.to(d0)),
+            # copy_ into a preallocated tensor: the same operation as cudabuf's copy_from_device.
+            "d2d_peer_0to1_copy_": op(lambda: x1.copy_(x0)),
+            "d2d_peer_1to0_copy_": op(lambda: x0.copy_(x1)),
+        }
+        for name, f in ops.items():
+            t, n = time_calls(f, **copy_budget(size))
+            results["torch"].append(dict(section="peer", op=name, size=size, value=gbps(size, t), unit="GB/s", samples=n))
+        if not torch.equal(x0.to(d1), x1):
+            raise RuntimeError(f"torch peer copies at {human(size)}: the bytes differ")
+        del x0, x1
+        torch.cuda.empty_cache()
+
+
 # ------------------------------------------------------------------------------------
 # CuPy
 
@@ -272,6 +331,28 @@ def find(rows, section, op, size):
     return None
 
 
+def compare_peer(ours_doc, results, peer_sizes):
+    """Rows for copies between devices 0 and 1: cudabuf with and without peer access
+    against PyTorch's `.to()` (and `copy_`)."""
+    ours = ours_doc.get("results", []) if ours_doc else []
+    torch_rows = results["torch"]
+    rows = []
+    for op, arrow in (("d2d_peer_0to1", "0 -> 1"), ("d2d_peer_1to0", "1 -> 0")):
+        for size in peer_sizes:
+            t = find(torch_rows, "peer", op + "_to", size)
+            c = find(torch_rows, "peer", op + "_copy_", size)
+            o = find(ours, "peer", op, size)
+            rows.append(dict(what=f"peer {arrow}: copy_from_device vs torch .to('cuda:N')", size=size, ours=o, torch=t, cupy=None,
+                             unit="GB/s", target="", met=None))
+            rows.append(dict(what=f"peer {arrow}: copy_from_device vs torch copy_ (preallocated)", size=size, ours=o, torch=c, cupy=None,
+                             unit="GB/s", target="", met=None))
+            n = find(ours, "peer", op + "_no_peer_access", size)
+            rows.append(dict(what=f"peer {arrow}: ours with CUDABUF_PEER_ACCESS=0 vs torch .to", size=size, ours=n, torch=t, cupy=None,
+                             unit="GB/s", target="", met=None))
+    # One GPU: neither side measured anything; the "did not run" lines say why.
+    return rows if any(r["ours"] is not None or r["torch"] is not None for r in rows) else []
+
+
 def compare(ours_doc, results, sizes):
     ours = ours_doc.get("results", []) if ours_doc else []
     torch_rows, cupy_rows = results["torch"], results["cupy"]
@@ -369,21 +450,30 @@ def main():
     ap.add_argument("--sizes", default="1M,64M,1G")
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-cupy", action="store_true")
+    ap.add_argument("--peer-sizes", default="64M,1G", help="sizes of the copies between GPUs 0 and 1")
+    ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--peer-only", action="store_true", help="only the copies between GPUs (several-GPU runs)")
     ap.add_argument("--ipc-child")
     args = ap.parse_args()
     if args.ipc_child:
         ipc_child(args.ipc_child)
         return 0
     units = {"K": KIB, "M": MIB, "G": GIB}
-    sizes = [int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s) for s in args.sizes.split(",")]
+
+    def parse_sizes(text):
+        return [int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s) for s in text.split(",")]
+
+    sizes, peer_sizes = parse_sizes(args.sizes), parse_sizes(args.peer_sizes)
     results = {"info": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                         "python": sys.version.split()[0]}, "torch": [], "cupy": []}
     started = time.perf_counter()
-    for name, f, skip in (("torch", torch_bench, args.skip_torch), ("cupy", cupy_bench, args.skip_cupy)):
+    for name, f, skip, what in (("torch", torch_bench, args.skip_torch or args.peer_only, sizes),
+                                ("cupy", cupy_bench, args.skip_cupy or args.peer_only, sizes),
+                                ("torch_peer", torch_peer_bench, args.skip_peer or args.skip_torch, peer_sizes)):
         if skip:
             continue
         try:
-            f(sizes, results)
+            f(what, results)
         except Exception as e:  # keep the other library's figures
             log(f"{name} FAILED: {e!r}")
             results["info"][f"{name}_error"] = repr(e)
@@ -394,7 +484,12 @@ def main():
         results["info"]["ours"] = ours_doc.get("info", {})
     else:
         log(f"no cudabuf figures at {args.ours!r}: the table has only the peers")
-    rows = compare(ours_doc, results, sizes)
+    rows = [] if args.peer_only else compare(ours_doc, results, sizes)
+    if not args.skip_peer:
+        rows += compare_peer(ours_doc, results, peer_sizes)
+    if ours_doc and ours_doc.get("not_run"):
+        for section, why in ours_doc["not_run"].items():
+            log(f"cudabuf's {section} section did not run: {why}")
     text = table(rows)
     missed = [r for r in rows if r["met"] is False]
     met = [r for r in rows if r["met"] is True]
@@ -405,11 +500,20 @@ def main():
     print(header)
     print(text)
     print(f"\ntargets met: {len(met)}, missed: {len(missed)}")
+    not_run = []
+    if info.get("peer_not_run"):
+        not_run.append(f"PyTorch peer copies did not run: {info['peer_not_run']}")
+    for section, why in ((ours_doc or {}).get("not_run") or {}).items():
+        not_run.append(f"cudabuf's {section} section did not run: {why}")
+    for line in not_run:
+        print(line)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "compare.json"), "w") as fh:
         json.dump({"info": info, "peers": {"torch": results["torch"], "cupy": results["cupy"]}, "rows": rows}, fh, indent=1)
     with open(os.path.join(args.out, "compare.md"), "w") as fh:
         fh.write(header + "\n\n" + text + f"\n\ntargets met: {len(met)}, missed: {len(missed)}\n")
+        for line in not_run:
+            fh.write(line + "\n")
     return 0
 
 

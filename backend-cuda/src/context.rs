@@ -1,10 +1,10 @@
 //! [`CudaDriverContext`]: a CUDA context (primary, shared, or cudarc's) and the raw
 //! memory operations of [`Context`] on it.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudabuf_core::backend::{Context, DevicePtr, PinnedAlloc, RawIpcHandle, RAW_IPC_HANDLE_LEN};
 use cudabuf_core::{Error, Result};
@@ -14,6 +14,36 @@ use crate::current::PushedContext;
 use crate::driver_error::{check, CuFailure};
 use crate::registry;
 use crate::staging::{Direction, StagingConfig, StagingEngine};
+
+/// The environment variable that keeps peer copies from enabling peer access: `0`, `off`,
+/// `false` or `no` (any case). Read once per process, on the first peer copy between
+/// devices (see [`peer_access_allowed`]). Unset, empty or anything else: peer access is
+/// enabled wherever `cuDeviceCanAccessPeer` allows it (the default).
+pub const PEER_ACCESS_VAR: &str = "CUDABUF_PEER_ACCESS";
+
+/// Whether a setting of [`PEER_ACCESS_VAR`] lets peer copies enable peer access.
+fn peer_access_setting(value: Option<&str>) -> bool {
+    !value.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "off" | "false" | "no"
+        )
+    })
+}
+
+/// Whether peer copies in this process enable peer access where the hardware allows it:
+/// `false` when [`PEER_ACCESS_VAR`] (`CUDABUF_PEER_ACCESS`) says `0` (read once, the
+/// first time this is called, and kept for the life of the process).
+///
+/// With peer access off, `cuMemcpyPeer` still copies between devices, staged through host
+/// memory by the driver: the switch exists to measure that path, and to rule peer access
+/// in or out when chasing a problem. It only stops this crate from calling
+/// `cuCtxEnablePeerAccess`; access enabled by somebody else (another library on the same
+/// primary context, or `cuIpcOpenMemHandle`'s lazy peer access) stays enabled.
+pub fn peer_access_allowed() -> bool {
+    static ALLOWED: OnceLock<bool> = OnceLock::new();
+    *ALLOWED.get_or_init(|| peer_access_setting(std::env::var(PEER_ACCESS_VAR).ok().as_deref()))
+}
 
 /// A raw `CUcontext` that may be used from any thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,9 +111,9 @@ pub struct CudaDriverContext {
     device: CUdevice,
     ordinal: usize,
     ownership: Ownership,
-    /// Source contexts (by handle) for which peer access from this context has been
-    /// enabled, or found impossible, so that it is tried once per pair.
-    peers: Mutex<HashSet<u64>>,
+    /// Source contexts (by handle) for which enabling peer access from this context has
+    /// been tried, so that it is tried once per pair, and whether access is on.
+    peers: Mutex<HashMap<u64, bool>>,
     /// How pageable copies are staged, and the engine once started.
     staging: Mutex<Staging>,
     /// Idle events for asynchronous copies (`copy_host_to_device_async`).
@@ -116,7 +146,7 @@ impl CudaDriverContext {
             device,
             ordinal,
             ownership,
-            peers: Mutex::new(HashSet::new()),
+            peers: Mutex::new(HashMap::new()),
             staging: Mutex::new(Staging {
                 config: StagingConfig::from_env(),
                 engine: None,
@@ -351,14 +381,19 @@ impl CudaDriverContext {
     }
 
     /// Enable peer access from this context to `src_ctx` (on `src_device`) once, if the
-    /// devices differ and the hardware allows it. Failure to enable is not an error:
-    /// `cuMemcpyPeer` still works, staged through the host.
+    /// devices differ, the hardware allows it and [`peer_access_allowed`] says so. Failure
+    /// to enable is not an error: `cuMemcpyPeer` still works, staged through the host.
     fn ensure_peer_access(&self, src_ctx: CUcontext, src_device: CUdevice) -> Result<()> {
         if src_device == self.device {
             return Ok(());
         }
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        if peers.contains(&(src_ctx as u64)) {
+        if peers.contains_key(&(src_ctx as u64)) {
+            return Ok(());
+        }
+        if !peer_access_allowed() {
+            // CUDABUF_PEER_ACCESS=0: copies from this source go through the host.
+            peers.insert(src_ctx as u64, false);
             return Ok(());
         }
         let mut can_access: c_int = 0;
@@ -368,6 +403,7 @@ impl CudaDriverContext {
             sys::cuDeviceCanAccessPeer(&mut can_access, self.device, src_device)
         })
         .map_err(|f| self.fail(f))?;
+        let mut enabled = false;
         if can_access != 0 {
             let pushed = self.push()?;
             // SAFETY: our context is pushed; `src_ctx` is live (the caller's contract for
@@ -377,12 +413,31 @@ impl CudaDriverContext {
             // CUDA_SUCCESS and CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED both leave access
             // enabled; any other failure (e.g. CUDA_ERROR_TOO_MANY_PEERS) only means that
             // copies from this source are staged through the host.
-            let _ = status;
+            enabled = matches!(
+                status,
+                CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+            );
         }
         // Remembered by handle. A context destroyed and another created at the same
         // address would skip enabling: slower copies, never wrong ones.
-        peers.insert(src_ctx as u64);
+        peers.insert(src_ctx as u64, enabled);
         Ok(())
+    }
+
+    /// Whether peer copies from `src` into this context run with peer access that this
+    /// wrapper enabled (or found already enabled): `Some(true)`; `Some(false)` when it
+    /// was not enabled (the same device, the hardware does not allow it, enabling failed,
+    /// or `CUDABUF_PEER_ACCESS=0`; such copies are staged through the host unless access
+    /// was enabled elsewhere); `None` before the first peer copy from `src`.
+    pub fn peer_access_from(&self, src: &CudaDriverContext) -> Option<bool> {
+        if src.device == self.device {
+            return Some(false);
+        }
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(src.ctx.0 as u64))
+            .copied()
     }
 }
 
@@ -858,5 +913,27 @@ unsafe impl Context for CudaDriverContext {
             sys::cuIpcCloseMemHandle(ptr)
         })
         .map_err(|f| self.fail(f))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_access_setting;
+
+    #[test]
+    fn peer_access_is_on_unless_the_variable_says_off() {
+        for on in [
+            None,
+            Some(""),
+            Some("1"),
+            Some("on"),
+            Some("yes"),
+            Some(" true "),
+        ] {
+            assert!(peer_access_setting(on), "{on:?}");
+        }
+        for off in ["0", "off", "OFF", "false", "No", " 0 "] {
+            assert!(!peer_access_setting(Some(off)), "{off:?}");
+        }
     }
 }

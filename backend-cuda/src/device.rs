@@ -52,6 +52,26 @@ impl CudaDevice {
         self.device
     }
 
+    /// Whether this device can access `peer`'s memory directly (`cuDeviceCanAccessPeer`):
+    /// whether a peer copy from `peer` into a context of this device can run with peer
+    /// access (see [`crate::peer_access_allowed`]). `false` for the device itself.
+    ///
+    /// # Errors
+    /// The driver's error from `cuDeviceCanAccessPeer`.
+    pub fn can_access_peer(&self, peer: &CudaDevice) -> Result<bool> {
+        if peer.device == self.device {
+            return Ok(false);
+        }
+        let mut can_access: c_int = 0;
+        // SAFETY: `can_access` is a valid out-pointer; both are valid `CUdevice`s (from
+        // cuDeviceGet, after cuInit succeeded).
+        check("cuDeviceCanAccessPeer", unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can_access, self.device, peer.device)
+        })
+        .map_err(|f| f.into_error(self.ordinal))?;
+        Ok(can_access != 0)
+    }
+
     /// The primary context as its concrete type (the same one
     /// [`Device::primary_context`] returns).
     ///

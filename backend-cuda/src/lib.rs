@@ -32,7 +32,14 @@
 //!   double-buffered `BufferWriter`) run on the legacy default stream and are tracked by
 //!   pooled events.
 //! - **Peer access** is enabled once per (destination context, source context) pair on
-//!   different devices that allow it, so that peer copies do not go through the host.
+//!   different devices that allow it (`cuDeviceCanAccessPeer`, then
+//!   `cuCtxEnablePeerAccess`), so that peer copies (`copy_from_device` between buffers of
+//!   two devices, `cuMemcpyPeer`) do not go through the host. Where the hardware does not
+//!   allow it, or enabling fails, peer copies still work, staged through the host by the
+//!   driver. `CUDABUF_PEER_ACCESS=0` ([`PEER_ACCESS_VAR`], read once per process, see
+//!   [`peer_access_allowed`]) keeps cudabuf from enabling it, to measure that staged path;
+//!   [`CudaDevice::can_access_peer`] and [`CudaDriverContext::peer_access_from`] say what
+//!   the hardware allows and what a context did.
 //! - **Primary contexts** are retained once per device and released when the last clone
 //!   is dropped; a shared context (from a raw handle) is never released by us; a context
 //!   from cudarc is kept alive by an `Arc` of cudarc's context.
@@ -54,7 +61,7 @@ mod platform;
 mod registry;
 mod staging;
 
-pub use context::CudaDriverContext;
+pub use context::{peer_access_allowed, CudaDriverContext, PEER_ACCESS_VAR};
 pub use device::CudaDevice;
 pub use interop::{cudarc_slice_view, CudarcSliceView};
 pub use platform::CudaBackend;

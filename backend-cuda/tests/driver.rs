@@ -258,6 +258,73 @@ fn peer_copy_between_devices_and_contexts() {
     assert_eq!(&back[..], &data[..]);
 }
 
+/// With two devices: a peer copy enables peer access where `cuDeviceCanAccessPeer`
+/// allows it, and not at all with `CUDABUF_PEER_ACCESS=0` (checked again in a child run of
+/// this test with the switch off); the bytes arrive either way.
+#[test]
+fn peer_access_is_enabled_where_allowed_and_not_with_the_switch_off() {
+    const NAME: &str = "peer_access_is_enabled_where_allowed_and_not_with_the_switch_off";
+    let Some(backend) = backend(NAME) else {
+        return;
+    };
+    let n = backend.num_devices().unwrap();
+    if n < 2 {
+        eprintln!("{NAME}: skipped: needs 2 devices, the driver reports {n}");
+        return;
+    }
+    let (d0, d1) = (
+        backend.cuda_device(0).unwrap(),
+        backend.cuda_device(1).unwrap(),
+    );
+    let (c0, c1) = (
+        d0.primary_driver_context().unwrap(),
+        d1.primary_driver_context().unwrap(),
+    );
+    let switch = std::env::var(cudabuf_cuda::PEER_ACCESS_VAR).ok();
+    let allowed = cudabuf_cuda::peer_access_allowed();
+    assert_eq!(allowed, !matches!(switch.as_deref(), Some("0")));
+    let size = 3 << 20;
+    let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    for (dst_dev, src_dev, dst_ctx, src_ctx) in [(&d0, &d1, &c0, &c1), (&d1, &d0, &c1, &c0)] {
+        // (Not checked to be `None` first: other tests of this process copy between the
+        // same primary contexts.)
+        let src = src_ctx.allocate(size).unwrap();
+        let dst = dst_ctx.allocate(size).unwrap();
+        let mut back = vec![0u8; size];
+        // SAFETY: `src` and `dst` are live allocations of `size` bytes of their contexts.
+        unsafe {
+            src_ctx.copy_host_to_device(src, &data).unwrap();
+            dst_ctx.copy_peer(dst, &**src_ctx, src, size).unwrap();
+            dst_ctx.copy_device_to_host(&mut back, dst).unwrap();
+            src_ctx.free(src).unwrap();
+            dst_ctx.free(dst).unwrap();
+        }
+        assert!(back == data, "the peer copy's bytes");
+        let can = dst_dev.can_access_peer(src_dev).unwrap();
+        eprintln!(
+            "{NAME}: device {} -> {}: cuDeviceCanAccessPeer {can}, switch {switch:?}",
+            src_ctx.device_ordinal(),
+            dst_ctx.device_ordinal()
+        );
+        assert_eq!(dst_ctx.peer_access_from(src_ctx), Some(can && allowed));
+    }
+    if switch.is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads=1", "--nocapture"])
+            .env(cudabuf_cuda::PEER_ACCESS_VAR, "0")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "the run with {}=0 failed ({}):\n{stdout}\n{}",
+            cudabuf_cuda::PEER_ACCESS_VAR,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn cudarc_slices_are_viewed_without_a_copy() {
     let Some(backend) = backend("cudarc_slices_are_viewed_without_a_copy") else {

@@ -59,6 +59,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     copies::writer_unbuffered_write_copies_to_device,
     copies::writer_buffered_write_copies_to_device,
     copies::peer_copy_between_devices_0_and_1,
+    copies::peer_copy_large_between_devices_both_directions,
     copies::buffer_from_data_of_other_device_buffer_copies,
     copies::copy_from_host_at_position_writes_only_there,
     copies::copy_to_host_at_position_reads_that_range,
@@ -164,6 +165,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     ipc::ipc_export_of_pinned_host_view_is_unsupported,
     ipc::ipc_open_in_child_process_whole_buffer,
     ipc::ipc_open_in_child_process_slice_at_offset,
+    ipc::ipc_open_in_child_process_on_other_device,
     // model-based (proptest state machines)
     model::buffer_semantics_match_vec_model,
     model::reader_writer_match_cursor_model,

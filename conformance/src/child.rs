@@ -12,6 +12,10 @@
 //!   [`EXPECT_VAR`]'s bytes, open it a second time (the two share one mapping), write
 //!   [`WRITE_VAR`]'s bytes at position 0, synchronize, check the write through the second
 //!   buffer, drop both, open it a third time (a fresh mapping) and check the write again.
+//!   It opens in the primary context of device [`OPEN_DEVICE_VAR`] when that is set (a
+//!   buffer of another device, mapped into this device's context: the opened buffer's
+//!   context must be that one, and a `copy_from_device` from it into a buffer allocated on
+//!   that device must copy the bytes), else of the device the handle names (else 0).
 //! - [`IPC_EXPORT_AND_WAIT`]: copy [`EXPECT_VAR`]'s bytes into a new device buffer,
 //!   export it, print `handle <hex>` on stdout, wait for a line (or end of file) on stdin,
 //!   then exit at once, freeing nothing (an exporter that goes away while importers hold
@@ -59,6 +63,11 @@ pub const EXPECT_VAR: &str = "CUDABUF_EXPECT";
 
 /// Environment variable: the bytes to write at position 0 of the opened buffer, as hex.
 pub const WRITE_VAR: &str = "CUDABUF_WRITE";
+
+/// Environment variable (optional, [`IPC_OPEN_AND_CHECK`]): the device number whose
+/// primary context opens the handle, in decimal. Unset (or empty): the device the handle
+/// names, else 0 (what every case did before several devices were checked).
+pub const OPEN_DEVICE_VAR: &str = "CUDABUF_OPEN_DEVICE";
 
 /// Plays `role` in a child process, with backends made by `make`; returns success, or
 /// prints why not to stderr and returns failure.
@@ -134,6 +143,18 @@ fn env_bytes(name: &str) -> std::result::Result<Vec<u8>, String> {
     hex_decode(&hex).map_err(|e| format!("environment variable {name}: {e}"))
 }
 
+/// The device [`OPEN_DEVICE_VAR`] names, or `None` when it is unset or empty.
+fn open_device() -> std::result::Result<Option<usize>, String> {
+    match std::env::var(OPEN_DEVICE_VAR) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|e| format!("environment variable {OPEN_DEVICE_VAR}={v:?}: {e}")),
+        _ => Ok(None),
+    }
+}
+
 /// Fails with `message` unless `condition` holds.
 fn check(condition: bool, message: impl FnOnce() -> String) -> std::result::Result<(), String> {
     if condition {
@@ -164,7 +185,8 @@ fn ipc_open_and_check(make: fn() -> Result<Backend>) -> std::result::Result<(), 
     let handle = IpcMemHandle::from_bytes(&handle_bytes)
         .map_err(|e| format!("IpcMemHandle::from_bytes({}): {e}", preview(&handle_bytes)))?;
     let backend = make().map_err(|e| format!("making the backend: {e}"))?;
-    let device = handle.device_number().unwrap_or(0);
+    let requested = open_device()?;
+    let device = requested.or(handle.device_number()).unwrap_or(0);
     let ctx = backend
         .context(device)
         .map_err(|e| format!("context({device}): {e}"))?;
@@ -172,12 +194,18 @@ fn ipc_open_and_check(make: fn() -> Result<Backend>) -> std::result::Result<(), 
 
     let first = ctx
         .open_ipc_buffer(&handle)
-        .map_err(|e| format!("open_ipc_buffer ({handle:?}): {e}"))?;
+        .map_err(|e| format!("open_ipc_buffer ({handle:?}) on device {device}: {e}"))?;
     check(first.size() == expect.len(), || {
         format!(
             "opened buffer has {} bytes, expected {}",
             first.size(),
             expect.len()
+        )
+    })?;
+    check(first.context().device_number() == device, || {
+        format!(
+            "the buffer opened through device {device}'s context has the context of device {}",
+            first.context().device_number()
         )
     })?;
     let got = first
@@ -190,6 +218,32 @@ fn ipc_open_and_check(make: fn() -> Result<Backend>) -> std::result::Result<(), 
             preview(&expect)
         )
     })?;
+    if requested.is_some() {
+        // The opened memory through this context's device: a copy into memory allocated
+        // there (on CUDA a device-to-device copy reading the other device's memory).
+        let local = ctx
+            .new_buffer(expect.len())
+            .map_err(|e| format!("new_buffer({}) on device {device}: {e}", expect.len()))?;
+        local.copy_from_device(&first, 0, None).map_err(|e| {
+            format!("copy_from_device of the opened buffer on device {device}: {e}")
+        })?;
+        let copied = local
+            .to_vec()
+            .map_err(|e| format!("copy_to_host of the device-{device} copy: {e}"))?;
+        check(copied == expect, || {
+            format!(
+                "a copy of the opened buffer into device {device}'s memory holds {}",
+                preview(&copied)
+            )
+        })?;
+        drop(local);
+        check(ctx.bytes_allocated() == start, || {
+            format!(
+                "bytes_allocated is {} after dropping the device-{device} copy, was {start}",
+                ctx.bytes_allocated()
+            )
+        })?;
+    }
 
     let second = ctx
         .open_ipc_buffer(&handle)

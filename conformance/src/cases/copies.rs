@@ -204,6 +204,78 @@ pub(crate) fn peer_copy_between_devices_0_and_1(f: &Fixture) -> CaseResult {
     Ok(())
 }
 
+/// Large and odd-sized peer copies, device 0 -> 1 and 1 -> 0: 8 MiB, 8 MiB + 13 and
+/// 1 MiB - 1 whole buffers, then between slices at odd offsets with a destination position
+/// and an explicit byte count; every byte lands where it should and nothing else changes
+/// (source included).
+pub(crate) fn peer_copy_large_between_devices_both_directions(f: &Fixture) -> CaseResult {
+    let (_b, c0, c1) = contexts01(f)?;
+    const MIB: usize = 1 << 20;
+    for (from, to, dir) in [(&c0, &c1, "0 -> 1"), (&c1, &c0, "1 -> 0")] {
+        for (i, n) in [8 * MIB, 8 * MIB + 13, MIB - 1].into_iter().enumerate() {
+            let data = pattern(n, 20 + i as u8);
+            let src = device_bytes(from, &data);
+            let dst = device_bytes(to, &pattern(n, 40 + i as u8));
+            assert_eq!(
+                dst.copy_from_device(&src, 0, None)
+                    .expect("large peer copy"),
+                n,
+                "{dir}, {n} bytes"
+            );
+            assert!(contents(&dst) == data, "{dir}, {n} bytes: wrong bytes");
+            assert!(
+                contents(&src) == data,
+                "{dir}, {n} bytes: the source changed"
+            );
+        }
+        // Slices at odd offsets, a destination position and a byte count: bytes
+        // [src_off + 5, src_off + 5 + len) of the source land at dst_off + pos.
+        let n = 8 * MIB + 13;
+        let src_data = pattern(n, 60);
+        let dst_data = pattern(n, 61);
+        let src = device_bytes(from, &src_data);
+        let dst = device_bytes(to, &dst_data);
+        let (src_off, dst_off, pos, len) = (4097, 1_000_003, 7, 5 * MIB + 3);
+        let src_part = src.slice(src_off, n - src_off).expect("source slice");
+        let src_part = src_part.slice(5, len).expect("slice of the source slice");
+        let dst_part = dst.slice(dst_off, n - dst_off).expect("destination slice");
+        assert_eq!(
+            dst_part
+                .copy_from_device(&src_part, pos, Some(len))
+                .expect("peer copy between slices"),
+            len,
+            "{dir}, slices"
+        );
+        let mut expected = dst_data;
+        let at = dst_off + pos;
+        expected[at..at + len].copy_from_slice(&src_data[src_off + 5..src_off + 5 + len]);
+        let got = contents(&dst);
+        if let Some(i) = (0..n).find(|&i| got[i] != expected[i]) {
+            panic!(
+                "{dir}, slices: first wrong byte at {i} (copied range {at}..{}): got {:#04x}, \
+                 expected {:#04x}",
+                at + len,
+                got[i],
+                expected[i]
+            );
+        }
+        assert!(
+            contents(&src) == src_data,
+            "{dir}, slices: the source changed"
+        );
+        // A prefix of the source at the very end of the destination.
+        let tail = 1000;
+        assert_eq!(
+            dst.copy_from_device(&src, n - tail, Some(tail))
+                .expect("peer copy into the last bytes"),
+            tail
+        );
+        let got = dst.copy_to_host(n - tail, None).expect("copy_to_host");
+        assert!(got == src_data[..tail], "{dir}: the tail copy");
+    }
+    Ok(())
+}
+
 /// `buffer_from_data` of another device's buffer copies it onto this context's device.
 pub(crate) fn buffer_from_data_of_other_device_buffer_copies(f: &Fixture) -> CaseResult {
     let (_b, c0, c1) = contexts01(f)?;

@@ -4,7 +4,9 @@
 use cudabuf_core::{BackendKind, ErrorKind, IpcMemHandle, EXTENDED_HANDLE_LEN};
 
 use super::expect::{contents, context0, device_bytes, expect_err, pattern};
-use crate::child::{hex_encode, EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, WRITE_VAR};
+use crate::child::{
+    hex_encode, EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, OPEN_DEVICE_VAR, WRITE_VAR,
+};
 use crate::{CaseResult, Fixture, Skip};
 
 /// pyarrow's part of a handle: 8 bytes of size, 64 of raw handle.
@@ -392,38 +394,54 @@ pub(crate) fn ipc_export_of_pinned_host_view_is_unsupported(f: &Fixture) -> Case
     Ok(())
 }
 
-/// Exports `exported` (a part of `buf`, at `offset`), has a child process open it, check
-/// it, double-open it and write into it, then checks that the write landed at `offset`
-/// of `buf` and nothing else changed.
-fn open_in_child(f: &Fixture, whole: bool) -> CaseResult {
-    let (backend, ctx) = context0(f);
+/// Exports a buffer of device `on` (the whole buffer, or a slice at an offset), has a
+/// child process open it (in the primary context of device `open_on`, when given: see
+/// [`OPEN_DEVICE_VAR`]), check it, double-open it and write into it, then checks that the
+/// write landed at the exported offset of the buffer and nothing else changed.
+fn open_in_child(f: &Fixture, whole: bool, on: usize, open_on: Option<usize>) -> CaseResult {
+    let backend = f.backend();
+    if let Some(open_on) = open_on {
+        f.require_devices(&backend, on.max(open_on) + 1)?;
+    }
     if !backend.capabilities().ipc {
         return Err(Skip(format!(
             "the {} backend has no cross-process IPC here",
             f.suite()
         )));
     }
-    let before = pattern(1000, 13);
+    let ctx = backend.context(on).expect("backend.context");
+    let seed = 13 + on as u8 + if whole { 0 } else { 2 };
+    let before = pattern(1000, seed);
     let buf = device_bytes(&ctx, &before);
     let (offset, len) = if whole { (0, 1000) } else { (300, 200) };
-    let exported = buf.slice(offset, len).expect("slice");
-    let exported = if whole { buf.clone() } else { exported };
+    let exported = if whole {
+        buf.clone()
+    } else {
+        buf.slice(offset, len).expect("slice")
+    };
     let handle = exported.export_for_ipc().expect("export_for_ipc");
-    let write = b"written by the child process".to_vec();
-    f.run_child_ok(
-        IPC_OPEN_AND_CHECK,
-        &[
-            (HANDLE_VAR, hex_encode(&handle.to_bytes())),
-            (EXPECT_VAR, hex_encode(&before[offset..offset + len])),
-            (WRITE_VAR, hex_encode(&write)),
-        ],
+    assert_eq!(
+        handle.device_number(),
+        Some(on),
+        "the handle names device {on}"
     );
+    let write = b"written by the child process".to_vec();
+    let mut env = vec![
+        (HANDLE_VAR, hex_encode(&handle.to_bytes())),
+        (EXPECT_VAR, hex_encode(&before[offset..offset + len])),
+        (WRITE_VAR, hex_encode(&write)),
+    ];
+    if let Some(open_on) = open_on {
+        env.push((OPEN_DEVICE_VAR, open_on.to_string()));
+    }
+    f.run_child_ok(IPC_OPEN_AND_CHECK, &env);
     let mut expected = before;
     expected[offset..offset + write.len()].copy_from_slice(&write);
     assert_eq!(
         contents(&buf),
         expected,
-        "the child's write must land at offset {offset} of the exporter's buffer, and nothing else change"
+        "the child's write (opened on device {open_on:?}) must land at offset {offset} of \
+         the exporter's device-{on} buffer, and nothing else change"
     );
     drop(exported);
     Ok(())
@@ -432,11 +450,25 @@ fn open_in_child(f: &Fixture, whole: bool) -> CaseResult {
 /// A child process opens an exported whole buffer, sees its bytes, opens it twice, and
 /// its write shows in the exporter's buffer.
 pub(crate) fn ipc_open_in_child_process_whole_buffer(f: &Fixture) -> CaseResult {
-    open_in_child(f, true)
+    open_in_child(f, true, 0, None)
 }
 
 /// A child process opens an exported slice at a nonzero offset and sees exactly the
 /// slice; its write at position 0 lands at the slice's offset in the exporter's buffer.
 pub(crate) fn ipc_open_in_child_process_slice_at_offset(f: &Fixture) -> CaseResult {
-    open_in_child(f, false)
+    open_in_child(f, false, 0, None)
+}
+
+/// A buffer of device 1 exported here and opened in a child process through device 0's
+/// context, and a buffer of device 0 opened through device 1's context (each as a whole
+/// buffer and as a slice at an offset): the child sees the bytes (also through a copy into
+/// memory of the device it opened on), its opened buffer's context is the one it opened
+/// with, and its write lands in the exporter's buffer.
+pub(crate) fn ipc_open_in_child_process_on_other_device(f: &Fixture) -> CaseResult {
+    for (on, open_on) in [(1, 0), (0, 1)] {
+        for whole in [true, false] {
+            open_in_child(f, whole, on, Some(open_on))?;
+        }
+    }
+    Ok(())
 }
