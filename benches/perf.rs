@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudabuf::backend;
+use cudabuf::parse_size;
 use cudabuf::{Backend, BufferWriter, Context, IpcMemHandle};
 use serde_json::{json, Value};
 
@@ -84,21 +85,6 @@ struct Options {
     peer_sizes: Vec<usize>,
     /// Devices of the simulator (the `peer` section needs 2).
     sim_devices: usize,
-}
-
-fn parse_size(text: &str) -> Option<usize> {
-    let t = text.trim().to_ascii_uppercase();
-    let t = t
-        .strip_suffix("IB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(&t);
-    let (digits, shift) = match t.chars().last()? {
-        'K' => (&t[..t.len() - 1], 10),
-        'M' => (&t[..t.len() - 1], 20),
-        'G' => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
 fn parse_options() -> AnyResult<Options> {

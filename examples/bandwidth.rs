@@ -12,6 +12,7 @@
 //! copy, and prints the median GB/s (1 GB = 1e9 bytes; device-to-device counts bytes read
 //! plus bytes written). Progress goes to stderr, the table to stdout.
 
+use cudabuf::parse_size;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -28,21 +29,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn parse_size(text: &str) -> Option<usize> {
-    let t = text.trim().to_ascii_uppercase();
-    let t = t
-        .strip_suffix("IB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(&t);
-    let (digits, shift) = match t.chars().last()? {
-        'K' => (&t[..t.len() - 1], 10),
-        'M' => (&t[..t.len() - 1], 20),
-        'G' => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
 fn human(n: usize) -> String {

@@ -41,9 +41,14 @@ pub const ALLOCATOR_CACHE_VAR: &str = "CUDABUF_ALLOCATOR_CACHE";
 /// The default limit of cached device bytes per context (when the cache is on).
 pub const DEFAULT_CACHE_LIMIT: usize = 4 << 30;
 
-/// Parse a size such as `4096`, `64K`, `512M`, `8G` (binary units, case-insensitive,
-/// an optional trailing `B` or `iB`).
-pub(crate) fn parse_size(text: &str) -> Option<usize> {
+/// Parse a byte size such as `4096`, `64K`, `512M`, `8G` (binary units, case-insensitive,
+/// an optional trailing `B` or `iB`), as cudabuf's environment variables take them.
+///
+/// ```
+/// assert_eq!(cudabuf_core::parse_size("64KiB"), Some(64 << 10));
+/// assert_eq!(cudabuf_core::parse_size("lots"), None);
+/// ```
+pub fn parse_size(text: &str) -> Option<usize> {
     let t = text.trim().to_ascii_uppercase();
     let t = t
         .strip_suffix("IB")

@@ -54,7 +54,7 @@ mod reader;
 mod staging;
 mod writer;
 
-pub use allocator::{AllocatorStats, ALLOCATOR_CACHE_VAR, DEFAULT_CACHE_LIMIT};
+pub use allocator::{parse_size, AllocatorStats, ALLOCATOR_CACHE_VAR, DEFAULT_CACHE_LIMIT};
 pub use backend::BackendKind;
 pub use buffer::DeviceBuffer;
 pub use context::Context;
