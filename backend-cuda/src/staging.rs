@@ -25,7 +25,6 @@ use cudarc::driver::sys::{self, CUcontext, CUevent, CUstream};
 
 use crate::current::PushedContext;
 use crate::driver_error::{check, CuFailure};
-use cudabuf_core::parse_size;
 
 /// The environment variable that turns staging off (`0`/`off`) for contexts made after it
 /// is read.
@@ -52,6 +51,21 @@ pub struct StagingConfig {
 const MIN_PART: usize = 512 << 10;
 /// The smallest pipeline step inside a part.
 const MIN_STEP: usize = 64 << 10;
+
+fn parse_size(text: &str) -> Option<usize> {
+    let t = text.trim().to_ascii_uppercase();
+    let t = t
+        .strip_suffix("IB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(&t);
+    let (digits, shift) = match t.chars().last()? {
+        'K' => (&t[..t.len() - 1], 10),
+        'M' => (&t[..t.len() - 1], 20),
+        'G' => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
+}
 
 impl StagingConfig {
     /// The defaults: half the CPUs (2 to 8) threads, 4 MiB chunks, copies from 512 KiB.
