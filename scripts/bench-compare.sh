@@ -18,6 +18,7 @@
 # With fewer than 2 GPUs the peer figures are not measured, and both halves say so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-lib.sh
 
 pack() {
   set -e
@@ -32,14 +33,7 @@ pack() {
   # The CUDA fast-path tests (staged copies, async writer copies, caching allocator) run
   # first on the GPU, so that wrong bytes are caught in the same call as the figures.
   local exe
-  exe=$(CARGO_PROFILE_RELEASE_DEBUG=0 cargo test --release -p cudabuf-cuda --test fast_paths \
-          --no-run --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "fast_paths":
-        print(m["executable"])')
+  exe=$(artifact test --release -p cudabuf-cuda --test fast_paths --no-run)
   cp "$exe" .gpu/bin/fast_paths && strip .gpu/bin/fast_paths
   ls -la .gpu/bin
   du -sh .gpu

@@ -15,18 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-artifact() { # cargo args... -> path of the executable of the last matching artifact
-  CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_BENCH_DEBUG=0 cargo "$@" --message-format=json 2>/dev/null |
-    python3 -c '
-import json, sys
-exe = None
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        exe = m["executable"]
-print(exe or "")'
-}
+. scripts/gpu-lib.sh
 
 pack() {
   set -e
@@ -56,8 +45,7 @@ run() {
   SKIP_SANITIZER=1 timeout 150 scripts/gpu-conformance.sh run "$logs/conformance" || fail=1
 
   local conf
-  conf=$(for f in $(ls .gpu/bin/ | grep -E '^cuda-[0-9a-f]+$'); do
-    .gpu/bin/"$f" --list 2>/dev/null | grep -q '^cuda::slice_aliases_parent' && echo "$f"; done | head -1)
+  conf=$(conformance_bin)
   step "device filled with buffers: out of memory, then usable (alone)"
   CUDABUF_REQUIRE_CUDA=1 CUDABUF_FILL_DEVICE=1 timeout 90 .gpu/bin/"$conf" --exact \
     cuda::device_filled_with_buffers_gives_out_of_memory_and_recovers >"$logs/fill.log" 2>&1 || fail=1

@@ -15,6 +15,7 @@
 # SKIP_SANITIZER=1 leaves memcheck out; SANITIZER_ONLY=1 runs memcheck alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-lib.sh
 
 pack() {
   set -e
@@ -28,17 +29,6 @@ pack() {
   CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release --features cuda --example quickstart
   cp target/release/examples/quickstart .gpu/bin/ && strip .gpu/bin/quickstart
   du -sh .gpu
-}
-
-# The CUDA conformance binary (the arrow crate has a `cuda-*` test binary too).
-conformance_bin() {
-  local f
-  for f in $(ls .gpu/bin/ | grep -E '^cuda-[0-9a-f]+$'); do
-    if .gpu/bin/"$f" --list 2>/dev/null | grep -q '^cuda::slice_aliases_parent'; then
-      echo "$f"
-      return
-    fi
-  done
 }
 
 run() {

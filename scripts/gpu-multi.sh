@@ -24,18 +24,7 @@ buffer_context_device_number_is_its_device buffer_from_object_of_other_device_bu
 foreign_buffer_of_other_device_memory_is_invalid_address host_buffer_is_portable_to_other_devices
 shared_context_of_other_device_handle_is_invalid_argument ipc_open_in_child_process_on_other_device"
 
-artifact() { # cargo args... -> path of the executable of the last matching artifact
-  CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_BENCH_DEBUG=0 cargo "$@" --message-format=json 2>/dev/null |
-    python3 -c '
-import json, sys
-exe = None
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        exe = m["executable"]
-print(exe or "")'
-}
+. scripts/gpu-lib.sh
 
 pack() {
   set -e
