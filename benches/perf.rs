@@ -14,7 +14,7 @@
 //! open in re-executed children; on CUDA also a raw `cuIpcOpenMemHandle` in a fresh child),
 //! `writer` (`BufferWriter`, 128 MiB in 256 B / 4 KiB / 64 KiB chunks, buffered and
 //! unbuffered), `from_data` (`buffer_from_data` of a 1 GiB pageable slice), `dispatch`
-//! (a call through `Arc<dyn Context>` and cudabuf's `Context` against the backend type),
+//! (a call through `Arc<dyn RawContext>` and cudabuf's `Context` against the backend type),
 //! `peer` (`copy_from_device` device 0 -> 1 and 1 -> 0 at 64 MiB and 1 GiB, with peer
 //! access as cudabuf enables it, then again in a re-executed child with
 //! `CUDABUF_PEER_ACCESS=0`, where the driver stages the copy through the host; with fewer
@@ -1051,7 +1051,7 @@ fn from_data(
 // dispatch
 
 /// The same calls on a concrete backend type (monomorphized) and through `dyn`.
-fn dispatch_calls<C: backend::Context + ?Sized>(
+fn dispatch_calls<C: backend::RawContext + ?Sized>(
     c: &C,
     dev: u64,
     rec: &mut Records,
@@ -1126,7 +1126,7 @@ fn dispatch(
 ) -> AnyResult<()> {
     let buf = ctx.new_buffer(4096)?;
     let dev = buf.address();
-    let dyn_ctx: Arc<dyn backend::Context> = ctx.raw().clone();
+    let dyn_ctx: Arc<dyn backend::RawContext> = ctx.raw().clone();
     match bench {
         Bench::Sim(sim) => {
             let direct = sim.sim_device(0)?.sim_context();

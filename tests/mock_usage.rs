@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudabuf::backend::MockContext;
+use cudabuf::backend::MockRawContext;
 use cudabuf::{BackendKind, Context, DeviceBuffer, Error, ErrorKind, Result};
 use mockall::{predicate, Sequence};
 
@@ -37,7 +37,7 @@ fn oom(requested: usize) -> Error {
 
 #[test]
 fn results_are_read_only_after_synchronize() {
-    let mut mock = MockContext::new();
+    let mut mock = MockRawContext::new();
     let mut seq = Sequence::new();
     mock.expect_device_ordinal().return_const(0usize);
     mock.expect_allocate()
@@ -72,7 +72,7 @@ fn results_are_read_only_after_synchronize() {
 
 #[test]
 fn a_failed_synchronize_reads_nothing() {
-    let mut mock = MockContext::new();
+    let mut mock = MockRawContext::new();
     mock.expect_device_ordinal().return_const(0usize);
     mock.expect_allocate().returning(|_| Ok(0x2000));
     mock.expect_synchronize().returning(|| {
@@ -95,7 +95,7 @@ fn a_failed_synchronize_reads_nothing() {
 
 #[test]
 fn scratch_allocation_halves_on_out_of_memory() {
-    let mut mock = MockContext::new();
+    let mut mock = MockRawContext::new();
     mock.expect_device_ordinal().return_const(0usize);
     mock.expect_allocate()
         .with(predicate::ge(512))
@@ -115,7 +115,7 @@ fn scratch_allocation_halves_on_out_of_memory() {
 
 #[test]
 fn scratch_allocation_gives_up_at_the_minimum() {
-    let mut mock = MockContext::new();
+    let mut mock = MockRawContext::new();
     mock.expect_device_ordinal().return_const(0usize);
     mock.expect_allocate().times(3).returning(|n| Err(oom(n)));
 

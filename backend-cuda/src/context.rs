@@ -6,13 +6,14 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use cudabuf_core::backend::{Context, DevicePtr, PinnedAlloc, RawIpcHandle, RAW_IPC_HANDLE_LEN};
+use cudabuf_core::backend::{
+    CopyTicket, DevicePtr, PinnedAlloc, RawContext, RawIpcHandle, RAW_IPC_HANDLE_LEN,
+};
 use cudabuf_core::{Error, Result};
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 
 use crate::current::PushedContext;
 use crate::driver_error::{check, CuFailure};
-use crate::registry;
 use crate::staging::{Direction, StagingConfig, StagingEngine};
 
 /// The environment variable that keeps peer copies from enabling peer access: `0`, `off`,
@@ -47,14 +48,14 @@ pub fn peer_access_allowed() -> bool {
 
 /// A raw `CUcontext` that may be used from any thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct RawContext(CUcontext);
+struct CuContext(CUcontext);
 
 // SAFETY: a `CUcontext` is a driver handle, not thread-bound data: the driver API is
 // thread safe and a context may be made current on any thread (which is what every use
 // here does, through `PushedContext`).
-unsafe impl Send for RawContext {}
+unsafe impl Send for CuContext {}
 // SAFETY: as for `Send`; the handle itself is never mutated.
-unsafe impl Sync for RawContext {}
+unsafe impl Sync for CuContext {}
 
 /// What keeps the context alive, and what dropping the wrapper gives back.
 enum Ownership {
@@ -107,7 +108,7 @@ impl fmt::Debug for Ownership {
 /// [`CudaBackend::context_from_cudarc`]: crate::CudaBackend::context_from_cudarc
 #[derive(Debug)]
 pub struct CudaDriverContext {
-    ctx: RawContext,
+    ctx: CuContext,
     device: CUdevice,
     ordinal: usize,
     ownership: Ownership,
@@ -140,9 +141,8 @@ struct Staging {
 
 impl CudaDriverContext {
     fn new(ctx: CUcontext, device: CUdevice, ordinal: usize, ownership: Ownership) -> Self {
-        registry::register(ctx as u64, device);
         CudaDriverContext {
-            ctx: RawContext(ctx),
+            ctx: CuContext(ctx),
             device,
             ordinal,
             ownership,
@@ -466,7 +466,6 @@ impl Drop for CudaDriverContext {
                 }
             }
         }
-        registry::unregister(self.ctx.0 as u64);
         match std::mem::replace(&mut self.ownership, Ownership::Shared) {
             Ownership::Primary => {
                 // SAFETY: this wrapper retained the primary context of `self.device` once
@@ -490,7 +489,11 @@ impl Drop for CudaDriverContext {
 
 // SAFETY: pinned allocations come from cuMemHostAlloc with the requested size and live
 // until cuMemFreeHost; copies are cuMemcpy* of exactly the ranges given.
-unsafe impl Context for CudaDriverContext {
+unsafe impl RawContext for CudaDriverContext {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn device_ordinal(&self) -> usize {
         self.ordinal
     }
@@ -568,9 +571,9 @@ unsafe impl Context for CudaDriverContext {
         self.wait_default_stream(&pushed)
     }
 
-    unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<u64> {
+    unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<CopyTicket> {
         if src.is_empty() {
-            return Ok(0);
+            return Ok(CopyTicket::completed());
         }
         let pushed = self.push()?;
         let event = self.take_event(&pushed)?;
@@ -592,7 +595,9 @@ unsafe impl Context for CudaDriverContext {
             })
         });
         match copied {
-            Ok(()) => Ok(event.0 as u64),
+            // SAFETY: the ticket holds an event of this context recorded after the copy;
+            // `wait_copy` of this context (its contract) turns it back into the event.
+            Ok(()) => Ok(unsafe { CopyTicket::from_raw(event.0 as u64) }),
             Err(failure) => {
                 // Nothing may stay in flight from the caller's memory.
                 let _ = self.wait_default_stream(&pushed);
@@ -605,14 +610,17 @@ unsafe impl Context for CudaDriverContext {
         }
     }
 
-    fn wait_copy(&self, ticket: u64) -> Result<()> {
-        if ticket == 0 {
+    unsafe fn wait_copy(&self, ticket: CopyTicket) -> Result<()> {
+        if ticket.is_completed() {
             return Ok(());
         }
-        let event = RawEvent(ticket as sys::CUevent);
+        // The caller guarantees the ticket came from `copy_host_to_device_async` of this
+        // context: it holds one of this context's events.
+        let event = RawEvent(ticket.into_raw() as sys::CUevent);
         let _pushed = self.push()?;
-        // SAFETY: our context is pushed; the ticket is an event recorded by
-        // `copy_host_to_device_async` on this context and waited for once (core's contract).
+        // SAFETY: our context is pushed; the event was recorded by
+        // `copy_host_to_device_async` on this context, and a ticket is waited for once
+        // (it is consumed).
         let status = unsafe { sys::cuEventSynchronize(event.0) };
         self.events
             .lock()
@@ -675,17 +683,17 @@ unsafe impl Context for CudaDriverContext {
     unsafe fn copy_peer(
         &self,
         dst: DevicePtr,
-        src_context: &dyn Context,
+        src_context: &dyn RawContext,
         src: DevicePtr,
         len: usize,
     ) -> Result<()> {
-        let src_handle = src_context.handle();
-        let Some(src_device) = registry::device_of(src_handle) else {
+        let Some(source) = src_context.as_any().downcast_ref::<CudaDriverContext>() else {
             return Err(Error::invalid_argument(
                 "copy_peer",
                 format!(
-                    "the source context (handle {src_handle:#x}, device {}) is not a live \
-                     context of the CUDA backend",
+                    "the source context (handle {:#x}, device {}) is not a context of the \
+                     CUDA backend",
+                    src_context.handle(),
                     src_context.device_ordinal()
                 ),
             ));
@@ -693,16 +701,17 @@ unsafe impl Context for CudaDriverContext {
         if len == 0 {
             return Ok(());
         }
-        if src_handle == self.handle() {
+        if source.ctx == self.ctx {
             // SAFETY: same context: the caller's guarantees for `copy_peer` are those of
             // `copy_device_to_device`.
             return unsafe { self.copy_device_to_device(dst, src, len) };
         }
-        let src_ctx = src_handle as CUcontext;
-        self.ensure_peer_access(src_ctx, src_device)?;
+        let src_ctx = source.ctx.0;
+        self.ensure_peer_access(src_ctx, source.device)?;
         let _pushed = self.push()?;
-        // SAFETY: our context is pushed; `src_ctx` is a live context (registered, and
-        // the caller guarantees `src_context` is live); the caller guarantees the ranges.
+        // SAFETY: our context is pushed; `src_ctx` is the live context of `source` (a
+        // `CudaDriverContext` borrowed for this call keeps its context alive); the caller
+        // guarantees the ranges.
         check("cuMemcpyPeer", unsafe {
             sys::cuMemcpyPeer(dst, self.ctx.0, src, src_ctx, len)
         })
@@ -734,11 +743,9 @@ unsafe impl Context for CudaDriverContext {
             let _ = unsafe { sys::cuMemFreeHost(host) };
             return Err(self.fail(failure));
         }
-        Ok(PinnedAlloc {
-            host_ptr: host.cast::<u8>(),
-            device_ptr,
-            size,
-        })
+        // SAFETY: `host` is a live cuMemHostAlloc allocation of `size` bytes until
+        // cuMemFreeHost; `device_ptr` is its device address (cuMemHostGetDevicePointer).
+        Ok(unsafe { PinnedAlloc::new(host.cast::<u8>(), device_ptr, size) })
     }
 
     unsafe fn free_host(&self, alloc: PinnedAlloc) -> Result<()> {
@@ -746,7 +753,7 @@ unsafe impl Context for CudaDriverContext {
         // SAFETY: our context is pushed; the caller guarantees `alloc` came from
         // `alloc_host` (cuMemHostAlloc) and is freed once.
         check("cuMemFreeHost", unsafe {
-            sys::cuMemFreeHost(alloc.host_ptr.cast::<c_void>())
+            sys::cuMemFreeHost(alloc.host_ptr().cast::<c_void>())
         })
         .map_err(|f| self.fail(f))
     }

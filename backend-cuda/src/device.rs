@@ -3,7 +3,7 @@
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudabuf_core::backend::{Context, Device};
+use cudabuf_core::backend::{Device, RawContext};
 use cudabuf_core::{Error, Result};
 use cudarc::driver::sys::{self, CUcontext, CUdevice};
 
@@ -121,11 +121,11 @@ impl Device for CudaDevice {
         Ok(bytes)
     }
 
-    fn primary_context(&self) -> Result<Arc<dyn Context>> {
+    fn primary_context(&self) -> Result<Arc<dyn RawContext>> {
         Ok(self.primary_driver_context()?)
     }
 
-    unsafe fn shared_context(&self, handle: u64) -> Result<Arc<dyn Context>> {
+    unsafe fn shared_context(&self, handle: u64) -> Result<Arc<dyn RawContext>> {
         if handle == 0 {
             return Err(Error::invalid_argument(
                 "shared_context",

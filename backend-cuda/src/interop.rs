@@ -13,7 +13,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use cudabuf_core::backend::{Context, DevicePtr};
+use cudabuf_core::backend::{DevicePtr, RawContext};
 use cudabuf_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr as _, DriverError};
 
@@ -36,7 +36,7 @@ impl CudaBackend {
     ///
     /// # Errors
     /// [`Error::InvalidDevice`] if `ctx` is on a device this backend does not list.
-    pub fn context_from_cudarc(&self, ctx: &Arc<CudaContext>) -> Result<Arc<dyn Context>> {
+    pub fn context_from_cudarc(&self, ctx: &Arc<CudaContext>) -> Result<Arc<dyn RawContext>> {
         self.cuda_device(ctx.ordinal())?;
         Ok(Arc::new(CudaDriverContext::from_cudarc(ctx)))
     }

@@ -2,7 +2,7 @@
 //!
 //! [`CudaBackend`] implements cudabuf's [`Platform`](cudabuf_core::backend::Platform),
 //! [`CudaDevice`] its [`Device`](cudabuf_core::backend::Device) and [`CudaDriverContext`]
-//! its [`Context`](cudabuf_core::backend::Context). Everything a user sees (bounds checks,
+//! its [`Context`](cudabuf_core::backend::RawContext). Everything a user sees (bounds checks,
 //! accounting, IPC handle format, readers and writers) lives in `cudabuf-core`; this crate
 //! only makes the raw driver calls. It uses cudarc's `sys` layer (the driver API as is)
 //! almost everywhere, and its safe layer only for interop ([`CudaBackend::to_cudarc`],
@@ -58,7 +58,6 @@ mod device;
 mod driver_error;
 mod interop;
 mod platform;
-mod registry;
 mod staging;
 
 pub use context::{peer_access_allowed, CudaDriverContext, PEER_ACCESS_VAR};

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use cudabuf_core::backend::{Context, Platform};
+use cudabuf_core::backend::{Platform, RawContext};
 use cudabuf_core::{Error, ErrorKind};
 use cudabuf_cuda::cudarc::driver::{sys, CudaContext};
 use cudabuf_cuda::{cudarc_slice_view, CudaBackend};
@@ -30,7 +30,7 @@ fn backend(test: &str) -> Option<CudaBackend> {
     }
 }
 
-fn primary(backend: &CudaBackend, ordinal: usize) -> Arc<dyn Context> {
+fn primary(backend: &CudaBackend, ordinal: usize) -> Arc<dyn RawContext> {
     backend.device(ordinal).unwrap().primary_context().unwrap()
 }
 
@@ -145,20 +145,20 @@ fn pinned_memory_is_mapped_and_not_exportable() {
     let ctx = primary(&backend, 0);
     let pinned = ctx.alloc_host(64).unwrap();
     assert_eq!(
-        ctx.device_address(pinned.host_ptr as u64).unwrap(),
-        pinned.device_ptr
+        ctx.device_address(pinned.host_ptr() as u64).unwrap(),
+        pinned.device_ptr()
     );
     // SAFETY: `host_ptr` is valid for 64 bytes until freed below.
-    let host = unsafe { std::slice::from_raw_parts_mut(pinned.host_ptr, 64) };
+    let host = unsafe { std::slice::from_raw_parts_mut(pinned.host_ptr(), 64) };
     host.fill(3);
     let mut back = [0u8; 64];
     // SAFETY: the mapped device range is the live 64-byte pinned allocation.
     unsafe {
-        ctx.copy_device_to_host(&mut back, pinned.device_ptr)
+        ctx.copy_device_to_host(&mut back, pinned.device_ptr())
             .unwrap()
     };
     assert_eq!(back, [3; 64]);
-    let e = ctx.ipc_export(pinned.device_ptr).unwrap_err();
+    let e = ctx.ipc_export(pinned.device_ptr()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     // SAFETY: freed once, not used after.
     unsafe { ctx.free_host(pinned).unwrap() };

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudabuf_core::backend::{Context, DevicePtr, PinnedAlloc, RawIpcHandle};
+use cudabuf_core::backend::{DevicePtr, PinnedAlloc, RawContext, RawIpcHandle};
 use cudabuf_core::{Error, Result};
 
 use crate::backend::Shared;
@@ -38,7 +38,11 @@ impl SimContext {
 
 // SAFETY: SimContext's pinned allocations are real host memory of the requested size
 // until freed, and its copies touch only the ranges given (checked against its tables).
-unsafe impl Context for SimContext {
+unsafe impl RawContext for SimContext {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn device_ordinal(&self) -> usize {
         self.device
     }
@@ -91,25 +95,22 @@ unsafe impl Context for SimContext {
         )
     }
 
-    /// `src_context` is identified by its handle, which must be a context of this same
-    /// simulator instance.
+    /// `src_context` must be a context of this same simulator instance.
     unsafe fn copy_peer(
         &self,
         dst: DevicePtr,
-        src_context: &dyn Context,
+        src_context: &dyn RawContext,
         src: DevicePtr,
         len: usize,
     ) -> Result<()> {
-        let handle = src_context.handle();
-        let src_device = match self.shared.context_device(handle) {
-            Some(d) if d == src_context.device_ordinal() => d,
-            Some(d) => {
+        let src_device = match src_context.as_any().downcast_ref::<SimContext>() {
+            Some(source) if Arc::ptr_eq(&source.shared, &self.shared) => source.device,
+            Some(_) => {
                 return Err(Error::invalid_argument(
                     "copy_peer",
                     format!(
-                        "source context {handle:#x} is a context of device {d}, but it says \
-                         device {}",
-                        src_context.device_ordinal()
+                        "source context {:#x} is a context of another simulator instance",
+                        src_context.handle()
                     ),
                 ))
             }
@@ -117,8 +118,8 @@ unsafe impl Context for SimContext {
                 return Err(Error::invalid_argument(
                     "copy_peer",
                     format!(
-                        "source context {handle:#x} is not a context of this simulator \
-                         instance (another instance or another backend)"
+                        "source context {:#x} is not a simulator context (another backend)",
+                        src_context.handle()
                     ),
                 ))
             }

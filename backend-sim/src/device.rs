@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cudabuf_core::backend::{Context, Device};
+use cudabuf_core::backend::{Device, RawContext};
 use cudabuf_core::{Error, Result};
 
 use crate::backend::Shared;
@@ -44,13 +44,13 @@ impl Device for SimDevice {
         Ok(self.shared.capacity)
     }
 
-    fn primary_context(&self) -> Result<Arc<dyn Context>> {
+    fn primary_context(&self) -> Result<Arc<dyn RawContext>> {
         Ok(self.primary.clone())
     }
 
     /// The simulator has one context per device, so `handle` must be this device's
     /// primary context handle; the result is a non-owning context with that handle.
-    unsafe fn shared_context(&self, handle: u64) -> Result<Arc<dyn Context>> {
+    unsafe fn shared_context(&self, handle: u64) -> Result<Arc<dyn RawContext>> {
         match self.shared.context_device(handle) {
             Some(d) if d == self.ordinal => Ok(Arc::new(SimContext::new(
                 self.shared.clone(),

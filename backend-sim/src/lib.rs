@@ -72,8 +72,8 @@
 //!
 //! [`Platform`]: cudabuf_core::backend::Platform
 //! [`Device`]: cudabuf_core::backend::Device
-//! [`Context`]: cudabuf_core::backend::Context
-//! [`Context::device_address`]: cudabuf_core::backend::Context::device_address
+//! [`Context`]: cudabuf_core::backend::RawContext
+//! [`Context::device_address`]: cudabuf_core::backend::RawContext::device_address
 //! [`Error::InvalidAddress`]: cudabuf_core::Error::InvalidAddress
 //! [`Error::OutOfMemory`]: cudabuf_core::Error::OutOfMemory
 //! [`Error::Unsupported`]: cudabuf_core::Error::Unsupported

@@ -331,16 +331,14 @@ impl Table {
         let host_ptr = storage.as_ptr();
         self.insert(base, device, storage);
         self.pinned_by_host.insert(host_ptr as usize, base);
-        Ok(PinnedAlloc {
-            host_ptr,
-            device_ptr: base,
-            size,
-        })
+        // SAFETY: `host_ptr` is the start of `storage`'s `size` bytes, owned by the table
+        // until `free_pinned`; `base` is the simulated device address of the same bytes.
+        Ok(unsafe { PinnedAlloc::new(host_ptr, base, size) })
     }
 
     /// `cuMemFreeHost`.
     pub(crate) fn free_pinned(&mut self, alloc: PinnedAlloc) -> Result<()> {
-        let host = alloc.host_ptr as u64;
+        let host = alloc.host_ptr() as u64;
         let Some(&base) = self.pinned_by_host.get(&(host as usize)) else {
             return Err(Error::invalid_address(
                 host,
@@ -348,13 +346,14 @@ impl Table {
             ));
         };
         let size = self.regions[&base].size();
-        if base != alloc.device_ptr || size != alloc.size {
+        if base != alloc.device_ptr() || size != alloc.size() {
             return Err(Error::invalid_address(
                 host,
                 format!(
                     "pinned allocation mismatch: it is {size} bytes at device address \
                      {base:#x}, but free_host was given {} bytes at {:#x}",
-                    alloc.size, alloc.device_ptr
+                    alloc.size(),
+                    alloc.device_ptr()
                 ),
             ));
         }

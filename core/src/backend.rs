@@ -4,7 +4,7 @@
 //!
 //! - [`Platform`]: how many devices there are and a handle to each;
 //! - [`Device`]: one device's properties and its contexts;
-//! - [`Context`]: raw memory operations on device addresses (allocate, free, copy,
+//! - [`RawContext`]: raw memory operations on device addresses (allocate, free, copy,
 //!   pinned host memory, pointer queries, IPC).
 //!
 //! Everything a user sees (bounds checks, accounting, zero-size rules, slices, the IPC
@@ -14,15 +14,22 @@
 //! but should still check what is cheap to check: the simulator checks everything, to
 //! catch bugs in the layer above.
 //!
-//! With the `mock` feature, `mockall` generates `MockPlatform`, `MockDevice` and
-//! `MockContext` for unit-testing code that drives a context.
+//! With the `mock` feature, `mockall` generates `MockPlatform` and `MockDevice`, and
+//! [`MockRawContext`] (written so that a mock cannot break what core trusts) stands in for
+//! a backend context when unit-testing code that drives one.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+
+#[cfg(feature = "mock")]
+mod mock;
+#[cfg(feature = "mock")]
+pub use mock::MockRawContext;
 
 /// A device address (a `CUdeviceptr` on CUDA; a key into the simulator's allocation
 /// table on the simulator). Address 0 is never a live allocation.
@@ -114,16 +121,48 @@ impl Capabilities {
     }
 }
 
-/// Pinned (page-locked) host memory returned by [`Context::alloc_host`].
+/// Pinned (page-locked) host memory returned by [`RawContext::alloc_host`].
+///
+/// Core dereferences [`host_ptr`](Self::host_ptr), so only a backend can make one, with
+/// the `unsafe` [`new`](Self::new): safe code cannot forge a description of memory that
+/// does not exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PinnedAlloc {
-    /// The host address of the first byte; valid for reads and writes of `size` bytes
-    /// until the allocation is freed.
-    pub host_ptr: *mut u8,
+    host_ptr: *mut u8,
+    device_ptr: DevicePtr,
+    size: usize,
+}
+
+impl PinnedAlloc {
+    /// Describe a pinned allocation.
+    ///
+    /// # Safety
+    /// `host_ptr` is valid for reads and writes of `size` bytes (`size > 0`) until the
+    /// allocation is freed through the backend that made it, and `device_ptr` is the
+    /// address of the same memory on the device.
+    pub unsafe fn new(host_ptr: *mut u8, device_ptr: DevicePtr, size: usize) -> Self {
+        PinnedAlloc {
+            host_ptr,
+            device_ptr,
+            size,
+        }
+    }
+
+    /// The host address of the first byte; valid for reads and writes of
+    /// [`size`](Self::size) bytes until the allocation is freed.
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.host_ptr
+    }
+
     /// The device address of the same memory (device-mapped pinned memory).
-    pub device_ptr: DevicePtr,
+    pub fn device_ptr(&self) -> DevicePtr {
+        self.device_ptr
+    }
+
     /// The size in bytes (> 0).
-    pub size: usize,
+    pub fn size(&self) -> usize {
+        self.size
+    }
 }
 
 // SAFETY: a `PinnedAlloc` is a plain description of memory (addresses and a size); the
@@ -132,6 +171,42 @@ pub struct PinnedAlloc {
 unsafe impl Send for PinnedAlloc {}
 // SAFETY: as for `Send`: the struct holds no thread-bound state.
 unsafe impl Sync for PinnedAlloc {}
+
+/// A copy started by [`RawContext::copy_host_to_device_async`], to be waited for exactly
+/// once with [`RawContext::wait_copy`].
+///
+/// Opaque on purpose: a backend may keep a driver handle in it (a `CUevent` on CUDA), so
+/// only a backend makes one, with the `unsafe` [`from_raw`](Self::from_raw); safe code
+/// cannot turn an integer into a ticket, and a ticket cannot be copied or waited twice.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a started copy must be waited for with `wait_copy`"]
+pub struct CopyTicket(u64);
+
+impl CopyTicket {
+    /// The ticket of a copy that has already completed (what synchronous backends return).
+    pub const fn completed() -> Self {
+        CopyTicket(0)
+    }
+
+    /// A ticket holding a backend's value (0 means "already complete").
+    ///
+    /// # Safety
+    /// `raw` is 0 or what the backend's own [`RawContext::wait_copy`] expects for a copy it
+    /// started; the ticket is handed to that backend context's `wait_copy` only.
+    pub const unsafe fn from_raw(raw: u64) -> Self {
+        CopyTicket(raw)
+    }
+
+    /// The backend's value, for the backend that made the ticket.
+    pub fn into_raw(self) -> u64 {
+        self.0
+    }
+
+    /// Whether the copy is known to be complete already.
+    pub fn is_completed(&self) -> bool {
+        self.0 == 0
+    }
+}
 
 /// A backend: the entry point that enumerates devices.
 ///
@@ -176,10 +251,10 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// The device's primary context (the one cudarc, PyTorch and CuPy use), retained
     /// for as long as the returned value lives.
-    fn primary_context(&self) -> Result<Arc<dyn Context>>;
+    fn primary_context(&self) -> Result<Arc<dyn RawContext>>;
 
     /// A non-owning context for an existing raw context handle of this device (a
-    /// `CUcontext` on CUDA, a [`Context::handle`] on the simulator).
+    /// `CUcontext` on CUDA, a [`RawContext::handle`] on the simulator).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error) if `handle` is not a context of this device
@@ -188,7 +263,7 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// # Safety
     /// `handle` must be a live context of this device and must outlive the returned
     /// context and everything allocated through it.
-    unsafe fn shared_context(&self, handle: u64) -> Result<Arc<dyn Context>>;
+    unsafe fn shared_context(&self, handle: u64) -> Result<Arc<dyn RawContext>>;
 }
 
 /// Raw memory operations of one context on one device.
@@ -213,11 +288,18 @@ pub trait Device: Send + Sync + fmt::Debug {
 ///
 /// # Safety
 /// Core's safe API dereferences what this trait returns: an implementation must return
-/// from [`alloc_host`](Context::alloc_host) host memory valid for reads and writes of the
-/// requested size until [`free_host`](Context::free_host), and its copies must touch only
-/// the ranges they are given. (Mocks that return pinned memory must return real memory.)
-#[cfg_attr(feature = "mock", mockall::automock)]
-pub unsafe trait Context: Send + Sync + fmt::Debug {
+/// from [`alloc_host`](RawContext::alloc_host) host memory valid for reads and writes of the
+/// requested size until [`free_host`](RawContext::free_host), and its copies must touch only
+/// the ranges they are given. Implementing it is therefore `unsafe`, and nothing writes an
+/// implementation for a user: the `mock` feature's [`MockRawContext`] is implemented by
+/// hand in this crate (its pinned memory is real memory it allocates itself; expectations
+/// decide outcomes and addresses, never host pointers).
+pub unsafe trait RawContext: Send + Sync + fmt::Debug {
+    /// This context as [`Any`], so that a backend reaches its own concrete type from a
+    /// `&dyn RawContext` (the source context of [`copy_peer`](Self::copy_peer), say)
+    /// without a global table of contexts. Implementations return `self`.
+    fn as_any(&self) -> &dyn Any;
+
     /// The number of the device this context is on.
     fn device_ordinal(&self) -> usize;
 
@@ -235,7 +317,7 @@ pub unsafe trait Context: Send + Sync + fmt::Debug {
     /// [`Error::OutOfMemory`](crate::Error) when the device cannot hold it.
     fn allocate(&self, size: usize) -> Result<DevicePtr>;
 
-    /// Free an allocation made by [`Context::allocate`].
+    /// Free an allocation made by [`RawContext::allocate`].
     ///
     /// # Safety
     /// `ptr` came from `allocate` on this context, is freed once, and is not used after.
@@ -256,24 +338,31 @@ pub unsafe trait Context: Send + Sync + fmt::Debug {
     /// its bytes. cudabuf's core uses it to overlap the flush of one staging buffer with
     /// filling the next ([`BufferWriter`](crate::BufferWriter)).
     ///
-    /// The provided implementation copies synchronously and returns ticket 0; backends
-    /// without asynchronous copies need not override either method.
+    /// The provided implementation copies synchronously and returns
+    /// [`CopyTicket::completed`]; backends without asynchronous copies need not override
+    /// either method.
     ///
     /// # Safety
     /// As [`copy_host_to_device`](Self::copy_host_to_device), and: `src` and the device
     /// range stay alive, and `src` unmodified, until `wait_copy` with the returned ticket
     /// returns; `wait_copy` is called exactly once per ticket.
-    unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<u64> {
+    unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<CopyTicket> {
         // SAFETY: forwarded from this method's contract.
         unsafe { self.copy_host_to_device(dst, src)? };
-        Ok(0)
+        Ok(CopyTicket::completed())
     }
 
     /// Wait for a copy started by [`copy_host_to_device_async`](Self::copy_host_to_device_async).
     ///
+    /// The provided implementation does nothing (the provided
+    /// `copy_host_to_device_async` is synchronous).
+    ///
     /// # Errors
     /// The copy's failure, mapped as any copy's.
-    fn wait_copy(&self, ticket: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// `ticket` came from `copy_host_to_device_async` on this same context.
+    unsafe fn wait_copy(&self, ticket: CopyTicket) -> Result<()> {
         let _ = ticket;
         Ok(())
     }
@@ -310,7 +399,7 @@ pub unsafe trait Context: Send + Sync + fmt::Debug {
     unsafe fn copy_peer(
         &self,
         dst: DevicePtr,
-        src_context: &dyn Context,
+        src_context: &dyn RawContext,
         src: DevicePtr,
         len: usize,
     ) -> Result<()>;
@@ -319,7 +408,7 @@ pub unsafe trait Context: Send + Sync + fmt::Debug {
     /// every context), device-mapped, and not write-combined.
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc>;
 
-    /// Free pinned host memory from [`Context::alloc_host`].
+    /// Free pinned host memory from [`RawContext::alloc_host`].
     ///
     /// # Safety
     /// `alloc` came from `alloc_host` on this context, is freed once and not used after.

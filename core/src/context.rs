@@ -51,7 +51,7 @@ pub struct Context {
 }
 
 pub(crate) struct ContextInner {
-    raw: Arc<dyn backend::Context>,
+    raw: Arc<dyn backend::RawContext>,
     kind: BackendKind,
     device_number: usize,
     pub(crate) bytes_allocated: AtomicUsize,
@@ -73,7 +73,7 @@ impl Drop for ContextInner {
 }
 
 /// Free a device block for real.
-fn free_block(raw: &Arc<dyn backend::Context>, address: DevicePtr, size: usize) {
+fn free_block(raw: &Arc<dyn backend::RawContext>, address: DevicePtr, size: usize) {
     // SAFETY: `address` came from `allocate` on `raw` (only `new_buffer` makes blocks, and
     // the cache holds only blocks of its own context), and it is freed once: it left the
     // cache (or was never put there) and no buffer refers to it.
@@ -85,7 +85,7 @@ fn free_block(raw: &Arc<dyn backend::Context>, address: DevicePtr, size: usize) 
 impl Context {
     /// Wrap a backend context. Backends and tests with mocks use this; applications get
     /// contexts from a [`Backend`](crate::Backend).
-    pub fn from_raw(raw: Arc<dyn backend::Context>, kind: BackendKind) -> Self {
+    pub fn from_raw(raw: Arc<dyn backend::RawContext>, kind: BackendKind) -> Self {
         let device_number = raw.device_ordinal();
         let cache_limit = allocator::default_limit(kind);
         let pool_limit = if cache_limit > 0 {
@@ -106,7 +106,7 @@ impl Context {
     }
 
     /// The backend context underneath.
-    pub fn raw(&self) -> &Arc<dyn backend::Context> {
+    pub fn raw(&self) -> &Arc<dyn backend::RawContext> {
         &self.inner.raw
     }
 

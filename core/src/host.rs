@@ -35,7 +35,7 @@ pub struct HostBuffer {
 }
 
 struct PinnedMemory {
-    raw: Arc<dyn backend::Context>,
+    raw: Arc<dyn backend::RawContext>,
     /// `None` for a zero-size buffer (no driver call).
     alloc: Option<PinnedAlloc>,
     device_number: usize,
@@ -44,12 +44,12 @@ struct PinnedMemory {
 impl PinnedMemory {
     fn ptr(&self) -> NonNull<u8> {
         self.alloc
-            .and_then(|a| NonNull::new(a.host_ptr))
+            .and_then(|a| NonNull::new(a.host_ptr()))
             .unwrap_or(NonNull::dangling())
     }
 
     fn len(&self) -> usize {
-        self.alloc.map_or(0, |a| a.size)
+        self.alloc.map_or(0, |a| a.size())
     }
 }
 
@@ -61,7 +61,7 @@ impl Drop for PinnedMemory {
             if let Err(e) = unsafe { self.raw.free_host(alloc) } {
                 eprintln!(
                     "cudabuf: freeing pinned host buffer ({} bytes) failed: {e}",
-                    alloc.size
+                    alloc.size()
                 );
             }
         }
@@ -69,14 +69,14 @@ impl Drop for PinnedMemory {
 }
 
 impl HostBuffer {
-    pub(crate) fn allocate(raw: Arc<dyn backend::Context>, size: usize) -> Result<Self> {
+    pub(crate) fn allocate(raw: Arc<dyn backend::RawContext>, size: usize) -> Result<Self> {
         let device_number = raw.device_ordinal();
         let alloc = if size == 0 {
             None
         } else {
             let alloc = raw.alloc_host(size)?;
-            if alloc.host_ptr.is_null() || alloc.size != size {
-                if !alloc.host_ptr.is_null() {
+            if alloc.host_ptr().is_null() || alloc.size() != size {
+                if !alloc.host_ptr().is_null() {
                     // SAFETY: `alloc` came from `alloc_host` on `raw` and is not used again.
                     let _ = unsafe { raw.free_host(alloc) };
                 }
@@ -84,14 +84,15 @@ impl HostBuffer {
                     "new_host_buffer",
                     format!(
                         "the backend returned {} bytes at {:p} for {size} bytes",
-                        alloc.size, alloc.host_ptr
+                        alloc.size(),
+                        alloc.host_ptr()
                     ),
                 ));
             }
             // Make the memory initialized before any `&[u8]` of it exists.
             // SAFETY: the backend (an `unsafe trait`) guarantees `host_ptr` is valid for
             // writes of `size` bytes; it is not null (checked above).
-            unsafe { std::ptr::write_bytes(alloc.host_ptr, 0, size) };
+            unsafe { std::ptr::write_bytes(alloc.host_ptr(), 0, size) };
             Some(alloc)
         };
         Ok(HostBuffer {
@@ -118,7 +119,7 @@ impl HostBuffer {
     /// zero-size buffer). For another context use
     /// [`Context::get_device_address`](crate::Context::get_device_address).
     pub fn device_address(&self) -> Option<DevicePtr> {
-        self.memory.alloc.map(|a| a.device_ptr)
+        self.memory.alloc.map(|a| a.device_ptr())
     }
 
     pub(crate) fn keep_alive(&self) -> Owner {

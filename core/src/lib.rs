@@ -10,7 +10,7 @@
 //!   and export for IPC;
 //! - [`BufferReader`] / [`BufferWriter`]: `std::io` over device memory;
 //! - [`backend`]: the three traits a backend implements ([`backend::Platform`],
-//!   [`backend::Device`], [`backend::Context`]).
+//!   [`backend::Device`], [`backend::RawContext`]).
 //!
 //! # Rules
 //! - Every position, offset and size is checked; bad input is a typed [`Error`] (see

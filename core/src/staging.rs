@@ -89,11 +89,11 @@ impl HostPool {
 }
 
 /// A copy from pinned host memory to the device, started with
-/// [`Context::copy_host_to_device_async`](backend::Context::copy_host_to_device_async) and
+/// [`Context::copy_host_to_device_async`](backend::RawContext::copy_host_to_device_async) and
 /// not yet waited for. Dropping it waits (a copy must never outlive its source).
 pub(crate) struct PendingCopy {
-    raw: Arc<dyn backend::Context>,
-    ticket: Option<u64>,
+    raw: Arc<dyn backend::RawContext>,
+    ticket: Option<backend::CopyTicket>,
 }
 
 impl PendingCopy {
@@ -104,7 +104,7 @@ impl PendingCopy {
     /// pinned host memory that stays alive and unmodified until the returned value is
     /// waited for or dropped, as does the device memory.
     pub(crate) unsafe fn start(
-        raw: &Arc<dyn backend::Context>,
+        raw: &Arc<dyn backend::RawContext>,
         dst: backend::DevicePtr,
         src: &[u8],
     ) -> Result<Self> {
@@ -123,7 +123,9 @@ impl PendingCopy {
 
     fn wait_inner(&mut self) -> Result<()> {
         match self.ticket.take() {
-            Some(ticket) => self.raw.wait_copy(ticket),
+            // SAFETY: the ticket came from `copy_host_to_device_async` of `self.raw` (in
+            // `start`), and is taken out, so it is waited for once.
+            Some(ticket) => unsafe { self.raw.wait_copy(ticket) },
             None => Ok(()),
         }
     }

@@ -87,7 +87,7 @@ fn export_refuses_what_cuda_refuses() {
     );
     let pinned = c.alloc_host(100).unwrap();
     assert_eq!(
-        c.ipc_export(pinned.device_ptr).unwrap_err().kind(),
+        c.ipc_export(pinned.device_ptr()).unwrap_err().kind(),
         ErrorKind::Unsupported
     );
     assert_eq!(

@@ -3,34 +3,34 @@
 
 use std::sync::Arc;
 
-use cudabuf_core::backend::{Context, Platform};
+use cudabuf_core::backend::{Platform, RawContext};
 use cudabuf_core::{BackendKind, Error, ErrorKind};
 
 use crate::region::UNINIT_FILL;
 use crate::{FaultOp, RegionKind, SimBackend, SimConfig};
 
-pub(super) fn ctx(sim: &SimBackend, device: usize) -> Arc<dyn Context> {
+pub(super) fn ctx(sim: &SimBackend, device: usize) -> Arc<dyn RawContext> {
     sim.device(device).unwrap().primary_context().unwrap()
 }
 
-pub(super) fn write(ctx: &dyn Context, ptr: u64, bytes: &[u8]) -> cudabuf_core::Result<()> {
+pub(super) fn write(ctx: &dyn RawContext, ptr: u64, bytes: &[u8]) -> cudabuf_core::Result<()> {
     // SAFETY: the simulator checks every address; a bad one is an error, never UB.
     unsafe { ctx.copy_host_to_device(ptr, bytes) }
 }
 
-pub(super) fn read(ctx: &dyn Context, ptr: u64, len: usize) -> cudabuf_core::Result<Vec<u8>> {
+pub(super) fn read(ctx: &dyn RawContext, ptr: u64, len: usize) -> cudabuf_core::Result<Vec<u8>> {
     let mut out = vec![0u8; len];
     // SAFETY: as in `write`.
     unsafe { ctx.copy_device_to_host(&mut out, ptr) }?;
     Ok(out)
 }
 
-pub(super) fn free(ctx: &dyn Context, ptr: u64) -> cudabuf_core::Result<()> {
+pub(super) fn free(ctx: &dyn RawContext, ptr: u64) -> cudabuf_core::Result<()> {
     // SAFETY: as in `write`.
     unsafe { ctx.free(ptr) }
 }
 
-fn dtod(ctx: &dyn Context, dst: u64, src: u64, len: usize) -> cudabuf_core::Result<()> {
+fn dtod(ctx: &dyn RawContext, dst: u64, src: u64, len: usize) -> cudabuf_core::Result<()> {
     // SAFETY: as in `write`.
     unsafe { ctx.copy_device_to_device(dst, src, len) }
 }
@@ -285,34 +285,34 @@ fn pinned_memory_is_visible_through_its_device_address() {
     let sim = SimBackend::new();
     let (c0, c1) = (ctx(&sim, 0), ctx(&sim, 1));
     let p = c0.alloc_host(10_000).unwrap();
-    assert_eq!(p.size, 10_000);
-    assert_eq!(p.host_ptr as usize % 4096, 0);
+    assert_eq!(p.size(), 10_000);
+    assert_eq!(p.host_ptr() as usize % 4096, 0);
     // SAFETY: `host_ptr` is valid for `size` bytes until free_host; nothing else
     // accesses it during this borrow.
-    let host = unsafe { std::slice::from_raw_parts_mut(p.host_ptr, p.size) };
+    let host = unsafe { std::slice::from_raw_parts_mut(p.host_ptr(), p.size()) };
     assert!(host.iter().all(|&b| b == 0));
     host[100..105].copy_from_slice(b"hello");
     // Pinned memory is portable: any context reads it.
-    assert_eq!(read(&*c1, p.device_ptr + 100, 5).unwrap(), b"hello");
-    write(&*c0, p.device_ptr + 9_998, b"!!").unwrap();
+    assert_eq!(read(&*c1, p.device_ptr() + 100, 5).unwrap(), b"hello");
+    write(&*c0, p.device_ptr() + 9_998, b"!!").unwrap();
     let d = c1.allocate(5).unwrap();
-    dtod(&*c1, d, p.device_ptr + 100, 5).unwrap();
+    dtod(&*c1, d, p.device_ptr() + 100, 5).unwrap();
     assert_eq!(read(&*c1, d, 5).unwrap(), b"hello");
     // SAFETY: as above; the previous borrow is over.
-    let host = unsafe { std::slice::from_raw_parts(p.host_ptr, p.size) };
+    let host = unsafe { std::slice::from_raw_parts(p.host_ptr(), p.size()) };
     assert_eq!(&host[9_998..], b"!!");
     assert_invalid_address(
-        read(&*c0, p.device_ptr + 9_999, 2),
+        read(&*c0, p.device_ptr() + 9_999, 2),
         "past the end of a 10000-byte pinned",
     );
     assert_eq!(sim.bytes_in_use(0), 0);
-    assert_invalid_address(free(&*c0, p.device_ptr), "free it with free_host");
+    assert_invalid_address(free(&*c0, p.device_ptr()), "free it with free_host");
     // SAFETY: `p` came from alloc_host and is freed once.
     unsafe { c0.free_host(p) }.unwrap();
     // SAFETY: the simulator checks it: a second free is an error, not UB.
     let e = unsafe { c0.free_host(p) }.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidAddress);
-    assert_invalid_address(read(&*c0, p.device_ptr, 1), "freed");
+    assert_invalid_address(read(&*c0, p.device_ptr(), 1), "freed");
     free(&*c1, d).unwrap();
 }
 
@@ -325,23 +325,26 @@ fn device_address_rules() {
     assert_eq!(c.device_address(d).unwrap(), d);
     assert_eq!(c.device_address(d + 99).unwrap(), d + 99);
     assert_eq!(
-        c.device_address(p.device_ptr + 7).unwrap(),
-        p.device_ptr + 7
+        c.device_address(p.device_ptr() + 7).unwrap(),
+        p.device_ptr() + 7
     );
-    assert_eq!(c.device_address(p.host_ptr as u64).unwrap(), p.device_ptr);
     assert_eq!(
-        c.device_address(p.host_ptr as u64 + 99).unwrap(),
-        p.device_ptr + 99
+        c.device_address(p.host_ptr() as u64).unwrap(),
+        p.device_ptr()
+    );
+    assert_eq!(
+        c.device_address(p.host_ptr() as u64 + 99).unwrap(),
+        p.device_ptr() + 99
     );
     // Memory of another device is still a device address (as with unified addressing).
     assert_eq!(ctx(&sim, 1).device_address(d).unwrap(), d);
     let pageable = [0u8; 100];
     assert_invalid_address(c.device_address(pageable.as_ptr() as u64), "pageable");
-    assert_invalid_address(c.device_address(p.host_ptr as u64 + 100), "pageable");
+    assert_invalid_address(c.device_address(p.host_ptr() as u64 + 100), "pageable");
     assert_invalid_address(c.device_address(d + 100), "never allocated");
     free(&*c, d).unwrap();
     assert_invalid_address(c.device_address(d), "freed");
-    let host = p.host_ptr as u64;
+    let host = p.host_ptr() as u64;
     // SAFETY: `p` came from alloc_host and is freed once.
     unsafe { c.free_host(p) }.unwrap();
     assert_invalid_address(c.device_address(host), "freed");
@@ -357,13 +360,13 @@ fn address_range_finds_the_allocation() {
     assert_eq!(c.address_range(d).unwrap(), (d, 1000));
     assert_eq!(c.address_range(d + 999).unwrap(), (d, 1000));
     assert_eq!(
-        c.address_range(p.device_ptr + 10).unwrap(),
-        (p.device_ptr, 50)
+        c.address_range(p.device_ptr() + 10).unwrap(),
+        (p.device_ptr(), 50)
     );
     assert_eq!(ctx(&sim, 1).address_range(d + 1).unwrap(), (d, 1000));
     assert_invalid_address(c.address_range(d + 1000), "never allocated");
     assert_invalid_address(
-        c.address_range(p.host_ptr as u64),
+        c.address_range(p.host_ptr() as u64),
         "not a simulated device address",
     );
     free(&*c, d).unwrap();
@@ -537,7 +540,7 @@ fn leak_report_lists_live_allocations() {
         .map(|e| (e.device, e.kind, e.address, e.size))
         .collect();
     assert!(kinds.contains(&(1, RegionKind::Device, d, 300)));
-    assert!(kinds.contains(&(0, RegionKind::Pinned, p.device_ptr, 20)));
+    assert!(kinds.contains(&(0, RegionKind::Pinned, p.device_ptr(), 20)));
     let text = report.to_string();
     assert!(
         text.starts_with("leaky: 2 live allocation(s), 320 bytes"),
