@@ -41,6 +41,19 @@ const VERSION: u16 = 1;
 /// The length of a cudabuf handle of nonzero size.
 pub const EXTENDED_HANDLE_LEN: usize = PYARROW_LEN + 56;
 
+/// The wire format of an [`IpcMemHandle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum HandleFormat {
+    /// A zero-size buffer: pyarrow's 8 bytes (the size alone).
+    Empty,
+    /// pyarrow's 72 bytes (size and `CUipcMemHandle`): the whole allocation, on CUDA.
+    Pyarrow,
+    /// cudabuf's extended format: pyarrow's 72 bytes, then backend, device, offset,
+    /// exporter and a checksum.
+    Extended,
+}
+
 /// A handle to device memory that another process can open with
 /// [`Context::open_ipc_buffer`] (pyarrow's `CudaIpcMemHandle`).
 ///
@@ -140,6 +153,36 @@ impl IpcMemHandle {
     /// The device number of the exported memory, when the handle says (cudabuf handles).
     pub fn device_number(&self) -> Option<usize> {
         self.extension.map(|e| e.device as usize)
+    }
+
+    /// Which wire format the handle was read from or will be written in.
+    pub fn format(&self) -> HandleFormat {
+        match (self.size, self.extension) {
+            (0, _) => HandleFormat::Empty,
+            (_, None) => HandleFormat::Pyarrow,
+            (_, Some(_)) => HandleFormat::Extended,
+        }
+    }
+
+    /// The exporting process's id, when the handle says (cudabuf handles).
+    pub fn exporter_pid(&self) -> Option<u32> {
+        self.extension.map(|e| e.exporter.pid)
+    }
+
+    /// The exporting process's random nonce, which tells it apart from a later process
+    /// with the same pid (cudabuf handles).
+    pub fn exporter_nonce(&self) -> Option<u64> {
+        self.extension.map(|e| e.exporter.nonce)
+    }
+
+    /// The export's number in the exporting process (cudabuf handles).
+    pub fn export_id(&self) -> Option<u64> {
+        self.extension.map(|e| e.export_id)
+    }
+
+    /// Whether this process exported the handle (same pid and nonce).
+    pub fn is_from_this_process(&self) -> bool {
+        self.extension.is_some_and(|e| e.exporter == this_process())
     }
 
     /// The raw 64-byte handle (`CUipcMemHandle`).

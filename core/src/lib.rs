@@ -61,7 +61,7 @@ pub use context::Context;
 pub use devices::Backend;
 pub use error::{Error, ErrorKind, Result};
 pub use host::HostBuffer;
-pub use ipc::{IpcMemHandle, EXTENDED_HANDLE_LEN};
+pub use ipc::{HandleFormat, IpcMemHandle, EXTENDED_HANDLE_LEN};
 pub use memory::Owner;
 pub use object::{DataSource, DeviceAccessible, DeviceView, RawDeviceMemory};
 pub use reader::BufferReader;
