@@ -1,10 +1,14 @@
 //! [`CudaDriverContext`]: a CUDA context (primary, shared, or cudarc's) and the raw
-//! memory operations of [`Context`] on it.
+//! memory operations of [`RawContext`] on it.
+//!
+//! Rooms: this file (the context, its ownership, allocation, copies on one device,
+//! pinned memory, pointer queries, IPC); `peer` (copies between contexts and peer
+//! access); `events` (the event pool and asynchronous copies).
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_uint, c_void};
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudabuf_core::backend::{
     CopyTicket, DevicePtr, PinnedAlloc, RawContext, RawIpcHandle, RAW_IPC_HANDLE_LEN,
@@ -16,35 +20,11 @@ use crate::current::PushedContext;
 use crate::driver_error::{check, CuFailure};
 use crate::staging::{Direction, StagingConfig, StagingEngine};
 
-/// The environment variable that keeps peer copies from enabling peer access: `0`, `off`,
-/// `false` or `no` (any case). Read once per process, on the first peer copy between
-/// devices (see [`peer_access_allowed`]). Unset, empty or anything else: peer access is
-/// enabled wherever `cuDeviceCanAccessPeer` allows it (the default).
-pub const PEER_ACCESS_VAR: &str = "CUDABUF_PEER_ACCESS";
+mod events;
+mod peer;
 
-/// Whether a setting of [`PEER_ACCESS_VAR`] lets peer copies enable peer access.
-fn peer_access_setting(value: Option<&str>) -> bool {
-    !value.is_some_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "0" | "off" | "false" | "no"
-        )
-    })
-}
-
-/// Whether peer copies in this process enable peer access where the hardware allows it:
-/// `false` when [`PEER_ACCESS_VAR`] (`CUDABUF_PEER_ACCESS`) says `0` (read once, the
-/// first time this is called, and kept for the life of the process).
-///
-/// With peer access off, `cuMemcpyPeer` still copies between devices, staged through host
-/// memory by the driver: the switch exists to measure that path, and to rule peer access
-/// in or out when chasing a problem. It only stops this crate from calling
-/// `cuCtxEnablePeerAccess`; access enabled by somebody else (another library on the same
-/// primary context, or `cuIpcOpenMemHandle`'s lazy peer access) stays enabled.
-pub fn peer_access_allowed() -> bool {
-    static ALLOWED: OnceLock<bool> = OnceLock::new();
-    *ALLOWED.get_or_init(|| peer_access_setting(std::env::var(PEER_ACCESS_VAR).ok().as_deref()))
-}
+use events::RawEvent;
+pub use peer::{peer_access_allowed, PEER_ACCESS_VAR};
 
 /// A raw `CUcontext` that may be used from any thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,14 +100,6 @@ pub struct CudaDriverContext {
     /// Idle events for asynchronous copies (`copy_host_to_device_async`).
     events: Mutex<Vec<RawEvent>>,
 }
-
-/// A `CUevent` that may be used from any thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct RawEvent(sys::CUevent);
-
-// SAFETY: a `CUevent` is a driver handle; the driver API is thread safe, and an idle
-// pooled event is used by one caller at a time (taken out of the pool while in use).
-unsafe impl Send for RawEvent {}
 
 /// The staging state of a context.
 #[derive(Debug)]
@@ -252,8 +224,8 @@ impl CudaDriverContext {
             match unsafe { StagingEngine::start(self.ctx.0, staging.config) } {
                 Ok(engine) => staging.engine = Some(Arc::new(engine)),
                 Err(failure) => {
-                    eprintln!(
-                        "cudabuf: staging pageable copies is off for this context: {}",
+                    log::warn!(
+                        "staging pageable copies is off for this context: {}",
                         failure.reason()
                     );
                     staging.failed = true;
@@ -277,28 +249,6 @@ impl CudaDriverContext {
             )
         };
         status == CUresult::CUDA_ERROR_INVALID_VALUE
-    }
-
-    /// An event for an asynchronous copy, from the pool or new (context pushed).
-    fn take_event(&self, _pushed: &PushedContext) -> Result<RawEvent> {
-        if let Some(event) = self
-            .events
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop()
-        {
-            return Ok(event);
-        }
-        let mut event: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: a context is pushed; `event` is a valid out-pointer.
-        check("cuEventCreate", unsafe {
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint,
-            )
-        })
-        .map_err(|f| self.fail(f))?;
-        Ok(RawEvent(event))
     }
 
     /// Push this context for the duration of the returned guard.
@@ -379,66 +329,6 @@ impl CudaDriverContext {
         })
         .map_err(|f| self.fail(f))
     }
-
-    /// Enable peer access from this context to `src_ctx` (on `src_device`) once, if the
-    /// devices differ, the hardware allows it and [`peer_access_allowed`] says so. Failure
-    /// to enable is not an error: `cuMemcpyPeer` still works, staged through the host.
-    fn ensure_peer_access(&self, src_ctx: CUcontext, src_device: CUdevice) -> Result<()> {
-        if src_device == self.device {
-            return Ok(());
-        }
-        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        if peers.contains_key(&(src_ctx as u64)) {
-            return Ok(());
-        }
-        if !peer_access_allowed() {
-            // CUDABUF_PEER_ACCESS=0: copies from this source go through the host.
-            peers.insert(src_ctx as u64, false);
-            return Ok(());
-        }
-        let mut can_access: c_int = 0;
-        // SAFETY: `can_access` is a valid out-pointer; both devices are valid `CUdevice`s
-        // (ours from `cuDeviceGet`, the source's from a live registered context).
-        check("cuDeviceCanAccessPeer", unsafe {
-            sys::cuDeviceCanAccessPeer(&mut can_access, self.device, src_device)
-        })
-        .map_err(|f| self.fail(f))?;
-        let mut enabled = false;
-        if can_access != 0 {
-            let pushed = self.push()?;
-            // SAFETY: our context is pushed; `src_ctx` is live (the caller's contract for
-            // `copy_peer`) and of another device.
-            let status = unsafe { sys::cuCtxEnablePeerAccess(src_ctx, 0) };
-            drop(pushed);
-            // CUDA_SUCCESS and CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED both leave access
-            // enabled; any other failure (e.g. CUDA_ERROR_TOO_MANY_PEERS) only means that
-            // copies from this source are staged through the host.
-            enabled = matches!(
-                status,
-                CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-            );
-        }
-        // Remembered by handle. A context destroyed and another created at the same
-        // address would skip enabling: slower copies, never wrong ones.
-        peers.insert(src_ctx as u64, enabled);
-        Ok(())
-    }
-
-    /// Whether peer copies from `src` into this context run with peer access that this
-    /// wrapper enabled (or found already enabled): `Some(true)`; `Some(false)` when it
-    /// was not enabled (the same device, the hardware does not allow it, enabling failed,
-    /// or `CUDABUF_PEER_ACCESS=0`; such copies are staged through the host unless access
-    /// was enabled elsewhere); `None` before the first peer copy from `src`.
-    pub fn peer_access_from(&self, src: &CudaDriverContext) -> Option<bool> {
-        if src.device == self.device {
-            return Some(false);
-        }
-        self.peers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&(src.ctx.0 as u64))
-            .copied()
-    }
 }
 
 impl Drop for CudaDriverContext {
@@ -452,20 +342,7 @@ impl Drop for CudaDriverContext {
             .engine
             .take();
         drop(engine);
-        let events = std::mem::take(
-            self.events
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        if !events.is_empty() {
-            if let Ok(_pushed) = self.push() {
-                for event in events {
-                    // SAFETY: the event was created in this context and is idle (every
-                    // ticket was waited for before its event came back to the pool).
-                    let _ = unsafe { sys::cuEventDestroy_v2(event.0) };
-                }
-            }
-        }
+        self.destroy_pooled_events();
         match std::mem::replace(&mut self.ownership, Ownership::Shared) {
             Ownership::Primary => {
                 // SAFETY: this wrapper retained the primary context of `self.device` once
@@ -572,61 +449,13 @@ unsafe impl RawContext for CudaDriverContext {
     }
 
     unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<CopyTicket> {
-        if src.is_empty() {
-            return Ok(CopyTicket::completed());
-        }
-        let pushed = self.push()?;
-        let event = self.take_event(&pushed)?;
-        // SAFETY: our context is pushed; the caller guarantees that `src` (pinned) and the
-        // device range stay valid, and `src` unmodified, until `wait_copy` returns. The
-        // copy runs on the legacy default stream, ordered with every other copy here.
-        let copied = check("cuMemcpyHtoDAsync_v2", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                dst,
-                src.as_ptr().cast::<c_void>(),
-                src.len(),
-                std::ptr::null_mut(),
-            )
-        })
-        .and_then(|()| {
-            // SAFETY: our context is pushed; the event is idle and of this context.
-            check("cuEventRecord", unsafe {
-                sys::cuEventRecord(event.0, std::ptr::null_mut())
-            })
-        });
-        match copied {
-            // SAFETY: the ticket holds an event of this context recorded after the copy;
-            // `wait_copy` of this context (its contract) turns it back into the event.
-            Ok(()) => Ok(unsafe { CopyTicket::from_raw(event.0 as u64) }),
-            Err(failure) => {
-                // Nothing may stay in flight from the caller's memory.
-                let _ = self.wait_default_stream(&pushed);
-                self.events
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(event);
-                Err(self.fail(failure))
-            }
-        }
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.start_async_copy(dst, src) }
     }
 
     unsafe fn wait_copy(&self, ticket: CopyTicket) -> Result<()> {
-        if ticket.is_completed() {
-            return Ok(());
-        }
-        // The caller guarantees the ticket came from `copy_host_to_device_async` of this
-        // context: it holds one of this context's events.
-        let event = RawEvent(ticket.into_raw() as sys::CUevent);
-        let _pushed = self.push()?;
-        // SAFETY: our context is pushed; the event was recorded by
-        // `copy_host_to_device_async` on this context, and a ticket is waited for once
-        // (it is consumed).
-        let status = unsafe { sys::cuEventSynchronize(event.0) };
-        self.events
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(event);
-        check("cuEventSynchronize", status).map_err(|f| self.fail(f))
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.wait_async_copy(ticket) }
     }
 
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
@@ -687,39 +516,8 @@ unsafe impl RawContext for CudaDriverContext {
         src: DevicePtr,
         len: usize,
     ) -> Result<()> {
-        let Some(source) = src_context.as_any().downcast_ref::<CudaDriverContext>() else {
-            return Err(Error::invalid_argument(
-                "copy_peer",
-                format!(
-                    "the source context (handle {:#x}, device {}) is not a context of the \
-                     CUDA backend",
-                    src_context.handle(),
-                    src_context.device_ordinal()
-                ),
-            ));
-        };
-        if len == 0 {
-            return Ok(());
-        }
-        if source.ctx == self.ctx {
-            // SAFETY: same context: the caller's guarantees for `copy_peer` are those of
-            // `copy_device_to_device`.
-            return unsafe { self.copy_device_to_device(dst, src, len) };
-        }
-        let src_ctx = source.ctx.0;
-        self.ensure_peer_access(src_ctx, source.device)?;
-        let _pushed = self.push()?;
-        // SAFETY: our context is pushed; `src_ctx` is the live context of `source` (a
-        // `CudaDriverContext` borrowed for this call keeps its context alive); the caller
-        // guarantees the ranges.
-        check("cuMemcpyPeer", unsafe {
-            sys::cuMemcpyPeer(dst, self.ctx.0, src, src_ctx, len)
-        })
-        .map_err(|f| self.fail(f))?;
-        // cuMemcpyPeer is asynchronous with respect to the host but serialised with all
-        // work in both contexts: wait for this context to finish it.
-        // SAFETY: our context is pushed.
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() }).map_err(|f| self.fail(f))
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.copy_from_peer(dst, src_context, src, len) }
     }
 
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
@@ -920,27 +718,5 @@ unsafe impl RawContext for CudaDriverContext {
             sys::cuIpcCloseMemHandle(ptr)
         })
         .map_err(|f| self.fail(f))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::peer_access_setting;
-
-    #[test]
-    fn peer_access_is_on_unless_the_variable_says_off() {
-        for on in [
-            None,
-            Some(""),
-            Some("1"),
-            Some("on"),
-            Some("yes"),
-            Some(" true "),
-        ] {
-            assert!(peer_access_setting(on), "{on:?}");
-        }
-        for off in ["0", "off", "OFF", "false", "No", " 0 "] {
-            assert!(!peer_access_setting(Some(off)), "{off:?}");
-        }
     }
 }

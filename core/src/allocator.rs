@@ -78,8 +78,8 @@ fn env_limit() -> Option<usize> {
             other => match parse_size(other) {
                 Some(limit) => Some(limit),
                 None => {
-                    eprintln!(
-                        "cudabuf: {ALLOCATOR_CACHE_VAR}={value:?} is not 0, 1 or a size; \
+                    log::warn!(
+                        "{ALLOCATOR_CACHE_VAR}={value:?} is not 0, 1 or a size; \
                          using the backend's default"
                     );
                     None

@@ -12,7 +12,7 @@ use crate::host::HostBuffer;
 use crate::ipc::{self, IpcMemHandle};
 use crate::memory::{Empty, Memory, MemoryKind, Owned, Owner, View};
 use crate::object::{DataSource, DeviceAccessible};
-use crate::staging::{HostPool, DEFAULT_STAGING_POOL_LIMIT};
+use crate::pinned_pool::{PinnedPool, DEFAULT_STAGING_POOL_LIMIT};
 
 /// A CUDA context on one device (pyarrow's `Context`): allocates device buffers, opens IPC
 /// handles, and counts what it allocated.
@@ -58,7 +58,7 @@ pub(crate) struct ContextInner {
     /// Freed device blocks kept for reuse.
     cache: DeviceCache,
     /// Idle pinned staging buffers kept for reuse.
-    host_pool: HostPool,
+    host_pool: PinnedPool,
 }
 
 impl Drop for ContextInner {
@@ -78,7 +78,7 @@ fn free_block(raw: &Arc<dyn backend::RawContext>, address: DevicePtr, size: usiz
     // the cache holds only blocks of its own context), and it is freed once: it left the
     // cache (or was never put there) and no buffer refers to it.
     if let Err(e) = unsafe { raw.free(address) } {
-        eprintln!("cudabuf: freeing device allocation {address:#x} ({size} bytes) failed: {e}");
+        log::warn!("freeing device allocation {address:#x} ({size} bytes) failed: {e}");
     }
 }
 
@@ -100,7 +100,7 @@ impl Context {
                 device_number,
                 bytes_allocated: AtomicUsize::new(0),
                 cache: DeviceCache::new(cache_limit),
-                host_pool: HostPool::new(pool_limit),
+                host_pool: PinnedPool::new(pool_limit),
             }),
         }
     }

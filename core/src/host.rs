@@ -59,8 +59,8 @@ impl Drop for PinnedMemory {
             // SAFETY: `alloc` came from `alloc_host` on `raw` and is freed once: this is
             // the drop of its only owner.
             if let Err(e) = unsafe { self.raw.free_host(alloc) } {
-                eprintln!(
-                    "cudabuf: freeing pinned host buffer ({} bytes) failed: {e}",
+                log::warn!(
+                    "freeing pinned host buffer ({} bytes) failed: {e}",
                     alloc.size()
                 );
             }

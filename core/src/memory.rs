@@ -78,7 +78,7 @@ pub(crate) struct IpcMapping {
 
 impl Release for IpcMapping {
     fn release(&mut self, ctx: &Context, address: DevicePtr, _: usize) {
-        crate::mappings::close(ctx, &self.key, address);
+        crate::ipc::close_mapping(ctx, &self.key, address);
     }
     fn describe(&self) -> &'static str {
         "IPC mapping"

@@ -6,8 +6,8 @@ use std::io::{self, Seek, SeekFrom, Write};
 use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::host::HostBuffer;
+use crate::pending_copy::PendingCopy;
 use crate::reader::resolve_seek;
-use crate::staging::PendingCopy;
 
 /// Writes into a device buffer like a file (pyarrow's `BufferWriter`).
 ///
@@ -445,9 +445,7 @@ impl Seek for BufferWriter {
 impl Drop for BufferWriter {
     fn drop(&mut self) {
         if let Err(e) = self.close() {
-            eprintln!(
-                "cudabuf: BufferWriter dropped with staged bytes that could not be flushed: {e}"
-            );
+            log::warn!("BufferWriter dropped with staged bytes that could not be flushed: {e}");
         }
         self.release_slots();
     }

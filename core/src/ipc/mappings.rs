@@ -108,6 +108,6 @@ pub(crate) fn close(ctx: &Context, raw: &RawIpcHandle, address: DevicePtr) {
     // SAFETY: `address` came from `ipc_open` on this context (only `open` above makes
     // `IpcMapping` memory) and this is its one close: the last buffer is gone.
     if let Err(e) = unsafe { ctx.raw().ipc_close(address) } {
-        eprintln!("cudabuf: closing IPC mapping {address:#x} failed: {e}");
+        log::warn!("closing IPC mapping {address:#x} failed: {e}");
     }
 }

@@ -1,38 +1,12 @@
-//! [`IpcMemHandle`]: sharing device memory between processes, in pyarrow's wire format
-//! extended with what pyarrow loses (the offset of a slice, the backend, the exporter).
-//!
-//! # Wire format
-//! ```text
-//! 0    8 bytes   logical size, i64 little-endian (pyarrow's `int64_t`)
-//!                -- a zero size ends the handle here: 8 bytes in all --
-//! 8    64 bytes  the raw handle (CUipcMemHandle; the simulator's own 64 bytes)
-//!                -- pyarrow's format ends here: 72 bytes --
-//! 72   6 bytes   magic "CUDABF", then u16 version (1)
-//! 80   u8 backend (1 sim, 2 cuda), 3 reserved zero bytes, u32 device number
-//! 88   u64       offset of the exported range in the allocation
-//! 96   u32 exporter pid, 4 reserved zero bytes
-//! 104  u64       exporter process nonce (tells a reused pid apart)
-//! 112  u64       export id in the exporter's process
-//! 120  u64       FNV-1a 64 checksum of bytes 0..120
-//! 128            end
-//! ```
-//! Handles written by pyarrow (72 bytes) are read as CUDA handles with offset 0.
-//! Anything else (truncated, oversized, bad magic, version or checksum, nonzero reserved
-//! bytes, a negative size, an offset + size past `u64::MAX`) is
-//! [`Error::InvalidIpcHandle`], so every accepted handle reads back to the same bytes.
+//! [`IpcMemHandle`] and its wire format (see the [module docs](super)).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::OnceLock;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::backend::{BackendKind, RawIpcHandle, RAW_IPC_HANDLE_LEN};
-use crate::buffer::DeviceBuffer;
-use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::memory::Memory;
 
 const SIZE_LEN: usize = 8;
 const PYARROW_LEN: usize = SIZE_LEN + RAW_IPC_HANDLE_LEN;
@@ -74,29 +48,29 @@ pub enum HandleFormat {
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct IpcMemHandle {
-    size: u64,
-    raw: RawIpcHandle,
-    extension: Option<Extension>,
+    pub(super) size: u64,
+    pub(super) raw: RawIpcHandle,
+    pub(super) extension: Option<Extension>,
 }
 
 /// What cudabuf adds after pyarrow's 72 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Extension {
-    backend: BackendKind,
-    device: u32,
-    offset: u64,
-    exporter: ProcessId,
-    export_id: u64,
+pub(super) struct Extension {
+    pub(super) backend: BackendKind,
+    pub(super) device: u32,
+    pub(super) offset: u64,
+    pub(super) exporter: ProcessId,
+    pub(super) export_id: u64,
 }
 
 /// A process, told apart from a later one with the same pid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct ProcessId {
+pub(super) struct ProcessId {
     pid: u32,
     nonce: u64,
 }
 
-fn this_process() -> ProcessId {
+pub(super) fn this_process() -> ProcessId {
     static NONCE: OnceLock<u64> = OnceLock::new();
     let nonce = *NONCE.get_or_init(|| {
         use std::hash::{BuildHasher, Hasher};
@@ -362,208 +336,6 @@ impl fmt::Debug for IpcMemHandle {
         }
         d.finish()
     }
-}
-
-impl Serialize for IpcMemHandle {
-    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        let bytes = self.to_bytes();
-        if serializer.is_human_readable() {
-            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            serializer.serialize_str(&hex)
-        } else {
-            serializer.serialize_bytes(&bytes)
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for IpcMemHandle {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        use serde::de::Error as _;
-        let bytes: Vec<u8> = if deserializer.is_human_readable() {
-            let hex = String::deserialize(deserializer)?;
-            if hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(D::Error::custom(
-                    "IPC handle: expected an even number of hex digits",
-                ));
-            }
-            (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| D::Error::custom(format!("IPC handle: bad hex: {e}")))?
-        } else {
-            serde_bytes_vec(deserializer)?
-        };
-        IpcMemHandle::from_bytes(&bytes).map_err(D::Error::custom)
-    }
-}
-
-/// Deserialize a byte string (or a sequence of bytes, for formats without byte strings).
-fn serde_bytes_vec<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<u8>, D::Error> {
-    struct BytesVisitor;
-    impl<'de> serde::de::Visitor<'de> for BytesVisitor {
-        type Value = Vec<u8>;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("IPC handle bytes")
-        }
-        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> std::result::Result<Vec<u8>, E> {
-            Ok(v.to_vec())
-        }
-        fn visit_byte_buf<E: serde::de::Error>(
-            self,
-            v: Vec<u8>,
-        ) -> std::result::Result<Vec<u8>, E> {
-            Ok(v)
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(
-            self,
-            mut seq: A,
-        ) -> std::result::Result<Vec<u8>, A::Error> {
-            let mut out = Vec::new();
-            while let Some(b) = seq.next_element::<u8>()? {
-                if out.len() > EXTENDED_HANDLE_LEN {
-                    return Err(serde::de::Error::custom("IPC handle: too many bytes"));
-                }
-                out.push(b);
-            }
-            Ok(out)
-        }
-    }
-    d.deserialize_byte_buf(BytesVisitor)
-}
-
-/// Memory this process exported, by export id, so that opening its handle here gives a
-/// view of the exporter's own allocation (CUDA refuses to open it in the same process).
-fn exports() -> &'static Mutex<Exports> {
-    static EXPORTS: OnceLock<Mutex<Exports>> = OnceLock::new();
-    EXPORTS.get_or_init(Default::default)
-}
-
-/// This process's exports: by export id, and the latest export id of each raw handle (for
-/// pyarrow-format handles, which carry no export id).
-#[derive(Default)]
-struct Exports {
-    by_id: HashMap<u64, (Weak<Memory>, RawIpcHandle)>,
-    by_raw: HashMap<RawIpcHandle, u64>,
-}
-
-/// Called when exported memory is released.
-pub(crate) fn forget_export(id: u64) {
-    let mut exports = exports().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, raw)) = exports.by_id.remove(&id) {
-        if exports.by_raw.get(&raw) == Some(&id) {
-            exports.by_raw.remove(&raw);
-        }
-    }
-}
-
-pub(crate) fn export(buffer: &DeviceBuffer) -> Result<IpcMemHandle> {
-    let ctx = buffer.context();
-    if buffer.is_empty() {
-        return Ok(IpcMemHandle {
-            size: 0,
-            raw: [0; RAW_IPC_HANDLE_LEN],
-            extension: None,
-        });
-    }
-    let memory = buffer.memory();
-    let (base, alloc_size) = ctx.raw().address_range(buffer.address())?;
-    let raw = ctx.raw().ipc_export(base)?;
-    // Another process may map the allocation from now on: the caching allocator must free
-    // it for real, never reuse it.
-    crate::allocator::mark_exported(ctx.handle(), base);
-    let offset = buffer.address() - base;
-    debug_assert!(offset + buffer.size() as u64 <= alloc_size as u64);
-    static NEXT_EXPORT_ID: AtomicU64 = AtomicU64::new(1);
-    let export_id = *memory.export_id.get_or_init(|| {
-        let id = NEXT_EXPORT_ID.fetch_add(1, Ordering::Relaxed);
-        let mut exports = exports().lock().unwrap_or_else(|p| p.into_inner());
-        exports.by_id.insert(id, (Arc::downgrade(memory), raw));
-        exports.by_raw.insert(raw, id);
-        id
-    });
-    Ok(IpcMemHandle {
-        size: buffer.size() as u64,
-        raw,
-        extension: Some(Extension {
-            backend: ctx.backend_kind(),
-            device: ctx.device_number() as u32,
-            // The handle's offset is into the allocation; the export registry's memory may
-            // itself start inside it (a view), so remember both.
-            offset,
-            exporter: this_process(),
-            export_id,
-        }),
-    })
-}
-
-pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer> {
-    if handle.size == 0 {
-        return ctx.new_buffer(0);
-    }
-    let backend = handle.backend().unwrap_or(BackendKind::Cuda);
-    if backend != ctx.backend_kind() {
-        return Err(Error::invalid_ipc_handle(format!(
-            "the handle was made by the {backend} backend; this context is {}",
-            ctx.backend_kind()
-        )));
-    }
-    let size = handle.size as usize;
-    let offset = handle.offset();
-    // Exported by this process? CUDA cannot open it here: give a view of the exporter's
-    // memory. cudabuf handles say so; a pyarrow-format handle (no extension, offset 0) is
-    // recognised by its raw bytes while this process's export of it lives.
-    let own_export = match handle.extension {
-        Some(ext) if ext.exporter == this_process() => Some((Some(ext.export_id), ext.offset)),
-        Some(_) => None,
-        None => exports()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .by_raw
-            .contains_key(&handle.raw)
-            .then_some((None, 0)),
-    };
-    if let Some((export_id, ext_offset)) = own_export {
-        let memory = {
-            let exports = exports().lock().unwrap_or_else(|p| p.into_inner());
-            export_id
-                .or_else(|| exports.by_raw.get(&handle.raw).copied())
-                .and_then(|id| exports.by_id.get(&id))
-                .and_then(|(weak, _)| weak.upgrade())
-        }
-        .ok_or_else(|| {
-            Error::invalid_ipc_handle(
-                "the handle was exported by this process, and every buffer of the exported memory has been dropped",
-            )
-        })?;
-        // The registry holds the exporting memory, which may start inside the allocation.
-        let (base, _) = memory.ctx.raw().address_range(memory.address)?;
-        // Checked arithmetic: a forged (checksummed) handle may carry any offset and size.
-        let start = base
-            .checked_add(ext_offset)
-            .and_then(|a| a.checked_sub(memory.address))
-            .filter(|s| {
-                s.checked_add(handle.size)
-                    .is_some_and(|end| end <= memory.size as u64)
-            })
-            .ok_or_else(|| {
-                Error::invalid_ipc_handle(format!(
-                    "offset {offset} and size {size} lie outside the exported memory"
-                ))
-            })?;
-        return Ok(DeviceBuffer::over(memory, start as usize, size));
-    }
-    let mapping = crate::mappings::open(ctx, &handle.raw)?;
-    if offset
-        .checked_add(size)
-        .is_none_or(|end| end > mapping.size)
-    {
-        return Err(Error::invalid_ipc_handle(format!(
-            "offset {offset} and size {size} lie outside the {}-byte allocation the handle names",
-            mapping.size
-        )));
-    }
-    Ok(DeviceBuffer::over(mapping, offset, size))
 }
 
 #[cfg(test)]

@@ -1,27 +1,24 @@
-//! Pinned staging memory: a per-context pool of pinned host buffers that writers (and the
+//! [`PinnedPool`]: a context's pool of idle pinned host buffers, which writers (and the
 //! Arrow path) reuse instead of pinning new memory each time (pinning costs about 0.4 ms
-//! per MiB on an H200 host), and [`PendingCopy`], a host-to-device copy in flight from
-//! such a buffer.
+//! per MiB on an H200 host).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use crate::backend;
-use crate::error::Result;
 use crate::host::HostBuffer;
 
 /// The default limit of pooled pinned bytes per context (when the pool is on).
 pub const DEFAULT_STAGING_POOL_LIMIT: usize = 256 << 20;
 
 /// A context's pool of idle pinned staging buffers, bounded by bytes.
-pub(crate) struct HostPool {
+pub(crate) struct PinnedPool {
     limit: AtomicUsize,
     idle: Mutex<Vec<HostBuffer>>,
 }
 
-impl HostPool {
+impl PinnedPool {
     pub(crate) fn new(limit: usize) -> Self {
-        HostPool {
+        PinnedPool {
             limit: AtomicUsize::new(limit),
             idle: Mutex::new(Vec::new()),
         }
@@ -85,64 +82,5 @@ impl HostPool {
             .iter()
             .map(|b| b.size())
             .sum()
-    }
-}
-
-/// A copy from pinned host memory to the device, started with
-/// [`Context::copy_host_to_device_async`](backend::RawContext::copy_host_to_device_async) and
-/// not yet waited for. Dropping it waits (a copy must never outlive its source).
-pub(crate) struct PendingCopy {
-    raw: Arc<dyn backend::RawContext>,
-    ticket: Option<backend::CopyTicket>,
-}
-
-impl PendingCopy {
-    /// Start copying `src` to the device at `dst`.
-    ///
-    /// # Safety
-    /// `dst..dst + src.len()` lies in a live allocation reachable from `raw`; `src` is
-    /// pinned host memory that stays alive and unmodified until the returned value is
-    /// waited for or dropped, as does the device memory.
-    pub(crate) unsafe fn start(
-        raw: &Arc<dyn backend::RawContext>,
-        dst: backend::DevicePtr,
-        src: &[u8],
-    ) -> Result<Self> {
-        // SAFETY: forwarded from this function's contract.
-        let ticket = unsafe { raw.copy_host_to_device_async(dst, src)? };
-        Ok(PendingCopy {
-            raw: Arc::clone(raw),
-            ticket: Some(ticket),
-        })
-    }
-
-    /// Wait until the copy is done.
-    pub(crate) fn wait(mut self) -> Result<()> {
-        self.wait_inner()
-    }
-
-    fn wait_inner(&mut self) -> Result<()> {
-        match self.ticket.take() {
-            // SAFETY: the ticket came from `copy_host_to_device_async` of `self.raw` (in
-            // `start`), and is taken out, so it is waited for once.
-            Some(ticket) => unsafe { self.raw.wait_copy(ticket) },
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for PendingCopy {
-    fn drop(&mut self) {
-        if let Err(e) = self.wait_inner() {
-            eprintln!("cudabuf: waiting for a host-to-device copy failed: {e}");
-        }
-    }
-}
-
-impl std::fmt::Debug for PendingCopy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PendingCopy")
-            .field("ticket", &self.ticket)
-            .finish()
     }
 }
