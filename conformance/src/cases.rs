@@ -86,6 +86,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     slices::parent_writes_show_in_slice,
     slices::slice_of_slice_aliases_root,
     slices::slice_parent_returns_the_parent,
+    slices::slice_chain_holds_the_root_not_the_chain,
     slices::slice_keeps_memory_alive_after_parent_drop,
     slices::zero_length_slices_are_allowed_up_to_size,
     // context
@@ -108,6 +109,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     context::buffer_from_object_of_other_device_buffer_is_invalid_argument,
     context::buffer_from_object_raw_memory_past_allocation_is_invalid_address,
     context::foreign_buffer_is_a_view,
+    context::foreign_buffer_accepts_pinned_host_address,
     context::foreign_buffer_keeps_its_owner_alive,
     context::foreign_buffer_zero_zero_is_empty,
     context::foreign_buffer_past_allocation_is_invalid_address,

@@ -35,6 +35,8 @@ pub struct DeviceBuffer {
     /// Offset of this buffer in `memory`.
     offset: usize,
     size: usize,
+    /// The whole buffer this one was sliced from (never itself a slice), so that a slice
+    /// of a slice of ... holds the allocation and one root, not the chain.
     parent: Option<Arc<DeviceBuffer>>,
 }
 
@@ -89,7 +91,23 @@ impl DeviceBuffer {
         &self.memory.ctx
     }
 
-    /// The buffer this one was sliced from, if it is a slice.
+    /// The whole buffer this one was sliced from, if it is a slice.
+    ///
+    /// Fixed pyarrow quirk: in pyarrow (and Arrow C++) a slice holds the buffer it was
+    /// sliced from, so a slice of a slice of ... keeps every intermediate slice alive (a
+    /// cursor-style loop `rest = rest.slice(1, rest.size() - 1)?` grows without bound).
+    /// Here every slice holds the root of its chain: the parent of a slice of a slice is
+    /// the original whole buffer, and a slice costs the same memory at any depth.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let whole = ctx.new_buffer(100)?;
+    /// let inner = whole.slice(10, 50)?.slice(5, 5)?;
+    /// assert_eq!(inner.parent().map(|p| p.address()), Some(whole.address()));
+    /// assert!(whole.parent().is_none());
+    /// # Ok(()) }
+    /// ```
     pub fn parent(&self) -> Option<&DeviceBuffer> {
         self.parent.as_deref()
     }
@@ -112,11 +130,15 @@ impl DeviceBuffer {
     /// [`Error::OutOfRange`] if `offset + length > size`.
     pub fn slice(&self, offset: usize, length: usize) -> Result<DeviceBuffer> {
         self.check_range("slice", offset, length)?;
+        let root = match &self.parent {
+            Some(root) => Arc::clone(root),
+            None => Arc::new(self.clone()),
+        };
         Ok(DeviceBuffer {
             memory: self.memory.clone(),
             offset: self.offset + offset,
             size: length,
-            parent: Some(Arc::new(self.clone())),
+            parent: Some(root),
         })
     }
 
@@ -329,20 +351,6 @@ impl DeviceBuffer {
     /// memory, an IPC mapping opened from another process).
     pub fn export_for_ipc(&self) -> Result<IpcMemHandle> {
         ipc::export(self)
-    }
-}
-
-impl Drop for DeviceBuffer {
-    /// Unlinks the chain of parents one by one, so that dropping a slice of a slice of ...
-    /// (say, a reader's many `read_buffer` slices made in a loop) cannot overflow the stack.
-    fn drop(&mut self) {
-        let mut next = self.parent.take();
-        while let Some(parent) = next {
-            next = match Arc::try_unwrap(parent) {
-                Ok(mut parent) => parent.parent.take(),
-                Err(_) => None, // still shared: whoever holds it drops the rest
-            };
-        }
     }
 }
 

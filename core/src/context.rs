@@ -353,6 +353,11 @@ impl Context {
     /// `owner` alive as long as the buffer (pyarrow's `foreign_buffer(address, size, base)`).
     /// Never copies. `(0, 0)` gives an empty buffer.
     ///
+    /// As in pyarrow, `address` goes through [`get_device_address`](Self::get_device_address)
+    /// first, so the host address of pinned memory works as well as its device address
+    /// (`ctx.foreign_buffer(host.as_ptr() as u64, host.size(), Some(owner))`, pyarrow's
+    /// `ctx.foreign_buffer(hbuf.address, hbuf.size, hbuf)`), on every backend.
+    ///
     /// The range is checked against the allocation the backend knows for `address`
     /// (`cuMemGetAddressRange`), so a wrong size is an error rather than an out-of-bounds
     /// access later.
@@ -363,7 +368,9 @@ impl Context {
     ///
     /// # Safety
     /// The memory must stay allocated while the buffer (or any slice or clone of it) lives:
-    /// pass its owner as `owner`, or guarantee it otherwise.
+    /// pass its owner as `owner`, or guarantee it otherwise. For pinned host memory, the
+    /// rules of [`buffer_from_host_buffer`](Self::buffer_from_host_buffer) apply too: no
+    /// Rust reference to those bytes may be used while a copy through the buffer runs.
     pub unsafe fn foreign_buffer(
         &self,
         address: DevicePtr,
@@ -373,6 +380,7 @@ impl Context {
         if size == 0 {
             return self.new_buffer(0);
         }
+        let address = self.get_device_address(address)?;
         self.check_device_range("foreign_buffer", address, size)?;
         Ok(self.view_buffer(address, size, owner))
     }

@@ -309,9 +309,9 @@ impl BufferWriter {
             } else if !rest.is_empty() {
                 let slot = self.ready_current(size)?;
                 slot.host[..rest.len()].copy_from_slice(rest);
+                // Sending moves on to the other slot: the one sent first, whose copy is
+                // the older one, is refilled next while this one's copy runs.
                 self.send_current(rest.len(), rest_at)?;
-                // Refill the slot sent first (its copy is the older one) next.
-                self.current ^= 1;
             }
         }
         self.position += data.len();
@@ -450,3 +450,6 @@ impl Drop for BufferWriter {
         self.release_slots();
     }
 }
+
+#[cfg(test)]
+mod overlap_tests;

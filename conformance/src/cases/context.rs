@@ -500,6 +500,43 @@ pub(crate) fn foreign_buffer_is_a_view(f: &Fixture) -> CaseResult {
     Ok(())
 }
 
+/// `foreign_buffer` with the host address of pinned memory works as pyarrow's
+/// `ctx.foreign_buffer(hbuf.address, hbuf.size, hbuf)` does, on every backend (issue 10,
+/// item 9): the address goes through `get_device_address` first, so the buffer is at
+/// the pinned memory's device address and sees its bytes.
+pub(crate) fn foreign_buffer_accepts_pinned_host_address(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let mut host = ctx.new_host_buffer(64).expect("new_host_buffer");
+    host[..5].copy_from_slice(b"local");
+    let host_address = host.as_ptr() as u64;
+    let device_address = ctx
+        .get_device_address(host_address)
+        .expect("get_device_address of pinned memory");
+    let owner: Owner = Arc::new(host);
+    // SAFETY: the pinned buffer is moved into `owner`, which the view keeps alive; no Rust
+    // reference to its bytes is used while the view lives.
+    let by_host = unsafe { ctx.foreign_buffer(host_address, 64, Some(owner.clone())) }
+        .expect("foreign_buffer with the pinned host address");
+    assert_eq!((by_host.address(), by_host.size()), (device_address, 64));
+    assert_eq!(&contents(&by_host)[..5], b"local");
+    // SAFETY: as above.
+    let by_device = unsafe { ctx.foreign_buffer(device_address + 8, 8, Some(owner)) }
+        .expect("foreign_buffer with the pinned memory's device address");
+    by_device
+        .copy_from_host(b"viewed!!", 0, None)
+        .expect("write through the device view");
+    assert_eq!(&contents(&by_host)[8..16], b"viewed!!");
+    // Past the end of the pinned allocation: refused, as for device memory.
+    // SAFETY: refused before any view exists.
+    let past = unsafe { ctx.foreign_buffer(host_address + 60, 8, None) };
+    expect_err(
+        past,
+        ErrorKind::InvalidAddress,
+        "foreign_buffer past the pinned memory",
+    );
+    Ok(())
+}
+
 /// `foreign_buffer` keeps its owner alive as long as the buffer (or a slice of it) lives.
 pub(crate) fn foreign_buffer_keeps_its_owner_alive(f: &Fixture) -> CaseResult {
     let (_b, ctx) = context0(f);

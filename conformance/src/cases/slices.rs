@@ -59,7 +59,9 @@ pub(crate) fn slice_of_slice_aliases_root(f: &Fixture) -> CaseResult {
     Ok(())
 }
 
-/// `parent()` of a slice is the buffer it was sliced from; a whole buffer has none.
+/// `parent()` of a slice is the whole buffer it was sliced from; a whole buffer has none.
+/// A slice of a slice holds the root, not the chain (fixed pyarrow quirk): its parent is
+/// the original buffer.
 pub(crate) fn slice_parent_returns_the_parent(f: &Fixture) -> CaseResult {
     let (_b, ctx) = context0(f);
     let root = device_bytes(&ctx, &pattern(100, 4));
@@ -69,10 +71,36 @@ pub(crate) fn slice_parent_returns_the_parent(f: &Fixture) -> CaseResult {
     let p = mid.parent().expect("a slice has a parent");
     assert_eq!((p.address(), p.size()), (root.address(), root.size()));
     let p = inner.parent().expect("a slice of a slice has a parent");
-    assert_eq!((p.address(), p.size()), (mid.address(), mid.size()));
-    let pp = p.parent().expect("its parent's parent");
-    assert_eq!((pp.address(), pp.size()), (root.address(), root.size()));
-    assert!(pp.parent().is_none());
+    assert_eq!(
+        (p.address(), p.size()),
+        (root.address(), root.size()),
+        "the parent of a slice of a slice is the whole buffer"
+    );
+    assert!(p.parent().is_none(), "a parent is never itself a slice");
+    Ok(())
+}
+
+/// A cursor-style loop of slices (`rest = rest.slice(1, rest.size() - 1)`) keeps one
+/// root per slice, never the chain of intermediate slices (issue 10, item 8): after
+/// 100,000 steps the slice's parent is still the whole buffer, and the bytes are right.
+pub(crate) fn slice_chain_holds_the_root_not_the_chain(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let data = pattern(100_001, 9);
+    let root = device_bytes(&ctx, &data);
+    let mut rest = root.slice_from(0).expect("slice_from(0)");
+    for _ in 0..100_000 {
+        rest = rest.slice(1, rest.size() - 1).expect("cursor slice");
+    }
+    assert_eq!(rest.size(), 1);
+    assert_eq!(rest.address(), root.address() + 100_000);
+    let parent = rest.parent().expect("a slice has a parent");
+    assert_eq!(
+        (parent.address(), parent.size()),
+        (root.address(), root.size())
+    );
+    assert!(parent.parent().is_none(), "depth 1, not 100,000");
+    drop(root);
+    assert_eq!(contents(&rest), &data[100_000..]);
     Ok(())
 }
 

@@ -659,9 +659,13 @@ impl State {
         );
         ensure!(
             self.trace,
-            slice
-                .parent()
-                .is_some_and(|p| p.address() == h.buf.address() && p.size() == size),
+            {
+                // The parent is the whole buffer at the root of the handle's slices.
+                let root = h.buf.parent().unwrap_or(&h.buf);
+                slice
+                    .parent()
+                    .is_some_and(|p| p.address() == root.address() && p.size() == root.size())
+            },
             "the slice's parent is {:?}",
             slice.parent()
         );
