@@ -96,6 +96,7 @@ impl Platform for CudaBackend {
         capabilities.peer_copy = self.devices.len() > 1;
         capabilities.mapped_host_memory = true;
         capabilities.fault_injection = false;
+        capabilities.race_detection = false;
         capabilities
     }
 

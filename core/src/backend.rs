@@ -26,8 +26,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 
+mod handles;
 #[cfg(feature = "mock")]
 mod mock;
+
+pub use handles::{RawEvent, RawStream, StreamFlags};
 #[cfg(feature = "mock")]
 pub use mock::MockRawContext;
 
@@ -97,6 +100,10 @@ pub struct Capabilities {
     pub mapped_host_memory: bool,
     /// Faults can be injected (the simulator).
     pub fault_injection: bool,
+    /// Streams, events and asynchronous copies on streams.
+    pub streams: bool,
+    /// Races between streams are detected (the simulator's race detector is on).
+    pub race_detection: bool,
 }
 
 impl Capabilities {
@@ -107,6 +114,8 @@ impl Capabilities {
             peer_copy: true,
             mapped_host_memory: true,
             fault_injection: true,
+            streams: true,
+            race_detection: true,
         }
     }
 
@@ -117,6 +126,8 @@ impl Capabilities {
             peer_copy: false,
             mapped_host_memory: false,
             fault_injection: false,
+            streams: false,
+            race_detection: false,
         }
     }
 }
@@ -403,6 +414,256 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
         src: DevicePtr,
         len: usize,
     ) -> Result<()>;
+
+    // ---- Streams and events -------------------------------------------------------
+    //
+    // Every stream and event method is `unsafe` where it takes a handle (an integer must
+    // never become a driver handle in safe code). The provided implementations say
+    // `Unsupported`, for backends without streams (`Capabilities::streams` false).
+    //
+    // Ordering is CUDA's: operations on one stream run in issue order; an operation on
+    // `RawStream::LEGACY` runs after all earlier work of the context's blocking streams
+    // and before their later work; non-blocking streams are ordered with nothing but
+    // their own operations and the events they wait for. The synchronous copies above run
+    // on the legacy default stream and return when done.
+
+    /// The range of stream priorities: `(least, greatest)`, numerically `least >=
+    /// greatest` as `cuCtxGetStreamPriorityRange` (CUDA: `(0, -5)` on recent GPUs).
+    fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        Err(crate::Error::unsupported(
+            "stream_priority_range",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Create a stream (`cuStreamCreateWithPriority`); the priority is clamped into
+    /// [`stream_priority_range`](Self::stream_priority_range).
+    fn stream_create(&self, flags: StreamFlags) -> Result<RawStream> {
+        let _ = flags;
+        Err(crate::Error::unsupported(
+            "stream_create",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Destroy a stream made by [`stream_create`](Self::stream_create) (work already
+    /// issued to it still completes, as with `cuStreamDestroy`).
+    ///
+    /// # Safety
+    /// `stream` came from `stream_create` of this context, is destroyed once and not used
+    /// after.
+    unsafe fn stream_destroy(&self, stream: RawStream) -> Result<()> {
+        let _ = stream;
+        Err(crate::Error::unsupported(
+            "stream_destroy",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Wait until every operation issued to `stream` so far is done
+    /// (`cuStreamSynchronize`).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this context (its own, a special one, or a foreign
+    /// stream the caller vouches for).
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
+        let _ = stream;
+        Err(crate::Error::unsupported(
+            "stream_synchronize",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Whether every operation issued to `stream` so far is done (`cuStreamQuery`).
+    ///
+    /// # Safety
+    /// As [`stream_synchronize`](Self::stream_synchronize).
+    unsafe fn stream_query(&self, stream: RawStream) -> Result<bool> {
+        let _ = stream;
+        Err(crate::Error::unsupported(
+            "stream_query",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Make later work of `stream` wait for the work `event` captured at its most recent
+    /// record (`cuStreamWaitEvent`); a never-recorded event is no wait.
+    ///
+    /// # Safety
+    /// `stream` and `event` are live, of this context (or foreign ones the caller
+    /// vouches for).
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
+        let _ = (stream, event);
+        Err(crate::Error::unsupported(
+            "stream_wait_event",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Create an event (`cuEventCreate`), with timing (`elapsed`) or without
+    /// (`CU_EVENT_DISABLE_TIMING`, cheaper).
+    fn event_create(&self, timing: bool) -> Result<RawEvent> {
+        let _ = timing;
+        Err(crate::Error::unsupported(
+            "event_create",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Destroy an event made by [`event_create`](Self::event_create).
+    ///
+    /// # Safety
+    /// `event` came from `event_create` of this context, is destroyed once and not used
+    /// after.
+    unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {
+        let _ = event;
+        Err(crate::Error::unsupported(
+            "event_destroy",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Capture the work issued to `stream` so far in `event` (`cuEventRecord`).
+    ///
+    /// # Safety
+    /// `event` and `stream` are live, of this context (or foreign ones the caller vouches
+    /// for).
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+        let _ = (event, stream);
+        Err(crate::Error::unsupported(
+            "event_record",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Whether the work captured by `event` is done; `true` for a never-recorded event
+    /// (`cuEventQuery`).
+    ///
+    /// # Safety
+    /// `event` is live, of this context (or a foreign one the caller vouches for).
+    unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
+        let _ = event;
+        Err(crate::Error::unsupported(
+            "event_query",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Wait until the work captured by `event` is done (`cuEventSynchronize`).
+    ///
+    /// # Safety
+    /// As [`event_query`](Self::event_query).
+    unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
+        let _ = event;
+        Err(crate::Error::unsupported(
+            "event_synchronize",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Milliseconds between two recorded, completed events made with timing
+    /// (`cuEventElapsedTime`).
+    ///
+    /// # Errors
+    /// [`Error::NotReady`](crate::Error::NotReady) if either has not completed;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if either was made
+    /// without timing or never recorded.
+    ///
+    /// # Safety
+    /// Both events are live, of this context (or foreign ones the caller vouches for).
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        let _ = (start, end);
+        Err(crate::Error::unsupported(
+            "event_elapsed_ms",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Issue a copy of `len > 0` bytes from pinned host memory at `src` to the device at
+    /// `dst` on `stream` (`cuMemcpyHtoDAsync`); returns once issued.
+    ///
+    /// # Safety
+    /// `src..src + len` is pinned host memory from [`alloc_host`](Self::alloc_host) (of
+    /// any context of this backend) and `dst..dst + len` lies in a live allocation
+    /// reachable from this context; both stay allocated, and the host bytes are neither
+    /// written nor freed, until the copy is known complete (a later synchronization with
+    /// the stream); `stream` is live, of this context.
+    unsafe fn copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let _ = (dst, src, len, stream);
+        Err(crate::Error::unsupported(
+            "copy_host_to_device_on",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Issue a copy of `len > 0` bytes from the device at `src` to pinned host memory at
+    /// `dst` on `stream` (`cuMemcpyDtoHAsync`); returns once issued.
+    ///
+    /// # Safety
+    /// As [`copy_host_to_device_on`](Self::copy_host_to_device_on), the host bytes being
+    /// neither read nor written nor freed until the copy is known complete.
+    unsafe fn copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let _ = (dst, src, len, stream);
+        Err(crate::Error::unsupported(
+            "copy_device_to_host_on",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Issue a copy of `len > 0` bytes between two device ranges of this context on
+    /// `stream` (`cuMemcpyDtoDAsync`; overlapping ranges behave as a memmove, as
+    /// [`copy_device_to_device`](Self::copy_device_to_device)).
+    ///
+    /// # Safety
+    /// Both ranges lie in live allocations reachable from this context and stay allocated
+    /// until the copy is known complete; `stream` is live, of this context.
+    unsafe fn copy_device_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let _ = (dst, src, len, stream);
+        Err(crate::Error::unsupported(
+            "copy_device_to_device_on",
+            "this backend has no streams",
+        ))
+    }
+
+    /// Issue a copy of `len > 0` bytes from `src` in `src_context` (another context of
+    /// this backend, possibly of another device) to `dst` in this context, on `stream`
+    /// of this context (`cuMemcpyPeerAsync`).
+    ///
+    /// # Safety
+    /// As [`copy_peer`](Self::copy_peer), the ranges staying allocated until the copy is
+    /// known complete; `stream` is live, of this context.
+    unsafe fn copy_peer_on(
+        &self,
+        dst: DevicePtr,
+        src_context: &dyn RawContext,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let _ = (dst, src_context, src, len, stream);
+        Err(crate::Error::unsupported(
+            "copy_peer_on",
+            "this backend has no streams",
+        ))
+    }
 
     /// Allocate `size` bytes of pinned host memory: page-locked, portable (usable from
     /// every context), device-mapped, and not write-combined.

@@ -116,6 +116,28 @@ pub enum Error {
         /// `"BufferWriter"` or `"BufferReader"`.
         what: &'static str,
     },
+    /// Two operations touch the same bytes and neither is ordered before the other (no
+    /// stream order, event wait or host synchronization between them), at least one of
+    /// them writing: a data race, found by the simulator's race detector at the moment
+    /// the second operation is issued.
+    #[error("data race on {range}: {operation} is not ordered after {conflicting}")]
+    DataRace {
+        /// The operation being issued: what it does, on which stream, from which thread.
+        operation: String,
+        /// The earlier operation it conflicts with, not known to be complete.
+        conflicting: String,
+        /// The bytes both touch: which buffer, which range.
+        range: String,
+    },
+    /// Asked for a result that is not available yet (the elapsed time between events
+    /// that have not both completed).
+    #[error("{operation}: not ready: {reason}")]
+    NotReady {
+        /// The operation that was refused.
+        operation: &'static str,
+        /// What has not happened yet.
+        reason: String,
+    },
     /// A driver call failed in a way not covered above.
     #[error("{call} failed: {name} ({code}): {message}")]
     Driver {
@@ -158,6 +180,10 @@ pub enum ErrorKind {
     Closed,
     /// [`Error::Driver`]
     Driver,
+    /// [`Error::DataRace`]
+    DataRace,
+    /// [`Error::NotReady`]
+    NotReady,
 }
 
 impl fmt::Display for ErrorKind {
@@ -182,6 +208,8 @@ impl Error {
             Error::InvalidData { .. } => ErrorKind::InvalidData,
             Error::Closed { .. } => ErrorKind::Closed,
             Error::Driver { .. } => ErrorKind::Driver,
+            Error::DataRace { .. } => ErrorKind::DataRace,
+            Error::NotReady { .. } => ErrorKind::NotReady,
         }
     }
 
