@@ -75,7 +75,10 @@ pub(crate) fn open_cuda() -> Result<Backend> {
 /// The CUDA backend, which this build lacks.
 #[cfg(not(feature = "cuda"))]
 pub(crate) fn open_cuda() -> Result<Backend> {
-    Err(cudabuf::Error::unsupported("the cuda backend", NO_CUDA_FEATURE))
+    Err(cudabuf::Error::unsupported(
+        "the cuda backend",
+        NO_CUDA_FEATURE,
+    ))
 }
 
 /// Why a build without the `cuda` feature has no CUDA backend, and how to get one.

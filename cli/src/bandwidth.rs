@@ -184,7 +184,12 @@ pub(crate) fn run(args: &BandwidthArgs) -> CliResult<String> {
 /// Every copy direction delivered the source's bytes (7): the pinned and pageable
 /// device-to-host destinations, and the device-to-device destination (read back through
 /// `scratch`).
-fn check_bytes(label: &str, pinned: &[u8], scratch: &mut [u8], dst: &DeviceBuffer) -> CliResult<()> {
+fn check_bytes(
+    label: &str,
+    pinned: &[u8],
+    scratch: &mut [u8],
+    dst: &DeviceBuffer,
+) -> CliResult<()> {
     let wrong = |what: &str| format!("{label}: the {what} copy delivered the wrong bytes");
     if pinned.iter().any(|&b| b != 7) {
         return Err(wrong("pinned device-to-host").into());

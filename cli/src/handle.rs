@@ -172,9 +172,11 @@ fn read_file(path: &Path) -> CliResult<Vec<u8>> {
 fn read_stdin() -> CliResult<Vec<u8>> {
     let stdin = io::stdin();
     if stdin.is_terminal() {
-        return Err("no handle given: pass its hex as an argument or on standard input, \
+        return Err(
+            "no handle given: pass its hex as an argument or on standard input, \
                     or its bytes with --file PATH"
-            .into());
+                .into(),
+        );
     }
     let bytes = read_limited(stdin.lock(), "standard input")?;
     let text = String::from_utf8(bytes).map_err(|_| {
@@ -234,9 +236,8 @@ fn decode(handle: &IpcMemHandle, length: usize) -> HandleReport {
             }
             Err(e) => problems.push(format!("the raw bytes: {e}")),
         },
-        Some(BackendKind::Cuda) if raw[..8] == SimIpcHandle::MAGIC => problems.push(
-            "the raw bytes are a simulator handle's, but the handle says CUDA".to_owned(),
-        ),
+        Some(BackendKind::Cuda) if raw[..8] == SimIpcHandle::MAGIC => problems
+            .push("the raw bytes are a simulator handle's, but the handle says CUDA".to_owned()),
         _ => {}
     }
     HandleReport {
@@ -321,7 +322,10 @@ fn render_text(r: &HandleReport) -> String {
         "extended" => "cudabuf's: pyarrow's, then backend, device, offset, exporter",
         _ => "unknown",
     };
-    line("format", format!("{} ({} bytes, {format_note})", r.format, r.length));
+    line(
+        "format",
+        format!("{} ({} bytes, {format_note})", r.format, r.length),
+    );
     line("size", format!("{} bytes", r.size));
     line("offset", format!("{} bytes into the allocation", r.offset));
     line(
@@ -343,7 +347,10 @@ fn render_text(r: &HandleReport) -> String {
             line("exporter", format!("pid {}, {state}", e.pid));
             line("nonce", e.nonce.clone());
         }
-        None => line("exporter", "not recorded (only cudabuf's format has it)".to_owned()),
+        None => line(
+            "exporter",
+            "not recorded (only cudabuf's format has it)".to_owned(),
+        ),
     }
     if let Some(id) = r.export_id {
         line("export id", id.to_string());

@@ -7,7 +7,7 @@ pub(crate) fn format_bytes(bytes: u64) -> String {
     for (unit, shift) in UNITS {
         let scale = 1u64 << shift;
         if bytes >= scale {
-            return if bytes % scale == 0 {
+            return if bytes.is_multiple_of(scale) {
                 format!("{} {unit}", bytes >> shift)
             } else {
                 format!("{:.2} {unit}", bytes as f64 / scale as f64)

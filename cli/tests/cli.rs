@@ -94,9 +94,18 @@ fn info_text_lists_the_simulator_and_says_why_cuda_is_or_is_not_there() {
     let text = success(&run(&["info"]));
     assert!(text.starts_with(&format!("cudabuf {}\n", env!("CARGO_PKG_VERSION"))));
     assert!(text.contains("\nsim: available\n"), "{text}");
-    assert!(text.contains("  device 0: cudabuf simulated device 0\n"), "{text}");
-    assert!(text.contains("  device 1: cudabuf simulated device 1\n"), "{text}");
-    assert!(text.contains("    memory: 1 GiB total, 1 GiB free\n"), "{text}");
+    assert!(
+        text.contains("  device 0: cudabuf simulated device 0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  device 1: cudabuf simulated device 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("    memory: 1 GiB total, 1 GiB free\n"),
+        "{text}"
+    );
     assert!(text.contains("IPC, copies between devices"), "{text}");
     let cuda = text
         .lines()
@@ -192,7 +201,13 @@ fn bandwidth_json_names_every_direction_for_every_size() {
     let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
     assert_eq!(sizes, [4096, 32768]);
     for row in rows {
-        for key in ["h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "d2d"] {
+        for key in [
+            "h2d_pinned",
+            "d2h_pinned",
+            "h2d_pageable",
+            "d2h_pageable",
+            "d2d",
+        ] {
             let gbs = row[key].as_f64().expect(key);
             assert!(gbs.is_finite() && gbs > 0.0, "{key}: {gbs}");
         }
@@ -225,7 +240,13 @@ fn bandwidth_on_cuda_when_a_driver_is_present() {
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 2);
     for row in rows {
-        for key in ["h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "d2d"] {
+        for key in [
+            "h2d_pinned",
+            "d2h_pinned",
+            "h2d_pageable",
+            "d2h_pageable",
+            "d2d",
+        ] {
             let gbs = row[key].as_f64().expect(key);
             assert!(gbs.is_finite() && gbs > 0.0, "{key}: {gbs}");
         }
@@ -234,7 +255,11 @@ fn bandwidth_on_cuda_when_a_driver_is_present() {
 
 #[test]
 fn bandwidth_refuses_bad_sizes_devices_and_backends() {
-    failure(&run(&["bandwidth", "--sizes", "1Q"]), 2, "invalid value '1Q'");
+    failure(
+        &run(&["bandwidth", "--sizes", "1Q"]),
+        2,
+        "invalid value '1Q'",
+    );
     failure(
         &run(&["bandwidth", "--sizes", "0"]),
         2,
@@ -306,7 +331,10 @@ fn handle_decodes_a_live_simulator_handle_and_opens_it() {
     assert_eq!(v["simulator"]["device"], 1);
     assert_eq!(v["simulator"]["allocation_id"], sim.allocation_id);
     assert_eq!(v["problems"], serde_json::json!([]));
-    assert_eq!(v["open"], serde_json::json!({"result": "opened", "size": 256}));
+    assert_eq!(
+        v["open"],
+        serde_json::json!({"result": "opened", "size": 256})
+    );
 
     // The same handle as text, from standard input with line breaks, and from a file.
     let wrapped = format!("{}\n{}\n", &hex[..100], &hex[100..]);
@@ -317,11 +345,11 @@ fn handle_decodes_a_live_simulator_handle_and_opens_it() {
         "offset:    512 bytes into the allocation\n",
         "backend:   sim\n",
         "device:    1\n",
-        &format!("exporter:  pid {}, running on this machine", std::process::id()),
         &format!(
-            "export id: {}\n",
-            handle.export_id().expect("an export id")
+            "exporter:  pid {}, running on this machine",
+            std::process::id()
         ),
+        &format!("export id: {}\n", handle.export_id().expect("an export id")),
         &format!("simulator: memfd {} of pid {}; allocation", sim.fd, sim.pid),
         "checks:    no problem found\n",
     ] {
@@ -329,7 +357,12 @@ fn handle_decodes_a_live_simulator_handle_and_opens_it() {
     }
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-handle.bin");
     std::fs::write(&path, handle.to_bytes()).unwrap();
-    let from_file = json(&run(&["handle", "--json", "--file", path.to_str().unwrap()]));
+    let from_file = json(&run(&[
+        "handle",
+        "--json",
+        "--file",
+        path.to_str().unwrap(),
+    ]));
     assert_eq!(from_file["export_id"], v["export_id"]);
     assert_eq!(from_file["offset"], 512);
 }
@@ -356,7 +389,10 @@ fn handle_of_an_exporter_that_has_exited() {
     assert_eq!(out.status.code(), Some(1));
     let text = stdout(&out);
     assert!(text.contains("not running on this machine"), "{text}");
-    assert!(text.contains("open:      failed: invalid IPC handle"), "{text}");
+    assert!(
+        text.contains("open:      failed: invalid IPC handle"),
+        "{text}"
+    );
     assert!(!stderr(&out).contains("panicked"));
 }
 
@@ -377,7 +413,12 @@ fn handle_in_pyarrow_format_and_empty() {
     // pyarrow's 72 bytes: size 4096, then an opaque CUipcMemHandle.
     let mut pyarrow = 4096i64.to_le_bytes().to_vec();
     pyarrow.extend_from_slice(&[0xab; 64]);
-    let v = json(&run(&["handle", "--json", "--open", &hex::encode(&pyarrow)]));
+    let v = json(&run(&[
+        "handle",
+        "--json",
+        "--open",
+        &hex::encode(&pyarrow),
+    ]));
     assert_eq!(v["format"], "pyarrow");
     assert_eq!(v["size"], 4096);
     assert_eq!(v["backend"], "cuda");
@@ -404,14 +445,21 @@ fn handle_in_pyarrow_format_and_empty() {
     assert_eq!(v["format"], "empty");
     assert_eq!(v["size"], 0);
     assert!(v.get("backend").is_none());
-    assert_eq!(v["open"], serde_json::json!({"result": "opened", "size": 0}));
+    assert_eq!(
+        v["open"],
+        serde_json::json!({"result": "opened", "size": 0})
+    );
 }
 
 #[test]
 fn handle_refuses_bad_input_with_a_message() {
     failure(&run(&["handle", "zz"]), 1, "the HEX argument is not hex");
     failure(&run(&["handle", "abc"]), 1, "Odd number of digits");
-    failure(&run(&["handle", "0102"]), 1, "invalid IPC handle: 2 bytes is too short");
+    failure(
+        &run(&["handle", "0102"]),
+        1,
+        "invalid IPC handle: 2 bytes is too short",
+    );
     failure(
         &run(&["handle", &"00".repeat(20)]),
         1,
@@ -422,8 +470,16 @@ fn handle_refuses_bad_input_with_a_message() {
     let (_buf, handle) = exported_slice();
     let mut bytes = handle.to_bytes();
     bytes[100] ^= 1;
-    failure(&run(&["handle", &hex::encode(&bytes)]), 1, "checksum mismatch");
-    failure(&run_with_stdin(&["handle"], b""), 1, "standard input is empty");
+    failure(
+        &run(&["handle", &hex::encode(&bytes)]),
+        1,
+        "checksum mismatch",
+    );
+    failure(
+        &run_with_stdin(&["handle"], b""),
+        1,
+        "standard input is empty",
+    );
     failure(
         &run_with_stdin(&["handle"], &[0xff, 0xfe, 0x00]),
         1,
