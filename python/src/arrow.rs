@@ -65,6 +65,15 @@ fn import_schema(schema: &Bound<'_, PyAny>) -> PyResult<SchemaRef> {
 
 /// A record batch from a struct array exported through the C Data Interface.
 fn batch_from_struct(array: FFI_ArrowArray, schema: &FFI_ArrowSchema) -> PyResult<RecordBatch> {
+    if schema.format() != "+s" {
+        return Err(invalid_argument(
+            "serialize_record_batch",
+            format!(
+                "expected a record batch (a struct array), got an array of Arrow format {:?}",
+                schema.format()
+            ),
+        ));
+    }
     let arrow_schema = Schema::try_from(schema).map_err(|e| arrow_error("Arrow schema", e))?;
     // SAFETY: `array` was moved out of a valid "arrow_array" capsule and `schema` describes
     // it (the Arrow PyCapsule protocol pairs them).
@@ -127,8 +136,11 @@ fn import_batch(batch: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
 /// exactly one batch). The bytes are those of Arrow's own IPC encoding on the host
 /// (``batch.serialize()``).
 ///
-/// Fixed pyarrow quirk: a dictionary-encoded column raises ``InvalidArgumentError``
-/// (one message cannot carry its dictionary; pyarrow silently drops it).
+/// Fixed pyarrow quirk: a dictionary-encoded column raises ``UnsupportedError`` (one
+/// message cannot carry its dictionary; pyarrow silently drops it).
+///
+/// The message is arrow-rs's encoding (buffers 64-byte aligned); pyarrow reads it, but
+/// its bytes differ from pyarrow's own ``batch.serialize()`` (8-byte aligned).
 ///
 /// Raises:
 ///     TypeError: ``batch`` is not an Arrow producer.

@@ -22,7 +22,7 @@ use crate::ipc::PyIpcMemHandle;
 /// when it is not one. cudabuf accepts ``None``/``0`` or the handle of the device's
 /// primary context (what other libraries report) and raises ``InvalidArgumentError`` for
 /// anything else.
-#[pyclass(module = "cudabuf.cuda", name = "Context", frozen)]
+#[pyclass(module = "cudabuf.cuda", name = "Context", frozen, weakref)]
 pub(crate) struct PyContext {
     pub(crate) inner: cudabuf::Context,
 }

@@ -29,7 +29,7 @@ use crate::ipc::PyIpcMemHandle;
 /// raise (pyarrow silently copies what fits); ``export_for_ipc`` does not leak the memory,
 /// and the handle of a slice opens exactly the slice; ``context.device_number`` is right
 /// on every buffer.
-#[pyclass(module = "cudabuf.cuda", name = "CudaBuffer", frozen)]
+#[pyclass(module = "cudabuf.cuda", name = "CudaBuffer", frozen, weakref)]
 pub(crate) struct PyCudaBuffer {
     pub(crate) inner: DeviceBuffer,
     parent: Option<Py<PyCudaBuffer>>,

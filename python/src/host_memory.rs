@@ -63,7 +63,7 @@ impl Drop for Block {
 
 /// The base class of `Buffer` and `HostBuffer` (the methods; the buffer-protocol slot is on
 /// the subclasses, see the module docs). Not instantiable.
-#[pyclass(module = "cudabuf.cuda", name = "_HostMemory", subclass, frozen)]
+#[pyclass(module = "cudabuf.cuda", name = "_HostMemory", subclass, frozen, weakref)]
 pub(crate) struct HostMemory {
     block: Arc<Block>,
     offset: usize,

@@ -600,15 +600,53 @@ fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Foreign> {
     })
 }
 
-/// Whether `obj` speaks a device protocol, and the description of its memory.
-fn describe_foreign(obj: &Bound<'_, PyAny>) -> PyResult<Option<Foreign>> {
-    if let Ok(interface) = obj.getattr("__cuda_array_interface__") {
-        return from_cuda_array_interface(obj, &interface).map(Some);
+/// How a foreign object offers its memory.
+enum Protocol {
+    /// `__cuda_array_interface__`.
+    CudaArrayInterface,
+    /// DLPack, on a CUDA device type (or a producer that does not say).
+    Dlpack,
+    /// DLPack on the host (NumPy arrays, ...): not device memory.
+    HostDlpack,
+    /// Neither.
+    None,
+}
+
+fn protocol_of(obj: &Bound<'_, PyAny>) -> Protocol {
+    // `hasattr` propagates errors other than AttributeError (a cudabuf simulator view
+    // raises SimulatedMemoryError): such an object does claim the protocol.
+    if obj.hasattr("__cuda_array_interface__").unwrap_or(true) {
+        return Protocol::CudaArrayInterface;
     }
-    if obj.hasattr("__dlpack__")? {
-        return from_dlpack(obj).map(Some);
+    if !obj.hasattr("__dlpack__").unwrap_or(false) {
+        return Protocol::None;
     }
-    Ok(None)
+    let device = obj
+        .call_method0("__dlpack_device__")
+        .and_then(|d| d.extract::<(i32, i64)>());
+    match device {
+        Ok((DL_CUDA | DL_CUDA_HOST | DL_CUDA_MANAGED | DL_EXT_DEV, _)) | Err(_) => Protocol::Dlpack,
+        Ok(_) => Protocol::HostDlpack,
+    }
+}
+
+fn not_device_memory(operation: &str, obj: &Bound<'_, PyAny>, protocol: &Protocol) -> PyErr {
+    let detail = match protocol {
+        Protocol::HostDlpack => "its DLPack device is not CUDA memory (copy host data with buffer_from_data, or use new_host_buffer)",
+        _ => "it exports neither __cuda_array_interface__ nor __dlpack__",
+    };
+    PyTypeError::new_err(format!("{operation}: cannot create device buffer view from `{}` object: {detail}", type_name(obj)))
+}
+
+/// The description of a foreign object's device memory.
+fn describe_foreign(obj: &Bound<'_, PyAny>, protocol: &Protocol) -> PyResult<Foreign> {
+    match protocol {
+        Protocol::CudaArrayInterface => {
+            let interface = obj.getattr("__cuda_array_interface__")?;
+            from_cuda_array_interface(obj, &interface)
+        }
+        _ => from_dlpack(obj),
+    }
 }
 
 /// A view in `ctx` of a described foreign range.
@@ -652,18 +690,14 @@ pub(crate) fn view_object(ctx: &Context, obj: &Bound<'_, PyAny>) -> PyResult<Dev
         let whole = unsafe { ctx.buffer_from_host_buffer(host) }.or_raise()?;
         return whole.slice(offset, memory.len()).or_raise();
     }
+    let protocol = protocol_of(obj);
+    if matches!(protocol, Protocol::None | Protocol::HostDlpack) {
+        return Err(not_device_memory("buffer_from_object", obj, &protocol));
+    }
     if ctx.backend_kind() != BackendKind::Cuda {
-        if obj.hasattr("__cuda_array_interface__").unwrap_or(true) || obj.hasattr("__dlpack__").unwrap_or(false) {
-            return Err(simulated_memory("buffer_from_object"));
-        }
+        return Err(simulated_memory("buffer_from_object"));
     }
-    match describe_foreign(obj)? {
-        Some(foreign) => view_foreign(ctx, foreign),
-        None => Err(PyTypeError::new_err(format!(
-            "cannot create device buffer view from `{}` object: it exports neither __cuda_array_interface__ nor __dlpack__",
-            type_name(obj)
-        ))),
-    }
+    view_foreign(ctx, describe_foreign(obj, &protocol)?)
 }
 
 /// `CudaBuffer.from_buffer` on a foreign object: a view on the object's own device.
@@ -675,17 +709,14 @@ pub(crate) fn import_device_object(obj: &Bound<'_, PyAny>, ctx: Option<&Context>
     if let Some(ctx) = ctx {
         return view_object(ctx, obj);
     }
-    if backend.kind() != BackendKind::Cuda {
-        if obj.hasattr("__cuda_array_interface__").unwrap_or(true) || obj.hasattr("__dlpack__").unwrap_or(false) {
-            return Err(simulated_memory("CudaBuffer.from_buffer"));
-        }
+    let protocol = protocol_of(obj);
+    if matches!(protocol, Protocol::None | Protocol::HostDlpack) {
+        return Err(not_device_memory("CudaBuffer.from_buffer", obj, &protocol));
     }
-    let Some(foreign) = describe_foreign(obj)? else {
-        return Err(PyTypeError::new_err(format!(
-            "cannot make a CudaBuffer from `{}` object: it exports neither __cuda_array_interface__ nor __dlpack__",
-            type_name(obj)
-        )));
-    };
+    if backend.kind() != BackendKind::Cuda {
+        return Err(simulated_memory("CudaBuffer.from_buffer"));
+    }
+    let foreign = describe_foreign(obj, &protocol)?;
     let devices: Vec<usize> = match foreign.device {
         Some(device) => vec![device],
         None => (0..backend.num_devices().or_raise()?).collect(),

@@ -182,8 +182,8 @@ impl PyBufferWriter {
         Ok(src.len())
     }
 
-    /// Write ``data`` at ``position`` (staged bytes are flushed first); the current
-    /// position does not move.
+    /// Write all of ``data`` at ``position`` (staged bytes are flushed first), leaving the
+    /// position after it (as Arrow's ``WriteAt``).
     fn writeat(&mut self, py: Python<'_>, position: i64, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let position = non_negative("writeat", "position", position)?;
         let src = HostBytes::read(data)?;
