@@ -11,7 +11,7 @@ use std::sync::Arc;
 use arrow::array::{Array, RecordBatch, StructArray};
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::ffi::{from_ffi, FFI_ArrowArray, FFI_ArrowSchema};
-use arrow::ffi_stream::{RecordBatchStreamReader, FFI_ArrowArrayStream};
+use arrow::ffi_stream::{FFI_ArrowArrayStream, RecordBatchStreamReader};
 use cudabuf::device_arrow::{export_device_record_batch, export_schema, ArrowDeviceArray};
 use cudabuf::{DeviceMessage, DeviceRecordBatch, Error};
 use pyo3::exceptions::{PyNotImplementedError, PyTypeError};
@@ -30,7 +30,10 @@ const STREAM_NAME: &CStr = c"arrow_array_stream";
 const DEVICE_ARRAY_NAME: &CStr = c"arrow_device_array";
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
 }
 
 fn arrow_error(what: &'static str, e: arrow::error::ArrowError) -> PyErr {
@@ -85,7 +88,8 @@ fn batch_from_struct(array: FFI_ArrowArray, schema: &FFI_ArrowSchema) -> PyResul
             "the struct array has top-level nulls; a record batch cannot",
         ));
     }
-    RecordBatch::try_new(Arc::new(arrow_schema), array.columns().to_vec()).map_err(|e| arrow_error("record batch", e))
+    RecordBatch::try_new(Arc::new(arrow_schema), array.columns().to_vec())
+        .map_err(|e| arrow_error("record batch", e))
 }
 
 /// A record batch from a PyCapsule producer: `__arrow_c_array__` (a `RecordBatch`) or
@@ -93,7 +97,8 @@ fn batch_from_struct(array: FFI_ArrowArray, schema: &FFI_ArrowSchema) -> PyResul
 fn import_batch(batch: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
     if batch.hasattr("__arrow_c_array__")? {
         let pair = batch.call_method0("__arrow_c_array__")?;
-        let (schema_capsule, array_capsule): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair.extract()?;
+        let (schema_capsule, array_capsule): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
+            pair.extract()?;
         let schema = capsule_pointer::<FFI_ArrowSchema>(&schema_capsule, SCHEMA_NAME)?;
         let array = capsule_pointer::<FFI_ArrowArray>(&array_capsule, ARRAY_NAME)?;
         // SAFETY: a valid "arrow_array" capsule points to a live ArrowArray; `from_raw`
@@ -109,7 +114,8 @@ fn import_batch(batch: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
         // SAFETY: a valid "arrow_array_stream" capsule points to a live stream; `from_raw`
         // moves it out and marks the capsule's copy released.
         let stream = unsafe { FFI_ArrowArrayStream::from_raw(pointer) };
-        let reader = RecordBatchStreamReader::try_new(stream).map_err(|e| arrow_error("Arrow stream", e))?;
+        let reader =
+            RecordBatchStreamReader::try_new(stream).map_err(|e| arrow_error("Arrow stream", e))?;
         let batches = reader
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| arrow_error("Arrow stream", e))?;
@@ -145,10 +151,16 @@ fn import_batch(batch: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
 /// Raises:
 ///     TypeError: ``batch`` is not an Arrow producer.
 #[pyfunction]
-pub(crate) fn serialize_record_batch(py: Python<'_>, batch: &Bound<'_, PyAny>, ctx: PyRef<'_, PyContext>) -> PyResult<PyCudaBuffer> {
+pub(crate) fn serialize_record_batch(
+    py: Python<'_>,
+    batch: &Bound<'_, PyAny>,
+    ctx: PyRef<'_, PyContext>,
+) -> PyResult<PyCudaBuffer> {
     let batch = import_batch(batch)?;
     let ctx = ctx.inner.clone();
-    let buffer = py.detach(|| cudabuf::serialize_record_batch(&batch, &ctx)).or_raise()?;
+    let buffer = py
+        .detach(|| cudabuf::serialize_record_batch(&batch, &ctx))
+        .or_raise()?;
     Ok(PyCudaBuffer::new(buffer))
 }
 
@@ -219,7 +231,11 @@ impl PyMessage {
 ///     InvalidDataError: for a truncated or corrupt message.
 #[pyfunction]
 #[pyo3(signature = (source, pool = None))]
-pub(crate) fn read_message(py: Python<'_>, source: &Bound<'_, PyAny>, pool: Option<&Bound<'_, PyAny>>) -> PyResult<PyMessage> {
+pub(crate) fn read_message(
+    py: Python<'_>,
+    source: &Bound<'_, PyAny>,
+    pool: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyMessage> {
     let _ = pool;
     if let Ok(buffer) = source.cast::<PyCudaBuffer>() {
         let buffer = buffer.get().inner.clone();
@@ -261,18 +277,24 @@ struct HostRecordBatch {
 #[pymethods]
 impl HostRecordBatch {
     #[pyo3(signature = (requested_schema = None))]
-    fn __arrow_c_array__<'py>(&self, py: Python<'py>, requested_schema: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyTuple>> {
+    fn __arrow_c_array__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         let _ = requested_schema;
         let array = StructArray::from(self.batch.clone());
         let ffi_array = FFI_ArrowArray::new(&array.to_data());
-        let ffi_schema = FFI_ArrowSchema::try_from(self.batch.schema().as_ref()).map_err(|e| arrow_error("Arrow schema", e))?;
+        let ffi_schema = FFI_ArrowSchema::try_from(self.batch.schema().as_ref())
+            .map_err(|e| arrow_error("Arrow schema", e))?;
         let schema = PyCapsule::new_with_value(py, ffi_schema, SCHEMA_NAME)?;
         let array = PyCapsule::new_with_value(py, ffi_array, ARRAY_NAME)?;
         PyTuple::new(py, [schema.into_any(), array.into_any()])
     }
 
     fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
-        let ffi_schema = FFI_ArrowSchema::try_from(self.batch.schema().as_ref()).map_err(|e| arrow_error("Arrow schema", e))?;
+        let ffi_schema = FFI_ArrowSchema::try_from(self.batch.schema().as_ref())
+            .map_err(|e| arrow_error("Arrow schema", e))?;
         PyCapsule::new_with_value(py, ffi_schema, SCHEMA_NAME)
     }
 }
@@ -319,7 +341,12 @@ impl PyDeviceRecordBatch {
     fn column_buffers(&self, i: usize) -> PyResult<Vec<Option<PyCudaBuffer>>> {
         let column = self.inner.column(i).or_raise()?;
         let mut out = vec![column.nulls().map(|b| PyCudaBuffer::new(b.clone()))];
-        out.extend(column.buffers().iter().map(|b| Some(PyCudaBuffer::new(b.clone()))));
+        out.extend(
+            column
+                .buffers()
+                .iter()
+                .map(|b| Some(PyCudaBuffer::new(b.clone()))),
+        );
         Ok(out)
     }
 
@@ -329,7 +356,9 @@ impl PyDeviceRecordBatch {
         let inner = &self.inner;
         let batch = py.detach(|| inner.to_host()).or_raise()?;
         let exporter = Bound::new(py, HostRecordBatch { batch })?;
-        py.import("pyarrow")?.getattr("record_batch")?.call1((exporter,))
+        py.import("pyarrow")?
+            .getattr("record_batch")?
+            .call1((exporter,))
     }
 
     /// The Arrow PyCapsule device protocol: ``(schema capsule, device array capsule)``,
@@ -412,10 +441,12 @@ pub(crate) fn read_record_batch(
     let arrow_schema = import_schema(schema)?;
     let batch = if let Ok(buffer) = buffer.cast::<PyCudaBuffer>() {
         let buffer = buffer.get().inner.clone();
-        py.detach(|| cudabuf::read_record_batch(&buffer, &arrow_schema)).or_raise()?
+        py.detach(|| cudabuf::read_record_batch(&buffer, &arrow_schema))
+            .or_raise()?
     } else if let Ok(message) = buffer.cast::<PyMessage>() {
         let message = &message.get().inner;
-        py.detach(|| DeviceRecordBatch::from_message(message, &arrow_schema)).or_raise()?
+        py.detach(|| DeviceRecordBatch::from_message(message, &arrow_schema))
+            .or_raise()?
     } else {
         return Err(PyTypeError::new_err(format!(
             "read_record_batch: expected a CudaBuffer or a Message, got {}",

@@ -38,7 +38,9 @@ fn make(selection: &mut Selection, name: &str) -> cudabuf::Result<Backend> {
         Some(backend) => backend.clone(),
         None => {
             let backend = cudabuf::backend_named(canonical(name))?;
-            selection.made.insert(backend.kind().name(), backend.clone());
+            selection
+                .made
+                .insert(backend.kind().name(), backend.clone());
             backend
         }
     };

@@ -126,8 +126,14 @@ impl PyContext {
     ///
     /// Raises:
     ///     OutOfRangeError: when ``offset``/``size`` run past the end of ``data``.
-    #[pyo3(signature = (data, offset = 0, size = -1))]
-    fn buffer_from_data(&self, py: Python<'_>, data: &Bound<'_, PyAny>, offset: i64, size: i64) -> PyResult<PyCudaBuffer> {
+    #[pyo3(signature = (data, offset = 0, size = -1), text_signature = "(self, /, data, offset=0, size=-1)")]
+    fn buffer_from_data(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        offset: i64,
+        size: i64,
+    ) -> PyResult<PyCudaBuffer> {
         let source = CopySource::new(data, offset, size)?;
         let buffer = py.detach(|| source.copy_into(&self.inner)).or_raise()?;
         Ok(PyCudaBuffer::new(buffer))
@@ -164,7 +170,13 @@ impl PyContext {
     /// Raises:
     ///     InvalidAddressError: when the range is not inside one live allocation.
     #[pyo3(signature = (address, size, base = None))]
-    fn foreign_buffer(&self, py: Python<'_>, address: u64, size: i64, base: Option<&Bound<'_, PyAny>>) -> PyResult<PyCudaBuffer> {
+    fn foreign_buffer(
+        &self,
+        py: Python<'_>,
+        address: u64,
+        size: i64,
+        base: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyCudaBuffer> {
         let size = non_negative("foreign_buffer", "size", size)?;
         if address == 0 && size == 0 {
             return self.new_buffer(py, 0);
@@ -174,7 +186,8 @@ impl PyContext {
         // SAFETY: pyarrow's contract, documented above: the caller keeps the memory
         // allocated while the buffer lives (through `base` or otherwise). The range is
         // checked against a live allocation of this device.
-        let buffer = unsafe { self.inner.foreign_buffer(device_address, size, owner) }.or_raise()?;
+        let buffer =
+            unsafe { self.inner.foreign_buffer(device_address, size, owner) }.or_raise()?;
         Ok(PyCudaBuffer::new(buffer))
     }
 
@@ -197,9 +210,15 @@ impl PyContext {
     ///
     /// Raises:
     ///     InvalidIpcHandleError: a handle of another backend, or whose memory is gone.
-    fn open_ipc_buffer(&self, py: Python<'_>, ipc_handle: PyRef<'_, PyIpcMemHandle>) -> PyResult<PyCudaBuffer> {
+    fn open_ipc_buffer(
+        &self,
+        py: Python<'_>,
+        ipc_handle: PyRef<'_, PyIpcMemHandle>,
+    ) -> PyResult<PyCudaBuffer> {
         let handle = ipc_handle.inner.clone();
-        let buffer = py.detach(|| self.inner.open_ipc_buffer(&handle)).or_raise()?;
+        let buffer = py
+            .detach(|| self.inner.open_ipc_buffer(&handle))
+            .or_raise()?;
         Ok(PyCudaBuffer::new(buffer))
     }
 

@@ -146,7 +146,10 @@ impl PyCudaBuffer {
     /// Raises:
     ///     OutOfRangeError: ``position`` or ``position + nbytes`` past the end, or
     ///         ``nbytes`` larger than ``buf``.
-    #[pyo3(signature = (position = 0, nbytes = -1, buf = None, memory_pool = None, resizable = false))]
+    #[pyo3(
+        signature = (position = 0, nbytes = -1, buf = None, memory_pool = None, resizable = false),
+        text_signature = "(self, /, position=0, nbytes=-1, buf=None, memory_pool=None, resizable=False)"
+    )]
     fn copy_to_host<'py>(
         &self,
         py: Python<'py>,
@@ -167,7 +170,9 @@ impl PyCudaBuffer {
         let nbytes = default_if_negative(nbytes);
         match buf {
             None => {
-                let bytes = py.detach(|| self.inner.copy_to_host(position, nbytes)).or_raise()?;
+                let bytes = py
+                    .detach(|| self.inner.copy_to_host(position, nbytes))
+                    .or_raise()?;
                 HostMemory::from_vec(bytes).into_object(py)
             }
             Some(buf) => {
@@ -194,8 +199,14 @@ impl PyCudaBuffer {
     /// Raises:
     ///     SourceTooShortError: ``nbytes`` larger than ``data``.
     ///     OutOfRangeError: ``position + nbytes`` past the end of this buffer.
-    #[pyo3(signature = (data, position = 0, nbytes = -1))]
-    fn copy_from_host(&self, py: Python<'_>, data: &Bound<'_, PyAny>, position: i64, nbytes: i64) -> PyResult<usize> {
+    #[pyo3(signature = (data, position = 0, nbytes = -1), text_signature = "(self, /, data, position=0, nbytes=-1)")]
+    fn copy_from_host(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        position: i64,
+        nbytes: i64,
+    ) -> PyResult<usize> {
         let position = non_negative("copy_from_host", "position", position)?;
         let nbytes = default_if_negative(nbytes);
         let src = host_arg(data)?;
@@ -215,12 +226,19 @@ impl PyCudaBuffer {
     /// Raises:
     ///     SourceTooShortError: ``nbytes`` larger than ``buf``.
     ///     OutOfRangeError: ``position + nbytes`` past the end of this buffer.
-    #[pyo3(signature = (buf, position = 0, nbytes = -1))]
-    fn copy_from_device(&self, py: Python<'_>, buf: PyRef<'_, PyCudaBuffer>, position: i64, nbytes: i64) -> PyResult<usize> {
+    #[pyo3(signature = (buf, position = 0, nbytes = -1), text_signature = "(self, /, buf, position=0, nbytes=-1)")]
+    fn copy_from_device(
+        &self,
+        py: Python<'_>,
+        buf: PyRef<'_, PyCudaBuffer>,
+        position: i64,
+        nbytes: i64,
+    ) -> PyResult<usize> {
         let position = non_negative("copy_from_device", "position", position)?;
         let nbytes = default_if_negative(nbytes);
         let src = buf.inner.clone();
-        py.detach(|| self.inner.copy_from_device(&src, position, nbytes)).or_raise()
+        py.detach(|| self.inner.copy_from_device(&src, position, nbytes))
+            .or_raise()
     }
 
     /// Export this buffer for another process; returns an ``IpcMemHandle``.
@@ -247,20 +265,15 @@ impl PyCudaBuffer {
         let offset = non_negative("slice", "offset", offset)?;
         let length = match length {
             Some(length) => non_negative("slice", "length", length)?,
-            None => slf
-                .get()
-                .inner
-                .size()
-                .checked_sub(offset)
-                .ok_or_else(|| {
-                    crate::errors::to_pyerr(Error::out_of_range(
-                        "slice",
-                        "device buffer",
-                        offset,
-                        0,
-                        slf.get().inner.size(),
-                    ))
-                })?,
+            None => slf.get().inner.size().checked_sub(offset).ok_or_else(|| {
+                crate::errors::to_pyerr(Error::out_of_range(
+                    "slice",
+                    "device buffer",
+                    offset,
+                    0,
+                    slf.get().inner.size(),
+                ))
+            })?,
         };
         Self::slice_of(slf, offset, length)
     }
@@ -269,26 +282,38 @@ impl PyCudaBuffer {
     fn to_pybytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let size = self.inner.size();
         PyBytes::new_with(py, size, |out| {
-            py.detach(|| self.inner.copy_to_host_into(0, out, Some(size))).or_raise()?;
+            py.detach(|| self.inner.copy_to_host_into(0, out, Some(size)))
+                .or_raise()?;
             Ok(())
         })
     }
 
     /// ``buf[i]`` copies the byte at ``i`` to the host (negative counts from the end);
     /// ``buf[a:b]`` is a zero-copy slice (clamped like Python sequences; step must be 1).
-    fn __getitem__<'py>(slf: &Bound<'py, Self>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn __getitem__<'py>(
+        slf: &Bound<'py, Self>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let size = slf.get().inner.size();
         if let Ok(slice) = key.cast::<PySlice>() {
             let indices = slice.indices(size as isize)?;
             if indices.step != 1 {
-                return Err(PyIndexError::new_err("only slices with step 1 are supported"));
+                return Err(PyIndexError::new_err(
+                    "only slices with step 1 are supported",
+                ));
             }
             let length = indices.stop.saturating_sub(indices.start).max(0) as usize;
-            return Ok(Bound::new(py, Self::slice_of(slf, indices.start as usize, length)?)?.into_any());
+            return Ok(
+                Bound::new(py, Self::slice_of(slf, indices.start as usize, length)?)?.into_any(),
+            );
         }
         let index: i64 = key.extract()?;
-        let position = if index < 0 { index + size as i64 } else { index };
+        let position = if index < 0 {
+            index + size as i64
+        } else {
+            index
+        };
         if position < 0 || position as usize >= size {
             return Err(PyIndexError::new_err(format!(
                 "index {index} out of range for a buffer of {size} bytes"
@@ -351,7 +376,14 @@ impl PyCudaBuffer {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let _ = stream;
-        interop::dlpack_export(py, &self.inner, &interop::Layout::bytes(self.inner.size()), max_version, dl_device, copy)
+        interop::dlpack_export(
+            py,
+            &self.inner,
+            &interop::Layout::bytes(self.inner.size()),
+            max_version,
+            dl_device,
+            copy,
+        )
     }
 
     /// ``(device_type, device_id)`` for DLPack: ``(2, n)`` (CUDA) on the CUDA backend,
@@ -370,7 +402,11 @@ impl PyCudaBuffer {
     ///     InvalidArgumentError: for an unknown dtype, a shape that does not cover the
     ///         buffer, or a misaligned address.
     #[pyo3(signature = (dtype, shape = None))]
-    fn view(&self, dtype: &Bound<'_, PyAny>, shape: Option<Vec<i64>>) -> PyResult<interop::CudaArrayView> {
+    fn view(
+        &self,
+        dtype: &Bound<'_, PyAny>,
+        shape: Option<Vec<i64>>,
+    ) -> PyResult<interop::CudaArrayView> {
         interop::CudaArrayView::new(self.inner.clone(), dtype, shape)
     }
 
@@ -404,7 +440,13 @@ impl CopySource {
             let size = match size {
                 Some(size) => size,
                 None => inner.size().checked_sub(offset).ok_or_else(|| {
-                    crate::errors::to_pyerr(Error::out_of_range("buffer_from_data", "device buffer", offset, 0, inner.size()))
+                    crate::errors::to_pyerr(Error::out_of_range(
+                        "buffer_from_data",
+                        "device buffer",
+                        offset,
+                        0,
+                        inner.size(),
+                    ))
                 })?,
             };
             return Ok(CopySource::Device(inner.slice(offset, size).or_raise()?));
@@ -414,7 +456,13 @@ impl CopySource {
         let size = match size {
             Some(size) => size,
             None => len.checked_sub(offset).ok_or_else(|| {
-                crate::errors::to_pyerr(Error::out_of_range("buffer_from_data", "host buffer", offset, 0, len))
+                crate::errors::to_pyerr(Error::out_of_range(
+                    "buffer_from_data",
+                    "host buffer",
+                    offset,
+                    0,
+                    len,
+                ))
             })?,
         };
         match offset.checked_add(size) {

@@ -39,7 +39,13 @@ fn cuda_name(error: &Error) -> (Option<String>, Option<i32>) {
     }
 }
 
-fn raise(py: Python<'_>, class: &str, message: String, kind: &str, cuda: (Option<String>, Option<i32>)) -> PyErr {
+fn raise(
+    py: Python<'_>,
+    class: &str,
+    message: String,
+    kind: &str,
+    cuda: (Option<String>, Option<i32>),
+) -> PyErr {
     let module = match ERRORS_MODULE.get_or_try_init(py, || {
         PyModule::import(py, "cudabuf._errors").map(Bound::unbind)
     }) {
@@ -111,8 +117,12 @@ impl<T> OrRaise<T> for cudabuf::Result<T> {
 /// A Python integer argument that must not be negative (sizes, positions, offsets):
 /// pyarrow takes `int64_t` and accepts negative values; cudabuf refuses them.
 pub(crate) fn non_negative(operation: &'static str, name: &str, value: i64) -> PyResult<usize> {
-    usize::try_from(value)
-        .map_err(|_| invalid_argument(operation, format!("{name} argument is out-of-range: {value} is negative")))
+    usize::try_from(value).map_err(|_| {
+        invalid_argument(
+            operation,
+            format!("{name} argument is out-of-range: {value} is negative"),
+        )
+    })
 }
 
 /// pyarrow's "`-1` (any negative value) means the default" convention for `nbytes` and

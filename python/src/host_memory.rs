@@ -63,7 +63,13 @@ impl Drop for Block {
 
 /// The base class of `Buffer` and `HostBuffer` (the methods; the buffer-protocol slot is on
 /// the subclasses, see the module docs). Not instantiable.
-#[pyclass(module = "cudabuf.cuda", name = "_HostMemory", subclass, frozen, weakref)]
+#[pyclass(
+    module = "cudabuf.cuda",
+    name = "_HostMemory",
+    subclass,
+    frozen,
+    weakref
+)]
 pub(crate) struct HostMemory {
     block: Arc<Block>,
     offset: usize,
@@ -146,13 +152,23 @@ impl HostMemory {
         class.bind(py).call1((token,))
     }
 
-    fn slice_object<'py>(slf: &Bound<'py, Self>, offset: usize, length: usize) -> PyResult<Bound<'py, PyAny>> {
+    fn slice_object<'py>(
+        slf: &Bound<'py, Self>,
+        offset: usize,
+        length: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let this = slf.get();
         match offset.checked_add(length) {
             Some(end) if end <= this.len => {}
             _ => {
-                return Err(cudabuf::Error::out_of_range("slice", "host buffer", offset, length, this.len))
-                    .or_raise()
+                return Err(cudabuf::Error::out_of_range(
+                    "slice",
+                    "host buffer",
+                    offset,
+                    length,
+                    this.len,
+                ))
+                .or_raise()
             }
         }
         HostMemory {
@@ -244,7 +260,11 @@ impl HostMemory {
     /// Fixed pyarrow quirk: a slice past the end is an ``OutOfRangeError`` (pyarrow
     /// clamps it).
     #[pyo3(signature = (offset = 0, length = None))]
-    fn slice<'py>(slf: &Bound<'py, Self>, offset: i64, length: Option<i64>) -> PyResult<Bound<'py, PyAny>> {
+    fn slice<'py>(
+        slf: &Bound<'py, Self>,
+        offset: i64,
+        length: Option<i64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let offset = non_negative("slice", "offset", offset)?;
         let length = match length {
             Some(length) => non_negative("slice", "length", length)?,
@@ -263,26 +283,38 @@ impl HostMemory {
 
     /// ``buf[i]`` is the byte at ``i`` (negative counts from the end); ``buf[a:b]`` is a
     /// zero-copy slice (clamped like Python sequences; step must be 1).
-    fn __getitem__<'py>(slf: &Bound<'py, Self>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn __getitem__<'py>(
+        slf: &Bound<'py, Self>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let this = slf.get();
         if let Ok(slice) = key.cast::<PySlice>() {
             let indices = slice.indices(this.len as isize)?;
             if indices.step != 1 {
-                return Err(pyo3::exceptions::PyIndexError::new_err("only slices with step 1 are supported"));
+                return Err(pyo3::exceptions::PyIndexError::new_err(
+                    "only slices with step 1 are supported",
+                ));
             }
             let length = indices.stop.saturating_sub(indices.start).max(0) as usize;
             return Self::slice_object(slf, indices.start as usize, length);
         }
         let index: i64 = key.extract()?;
-        let position = if index < 0 { index + this.len as i64 } else { index };
+        let position = if index < 0 {
+            index + this.len as i64
+        } else {
+            index
+        };
         if position < 0 || position as usize >= this.len {
             return Err(pyo3::exceptions::PyIndexError::new_err(format!(
                 "index {index} out of range for a buffer of {} bytes",
                 this.len
             )));
         }
-        Ok(this.with_slice(|b| b[position as usize]).into_pyobject(py)?.into_any())
+        Ok(this
+            .with_slice(|b| b[position as usize])
+            .into_pyobject(py)?
+            .into_any())
     }
 
     /// Whether ``other`` (any bytes-like object) holds the same bytes.
@@ -302,7 +334,11 @@ impl HostMemory {
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
         let this = slf.get();
-        let kind = if this.pinned().is_some() { "pinned" } else { "pageable" };
+        let kind = if this.pinned().is_some() {
+            "pinned"
+        } else {
+            "pageable"
+        };
         Ok(format!(
             "<cudabuf.cuda.{} size={} address={:#x} {kind}>",
             slf.get_type().name()?,
@@ -313,7 +349,11 @@ impl HostMemory {
 }
 
 /// The `bf_getbuffer` slot of `Buffer` (and, inherited, `HostBuffer`).
-unsafe extern "C" fn get_buffer(exporter: *mut ffi::PyObject, view: *mut PyBuffer, flags: c_int) -> c_int {
+unsafe extern "C" fn get_buffer(
+    exporter: *mut ffi::PyObject,
+    view: *mut PyBuffer,
+    flags: c_int,
+) -> c_int {
     let result = std::panic::catch_unwind(|| {
         // SAFETY: CPython calls buffer slots with the thread attached.
         let py = unsafe { Python::assume_attached() };
@@ -329,7 +369,9 @@ unsafe extern "C" fn get_buffer(exporter: *mut ffi::PyObject, view: *mut PyBuffe
                 // SAFETY: `view` is CPython's, `exporter` the object; the bytes live in the
                 // block the object owns, which never moves, for as long as the object
                 // lives, and the filled view holds a reference to it.
-                unsafe { buffer_ffi::fill_buffer_info(view, exporter, memory.ptr(), memory.len, flags) }
+                unsafe {
+                    buffer_ffi::fill_buffer_info(view, exporter, memory.ptr(), memory.len, flags)
+                }
             }
             Err(e) => {
                 PyErr::from(e).restore(py);
@@ -426,15 +468,23 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
 ///     InvalidDeviceError: for a device number out of range.
 #[pyfunction]
 #[pyo3(signature = (size, device = 0))]
-pub(crate) fn new_host_buffer(py: Python<'_>, size: i64, device: i64) -> PyResult<Bound<'_, PyAny>> {
+pub(crate) fn new_host_buffer(
+    py: Python<'_>,
+    size: i64,
+    device: i64,
+) -> PyResult<Bound<'_, PyAny>> {
     let size = non_negative("new_host_buffer", "size", size)?;
     let device = non_negative("new_host_buffer", "device", device)?;
     let backend = crate::backend::current()?;
-    let host = py.detach(|| backend.new_host_buffer(size, device)).or_raise()?;
+    let host = py
+        .detach(|| backend.new_host_buffer(size, device))
+        .or_raise()?;
     HostMemory::from_pinned(host).into_object(py)
 }
 
 /// The `HostMemory` behind a host buffer object, if it is one.
-pub(crate) fn as_host_memory<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, HostMemory>> {
+pub(crate) fn as_host_memory<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+) -> Option<&'a Bound<'py, HostMemory>> {
     obj.cast::<HostMemory>().ok()
 }

@@ -38,7 +38,11 @@ impl Layout {
         Layout {
             shape: vec![size as i64],
             typestr: "|u1".into(),
-            dtype: DlDataType { code: 1, bits: 8, lanes: 1 },
+            dtype: DlDataType {
+                code: 1,
+                bits: 8,
+                lanes: 1,
+            },
             itemsize: 1,
         }
     }
@@ -64,7 +68,11 @@ fn parse_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<(String, DlDataType, usize)
         let numpy = dtype.py().import("numpy").map_err(|_| {
             invalid_argument("view", "dtype must be a type string or name (\"float32\", \"<f4\") when numpy is not installed")
         })?;
-        numpy.getattr("dtype")?.call1((dtype,))?.getattr("str")?.extract()?
+        numpy
+            .getattr("dtype")?
+            .call1((dtype,))?
+            .getattr("str")?
+            .extract()?
     };
     let typestr = match text.as_str() {
         "bool" => "|b1",
@@ -84,7 +92,9 @@ fn parse_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<(String, DlDataType, usize)
         other => other,
     }
     .to_owned();
-    let bad = || invalid_argument("view", format!("unsupported dtype {text:?}: expected bool, (u)int8-64, float16-64 or complex64/128, little-endian"));
+    let bad = || {
+        invalid_argument("view", format!("unsupported dtype {text:?}: expected bool, (u)int8-64, float16-64 or complex64/128, little-endian"))
+    };
     let mut chars = typestr.chars();
     let order = chars.next().ok_or_else(bad)?;
     let kind = chars.next().ok_or_else(bad)?;
@@ -103,7 +113,11 @@ fn parse_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<(String, DlDataType, usize)
     let order = if itemsize == 1 { '|' } else { '<' };
     Ok((
         format!("{order}{kind}{itemsize}"),
-        DlDataType { code, bits: (itemsize * 8) as u8, lanes: 1 },
+        DlDataType {
+            code,
+            bits: (itemsize * 8) as u8,
+            lanes: 1,
+        },
         itemsize,
     ))
 }
@@ -116,7 +130,11 @@ fn require_cuda(buffer: &DeviceBuffer, what: &str) -> PyResult<()> {
 }
 
 /// `__cuda_array_interface__` (v3) of `buffer` with `layout`.
-pub(crate) fn cuda_array_interface<'py>(py: Python<'py>, buffer: &DeviceBuffer, layout: &Layout) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn cuda_array_interface<'py>(
+    py: Python<'py>,
+    buffer: &DeviceBuffer,
+    layout: &Layout,
+) -> PyResult<Bound<'py, PyAny>> {
     require_cuda(buffer, "__cuda_array_interface__")?;
     let dict = PyDict::new(py);
     dict.set_item("shape", PyTuple::new(py, &layout.shape)?)?;
@@ -185,7 +203,8 @@ unsafe extern "C" fn legacy_capsule_destructor(capsule: *mut ffi::PyObject) {
         // SAFETY: CPython calls capsule destructors with a live capsule, attached.
         if unsafe { ffi::PyCapsule_IsValid(capsule, LEGACY_NAME.as_ptr()) } == 1 {
             // SAFETY: valid with this name, so the pointer is our `DlManagedTensor`.
-            let tensor = unsafe { ffi::PyCapsule_GetPointer(capsule, LEGACY_NAME.as_ptr()) }.cast::<DlManagedTensor>();
+            let tensor = unsafe { ffi::PyCapsule_GetPointer(capsule, LEGACY_NAME.as_ptr()) }
+                .cast::<DlManagedTensor>();
             // SAFETY: an unconsumed tensor of ours: delete it once.
             unsafe { delete_legacy(tensor) };
         }
@@ -240,7 +259,8 @@ pub(crate) fn dlpack_export<'py>(
         }
     }
     let buffer = if copy == Some(true) {
-        py.detach(|| buffer.context().buffer_from_data(buffer)).or_raise()?
+        py.detach(|| buffer.context().buffer_from_data(buffer))
+            .or_raise()?
     } else {
         buffer.clone()
     };
@@ -273,7 +293,13 @@ pub(crate) fn dlpack_export<'py>(
             context,
         });
         let pointer = Box::into_raw(export);
-        new_capsule(py, pointer.cast(), VERSIONED_NAME, versioned_capsule_destructor).inspect_err(|_| {
+        new_capsule(
+            py,
+            pointer.cast(),
+            VERSIONED_NAME,
+            versioned_capsule_destructor,
+        )
+        .inspect_err(|_| {
             // SAFETY: the capsule was not made: the box is still ours.
             unsafe { delete_versioned(pointer.cast()) };
         })
@@ -303,13 +329,17 @@ pub(crate) struct CudaArrayView {
 
 impl CudaArrayView {
     /// A view of `buffer` as `dtype` with `shape` (default: one dimension over it all).
-    pub(crate) fn new(buffer: DeviceBuffer, dtype: &Bound<'_, PyAny>, shape: Option<Vec<i64>>) -> PyResult<Self> {
+    pub(crate) fn new(
+        buffer: DeviceBuffer,
+        dtype: &Bound<'_, PyAny>,
+        shape: Option<Vec<i64>>,
+    ) -> PyResult<Self> {
         let (typestr, dl, itemsize) = parse_dtype(dtype)?;
         let size = buffer.size();
         let shape = match shape {
             Some(shape) => shape,
             None => {
-                if size % itemsize != 0 {
+                if !size.is_multiple_of(itemsize) {
                     return Err(invalid_argument(
                         "view",
                         format!("{size} bytes are not a whole number of {itemsize}-byte elements"),
@@ -318,7 +348,10 @@ impl CudaArrayView {
                 vec![(size / itemsize) as i64]
             }
         };
-        let elements = shape.iter().try_fold(1i64, |acc, &d| if d < 0 { None } else { acc.checked_mul(d) });
+        let elements = shape.iter().try_fold(
+            1i64,
+            |acc, &d| if d < 0 { None } else { acc.checked_mul(d) },
+        );
         match elements.and_then(|n| n.checked_mul(itemsize as i64)) {
             Some(nbytes) if nbytes as u64 == size as u64 => {}
             _ => {
@@ -328,15 +361,23 @@ impl CudaArrayView {
                 ))
             }
         }
-        if buffer.address() % itemsize as u64 != 0 {
+        if !buffer.address().is_multiple_of(itemsize as u64) {
             return Err(invalid_argument(
                 "view",
-                format!("address {:#x} is not aligned to the {itemsize}-byte element size", buffer.address()),
+                format!(
+                    "address {:#x} is not aligned to the {itemsize}-byte element size",
+                    buffer.address()
+                ),
             ));
         }
         Ok(CudaArrayView {
             buffer,
-            layout: Layout { shape, typestr, dtype: dl, itemsize },
+            layout: Layout {
+                shape,
+                typestr,
+                dtype: dl,
+                itemsize,
+            },
         })
     }
 }
@@ -412,7 +453,7 @@ impl CudaArrayView {
 /// The byte range `(start, length)` relative to the data pointer that an array of `shape`,
 /// byte `strides` (`None`: C-contiguous) and `itemsize` touches (`(0, 0)` when empty).
 fn span(shape: &[i64], strides: Option<&[i64]>, itemsize: i64) -> Option<(i64, u64)> {
-    if shape.iter().any(|&d| d == 0) {
+    if shape.contains(&0) {
         return Some((0, 0));
     }
     if shape.iter().any(|&d| d < 0) || itemsize <= 0 {
@@ -445,7 +486,10 @@ fn span(shape: &[i64], strides: Option<&[i64]>, itemsize: i64) -> Option<(i64, u
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
 }
 
 /// A described foreign device range and what keeps it alive.
@@ -459,11 +503,31 @@ struct Foreign {
     needs_sync: bool,
 }
 
-fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<Foreign> {
-    let bad = |why: &str| invalid_argument("buffer_from_object", format!("{} has an invalid __cuda_array_interface__: {why}", type_name(obj)));
-    let shape: Vec<i64> = interface.get_item("shape").and_then(|s| s.extract()).map_err(|_| bad("no shape"))?;
-    let typestr: String = interface.get_item("typestr").and_then(|s| s.extract()).map_err(|_| bad("no typestr"))?;
-    let (pointer, _read_only): (Option<u64>, bool) = interface.get_item("data").and_then(|d| d.extract()).map_err(|_| bad("no data (pointer, read_only)"))?;
+fn from_cuda_array_interface(
+    obj: &Bound<'_, PyAny>,
+    interface: &Bound<'_, PyAny>,
+) -> PyResult<Foreign> {
+    let bad = |why: &str| {
+        invalid_argument(
+            "buffer_from_object",
+            format!(
+                "{} has an invalid __cuda_array_interface__: {why}",
+                type_name(obj)
+            ),
+        )
+    };
+    let shape: Vec<i64> = interface
+        .get_item("shape")
+        .and_then(|s| s.extract())
+        .map_err(|_| bad("no shape"))?;
+    let typestr: String = interface
+        .get_item("typestr")
+        .and_then(|s| s.extract())
+        .map_err(|_| bad("no typestr"))?;
+    let (pointer, _read_only): (Option<u64>, bool) = interface
+        .get_item("data")
+        .and_then(|d| d.extract())
+        .map_err(|_| bad("no data (pointer, read_only)"))?;
     let strides: Option<Vec<i64>> = match interface.get_item("strides") {
         Ok(s) if !s.is_none() => Some(s.extract().map_err(|_| bad("strides"))?),
         _ => None,
@@ -478,7 +542,8 @@ fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny
         .get(2..)
         .and_then(|d| d.parse().ok())
         .ok_or_else(|| bad("typestr without an item size"))?;
-    let (start, length) = span(&shape, strides.as_deref(), itemsize).ok_or_else(|| bad("shape and strides overflow"))?;
+    let (start, length) = span(&shape, strides.as_deref(), itemsize)
+        .ok_or_else(|| bad("shape and strides overflow"))?;
     let pointer = pointer.unwrap_or(0);
     if length > 0 && pointer == 0 {
         return Err(bad("a null data pointer for a non-empty array"));
@@ -486,7 +551,9 @@ fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny
     let address = if length == 0 {
         0
     } else {
-        pointer.checked_add_signed(start).ok_or_else(|| bad("the data pointer and strides overflow"))?
+        pointer
+            .checked_add_signed(start)
+            .ok_or_else(|| bad("the data pointer and strides overflow"))?
     };
     let device = obj
         .getattr("__dlpack_device__")
@@ -547,46 +614,96 @@ fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Foreign> {
         Err(e) => return Err(e),
     };
     let capsule = capsule.cast_into::<PyCapsule>().map_err(|_| {
-        invalid_argument("buffer_from_object", format!("{}.__dlpack__ did not return a capsule", type_name(obj)))
+        invalid_argument(
+            "buffer_from_object",
+            format!("{}.__dlpack__ did not return a capsule", type_name(obj)),
+        )
     })?;
-    let (tensor, owned, used): (&DlTensor, DlpackTensor, &'static CStr) = if capsule.is_valid_checked(Some(VERSIONED_NAME)) {
-        let pointer = capsule.pointer_checked(Some(VERSIONED_NAME))?.cast::<DlManagedTensorVersioned>().as_ptr();
-        // SAFETY: a valid, unconsumed versioned DLPack capsule points to a live tensor.
-        (unsafe { &(*pointer).dl_tensor }, DlpackTensor::Versioned(pointer), USED_VERSIONED_NAME)
-    } else if capsule.is_valid_checked(Some(LEGACY_NAME)) {
-        let pointer = capsule.pointer_checked(Some(LEGACY_NAME))?.cast::<DlManagedTensor>().as_ptr();
-        // SAFETY: as above, for the legacy layout.
-        (unsafe { &(*pointer).dl_tensor }, DlpackTensor::Legacy(pointer), USED_LEGACY_NAME)
-    } else {
-        return Err(invalid_argument("buffer_from_object", "__dlpack__ returned a capsule that is neither \"dltensor\" nor \"dltensor_versioned\""));
-    };
+    let (tensor, owned, used): (&DlTensor, DlpackTensor, &'static CStr) =
+        if capsule.is_valid_checked(Some(VERSIONED_NAME)) {
+            let pointer = capsule
+                .pointer_checked(Some(VERSIONED_NAME))?
+                .cast::<DlManagedTensorVersioned>()
+                .as_ptr();
+            // SAFETY: a valid, unconsumed versioned DLPack capsule points to a live tensor.
+            (
+                unsafe { &(*pointer).dl_tensor },
+                DlpackTensor::Versioned(pointer),
+                USED_VERSIONED_NAME,
+            )
+        } else if capsule.is_valid_checked(Some(LEGACY_NAME)) {
+            let pointer = capsule
+                .pointer_checked(Some(LEGACY_NAME))?
+                .cast::<DlManagedTensor>()
+                .as_ptr();
+            // SAFETY: as above, for the legacy layout.
+            (
+                unsafe { &(*pointer).dl_tensor },
+                DlpackTensor::Legacy(pointer),
+                USED_LEGACY_NAME,
+            )
+        } else {
+            return Err(invalid_argument(
+            "buffer_from_object",
+            "__dlpack__ returned a capsule that is neither \"dltensor\" nor \"dltensor_versioned\"",
+        ));
+        };
     // Take ownership: from here on the deleter is ours to call (by dropping `owned`).
     // SAFETY: renaming a live capsule with a 'static name.
     if unsafe { ffi::PyCapsule_SetName(capsule.as_ptr(), used.as_ptr()) } != 0 {
         return Err(PyErr::fetch(py));
     }
-    let bad = |why: String| invalid_argument("buffer_from_object", format!("DLPack tensor of {}: {why}", type_name(obj)));
-    if !matches!(tensor.device.device_type, DL_CUDA | DL_CUDA_HOST | DL_CUDA_MANAGED) {
-        return Err(bad(format!("device type {} is not CUDA memory", tensor.device.device_type)));
+    let bad = |why: String| {
+        invalid_argument(
+            "buffer_from_object",
+            format!("DLPack tensor of {}: {why}", type_name(obj)),
+        )
+    };
+    if !matches!(
+        tensor.device.device_type,
+        DL_CUDA | DL_CUDA_HOST | DL_CUDA_MANAGED
+    ) {
+        return Err(bad(format!(
+            "device type {} is not CUDA memory",
+            tensor.device.device_type
+        )));
     }
     if tensor.ndim < 0 || (tensor.ndim > 0 && tensor.shape.is_null()) {
         return Err(bad("invalid ndim or shape".into()));
     }
     let ndim = tensor.ndim as usize;
-    // SAFETY: DLPack: `shape` (and `strides` when not null) hold `ndim` values while the
-    // tensor lives.
-    let shape: Vec<i64> = if ndim == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(tensor.shape, ndim) }.to_vec() };
-    let itemsize = (u64::from(tensor.dtype.bits) * u64::from(tensor.dtype.lanes)).div_ceil(8) as i64;
+    let shape: Vec<i64> = if ndim == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: DLPack: `shape` (and `strides` when not null) hold `ndim` values while
+        // the tensor lives.
+        unsafe { std::slice::from_raw_parts(tensor.shape, ndim) }.to_vec()
+    };
+    let itemsize =
+        (u64::from(tensor.dtype.bits) * u64::from(tensor.dtype.lanes)).div_ceil(8) as i64;
     let strides: Option<Vec<i64>> = if tensor.strides.is_null() {
         None
     } else {
         // SAFETY: as above.
         let elements = unsafe { std::slice::from_raw_parts(tensor.strides, ndim) };
-        Some(elements.iter().map(|&s| s.saturating_mul(itemsize)).collect())
+        Some(
+            elements
+                .iter()
+                .map(|&s| s.saturating_mul(itemsize))
+                .collect(),
+        )
     };
-    let (start, length) = span(&shape, strides.as_deref(), itemsize).ok_or_else(|| bad("shape and strides overflow".into()))?;
-    let base = (tensor.data as u64).checked_add(tensor.byte_offset).ok_or_else(|| bad("data + byte_offset overflows".into()))?;
-    let address = if length == 0 { 0 } else { base.checked_add_signed(start).ok_or_else(|| bad("address overflow".into()))? };
+    let (start, length) = span(&shape, strides.as_deref(), itemsize)
+        .ok_or_else(|| bad("shape and strides overflow".into()))?;
+    let base = (tensor.data as u64)
+        .checked_add(tensor.byte_offset)
+        .ok_or_else(|| bad("data + byte_offset overflows".into()))?;
+    let address = if length == 0 {
+        0
+    } else {
+        base.checked_add_signed(start)
+            .ok_or_else(|| bad("address overflow".into()))?
+    };
     if length > 0 && address == 0 {
         return Err(bad("a null data pointer for a non-empty tensor".into()));
     }
@@ -635,7 +752,10 @@ fn not_device_memory(operation: &str, obj: &Bound<'_, PyAny>, protocol: &Protoco
         Protocol::HostDlpack => "its DLPack device is not CUDA memory (copy host data with buffer_from_data, or use new_host_buffer)",
         _ => "it exports neither __cuda_array_interface__ nor __dlpack__",
     };
-    PyTypeError::new_err(format!("{operation}: cannot create device buffer view from `{}` object: {detail}", type_name(obj)))
+    PyTypeError::new_err(format!(
+        "{operation}: cannot create device buffer view from `{}` object: {detail}",
+        type_name(obj)
+    ))
 }
 
 /// The description of a foreign object's device memory.
@@ -701,7 +821,10 @@ pub(crate) fn view_object(ctx: &Context, obj: &Bound<'_, PyAny>) -> PyResult<Dev
 }
 
 /// `CudaBuffer.from_buffer` on a foreign object: a view on the object's own device.
-pub(crate) fn import_device_object(obj: &Bound<'_, PyAny>, ctx: Option<&Context>) -> PyResult<DeviceBuffer> {
+pub(crate) fn import_device_object(
+    obj: &Bound<'_, PyAny>,
+    ctx: Option<&Context>,
+) -> PyResult<DeviceBuffer> {
     if let Ok(view) = obj.cast::<CudaArrayView>() {
         return Ok(view.get().buffer.clone());
     }

@@ -12,7 +12,10 @@ use crate::errors::{invalid_argument, non_negative, to_pyerr, OrRaise};
 
 /// `std::io` errors of readers and writers carry a cudabuf error inside: raise that.
 fn io_to_pyerr(e: std::io::Error) -> PyErr {
-    match e.get_ref().and_then(|inner| inner.downcast_ref::<cudabuf::Error>()) {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<cudabuf::Error>())
+    {
         Some(inner) => to_pyerr(inner.clone()),
         None => invalid_argument("io", e.to_string()),
     }
@@ -20,10 +23,15 @@ fn io_to_pyerr(e: std::io::Error) -> PyErr {
 
 fn seek_from(operation: &'static str, position: i64, whence: i32) -> PyResult<SeekFrom> {
     match whence {
-        0 => Ok(SeekFrom::Start(non_negative(operation, "position", position)? as u64)),
+        0 => Ok(SeekFrom::Start(
+            non_negative(operation, "position", position)? as u64,
+        )),
         1 => Ok(SeekFrom::Current(position)),
         2 => Ok(SeekFrom::End(position)),
-        other => Err(invalid_argument(operation, format!("invalid value of whence: {other}"))),
+        other => Err(invalid_argument(
+            operation,
+            format!("invalid value of whence: {other}"),
+        )),
     }
 }
 
@@ -55,7 +63,9 @@ impl PyBufferReader {
             Some(n) => non_negative("read_buffer", "nbytes", n)?,
             None => self.inner.size().saturating_sub(self.inner.position()),
         };
-        Ok(PyCudaBuffer::new(self.inner.read_buffer(nbytes).or_raise()?))
+        Ok(PyCudaBuffer::new(
+            self.inner.read_buffer(nbytes).or_raise()?,
+        ))
     }
 
     /// Up to ``nbytes`` (default or negative: all remaining) copied to the host as
@@ -266,7 +276,11 @@ impl PyBufferWriter {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&mut self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+    fn __exit__(
+        &mut self,
+        py: Python<'_>,
+        _args: &Bound<'_, pyo3::types::PyTuple>,
+    ) -> PyResult<()> {
         self.close(py)
     }
 }

@@ -50,7 +50,11 @@ impl PyIpcMemHandle {
     /// bytes to the importing process. ``pool`` is accepted for pyarrow compatibility and
     /// not used.
     #[pyo3(signature = (pool = None))]
-    fn serialize<'py>(&self, py: Python<'py>, pool: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+    fn serialize<'py>(
+        &self,
+        py: Python<'py>,
+        pool: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let _ = pool;
         HostMemory::from_vec(self.inner.to_bytes()).into_object(py)
     }
