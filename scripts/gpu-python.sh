@@ -62,6 +62,8 @@ run() {
     return 1
   fi
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  # JAX would otherwise take 75% of the GPU's memory in the pytest process.
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
   python3 -c 'import sys, cudabuf; print("cudabuf", cudabuf.__version__, "from", cudabuf.__file__, "on Python", sys.version.split()[0])' | tee -a "$summary"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee -a "$summary"
 

@@ -44,6 +44,42 @@ impl PythonOwner {
     }
 }
 
+/// A device view of `size` bytes at host `address` when `base` is a pinned cudabuf host
+/// buffer that holds them.
+fn pinned_range(
+    ctx: &cudabuf::Context,
+    base: &Bound<'_, PyAny>,
+    address: u64,
+    size: usize,
+) -> Option<cudabuf::Result<cudabuf::DeviceBuffer>> {
+    let memory = crate::host_memory::as_host_memory(base)?.get();
+    memory.pinned()?;
+    let start = memory.address() as u64;
+    let offset = address.checked_sub(start)? as usize;
+    if offset.checked_add(size)? > memory.len() {
+        return None;
+    }
+    Some(memory_view(ctx, memory).and_then(|view| view.slice(offset, size)))
+}
+
+/// A device view of a pinned host memory object (its whole range).
+pub(crate) fn memory_view(
+    ctx: &cudabuf::Context,
+    memory: &crate::host_memory::HostMemory,
+) -> cudabuf::Result<cudabuf::DeviceBuffer> {
+    let Some((host, offset)) = memory.pinned() else {
+        return Err(cudabuf::Error::invalid_address(
+            memory.address() as u64,
+            "buffer_from_object: pageable host memory (a Buffer from copy_to_host or serialize) cannot be viewed from the device; copy it with buffer_from_data, or use new_host_buffer",
+        ));
+    };
+    // SAFETY: the Python layer never holds Rust references into pinned host memory beyond
+    // one copy at a time; a user writing the host bytes while a device copy through the
+    // view runs is documented as their concern (as with CUDA).
+    let whole = unsafe { ctx.buffer_from_host_buffer(host) }?;
+    whole.slice(offset, memory.len())
+}
+
 #[pymethods]
 impl PyContext {
     #[new]
@@ -180,6 +216,11 @@ impl PyContext {
         let size = non_negative("foreign_buffer", "size", size)?;
         if address == 0 && size == 0 {
             return self.new_buffer(py, 0);
+        }
+        if let Some(buffer) = base.and_then(|b| pinned_range(&self.inner, b, address, size)) {
+            // The base is a cudabuf HostBuffer holding the range: view it through the
+            // pinned buffer itself (owned, no address lookup needed).
+            return Ok(PyCudaBuffer::new(buffer.or_raise()?));
         }
         let device_address = self.inner.get_device_address(address).or_raise()?;
         let owner = base.map(PythonOwner::owner);

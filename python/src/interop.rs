@@ -797,18 +797,7 @@ pub(crate) fn view_object(ctx: &Context, obj: &Bound<'_, PyAny>) -> PyResult<Dev
         return ctx.buffer_from_object(&view.get().buffer).or_raise();
     }
     if let Some(memory) = as_host_memory(obj) {
-        let memory = memory.get();
-        let Some((host, offset)) = memory.pinned() else {
-            return Err(crate::errors::to_pyerr(cudabuf::Error::invalid_address(
-                memory.address() as u64,
-                "buffer_from_object: pageable host memory (a Buffer from copy_to_host or serialize) cannot be viewed from the device; copy it with buffer_from_data, or use new_host_buffer",
-            )));
-        };
-        // SAFETY: the Python layer never holds Rust references into pinned host memory
-        // beyond one copy at a time; a user writing the host bytes while a device copy
-        // through the view runs is documented as their concern (as with CUDA).
-        let whole = unsafe { ctx.buffer_from_host_buffer(host) }.or_raise()?;
-        return whole.slice(offset, memory.len()).or_raise();
+        return crate::context::memory_view(ctx, memory.get()).or_raise();
     }
     let protocol = protocol_of(obj);
     if matches!(protocol, Protocol::None | Protocol::HostDlpack) {

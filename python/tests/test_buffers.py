@@ -223,6 +223,12 @@ def test_foreign_buffer_over_pinned_memory(ctx: cuda.Context) -> None:
     del hbuf  # the base keeps the memory alive
     assert fbuf.to_pybytes() == bytes(range(10))
     assert ctx.foreign_buffer(0, 0).size == 0
+    hbuf = cuda.new_host_buffer(10)
+    np.frombuffer(hbuf, dtype=np.uint8)[:] = np.arange(10, dtype=np.uint8)
+    part = ctx.foreign_buffer(hbuf.address + 2, 4, hbuf)
+    assert part.to_pybytes() == bytes([2, 3, 4, 5])
+    part.copy_from_host(b"\xff")
+    assert hbuf[2] == 255
 
 
 def test_foreign_buffer_checks_the_range(ctx: cuda.Context) -> None:
