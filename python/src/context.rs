@@ -217,10 +217,15 @@ impl PyContext {
         if address == 0 && size == 0 {
             return self.new_buffer(py, 0);
         }
-        if let Some(buffer) = base.and_then(|b| pinned_range(&self.inner, b, address, size)) {
-            // The base is a cudabuf HostBuffer holding the range: view it through the
-            // pinned buffer itself (owned, no address lookup needed).
-            return Ok(PyCudaBuffer::new(buffer.or_raise()?));
+        if let Some(base) = base {
+            if let Some(buffer) = pinned_range(&self.inner, base, address, size) {
+                // The base is a cudabuf HostBuffer holding the range: view it through the
+                // pinned buffer itself (which keeps the memory alive), and keep the base.
+                return Ok(PyCudaBuffer::with_base(
+                    buffer.or_raise()?,
+                    base.clone().unbind(),
+                ));
+            }
         }
         let device_address = self.inner.get_device_address(address).or_raise()?;
         let owner = base.map(PythonOwner::owner);

@@ -33,6 +33,9 @@ use crate::ipc::PyIpcMemHandle;
 pub(crate) struct PyCudaBuffer {
     pub(crate) inner: DeviceBuffer,
     parent: Option<Py<PyCudaBuffer>>,
+    /// The Python object `foreign_buffer` was given as `base`, kept alive with the buffer
+    /// (as pyarrow does) when the memory's owner on the Rust side is not that object.
+    _base: Option<Py<PyAny>>,
 }
 
 impl PyCudaBuffer {
@@ -41,6 +44,16 @@ impl PyCudaBuffer {
         PyCudaBuffer {
             inner,
             parent: None,
+            _base: None,
+        }
+    }
+
+    /// Wrap a device buffer that keeps `base` alive.
+    pub(crate) fn with_base(inner: DeviceBuffer, base: Py<PyAny>) -> Self {
+        PyCudaBuffer {
+            inner,
+            parent: None,
+            _base: Some(base),
         }
     }
 
@@ -49,6 +62,7 @@ impl PyCudaBuffer {
         Ok(PyCudaBuffer {
             inner,
             parent: Some(slf.clone().unbind()),
+            _base: None,
         })
     }
 }
