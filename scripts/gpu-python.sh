@@ -67,11 +67,13 @@ run() {
   python3 -c 'import sys, cudabuf; print("cudabuf", cudabuf.__version__, "from", cudabuf.__file__, "on Python", sys.version.split()[0])' | tee -a "$summary"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee -a "$summary"
 
+  # (The log redirection sits inside `sh -c`, so that part's own report is not in it.)
   part "pytest (CUDABUF_BACKEND=cuda CUDABUF_REQUIRE_CUDA=1)" 240 \
+    sh -c 'log=$1; shift; exec "$@" > "$log" 2>&1' sh "$out/pytest.log" \
     env CUDABUF_BACKEND=cuda CUDABUF_REQUIRE_CUDA=1 python3 -m pytest python/tests -p no:cacheprovider -rs \
-      --junitxml="$out/junit.xml" -o junit_family=xunit2 > "$out/pytest.log" 2>&1
+      --junitxml="$out/junit.xml" -o junit_family=xunit2
   tail -n 25 "$out/pytest.log"
-  grep -E '^(=+ )?[0-9]+ (passed|failed)' "$out/pytest.log" | tail -n 1 | sed 's/^/pytest: /' >> "$summary"
+  grep -E ' in [0-9.]+s' "$out/pytest.log" | tail -n 1 | sed 's/^/pytest: /' >> "$summary"
 
   part "interop: PyTorch, CuPy, JAX round trips" 120 \
     env CUDABUF_BACKEND=cuda python3 scripts/gpu_python_checks.py interop --out "$out"

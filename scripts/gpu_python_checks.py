@@ -343,7 +343,7 @@ def human(size: int) -> str:
     return f"{size >> 30} GiB" if size >= 1 << 30 else f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
 
 
-def run_bench(sizes: list[int], out_dir: str) -> None:
+def run_bench(sizes: list[int], out_dir: str) -> dict[str, Any]:
     table: dict[str, Any] = {"sizes": sizes, "results": {}, "unit": "GB/s (1e9 bytes/s), median", "notes": []}
     for size in sizes:
         row: dict[str, Any] = {}
@@ -390,6 +390,7 @@ def run_bench(sizes: list[int], out_dir: str) -> None:
     with open(os.path.join(out_dir, "bench.md"), "w") as f:
         f.write(md + "\n")
     print(md)
+    return table
 
 
 def main() -> int:
@@ -400,8 +401,8 @@ def main() -> int:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.what == "bench":
-        run_bench(args.sizes, args.out)
-        return 0
+        table = run_bench(args.sizes, args.out)
+        return 0 if all(row.get("cudabuf") for row in table["results"].values()) else 1
     checks = interop_checks() if args.what == "interop" else ipc_checks()
     for run in checks:
         run()
