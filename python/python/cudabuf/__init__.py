@@ -1,0 +1,53 @@
+"""cudabuf: pyarrow.cuda for pip.
+
+CUDA device buffers, pinned host buffers, IPC handles that share device memory between
+processes, and Arrow record batches on the device, with the API of ``pyarrow.cuda``
+(``from cudabuf import cuda``), zero-copy with PyTorch, CuPy, JAX and NumPy, and a
+simulator backend so that GPU code runs in CI without a GPU.
+
+Backends: ``"sim"`` (default) or ``"cuda"``, from ``CUDABUF_BACKEND`` or
+:func:`set_backend`.
+"""
+
+from __future__ import annotations
+
+from cudabuf._errors import (
+    ClosedError,
+    CudaError,
+    DriverError,
+    InvalidAddressError,
+    InvalidArgumentError,
+    InvalidDataError,
+    InvalidDeviceError,
+    InvalidIpcHandleError,
+    NoDriverError,
+    OutOfMemoryError,
+    OutOfRangeError,
+    SimulatedMemoryError,
+    SourceTooShortError,
+    UnsupportedError,
+)
+from cudabuf._native import get_backend, set_backend
+from cudabuf import cuda
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "cuda",
+    "set_backend",
+    "get_backend",
+    "CudaError",
+    "OutOfRangeError",
+    "SourceTooShortError",
+    "OutOfMemoryError",
+    "InvalidDeviceError",
+    "InvalidAddressError",
+    "InvalidArgumentError",
+    "InvalidIpcHandleError",
+    "NoDriverError",
+    "UnsupportedError",
+    "SimulatedMemoryError",
+    "InvalidDataError",
+    "ClosedError",
+    "DriverError",
+]

@@ -1,0 +1,118 @@
+"""The exceptions of cudabuf: one ``CudaError`` hierarchy, by kind of failure.
+
+Every error raised by cudabuf is a :class:`CudaError`. Each kind also derives from the
+built-in exception a Python user expects (``ValueError`` for bad arguments,
+``IndexError`` for ranges, ``MemoryError`` for out-of-memory, ``BufferError`` where a
+buffer cannot be exported), so ``except ValueError`` keeps working for code written
+against ``pyarrow.cuda``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = [
+    "CudaError",
+    "OutOfRangeError",
+    "SourceTooShortError",
+    "OutOfMemoryError",
+    "InvalidDeviceError",
+    "InvalidAddressError",
+    "InvalidArgumentError",
+    "InvalidIpcHandleError",
+    "NoDriverError",
+    "UnsupportedError",
+    "SimulatedMemoryError",
+    "InvalidDataError",
+    "ClosedError",
+    "DriverError",
+]
+
+
+class CudaError(RuntimeError):
+    """Base class of every cudabuf error.
+
+    Attributes:
+        kind: the kind of failure, as the Rust ``cudabuf::ErrorKind`` names it
+            (``"OutOfRange"``, ``"OutOfMemory"``, ``"Driver"``, ...).
+        cuda_name: the CUDA error name (``"CUDA_ERROR_INVALID_VALUE"``, ...) when the
+            failure came from, or stands for, a CUDA driver error; otherwise ``None``.
+        cuda_code: the numeric CUDA error code with ``cuda_name``; otherwise ``None``.
+    """
+
+    kind: str
+    cuda_name: Optional[str]
+    cuda_code: Optional[int]
+
+    def __init__(
+        self,
+        message: str,
+        kind: str = "Driver",
+        cuda_name: Optional[str] = None,
+        cuda_code: Optional[int] = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.cuda_name = cuda_name
+        self.cuda_code = cuda_code
+
+
+class OutOfRangeError(CudaError, IndexError, ValueError):
+    """A position, offset or length lies outside a buffer (also an ``IndexError`` and,
+    as pyarrow raises for ranges, a ``ValueError``)."""
+
+
+class SourceTooShortError(CudaError, ValueError):
+    """The source of a copy holds fewer bytes than asked for."""
+
+
+class OutOfMemoryError(CudaError, MemoryError):
+    """The device (or pinned host memory) cannot hold the allocation."""
+
+
+class InvalidDeviceError(CudaError, ValueError):
+    """No device with this number."""
+
+
+class InvalidAddressError(CudaError, ValueError):
+    """An address is not (or no longer) usable: freed, pageable, unknown, or of
+    another device."""
+
+
+class InvalidArgumentError(CudaError, ValueError):
+    """An argument is wrong in a way that is not a range."""
+
+
+class InvalidIpcHandleError(CudaError, ValueError):
+    """IPC handle bytes are truncated, corrupt, of another backend, or name memory that
+    is gone."""
+
+
+class NoDriverError(CudaError):
+    """The CUDA driver cannot be loaded, or reports no usable device."""
+
+
+class UnsupportedError(CudaError, NotImplementedError):
+    """The backend or build does not support the operation."""
+
+
+class SimulatedMemoryError(UnsupportedError, BufferError):
+    """Simulated device memory was about to be handed to (or taken from) another
+    library: the simulator's device addresses are not memory any GPU library can
+    reach, so ``__cuda_array_interface__``, DLPack and foreign objects need the
+    ``cuda`` backend."""
+
+
+class InvalidDataError(CudaError, ValueError):
+    """Bytes that should hold a structure (an Arrow IPC message, ...) are truncated or
+    corrupt."""
+
+
+class ClosedError(CudaError, ValueError):
+    """A reader or writer was used after ``close()`` (a ``ValueError``, like Python's
+    own closed files)."""
+
+
+class DriverError(CudaError):
+    """A CUDA driver call failed in a way not covered by another kind; ``cuda_name``
+    and ``cuda_code`` say how."""

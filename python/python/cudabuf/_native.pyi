@@ -1,0 +1,376 @@
+"""Type stubs of the extension module behind ``cudabuf.cuda`` (see its docstrings)."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import Any, Optional, SupportsIndex, Union, final, overload
+
+from typing_extensions import Buffer as _BufferProtocol
+from typing_extensions import Self, disjoint_base
+
+__all__ = [
+    "Buffer",
+    "BufferReader",
+    "BufferWriter",
+    "Context",
+    "CudaArrayView",
+    "CudaBuffer",
+    "DeviceRecordBatch",
+    "HostBuffer",
+    "IpcMemHandle",
+    "Message",
+    "_HostMemory",
+    "get_backend",
+    "new_host_buffer",
+    "read_message",
+    "read_record_batch",
+    "serialize_record_batch",
+    "set_backend",
+]
+
+def set_backend(name: str) -> None:
+    """Use backend ``name`` ("sim" or "cuda") for every context and host buffer made from now on."""
+
+def get_backend() -> str:
+    """The name of the current backend: "sim" or "cuda"."""
+
+@disjoint_base
+class _HostMemory:
+    """Methods of ``Buffer`` and ``HostBuffer`` (not instantiable)."""
+
+    def __new__(cls, *args: Any, **_kwargs: Any) -> Self: ...
+    @property
+    def size(self) -> int:
+        """The size in bytes."""
+    @property
+    def address(self) -> int:
+        """The host address of the first byte."""
+    @property
+    def is_cpu(self) -> bool:
+        """Always ``True``."""
+    @property
+    def is_mutable(self) -> bool:
+        """Always ``True``."""
+    @property
+    def parent(self) -> Optional[Buffer]:
+        """The buffer this one was sliced from, or ``None``."""
+    def __len__(self) -> int: ...
+    def to_pybytes(self) -> bytes:
+        """The bytes as a new ``bytes`` object (a copy)."""
+    def slice(self, offset: int = 0, length: Optional[int] = None) -> Buffer:
+        """A zero-copy slice; out of range raises ``OutOfRangeError`` (no clamping)."""
+    @overload
+    def __getitem__(self, key: SupportsIndex, /) -> int: ...
+    @overload
+    def __getitem__(self, key: builtins.slice, /) -> Buffer: ...
+    def equals(self, other: _BufferProtocol) -> bool:
+        """Whether ``other`` holds the same bytes."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+class Buffer(_HostMemory, _BufferProtocol):
+    """Host memory owned by cudabuf; speaks the buffer protocol (zero-copy NumPy/pyarrow views)."""
+
+class HostBuffer(Buffer):
+    """Pinned, device-mapped host memory from ``new_host_buffer``."""
+
+def new_host_buffer(size: int, device: int = 0) -> HostBuffer:
+    """Allocate a pinned host buffer of ``size`` bytes through device ``device``, zero-filled."""
+
+@final
+class Context:
+    """A CUDA context on one device (pyarrow.cuda's ``Context``)."""
+
+    def __new__(cls, device_number: int = 0, handle: Optional[int] = None) -> Self: ...
+    @staticmethod
+    def get_num_devices() -> int:
+        """The number of devices of the current backend."""
+    @property
+    def device_number(self) -> int:
+        """The number of this context's device."""
+    @property
+    def handle(self) -> int:
+        """The raw context handle."""
+    @property
+    def bytes_allocated(self) -> int:
+        """Bytes currently allocated through this context."""
+    @property
+    def backend(self) -> str:
+        """"sim" or "cuda"."""
+    def synchronize(self) -> None:
+        """Wait until all work on the device in this context is done."""
+    def new_buffer(self, nbytes: int) -> CudaBuffer:
+        """Allocate a device buffer of ``nbytes``."""
+    def buffer_from_data(self, data: Union[_BufferProtocol, CudaBuffer], offset: int = 0, size: int = -1) -> CudaBuffer:
+        """A new device buffer holding a copy of ``data[offset:offset+size]``."""
+    def buffer_from_object(self, obj: Any) -> CudaBuffer:
+        """A zero-copy device view of ``obj``'s memory (CudaBuffer, HostBuffer, CAI or DLPack objects)."""
+    def foreign_buffer(self, address: int, size: int, base: Optional[object] = None) -> CudaBuffer:
+        """A device buffer over ``size`` bytes at ``address``, keeping ``base`` alive."""
+    def get_device_address(self, address: int) -> int:
+        """The device address for a pinned host address or a device address."""
+    def open_ipc_buffer(self, ipc_handle: IpcMemHandle) -> CudaBuffer:
+        """Open a device buffer exported by ``CudaBuffer.export_for_ipc``."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class CudaBuffer:
+    """Device memory (pyarrow.cuda's ``CudaBuffer``)."""
+
+    def __new__(cls, *_args: Any, **_kwargs: Any) -> Self: ...
+    @staticmethod
+    def from_buffer(buf: Any) -> CudaBuffer:
+        """A zero-copy device buffer over a CudaBuffer, a typed view, or a CAI/DLPack object."""
+    @property
+    def size(self) -> int:
+        """The size in bytes."""
+    @property
+    def address(self) -> int:
+        """The device address of the first byte (0 when empty)."""
+    @property
+    def context(self) -> Context:
+        """The context this buffer belongs to."""
+    @property
+    def parent(self) -> Optional[CudaBuffer]:
+        """The buffer this one was sliced from, or ``None``."""
+    @property
+    def is_cpu(self) -> bool:
+        """Always ``False``."""
+    @property
+    def is_mutable(self) -> bool:
+        """Always ``True``."""
+    def __len__(self) -> int: ...
+    @overload
+    def copy_to_host(
+        self,
+        position: int = 0,
+        nbytes: int = -1,
+        buf: None = None,
+        memory_pool: Optional[object] = None,
+        resizable: bool = False,
+    ) -> Buffer: ...
+    @overload
+    def copy_to_host(
+        self,
+        position: int,
+        nbytes: int,
+        buf: _BufferProtocol,
+        memory_pool: Optional[object] = None,
+        resizable: bool = False,
+    ) -> _BufferProtocol: ...
+    @overload
+    def copy_to_host(
+        self,
+        position: int = 0,
+        nbytes: int = -1,
+        *,
+        buf: _BufferProtocol,
+        memory_pool: Optional[object] = None,
+        resizable: bool = False,
+    ) -> _BufferProtocol: ...
+    def copy_from_host(self, data: _BufferProtocol, position: int = 0, nbytes: int = -1) -> int:
+        """Copy host bytes into this buffer at ``position``; returns the bytes copied."""
+    def copy_from_device(self, buf: CudaBuffer, position: int = 0, nbytes: int = -1) -> int:
+        """Copy from device buffer ``buf`` into this buffer at ``position``; returns the bytes copied."""
+    def export_for_ipc(self) -> IpcMemHandle:
+        """Export this buffer for another process."""
+    def slice(self, offset: int = 0, length: Optional[int] = None) -> CudaBuffer:
+        """A zero-copy slice; out of range raises ``OutOfRangeError`` (no clamping)."""
+    def to_pybytes(self) -> bytes:
+        """The whole buffer as ``bytes``."""
+    @overload
+    def __getitem__(self, key: SupportsIndex, /) -> int: ...
+    @overload
+    def __getitem__(self, key: builtins.slice, /) -> CudaBuffer: ...
+    def equals(self, other: Union[CudaBuffer, _BufferProtocol]) -> bool:
+        """Whether ``other`` holds the same bytes."""
+    def __eq__(self, other: object, /) -> bool: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA array interface (version 3), ``uint8``, one dimension."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[Any] = None,
+        max_version: Optional[tuple[int, int]] = None,
+        dl_device: Optional[tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """A DLPack capsule over the same memory."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(device_type, device_id)``."""
+    def view(self, dtype: Any, shape: Optional[Sequence[int]] = None) -> CudaArrayView:
+        """A typed, C-contiguous view for other libraries."""
+
+@final
+class CudaArrayView:
+    """A typed view of a device buffer (``CudaBuffer.view``)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape."""
+    @property
+    def typestr(self) -> str:
+        """The NumPy type string."""
+    @property
+    def nbytes(self) -> int:
+        """The size in bytes."""
+    @property
+    def buffer(self) -> CudaBuffer:
+        """The device buffer viewed."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA array interface (version 3)."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[Any] = None,
+        max_version: Optional[tuple[int, int]] = None,
+        dl_device: Optional[tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """A DLPack capsule with this view's type and shape."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(device_type, device_id)``."""
+
+@final
+class IpcMemHandle:
+    """A serializable handle to device memory for another process."""
+
+    @staticmethod
+    def from_buffer(opaque_handle: _BufferProtocol) -> IpcMemHandle:
+        """Read a handle from its serialized bytes."""
+    def serialize(self, pool: Optional[object] = None) -> Buffer:
+        """The handle as a host ``Buffer`` in cudabuf's format."""
+    def to_pyarrow_bytes(self) -> bytes:
+        """The handle in pyarrow's 72-byte format."""
+    @property
+    def size(self) -> int:
+        """The number of bytes the importer sees."""
+    @property
+    def offset(self) -> int:
+        """The offset of the exported range in its allocation."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
+class BufferReader:
+    """Reads a device buffer like a file."""
+
+    def __new__(cls, obj: CudaBuffer) -> Self: ...
+    def read_buffer(self, nbytes: Optional[int] = None) -> CudaBuffer:
+        """Up to ``nbytes`` as a zero-copy device slice."""
+    def read(self, nbytes: Optional[int] = None) -> bytes:
+        """Up to ``nbytes`` copied to the host."""
+    def readinto(self, buffer: _BufferProtocol) -> int:
+        """Read into a writable host buffer; returns the bytes read."""
+    def seek(self, position: int, whence: int = 0) -> int:
+        """Move the position; returns it."""
+    def tell(self) -> int:
+        """The current position."""
+    def size(self) -> int:
+        """The size of the buffer."""
+    def close(self) -> None:
+        """Close the reader."""
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+    def readable(self) -> bool: ...
+    def seekable(self) -> bool: ...
+    def writable(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> None: ...
+
+@final
+class BufferWriter:
+    """Writes into a device buffer like a file."""
+
+    def __new__(cls, buffer: CudaBuffer) -> Self: ...
+    def write(self, data: _BufferProtocol) -> int:
+        """Write at the current position; returns the bytes written."""
+    def writeat(self, position: int, data: _BufferProtocol) -> None:
+        """Write at ``position``, leaving the position after it."""
+    def flush(self) -> None:
+        """Send staged bytes to the device."""
+    def seek(self, position: int, whence: int = 0) -> int:
+        """Move the position (after flushing); returns it."""
+    def tell(self) -> int:
+        """The current position."""
+    def close(self) -> None:
+        """Flush and close."""
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+    @property
+    def buffer_size(self) -> int:
+        """The size of the pinned staging buffer (0: unbuffered)."""
+    @buffer_size.setter
+    def buffer_size(self, buffer_size: int) -> None: ...
+    @property
+    def num_bytes_buffered(self) -> int:
+        """Bytes staged and not yet sent."""
+    def readable(self) -> bool: ...
+    def seekable(self) -> bool: ...
+    def writable(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> None: ...
+
+@final
+class Message:
+    """One Arrow IPC message: metadata on the host, body on the device."""
+
+    @property
+    def type(self) -> str:
+        """"schema", "dictionary batch", "record batch", ..."""
+    @property
+    def metadata_version(self) -> str:
+        """E.g. "V5"."""
+    @property
+    def metadata(self) -> Buffer:
+        """The flatbuffer metadata."""
+    @property
+    def body(self) -> CudaBuffer:
+        """The body, a zero-copy device slice."""
+    def __len__(self) -> int: ...
+
+@final
+class DeviceRecordBatch:
+    """A record batch whose column buffers stay in device memory."""
+
+    @property
+    def schema(self) -> Any:
+        """The schema passed to ``read_record_batch``."""
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def num_columns(self) -> int: ...
+    def __len__(self) -> int: ...
+    @property
+    def body(self) -> Optional[CudaBuffer]:
+        """The message body."""
+    @property
+    def context(self) -> Context:
+        """The context whose device holds the data."""
+    def column_buffers(self, i: int) -> list[Optional[CudaBuffer]]:
+        """The device buffers of column ``i``."""
+    def to_host(self) -> Any:
+        """Copy to a ``pyarrow.RecordBatch``."""
+    def __arrow_c_device_array__(self, requested_schema: Optional[object] = None, **kwargs: Any) -> tuple[object, object]:
+        """The Arrow PyCapsule device protocol."""
+    def __arrow_c_schema__(self) -> object:
+        """The schema as an Arrow PyCapsule."""
+
+def serialize_record_batch(batch: Any, ctx: Context) -> CudaBuffer:
+    """Write a record batch (any Arrow PyCapsule producer) as one IPC message on the device."""
+
+def read_message(source: Union[CudaBuffer, BufferReader], pool: Optional[object] = None) -> Message:
+    """Read one Arrow IPC message from device memory."""
+
+def read_record_batch(
+    buffer: Union[CudaBuffer, Message],
+    schema: Any,
+    *,
+    dictionary_memo: Optional[object] = None,
+    pool: Optional[object] = None,
+) -> DeviceRecordBatch:
+    """Read the record batch message that fills ``buffer``."""

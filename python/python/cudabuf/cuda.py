@@ -1,0 +1,45 @@
+"""``cudabuf.cuda``: pyarrow.cuda's API, name for name and argument for argument.
+
+A program written for ``pyarrow.cuda`` runs after changing ``from pyarrow import cuda``
+to ``from cudabuf import cuda``. Where pyarrow has a quirk that cudabuf fixes on purpose
+(clamped slices, silent partial copies, leaked IPC exports, ...), cudabuf's behaviour
+applies and the docstring says so under "Fixed pyarrow quirk". ``from_numba`` /
+``to_numba`` are replaced by the protocols every GPU library speaks:
+``__cuda_array_interface__`` and DLPack.
+"""
+
+from __future__ import annotations
+
+from cudabuf._native import (
+    Buffer,
+    BufferReader,
+    BufferWriter,
+    Context,
+    CudaArrayView,
+    CudaBuffer,
+    DeviceRecordBatch,
+    HostBuffer,
+    IpcMemHandle,
+    Message,
+    new_host_buffer,
+    read_message,
+    read_record_batch,
+    serialize_record_batch,
+)
+
+__all__ = [
+    "Context",
+    "CudaBuffer",
+    "CudaArrayView",
+    "HostBuffer",
+    "Buffer",
+    "IpcMemHandle",
+    "BufferReader",
+    "BufferWriter",
+    "Message",
+    "DeviceRecordBatch",
+    "new_host_buffer",
+    "serialize_record_batch",
+    "read_message",
+    "read_record_batch",
+]

@@ -1,0 +1,460 @@
+//! Arrow on the device from Python: `serialize_record_batch`, `read_message`,
+//! `read_record_batch` and the device-resident `DeviceRecordBatch`, with Arrow data
+//! crossing the Python boundary through the Arrow PyCapsule interface (`__arrow_c_array__`,
+//! `__arrow_c_stream__`, `__arrow_c_schema__` in; `__arrow_c_device_array__` and
+//! `__arrow_c_schema__` out), so pyarrow, polars, nanoarrow and others work without a
+//! compile-time dependency on any of them.
+
+use std::ffi::CStr;
+use std::sync::Arc;
+
+use arrow::array::{Array, RecordBatch, StructArray};
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::ffi::{from_ffi, FFI_ArrowArray, FFI_ArrowSchema};
+use arrow::ffi_stream::{FFI_ArrowArrayStream, RecordBatchStreamReader};
+use cudabuf::device_arrow::{export_device_record_batch, export_schema, ArrowDeviceArray};
+use cudabuf::{DeviceMessage, DeviceRecordBatch, Error};
+use pyo3::exceptions::{PyNotImplementedError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyCapsuleMethods, PyDict, PyTuple};
+
+use crate::context::PyContext;
+use crate::device_buffer::PyCudaBuffer;
+use crate::errors::{invalid_argument, unsupported, OrRaise};
+use crate::host_memory::HostMemory;
+use crate::io::PyBufferReader;
+
+const SCHEMA_NAME: &CStr = c"arrow_schema";
+const ARRAY_NAME: &CStr = c"arrow_array";
+const STREAM_NAME: &CStr = c"arrow_array_stream";
+const DEVICE_ARRAY_NAME: &CStr = c"arrow_device_array";
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
+}
+
+fn arrow_error(what: &'static str, e: arrow::error::ArrowError) -> PyErr {
+    crate::errors::to_pyerr(Error::invalid_data(what, e.to_string()))
+}
+
+/// The capsule's pointer, checked for its name.
+fn capsule_pointer<T>(capsule: &Bound<'_, PyAny>, name: &'static CStr) -> PyResult<*mut T> {
+    let capsule = capsule
+        .cast::<PyCapsule>()
+        .map_err(|_| PyTypeError::new_err(format!("expected a PyCapsule named {name:?}")))?;
+    Ok(capsule.pointer_checked(Some(name))?.cast::<T>().as_ptr())
+}
+
+/// A schema from any object with `__arrow_c_schema__` (a pyarrow `Schema`, ...).
+fn import_schema(schema: &Bound<'_, PyAny>) -> PyResult<SchemaRef> {
+    if !schema.hasattr("__arrow_c_schema__")? {
+        return Err(PyTypeError::new_err(format!(
+            "expected an Arrow schema (an object with __arrow_c_schema__, e.g. pyarrow.Schema), got {}",
+            type_name(schema)
+        )));
+    }
+    let capsule = schema.call_method0("__arrow_c_schema__")?;
+    let pointer = capsule_pointer::<FFI_ArrowSchema>(&capsule, SCHEMA_NAME)?;
+    // SAFETY: a valid "arrow_schema" capsule points to a live ArrowSchema, which stays
+    // owned (and released) by the capsule; we only read it while holding `capsule`.
+    let ffi_schema = unsafe { &*pointer };
+    Schema::try_from(ffi_schema)
+        .map(Arc::new)
+        .map_err(|e| arrow_error("Arrow schema", e))
+}
+
+/// A record batch from a struct array exported through the C Data Interface.
+fn batch_from_struct(array: FFI_ArrowArray, schema: &FFI_ArrowSchema) -> PyResult<RecordBatch> {
+    if schema.format() != "+s" {
+        return Err(invalid_argument(
+            "serialize_record_batch",
+            format!(
+                "expected a record batch (a struct array), got an array of Arrow format {:?}",
+                schema.format()
+            ),
+        ));
+    }
+    let arrow_schema = Schema::try_from(schema).map_err(|e| arrow_error("Arrow schema", e))?;
+    // SAFETY: `array` was moved out of a valid "arrow_array" capsule and `schema` describes
+    // it (the Arrow PyCapsule protocol pairs them).
+    let data = unsafe { from_ffi(array, schema) }.map_err(|e| arrow_error("Arrow array", e))?;
+    let array = StructArray::from(data);
+    if array.null_count() > 0 {
+        return Err(invalid_argument(
+            "serialize_record_batch",
+            "the struct array has top-level nulls; a record batch cannot",
+        ));
+    }
+    RecordBatch::try_new(Arc::new(arrow_schema), array.columns().to_vec())
+        .map_err(|e| arrow_error("record batch", e))
+}
+
+/// A record batch from a PyCapsule producer: `__arrow_c_array__` (a `RecordBatch`) or
+/// `__arrow_c_stream__` holding exactly one batch (a one-chunk `Table`, a reader).
+fn import_batch(batch: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
+    if batch.hasattr("__arrow_c_array__")? {
+        let pair = batch.call_method0("__arrow_c_array__")?;
+        let (schema_capsule, array_capsule): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
+            pair.extract()?;
+        let schema = capsule_pointer::<FFI_ArrowSchema>(&schema_capsule, SCHEMA_NAME)?;
+        let array = capsule_pointer::<FFI_ArrowArray>(&array_capsule, ARRAY_NAME)?;
+        // SAFETY: a valid "arrow_array" capsule points to a live ArrowArray; `from_raw`
+        // moves it out and marks the capsule's copy released (the capsule then frees only
+        // the struct's memory).
+        let array = unsafe { FFI_ArrowArray::from_raw(array) };
+        // SAFETY: as in `import_schema`.
+        return batch_from_struct(array, unsafe { &*schema });
+    }
+    if batch.hasattr("__arrow_c_stream__")? {
+        let capsule = batch.call_method0("__arrow_c_stream__")?;
+        let pointer = capsule_pointer::<FFI_ArrowArrayStream>(&capsule, STREAM_NAME)?;
+        // SAFETY: a valid "arrow_array_stream" capsule points to a live stream; `from_raw`
+        // moves it out and marks the capsule's copy released.
+        let stream = unsafe { FFI_ArrowArrayStream::from_raw(pointer) };
+        let reader =
+            RecordBatchStreamReader::try_new(stream).map_err(|e| arrow_error("Arrow stream", e))?;
+        let batches = reader
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| arrow_error("Arrow stream", e))?;
+        return match <[RecordBatch; 1]>::try_from(batches) {
+            Ok([batch]) => Ok(batch),
+            Err(batches) => Err(invalid_argument(
+                "serialize_record_batch",
+                format!(
+                    "the stream holds {} record batches, one message holds exactly one (combine the chunks first, e.g. table.combine_chunks().to_batches()[0])",
+                    batches.len()
+                ),
+            )),
+        };
+    }
+    Err(PyTypeError::new_err(format!(
+        "expected a record batch (an object with __arrow_c_array__ or __arrow_c_stream__, e.g. pyarrow.RecordBatch), got {}",
+        type_name(batch)
+    )))
+}
+
+/// Write a record batch as one Arrow IPC message into a new device buffer of ``ctx``
+/// (pyarrow.cuda's ``serialize_record_batch``). ``batch`` is a pyarrow ``RecordBatch``
+/// or any Arrow PyCapsule producer (``__arrow_c_array__``, or ``__arrow_c_stream__`` with
+/// exactly one batch). The bytes are those of Arrow's own IPC encoding on the host
+/// (``batch.serialize()``).
+///
+/// Fixed pyarrow quirk: a dictionary-encoded column raises ``UnsupportedError`` (one
+/// message cannot carry its dictionary; pyarrow silently drops it).
+///
+/// The message is arrow-rs's encoding (buffers 64-byte aligned); pyarrow reads it, but
+/// its bytes differ from pyarrow's own ``batch.serialize()`` (8-byte aligned).
+///
+/// Raises:
+///     TypeError: ``batch`` is not an Arrow producer.
+#[pyfunction]
+pub(crate) fn serialize_record_batch(
+    py: Python<'_>,
+    batch: &Bound<'_, PyAny>,
+    ctx: PyRef<'_, PyContext>,
+) -> PyResult<PyCudaBuffer> {
+    let batch = import_batch(batch)?;
+    let ctx = ctx.inner.clone();
+    let buffer = py
+        .detach(|| cudabuf::serialize_record_batch(&batch, &ctx))
+        .or_raise()?;
+    Ok(PyCudaBuffer::new(buffer))
+}
+
+/// One Arrow IPC message read from device memory (pyarrow.cuda's ``read_message``
+/// result): the metadata on the host, the body left on the device.
+#[pyclass(module = "cudabuf.cuda", name = "Message", frozen)]
+pub(crate) struct PyMessage {
+    inner: DeviceMessage,
+}
+
+#[pymethods]
+impl PyMessage {
+    /// The kind of message, as pyarrow names it: ``"schema"``, ``"dictionary batch"``,
+    /// ``"record batch"``, ...
+    #[getter]
+    fn r#type(&self) -> String {
+        use arrow::ipc::MessageHeader;
+        match self.inner.header_type() {
+            MessageHeader::Schema => "schema".into(),
+            MessageHeader::DictionaryBatch => "dictionary batch".into(),
+            MessageHeader::RecordBatch => "record batch".into(),
+            MessageHeader::Tensor => "tensor".into(),
+            MessageHeader::SparseTensor => "sparse tensor".into(),
+            other => format!("{other:?}"),
+        }
+    }
+
+    /// The metadata version, e.g. ``"V5"``.
+    #[getter]
+    fn metadata_version(&self) -> String {
+        format!("{:?}", self.inner.version())
+    }
+
+    /// The flatbuffer metadata (on the host) as a ``Buffer``.
+    #[getter]
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        HostMemory::from_vec(self.inner.metadata().to_vec()).into_object(py)
+    }
+
+    /// The body: a zero-copy ``CudaBuffer`` slice of the source.
+    #[getter]
+    fn body(&self) -> PyCudaBuffer {
+        PyCudaBuffer::new(self.inner.body().clone())
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<cudabuf.cuda.Message type={:?} metadata_version={} body_size={}>",
+            self.r#type(),
+            self.metadata_version(),
+            self.inner.body().size()
+        )
+    }
+}
+
+/// Read one Arrow IPC message from a ``CudaBuffer`` (at its start) or a
+/// ``BufferReader`` (at its position, which moves past the message): metadata to the
+/// host, body left on the device. ``pool`` is accepted for pyarrow compatibility and not
+/// used.
+///
+/// Fixed pyarrow quirk: reading from a ``BufferReader`` works (it fails in pyarrow).
+///
+/// Raises:
+///     InvalidDataError: for a truncated or corrupt message.
+#[pyfunction]
+#[pyo3(signature = (source, pool = None))]
+pub(crate) fn read_message(
+    py: Python<'_>,
+    source: &Bound<'_, PyAny>,
+    pool: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyMessage> {
+    let _ = pool;
+    if let Ok(buffer) = source.cast::<PyCudaBuffer>() {
+        let buffer = buffer.get().inner.clone();
+        let message = py.detach(|| cudabuf::read_message(&buffer)).or_raise()?;
+        return Ok(PyMessage { inner: message });
+    }
+    if let Ok(reader) = source.cast::<PyBufferReader>() {
+        let mut reader = reader.try_borrow_mut()?;
+        let inner = &mut reader.inner;
+        let message = py.detach(|| cudabuf::read_message(inner)).or_raise()?;
+        return Ok(PyMessage { inner: message });
+    }
+    Err(PyTypeError::new_err(format!(
+        "read_message: expected a CudaBuffer or a BufferReader, got {}",
+        type_name(source)
+    )))
+}
+
+/// A record batch whose column buffers stay in device memory (the result of
+/// ``read_record_batch``; pyarrow.cuda returns a ``pyarrow.RecordBatch`` with device
+/// pointers, which pip's pyarrow cannot make).
+///
+/// Exports ``__arrow_c_device_array__`` (the Arrow C Device Data Interface: device type
+/// 2, CUDA, on the CUDA backend; 12, an extension device no GPU library imports, on the
+/// simulator) and ``__arrow_c_schema__``; ``to_host()`` copies it to a
+/// ``pyarrow.RecordBatch``.
+#[pyclass(module = "cudabuf.cuda", name = "DeviceRecordBatch", frozen)]
+pub(crate) struct PyDeviceRecordBatch {
+    inner: DeviceRecordBatch,
+    schema: Py<PyAny>,
+}
+
+/// Exports a host record batch through `__arrow_c_array__` (for `pyarrow.record_batch`).
+#[pyclass(module = "cudabuf.cuda", name = "_HostRecordBatch", frozen)]
+struct HostRecordBatch {
+    batch: RecordBatch,
+}
+
+#[pymethods]
+impl HostRecordBatch {
+    #[pyo3(signature = (requested_schema = None))]
+    fn __arrow_c_array__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let _ = requested_schema;
+        let array = StructArray::from(self.batch.clone());
+        let ffi_array = FFI_ArrowArray::new(&array.to_data());
+        let ffi_schema = FFI_ArrowSchema::try_from(self.batch.schema().as_ref())
+            .map_err(|e| arrow_error("Arrow schema", e))?;
+        let schema = PyCapsule::new_with_value(py, ffi_schema, SCHEMA_NAME)?;
+        let array = PyCapsule::new_with_value(py, ffi_array, ARRAY_NAME)?;
+        PyTuple::new(py, [schema.into_any(), array.into_any()])
+    }
+
+    fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        let ffi_schema = FFI_ArrowSchema::try_from(self.batch.schema().as_ref())
+            .map_err(|e| arrow_error("Arrow schema", e))?;
+        PyCapsule::new_with_value(py, ffi_schema, SCHEMA_NAME)
+    }
+}
+
+#[pymethods]
+impl PyDeviceRecordBatch {
+    /// The schema, as passed to ``read_record_batch``.
+    #[getter]
+    fn schema(&self, py: Python<'_>) -> Py<PyAny> {
+        self.schema.clone_ref(py)
+    }
+
+    /// The number of rows.
+    #[getter]
+    fn num_rows(&self) -> usize {
+        self.inner.num_rows()
+    }
+
+    /// The number of columns.
+    #[getter]
+    fn num_columns(&self) -> usize {
+        self.inner.num_columns()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.num_rows()
+    }
+
+    /// The device buffer of the message body, which holds every column's buffers.
+    #[getter]
+    fn body(&self) -> Option<PyCudaBuffer> {
+        self.inner.body().map(|b| PyCudaBuffer::new(b.clone()))
+    }
+
+    /// The context whose device holds the data.
+    #[getter]
+    fn context(&self) -> PyContext {
+        PyContext::new(self.inner.context().clone())
+    }
+
+    /// The device buffers of column ``i`` (validity, offsets, values, ... as the Arrow
+    /// layout of its type orders them; ``None`` where a validity bitmap is absent),
+    /// zero-copy slices of the body.
+    fn column_buffers(&self, i: usize) -> PyResult<Vec<Option<PyCudaBuffer>>> {
+        let column = self.inner.column(i).or_raise()?;
+        let mut out = vec![column.nulls().map(|b| PyCudaBuffer::new(b.clone()))];
+        out.extend(
+            column
+                .buffers()
+                .iter()
+                .map(|b| Some(PyCudaBuffer::new(b.clone()))),
+        );
+        Ok(out)
+    }
+
+    /// Copy the batch to the host as a ``pyarrow.RecordBatch`` equal to the one that was
+    /// serialized (one device-to-host copy; needs pyarrow >= 14).
+    fn to_host<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let inner = &self.inner;
+        let batch = py.detach(|| inner.to_host()).or_raise()?;
+        let exporter = Bound::new(py, HostRecordBatch { batch })?;
+        py.import("pyarrow")?
+            .getattr("record_batch")?
+            .call1((exporter,))
+    }
+
+    /// The Arrow PyCapsule device protocol: ``(schema capsule, device array capsule)``,
+    /// zero-copy; the exported array keeps the device memory alive until released.
+    /// ``requested_schema`` is ignored (the batch is exported as it is); other keywords
+    /// must be ``None``.
+    #[pyo3(signature = (requested_schema = None, **kwargs))]
+    fn __arrow_c_device_array__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<&Bound<'py, PyAny>>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let _ = requested_schema;
+        if let Some(kwargs) = kwargs {
+            for (key, value) in kwargs.iter() {
+                if !value.is_none() {
+                    return Err(PyNotImplementedError::new_err(format!(
+                        "__arrow_c_device_array__: keyword {key} is not supported"
+                    )));
+                }
+            }
+        }
+        let schema = export_schema(self.inner.schema()).or_raise()?;
+        let array: ArrowDeviceArray = export_device_record_batch(&self.inner).or_raise()?;
+        let schema = PyCapsule::new_with_value(py, schema, SCHEMA_NAME)?;
+        let array = PyCapsule::new_with_value(py, array, DEVICE_ARRAY_NAME)?;
+        PyTuple::new(py, [schema.into_any(), array.into_any()])
+    }
+
+    /// The schema as an Arrow PyCapsule (``"arrow_schema"``).
+    fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        let schema = export_schema(self.inner.schema()).or_raise()?;
+        PyCapsule::new_with_value(py, schema, SCHEMA_NAME)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<cudabuf.cuda.DeviceRecordBatch num_rows={} num_columns={} device={} backend={}>",
+            self.inner.num_rows(),
+            self.inner.num_columns(),
+            self.inner.context().device_number(),
+            self.inner.context().backend_kind()
+        )
+    }
+}
+
+/// Read the record batch message that fills ``buffer`` (a ``CudaBuffer``, or a
+/// ``Message`` from ``read_message``) with ``schema`` (a pyarrow ``Schema`` or any
+/// ``__arrow_c_schema__`` object): the metadata is copied to the host, the body stays on
+/// the device, and every column buffer is a zero-copy slice of it. Returns a
+/// ``DeviceRecordBatch``.
+///
+/// ``dictionary_memo`` (dictionary-encoded columns) is not supported; ``pool`` is
+/// accepted for pyarrow compatibility and not used.
+///
+/// Fixed pyarrow quirk: bytes after the message in ``buffer`` raise (a corrupt length
+/// would otherwise frame the body a few bytes off).
+///
+/// Raises:
+///     InvalidDataError: a truncated or corrupt message, or one that does not match
+///         ``schema``.
+///     UnsupportedError: compressed bodies, ``dictionary_memo``.
+#[pyfunction]
+#[pyo3(signature = (buffer, schema, *, dictionary_memo = None, pool = None))]
+pub(crate) fn read_record_batch(
+    py: Python<'_>,
+    buffer: &Bound<'_, PyAny>,
+    schema: &Bound<'_, PyAny>,
+    dictionary_memo: Option<&Bound<'_, PyAny>>,
+    pool: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyDeviceRecordBatch> {
+    let _ = pool;
+    if dictionary_memo.is_some() {
+        return Err(unsupported(
+            "read_record_batch",
+            "dictionary_memo: dictionary-encoded data is read as a stream on the device (the Rust DeviceStreamReader), not through a memo",
+        ));
+    }
+    let arrow_schema = import_schema(schema)?;
+    let batch = if let Ok(buffer) = buffer.cast::<PyCudaBuffer>() {
+        let buffer = buffer.get().inner.clone();
+        py.detach(|| cudabuf::read_record_batch(&buffer, &arrow_schema))
+            .or_raise()?
+    } else if let Ok(message) = buffer.cast::<PyMessage>() {
+        let message = &message.get().inner;
+        py.detach(|| DeviceRecordBatch::from_message(message, &arrow_schema))
+            .or_raise()?
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "read_record_batch: expected a CudaBuffer or a Message, got {}",
+            type_name(buffer)
+        )));
+    };
+    Ok(PyDeviceRecordBatch {
+        inner: batch,
+        schema: schema.clone().unbind(),
+    })
+}

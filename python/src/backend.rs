@@ -1,0 +1,91 @@
+//! Which backend new contexts and host buffers come from: `CUDABUF_BACKEND=sim|cuda` (read
+//! on first use), or `cudabuf.set_backend(...)` in code.
+//!
+//! Objects keep the backend they were made with; a switch affects only what is made
+//! afterwards. Each backend is made once per process, so switching back to the simulator
+//! finds the same simulated devices and allocations.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use cudabuf::Backend;
+use pyo3::prelude::*;
+
+use crate::errors::OrRaise;
+
+#[derive(Default)]
+struct Selection {
+    current: Option<Backend>,
+    made: HashMap<&'static str, Backend>,
+}
+
+static SELECTION: Mutex<Option<Selection>> = Mutex::new(None);
+
+fn selection() -> MutexGuard<'static, Option<Selection>> {
+    SELECTION.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The canonical name of a backend name (`""` is the simulator).
+fn canonical(name: &str) -> &str {
+    match name.trim() {
+        "" => "sim",
+        other => other,
+    }
+}
+
+fn make(selection: &mut Selection, name: &str) -> cudabuf::Result<Backend> {
+    let backend = match selection.made.get(canonical(name)) {
+        Some(backend) => backend.clone(),
+        None => {
+            let backend = cudabuf::backend_named(canonical(name))?;
+            selection
+                .made
+                .insert(backend.kind().name(), backend.clone());
+            backend
+        }
+    };
+    Ok(backend)
+}
+
+/// The current backend (chosen from `CUDABUF_BACKEND` on first use).
+pub(crate) fn current() -> PyResult<Backend> {
+    let mut guard = selection();
+    let selection = guard.get_or_insert_with(Selection::default);
+    if let Some(backend) = &selection.current {
+        return Ok(backend.clone());
+    }
+    let name = std::env::var(cudabuf::BACKEND_VAR).unwrap_or_default();
+    let backend = make(selection, &name).or_raise()?;
+    selection.current = Some(backend.clone());
+    Ok(backend)
+}
+
+/// Use the backend called `name` for every context and host buffer made from now on:
+/// ``"sim"`` (the simulator, the default) or ``"cuda"`` (the CUDA driver, loaded now).
+///
+/// Objects made before keep their backend. Overrides ``CUDABUF_BACKEND``. A test suite
+/// that must run without a GPU calls ``cudabuf.set_backend("sim")`` in its
+/// ``conftest.py`` (or sets ``CUDABUF_BACKEND=sim``).
+///
+/// Raises:
+///     InvalidArgumentError: for an unknown name.
+///     NoDriverError: for ``"cuda"`` when no CUDA driver can be loaded.
+#[pyfunction]
+pub(crate) fn set_backend(py: Python<'_>, name: &str) -> PyResult<()> {
+    let name = name.to_owned();
+    py.detach(move || {
+        let mut guard = selection();
+        let selection = guard.get_or_insert_with(Selection::default);
+        let backend = make(selection, &name)?;
+        selection.current = Some(backend);
+        Ok::<_, cudabuf::Error>(())
+    })
+    .or_raise()
+}
+
+/// The name of the current backend: ``"sim"`` or ``"cuda"`` (chosen from
+/// ``CUDABUF_BACKEND`` on first use, default ``"sim"``).
+#[pyfunction]
+pub(crate) fn get_backend() -> PyResult<&'static str> {
+    Ok(current()?.kind().name())
+}

@@ -1,0 +1,132 @@
+//! The one mapping from cudabuf's Rust errors to the Python `cudabuf.CudaError` hierarchy
+//! (defined in `cudabuf/_errors.py`, so that each kind can also derive from the built-in
+//! exception Python users expect).
+
+use cudabuf::{Error, ErrorKind};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyModule;
+
+static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// The Python class for an error kind.
+fn class_name(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::OutOfRange => "OutOfRangeError",
+        ErrorKind::SourceTooShort => "SourceTooShortError",
+        ErrorKind::OutOfMemory => "OutOfMemoryError",
+        ErrorKind::InvalidDevice => "InvalidDeviceError",
+        ErrorKind::InvalidAddress => "InvalidAddressError",
+        ErrorKind::InvalidArgument => "InvalidArgumentError",
+        ErrorKind::InvalidIpcHandle => "InvalidIpcHandleError",
+        ErrorKind::NoDriver => "NoDriverError",
+        ErrorKind::Unsupported => "UnsupportedError",
+        ErrorKind::InvalidData => "InvalidDataError",
+        ErrorKind::Closed => "ClosedError",
+        ErrorKind::Driver => "DriverError",
+        _ => "CudaError",
+    }
+}
+
+/// The CUDA error name and code an error carries or stands for.
+fn cuda_name(error: &Error) -> (Option<String>, Option<i32>) {
+    match error {
+        Error::Driver { name, code, .. } => (Some(name.clone()), Some(*code)),
+        Error::OutOfMemory { .. } => (Some("CUDA_ERROR_OUT_OF_MEMORY".into()), Some(2)),
+        Error::InvalidDevice { .. } => (Some("CUDA_ERROR_INVALID_DEVICE".into()), Some(101)),
+        Error::NoDriver { .. } => (Some("CUDA_ERROR_NO_DEVICE".into()), Some(100)),
+        _ => (None, None),
+    }
+}
+
+fn raise(
+    py: Python<'_>,
+    class: &str,
+    message: String,
+    kind: &str,
+    cuda: (Option<String>, Option<i32>),
+) -> PyErr {
+    let module = match ERRORS_MODULE.get_or_try_init(py, || {
+        PyModule::import(py, "cudabuf._errors").map(Bound::unbind)
+    }) {
+        Ok(module) => module.bind(py),
+        Err(e) => return e,
+    };
+    match module
+        .getattr(class)
+        .and_then(|cls| cls.call1((message, kind, cuda.0, cuda.1)))
+    {
+        Ok(instance) => PyErr::from_value(instance),
+        Err(e) => e,
+    }
+}
+
+/// A cudabuf error as the Python exception of its kind, with `kind`, `cuda_name` and
+/// `cuda_code` set.
+pub(crate) fn to_pyerr(error: Error) -> PyErr {
+    Python::attach(|py| {
+        let kind = error.kind();
+        raise(
+            py,
+            class_name(kind),
+            error.to_string(),
+            &kind.to_string(),
+            cuda_name(&error),
+        )
+    })
+}
+
+/// `SimulatedMemoryError`: simulator memory cannot be handed to or taken from another
+/// library.
+pub(crate) fn simulated_memory(what: &str) -> PyErr {
+    Python::attach(|py| {
+        raise(
+            py,
+            "SimulatedMemoryError",
+            format!(
+                "{what}: this buffer lives in cudabuf's simulator, whose device memory no other library can reach; use the cuda backend (CUDABUF_BACKEND=cuda or cudabuf.set_backend(\"cuda\")) to share memory with PyTorch, CuPy, JAX or Numba"
+            ),
+            "Unsupported",
+            (None, None),
+        )
+    })
+}
+
+/// An `InvalidArgumentError` for `operation`.
+pub(crate) fn invalid_argument(operation: &'static str, reason: impl Into<String>) -> PyErr {
+    to_pyerr(Error::invalid_argument(operation, reason))
+}
+
+/// An `UnsupportedError` for `operation`.
+pub(crate) fn unsupported(operation: &'static str, reason: impl Into<String>) -> PyErr {
+    to_pyerr(Error::unsupported(operation, reason))
+}
+
+/// `Result<T, cudabuf::Error>` to `PyResult<T>`.
+pub(crate) trait OrRaise<T> {
+    /// Map the error to its Python exception.
+    fn or_raise(self) -> PyResult<T>;
+}
+
+impl<T> OrRaise<T> for cudabuf::Result<T> {
+    fn or_raise(self) -> PyResult<T> {
+        self.map_err(to_pyerr)
+    }
+}
+
+/// A Python integer argument that must not be negative (sizes, positions, offsets):
+/// pyarrow takes `int64_t` and accepts negative values; cudabuf refuses them.
+pub(crate) fn non_negative(operation: &'static str, name: &str, value: i64) -> PyResult<usize> {
+    usize::try_from(value).map_err(|_| {
+        invalid_argument(
+            operation,
+            format!("{name} argument is out-of-range: {value} is negative"),
+        )
+    })
+}
+
+/// pyarrow's "`-1` (any negative value) means the default" convention for `nbytes` and
+/// `size`.
+pub(crate) fn default_if_negative(value: i64) -> Option<usize> {
+    usize::try_from(value).ok()
+}

@@ -1,0 +1,50 @@
+//! `cudabuf._native`: the extension module behind the pip package `cudabuf` (its public
+//! face is `cudabuf.cuda`, which re-exports these names with pyarrow.cuda's API).
+//!
+//! # Rules
+//! - A thin layer over the Rust API (`cudabuf`, `cudabuf::device_arrow`): no semantics of
+//!   its own. Names, arguments and defaults are pyarrow.cuda's; where cudabuf fixes a
+//!   pyarrow quirk on purpose, the Python side behaves like cudabuf and the docstring
+//!   says so under "Fixed pyarrow quirk".
+//! - Errors are mapped once (`errors::to_pyerr`) to the `cudabuf.CudaError` hierarchy.
+//! - No call can crash the interpreter: every Rust error becomes an exception, PyO3 turns
+//!   a panic in a method into `PanicException`, and the raw CPython callbacks written
+//!   here (the buffer slot, capsule destructors, DLPack deleters) catch panics.
+//! - The GIL is released around every copy, allocation, synchronization and IPC call.
+//! - Interop by protocol only: the buffer protocol for host bytes, the Arrow PyCapsule
+//!   interface for Arrow data, `__cuda_array_interface__` and DLPack for device memory.
+
+mod arrow;
+mod backend;
+mod buffer_ffi;
+mod context;
+mod device_buffer;
+mod dlpack;
+mod errors;
+mod host_memory;
+mod interop;
+mod io;
+mod ipc;
+
+use pyo3::prelude::*;
+
+/// The extension module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<context::PyContext>()?;
+    m.add_class::<device_buffer::PyCudaBuffer>()?;
+    m.add_class::<interop::CudaArrayView>()?;
+    m.add_class::<ipc::PyIpcMemHandle>()?;
+    m.add_class::<io::PyBufferReader>()?;
+    m.add_class::<io::PyBufferWriter>()?;
+    m.add_class::<arrow::PyMessage>()?;
+    m.add_class::<arrow::PyDeviceRecordBatch>()?;
+    host_memory::register(m)?;
+    m.add_function(wrap_pyfunction!(host_memory::new_host_buffer, m)?)?;
+    m.add_function(wrap_pyfunction!(arrow::serialize_record_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(arrow::read_message, m)?)?;
+    m.add_function(wrap_pyfunction!(arrow::read_record_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(backend::set_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(backend::get_backend, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""The Python package on a GPU, next to PyTorch, CuPy and JAX (run by scripts/gpu-python.sh).
+
+Subcommands (each prints one JSON line per check and writes OUT/<name>.json):
+
+- ``interop``: zero-copy round trips, writing through one library and reading through the
+  other, both directions: cudabuf <-> PyTorch, cudabuf <-> CuPy, cudabuf <-> JAX (JAX
+  arrays are immutable: JAX reads what cudabuf wrote, cudabuf reads what JAX computed),
+  and PyTorch <-> CuPy through one cudabuf buffer.
+- ``ipc``: device memory shared between processes: a cudabuf process exports, a CuPy
+  process opens the raw handle (``cudaIpcOpenMemHandle``), checks and writes back; a CuPy
+  process and a PyTorch process export, a cudabuf process opens with ``open_ipc_buffer``
+  (pyarrow's 72-byte format built from the raw handle), checks and writes back.
+- ``bench``: copy bandwidth (H2D/D2H pinned and pageable, D2D) at each size through the
+  cudabuf Python API, PyTorch and CuPy in this one process: median GB/s (1 GB = 1e9
+  bytes; D2D counts bytes read plus written), ratios, and whether cudabuf is within 5% of
+  the faster peer at 64 MiB. Writes bench.json and bench.md.
+
+Every check is independent: a failure is reported and the rest still run; the exit code
+is 1 if any check failed (skips, for a library that is not installed, do not fail).
+
+Usage: python3 scripts/gpu_python_checks.py {interop,ipc,bench} --out DIR [--sizes ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+RESULTS: list[dict[str, Any]] = []
+
+
+def check(name: str) -> Callable[[Callable[[], Optional[str]]], Callable[[], None]]:
+    """Run a check, record ok / failed / skipped (an ImportError skips)."""
+
+    def wrap(fn: Callable[[], Optional[str]]) -> Callable[[], None]:
+        def run() -> None:
+            start = time.perf_counter()
+            try:
+                detail = fn()
+                status = "ok"
+            except ImportError as e:
+                status, detail = "skipped", f"not installed: {e}"
+            except Exception:
+                status, detail = "failed", traceback.format_exc(limit=6)
+            result = {"check": name, "status": status, "detail": detail, "seconds": round(time.perf_counter() - start, 3)}
+            RESULTS.append(result)
+            print(json.dumps(result), flush=True)
+
+        return run
+
+    return wrap
+
+
+def cuda_ctx() -> Any:
+    import cudabuf
+    from cudabuf import cuda
+
+    cudabuf.set_backend(os.environ.get("CUDABUF_BACKEND", "cuda") or "cuda")
+    return cuda.Context(0)
+
+
+# ---- interop ---------------------------------------------------------------------
+
+
+def interop_checks() -> list[Callable[[], None]]:
+    @check("torch: cudabuf writes, torch reads (CAI import of a torch tensor)")
+    def torch_reads() -> str:
+        import torch
+
+        ctx = cuda_ctx()
+        t = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        view = ctx.buffer_from_object(t)
+        assert view.address == t.data_ptr(), (view.address, t.data_ptr())
+        pattern = np.arange(1 << 20, dtype=np.uint32).astype(np.uint8)
+        view.copy_from_host(pattern)
+        assert bool((t.cpu().numpy() == pattern).all())
+        return f"{view.size} bytes at {view.address:#x}"
+
+    @check("torch: torch writes, cudabuf reads (DLPack export of a cudabuf buffer)")
+    def torch_writes() -> str:
+        import torch
+
+        ctx = cuda_ctx()
+        buf = ctx.new_buffer(4 << 20)
+        t = torch.from_dlpack(buf.view("float32"))
+        assert t.data_ptr() == buf.address and t.device.type == "cuda"
+        t.copy_(torch.arange(1 << 20, dtype=torch.float32, device="cuda"))
+        torch.cuda.synchronize()
+        got = np.frombuffer(buf.copy_to_host(), dtype=np.float32)
+        assert bool((got == np.arange(1 << 20, dtype=np.float32)).all())
+        t2 = torch.as_tensor(buf, device="cuda")  # CAI export
+        assert t2.data_ptr() == buf.address
+        return "zero-copy both ways (DLPack and __cuda_array_interface__)"
+
+    @check("cupy: cudabuf writes, cupy reads; cupy writes, cudabuf reads")
+    def cupy_both() -> str:
+        import cupy
+
+        ctx = cuda_ctx()
+        a = cupy.zeros(1 << 18, dtype=cupy.int32)
+        view = ctx.buffer_from_object(a)
+        assert view.address == a.data.ptr
+        view.copy_from_host(np.arange(1 << 18, dtype=np.int32))
+        assert bool((a.get() == np.arange(1 << 18, dtype=np.int32)).all())
+        buf = ctx.new_buffer(8 * 1024)
+        b = cupy.asarray(buf.view("float64"))
+        assert b.data.ptr == buf.address
+        b[...] = cupy.arange(1024, dtype=cupy.float64) * 2
+        cupy.cuda.runtime.deviceSynchronize()
+        assert np.frombuffer(buf.copy_to_host(), dtype=np.float64).tolist() == [2.0 * i for i in range(1024)]
+        c = cupy.from_dlpack(buf.view("float64"))
+        assert c.data.ptr == buf.address
+        return "zero-copy both ways (CAI and DLPack)"
+
+    @check("jax: cudabuf writes, jax reads; jax computes, cudabuf reads")
+    def jax_both() -> str:
+        import jax
+        import jax.numpy as jnp
+
+        if not any(d.platform == "gpu" for d in jax.devices()):
+            raise ImportError("JAX sees no GPU")
+        ctx = cuda_ctx()
+        buf = ctx.buffer_from_data(np.zeros(1 << 16, dtype=np.float32))
+        x = jax.dlpack.from_dlpack(buf.view("float32"))
+        zero_copy = x.unsafe_buffer_pointer() == buf.address
+        buf.copy_from_host(np.full(1 << 16, 3.5, dtype=np.float32))
+        seen = float(np.asarray(x)[0])
+        y = (jnp.arange(1 << 16, dtype=jnp.float32) * 2).block_until_ready()
+        view = ctx.buffer_from_object(y)
+        assert view.address == y.unsafe_buffer_pointer()
+        assert np.frombuffer(view.copy_to_host(), dtype=np.float32)[:4].tolist() == [0.0, 2.0, 4.0, 6.0]
+        assert zero_copy and seen == 3.5, (zero_copy, seen)
+        return "JAX imports cudabuf memory zero-copy and cudabuf views JAX arrays"
+
+    @check("torch <-> cupy through one cudabuf buffer")
+    def torch_cupy() -> str:
+        import cupy
+        import torch
+
+        ctx = cuda_ctx()
+        buf = ctx.new_buffer(4096)
+        t = torch.from_dlpack(buf.view("int32"))
+        c = cupy.asarray(buf.view("int32"))
+        t.fill_(7)
+        torch.cuda.synchronize()
+        assert int(c.sum()) == 7 * 1024
+        c[...] = 11
+        cupy.cuda.runtime.deviceSynchronize()
+        assert int(t.sum().item()) == 11 * 1024
+        return "one allocation, three libraries"
+
+    return [torch_reads, torch_writes, cupy_both, jax_both, torch_cupy]
+
+
+# ---- ipc ---------------------------------------------------------------------------
+
+
+def child(code: str, *args: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(f"child failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return out.stdout.strip()
+
+
+CUPY_OPENER = """
+import sys, numpy as np, cupy
+raw = bytes.fromhex(sys.argv[1]); n = int(sys.argv[2])
+ptr = cupy.cuda.runtime.ipcOpenMemHandle(raw)
+mem = cupy.cuda.UnownedMemory(ptr, n, None)
+arr = cupy.ndarray((n,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+print(arr.get().tobytes().hex())
+arr[...] = 0x5A
+cupy.cuda.runtime.deviceSynchronize()
+cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+"""
+
+CUDABUF_OPENER = """
+import sys, cudabuf
+from cudabuf import cuda
+cudabuf.set_backend("cuda")
+handle = cuda.IpcMemHandle.from_buffer(bytes.fromhex(sys.argv[1]))
+buf = cuda.Context(0).open_ipc_buffer(handle)
+if len(sys.argv) > 3:
+    buf = buf.slice(int(sys.argv[2]), int(sys.argv[3]))
+print(buf.to_pybytes().hex())
+buf.copy_from_host(b"\\xa5" * buf.size)
+buf.context.synchronize()
+"""
+
+
+def ipc_checks() -> list[Callable[[], None]]:
+    @check("ipc: cudabuf exports, a CuPy process opens, reads and writes back")
+    def cudabuf_to_cupy() -> str:
+        import cupy  # noqa: F401  (the child needs it)
+
+        ctx = cuda_ctx()
+        data = np.random.default_rng(0).integers(0, 256, size=1 << 20, dtype=np.uint8).tobytes()
+        buf = ctx.buffer_from_data(data)
+        handle = buf.export_for_ipc()
+        raw = handle.to_pyarrow_bytes()[8:72]  # pyarrow's 72 bytes: size, then the CUipcMemHandle
+        seen = child(CUPY_OPENER, raw.hex(), str(len(data)))
+        assert bytes.fromhex(seen) == data
+        assert buf.to_pybytes() == b"\x5a" * len(data)
+        return f"{len(data)} bytes there and back"
+
+    @check("ipc: a CuPy process exports, a cudabuf process opens, reads and writes back")
+    def cupy_to_cudabuf() -> str:
+        import cupy
+
+        n = 1 << 20
+        ptr = cupy.cuda.runtime.malloc(n)  # plain cudaMalloc: the handle names exactly it
+        try:
+            mem = cupy.cuda.UnownedMemory(ptr, n, None)
+            arr = cupy.ndarray((n,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+            data = np.random.default_rng(1).integers(0, 256, size=n, dtype=np.uint8)
+            arr.set(data)
+            cupy.cuda.runtime.deviceSynchronize()
+            raw = bytes(cupy.cuda.runtime.ipcGetMemHandle(ptr))
+            handle = n.to_bytes(8, "little") + raw  # pyarrow's format, which cudabuf reads
+            seen = child(CUDABUF_OPENER, handle.hex())
+            assert bytes.fromhex(seen) == data.tobytes()
+            assert bool((arr.get() == 0xA5).all())
+        finally:
+            cupy.cuda.runtime.free(ptr)
+        return f"{n} bytes there and back"
+
+    @check("ipc: a PyTorch process exports (storage handle + offset), a cudabuf process opens a slice")
+    def torch_to_cudabuf() -> str:
+        import torch
+
+        t = torch.arange(1 << 18, dtype=torch.int32, device="cuda")
+        torch.cuda.synchronize()
+        storage = t.untyped_storage()
+        shared = storage._share_cuda_()
+        raw, size, offset = bytes(shared[1]), int(shared[2]), int(shared[3])
+        handle = (offset + size).to_bytes(8, "little") + raw
+        seen = child(CUDABUF_OPENER, handle.hex(), str(offset), str(size))
+        assert bytes.fromhex(seen) == t.cpu().numpy().tobytes()
+        torch.cuda.synchronize()
+        assert bool((t.cpu().numpy().view(np.uint8) == 0xA5).all())
+        return f"{size} bytes at offset {offset} there and back"
+
+    return [cudabuf_to_cupy, cupy_to_cudabuf, torch_to_cudabuf]
+
+
+# ---- bench -------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], None], sync: Callable[[], None], reps: int) -> float:
+    fn()
+    sync()
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def reps_for(size: int) -> int:
+    return 50 if size <= 1 << 20 else 20 if size <= 64 << 20 else 5
+
+
+OPS = ["H2D pinned", "D2H pinned", "H2D pageable", "D2H pageable", "D2D"]
+
+
+def bench_cudabuf(size: int) -> dict[str, float]:
+    from cudabuf import cuda
+
+    ctx = cuda_ctx()
+    pinned = cuda.new_host_buffer(size)
+    np.frombuffer(pinned, dtype=np.uint8)[:] = 1
+    pageable = np.ones(size, dtype=np.uint8)
+    src, dst = ctx.new_buffer(size), ctx.new_buffer(size)
+    sync = ctx.synchronize
+    r = reps_for(size)
+    out = {
+        "H2D pinned": timed(lambda: src.copy_from_host(pinned), sync, r),
+        "D2H pinned": timed(lambda: src.copy_to_host(buf=pinned), sync, r),
+        "H2D pageable": timed(lambda: src.copy_from_host(pageable), sync, r),
+        "D2H pageable": timed(lambda: src.copy_to_host(buf=pageable), sync, r),
+        "D2D": timed(lambda: dst.copy_from_device(src), sync, r),
+    }
+    return out
+
+
+def bench_torch(size: int) -> dict[str, float]:
+    import torch
+
+    pinned = torch.ones(size, dtype=torch.uint8).pin_memory()
+    pageable = torch.ones(size, dtype=torch.uint8)
+    src = torch.empty(size, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(size, dtype=torch.uint8, device="cuda")
+    sync = torch.cuda.synchronize
+    r = reps_for(size)
+    return {
+        "H2D pinned": timed(lambda: src.copy_(pinned), sync, r),
+        "D2H pinned": timed(lambda: pinned.copy_(src), sync, r),
+        "H2D pageable": timed(lambda: src.copy_(pageable), sync, r),
+        "D2H pageable": timed(lambda: pageable.copy_(src), sync, r),
+        "D2D": timed(lambda: dst.copy_(src), sync, r),
+    }
+
+
+def bench_cupy(size: int) -> dict[str, float]:
+    import cupy
+
+    pinned_mem = cupy.cuda.alloc_pinned_memory(size)
+    pinned = np.frombuffer(pinned_mem, dtype=np.uint8, count=size)
+    pinned[:] = 1
+    pageable = np.ones(size, dtype=np.uint8)
+    src = cupy.empty(size, dtype=cupy.uint8)
+    dst = cupy.empty(size, dtype=cupy.uint8)
+    sync = cupy.cuda.runtime.deviceSynchronize
+    r = reps_for(size)
+    return {
+        "H2D pinned": timed(lambda: src.data.copy_from_host(pinned.ctypes.data, size), sync, r),
+        "D2H pinned": timed(lambda: src.data.copy_to_host(pinned.ctypes.data, size), sync, r),
+        "H2D pageable": timed(lambda: src.data.copy_from_host(pageable.ctypes.data, size), sync, r),
+        "D2H pageable": timed(lambda: src.data.copy_to_host(pageable.ctypes.data, size), sync, r),
+        "D2D": timed(lambda: dst.data.copy_from_device(src.data, size), sync, r),
+    }
+
+
+def gbps(op: str, size: int, seconds: float) -> float:
+    moved = 2 * size if op == "D2D" else size
+    return moved / seconds / 1e9
+
+
+def human(size: int) -> str:
+    return f"{size >> 30} GiB" if size >= 1 << 30 else f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+
+
+def run_bench(sizes: list[int], out_dir: str) -> dict[str, Any]:
+    table: dict[str, Any] = {"sizes": sizes, "results": {}, "unit": "GB/s (1e9 bytes/s), median", "notes": []}
+    for size in sizes:
+        row: dict[str, Any] = {}
+        for name, fn in (("cudabuf", bench_cudabuf), ("torch", bench_torch), ("cupy", bench_cupy)):
+            try:
+                seconds = fn(size)
+                row[name] = {op: round(gbps(op, size, s), 2) for op, s in seconds.items()}
+            except ImportError as e:
+                row[name] = None
+                table["notes"].append(f"{name} not run at {human(size)}: {e}")
+            except Exception:
+                row[name] = None
+                table["notes"].append(f"{name} failed at {human(size)}: {traceback.format_exc(limit=3)}")
+        table["results"][human(size)] = row
+        print(json.dumps({"bench": human(size), **row}), flush=True)
+    lines = [
+        "| size | operation | cudabuf (Python) | PyTorch | CuPy | cudabuf / faster peer |",
+        "|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for label, row in table["results"].items():
+        for op in OPS:
+            ours = (row.get("cudabuf") or {}).get(op)
+            peers = [p[op] for p in (row.get("torch"), row.get("cupy")) if p]
+            best = max(peers) if peers else None
+            ratio = ours / best if ours and best else None
+            fmt = lambda v: f"{v:.1f}" if v is not None else "n/a"  # noqa: E731
+            lines.append(
+                f"| {label} | {op} | {fmt(ours)} | {fmt((row.get('torch') or {}).get(op))} | "
+                f"{fmt((row.get('cupy') or {}).get(op))} | {f'{ratio:.3f}' if ratio else 'n/a'} |"
+            )
+            if label == "64 MiB" and ratio is not None:
+                verdicts.append({"operation": op, "ratio": round(ratio, 4), "within_5pct": ratio >= 0.95})
+    table["target_64MiB"] = verdicts
+    md = "\n".join(lines) + "\n"
+    if verdicts:
+        met = sum(v["within_5pct"] for v in verdicts)
+        md += f"\nTarget (cudabuf's Python layer within 5% of the faster peer at 64 MiB): {met}/{len(verdicts)} operations.\n"
+    for note in table["notes"]:
+        md += f"\n- {note.strip()}"
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "bench.json"), "w") as f:
+        json.dump(table, f, indent=1)
+    with open(os.path.join(out_dir, "bench.md"), "w") as f:
+        f.write(md + "\n")
+    print(md)
+    return table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["interop", "ipc", "bench"])
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
+    parser.add_argument("--sizes", nargs="*", type=int, default=[1 << 20, 64 << 20, 1 << 30])
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.what == "bench":
+        table = run_bench(args.sizes, args.out)
+        return 0 if all(row.get("cudabuf") for row in table["results"].values()) else 1
+    checks = interop_checks() if args.what == "interop" else ipc_checks()
+    for run in checks:
+        run()
+    with open(os.path.join(args.out, f"{args.what}.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1)
+    failed = [r for r in RESULTS if r["status"] == "failed"]
+    counts = {s: sum(r["status"] == s for r in RESULTS) for s in ("ok", "failed", "skipped")}
+    print(f"{args.what}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
