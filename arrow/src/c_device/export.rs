@@ -130,6 +130,12 @@ unsafe extern "C" fn release_exported(array: *mut ArrowArray) {
     }
 }
 
+/// The buffer's device address as the interface's `const void*`: a pointer with no host
+/// provenance, never dereferenced on the host.
+fn device_pointer(buffer: &DeviceBuffer) -> *const c_void {
+    ptr::without_provenance(buffer.address() as usize)
+}
+
 fn check_device(buffer: &DeviceBuffer, ctx: &Context) -> Result<()> {
     let own = buffer.context();
     if own.backend_kind() != ctx.backend_kind() || own.device_number() != ctx.device_number() {
@@ -160,14 +166,14 @@ fn export_node(array: &DeviceArray, ctx: &Context) -> Result<ArrowArray> {
     if layout.validity {
         match array.nulls.as_ref().filter(|_| array.null_count > 0) {
             Some(bitmap) => {
-                buffer_ptrs.push(bitmap.address() as usize as *const c_void);
+                buffer_ptrs.push(device_pointer(bitmap));
                 keep.push(bitmap.clone());
             }
             None => buffer_ptrs.push(ptr::null()),
         }
     }
     for buffer in &array.buffers {
-        buffer_ptrs.push(buffer.address() as usize as *const c_void);
+        buffer_ptrs.push(device_pointer(buffer));
         keep.push(buffer.clone());
     }
     for buffer in &keep {

@@ -247,7 +247,7 @@ fn view(ctx: &Context, address: *const c_void, size: usize, owner: &Owner) -> Re
     // this context's device; `owner` holds the producer's unreleased array, whose buffers
     // stay allocated until it is released (`ArrowDeviceArray`'s invariant), which happens
     // only when the last view is dropped.
-    unsafe { ctx.foreign_buffer(address as usize as u64, size, Some(owner.clone())) }
+    unsafe { ctx.foreign_buffer(address.addr() as u64, size, Some(owner.clone())) }
 }
 
 /// Read the offset at index `index` of an offsets buffer of `width` bytes per offset.

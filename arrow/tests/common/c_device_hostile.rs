@@ -209,7 +209,8 @@ fn lies(length: i64, n_buffers: i64, n_children: i64, elsewhere: usize) -> Vec<(
                         "-1" => real.wrapping_sub(1),
                         _ => real.wrapping_add(4096),
                     });
-                    pointers[i] = address as *const c_void;
+                    // Never dereferenced on the host: an address without provenance.
+                    pointers[i] = ptr::without_provenance(address);
                     p.buffers = keep.buffers(pointers);
                 }),
             ));
