@@ -120,17 +120,19 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
 
     // The Arrow C Device Data Interface: what cuDF or pyarrow's _import_from_c_device take.
-    let exported = export_device_record_batch(&on_device)?;
+    let mut exported = export_device_record_batch(&on_device)?;
     let schema = export_schema(&batch.schema())?;
     println!(
         "exported: device_type {}, device_id {}, {} children; schema format {:?}",
-        exported.device_type,
-        exported.device_id,
-        exported.array.n_children,
+        exported.device_type(),
+        exported.device_id(),
+        exported.array().n_children(),
         schema.format()
     );
-    // SAFETY: exported by cudabuf just above, for this schema and context.
-    let imported = unsafe { import_device_record_batch(exported, batch.schema(), &ctx)? };
+    // SAFETY: `exported` is a valid array cudabuf made just above; the import moves it out
+    // (leaving `exported` released, so dropping it does nothing).
+    let imported = unsafe { import_device_record_batch(&mut exported, batch.schema(), &ctx)? };
+    assert!(exported.is_released());
     assert_eq!(imported.to_host()?, batch);
     println!("imported back without a copy; to_host() equals the original");
 

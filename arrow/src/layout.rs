@@ -156,11 +156,14 @@ pub(crate) fn nested_fields(data_type: &DataType) -> Vec<&FieldRef> {
 
 /// The length in slots of child `index` of an array of `data_type` with `n` slots, where
 /// it follows from the parent (struct, sparse union, fixed-size list); `None` where the
-/// child's length is independent (lists, dense unions, run-end encoded).
+/// child's length is independent (lists, dense unions, run-end encoded). A length too
+/// large for `usize` is `usize::MAX` (no child has that many slots, so the check fails
+/// instead of being skipped); a negative list size gives no minimum (arrow-rs refuses
+/// the type).
 pub(crate) fn min_child_len(data_type: &DataType, n: usize) -> Option<usize> {
     match data_type {
         DataType::Struct(_) | DataType::Union(_, UnionMode::Sparse) => Some(n),
-        DataType::FixedSizeList(_, size) => usize::try_from(*size).ok()?.checked_mul(n),
+        DataType::FixedSizeList(_, size) => Some(usize::try_from(*size).ok()?.saturating_mul(n)),
         _ => None,
     }
 }
@@ -171,6 +174,15 @@ mod tests {
     use std::sync::Arc;
 
     use arrow::datatypes::Field;
+
+    #[test]
+    fn min_child_len_of_a_huge_fixed_size_list_fails_every_child() {
+        let item = Arc::new(Field::new("item", DataType::Int8, true));
+        let list = DataType::FixedSizeList(item, 1 << 20);
+        assert_eq!(min_child_len(&list, 3), Some(3 << 20));
+        assert_eq!(min_child_len(&list, usize::MAX / 2), Some(usize::MAX));
+        assert_eq!(min_child_len(&DataType::Utf8, 3), None);
+    }
 
     #[test]
     fn layouts_match_arrow_rs_buffer_counts() {

@@ -77,7 +77,8 @@ pub use array::DeviceArray;
 pub use batch::{read_record_batch, DeviceRecordBatch};
 pub use c_device::{
     export_device_array, export_device_record_batch, export_schema, import_device_array,
-    import_device_record_batch, ArrowArray, ArrowDeviceArray, ArrowDeviceType,
+    import_device_record_batch, ArrowArray, ArrowArrayParts, ArrowArrayRelease, ArrowDeviceArray,
+    ArrowDeviceArrayParts, ArrowDeviceType,
 };
 pub use message::{read_message, DeviceMessage, MessageSource, CONTINUATION_MARKER};
 pub use serialize::{serialize_record_batch, serialize_stream, Serializer, DEFAULT_STAGING_LIMIT};

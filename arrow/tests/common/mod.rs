@@ -2,7 +2,10 @@
 //! cudabuf-conformance's harness. Each case is a plain function named after the behaviour
 //! it checks; errors are checked by kind.
 
+mod c_consumer;
 mod c_device;
+mod c_device_edit;
+mod c_device_hostile;
 mod corrupt;
 mod data;
 mod roundtrip;
@@ -57,16 +60,24 @@ pub(crate) const ARROW_CASES: &[(&str, CaseFn)] = cases![
     stream::stream_reader_stops_after_an_error,
     c_device::c_device_batch_export_import_round_trips_and_releases_once,
     c_device::c_device_export_dropped_without_import_releases_once,
+    c_device::c_device_export_released_in_place_by_a_consumer_is_not_released_again,
+    c_device::c_device_export_moved_by_a_c_consumer_is_released_once,
+    c_device::c_device_export_not_taken_by_the_consumer_is_released_with_its_box,
+    c_device::c_device_export_written_into_a_consumer_struct_is_released_once,
+    c_device::c_device_moved_out_struct_is_released_and_dropping_it_does_nothing,
+    c_device::c_device_children_are_released_with_their_parent_unless_moved,
     c_device::c_device_export_points_at_the_device_buffers,
     c_device::c_device_column_export_import_round_trips,
-    c_device::c_device_children_are_released_with_their_parent_unless_moved,
     c_device::c_device_import_keeps_producer_alive_until_last_buffer_drops,
     c_device::c_device_import_of_other_device_type_is_refused_and_released,
-    c_device::c_device_import_of_released_array_is_invalid_argument,
+    c_device::c_device_import_of_null_or_released_array_is_invalid_argument,
+    c_device::c_device_import_of_released_or_null_child_is_invalid_data,
     c_device::c_device_import_computes_unknown_null_count,
     c_device::c_device_import_with_wrong_buffer_count_is_invalid_data,
     c_device::c_device_schema_export_round_trips,
     c_device::c_device_view_types_are_unsupported,
+    c_device_hostile::c_device_import_of_lying_numbers_and_pointers_is_a_typed_error,
+    c_device_hostile::c_device_import_as_every_other_type_is_a_typed_error,
     corrupt::every_truncation_of_a_message_is_invalid_data,
     corrupt::every_truncation_of_a_stream_is_an_error_never_a_panic,
     corrupt::bit_flips_in_metadata_length_are_invalid_data,

@@ -443,7 +443,7 @@ pub(crate) fn bytes_allocated_returns_to_start_after_drops(f: &Fixture) -> CaseR
         let b = data::mixed_without_views();
         let message = serialize_record_batch(&b, &ctx).unwrap();
         let read = read_record_batch(&message, &b.schema()).unwrap();
-        let exported = cudabuf_arrow::export_device_record_batch(&read).unwrap();
+        let mut exported = cudabuf_arrow::export_device_record_batch(&read).unwrap();
         drop(message);
         drop(read);
         assert!(
@@ -452,7 +452,7 @@ pub(crate) fn bytes_allocated_returns_to_start_after_drops(f: &Fixture) -> CaseR
         );
         // SAFETY: the array was just exported by cudabuf for this schema and context.
         let imported =
-            unsafe { cudabuf_arrow::import_device_record_batch(exported, b.schema(), &ctx) }
+            unsafe { cudabuf_arrow::import_device_record_batch(&mut exported, b.schema(), &ctx) }
                 .unwrap();
         let columns: Vec<ArrayRef> = imported.to_host().unwrap().columns().to_vec();
         assert_eq!(columns.len(), b.num_columns());

@@ -1,0 +1,23 @@
+// Item 1: building an array from a struct literal would let safe code pair any
+// `private_data` with any `release`; the fields are private (E0451).
+use std::ffi::c_void;
+use std::ptr;
+
+use cudabuf_arrow::ArrowArray;
+
+unsafe extern "C" fn free_something(_array: *mut ArrowArray) {}
+
+fn main() {
+    let _forged = ArrowArray {
+        length: 1,
+        null_count: 0,
+        offset: 0,
+        n_buffers: 1,
+        n_children: 0,
+        buffers: ptr::null_mut(),
+        children: ptr::null_mut(),
+        dictionary: ptr::null_mut(),
+        release: Some(free_something),
+        private_data: 16 as *mut c_void,
+    };
+}
