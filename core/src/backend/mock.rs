@@ -92,7 +92,7 @@ mockall::mock! {
 pub struct MockRawContext {
     expectations: MockExpectations,
     /// The host memory of live pinned allocations, by host address.
-    pinned: Mutex<HashMap<usize, Box<[u8]>>>,
+    pinned: Mutex<HashMap<usize, Vec<u8>>>,
 }
 
 impl MockRawContext {
@@ -130,7 +130,7 @@ impl fmt::Debug for MockRawContext {
     }
 }
 
-// SAFETY: pinned allocations are host memory owned by `self.pinned` (boxed slices of the
+// SAFETY: pinned allocations are host memory owned by `self.pinned` (vectors of the
 // requested size, whose heap storage never moves) until `free_host` removes them; copies
 // hand expectations only the slices core gives, and device addresses are plain integers
 // that core never dereferences.
@@ -194,15 +194,16 @@ unsafe impl RawContext for MockRawContext {
 
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
         let device_ptr = self.expectations.alloc_host(size)?;
-        let mut memory = vec![0u8; size].into_boxed_slice();
+        let mut memory = vec![0u8; size];
         let host_ptr = memory.as_mut_ptr();
         self.pinned
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(host_ptr as usize, memory);
         // SAFETY: `host_ptr` is the start of `size` bytes of heap memory owned by
-        // `self.pinned` until `free_host` takes it out (moving the box does not move its
-        // storage); `device_ptr` is the address the test chose for it.
+        // `self.pinned` until `free_host` takes it out; it comes from `Vec::as_mut_ptr`,
+        // which stays valid when the `Vec` is moved (unlike a pointer into a moved `Box`,
+        // which Stacked Borrows retags); `device_ptr` is the address the test chose.
         Ok(unsafe { PinnedAlloc::new(host_ptr, device_ptr, size) })
     }
 

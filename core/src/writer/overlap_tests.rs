@@ -30,7 +30,7 @@ struct Log {
 #[derive(Debug)]
 struct DeferredCopies {
     device: Mutex<Vec<u8>>,
-    pinned: Mutex<HashMap<usize, Box<[u8]>>>,
+    pinned: Mutex<HashMap<usize, Vec<u8>>>,
     log: Mutex<Log>,
 }
 
@@ -117,7 +117,7 @@ unsafe impl RawContext for DeferredCopies {
         Err(Error::unsupported("copy_peer", "not in this test"))
     }
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
-        let mut memory = vec![0u8; size].into_boxed_slice();
+        let mut memory = vec![0u8; size];
         let host = memory.as_mut_ptr();
         self.pinned
             .lock()
