@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudabuf_core::backend::{BackendKind, Capabilities, Device, Platform};
 use cudabuf_core::{Error, Result};
 
-use crate::address::{new_tag, MAX_DEVICES};
+use crate::address::MAX_DEVICES;
 use crate::config::SimConfig;
 use crate::context::{new_context_handle, SimContext};
 use crate::device::SimDevice;
@@ -113,7 +113,7 @@ impl SimBackend {
             capacity: config.capacity_per_device,
             contexts: contexts.clone(),
             state: Mutex::new(State {
-                table: Table::new(new_tag(), config.devices, config.capacity_per_device),
+                table: Table::new(config.devices, config.capacity_per_device),
                 faults: Faults::default(),
             }),
         });

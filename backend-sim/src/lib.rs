@@ -10,8 +10,11 @@
 //! - **Its own address space.** A device address is a key into the instance's table of
 //!   allocations, never a host pointer: addresses are non-canonical on x86-64 (so a stray
 //!   dereference faults), 256-byte aligned, bump-allocated and never reused, with a guard
-//!   gap after each allocation so off-by-one accesses hit nothing. Two instances in one
-//!   process never see each other's addresses.
+//!   gap after each allocation so off-by-one accesses hit nothing, in one space per
+//!   device and one for pinned memory. The bump allocator is the process's, shared by
+//!   every instance (each takes chunks of it), so no two instances of a process ever
+//!   hand out the same address, however many there are: another instance's address is
+//!   refused ("it belongs to another simulator instance"), never mistaken for one's own.
 //! - **Device memory is not host memory.** Every copy range must lie inside one live
 //!   allocation reachable from the context: device memory and IPC mappings of the
 //!   context's device, or pinned host memory (portable). Anything else is

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cudabuf_core::backend::{DevicePtr, PinnedAlloc, RawIpcHandle};
 use cudabuf_core::{Error, Result};
 
-use crate::address::{decode, AddressSpace, Decoded, GUARD, PINNED_SPACE};
+use crate::address::{AddressSpace, Decoded, GUARD, PINNED_SPACE};
 use crate::ipc::{self, ImportKey, SimIpcHandle};
 use crate::leak::{LeakEntry, LeakReport};
 use crate::region::{
@@ -86,9 +86,9 @@ fn nonzero(operation: &'static str, len: usize) -> Result<()> {
 
 impl Table {
     /// An empty table for `devices` devices of `capacity` bytes each.
-    pub(crate) fn new(tag: u16, devices: usize, capacity: usize) -> Self {
+    pub(crate) fn new(devices: usize, capacity: usize) -> Self {
         Table {
-            space: AddressSpace::new(tag),
+            space: AddressSpace::new(),
             capacity,
             regions: BTreeMap::new(),
             pinned_by_host: BTreeMap::new(),
@@ -100,15 +100,18 @@ impl Table {
 
     /// Why `address` is in no live allocation.
     fn unknown(&self, address: DevicePtr) -> Error {
-        let reason = match decode(address, self.space.tag()) {
+        let reason = match self.space.decode(address) {
             Decoded::NotSimulated => {
                 "never allocated by this simulator (not a simulated device address)".to_string()
             }
+            Decoded::Unclaimed => "never allocated by this simulator (no simulator instance \
+                                   of this process has handed out this address)"
+                .to_string(),
             Decoded::OtherInstance => {
                 "never allocated by this simulator (it belongs to another simulator instance)"
                     .to_string()
             }
-            Decoded::Ours { .. } => {
+            Decoded::Ours => {
                 if let Some((base, r)) = self.freed.containing(address) {
                     format!(
                         "freed (it was {} bytes into a {}-byte {} allocation at {base:#x})",
@@ -365,7 +368,7 @@ impl Table {
     /// `cuPointerGetAttribute(DEVICE_POINTER)`: live device addresses map to themselves,
     /// host addresses inside pinned memory to their device address.
     pub(crate) fn device_address(&self, address: u64) -> Result<DevicePtr> {
-        if decode(address, self.space.tag()) != Decoded::NotSimulated {
+        if self.space.decode(address) != Decoded::NotSimulated {
             return self.find(address).map(|_| address);
         }
         if let Some((&host, &base)) = self.pinned_by_host.range(..=(address as usize)).next_back() {

@@ -225,6 +225,49 @@ fn copies_outside_one_live_allocation_are_refused() {
     assert_eq!(read(&*c0, b, 100).unwrap(), vec![UNINIT_FILL; 100]);
 }
 
+/// How many instances [`instances_never_share_addresses_however_many`] makes: more
+/// than a 12-bit instance tag could tell apart (fewer under Miri, which checks the same
+/// code for undefined behaviour, slowly).
+const INSTANCES: usize = if cfg!(miri) { 40 } else { 5000 };
+
+/// Thousands of live instances, each with device memory (on either device) and pinned
+/// memory: no two addresses are equal, and the first instance and each other one refuse
+/// each other's addresses as another instance's.
+#[test]
+fn instances_never_share_addresses_however_many() {
+    let first = SimBackend::new();
+    let c0 = ctx(&first, 0);
+    let ours = c0.allocate(100).unwrap();
+    let our_pinned = c0.alloc_host(10).unwrap();
+    let mut seen = std::collections::HashSet::from([ours, our_pinned.device_ptr()]);
+    let mut others = Vec::with_capacity(INSTANCES);
+    for i in 0..INSTANCES {
+        let sim = SimBackend::new();
+        let c = ctx(&sim, i % 2);
+        let theirs = c.allocate(1 + i % 100).unwrap();
+        let pinned = c.alloc_host(1).unwrap();
+        for address in [theirs, pinned.device_ptr()] {
+            assert!(seen.insert(address), "instance {i} got {address:#x} again");
+            assert_invalid_address(read(&*c0, address, 1), "another simulator instance");
+        }
+        assert_invalid_address(read(&*c, ours, 1), "another simulator instance");
+        assert_invalid_address(
+            read(&*c, our_pinned.device_ptr(), 1),
+            "another simulator instance",
+        );
+        others.push((sim, c, theirs, pinned));
+    }
+    for (sim, c, theirs, pinned) in others {
+        free(&*c, theirs).unwrap();
+        // SAFETY: `pinned` came from alloc_host on this instance and is freed once.
+        unsafe { c.free_host(pinned) }.unwrap();
+        assert!(sim.leak_report().is_empty());
+    }
+    free(&*c0, ours).unwrap();
+    // SAFETY: as above.
+    unsafe { c0.free_host(our_pinned) }.unwrap();
+}
+
 #[test]
 fn peer_copies_cross_devices_of_one_instance_only() {
     let sim = SimBackend::new();
