@@ -21,7 +21,8 @@ use crate::region::{
 /// How many freed allocations are remembered (for "freed" rather than "never allocated").
 const FREED_RECORDS: usize = 1 << 16;
 
-/// A process-unique allocation id (named in memfd names and IPC handles).
+/// A process-unique allocation id (named in memfd names and IPC handles, next to the
+/// process's nonce, which tells it from the same id of another process).
 fn new_allocation_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
@@ -422,13 +423,15 @@ impl Table {
             return Ok(handle);
         }
         let pid = std::process::id();
+        let nonce = ipc::process_nonce()?;
         let (id, size) = (r.id, r.size());
+        let name = ipc::memfd_name(pid, nonce, id);
         // SAFETY: the region's storage is readable for its size and stays alive (and
         // unaliased by any reference) while the table is locked.
-        let shared =
-            unsafe { SharedMemory::copy_of(&ipc::memfd_name(pid, id), r.storage.as_ptr(), size)? };
+        let shared = unsafe { SharedMemory::copy_of(&name, r.storage.as_ptr(), size)? };
         let handle = SimIpcHandle {
             pid,
+            nonce,
             fd: shared.fd(),
             size: size as u64,
             device: device as u32,
@@ -445,6 +448,15 @@ impl Table {
     pub(crate) fn import(&mut self, device: usize, raw: &RawIpcHandle) -> Result<DevicePtr> {
         let handle = SimIpcHandle::from_raw(raw)?;
         if handle.pid == std::process::id() {
+            let nonce = ipc::process_nonce()?;
+            if handle.nonce != nonce {
+                // An earlier process with this pid: its memory is gone for good.
+                return Err(Error::invalid_ipc_handle(format!(
+                    "exporter process {} has exited (its pid is now this process's, whose \
+                     nonce {nonce:#018x} is not the handle's {:#018x})",
+                    handle.pid, handle.nonce
+                )));
+            }
             return Err(Error::Driver {
                 call: "cuIpcOpenMemHandle",
                 name: "CUDA_ERROR_INVALID_CONTEXT".into(),

@@ -27,6 +27,7 @@ mod copies;
 mod expect;
 mod host;
 mod ipc;
+mod pid_reuse;
 mod ranges;
 mod reader;
 mod slices;
@@ -191,6 +192,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     reliability_process::process_importer_crash_while_mapped_leaves_exporter_intact,
     reliability_process::process_exporter_exit_while_mapped_keeps_importer_mapping,
     reliability_process::process_handle_of_exited_exporter_is_invalid_ipc_handle,
+    reliability_process::process_handle_of_exited_exporter_after_pid_reuse_is_invalid_ipc_handle,
     reliability_process::process_importer_killed_mid_copy_leaves_exporter_consistent,
     // reliability: load
     reliability_load::stress_mixed_operations_on_many_threads_lose_nothing,
