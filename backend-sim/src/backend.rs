@@ -24,7 +24,8 @@ pub(crate) struct State {
 }
 
 /// The state of one simulator instance, shared by its backend handles, devices and
-/// contexts. Dropping the last reference prints a leak report if allocations are live.
+/// contexts. Dropping the last reference logs a leak report (`log` at warn level) if
+/// allocations are live.
 pub(crate) struct Shared {
     /// The configured name.
     pub(crate) name: String,
@@ -60,7 +61,7 @@ impl Drop for Shared {
     fn drop(&mut self) {
         let report = self.lock().table.leak_report(&self.name);
         if !report.is_empty() {
-            eprintln!("cudabuf-sim: memory leaked at shutdown: {report}");
+            log::warn!("memory leaked at shutdown: {report}");
         }
     }
 }

@@ -59,7 +59,8 @@
 //!   [`FaultOp`]. An injected failure changes nothing.
 //! - Leaks: [`SimBackend::leak_report`] and [`SimBackend::bytes_in_use`]; when the last
 //!   handle of an instance (backend, devices, contexts) drops while allocations are live,
-//!   the report is printed to stderr.
+//!   the report is logged through the [`log`] crate at warn level (the simulator never
+//!   prints).
 //!
 //! ```
 //! use cudabuf_core::backend::Platform;

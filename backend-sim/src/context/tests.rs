@@ -565,6 +565,7 @@ fn fail_randomly_refuses_bad_probabilities_and_arms_nothing() {
 
 #[test]
 fn leak_report_lists_live_allocations() {
+    install_logger();
     let sim = SimBackend::with_config(SimConfig {
         name: "leaky".into(),
         ..SimConfig::default()
@@ -589,10 +590,43 @@ fn leak_report_lists_live_allocations() {
         text.starts_with("leaky: 2 live allocation(s), 320 bytes"),
         "{text}"
     );
-    // Dropping every handle with live allocations prints the report (and frees the
+    // Dropping every handle with live allocations logs the report (and frees the
     // memory); it must not panic.
     drop(c1);
     drop(sim);
+    let logged = LOGGED.lock().unwrap().clone();
+    assert!(
+        logged.iter().any(|(level, text)| *level == log::Level::Warn
+            && text.contains("memory leaked at shutdown: leaky: 2 live allocation(s)")),
+        "{logged:?}"
+    );
+}
+
+/// What the `log` crate received in this test binary: (level, message).
+static LOGGED: std::sync::Mutex<Vec<(log::Level, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Records every log message in [`LOGGED`]; installed by [`install_logger`].
+struct Recorder;
+
+impl log::Log for Recorder {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+        logged.push((record.level(), record.args().to_string()));
+    }
+    fn flush(&self) {}
+}
+
+/// Installs [`Recorder`] as this test binary's logger (once: a logger stays for good).
+fn install_logger() {
+    static RECORDER: Recorder = Recorder;
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        log::set_logger(&RECORDER).expect("no other logger in this test binary");
+        log::set_max_level(log::LevelFilter::Trace);
+    });
 }
 
 #[test]
