@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudabuf_core::backend::{BackendKind, Capabilities, Device, Platform};
 use cudabuf_core::{Error, Result};
 
-use crate::address::{new_tag, MAX_DEVICES};
+use crate::address::MAX_DEVICES;
 use crate::config::SimConfig;
 use crate::context::{new_context_handle, SimContext};
 use crate::device::SimDevice;
@@ -24,7 +24,8 @@ pub(crate) struct State {
 }
 
 /// The state of one simulator instance, shared by its backend handles, devices and
-/// contexts. Dropping the last reference prints a leak report if allocations are live.
+/// contexts. Dropping the last reference logs a leak report (`log` at warn level) if
+/// allocations are live.
 pub(crate) struct Shared {
     /// The configured name.
     pub(crate) name: String,
@@ -60,7 +61,7 @@ impl Drop for Shared {
     fn drop(&mut self) {
         let report = self.lock().table.leak_report(&self.name);
         if !report.is_empty() {
-            eprintln!("cudabuf-sim: memory leaked at shutdown: {report}");
+            log::warn!("memory leaked at shutdown: {report}");
         }
     }
 }
@@ -113,7 +114,7 @@ impl SimBackend {
             capacity: config.capacity_per_device,
             contexts: contexts.clone(),
             state: Mutex::new(State {
-                table: Table::new(new_tag(), config.devices, config.capacity_per_device),
+                table: Table::new(config.devices, config.capacity_per_device),
                 faults: Faults::default(),
             }),
         });

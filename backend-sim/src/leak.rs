@@ -22,8 +22,10 @@ pub struct LeakEntry {
 
 /// The live allocations of a simulator instance, in address order.
 ///
-/// Printed to stderr when the last handle of a [`SimBackend`](crate::SimBackend) (and
-/// of its devices and contexts) drops while allocations are still live.
+/// Logged (through the `log` crate, at warn level) when the last handle of a
+/// [`SimBackend`](crate::SimBackend) (and of its devices and contexts) drops while
+/// allocations are still live; [`SimBackend::leak_report`](crate::SimBackend::leak_report)
+/// gives it at any time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeakReport {
     /// The simulator's configured name.

@@ -10,8 +10,11 @@
 //! - **Its own address space.** A device address is a key into the instance's table of
 //!   allocations, never a host pointer: addresses are non-canonical on x86-64 (so a stray
 //!   dereference faults), 256-byte aligned, bump-allocated and never reused, with a guard
-//!   gap after each allocation so off-by-one accesses hit nothing. Two instances in one
-//!   process never see each other's addresses.
+//!   gap after each allocation so off-by-one accesses hit nothing, in one space per
+//!   device and one for pinned memory. The bump allocator is the process's, shared by
+//!   every instance (each takes chunks of it), so no two instances of a process ever
+//!   hand out the same address, however many there are: another instance's address is
+//!   refused ("it belongs to another simulator instance"), never mistaken for one's own.
 //! - **Device memory is not host memory.** Every copy range must lie inside one live
 //!   allocation reachable from the context: device memory and IPC mappings of the
 //!   context's device, or pinned host memory (portable). Anything else is
@@ -31,17 +34,24 @@
 //!
 //! # IPC across processes
 //! Allocations live in plain heap memory until their first export, when their bytes move
-//! into a `memfd` (an anonymous in-memory file) mapped `MAP_SHARED`. The 64-byte handle
-//! ([`SimIpcHandle`]) names the exporter's pid, the memfd's fd number there, the size,
-//! the device and an allocation id, with a checksum. The importer opens
-//! `/proc/<pid>/fd/<fd>`, checks that it is that memfd with that size, maps it shared and
-//! closes the fd. Both processes then see the same bytes. The importer needs permission
-//! to read the exporter's fds in `/proc`: run both as the same user. When the exporter
-//! frees the allocation (or exits), its memfd is closed and new opens fail with
-//! [`Error::InvalidIpcHandle`] ("exporter process N has exited or freed the
-//! allocation"); existing mappings stay valid, as the kernel keeps mapped memory. No file
-//! is ever created on disk, so nothing stale is left behind after any exit, crashes
-//! included. IPC needs Linux.
+//! into a `memfd` (an anonymous in-memory file) sealed against shrinking and growing
+//! (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) and mapped `MAP_SHARED`. The 64-byte
+//! handle ([`SimIpcHandle`]) names the exporter's pid, its process nonce (64 random bits
+//! from the OS, drawn once per process), the memfd's fd number there, the size, the
+//! device and the allocation id, with a checksum; the memfd's name carries the pid, the
+//! nonce and the allocation id ([`SimIpcHandle::memfd_name`]). The importer opens
+//! `/proc/<pid>/fd/<fd>` and maps it only if the file it holds is exactly that memfd:
+//! the name (so a handle of an exited process never opens the memory of a later process
+//! that got its pid, and an fd number reused for another file or allocation is told
+//! apart), the kernel's shared-memory file system, the seals (so no process can truncate
+//! it and crash another with SIGBUS) and the size; anything else is
+//! [`Error::InvalidIpcHandle`]. It then closes its fd. Both processes see the same
+//! bytes. The importer needs permission to read the exporter's fds in `/proc`: run both
+//! as the same user. When the exporter frees the allocation (or exits), its memfd is
+//! closed and new opens fail with [`Error::InvalidIpcHandle`] ("exporter process N has
+//! exited or freed the allocation"); existing mappings stay valid, as the kernel keeps
+//! mapped memory. No file is ever created on disk, so nothing stale is left behind after
+//! any exit, crashes included. IPC needs Linux.
 //!
 //! # Testing aids
 //! - Fault injection, seeded: [`SimBackend::fail_nth`], [`SimBackend::fail_randomly`],
@@ -49,7 +59,8 @@
 //!   [`FaultOp`]. An injected failure changes nothing.
 //! - Leaks: [`SimBackend::leak_report`] and [`SimBackend::bytes_in_use`]; when the last
 //!   handle of an instance (backend, devices, contexts) drops while allocations are live,
-//!   the report is printed to stderr.
+//!   the report is logged through the [`log`] crate at warn level (the simulator never
+//!   prints).
 //!
 //! ```
 //! use cudabuf_core::backend::Platform;

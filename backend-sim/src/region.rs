@@ -142,9 +142,10 @@ impl RegionStorage for HeapMemory {
     }
 }
 
-/// Exported device memory: a `memfd` (kept open so other processes can open it through
-/// `/proc/<pid>/fd/<fd>`) mapped `MAP_SHARED`. Dropping it unmaps and closes the fd;
-/// importers' mappings stay valid (the kernel keeps the pages while they are mapped).
+/// Exported device memory: a `memfd` sealed against resizing (kept open so other
+/// processes can open it through `/proc/<pid>/fd/<fd>`) mapped `MAP_SHARED`. Dropping it
+/// unmaps and closes the fd; importers' mappings stay valid (the kernel keeps the pages
+/// while they are mapped), and no process can truncate the file under either mapping.
 #[derive(Debug)]
 pub(crate) struct SharedMemory {
     mapping: Mapping,
@@ -152,13 +153,13 @@ pub(crate) struct SharedMemory {
 }
 
 impl SharedMemory {
-    /// A new shared memory file of `size` bytes named `name`, holding a copy of the
-    /// `size` bytes at `src`.
+    /// A new sealed shared memory file of `size` bytes named `name`, holding a copy of
+    /// the `size` bytes at `src`.
     ///
     /// # Safety
     /// `src` is valid for reads of `size` bytes.
     pub(crate) unsafe fn copy_of(name: &str, src: *const u8, size: usize) -> Result<Self> {
-        let fd = crate::ipc::create_memfd(name, size)?;
+        let fd = crate::ipc::create_sealed_memfd(name, size)?;
         let mapping = Mapping::map_shared(&fd, size).map_err(|e| ipc_os_error("mmap", e))?;
         // SAFETY: `src` is readable for `size` bytes (caller), the new mapping is writable
         // for `size` bytes, and a fresh mapping cannot overlap existing memory.

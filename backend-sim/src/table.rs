@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cudabuf_core::backend::{DevicePtr, PinnedAlloc, RawIpcHandle};
 use cudabuf_core::{Error, Result};
 
-use crate::address::{decode, AddressSpace, Decoded, GUARD, PINNED_SPACE};
+use crate::address::{AddressSpace, Decoded, GUARD, PINNED_SPACE};
 use crate::ipc::{self, ImportKey, SimIpcHandle};
 use crate::leak::{LeakEntry, LeakReport};
 use crate::region::{
@@ -21,7 +21,8 @@ use crate::region::{
 /// How many freed allocations are remembered (for "freed" rather than "never allocated").
 const FREED_RECORDS: usize = 1 << 16;
 
-/// A process-unique allocation id (named in memfd names and IPC handles).
+/// A process-unique allocation id (named in memfd names and IPC handles, next to the
+/// process's nonce, which tells it from the same id of another process).
 fn new_allocation_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
@@ -86,9 +87,9 @@ fn nonzero(operation: &'static str, len: usize) -> Result<()> {
 
 impl Table {
     /// An empty table for `devices` devices of `capacity` bytes each.
-    pub(crate) fn new(tag: u16, devices: usize, capacity: usize) -> Self {
+    pub(crate) fn new(devices: usize, capacity: usize) -> Self {
         Table {
-            space: AddressSpace::new(tag),
+            space: AddressSpace::new(),
             capacity,
             regions: BTreeMap::new(),
             pinned_by_host: BTreeMap::new(),
@@ -100,15 +101,18 @@ impl Table {
 
     /// Why `address` is in no live allocation.
     fn unknown(&self, address: DevicePtr) -> Error {
-        let reason = match decode(address, self.space.tag()) {
+        let reason = match self.space.decode(address) {
             Decoded::NotSimulated => {
                 "never allocated by this simulator (not a simulated device address)".to_string()
             }
+            Decoded::Unclaimed => "never allocated by this simulator (no simulator instance \
+                                   of this process has handed out this address)"
+                .to_string(),
             Decoded::OtherInstance => {
                 "never allocated by this simulator (it belongs to another simulator instance)"
                     .to_string()
             }
-            Decoded::Ours { .. } => {
+            Decoded::Ours => {
                 if let Some((base, r)) = self.freed.containing(address) {
                     format!(
                         "freed (it was {} bytes into a {}-byte {} allocation at {base:#x})",
@@ -365,7 +369,7 @@ impl Table {
     /// `cuPointerGetAttribute(DEVICE_POINTER)`: live device addresses map to themselves,
     /// host addresses inside pinned memory to their device address.
     pub(crate) fn device_address(&self, address: u64) -> Result<DevicePtr> {
-        if decode(address, self.space.tag()) != Decoded::NotSimulated {
+        if self.space.decode(address) != Decoded::NotSimulated {
             return self.find(address).map(|_| address);
         }
         if let Some((&host, &base)) = self.pinned_by_host.range(..=(address as usize)).next_back() {
@@ -419,13 +423,15 @@ impl Table {
             return Ok(handle);
         }
         let pid = std::process::id();
+        let nonce = ipc::process_nonce()?;
         let (id, size) = (r.id, r.size());
+        let name = ipc::memfd_name(pid, nonce, id);
         // SAFETY: the region's storage is readable for its size and stays alive (and
         // unaliased by any reference) while the table is locked.
-        let shared =
-            unsafe { SharedMemory::copy_of(&ipc::memfd_name(pid, id), r.storage.as_ptr(), size)? };
+        let shared = unsafe { SharedMemory::copy_of(&name, r.storage.as_ptr(), size)? };
         let handle = SimIpcHandle {
             pid,
+            nonce,
             fd: shared.fd(),
             size: size as u64,
             device: device as u32,
@@ -442,6 +448,15 @@ impl Table {
     pub(crate) fn import(&mut self, device: usize, raw: &RawIpcHandle) -> Result<DevicePtr> {
         let handle = SimIpcHandle::from_raw(raw)?;
         if handle.pid == std::process::id() {
+            let nonce = ipc::process_nonce()?;
+            if handle.nonce != nonce {
+                // An earlier process with this pid: its memory is gone for good.
+                return Err(Error::invalid_ipc_handle(format!(
+                    "exporter process {} has exited (its pid is now this process's, whose \
+                     nonce {nonce:#018x} is not the handle's {:#018x})",
+                    handle.pid, handle.nonce
+                )));
+            }
             return Err(Error::Driver {
                 call: "cuIpcOpenMemHandle",
                 name: "CUDA_ERROR_INVALID_CONTEXT".into(),

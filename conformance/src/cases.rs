@@ -27,6 +27,7 @@ mod copies;
 mod expect;
 mod host;
 mod ipc;
+mod pid_reuse;
 mod ranges;
 mod reader;
 mod slices;
@@ -181,6 +182,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     reliability_inputs::foreign_buffer_of_freed_pageable_or_unmapped_memory_is_invalid_address,
     reliability_inputs::buffer_from_object_of_freed_pageable_or_unmapped_memory_is_invalid_address,
     reliability_inputs::buffer_of_another_backend_instance_is_refused_or_shared_by_kind,
+    reliability_inputs::buffers_of_5000_backend_instances_never_share_an_address,
     reliability_inputs::ipc_to_pyarrow_bytes_refuses_offsets_and_simulator_handles,
     reliability_inputs::ipc_forged_handle_ranges_are_invalid_ipc_handle,
     reliability_inputs::reader_and_writer_over_an_empty_buffer_refuse_all_but_nothing,
@@ -192,6 +194,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     reliability_process::process_importer_crash_while_mapped_leaves_exporter_intact,
     reliability_process::process_exporter_exit_while_mapped_keeps_importer_mapping,
     reliability_process::process_handle_of_exited_exporter_is_invalid_ipc_handle,
+    reliability_process::process_handle_of_exited_exporter_after_pid_reuse_is_invalid_ipc_handle,
     reliability_process::process_importer_killed_mid_copy_leaves_exporter_consistent,
     // reliability: load
     reliability_load::stress_mixed_operations_on_many_threads_lose_nothing,

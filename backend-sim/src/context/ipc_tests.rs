@@ -41,15 +41,28 @@ fn export_handle_carries_what_finds_the_memory() {
     write(&*c, ptr, b"before export").unwrap();
     let raw = c.ipc_export(ptr).unwrap();
     let h = SimIpcHandle::from_raw(&raw).unwrap();
-    assert_eq!(&raw[..8], b"SIMIPC01");
+    assert_eq!(&raw[..8], b"SIMIPC02");
     assert_eq!(h.pid, std::process::id());
+    assert_eq!(h.nonce, crate::ipc::process_nonce().unwrap());
     assert_eq!(h.size, 1000);
     assert_eq!(h.device, 1);
     assert!(h.fd > 2);
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", h.fd)).unwrap();
+    let name = h.memfd_name();
     assert!(
-        link.to_string_lossy().starts_with("/memfd:cudabuf-sim-"),
-        "{link:?}"
+        name.starts_with(&format!("cudabuf-sim-{}-{:016x}-", h.pid, h.nonce)),
+        "{name}"
+    );
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", h.fd)).unwrap();
+    assert_eq!(link.to_string_lossy(), format!("/memfd:{name} (deleted)"));
+    // Sealed before anyone could open it: no process can resize it.
+    let seals = {
+        let file = std::fs::File::open(format!("/proc/self/fd/{}", h.fd)).unwrap();
+        rustix::fs::fcntl_get_seals(&file).unwrap()
+    };
+    use rustix::fs::SealFlags;
+    assert!(
+        seals.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL),
+        "{seals:?}"
     );
     // The bytes moved into the memfd; the allocation keeps working.
     assert_eq!(read(&*c, ptr, 13).unwrap(), b"before export");
@@ -65,10 +78,7 @@ fn export_handle_carries_what_finds_the_memory() {
     free(&*c, ptr).unwrap();
     assert!(
         std::fs::read_link(format!("/proc/self/fd/{}", h.fd)).map_or(true, |l| l.to_string_lossy()
-            != format!(
-                "/memfd:{} (deleted)",
-                crate::ipc::memfd_name(h.pid, h.allocation_id)
-            )),
+            != format!("/memfd:{name} (deleted)")),
         "freeing closes the memfd"
     );
     assert!(sim.leak_report().is_empty());
@@ -122,6 +132,19 @@ fn open_refuses_own_process_and_bad_handles() {
             e => panic!("expected a driver error, got {e}"),
         }
     }
+    // The same pid with another nonce: an earlier process that had this pid, whose
+    // handle must never open this process's memory.
+    let earlier = SimIpcHandle {
+        nonce: SimIpcHandle::from_raw(&raw).unwrap().nonce ^ 1,
+        ..SimIpcHandle::from_raw(&raw).unwrap()
+    };
+    let e = c.ipc_open(&earlier.to_raw()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidIpcHandle, "{e}");
+    assert!(
+        e.to_string()
+            .contains("has exited (its pid is now this process's"),
+        "{e}"
+    );
     let mut corrupt = raw;
     corrupt[20] ^= 1;
     assert_eq!(
@@ -239,6 +262,32 @@ fn child(handles: &str) {
         e.to_string().contains("has exited or freed the allocation"),
         "{e}"
     );
+    // The live exporter's pid, fd and allocation with another nonce (what a handle of
+    // an earlier process with the same pid looks like): refused, never this memory.
+    let h = SimIpcHandle::from_raw(&live).unwrap();
+    let earlier = SimIpcHandle {
+        nonce: h.nonce ^ 1,
+        ..h
+    };
+    let e = c.ipc_open(&earlier.to_raw()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidIpcHandle, "{e}");
+    assert!(e.to_string().contains(", not memfd"), "{e}");
+    // An importer cannot resize the exporter's memfd (which would SIGBUS the exporter):
+    // the parent reads every byte after this child ends.
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{}/fd/{}", h.pid, h.fd))
+        .unwrap();
+    for len in [0, 4999, 5001] {
+        let e = file.set_len(len).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::PermissionDenied,
+            "set_len({len}): {e}"
+        );
+    }
+    drop(file);
     // Once closed, the handle can be opened again.
     let again = c.ipc_open(&live).unwrap();
     assert_ne!(again, ptr, "addresses are never reused");

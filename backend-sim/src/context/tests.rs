@@ -225,6 +225,49 @@ fn copies_outside_one_live_allocation_are_refused() {
     assert_eq!(read(&*c0, b, 100).unwrap(), vec![UNINIT_FILL; 100]);
 }
 
+/// How many instances [`instances_never_share_addresses_however_many`] makes: more
+/// than a 12-bit instance tag could tell apart (fewer under Miri, which checks the same
+/// code for undefined behaviour, slowly).
+const INSTANCES: usize = if cfg!(miri) { 40 } else { 5000 };
+
+/// Thousands of live instances, each with device memory (on either device) and pinned
+/// memory: no two addresses are equal, and the first instance and each other one refuse
+/// each other's addresses as another instance's.
+#[test]
+fn instances_never_share_addresses_however_many() {
+    let first = SimBackend::new();
+    let c0 = ctx(&first, 0);
+    let ours = c0.allocate(100).unwrap();
+    let our_pinned = c0.alloc_host(10).unwrap();
+    let mut seen = std::collections::HashSet::from([ours, our_pinned.device_ptr()]);
+    let mut others = Vec::with_capacity(INSTANCES);
+    for i in 0..INSTANCES {
+        let sim = SimBackend::new();
+        let c = ctx(&sim, i % 2);
+        let theirs = c.allocate(1 + i % 100).unwrap();
+        let pinned = c.alloc_host(1).unwrap();
+        for address in [theirs, pinned.device_ptr()] {
+            assert!(seen.insert(address), "instance {i} got {address:#x} again");
+            assert_invalid_address(read(&*c0, address, 1), "another simulator instance");
+        }
+        assert_invalid_address(read(&*c, ours, 1), "another simulator instance");
+        assert_invalid_address(
+            read(&*c, our_pinned.device_ptr(), 1),
+            "another simulator instance",
+        );
+        others.push((sim, c, theirs, pinned));
+    }
+    for (sim, c, theirs, pinned) in others {
+        free(&*c, theirs).unwrap();
+        // SAFETY: `pinned` came from alloc_host on this instance and is freed once.
+        unsafe { c.free_host(pinned) }.unwrap();
+        assert!(sim.leak_report().is_empty());
+    }
+    free(&*c0, ours).unwrap();
+    // SAFETY: as above.
+    unsafe { c0.free_host(our_pinned) }.unwrap();
+}
+
 #[test]
 fn peer_copies_cross_devices_of_one_instance_only() {
     let sim = SimBackend::new();
@@ -522,6 +565,7 @@ fn fail_randomly_refuses_bad_probabilities_and_arms_nothing() {
 
 #[test]
 fn leak_report_lists_live_allocations() {
+    install_logger();
     let sim = SimBackend::with_config(SimConfig {
         name: "leaky".into(),
         ..SimConfig::default()
@@ -546,10 +590,43 @@ fn leak_report_lists_live_allocations() {
         text.starts_with("leaky: 2 live allocation(s), 320 bytes"),
         "{text}"
     );
-    // Dropping every handle with live allocations prints the report (and frees the
+    // Dropping every handle with live allocations logs the report (and frees the
     // memory); it must not panic.
     drop(c1);
     drop(sim);
+    let logged = LOGGED.lock().unwrap().clone();
+    assert!(
+        logged.iter().any(|(level, text)| *level == log::Level::Warn
+            && text.contains("memory leaked at shutdown: leaky: 2 live allocation(s)")),
+        "{logged:?}"
+    );
+}
+
+/// What the `log` crate received in this test binary: (level, message).
+static LOGGED: std::sync::Mutex<Vec<(log::Level, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Records every log message in [`LOGGED`]; installed by [`install_logger`].
+struct Recorder;
+
+impl log::Log for Recorder {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+        logged.push((record.level(), record.args().to_string()));
+    }
+    fn flush(&self) {}
+}
+
+/// Installs [`Recorder`] as this test binary's logger (once: a logger stays for good).
+fn install_logger() {
+    static RECORDER: Recorder = Recorder;
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        log::set_logger(&RECORDER).expect("no other logger in this test binary");
+        log::set_max_level(log::LevelFilter::Trace);
+    });
 }
 
 #[test]

@@ -285,6 +285,59 @@ pub(crate) fn buffer_of_another_backend_instance_is_refused_or_shared_by_kind(
     Ok(())
 }
 
+/// How many backend instances [`buffers_of_5000_backend_instances_never_share_an_address`]
+/// makes: more than a 12-bit instance tag could tell apart.
+const INSTANCES: usize = 5000;
+
+/// One buffer in each of 5000 backend instances (and one more), all alive at once: no
+/// two share an address. On the simulator every instance is a separate machine, so
+/// `buffer_from_object` of another instance's buffer is `InvalidAddress` both ways, for
+/// every instance however many came before; on CUDA (one primary context) the views
+/// work.
+pub(crate) fn buffers_of_5000_backend_instances_never_share_an_address(f: &Fixture) -> CaseResult {
+    let (backend, ctx) = context0(f);
+    let ours = device_bytes(&ctx, b"the first instance");
+    let mut seen = std::collections::HashMap::from([(ours.address(), 0)]);
+    let mut theirs = Vec::with_capacity(INSTANCES);
+    for i in 1..=INSTANCES {
+        let other = f
+            .backend()
+            .context(0)
+            .expect("context(0) of another instance");
+        let buf = device_bytes(&other, &[i as u8]);
+        if let Some(first) = seen.insert(buf.address(), i) {
+            panic!(
+                "the live buffers of instances {first} and {i} share the address {:#x}",
+                buf.address()
+            );
+        }
+        theirs.push((other, buf));
+    }
+    for (i, (other, buf)) in theirs.iter().enumerate() {
+        let i = i + 1;
+        match backend.kind() {
+            BackendKind::Sim => {
+                expect_err(
+                    ctx.buffer_from_object(buf),
+                    ErrorKind::InvalidAddress,
+                    &format!("buffer_from_object of instance {i}'s buffer in the first"),
+                );
+                expect_err(
+                    other.buffer_from_object(&ours),
+                    ErrorKind::InvalidAddress,
+                    &format!("buffer_from_object of the first instance's buffer in instance {i}"),
+                );
+            }
+            _ => {
+                let view = ctx.buffer_from_object(buf).expect("buffer_from_object");
+                assert_eq!(contents(&view), [i as u8]);
+            }
+        }
+    }
+    assert_eq!(contents(&ours), b"the first instance");
+    Ok(())
+}
+
 /// `to_pyarrow_bytes` gives pyarrow's 72 bytes (8 for size 0) only where pyarrow can
 /// open them: a whole CUDA allocation. An exported slice at an offset, and any
 /// simulator handle, are `Unsupported`.

@@ -1,7 +1,7 @@
 //! What the reliability cases check was left behind: `bytes_allocated` per context on
 //! every backend, and on the simulator its leak report, its bytes in use, and the
 //! `memfd` files and mappings of exported memory (open fds and `/proc/self/maps` lines
-//! named `cudabuf-sim-<pid>-<allocation>`).
+//! named `cudabuf-sim-<pid>-<nonce>-<allocation>`).
 
 use cudabuf_core::{Backend, BackendKind, IpcMemHandle};
 use cudabuf_sim::{SimBackend, SimIpcHandle};
@@ -62,8 +62,9 @@ pub(crate) fn memfd_name(handle: &IpcMemHandle) -> Option<String> {
     if handle.size() == 0 || handle.backend() != Some(BackendKind::Sim) {
         return None;
     }
-    let raw = SimIpcHandle::from_raw(handle.raw()).ok()?;
-    Some(format!("cudabuf-sim-{}-{}", raw.pid, raw.allocation_id))
+    SimIpcHandle::from_raw(handle.raw())
+        .ok()
+        .map(|raw| raw.memfd_name())
 }
 
 /// This process's open fds and memory mappings whose name contains `name`: the fd

@@ -19,6 +19,7 @@ use std::time::Duration;
 use cudabuf_core::{ErrorKind, IpcMemHandle};
 
 use super::expect::{contents, device_bytes, expect_err, pattern};
+use super::pid_reuse::{pid_reuse_required, spawn_with_pid, REQUIRE_PID_REUSE_VAR};
 use super::reliability_leaks::{
     assert_no_memfds, assert_no_shm_files, memfd_name, memfd_prefix, tracked, Tracked,
 };
@@ -378,6 +379,94 @@ pub(crate) fn process_handle_of_exited_exporter_is_invalid_ipc_handle(f: &Fixtur
     // The context is fine.
     assert_eq!(contents(&device_bytes(&ctx, b"still fine")), b"still fine");
     Ok(())
+}
+
+/// A handle whose exporter exited, after a new process got the exporter's pid and
+/// exported memory the same way (same steps, so on the simulator the same fd number and
+/// allocation id): opening the old handle is `InvalidIpcHandle`, every time, and never
+/// the new process's memory; the new process's own handle opens its bytes. The new pid
+/// is forced through `/proc/sys/kernel/ns_last_pid` (root); where that is not possible
+/// the case checks the old handle against a live exporter with another pid and reports
+/// itself ignored with the reason (or fails with `CUDABUF_REQUIRE_PID_REUSE=1`).
+pub(crate) fn process_handle_of_exited_exporter_after_pid_reuse_is_invalid_ipc_handle(
+    f: &Fixture,
+) -> CaseResult {
+    let t = ipc_backend(f)?;
+    let old_data = pattern(4096, 35);
+    let new_data = pattern(4096, 36);
+    let export = |data: &[u8]| Spawned::new(IPC_EXPORT_AND_WAIT, &[(EXPECT_VAR, hex_encode(data))]);
+    let mut first = export(&old_data);
+    let old = parse_handle(&first.line(HANDLE_LINE));
+    let dead_pid = first.pid();
+    first.release();
+    first.expect_end(End::Success);
+    drop(first);
+    let ctx = t
+        .backend
+        .context(old.device_number().unwrap_or(0))
+        .expect("context of the handle's device");
+    let start = ctx.bytes_allocated();
+
+    let forced = spawn_with_pid(dead_pid, || export(&new_data), Spawned::pid);
+    let (mut second, skipped) = match forced {
+        Ok(child) => (child, None),
+        Err(reason) => {
+            assert!(
+                !pid_reuse_required(),
+                "{REQUIRE_PID_REUSE_VAR} is set, but pid {dead_pid} could not be reused: {reason}"
+            );
+            (export(&new_data), Some(reason))
+        }
+    };
+    let new = parse_handle(&second.line(HANDLE_LINE));
+    if skipped.is_none() {
+        assert_eq!(second.pid(), dead_pid);
+        assert_eq!(
+            new.exporter_pid(),
+            old.exporter_pid(),
+            "both handles name the same pid"
+        );
+    }
+    for attempt in 1..=2 {
+        match ctx.open_ipc_buffer(&old) {
+            Ok(opened) => {
+                let got = contents(&opened);
+                panic!(
+                    "open #{attempt} of the exited exporter's handle succeeded ({}) after pid \
+                     {dead_pid} was reused",
+                    if got == new_data {
+                        "it opened the new process's memory"
+                    } else {
+                        "with bytes of neither exporter"
+                    }
+                );
+            }
+            Err(e) => assert_eq!(
+                e.kind(),
+                ErrorKind::InvalidIpcHandle,
+                "open #{attempt} of the exited exporter's handle: {e}"
+            ),
+        }
+    }
+    let opened = ctx
+        .open_ipc_buffer(&new)
+        .expect("the live exporter's own handle opens");
+    assert_eq!(contents(&opened), new_data);
+    drop(opened);
+    second.release();
+    second.expect_end(End::Success);
+    assert_eq!(ctx.bytes_allocated(), start);
+    t.assert_nothing_live("after opening handles of a reused pid");
+    assert_no_memfds(&memfd_prefix(dead_pid), "after the mapping was dropped");
+    match skipped {
+        None => Ok(()),
+        Some(reason) => Err(Skip(format!(
+            "PID REUSE NOT FORCED ({reason}); checked only that the exited exporter's handle \
+             is InvalidIpcHandle while another exporter (pid {}) lives; set \
+             {REQUIRE_PID_REUSE_VAR}=1 to fail instead",
+            second.pid()
+        ))),
+    }
 }
 
 /// An importer (child) copies into an exported buffer in a loop and is killed
