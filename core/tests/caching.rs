@@ -256,6 +256,7 @@ fn the_cache_is_bounded_and_trimmable() {
     ctx.set_allocator_cache_limit(50 * MIB);
     // Requests of 10 MiB and more get segments of their own size (rounded to 2 MiB).
     let bufs: Vec<_> = (0..4).map(|_| ctx.new_buffer(20 * MIB).unwrap()).collect();
+    let big = ctx.new_buffer(60 * MIB).unwrap();
     drop(bufs);
     assert_eq!(
         ctx.bytes_cached(),
@@ -263,15 +264,23 @@ fn the_cache_is_bounded_and_trimmable() {
         "the least recently emptied segments were freed for real"
     );
     assert_eq!(ctx.allocator_stats().evictions, 2);
-    assert_eq!(sim.bytes_in_use(0), 40 * MIB);
-    drop(ctx.new_buffer(60 * MIB).unwrap());
+    assert_eq!(sim.bytes_in_use(0), 100 * MIB);
+    drop(big);
     assert_eq!(
         ctx.bytes_cached(),
         40 * MIB,
         "a segment over the limit is not kept"
     );
+    assert_eq!(sim.bytes_in_use(0), 40 * MIB);
+    // A miss gives the idle segments of its pool back first (none of them could hold it).
+    let bigger = ctx.new_buffer(45 * MIB).unwrap();
+    assert_eq!(sim.bytes_in_use(0), 46 * MIB);
+    assert_eq!(ctx.allocator_stats().released_on_miss, 2);
+    drop(bigger);
+    assert_eq!(ctx.bytes_cached(), 46 * MIB);
     ctx.set_allocator_cache_limit(30 * MIB);
-    assert_eq!(ctx.bytes_cached(), 20 * MIB);
+    assert_eq!(ctx.bytes_cached(), 0, "over the new limit by itself");
+    drop(ctx.new_buffer(20 * MIB).unwrap());
     assert_eq!(ctx.trim_cache(), 20 * MIB);
     assert_eq!(sim.bytes_in_use(0), 0);
     assert!(sim.leak_report().is_empty());

@@ -79,9 +79,17 @@ impl DeviceAllocator {
                 detail: "no device can hold that many bytes".into(),
             });
         };
-        if let Some(served) = self.lock().take(class, nbytes, stream) {
-            return Ok(served);
-        }
+        let idle = {
+            let mut pools = self.lock();
+            if let Some(served) = pools.take(class, nbytes, stream) {
+                return Ok(served);
+            }
+            // None of the pool's idle segments holds the request (each is one free block,
+            // and best fit found none): give them back before growing, so that
+            // fragmentation does not turn into reserved memory.
+            pools.release_idle_of(class.pool)
+        };
+        free_segments(idle);
         let (base, size) = self.allocate_segment(raw, class, nbytes)?;
         Ok(self
             .lock()

@@ -16,8 +16,16 @@
 //!   free block when it is worth it (>= 512 B in the small pool, > 1 MiB in the large
 //!   one). A freed block merges with its free neighbours at once, so free space does not
 //!   stay chopped up.
-//! - **Misses** allocate a segment for the class. On out-of-memory every idle segment
-//!   (one holding no live block) goes back to the backend and the segment is asked for
+//! - **Misses** allocate a segment for the class. First, the idle segments of the pool
+//!   (segments holding no live block) go back to the backend: none of them can hold the
+//!   request (an idle segment is one free block, and best fit found none big enough), and
+//!   keeping them while growing is how fragmentation turns into reserved memory. On the
+//!   allocation trace of the benchmark this keeps peak reserved memory at 1.17-1.26x the
+//!   peak requested, against 1.27-1.43x without it, for about 110 misses in 100,000
+//!   requests instead of 70 (PyTorch gives cached segments back only on out-of-memory or
+//!   past a garbage-collection threshold; `cuMemFree` waits for the device, which costs
+//!   nothing to cudabuf's synchronous copies but is a thing for the streams issue to
+//!   weigh). On out-of-memory every idle segment goes back and the segment is asked for
 //!   once more; then, if the segment is larger than the block, a segment of just the block
 //!   (so that a nearly full device still serves what an exact allocation would).
 //! - **Bounded.** At most the limit ([`Context::set_allocator_cache_limit`], 4 GiB by
@@ -90,7 +98,8 @@
 //!   been made to wait on it): RMM's rule. The release records the event beside the
 //!   block's stream; the search asks that policy before re-tagging the block to the new
 //!   stream.
-//! - a segment goes back to the backend only when all its blocks' events have completed.
+//! - a segment goes back to the backend (trim, limit, a miss, out-of-memory) only when the
+//!   events of all its blocks have completed.
 
 mod config;
 mod device_allocator;

@@ -108,6 +108,7 @@ struct Counters {
     hits: u64,
     misses: u64,
     evictions: u64,
+    released_on_miss: u64,
     segments_allocated: u64,
     segments_released: u64,
 }
@@ -370,6 +371,22 @@ impl Pools {
         out
     }
 
+    /// The idle segments of `pool`, taken out on a miss in that pool (counted).
+    pub(crate) fn release_idle_of(&mut self, pool: Pool) -> Vec<Segment> {
+        let ids: Vec<SegmentId> = self
+            .idle
+            .values()
+            .copied()
+            .filter(|&id| self.segments[id].pool == pool)
+            .collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.push(self.remove_segment(id));
+        }
+        self.counters.released_on_miss += out.len() as u64;
+        out
+    }
+
     /// Every idle segment, taken out (trim, out-of-memory, shutdown).
     pub(crate) fn take_idle(&mut self) -> Vec<Segment> {
         let mut out = Vec::with_capacity(self.idle.len());
@@ -462,6 +479,7 @@ impl Pools {
             hits: c.hits,
             misses: c.misses,
             evictions: c.evictions,
+            released_on_miss: c.released_on_miss,
             bytes_cached: c.cached,
             blocks_cached: self.free.iter().map(BTreeSet::len).sum(),
             limit,

@@ -34,6 +34,9 @@ pub struct AllocatorStats {
     pub misses: u64,
     /// Idle segments given back to the backend to stay under the limit.
     pub evictions: u64,
+    /// Idle segments given back on a miss in their pool, before a new segment is
+    /// allocated (none of them could hold the request).
+    pub released_on_miss: u64,
     /// Bytes in free blocks, ready for reuse (not counted in `bytes_allocated`).
     pub bytes_cached: usize,
     /// Free blocks.

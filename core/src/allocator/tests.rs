@@ -247,17 +247,16 @@ fn large_requests_share_20_mib_segments_or_get_their_own() {
 #[test]
 fn the_limit_gives_idle_segments_back_least_recently_emptied_first() {
     let (fake, raw, a) = setup(512 * MIB, 64 * MIB);
-    let xs: Vec<_> = [20 * MIB, 30 * MIB, 12 * MIB]
+    let xs: Vec<_> = [20 * MIB, 30 * MIB, 12 * MIB, 40 * MIB]
         .iter()
         .map(|&n| alloc(&a, &raw, n))
         .collect();
-    for x in &xs {
+    for x in &xs[..3] {
         a.release(x.block);
     }
     // 20 + 30 + 12 = 62 MiB cached: under the limit.
     assert_eq!(a.stats().bytes_cached, 62 * MIB);
-    let y = alloc(&a, &raw, 40 * MIB);
-    a.release(y.block);
+    a.release(xs[3].block);
     // 102 MiB: the 20 MiB and 30 MiB segments (emptied first) go.
     let s = a.stats();
     assert_eq!((s.bytes_cached, s.evictions), (52 * MIB, 2));
@@ -270,6 +269,34 @@ fn the_limit_gives_idle_segments_back_least_recently_emptied_first() {
     );
     a.set_limit(0);
     assert_eq!(fake.used(), 0);
+    a.lock().check_invariants();
+}
+
+#[test]
+fn a_miss_gives_back_the_idle_segments_of_its_pool_first() {
+    let (fake, raw, a) = setup(512 * MIB, 256 * MIB);
+    let xs: Vec<_> = [20 * MIB, 30 * MIB, 100]
+        .iter()
+        .map(|&n| alloc(&a, &raw, n))
+        .collect();
+    for x in &xs {
+        a.release(x.block);
+    }
+    assert_eq!(fake.used(), 52 * MIB);
+    // 40 MiB fits no idle segment: the large pool's idle segments go, the small one stays.
+    let y = alloc(&a, &raw, 40 * MIB);
+    assert_eq!(fake.used(), 42 * MIB);
+    let s = a.stats();
+    assert_eq!(
+        (s.released_on_miss, s.segments, s.bytes_cached),
+        (2, 2, 2 * MIB)
+    );
+    // A hit releases nothing.
+    a.release(y.block);
+    let z = alloc(&a, &raw, 25 * MIB);
+    assert_eq!(z.address, y.address);
+    assert_eq!(a.stats().released_on_miss, 2);
+    a.release(z.block);
     a.lock().check_invariants();
 }
 
@@ -400,8 +427,11 @@ fn peaks_track_and_reset() {
 #[test]
 fn dropping_the_allocator_frees_every_segment() {
     let (fake, raw, a) = setup(64 * MIB, 64 * MIB);
-    for n in [100, 2 * MIB, 30 * MIB] {
-        let x = alloc(&a, &raw, n);
+    let xs: Vec<_> = [100, 2 * MIB, 30 * MIB]
+        .iter()
+        .map(|&n| alloc(&a, &raw, n))
+        .collect();
+    for x in xs {
         a.release(x.block);
     }
     assert_eq!(fake.live(), 3);
