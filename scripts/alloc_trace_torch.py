@@ -287,14 +287,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     header, events = read_trace(args.trace)
     ours = json.loads(args.ours.read_text()) if args.ours else None
     torch_figures: Optional[dict[str, Any]] = None
-    note = ""
+    note = "" if ours else "cudabuf's figures were not given (--ours): see its replay's log."
     status = 0
     try:
         print(f"[alloc_trace_torch] replaying {len(events)} events ({header})", file=sys.stderr)
         torch_figures = replay_torch(events, args.device)
         torch_figures["trace_header"] = header
     except RuntimeError as e:
-        note = f"PyTorch did NOT run: {e}"
+        note = (note + " " if note else "") + f"PyTorch did NOT run: {e}"
         print(f"[alloc_trace_torch] {note}", file=sys.stderr)
         status = 2
     if args.json and torch_figures is not None:
