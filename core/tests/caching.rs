@@ -116,8 +116,7 @@ fn a_live_block_is_exactly_its_request() {
     let a = ctx.new_buffer(1000).unwrap();
     let b = ctx.new_buffer(1000).unwrap();
     assert_eq!(b.address(), a.address() + 1024);
-    // SAFETY (each foreign_buffer below): the memory is owned by `a` or `b`, alive for
-    // the whole test, and the views are dropped at once.
+    // SAFETY: the memory is owned by `a`, which outlives the view.
     let whole = unsafe { ctx.foreign_buffer(a.address(), 1000, None) }.unwrap();
     assert_eq!(whole.size(), 1000);
     for (at, len) in [
@@ -126,6 +125,7 @@ fn a_live_block_is_exactly_its_request() {
         (a.address() + 1000, 1),
         (a.address() + 500, 1000),
     ] {
+        // SAFETY: refused before any use.
         let past = unsafe { ctx.foreign_buffer(at, len, None) };
         assert_eq!(
             past.unwrap_err().kind(),

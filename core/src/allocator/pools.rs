@@ -512,7 +512,7 @@ impl Pools {
                 assert_eq!(b.address, at, "blocks tile the segment");
                 assert_eq!(b.prev, prev);
                 assert_eq!(b.segment, sid);
-                assert!(b.size > 0 && b.size % super::size_class::MIN_BLOCK == 0);
+                assert!(b.size > 0 && b.size.is_multiple_of(super::size_class::MIN_BLOCK));
                 let listed = self.free[s.pool.index()].contains(&(b.stream, b.size, b.address, id));
                 assert_eq!(listed, b.state == BlockState::Free, "free list membership");
                 match b.state {
