@@ -181,10 +181,12 @@ impl Context {
     /// ```
     /// # fn main() -> cudabuf_core::Result<()> {
     /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
-    /// let shared = ctx.new_exclusive_buffer(1000)?;
-    /// shared.copy_from_host(&[7; 1000], 0, None)?;
-    /// let handle = shared.export_for_ipc()?; // the importer maps these 1000 bytes only
-    /// assert_eq!((handle.offset(), handle.size()), (0, 1000));
+    /// ctx.set_allocator_cache_limit(64 << 20);
+    /// let pooled = ctx.new_buffer(1000)?; // a block of a 2 MiB segment
+    /// let own = ctx.new_exclusive_buffer(1000)?; // an allocation of its own
+    /// assert_eq!(ctx.raw().address_range(pooled.address())?.1, 2 << 20);
+    /// assert_eq!(ctx.raw().address_range(own.address())?, (own.address(), 1000));
+    /// // Exported, `own` maps exactly these 1000 bytes into the importer.
     /// # Ok(()) }
     /// ```
     ///

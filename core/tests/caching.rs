@@ -192,6 +192,10 @@ fn contexts_over_one_device_context_share_one_allocator() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "exports through the simulator's memfd IPC, which Miri cannot call"
+)]
 fn an_exported_segment_serves_no_new_owner() {
     let (sim, _backend, ctx) = cached_context(64 << 20);
     let a = ctx.new_buffer(500).unwrap();
@@ -233,6 +237,10 @@ fn an_exported_segment_serves_no_new_owner() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "exports through the simulator's memfd IPC, which Miri cannot call"
+)]
 fn an_exclusive_buffer_is_its_own_exact_allocation() {
     let (sim, _backend, ctx) = cached_context(64 << 20);
     let x = ctx.new_exclusive_buffer(1000).unwrap();
