@@ -172,21 +172,32 @@ fn the_caching_allocator_reuses_blocks_and_hides_them() {
         eprintln!("the caching allocator is off here (CUDABUF_ALLOCATOR_CACHE)");
         return;
     }
-    let a = ctx.new_buffer(3 << 20).unwrap();
+    // 12 MiB: a request of 10 MiB or more gets a segment of its own size.
+    let size = 12 << 20;
+    let a = ctx.new_buffer(size).unwrap();
     let address = a.address();
+    let (base, len) = ctx.raw().address_range(address).unwrap();
+    assert!(base <= address && address + size as u64 <= base + len as u64);
     drop(a);
     assert_eq!(ctx.bytes_allocated(), 0);
-    assert_eq!(ctx.bytes_cached(), 3 << 20);
+    assert!(ctx.bytes_cached() >= size);
     assert_eq!(
         ctx.get_device_address(address).unwrap_err().kind(),
         ErrorKind::InvalidAddress
     );
-    let b = ctx.new_buffer(3 << 20).unwrap();
+    let b = ctx.new_buffer(size).unwrap();
     assert_eq!(b.address(), address);
-    let _handle = b.export_for_ipc().unwrap();
+    let handle = b.export_for_ipc().unwrap();
+    assert_eq!(handle.offset() as u64, address - base);
+    let released = ctx.allocator_stats().segments_released;
     drop(b);
-    assert_eq!(ctx.bytes_cached(), 0, "an exported block is freed for real");
+    assert_eq!(
+        ctx.allocator_stats().segments_released,
+        released + 1,
+        "an exported segment goes back to the driver, never into the cache"
+    );
+    // The allocator is shared with the other tests of this binary (one per device
+    // context), so only what this test left idle is certain to be given back.
     drop(ctx.new_buffer(1 << 20).unwrap());
-    assert_eq!(ctx.trim_cache(), 1 << 20);
-    assert_eq!(ctx.bytes_cached(), 0);
+    assert!(ctx.trim_cache() > 0, "the idle segment of the 1 MiB buffer");
 }

@@ -15,6 +15,8 @@
 //! - `host`: pinned host buffers and device addresses;
 //! - `reader` / `writer`: `BufferReader` and `BufferWriter`;
 //! - `ipc`: IPC handles, in this process and in a child process;
+//! - `allocator`: the caching allocator (freed memory through every context, a buffer's
+//!   memory is its request, exported blocks of shared segments across processes);
 //! - `reliability_*`: hostile input the modules above leave out, IPC handle bytes fuzzed,
 //!   process faults around IPC (crashed, exited and killed peers), and a multi-thread
 //!   load; `docs/RELIABILITY.md` maps every public operation to its cases.
@@ -22,6 +24,7 @@
 use crate::model;
 use crate::CaseFn;
 
+mod allocator;
 mod context;
 mod copies;
 mod expect;
@@ -169,6 +172,11 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     ipc::ipc_open_in_child_process_whole_buffer,
     ipc::ipc_open_in_child_process_slice_at_offset,
     ipc::ipc_open_in_child_process_on_other_device,
+    // allocator
+    allocator::cached_block_is_invalid_address_through_every_context,
+    allocator::cached_block_is_bounded_by_its_request,
+    allocator::cached_block_exported_opens_at_its_offset_in_a_child,
+    allocator::cached_block_exported_is_never_reused_while_an_importer_reads,
     // model-based (proptest state machines)
     model::buffer_semantics_match_vec_model,
     model::reader_writer_match_cursor_model,

@@ -28,6 +28,12 @@
 //! - [`IPC_OPEN_COPY_LOOP`]: open [`HANDLE_VAR`] and fill the whole buffer with 1, 2, ...,
 //!   [`COPY_LOOP_VALUES`], 1, ... by `copy_from_host`, printing `copying` after the first
 //!   fill, until killed (or, as a safety net, for 60 s, or until its parent changes).
+//! - [`IPC_OPEN_READ_LOOP`]: open [`HANDLE_VAR`] and read the whole buffer again and
+//!   again, each time checking that it still holds [`EXPECT_VAR`]'s bytes, printing
+//!   `reading` after the first check; at a line (or the end) on stdin, print
+//!   `reads <count>` and exit successfully. Bytes that change fail it at once, naming the
+//!   read and the first differing position (an importer whose memory was handed to
+//!   another owner).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::ExitCode;
@@ -48,6 +54,9 @@ pub const IPC_OPEN_WRITE_ABORT: &str = "ipc_open_write_abort";
 
 /// Role: open [`HANDLE_VAR`] and fill it with 1..=[`COPY_LOOP_VALUES`] until killed.
 pub const IPC_OPEN_COPY_LOOP: &str = "ipc_open_copy_loop";
+
+/// Role: open [`HANDLE_VAR`] and check it holds [`EXPECT_VAR`]'s bytes until told to stop.
+pub const IPC_OPEN_READ_LOOP: &str = "ipc_open_read_loop";
 
 /// The values [`IPC_OPEN_COPY_LOOP`] fills the buffer with: `1..=COPY_LOOP_VALUES`.
 pub const COPY_LOOP_VALUES: u8 = 7;
@@ -78,10 +87,11 @@ pub fn run(role: &str, make: fn() -> Result<Backend>) -> ExitCode {
         IPC_EXPORT_AND_EXIT => ipc_export(make, false),
         IPC_OPEN_WRITE_ABORT => ipc_open_write_abort(make),
         IPC_OPEN_COPY_LOOP => ipc_open_copy_loop(make),
+        IPC_OPEN_READ_LOOP => ipc_open_read_loop(make),
         other => Err(format!(
             "unknown child role '{other}' (known roles: {IPC_OPEN_AND_CHECK}, \
              {IPC_EXPORT_AND_WAIT}, {IPC_EXPORT_AND_EXIT}, {IPC_OPEN_WRITE_ABORT}, \
-             {IPC_OPEN_COPY_LOOP})"
+             {IPC_OPEN_COPY_LOOP}, {IPC_OPEN_READ_LOOP})"
         )),
     }));
     let message = match outcome {
@@ -389,6 +399,54 @@ fn ipc_open_copy_loop(make: fn() -> Result<Backend>) -> std::result::Result<(), 
         }
     }
     Err("still copying after 60 s (or the parent went away): nobody killed this child".into())
+}
+
+fn ipc_open_read_loop(make: fn() -> Result<Backend>) -> std::result::Result<(), String> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let expect = env_bytes(EXPECT_VAR)?;
+    let (_backend, opened) = open_handle(make)?;
+    check(opened.size() == expect.len(), || {
+        format!(
+            "opened buffer has {} bytes, expected {}",
+            opened.size(),
+            expect.len()
+        )
+    })?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let told = stop.clone();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        // A line or the end of stdin (the parent dropped its end) both mean "stop".
+        let _ = std::io::stdin().read_line(&mut line);
+        told.store(true, Ordering::Release);
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut got = vec![0u8; expect.len()];
+    let mut reads = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        check(Instant::now() < deadline, || {
+            format!("still reading after 120 s ({reads} reads): nobody told this child to stop")
+        })?;
+        opened
+            .copy_to_host_into(0, &mut got, None)
+            .map_err(|e| format!("read {reads}: copy_to_host_into: {e}"))?;
+        if let Some(at) = got.iter().zip(&expect).position(|(g, e)| g != e) {
+            return Err(format!(
+                "read {reads}: the imported bytes changed at position {at}: {:#04x}, expected \
+                 {:#04x} (now {})",
+                got[at],
+                expect[at],
+                preview(&got[at..])
+            ));
+        }
+        reads += 1;
+        if reads == 1 {
+            say("reading")?;
+        }
+    }
+    say(&format!("reads {reads}"))
 }
 
 #[cfg(test)]

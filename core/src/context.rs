@@ -2,9 +2,11 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use crate::allocator::{self, AllocatorStats, DeviceCache};
+use crate::allocator::{
+    self, registry, AllocatorStats, BlockId, DeviceAllocator, Found, StreamTag,
+};
 use crate::backend::{self, BackendKind, DevicePtr};
 use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};
@@ -33,18 +35,25 @@ use crate::pinned_pool::{PinnedPool, DEFAULT_STAGING_POOL_LIMIT};
 /// ```
 ///
 /// # Caching allocator
-/// Dropped device buffers can be kept for reuse by the next `new_buffer` of the same size
-/// (like PyTorch's and CuPy's pools), which makes an allocation round trip cost well under
-/// a microsecond instead of `cuMemAlloc` + `cuMemFree`. Every block stays its own
-/// `cuMemAlloc` allocation of exactly the requested size, so IPC export and
-/// `cuMemGetAddressRange` see what they would without the cache; an exported block is
-/// freed for real, never reused. The cache is bounded
-/// ([`set_allocator_cache_limit`](Self::set_allocator_cache_limit)), trimmable
-/// ([`trim_cache`](Self::trim_cache)), emptied and retried once when an allocation runs
-/// out of memory, and invisible to [`bytes_allocated`](Self::bytes_allocated). It is on by
-/// default on CUDA (4 GiB per context) and off on the simulator (which reports every
-/// leak and use after free exactly); `CUDABUF_ALLOCATOR_CACHE=0|1|<size>` overrides the
-/// default for every context of the process.
+/// Device memory comes from a caching allocator with size classes, block splitting and
+/// coalescing (like PyTorch's and CuPy's pools): segments of device memory are allocated
+/// from the backend and carved into blocks, and a dropped buffer's block is kept for the
+/// next `new_buffer` of any size it can hold, so an allocation round trip costs well under
+/// a microsecond instead of `cuMemAlloc` + `cuMemFree`. There is one allocator per device
+/// context, shared by every `Context` over it (clones, [`Backend::shared_context`], a
+/// second [`Backend`](crate::Backend)), so that its limit and counters are shared too; a
+/// cached block is freed memory through every one of them. An exported buffer's segment
+/// never serves a new owner (see [`export_for_ipc`](DeviceBuffer::export_for_ipc)). The
+/// cache is bounded ([`set_allocator_cache_limit`](Self::set_allocator_cache_limit)),
+/// trimmable ([`trim_cache`](Self::trim_cache)), trimmed and retried when an allocation
+/// runs out of memory, and invisible to [`bytes_allocated`](Self::bytes_allocated)
+/// ([`allocator_stats`](Self::allocator_stats) shows it). It is on by default on CUDA
+/// (4 GiB of free memory per device context) and off on the simulator (which reports
+/// every leak and use after free exactly, with each buffer its own allocation);
+/// `CUDABUF_ALLOCATOR_CACHE=0|1|<size>` overrides the default for every context of the
+/// process.
+///
+/// [`Backend::shared_context`]: crate::Backend::shared_context
 #[derive(Clone)]
 pub struct Context {
     inner: Arc<ContextInner>,
@@ -55,28 +64,26 @@ pub(crate) struct ContextInner {
     kind: BackendKind,
     device_number: usize,
     pub(crate) bytes_allocated: AtomicUsize,
-    /// Freed device blocks kept for reuse.
-    cache: DeviceCache,
+    /// The caching allocator of this context's device context, once needed (see
+    /// `caching_allocator`).
+    allocator: OnceLock<Arc<DeviceAllocator>>,
     /// Idle pinned staging buffers kept for reuse.
     host_pool: PinnedPool,
 }
 
 impl Drop for ContextInner {
     fn drop(&mut self) {
-        // Every buffer of this context is gone (each holds a clone): give the cached blocks
-        // back to the backend.
-        for (address, size) in self.cache.drain() {
-            free_block(&self.raw, address, size);
-        }
+        // Every buffer of this context is gone (each holds a clone). The caching allocator
+        // gives its segments back when the last context over the device context goes.
         drop(self.host_pool.drain());
     }
 }
 
-/// Free a device block for real.
+/// Free an exact allocation (made while the cache was off, or an exclusive buffer).
 fn free_block(raw: &Arc<dyn backend::RawContext>, address: DevicePtr, size: usize) {
-    // SAFETY: `address` came from `allocate` on `raw` (only `new_buffer` makes blocks, and
-    // the cache holds only blocks of its own context), and it is freed once: it left the
-    // cache (or was never put there) and no buffer refers to it.
+    // SAFETY: `address` came from `allocate` on `raw` (only `new_buffer` makes exact
+    // allocations, through its own context), and it is freed once: its one `Memory` is
+    // being released and no buffer refers to it.
     if let Err(e) = unsafe { raw.free(address) } {
         log::warn!("freeing device allocation {address:#x} ({size} bytes) failed: {e}");
     }
@@ -87,8 +94,7 @@ impl Context {
     /// contexts from a [`Backend`](crate::Backend).
     pub fn from_raw(raw: Arc<dyn backend::RawContext>, kind: BackendKind) -> Self {
         let device_number = raw.device_ordinal();
-        let cache_limit = allocator::default_limit(kind);
-        let pool_limit = if cache_limit > 0 {
+        let pool_limit = if allocator::default_limit(kind) > 0 {
             DEFAULT_STAGING_POOL_LIMIT
         } else {
             0
@@ -99,7 +105,7 @@ impl Context {
                 kind,
                 device_number,
                 bytes_allocated: AtomicUsize::new(0),
-                cache: DeviceCache::new(cache_limit),
+                allocator: OnceLock::new(),
                 host_pool: PinnedPool::new(pool_limit),
             }),
         }
@@ -145,7 +151,12 @@ impl Context {
         self.inner.raw.synchronize()
     }
 
-    /// Allocate a device buffer of `nbytes` (`cuMemAlloc`, so it can be exported for IPC).
+    /// Allocate a device buffer of `nbytes` (device memory from `cuMemAlloc`, so it can be
+    /// exported for IPC).
+    ///
+    /// With the caching allocator on, the buffer is a block of a larger backend allocation
+    /// (a segment), reused from an earlier buffer when one fits; see the allocator rules
+    /// under [Caching allocator](Self#caching-allocator).
     ///
     /// Zero bytes gives an empty buffer with address 0 and makes no driver call. The
     /// contents of a new buffer are unspecified, as with `cuMemAlloc` (the simulator
@@ -154,6 +165,38 @@ impl Context {
     /// # Errors
     /// [`Error::OutOfMemory`] when the device cannot hold it.
     pub fn new_buffer(&self, nbytes: usize) -> Result<DeviceBuffer> {
+        self.new_owned_buffer(nbytes, false)
+    }
+
+    /// Allocate a device buffer of `nbytes` that is its own backend allocation of exactly
+    /// that size, bypassing the caching allocator (as every buffer is with the cache off),
+    /// and freed when its last buffer goes.
+    ///
+    /// For memory to export to a process that must reach nothing else of this one: an
+    /// importer maps a whole allocation, and a buffer from [`new_buffer`](Self::new_buffer)
+    /// may share its segment with other buffers (see the IPC rule under
+    /// [Caching allocator](Self#caching-allocator)). It costs a `cuMemAlloc` and a
+    /// `cuMemFree`.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_allocator_cache_limit(64 << 20);
+    /// let pooled = ctx.new_buffer(1000)?; // a block of a 2 MiB segment
+    /// let own = ctx.new_exclusive_buffer(1000)?; // an allocation of its own
+    /// assert_eq!(ctx.raw().address_range(pooled.address())?.1, 2 << 20);
+    /// assert_eq!(ctx.raw().address_range(own.address())?, (own.address(), 1000));
+    /// // Exported, `own` maps exactly these 1000 bytes into the importer.
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the device cannot hold it.
+    pub fn new_exclusive_buffer(&self, nbytes: usize) -> Result<DeviceBuffer> {
+        self.new_owned_buffer(nbytes, true)
+    }
+
+    fn new_owned_buffer(&self, nbytes: usize, exclusive: bool) -> Result<DeviceBuffer> {
         if nbytes == 0 {
             return Ok(DeviceBuffer::from_memory(Arc::new(Memory::new(
                 self.clone(),
@@ -162,9 +205,17 @@ impl Context {
                 MemoryKind::Empty(Empty),
             ))));
         }
-        let address = match self.inner.cache.take(nbytes) {
-            Some(address) => address,
-            None => self.allocate_block(nbytes)?,
+        let cached = if exclusive {
+            None
+        } else {
+            self.caching_allocator()
+        };
+        let (address, block) = match cached {
+            Some(allocator) => {
+                let served = allocator.allocate(&self.inner.raw, nbytes, StreamTag::LEGACY)?;
+                (served.address, Some(served.block))
+            }
+            None => (self.allocate_exact(nbytes)?, None),
         };
         self.inner
             .bytes_allocated
@@ -173,16 +224,58 @@ impl Context {
             self.clone(),
             address,
             nbytes,
-            MemoryKind::Owned(Owned),
+            MemoryKind::Owned(Owned { block }),
         ))))
     }
 
-    /// Allocate a block from the backend; on out-of-memory, free the cached blocks and
-    /// try once more.
-    fn allocate_block(&self, nbytes: usize) -> Result<DevicePtr> {
+    /// The caching allocator of this context's device context, when the cache is on there.
+    /// A context joins its device context's allocator at its first allocation when its
+    /// backend caches by default or an allocator of its backend exists in the process
+    /// (another context may have switched the cache on), so that a context whose cache is
+    /// off asks nothing of its backend beyond the allocation (mocks set no `handle`
+    /// expectation).
+    fn caching_allocator(&self) -> Option<&Arc<DeviceAllocator>> {
+        let allocator = match self.inner.allocator.get() {
+            Some(allocator) => allocator,
+            None if allocator::default_limit(self.inner.kind) > 0
+                || registry::any(self.inner.kind) =>
+            {
+                self.joined_allocator()
+            }
+            None => return None,
+        };
+        (allocator.limit() > 0).then_some(allocator)
+    }
+
+    /// The allocator of this context's device context, made if there is none yet.
+    fn joined_allocator(&self) -> &Arc<DeviceAllocator> {
+        self.inner.allocator.get_or_init(|| {
+            registry::attach(
+                self.inner.kind,
+                self.handle(),
+                allocator::default_limit(self.inner.kind),
+            )
+        })
+    }
+
+    /// The allocator of this context's device context if one exists (never makes one).
+    fn existing_allocator(&self) -> Option<&Arc<DeviceAllocator>> {
+        if let Some(allocator) = self.inner.allocator.get() {
+            return Some(allocator);
+        }
+        if !registry::any(self.inner.kind) {
+            return None;
+        }
+        let found = registry::existing(self.inner.kind, self.handle())?;
+        Some(self.inner.allocator.get_or_init(|| found))
+    }
+
+    /// An exact backend allocation; on out-of-memory, give the caching allocator's idle
+    /// segments back and try once more.
+    fn allocate_exact(&self, nbytes: usize) -> Result<DevicePtr> {
         match self.inner.raw.allocate(nbytes) {
             Err(e) if e.kind() == crate::ErrorKind::OutOfMemory => {
-                if self.trim_device_cache() == 0 {
+                if self.existing_allocator().map_or(0, |a| a.trim()) == 0 {
                     return Err(e);
                 }
                 self.inner.raw.allocate(nbytes)
@@ -191,59 +284,75 @@ impl Context {
         }
     }
 
-    /// The last buffer over the block at `address` (from `new_buffer`) is gone: cache it or
-    /// free it, and stop counting it.
-    pub(crate) fn release_block(&self, address: DevicePtr, size: usize) {
-        if allocator::any_exported() && allocator::take_exported(self.handle(), address) {
-            // Another process may have it mapped: never reuse it.
-            free_block(&self.inner.raw, address, size);
-        } else if let Err(blocks) = self.inner.cache.put(address, size) {
-            for (a, s) in blocks {
-                free_block(&self.inner.raw, a, s);
+    /// The last buffer over memory from `new_buffer` is gone: give its block back to the
+    /// caching allocator, or free the exact allocation, and stop counting it.
+    pub(crate) fn release_block(&self, address: DevicePtr, size: usize, block: Option<BlockId>) {
+        match (block, self.inner.allocator.get()) {
+            (Some(block), Some(allocator)) => allocator.release(block),
+            (Some(_), None) => {
+                // Cannot happen: a block comes from this context's allocator. Leaking is
+                // the only sound answer if it ever does.
+                log::error!("device block at {address:#x} has no allocator; leaking it");
             }
+            (None, _) => free_block(&self.inner.raw, address, size),
         }
         self.inner.bytes_allocated.fetch_sub(size, Ordering::AcqRel);
     }
 
-    fn trim_device_cache(&self) -> usize {
-        let blocks = self.inner.cache.drain();
-        let bytes = blocks.iter().map(|&(_, s)| s).sum();
-        for (a, s) in blocks {
-            free_block(&self.inner.raw, a, s);
-        }
-        bytes
+    /// Another process may map the memory at `address` from now on (it was exported): the
+    /// caching allocator must never hand its segment to a new owner.
+    pub(crate) fn mark_exported(&self, address: DevicePtr) {
+        registry::mark_exported(self.inner.kind, address);
     }
 
-    /// Free every device block held by the caching allocator and every idle pooled pinned
-    /// staging buffer; returns the device bytes freed. Buffers in use are not affected.
+    /// Give every idle segment of the caching allocator (segments holding no live buffer)
+    /// back to the backend, and free every idle pooled pinned staging buffer; returns the
+    /// device bytes freed. Buffers in use are not affected.
     pub fn trim_cache(&self) -> usize {
         drop(self.inner.host_pool.drain());
-        self.trim_device_cache()
+        self.existing_allocator().map_or(0, |a| a.trim())
     }
 
-    /// The limit of device bytes the caching allocator keeps for reuse (0: off).
+    /// The limit of free device bytes the caching allocator of this context's device
+    /// context keeps for reuse (0: off).
     pub fn allocator_cache_limit(&self) -> usize {
-        self.inner.cache.limit()
+        self.existing_allocator()
+            .map_or_else(|| allocator::default_limit(self.inner.kind), |a| a.limit())
     }
 
-    /// Set the limit of device bytes the caching allocator keeps for reuse, for this
-    /// context and its clones; 0 turns the cache off. Cached blocks over the new limit are
-    /// freed now (the least recently freed first).
+    /// Set the limit of free device bytes the caching allocator keeps for reuse, for every
+    /// context over this context's device context; 0 turns the cache off (new buffers are
+    /// then exact backend allocations). Idle segments over the new limit go back to the
+    /// backend now (the least recently emptied first).
     pub fn set_allocator_cache_limit(&self, max_cached_bytes: usize) {
-        for (a, s) in self.inner.cache.set_limit(max_cached_bytes) {
-            free_block(&self.inner.raw, a, s);
+        self.joined_allocator().set_limit(max_cached_bytes);
+    }
+
+    /// Free device bytes held by the caching allocator for reuse (not counted in
+    /// [`bytes_allocated`](Self::bytes_allocated)).
+    pub fn bytes_cached(&self) -> usize {
+        self.allocator_stats().bytes_cached
+    }
+
+    /// The counters of the caching allocator of this context's device context (hits,
+    /// misses, requested, reserved and cached bytes, peaks, segments).
+    pub fn allocator_stats(&self) -> AllocatorStats {
+        match self.existing_allocator() {
+            Some(allocator) => allocator.stats(),
+            None => AllocatorStats {
+                limit: allocator::default_limit(self.inner.kind),
+                ..AllocatorStats::default()
+            },
         }
     }
 
-    /// Device bytes held by the caching allocator (freed buffers kept for reuse; not
-    /// counted in [`bytes_allocated`](Self::bytes_allocated)).
-    pub fn bytes_cached(&self) -> usize {
-        self.inner.cache.stats().bytes_cached
-    }
-
-    /// The caching allocator's counters (hits, misses, evictions, bytes held).
-    pub fn allocator_stats(&self) -> AllocatorStats {
-        self.inner.cache.stats()
+    /// Restart the allocator's peak figures
+    /// ([`AllocatorStats::peak_bytes_reserved`], [`AllocatorStats::peak_bytes_requested`])
+    /// from the current ones.
+    pub fn reset_allocator_peaks(&self) {
+        if let Some(allocator) = self.existing_allocator() {
+            allocator.reset_peaks();
+        }
     }
 
     /// A pinned host buffer of exactly `size` bytes for staging copies: an idle one from
@@ -404,11 +513,8 @@ impl Context {
             }
         }
         let (base, len) = self.inner.raw.address_range(address)?;
-        if self.inner.cache.containing(base).is_some() {
-            return Err(Error::invalid_address(
-                address,
-                format!("{operation}: freed (the allocation is held for reuse by cudabuf's caching allocator)"),
-            ));
+        if let Some(found) = registry::find(self.inner.kind, address) {
+            return within_block(operation, found, address, size);
         }
         let end = address.checked_add(size as u64);
         let alloc_end = base.saturating_add(len as u64);
@@ -449,13 +555,10 @@ impl Context {
             return Err(Error::invalid_address(0, "the null address"));
         }
         let device = self.inner.raw.device_address(address)?;
-        if self.inner.cache.containing(device).is_some() {
-            return Err(Error::invalid_address(
-                address,
-                "freed (the allocation is held for reuse by cudabuf's caching allocator)",
-            ));
+        match registry::find(self.inner.kind, device) {
+            Some(found) => within_block("get_device_address", found, device, 1).map(|()| device),
+            None => Ok(device),
         }
-        Ok(device)
     }
 
     /// Allocate a pinned host buffer of `size` bytes through this context (page-locked,
@@ -490,6 +593,38 @@ impl Context {
     /// exited or dropped the buffer, or one whose offset and size do not fit the mapping.
     pub fn open_ipc_buffer(&self, handle: &IpcMemHandle) -> Result<DeviceBuffer> {
         ipc::open(self, handle)
+    }
+}
+
+/// Check `address..address + size` against what the caching allocator knows of the block
+/// holding `address`: freed memory and bytes past the buffer's request are refused.
+fn within_block(
+    operation: &'static str,
+    found: Found,
+    address: DevicePtr,
+    size: usize,
+) -> Result<()> {
+    match found {
+        Found::Freed => Err(Error::invalid_address(
+            address,
+            format!(
+                "{operation}: freed (the memory is held for reuse by cudabuf's caching allocator)"
+            ),
+        )),
+        Found::Live { base, requested } => {
+            let end = base.saturating_add(requested as u64);
+            if address.checked_add(size as u64).is_some_and(|e| e <= end) {
+                Ok(())
+            } else {
+                Err(Error::invalid_address(
+                    address,
+                    format!(
+                        "{operation}: {size} bytes at {address:#x} run past the end of the \
+                         {requested}-byte allocation at {base:#x}"
+                    ),
+                ))
+            }
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use enum_dispatch::enum_dispatch;
 
+use crate::allocator::BlockId;
 use crate::backend::{DevicePtr, RawIpcHandle};
 use crate::context::Context;
 
@@ -42,15 +43,19 @@ impl Release for Empty {
     }
 }
 
-/// A `cuMemAlloc` allocation made through a context; counted in `bytes_allocated`.
-pub(crate) struct Owned;
+/// Memory allocated by `new_buffer` through a context; counted in `bytes_allocated`.
+pub(crate) struct Owned {
+    /// The caching allocator's block, or `None` for an exact backend allocation (the
+    /// cache was off, or `new_exclusive_buffer`).
+    pub(crate) block: Option<BlockId>,
+}
 
 impl Release for Owned {
     fn release(&mut self, ctx: &Context, address: DevicePtr, size: usize) {
         // `address` came from `new_buffer` on this context (only it makes `Owned` memory)
         // and this is the one release of it: `Memory::drop` runs once and no buffer refers
-        // to the memory any more. The context caches the block or frees it.
-        ctx.release_block(address, size);
+        // to the memory any more. The context gives the block back or frees it.
+        ctx.release_block(address, size, self.block);
     }
     fn describe(&self) -> &'static str {
         "allocation"

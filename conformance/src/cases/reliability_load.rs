@@ -629,6 +629,8 @@ pub(crate) fn device_filled_with_buffers_gives_out_of_memory_and_recovers(
     drop(again);
     ctx.synchronize().expect("synchronize");
     if let Some(sim) = sim {
+        // Idle segments of the caching allocator (when it is on) are not leaks.
+        ctx.trim_cache();
         assert_eq!(sim.bytes_in_use(0), 0);
         let report = sim.leak_report();
         assert!(report.is_empty(), "leaked: {report}");

@@ -49,9 +49,12 @@ pub(crate) fn export(buffer: &DeviceBuffer) -> Result<IpcMemHandle> {
     let memory = buffer.memory();
     let (base, alloc_size) = ctx.raw().address_range(buffer.address())?;
     let raw = ctx.raw().ipc_export(base)?;
-    // Another process may map the allocation from now on: the caching allocator must free
-    // it for real, never reuse it.
-    crate::allocator::mark_exported(ctx.handle(), base);
+    // Another process may map the allocation from now on: with the caching allocator, the
+    // allocation is a segment holding this buffer's block and maybe others, and it must
+    // never serve a new owner (its free blocks retire; it is freed for real once empty).
+    ctx.mark_exported(buffer.address());
+    // The handle names the whole allocation (the segment); the importer opens this
+    // buffer's range of it.
     let offset = buffer.address() - base;
     debug_assert!(offset + buffer.size() as u64 <= alloc_size as u64);
     static NEXT_EXPORT_ID: AtomicU64 = AtomicU64::new(1);
