@@ -87,7 +87,9 @@ mod device;
 mod faults;
 mod ipc;
 mod leak;
+mod race;
 mod region;
+mod streams;
 mod table;
 
 pub use address::MAX_DEVICES;
@@ -98,4 +100,8 @@ pub use device::SimDevice;
 pub use faults::FaultOp;
 pub use ipc::SimIpcHandle;
 pub use leak::{LeakEntry, LeakReport};
+pub use race::{RaceRecord, RaceReport};
 pub use region::RegionKind;
+pub use streams::{
+    CostModel, RaceMode, Schedule, ScheduleEntry, RACES_VAR, SCHEDULE_VAR, SEED_VAR,
+};
