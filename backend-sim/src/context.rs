@@ -278,3 +278,9 @@ mod tests;
 
 #[cfg(test)]
 mod ipc_tests;
+
+#[cfg(test)]
+mod stream_tests;
+
+#[cfg(test)]
+mod race_tests;
