@@ -8,8 +8,7 @@ use cudabuf_core::backend::{PinnedAlloc, RawContext, RawStream};
 use cudabuf_core::{Error, ErrorKind, Result};
 
 use super::stream_tests::{
-    d2d, d2h, free_host, h2d, host, new_stream, pinned, record, schedules, sim_with, sync,
-    wait,
+    d2d, d2h, free_host, h2d, host, new_stream, pinned, record, schedules, sim_with, sync, wait,
 };
 use super::tests::{ctx, free, read, write};
 use crate::{RaceMode, Schedule, SimBackend};
@@ -36,10 +35,7 @@ impl Fixture {
         let (d, e) = (c.allocate(LEN).unwrap(), c.allocate(LEN).unwrap());
         write(&*c, d, &[1; LEN]).unwrap();
         let (p, q) = (pinned(&*c, &[7; LEN]), pinned(&*c, &[0; LEN]));
-        let (s1, s2) = (
-            new_stream(&*c, non_blocking),
-            new_stream(&*c, non_blocking),
-        );
+        let (s1, s2) = (new_stream(&*c, non_blocking), new_stream(&*c, non_blocking));
         Fixture {
             sim,
             c,
@@ -140,7 +136,11 @@ fn two_streams_write_the_same_bytes() {
             h2d(&*f.c, f.d + 100, &f.q, 56, f.s2)?;
             Ok(false)
         },
-        &["write by H2D", "is not ordered after write by H2D", "bytes 100..156"],
+        &[
+            "write by H2D",
+            "is not ordered after write by H2D",
+            "bytes 100..156",
+        ],
     );
 }
 
@@ -328,7 +328,12 @@ fn pinned_memory_through_its_device_address() {
             d2d(&*f.c, f.e, f.q.device_ptr() + 16, 32, f.s2)?;
             Ok(false)
         },
-        &["read by D2D", "write by D2H", "bytes 16..48", "pinned host allocation"],
+        &[
+            "read by D2D",
+            "write by D2H",
+            "bytes 16..48",
+            "pinned host allocation",
+        ],
     );
 }
 

@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use cudabuf_core::backend::{
-    PinnedAlloc, Platform, RawContext, RawEvent, RawStream, StreamFlags,
-};
+use cudabuf_core::backend::{PinnedAlloc, Platform, RawContext, RawEvent, RawStream, StreamFlags};
 use cudabuf_core::{ErrorKind, Result};
 
 use super::tests::{ctx, free, read, write};
@@ -181,7 +179,11 @@ fn priority_range_and_stream_handles() {
     assert!(!s.is_default());
     assert!(query(&*c0, s).unwrap(), "a new stream has nothing to do");
     // A stream of device 0's context is refused by device 1's.
-    assert_kind(sync(&*c1, s), ErrorKind::InvalidArgument, "not of this context");
+    assert_kind(
+        sync(&*c1, s),
+        ErrorKind::InvalidArgument,
+        "not of this context",
+    );
     // Another instance's stream, another backend's handle, garbage.
     let other = sim_with(0, Schedule::Deterministic, RaceMode::Fail);
     let foreign = new_stream(&*ctx(&other, 0), true);
@@ -212,11 +214,19 @@ fn priority_range_and_stream_handles() {
         );
     }
     destroy(&*c0, s).unwrap();
-    assert_kind(destroy(&*c0, s), ErrorKind::InvalidArgument, "was destroyed");
+    assert_kind(
+        destroy(&*c0, s),
+        ErrorKind::InvalidArgument,
+        "was destroyed",
+    );
     assert_kind(query(&*c0, s), ErrorKind::InvalidArgument, "was destroyed");
     let p = pinned(&*c0, &[1; 8]);
     let d = c0.allocate(8).unwrap();
-    assert_kind(h2d(&*c0, d, &p, 8, s), ErrorKind::InvalidArgument, "destroyed");
+    assert_kind(
+        h2d(&*c0, d, &p, 8, s),
+        ErrorKind::InvalidArgument,
+        "destroyed",
+    );
     free(&*c0, d).unwrap();
     free_host(&*c0, p).unwrap();
 }
@@ -226,7 +236,11 @@ fn event_handles() {
     let sim = sim(0);
     let (c0, c1) = (ctx(&sim, 0), ctx(&sim, 1));
     let e = c0.event_create(true).unwrap();
-    assert_kind(event_query(&*c1, e), ErrorKind::InvalidArgument, "not of this context");
+    assert_kind(
+        event_query(&*c1, e),
+        ErrorKind::InvalidArgument,
+        "not of this context",
+    );
     assert_kind(
         record(&*c1, e, RawStream::LEGACY),
         ErrorKind::InvalidArgument,
@@ -242,7 +256,11 @@ fn event_handles() {
     );
     // SAFETY: the simulator checks the handle; it names nothing.
     let junk = unsafe { RawEvent::from_raw(77) };
-    assert_kind(event_query(&*c0, junk), ErrorKind::InvalidArgument, "not an event");
+    assert_kind(
+        event_query(&*c0, junk),
+        ErrorKind::InvalidArgument,
+        "not an event",
+    );
     // SAFETY: as above.
     unsafe { c0.event_destroy(e) }.unwrap();
     // SAFETY: as above.
@@ -350,7 +368,11 @@ fn a_never_recorded_event_is_complete_and_no_wait() {
     wait(&*c, s, e).unwrap();
     assert!(query(&*c, s).unwrap(), "the wait issued nothing");
     assert!(sim.schedule_trace().is_empty());
-    assert_kind(elapsed(&*c, e, e), ErrorKind::InvalidArgument, "never recorded");
+    assert_kind(
+        elapsed(&*c, e, e),
+        ErrorKind::InvalidArgument,
+        "never recorded",
+    );
 }
 
 #[test]
@@ -403,7 +425,11 @@ fn elapsed_time_follows_the_cost_model() {
     record(&*c, end, s).unwrap();
     record(&*c, untimed, s).unwrap();
     // Eleven operations are not done after one query's steps.
-    assert_kind(elapsed(&*c, start, end), ErrorKind::NotReady, "not completed");
+    assert_kind(
+        elapsed(&*c, start, end),
+        ErrorKind::NotReady,
+        "not completed",
+    );
     sync(&*c, s).unwrap();
     let cost = CostModel::default();
     let expected = cost.copy_ns(len, true) + 8 * cost.copy_ns(8, false);
@@ -467,7 +493,11 @@ fn same_seed_same_schedule_and_different_seeds_interleave_differently() {
         // Each stream's operations ran in their order (op k of stream i is 3k + i + 1).
         let trace = order(&sim);
         for i in 0..3 {
-            let mine: Vec<u64> = trace.iter().copied().filter(|op| (op - 1) % 3 == i).collect();
+            let mine: Vec<u64> = trace
+                .iter()
+                .copied()
+                .filter(|op| (op - 1) % 3 == i)
+                .collect();
             assert!(mine.windows(2).all(|w| w[0] < w[1]), "{trace:?}");
         }
         for b in bufs {
@@ -574,7 +604,10 @@ fn per_thread_default_streams_are_blocking_and_one_per_thread() {
         .join()
         .unwrap();
     assert!(other_empty);
-    assert!(!query(&*c, RawStream::PER_THREAD).unwrap(), "10 copies take more than a query");
+    assert!(
+        !query(&*c, RawStream::PER_THREAD).unwrap(),
+        "10 copies take more than a query"
+    );
     // It is a blocking stream: the legacy stream (a synchronous read) waits for it.
     assert_eq!(read(&*c, d + 32, 32).unwrap(), [8; 32]);
     assert!(query(&*c, RawStream::PER_THREAD).unwrap());
@@ -648,13 +681,21 @@ fn async_copies_are_checked_when_issued() {
     let mut pageable_out = [0u8; 100];
     // SAFETY: as above.
     let refused = unsafe { c.copy_device_to_host_on(pageable_out.as_mut_ptr(), d, 100, s) };
-    assert_kind(refused, ErrorKind::InvalidAddress, "needs pinned host memory");
+    assert_kind(
+        refused,
+        ErrorKind::InvalidAddress,
+        "needs pinned host memory",
+    );
     assert_kind(
         h2d(&*c, d, &p, 101, s),
         ErrorKind::InvalidAddress,
         "runs 1 bytes past the end",
     );
-    assert_kind(h2d(&*c, d + 1, &p, 100, s), ErrorKind::InvalidAddress, "past the end");
+    assert_kind(
+        h2d(&*c, d + 1, &p, 100, s),
+        ErrorKind::InvalidAddress,
+        "past the end",
+    );
     assert_kind(h2d(&*c, d, &p, 0, s), ErrorKind::InvalidArgument, "size 0");
     assert_kind(
         d2d(&*c, d, 0x1234, 4, s),
@@ -706,7 +747,11 @@ fn peer_copies_on_a_stream() {
         let other = ctx(&SimBackend::new(), 0);
         // SAFETY: as above.
         let refused = unsafe { c1.copy_peer_on(dst, &*other, src, 16, s) };
-        assert_kind(refused, ErrorKind::InvalidArgument, "another simulator instance");
+        assert_kind(
+            refused,
+            ErrorKind::InvalidArgument,
+            "another simulator instance",
+        );
         // The source must be the source context's memory.
         // SAFETY: as above.
         let refused = unsafe { c1.copy_peer_on(dst, &*c0, dst, 16, s) };
@@ -722,8 +767,12 @@ fn injected_copy_faults_issue_nothing() {
     let c = ctx(&sim, 0);
     let d = c.allocate(8).unwrap();
     let s = new_stream(&*c, true);
-    sim.fail_nth(FaultOp::Copy, 1, cudabuf_core::Error::unsupported("test", "injected"))
-        .unwrap();
+    sim.fail_nth(
+        FaultOp::Copy,
+        1,
+        cudabuf_core::Error::unsupported("test", "injected"),
+    )
+    .unwrap();
     assert_kind(d2d(&*c, d, d, 8, s), ErrorKind::Unsupported, "injected");
     assert!(query(&*c, s).unwrap());
     assert_eq!(sim.op_count(FaultOp::Copy), 1);

@@ -161,19 +161,37 @@ impl RaceDetector {
         }
     }
 
-    /// Remembers the accesses of an issued operation.
-    pub(crate) fn record(&mut self, accesses: &[Access], who: &Accessor, vc: &VectorClock) {
+    /// Remembers the accesses of an issued operation (with clock `vc`), and forgets
+    /// the accesses to the same bytes that the host knows about (`known`): every later
+    /// operation knows them, so they cannot conflict again.
+    pub(crate) fn record(
+        &mut self,
+        accesses: &[Access],
+        who: &Accessor,
+        vc: &VectorClock,
+        known: &VectorClock,
+    ) {
         if self.mode == RaceMode::Off {
             return;
         }
         for a in accesses {
-            self.shadows.entry(a.at.region.id).or_default().record(
-                a.at.offset,
-                a.end(),
-                a.write,
-                who,
-                vc,
-            );
+            let shadow = self.shadows.entry(a.at.region.id).or_default();
+            shadow.record(a.at.offset, a.end(), a.write, who, vc);
+            shadow.prune(a.at.offset, a.end(), known);
+        }
+    }
+
+    /// Forgets the accesses to these bytes that the host knows about (after it learned
+    /// that an operation making `accesses` is done: a synchronous copy's own accesses
+    /// go at once, so programs without streams keep no shadow memory).
+    pub(crate) fn settle(&mut self, accesses: &[Access], known: &VectorClock) {
+        for a in accesses {
+            if let Some(shadow) = self.shadows.get_mut(&a.at.region.id) {
+                shadow.prune(a.at.offset, a.end(), known);
+                if shadow.is_empty() {
+                    self.shadows.remove(&a.at.region.id);
+                }
+            }
         }
     }
 

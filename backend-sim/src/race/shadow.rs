@@ -144,6 +144,28 @@ impl Shadow {
         }
     }
 
+    /// Forgets the accesses to `start..end` (and the segments overlapping it) that
+    /// `known` knows: every later operation knows them too (its clock includes what the
+    /// host knows), so they can never conflict again. Segments left empty go.
+    pub(crate) fn prune(&mut self, start: usize, end: usize, known: &VectorClock) {
+        let keys: Vec<usize> = self.overlapping(start, end).map(|(k, _)| k).collect();
+        for k in keys {
+            let seg = self.segments.get_mut(&k).expect("listed above");
+            if seg.writer.as_ref().is_some_and(|w| known.knows(w.epoch)) {
+                seg.writer = None;
+            }
+            seg.readers.retain(|r| !known.knows(r.epoch));
+            if seg.writer.is_none() && seg.readers.is_empty() {
+                self.segments.remove(&k);
+            }
+        }
+    }
+
+    /// Whether nothing is remembered.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.segments.is_empty()
+    }
+
     #[cfg(test)]
     fn layout(&self) -> Vec<(usize, usize, Option<u64>, Vec<u64>)> {
         self.segments
@@ -223,6 +245,13 @@ mod tests {
         assert_eq!((c.start, c.end), (10, 11));
         // Untouched bytes conflict with nothing.
         assert!(s.conflict(100, 200, true, &none).is_none());
+        // What everyone knows is forgotten; what is not stays.
+        s.prune(0, 50, &clock(&[(0, 1), (3, 9)]));
+        assert_eq!(s.layout(), vec![(50, 100, Some(1), vec![9])]);
+        s.prune(60, 61, &clock(&[(0, 1)]));
+        assert_eq!(s.layout(), vec![(50, 100, None, vec![9])]);
+        s.prune(0, 1000, &clock(&[(3, 9)]));
+        assert!(s.is_empty());
     }
 
     #[test]

@@ -523,6 +523,7 @@ impl Engine {
                 label: label.clone(),
             },
             &vc,
+            &self.knowledge,
         );
         let end_ns = start.saturating_add(cost_ns);
         let s = self.streams.get_mut(&stream).expect("looked up above");
@@ -530,14 +531,14 @@ impl Engine {
             stream,
             index: s.issued,
         };
-        let host_vc = matches!(work, Work::Host).then(|| vc.clone());
+        let host = matches!(work, Work::Host).then(|| (vc.clone(), accesses.to_vec()));
         s.queue.push_back(Op {
             index: op.index,
             label,
             deps,
             work,
             end_ns,
-            vc: host_vc,
+            host,
         });
         s.issued += 1;
         s.vc = vc.clone();
@@ -730,8 +731,9 @@ impl Engine {
             return;
         }
         let head = s.queue.pop_front().expect("checked above");
-        if let Some(vc) = &head.vc {
+        if let Some((vc, accesses)) = &head.host {
             self.knowledge.join(vc);
+            self.race.settle(accesses, &self.knowledge);
         }
         self.host_time_ns = self.host_time_ns.max(head.end_ns);
         self.complete_head(op.stream, &head);

@@ -7,6 +7,7 @@ use cudabuf_core::backend::DevicePtr;
 
 use super::clock::{Actor, VectorClock};
 use super::label::{OpLabel, StreamDesc};
+use crate::race::Access;
 use crate::table::Located;
 
 /// A stream's key in the engine: the handle value of a created stream, an internal
@@ -70,8 +71,9 @@ pub(crate) struct Op {
     pub(crate) work: Work,
     /// The simulated time it ends at (ns).
     pub(crate) end_ns: u64,
-    /// Its clock (what the host learns when it is done), for [`Work::Host`] operations.
-    pub(crate) vc: Option<VectorClock>,
+    /// For [`Work::Host`] operations: its clock (what the host learns when it is done)
+    /// and its accesses (which the race detector can forget then).
+    pub(crate) host: Option<(VectorClock, Vec<Access>)>,
 }
 
 /// One stream.
