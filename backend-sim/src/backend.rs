@@ -1,7 +1,7 @@
 //! [`SimBackend`]: the simulator's platform, and the state its devices and contexts share.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use cudabuf_core::backend::{BackendKind, Capabilities, Device, Platform};
 use cudabuf_core::{Error, Result};
@@ -12,15 +12,37 @@ use crate::context::{new_context_handle, SimContext};
 use crate::device::SimDevice;
 use crate::faults::{FaultOp, Faults};
 use crate::leak::LeakReport;
+use crate::race::RaceReport;
+use crate::streams::engine::Engine;
+use crate::streams::settings::StreamSettings;
+use crate::streams::{RaceMode, Schedule, ScheduleEntry};
 use crate::table::Table;
 
-/// What the mutex guards: the allocation table and the fault injector.
+/// What the mutex guards: the allocation table, the fault injector, and the streams.
 #[derive(Debug)]
 pub(crate) struct State {
     /// Every allocation of the instance.
     pub(crate) table: Table,
     /// Armed faults and call counters.
     pub(crate) faults: Faults,
+    /// Streams, events, their clocks and the race detector.
+    pub(crate) streams: Engine,
+}
+
+/// The lock of an instance and the condition its threads wait on for progress (shared
+/// with the threaded schedule's worker, which holds no other part of the instance).
+#[derive(Debug)]
+pub(crate) struct Core {
+    state: Mutex<State>,
+    /// Signalled whenever an operation completes or is issued.
+    pub(crate) progress: Condvar,
+}
+
+impl Core {
+    /// Locks the instance (a panic elsewhere does not make the simulator unusable).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The state of one simulator instance, shared by its backend handles, devices and
@@ -33,13 +55,13 @@ pub(crate) struct Shared {
     pub(crate) capacity: usize,
     /// The primary context handle of each device.
     contexts: Vec<u64>,
-    state: Mutex<State>,
+    pub(crate) core: Arc<Core>,
 }
 
 impl Shared {
     /// Locks the instance (a panic elsewhere does not make the simulator unusable).
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.core.lock()
     }
 
     /// The device of a context handle of this instance.
@@ -59,6 +81,13 @@ impl fmt::Debug for Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        let discarded = self.core.shutdown();
+        if discarded > 0 {
+            log::warn!(
+                "cudabuf-sim: {discarded} operation(s) still pending on streams were \
+                 discarded when the simulator instance was dropped"
+            );
+        }
         let report = self.lock().table.leak_report(&self.name);
         if !report.is_empty() {
             log::warn!("memory leaked at shutdown: {report}");
@@ -82,15 +111,27 @@ pub struct SimBackend {
 
 impl SimBackend {
     /// A simulator with the default configuration: 2 devices of 1 GiB.
+    ///
+    /// The stream settings come from the environment (`CUDABUF_SIM_SEED`,
+    /// `CUDABUF_SIM_SCHEDULE`, `CUDABUF_SIM_RACES`); an invalid value there is logged
+    /// and the default used instead ([`with_config`](Self::with_config) returns it as an
+    /// error).
     pub fn new() -> Self {
+        let config = SimConfig::default();
+        let settings = StreamSettings::resolve(&config).unwrap_or_else(|e| {
+            log::warn!("cudabuf-sim: {e}; using the default stream settings");
+            StreamSettings::explicit_or_default(&config)
+        });
         // The default configuration is within every limit `with_config` checks.
-        Self::build(SimConfig::default())
+        Self::build(config, settings)
     }
 
     /// A simulator with this configuration.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `config.devices` exceeds [`MAX_DEVICES`].
+    /// [`Error::InvalidArgument`] if `config.devices` exceeds [`MAX_DEVICES`], if a
+    /// bandwidth of `config.cost` is 0, or if a stream setting left to the environment
+    /// (`None`) is set there to something invalid.
     pub fn with_config(config: SimConfig) -> Result<Self> {
         if config.devices > MAX_DEVICES {
             return Err(Error::invalid_argument(
@@ -101,21 +142,26 @@ impl SimBackend {
                 ),
             ));
         }
-        Ok(Self::build(config))
+        let settings = StreamSettings::resolve(&config)?;
+        Ok(Self::build(config, settings))
     }
 
     /// Builds a simulator from a configuration already known to be valid (see
     /// [`SimBackend::with_config`] for the checks).
-    fn build(config: SimConfig) -> Self {
+    fn build(config: SimConfig, settings: StreamSettings) -> Self {
         debug_assert!(config.devices <= MAX_DEVICES);
         let contexts: Vec<u64> = (0..config.devices).map(|_| new_context_handle()).collect();
         let shared = Arc::new(Shared {
             name: config.name.clone(),
             capacity: config.capacity_per_device,
             contexts: contexts.clone(),
-            state: Mutex::new(State {
-                table: Table::new(config.devices, config.capacity_per_device),
-                faults: Faults::default(),
+            core: Arc::new(Core {
+                state: Mutex::new(State {
+                    table: Table::new(config.devices, config.capacity_per_device),
+                    faults: Faults::default(),
+                    streams: Engine::new(settings, config.devices),
+                }),
+                progress: Condvar::new(),
             }),
         });
         let devices = contexts
@@ -209,6 +255,44 @@ impl SimBackend {
     pub fn bytes_in_use(&self, device: usize) -> usize {
         self.inner.shared.lock().table.bytes_in_use(device)
     }
+
+    /// The seed of the stream scheduler (from the configuration or `CUDABUF_SIM_SEED`):
+    /// print it with a failure to reproduce a deterministic schedule.
+    pub fn seed(&self) -> u64 {
+        self.inner.shared.lock().streams.settings().seed
+    }
+
+    /// How this instance runs streams.
+    pub fn schedule(&self) -> Schedule {
+        self.inner.shared.lock().streams.settings().schedule
+    }
+
+    /// What this instance's race detector does.
+    pub fn race_mode(&self) -> RaceMode {
+        self.inner.shared.lock().streams.settings().races
+    }
+
+    /// The data races detected so far (in [`RaceMode::Fail`] and [`RaceMode::Log`]).
+    pub fn race_report(&self) -> RaceReport {
+        self.inner.shared.lock().streams.race_report()
+    }
+
+    /// Empties the [`race_report`](Self::race_report).
+    pub fn clear_race_report(&self) {
+        self.inner.shared.lock().streams.race.clear_report();
+    }
+
+    /// The operations the simulated device has run, in the order it ran them (the last
+    /// 10 000): with [`Schedule::Deterministic`], the same seed and the same program give
+    /// the same trace.
+    pub fn schedule_trace(&self) -> Vec<ScheduleEntry> {
+        self.inner.shared.lock().streams.trace()
+    }
+
+    /// Empties the [`schedule_trace`](Self::schedule_trace).
+    pub fn clear_schedule_trace(&self) {
+        self.inner.shared.lock().streams.clear_trace();
+    }
 }
 
 impl Default for SimBackend {
@@ -233,6 +317,7 @@ impl Platform for SimBackend {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::all();
         caps.ipc = cfg!(target_os = "linux");
+        caps.race_detection = self.race_mode() != RaceMode::Off;
         caps
     }
 

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::streams::{CostModel, RaceMode, Schedule};
+
 /// How a [`SimBackend`](crate::SimBackend) is set up.
 ///
 /// ```
@@ -25,6 +27,18 @@ pub struct SimConfig {
     /// The name prefix of devices (device `n` is named `"{name} {n}"`), also the title of
     /// leak reports. Default `"cudabuf simulated device"`.
     pub name: String,
+    /// The seed of the stream scheduler (same seed, same program: same schedule in
+    /// [`Schedule::Deterministic`]). `None`: the environment variable
+    /// [`CUDABUF_SIM_SEED`](crate::SEED_VAR), else 0.
+    pub seed: Option<u64>,
+    /// How streams run. `None`: [`CUDABUF_SIM_SCHEDULE`](crate::SCHEDULE_VAR)
+    /// (`deterministic` or `threaded`), else [`Schedule::Deterministic`].
+    pub schedule: Option<Schedule>,
+    /// What the race detector does. `None`: [`CUDABUF_SIM_RACES`](crate::RACES_VAR)
+    /// (`fail`, `log` or `off`), else [`RaceMode::Fail`].
+    pub races: Option<RaceMode>,
+    /// The simulated cost of copies, for event timing.
+    pub cost: CostModel,
 }
 
 impl Default for SimConfig {
@@ -33,6 +47,10 @@ impl Default for SimConfig {
             devices: 2,
             capacity_per_device: 1 << 30,
             name: "cudabuf simulated device".into(),
+            seed: None,
+            schedule: None,
+            races: None,
+            cost: CostModel::default(),
         }
     }
 }

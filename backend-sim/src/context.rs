@@ -3,11 +3,17 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudabuf_core::backend::{DevicePtr, PinnedAlloc, RawContext, RawIpcHandle};
+use cudabuf_core::backend::{
+    DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream, StreamFlags,
+};
 use cudabuf_core::{Error, Result};
 
 use crate::backend::Shared;
 use crate::faults::FaultOp;
+use crate::region::RegionKind;
+use crate::streams::label::OpWhat;
+
+mod stream_ops;
 
 /// A process-unique, nonzero context handle. The high bits keep it away from real
 /// `CUcontext` values (user-space pointers are below 2^47).
@@ -34,6 +40,27 @@ impl SimContext {
             handle,
         }
     }
+
+    /// The device of `src_context`, which must be a context of this same instance.
+    fn source_device(&self, call: &'static str, src_context: &dyn RawContext) -> Result<usize> {
+        match src_context.as_any().downcast_ref::<SimContext>() {
+            Some(source) if Arc::ptr_eq(&source.shared, &self.shared) => Ok(source.device),
+            Some(_) => Err(Error::invalid_argument(
+                call,
+                format!(
+                    "source context {:#x} is a context of another simulator instance",
+                    src_context.handle()
+                ),
+            )),
+            None => Err(Error::invalid_argument(
+                call,
+                format!(
+                    "source context {:#x} is not a simulator context (another backend)",
+                    src_context.handle()
+                ),
+            )),
+        }
+    }
 }
 
 // SAFETY: SimContext's pinned allocations are real host memory of the requested size
@@ -51,8 +78,9 @@ unsafe impl RawContext for SimContext {
         self.handle
     }
 
+    /// Waits for everything issued to every stream of this context's device.
     fn synchronize(&self) -> Result<()> {
-        self.shared.lock().faults.check(FaultOp::Synchronize)
+        self.sync_context()
     }
 
     fn allocate(&self, size: usize) -> Result<DevicePtr> {
@@ -62,19 +90,19 @@ unsafe impl RawContext for SimContext {
     }
 
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
-        self.shared.lock().table.free(self.device, ptr)
+        self.release(
+            OpWhat::Free,
+            |table| Self::own_base(table, ptr, RegionKind::Device, self.device),
+            |table| table.free(self.device, ptr),
+        )
     }
 
     unsafe fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        let mut state = self.shared.lock();
-        state.faults.check(FaultOp::Copy)?;
-        state.table.copy_to_device(self.device, dst, src)
+        self.sync_h2d(dst, src)
     }
 
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
-        let mut state = self.shared.lock();
-        state.faults.check(FaultOp::Copy)?;
-        state.table.copy_to_host(self.device, dst, src)
+        self.sync_d2h(dst, src)
     }
 
     unsafe fn copy_device_to_device(
@@ -83,16 +111,7 @@ unsafe impl RawContext for SimContext {
         src: DevicePtr,
         len: usize,
     ) -> Result<()> {
-        let mut state = self.shared.lock();
-        state.faults.check(FaultOp::Copy)?;
-        state.table.copy_between(
-            "copy_device_to_device",
-            self.device,
-            dst,
-            self.device,
-            src,
-            len,
-        )
+        self.sync_between(OpWhat::D2dSync, dst, self.device, src, len)
     }
 
     /// `src_context` must be a context of this same simulator instance.
@@ -103,32 +122,103 @@ unsafe impl RawContext for SimContext {
         src: DevicePtr,
         len: usize,
     ) -> Result<()> {
-        let src_device = match src_context.as_any().downcast_ref::<SimContext>() {
-            Some(source) if Arc::ptr_eq(&source.shared, &self.shared) => source.device,
-            Some(_) => {
-                return Err(Error::invalid_argument(
-                    "copy_peer",
-                    format!(
-                        "source context {:#x} is a context of another simulator instance",
-                        src_context.handle()
-                    ),
-                ))
-            }
-            None => {
-                return Err(Error::invalid_argument(
-                    "copy_peer",
-                    format!(
-                        "source context {:#x} is not a simulator context (another backend)",
-                        src_context.handle()
-                    ),
-                ))
-            }
-        };
-        let mut state = self.shared.lock();
-        state.faults.check(FaultOp::Copy)?;
-        state
-            .table
-            .copy_between("copy_peer", self.device, dst, src_device, src, len)
+        let src_device = self.source_device("copy_peer", src_context)?;
+        self.sync_between(OpWhat::PeerSync, dst, src_device, src, len)
+    }
+
+    fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        Ok(self.priority_range())
+    }
+
+    fn stream_create(&self, flags: StreamFlags) -> Result<RawStream> {
+        Ok(self.create_stream(flags))
+    }
+
+    unsafe fn stream_destroy(&self, stream: RawStream) -> Result<()> {
+        self.destroy_stream(stream)
+    }
+
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
+        self.sync_stream(stream)
+    }
+
+    unsafe fn stream_query(&self, stream: RawStream) -> Result<bool> {
+        self.query_stream(stream)
+    }
+
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
+        self.wait_event_on(stream, event)
+    }
+
+    fn event_create(&self, timing: bool) -> Result<RawEvent> {
+        Ok(self.create_event(timing))
+    }
+
+    unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {
+        self.destroy_event(event)
+    }
+
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+        self.record_event(event, stream)
+    }
+
+    unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
+        self.query_event(event)
+    }
+
+    unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
+        self.sync_event(event)
+    }
+
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        self.elapsed(start, end)
+    }
+
+    /// `src` must be pinned memory of this simulator instance (pageable memory is
+    /// refused with [`Error::InvalidAddress`]).
+    unsafe fn copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.h2d_on(dst, src, len, stream)
+    }
+
+    /// `dst` must be pinned memory of this simulator instance (pageable memory is
+    /// refused with [`Error::InvalidAddress`]).
+    unsafe fn copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.d2h_on(dst, src, len, stream)
+    }
+
+    unsafe fn copy_device_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.d2d_on(dst, src, len, stream)
+    }
+
+    /// `src_context` must be a context of this same simulator instance.
+    unsafe fn copy_peer_on(
+        &self,
+        dst: DevicePtr,
+        src_context: &dyn RawContext,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let src_device = self.source_device("copy_peer_on", src_context)?;
+        self.peer_on(dst, src_device, src, len, stream)
     }
 
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
@@ -138,7 +228,16 @@ unsafe impl RawContext for SimContext {
     }
 
     unsafe fn free_host(&self, alloc: PinnedAlloc) -> Result<()> {
-        self.shared.lock().table.free_pinned(alloc)
+        self.release(
+            OpWhat::FreeHost,
+            |table| {
+                table
+                    .pinned_host(alloc.host_ptr() as usize, alloc.size())
+                    .filter(|l| l.offset == 0 && l.region.base == alloc.device_ptr())
+                    .map(|l| l.region)
+            },
+            |table| table.free_pinned(alloc),
+        )
     }
 
     fn device_address(&self, address: u64) -> Result<DevicePtr> {
@@ -166,7 +265,11 @@ unsafe impl RawContext for SimContext {
     }
 
     unsafe fn ipc_close(&self, ptr: DevicePtr) -> Result<()> {
-        self.shared.lock().table.close_import(self.device, ptr)
+        self.release(
+            OpWhat::IpcClose,
+            |table| Self::own_base(table, ptr, RegionKind::IpcMapping, self.device),
+            |table| table.close_import(self.device, ptr),
+        )
     }
 }
 
@@ -175,3 +278,9 @@ mod tests;
 
 #[cfg(test)]
 mod ipc_tests;
+
+#[cfg(test)]
+mod stream_tests;
+
+#[cfg(test)]
+mod race_tests;

@@ -30,7 +30,131 @@
 //!   IPC mappings are [`Error::Unsupported`]); opening a handle in the process that
 //!   exported it is `CUDA_ERROR_INVALID_CONTEXT`; opening one that is already mapped is
 //!   `CUDA_ERROR_ALREADY_MAPPED`.
-//! - Copies are synchronous; overlapping device-to-device copies behave like `memmove`.
+//! - The synchronous copies run on the legacy default stream and return when done;
+//!   overlapping device-to-device copies behave like `memmove`.
+//!
+//! # Streams and the race detector
+//! Streams run for real: each stream is an ordered queue of operations that a simulated
+//! device executes asynchronously, under a seeded scheduler, with CUDA's ordering:
+//!
+//! - operations of one stream run in issue order;
+//! - the **legacy default stream** ([`RawStream::LEGACY`]) of a context: an operation on
+//!   it runs after all earlier work of the context's blocking streams, and their later
+//!   work runs after it. The synchronous copies (`copy_host_to_device`, ...) are
+//!   legacy-stream operations that return when done, after the earlier work they are
+//!   ordered after; `synchronize` waits for every stream of the context;
+//! - **blocking** streams (the default of `stream_create`) synchronize with the legacy
+//!   stream as above; **non-blocking** ones only with their own operations and the events
+//!   they wait for; the **per-thread default stream** ([`RawStream::PER_THREAD`]) is a
+//!   blocking stream of its own for each host thread;
+//! - `stream_wait_event` orders later work of the stream after the event's most recent
+//!   record *at the time of the wait*; a never-recorded event is complete and no wait;
+//! - priorities are clamped to `(0, -5)` (as CUDA's `(least, greatest)`); the scheduler
+//!   picks among the streams whose next operation is ready with weight
+//!   `2^(0 - priority)`, so higher priorities are preferred, not exclusive;
+//! - asynchronous copies (`copy_host_to_device_on`, `copy_device_to_host_on`) need
+//!   pinned memory on the host side (pageable memory is [`Error::InvalidAddress`], as
+//!   CUDA cannot copy it asynchronously); everything is checked when the operation is
+//!   issued, and the bytes move when it runs: a program that reads too early sees stale
+//!   bytes. An allocation freed while operations on it are pending is never touched by
+//!   them: they do not run, and the next synchronization or query of their device
+//!   returns [`Error::InvalidAddress`] saying so (and the free itself is a race, below);
+//! - destroying a stream lets its work finish; dropping the instance discards work that
+//!   has not run (logged) and stops the worker, without waiting for anything.
+//!
+//! Two schedules ([`Schedule`], from [`SimConfig::schedule`] or `CUDABUF_SIM_SCHEDULE`):
+//!
+//! - **deterministic** (the default): operations run only when the host needs progress:
+//!   a synchronization (stream, event, context) or a synchronous copy runs ready
+//!   operations until what it waits for is done; a query (`stream_query`,
+//!   `event_query`, `event_elapsed_ms`) lets the device take 0, 1 or 2 steps, so a query
+//!   can say "not ready" and later "ready". Each step runs one ready operation chosen by
+//!   a generator seeded with [`SimConfig::seed`] (or `CUDABUF_SIM_SEED`, default 0): the
+//!   same seed and the same sequence of calls give the same schedule
+//!   ([`SimBackend::schedule_trace`] lists it), different seeds different interleavings.
+//!   Nothing runs behind the host's back, so reading a destination before synchronizing
+//!   reliably shows the stale bytes;
+//! - **threaded**: a worker thread (the device) runs ready operations as soon as they
+//!   are ready, each after a seeded random pause (none half the time, else 1 to 100 µs),
+//!   concurrently with the host: real concurrency, not reproducible.
+//!
+//! Event times are simulated ([`CostModel`]): a copy lasts `latency + bytes /
+//! bandwidth`, starting when what it is ordered after has ended, so `event_elapsed_ms`
+//! is plausible and the same under every schedule.
+//!
+//! **The race detector** checks every operation that touches memory when it is issued
+//! (an operation's ordering is fixed then, so every racy program is flagged whatever the
+//! schedule): device bytes and pinned host bytes (pinned memory reached through its host
+//! address or its device address is the same bytes). It keeps vector clocks per stream
+//! and per host thread, and per byte range the last writer and the readers since.
+//! Happens-before comes from stream order, event record and wait, the legacy stream's
+//! implicit synchronization, host synchronization (stream, event and context
+//! synchronize, a query that returns true, the completion of a synchronous copy) and
+//! issue (what the issuing host knew happens before what it issues). An access not
+//! ordered after a conflicting earlier one (write/write, write/read, read/write) is
+//! [`Error::DataRace`], naming both operations (what, which stream, which thread), the
+//! allocation (device, base, size) and the range. Freeing an allocation (`free`,
+//! `free_host`, `ipc_close`) is a write of all of it by the host, so freeing memory a
+//! stream may still use is a race. Modes ([`RaceMode`], from [`SimConfig::races`] or
+//! `CUDABUF_SIM_RACES`): `fail` (default: the racing call returns the error and issues
+//! nothing), `log` (`log::warn!`, and the operation proceeds), `off`; in `fail` and
+//! `log`, races are listed by [`SimBackend::race_report`].
+//!
+//! What it does not see:
+//! - host accesses to pinned memory through Rust references or raw pointers (reading a
+//!   `HostBuffer` before the copy that fills it is done): only operations of the
+//!   simulator are instrumented, and the synchronous copies' host side when it is
+//!   pinned memory;
+//! - the synchronization between host threads themselves (channels, mutexes, joins) is
+//!   invisible, so what one thread learns by synchronizing is taken as known to every
+//!   thread (no false alarm when a buffer is handed to another thread after a
+//!   synchronization); a race between threads that depends on one thread acting on
+//!   another's synchronization without waiting for it is flagged only if the
+//!   synchronization had not happened yet in that run;
+//! - other processes' accesses to memory shared through IPC.
+//!
+//! Events and streams must belong to the context they are used with (an event of
+//! another device's context is refused, although CUDA lets `cuStreamWaitEvent` wait on
+//! one); handles of other instances, destroyed handles and double destroys are
+//! [`Error::InvalidArgument`].
+//!
+//! A racy program, caught, and its synchronized twin:
+//!
+//! ```
+//! use cudabuf_core::backend::{Platform, StreamFlags};
+//! use cudabuf_core::ErrorKind;
+//! use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
+//!
+//! let sim = SimBackend::with_config(SimConfig {
+//!     schedule: Some(Schedule::Deterministic),
+//!     races: Some(RaceMode::Fail),
+//!     ..SimConfig::default()
+//! })?;
+//! let ctx = sim.device(0)?.primary_context()?;
+//! let dev = ctx.allocate(64)?;
+//! let host = ctx.alloc_host(64)?;
+//! let stream = ctx.stream_create(StreamFlags { non_blocking: true, priority: 0 })?;
+//! // SAFETY: pinned memory and a device allocation of this context, both alive (and the
+//! // host bytes untouched) until the stream is synchronized below.
+//! unsafe { ctx.copy_host_to_device_on(dev, host.host_ptr(), 64, stream)? };
+//! // A synchronous read runs on the legacy stream, which a non-blocking stream is not
+//! // ordered with: a race, whatever the schedule.
+//! let mut out = [0u8; 64];
+//! // SAFETY: a live 64-byte allocation of this context.
+//! let err = unsafe { ctx.copy_device_to_host(&mut out, dev) }.unwrap_err();
+//! assert_eq!(err.kind(), ErrorKind::DataRace);
+//! assert_eq!(sim.race_report().len(), 1);
+//! // SAFETY: as above; everything is freed once, after the last use.
+//! unsafe {
+//!     ctx.stream_synchronize(stream)?;
+//!     ctx.copy_device_to_host(&mut out, dev)?;
+//!     ctx.stream_destroy(stream)?;
+//!     ctx.free(dev)?;
+//!     ctx.free_host(host)?;
+//! }
+//! assert_eq!(out, [0; 64]);
+//! # Ok::<(), cudabuf_core::Error>(())
+//! ```
 //!
 //! # IPC across processes
 //! Allocations live in plain heap memory until their first export, when their bytes move
@@ -61,6 +185,8 @@
 //!   handle of an instance (backend, devices, contexts) drops while allocations are live,
 //!   the report is logged through the [`log`] crate at warn level (the simulator never
 //!   prints).
+//! - Streams: [`SimBackend::race_report`] (the races detected), [`SimBackend::schedule_trace`]
+//!   (the order operations ran in), [`SimBackend::seed`] (to reproduce a schedule).
 //!
 //! ```
 //! use cudabuf_core::backend::Platform;
@@ -89,6 +215,10 @@
 //! [`Error::OutOfMemory`]: cudabuf_core::Error::OutOfMemory
 //! [`Error::Unsupported`]: cudabuf_core::Error::Unsupported
 //! [`Error::InvalidIpcHandle`]: cudabuf_core::Error::InvalidIpcHandle
+//! [`Error::InvalidArgument`]: cudabuf_core::Error::InvalidArgument
+//! [`Error::DataRace`]: cudabuf_core::Error::DataRace
+//! [`RawStream::LEGACY`]: cudabuf_core::backend::RawStream::LEGACY
+//! [`RawStream::PER_THREAD`]: cudabuf_core::backend::RawStream::PER_THREAD
 
 mod address;
 mod backend;
@@ -98,7 +228,9 @@ mod device;
 mod faults;
 mod ipc;
 mod leak;
+mod race;
 mod region;
+mod streams;
 mod table;
 
 pub use address::MAX_DEVICES;
@@ -109,4 +241,8 @@ pub use device::SimDevice;
 pub use faults::FaultOp;
 pub use ipc::SimIpcHandle;
 pub use leak::{LeakEntry, LeakReport};
+pub use race::{RaceRecord, RaceReport};
 pub use region::RegionKind;
+pub use streams::{
+    CostModel, RaceMode, Schedule, ScheduleEntry, RACES_VAR, SCHEDULE_VAR, SEED_VAR,
+};

@@ -18,6 +18,10 @@ use crate::region::{
     HeapMemory, IpcMapping, PinnedMemory, Region, RegionKind, RegionStorage, SharedMemory,
 };
 
+mod lookup;
+
+pub(crate) use lookup::{Located, RegionInfo};
+
 /// How many freed allocations are remembered (for "freed" rather than "never allocated").
 const FREED_RECORDS: usize = 1 << 16;
 

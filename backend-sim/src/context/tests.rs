@@ -72,6 +72,7 @@ fn platform_devices_and_contexts() {
         devices: 3,
         capacity_per_device: 4096,
         name: "gpu".into(),
+        ..SimConfig::default()
     })
     .unwrap();
     assert_eq!(custom.num_devices().unwrap(), 3);

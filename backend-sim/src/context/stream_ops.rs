@@ -1,0 +1,395 @@
+//! The stream, event and asynchronous-copy methods of [`SimContext`]; and the
+//! synchronous copies, `synchronize` and the releases (`free`, `free_host`,
+//! `ipc_close`) as the engine sees them: legacy-stream operations and host writes,
+//! checked by the race detector.
+
+use std::sync::MutexGuard;
+
+use cudabuf_core::backend::{DevicePtr, RawEvent, RawStream, StreamFlags};
+use cudabuf_core::Result;
+
+use super::SimContext;
+use crate::backend::State;
+use crate::faults::FaultOp;
+use crate::race::Access;
+use crate::region::RegionKind;
+use crate::streams::engine::{Target, PRIORITY_RANGE};
+use crate::streams::label::OpWhat;
+use crate::streams::queue::Work;
+use crate::table::{Located, RegionInfo, Table};
+
+/// Whether a copy between `a` and `b` crosses the host link or goes between devices
+/// (for the cost model).
+fn crosses_link(a: &Located, b: &Located) -> bool {
+    a.region.kind == RegionKind::Pinned
+        || b.region.kind == RegionKind::Pinned
+        || a.region.device != b.region.device
+}
+
+impl SimContext {
+    pub(super) fn priority_range(&self) -> (i32, i32) {
+        PRIORITY_RANGE
+    }
+
+    pub(super) fn create_stream(&self, flags: StreamFlags) -> RawStream {
+        self.shared.lock().streams.create_stream(self.device, flags)
+    }
+
+    pub(super) fn destroy_stream(&self, stream: RawStream) -> Result<()> {
+        self.shared
+            .lock()
+            .streams
+            .destroy_stream(self.device, stream)
+    }
+
+    /// Waits until `target` is done, then learns it and reports what failed meanwhile.
+    fn wait_for(&self, guard: MutexGuard<'_, State>, target: Option<Target>) -> Result<()> {
+        let Some(target) = target else {
+            return Ok(());
+        };
+        let mut guard = self
+            .shared
+            .core
+            .progress_until(guard, |e| e.target_done(&target))?;
+        guard.streams.learn(&target);
+        guard.streams.take_deferred(self.device)
+    }
+
+    /// Lets the device progress as a query does, then says whether `target` is done
+    /// (and learns it if so).
+    fn poll(&self, state: &mut State, target: Option<Target>) -> Result<bool> {
+        let Some(target) = target else {
+            return Ok(true);
+        };
+        state.streams.advance(&state.table);
+        state.streams.take_deferred(self.device)?;
+        let done = state.streams.target_done(&target);
+        if done {
+            state.streams.learn(&target);
+        }
+        Ok(done)
+    }
+
+    pub(super) fn sync_context(&self) -> Result<()> {
+        let mut guard = self.shared.lock();
+        guard.faults.check(FaultOp::Synchronize)?;
+        let target = guard.streams.device_target(self.device);
+        self.wait_for(guard, Some(target))
+    }
+
+    pub(super) fn sync_stream(&self, stream: RawStream) -> Result<()> {
+        let mut guard = self.shared.lock();
+        let key = guard
+            .streams
+            .resolve_stream("stream_synchronize", self.device, stream)?;
+        let target = guard.streams.stream_target(key);
+        self.wait_for(guard, Some(target))
+    }
+
+    pub(super) fn query_stream(&self, stream: RawStream) -> Result<bool> {
+        let mut guard = self.shared.lock();
+        let key = guard
+            .streams
+            .resolve_stream("stream_query", self.device, stream)?;
+        let target = guard.streams.stream_target(key);
+        self.poll(&mut guard, Some(target))
+    }
+
+    pub(super) fn wait_event_on(&self, stream: RawStream, event: RawEvent) -> Result<()> {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let key = state
+            .streams
+            .resolve_stream("stream_wait_event", self.device, stream)?;
+        state.streams.wait_event(self.device, key, event)?;
+        self.shared.core.kick(state);
+        Ok(())
+    }
+
+    pub(super) fn create_event(&self, timing: bool) -> RawEvent {
+        self.shared.lock().streams.create_event(self.device, timing)
+    }
+
+    pub(super) fn destroy_event(&self, event: RawEvent) -> Result<()> {
+        self.shared.lock().streams.destroy_event(self.device, event)
+    }
+
+    pub(super) fn record_event(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let key = state
+            .streams
+            .resolve_stream("event_record", self.device, stream)?;
+        state.streams.record_event(self.device, event, key)?;
+        self.shared.core.kick(state);
+        Ok(())
+    }
+
+    pub(super) fn query_event(&self, event: RawEvent) -> Result<bool> {
+        let mut guard = self.shared.lock();
+        let target = guard
+            .streams
+            .event_target(self.device, event, "event_query")?;
+        self.poll(&mut guard, target)
+    }
+
+    pub(super) fn sync_event(&self, event: RawEvent) -> Result<()> {
+        let guard = self.shared.lock();
+        let target = guard
+            .streams
+            .event_target(self.device, event, "event_synchronize")?;
+        self.wait_for(guard, target)
+    }
+
+    pub(super) fn elapsed(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        let mut guard = self.shared.lock();
+        let State { table, streams, .. } = &mut *guard;
+        streams.elapsed_ms(table, self.device, start, end)
+    }
+
+    /// Issues a copy of `len` bytes from `src` to `dst` on `stream`.
+    fn issue_copy(
+        &self,
+        state: &mut State,
+        stream: RawStream,
+        what: OpWhat,
+        dst: Located,
+        src: Located,
+        len: usize,
+    ) -> Result<()> {
+        let cost = state
+            .streams
+            .settings()
+            .cost
+            .copy_ns(len, crosses_link(&dst, &src));
+        let work = Work::Copy {
+            dst: dst.into(),
+            src: src.into(),
+            len,
+        };
+        let accesses = [Access::read(src, len), Access::write(dst, len)];
+        let key = state
+            .streams
+            .resolve_stream(call_of(what), self.device, stream)?;
+        state
+            .streams
+            .issue(key, what, work, &accesses, cost, None)?;
+        self.shared.core.kick(state);
+        Ok(())
+    }
+
+    pub(super) fn h2d_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        const CALL: &str = "copy_host_to_device_on";
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        state.faults.check(FaultOp::Copy)?;
+        let to = state.table.locate(CALL, self.device, dst, len)?;
+        let from = state.table.locate_pinned_host(CALL, src as usize, len)?;
+        self.issue_copy(state, stream, OpWhat::H2dAsync, to, from, len)
+    }
+
+    pub(super) fn d2h_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        const CALL: &str = "copy_device_to_host_on";
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        state.faults.check(FaultOp::Copy)?;
+        let from = state.table.locate(CALL, self.device, src, len)?;
+        let to = state.table.locate_pinned_host(CALL, dst as usize, len)?;
+        self.issue_copy(state, stream, OpWhat::D2hAsync, to, from, len)
+    }
+
+    pub(super) fn d2d_on(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        const CALL: &str = "copy_device_to_device_on";
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        state.faults.check(FaultOp::Copy)?;
+        let to = state.table.locate(CALL, self.device, dst, len)?;
+        let from = state.table.locate(CALL, self.device, src, len)?;
+        self.issue_copy(state, stream, OpWhat::D2dAsync, to, from, len)
+    }
+
+    /// `src_device` is the device of the (checked) source context.
+    pub(super) fn peer_on(
+        &self,
+        dst: DevicePtr,
+        src_device: usize,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        const CALL: &str = "copy_peer_on";
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        state.faults.check(FaultOp::Copy)?;
+        let to = state.table.locate(CALL, self.device, dst, len)?;
+        let from = state.table.locate(CALL, src_device, src, len)?;
+        self.issue_copy(state, stream, OpWhat::PeerAsync, to, from, len)
+    }
+
+    /// A synchronous copy: issued to the legacy stream (after the race check), then run
+    /// by this thread, with `body`, once everything it is ordered after is done. The
+    /// caller has checked the ranges; `body` finds them again (another thread may have
+    /// freed them meanwhile).
+    fn run_synchronously(
+        &self,
+        mut guard: MutexGuard<'_, State>,
+        what: OpWhat,
+        accesses: &[Access],
+        crosses: bool,
+        body: impl FnOnce(&Table) -> Result<()>,
+    ) -> Result<()> {
+        let len = accesses.first().map_or(0, |a| a.len);
+        let cost = guard.streams.settings().cost.copy_ns(len, crosses);
+        let legacy = guard.streams.legacy(self.device);
+        let op = guard
+            .streams
+            .issue(legacy, what, Work::Host, accesses, cost, None)?
+            .op;
+        let mut guard = match self
+            .shared
+            .core
+            .progress_until(guard, |e| e.host_op_ready(op))
+        {
+            Ok(guard) => guard,
+            Err(e) => {
+                self.shared.lock().streams.abandon_host_op(op);
+                self.shared.core.notify();
+                return Err(e);
+            }
+        };
+        let result = body(&guard.table);
+        guard.streams.finish_host_op(op);
+        drop(guard);
+        self.shared.core.notify();
+        result
+    }
+
+    pub(super) fn sync_h2d(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        const CALL: &str = "copy_host_to_device";
+        let mut guard = self.shared.lock();
+        guard.faults.check(FaultOp::Copy)?;
+        let len = src.len();
+        let to = guard.table.locate(CALL, self.device, dst, len)?;
+        let mut accesses = vec![Access::write(to, len)];
+        accesses.extend(
+            guard
+                .table
+                .pinned_host(src.as_ptr() as usize, len)
+                .map(|from| Access::read(from, len)),
+        );
+        self.run_synchronously(guard, OpWhat::H2dSync, &accesses, true, |table| {
+            table.copy_to_device(self.device, dst, src)
+        })
+    }
+
+    pub(super) fn sync_d2h(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        const CALL: &str = "copy_device_to_host";
+        let mut guard = self.shared.lock();
+        guard.faults.check(FaultOp::Copy)?;
+        let len = dst.len();
+        let from = guard.table.locate(CALL, self.device, src, len)?;
+        let mut accesses = vec![Access::read(from, len)];
+        accesses.extend(
+            guard
+                .table
+                .pinned_host(dst.as_ptr() as usize, len)
+                .map(|to| Access::write(to, len)),
+        );
+        self.run_synchronously(guard, OpWhat::D2hSync, &accesses, true, |table| {
+            table.copy_to_host(self.device, dst, src)
+        })
+    }
+
+    /// A synchronous copy between device ranges: `copy_device_to_device`
+    /// (`src_device == self.device`) or `copy_peer`.
+    pub(super) fn sync_between(
+        &self,
+        what: OpWhat,
+        dst: DevicePtr,
+        src_device: usize,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<()> {
+        let call = call_of(what);
+        let mut guard = self.shared.lock();
+        guard.faults.check(FaultOp::Copy)?;
+        let to = guard.table.locate(call, self.device, dst, len)?;
+        let from = guard.table.locate(call, src_device, src, len)?;
+        let accesses = [Access::read(from, len), Access::write(to, len)];
+        let crosses = crosses_link(&to, &from);
+        self.run_synchronously(guard, what, &accesses, crosses, |table| {
+            table.copy_between(call, self.device, dst, src_device, src, len)
+        })
+    }
+
+    /// Releases an allocation (`release` does it, with its own checks): a write of all
+    /// of `region` (found by the caller, `None` when `release` will refuse anyway), which
+    /// must not race with earlier accesses.
+    pub(super) fn release(
+        &self,
+        what: OpWhat,
+        find: impl FnOnce(&Table) -> Option<RegionInfo>,
+        release: impl FnOnce(&mut Table) -> Result<()>,
+    ) -> Result<()> {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let region = find(&state.table);
+        if let Some(r) = region {
+            state.streams.check_release(r, what)?;
+        }
+        release(&mut state.table)?;
+        if let Some(r) = region {
+            state.streams.released(r, what);
+        }
+        Ok(())
+    }
+
+    /// The device allocation whose base is `ptr`, of this context's device, of `kind`.
+    pub(super) fn own_base(
+        table: &Table,
+        ptr: DevicePtr,
+        kind: RegionKind,
+        device: usize,
+    ) -> Option<RegionInfo> {
+        table
+            .region_info(ptr)
+            .filter(|r| r.base == ptr && r.kind == kind && r.device == device)
+    }
+}
+
+/// The trait method an operation comes from (for errors).
+fn call_of(what: OpWhat) -> &'static str {
+    match what {
+        OpWhat::H2dAsync => "copy_host_to_device_on",
+        OpWhat::D2hAsync => "copy_device_to_host_on",
+        OpWhat::D2dAsync => "copy_device_to_device_on",
+        OpWhat::PeerAsync => "copy_peer_on",
+        OpWhat::H2dSync => "copy_host_to_device",
+        OpWhat::D2hSync => "copy_device_to_host",
+        OpWhat::D2dSync => "copy_device_to_device",
+        OpWhat::PeerSync => "copy_peer",
+        OpWhat::EventRecord => "event_record",
+        OpWhat::WaitEvent => "stream_wait_event",
+        OpWhat::Free => "free",
+        OpWhat::FreeHost => "free_host",
+        OpWhat::IpcClose => "ipc_close",
+    }
+}

@@ -1,0 +1,210 @@
+//! The race detector: happens-before over device bytes and pinned host bytes.
+//!
+//! Every operation that touches memory (copies on streams, the synchronous copies, and
+//! frees, which count as writes of the whole allocation) is checked when it is issued,
+//! with the vector clock it is issued with (see [`crate::streams`]): for each byte range
+//! it touches, the shadow memory of the allocation holds the last writer and the
+//! readers since; an access that does not know (in happens-before) a conflicting earlier
+//! access (write/write, write/read, read/write) is a race. Because an operation's
+//! ordering is fixed when it is issued, the verdict does not depend on the schedule:
+//! a racy program is flagged under every seed, in every mode.
+//!
+//! Pinned memory is tracked by its device address, whichever address (host or device)
+//! the operation used, so both reach the same shadow bytes.
+
+mod report;
+mod shadow;
+
+use std::collections::HashMap;
+
+use cudabuf_core::Result;
+
+pub use report::{RaceRecord, RaceReport};
+pub(crate) use shadow::Accessor;
+
+use crate::region::RegionKind;
+use crate::streams::clock::VectorClock;
+use crate::streams::label::OpLabel;
+use crate::streams::settings::RaceMode;
+use crate::table::{Located, RegionInfo};
+use shadow::{Conflict, Shadow};
+
+/// One range an operation reads or writes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Access {
+    pub(crate) at: Located,
+    pub(crate) len: usize,
+    pub(crate) write: bool,
+}
+
+impl Access {
+    pub(crate) fn read(at: Located, len: usize) -> Self {
+        Access {
+            at,
+            len,
+            write: false,
+        }
+    }
+
+    pub(crate) fn write(at: Located, len: usize) -> Self {
+        Access {
+            at,
+            len,
+            write: true,
+        }
+    }
+
+    /// The whole of an allocation, written (what a free does).
+    pub(crate) fn whole(region: RegionInfo) -> Self {
+        Access {
+            at: Located { region, offset: 0 },
+            len: region.size,
+            write: true,
+        }
+    }
+
+    fn end(&self) -> usize {
+        self.at.offset + self.len
+    }
+}
+
+/// The race detector of one simulator instance.
+#[derive(Debug)]
+pub(crate) struct RaceDetector {
+    mode: RaceMode,
+    /// Shadow memory by allocation id.
+    shadows: HashMap<u64, Shadow>,
+    report: RaceReport,
+}
+
+/// Words for `start..end` of `region`.
+fn describe_range(region: &RegionInfo, start: usize, end: usize) -> String {
+    let bytes = format!(
+        "bytes {start}..{end} (device addresses {:#x}..{:#x})",
+        region.base + start as u64,
+        region.base + end as u64
+    );
+    match region.kind {
+        RegionKind::Pinned => format!(
+            "{bytes} of the {}-byte pinned host allocation at device address {:#x} \
+             (host address {:#x})",
+            region.size, region.base, region.host
+        ),
+        RegionKind::Device => format!(
+            "{bytes} of the {}-byte device allocation at {:#x} on device {}",
+            region.size, region.base, region.device
+        ),
+        RegionKind::IpcMapping => format!(
+            "{bytes} of the {}-byte IPC mapping at {:#x} on device {}",
+            region.size, region.base, region.device
+        ),
+    }
+}
+
+fn verb(write: bool) -> &'static str {
+    if write {
+        "write"
+    } else {
+        "read"
+    }
+}
+
+impl RaceDetector {
+    pub(crate) fn new(mode: RaceMode) -> Self {
+        RaceDetector {
+            mode,
+            shadows: HashMap::new(),
+            report: RaceReport::default(),
+        }
+    }
+
+    pub(crate) fn mode(&self) -> RaceMode {
+        self.mode
+    }
+
+    /// The first race of an operation (`label`) making `accesses` with clock `vc`.
+    pub(crate) fn check(
+        &self,
+        accesses: &[Access],
+        vc: &VectorClock,
+        label: &OpLabel,
+    ) -> Option<RaceRecord> {
+        if self.mode == RaceMode::Off {
+            return None;
+        }
+        accesses.iter().find_map(|a| {
+            let shadow = self.shadows.get(&a.at.region.id)?;
+            let Conflict {
+                earlier,
+                earlier_wrote,
+                start,
+                end,
+            } = shadow.conflict(a.at.offset, a.end(), a.write, vc)?;
+            Some(RaceRecord {
+                operation: format!("{} by {label}", verb(a.write)),
+                conflicting: format!("{} by {}", verb(earlier_wrote), earlier.label),
+                range: describe_range(&a.at.region, start, end),
+            })
+        })
+    }
+
+    /// Records a detected race, and says whether the operation may go ahead: the
+    /// error in [`RaceMode::Fail`], `Ok` (after a warning) in [`RaceMode::Log`].
+    pub(crate) fn judge(&mut self, record: RaceRecord) -> Result<()> {
+        self.report.push(record.clone());
+        match self.mode {
+            RaceMode::Fail => Err(record.to_error()),
+            RaceMode::Log | RaceMode::Off => {
+                log::warn!("cudabuf-sim: {record} (race mode log: the operation proceeds)");
+                Ok(())
+            }
+        }
+    }
+
+    /// Remembers the accesses of an issued operation (with clock `vc`), and forgets
+    /// the accesses to the same bytes that the host knows about (`known`): every later
+    /// operation knows them, so they cannot conflict again.
+    pub(crate) fn record(
+        &mut self,
+        accesses: &[Access],
+        who: &Accessor,
+        vc: &VectorClock,
+        known: &VectorClock,
+    ) {
+        if self.mode == RaceMode::Off {
+            return;
+        }
+        for a in accesses {
+            let shadow = self.shadows.entry(a.at.region.id).or_default();
+            shadow.record(a.at.offset, a.end(), a.write, who, vc);
+            shadow.prune(a.at.offset, a.end(), known);
+        }
+    }
+
+    /// Forgets the accesses to these bytes that the host knows about (after it learned
+    /// that an operation making `accesses` is done: a synchronous copy's own accesses
+    /// go at once, so programs without streams keep no shadow memory).
+    pub(crate) fn settle(&mut self, accesses: &[Access], known: &VectorClock) {
+        for a in accesses {
+            if let Some(shadow) = self.shadows.get_mut(&a.at.region.id) {
+                shadow.prune(a.at.offset, a.end(), known);
+                if shadow.is_empty() {
+                    self.shadows.remove(&a.at.region.id);
+                }
+            }
+        }
+    }
+
+    /// Forgets a freed allocation.
+    pub(crate) fn forget(&mut self, region_id: u64) {
+        self.shadows.remove(&region_id);
+    }
+
+    pub(crate) fn report(&self) -> RaceReport {
+        self.report.clone()
+    }
+
+    pub(crate) fn clear_report(&mut self) {
+        self.report = RaceReport::default();
+    }
+}

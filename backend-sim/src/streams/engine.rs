@@ -1,0 +1,895 @@
+//! The engine: the streams, events and clocks of one simulator instance, what each
+//! operation is ordered after, and running operations.
+//!
+//! Everything here runs under the instance's lock; running an operation copies its
+//! bytes through the table (raw pointers into live regions, as the synchronous copies
+//! always have).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::ptr;
+use std::sync::Arc;
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Duration;
+
+use cudabuf_core::backend::{RawEvent, RawStream, StreamFlags};
+use cudabuf_core::{Error, Result};
+
+use super::clock::{Actor, Epoch, VectorClock};
+use super::handles::{self, Decoded, HandleKind};
+use super::label::{OpLabel, OpWhat, StreamDesc, StreamKind, ThreadDesc};
+use super::queue::{Op, OpRef, StreamKey, StreamState, Work};
+use super::rng::Rng;
+use super::settings::{RaceMode, Schedule, StreamSettings};
+use super::trace::{ScheduleEntry, Trace};
+use crate::race::{Access, Accessor, RaceDetector, RaceReport};
+use crate::table::{RegionInfo, Table};
+
+/// The priority range, as `cuCtxGetStreamPriorityRange` on recent GPUs:
+/// `(least, greatest)`.
+pub(crate) const PRIORITY_RANGE: (i32, i32) = (0, -5);
+
+/// How many destroyed handles are remembered (for "destroyed" rather than "unknown").
+const TOMBSTONES: usize = 1 << 16;
+
+/// Recently destroyed handles.
+#[derive(Debug, Default)]
+struct Tombstones {
+    set: HashSet<u64>,
+    order: VecDeque<u64>,
+}
+
+impl Tombstones {
+    fn insert(&mut self, raw: u64) {
+        if self.order.len() == TOMBSTONES {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        if self.set.insert(raw) {
+            self.order.push_back(raw);
+        }
+    }
+
+    fn contains(&self, raw: u64) -> bool {
+        self.set.contains(&raw)
+    }
+}
+
+/// An event's most recent record.
+#[derive(Debug, Clone)]
+pub(crate) struct Recorded {
+    /// The record operation (done when everything before it on its stream is).
+    op: OpRef,
+    vc: VectorClock,
+    end_ns: u64,
+}
+
+#[derive(Debug)]
+struct EventState {
+    device: usize,
+    timing: bool,
+    recorded: Option<Recorded>,
+}
+
+/// A host thread that touched the instance.
+#[derive(Debug)]
+struct HostThread {
+    actor: Actor,
+    /// Its own events so far.
+    tick: u64,
+    desc: Arc<ThreadDesc>,
+}
+
+/// What blocking streams that are gone (destroyed and drained) leave behind: the legacy
+/// stream stays ordered after their work.
+#[derive(Debug, Default)]
+struct Retired {
+    vc: VectorClock,
+    end_ns: u64,
+}
+
+/// What the host waits for in a synchronization, snapshotted when it starts (work
+/// issued later by other threads is not waited for, and not learned).
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    ops: Vec<OpRef>,
+    vc: VectorClock,
+    end_ns: u64,
+}
+
+/// An operation just issued.
+#[derive(Debug, Clone)]
+pub(crate) struct Issued {
+    pub(crate) op: OpRef,
+    vc: VectorClock,
+    end_ns: u64,
+}
+
+/// The threaded schedule's worker.
+#[derive(Debug, Default)]
+pub(crate) enum Worker {
+    /// Not started (nothing has needed it yet).
+    #[default]
+    Idle,
+    Running(JoinHandle<()>),
+    /// It could not be started, or stopped: host threads run operations themselves.
+    Unavailable,
+}
+
+/// The streams, events and clocks of one simulator instance.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    settings: StreamSettings,
+    instance: u16,
+    rng: Rng,
+    next_actor: Actor,
+    /// Ordered by key (creation order), so that the scheduler's choices depend only on
+    /// the seed and the program.
+    streams: BTreeMap<StreamKey, StreamState>,
+    legacy: Vec<StreamKey>,
+    per_thread: HashMap<(usize, ThreadId), StreamKey>,
+    retired: Vec<Retired>,
+    events: HashMap<u64, EventState>,
+    gone_streams: Tombstones,
+    gone_events: Tombstones,
+    threads: HashMap<ThreadId, HostThread>,
+    /// What the host knows to be done: everything it has synchronized with, in any
+    /// thread (Rust's own synchronization between threads is invisible here, so what
+    /// one thread has learned is taken as known to all; see the crate documentation).
+    knowledge: VectorClock,
+    /// The host's simulated clock: the latest end it has synchronized with.
+    host_time_ns: u64,
+    next_seq: u64,
+    /// Per device: the first failure of an operation that could not run, reported by
+    /// the next synchronization or query.
+    deferred: Vec<Option<Error>>,
+    trace: Trace,
+    pub(crate) race: RaceDetector,
+    pub(crate) worker: Worker,
+    pub(crate) shutdown: bool,
+}
+
+fn bad_handle(call: &'static str, reason: String) -> Error {
+    Error::invalid_argument(call, reason)
+}
+
+impl Engine {
+    pub(crate) fn new(settings: StreamSettings, devices: usize) -> Self {
+        let mut engine = Engine {
+            settings,
+            instance: handles::new_instance(),
+            rng: Rng::new(settings.seed),
+            next_actor: 0,
+            streams: BTreeMap::new(),
+            legacy: Vec::with_capacity(devices),
+            per_thread: HashMap::new(),
+            retired: (0..devices).map(|_| Retired::default()).collect(),
+            events: HashMap::new(),
+            gone_streams: Tombstones::default(),
+            gone_events: Tombstones::default(),
+            threads: HashMap::new(),
+            knowledge: VectorClock::default(),
+            host_time_ns: 0,
+            next_seq: 0,
+            deferred: vec![None; devices],
+            trace: Trace::default(),
+            race: RaceDetector::new(settings.races),
+            worker: Worker::Idle,
+            shutdown: false,
+        };
+        for device in 0..devices {
+            let key = engine.add_stream(device, StreamKind::Legacy, Some(RawStream::LEGACY));
+            engine.legacy.push(key);
+        }
+        engine
+    }
+
+    pub(crate) fn settings(&self) -> &StreamSettings {
+        &self.settings
+    }
+
+    pub(crate) fn threaded(&self) -> bool {
+        self.settings.schedule == Schedule::Threaded
+    }
+
+    fn new_actor(&mut self) -> Actor {
+        self.next_actor += 1;
+        self.next_actor - 1
+    }
+
+    /// Adds a stream; `special` is the handle users name it by, if not its key.
+    fn add_stream(
+        &mut self,
+        device: usize,
+        kind: StreamKind,
+        special: Option<RawStream>,
+    ) -> StreamKey {
+        let key = handles::new_handle(HandleKind::Stream, self.instance);
+        let raw = special.map_or(key, RawStream::as_raw);
+        let actor = self.new_actor();
+        let desc = Arc::new(StreamDesc { raw, kind, device });
+        self.streams.insert(key, StreamState::new(desc, actor));
+        key
+    }
+
+    /// The calling host thread: its actor, its own events so far, and its words.
+    fn host_thread(&mut self) -> (ThreadId, Actor, u64, Arc<ThreadDesc>) {
+        let id = std::thread::current().id();
+        if !self.threads.contains_key(&id) {
+            let actor = self.new_actor();
+            let desc = Arc::new(ThreadDesc::current());
+            self.threads.insert(
+                id,
+                HostThread {
+                    actor,
+                    tick: 0,
+                    desc,
+                },
+            );
+        }
+        let t = &self.threads[&id];
+        (id, t.actor, t.tick, t.desc.clone())
+    }
+
+    // ---- Handles -------------------------------------------------------------------
+
+    /// The stream `raw` names for a context of `device`.
+    pub(crate) fn resolve_stream(
+        &mut self,
+        call: &'static str,
+        device: usize,
+        raw: RawStream,
+    ) -> Result<StreamKey> {
+        if raw == RawStream::LEGACY {
+            return Ok(self.legacy[device]);
+        }
+        if raw == RawStream::PER_THREAD {
+            let thread = std::thread::current().id();
+            if let Some(&key) = self.per_thread.get(&(device, thread)) {
+                return Ok(key);
+            }
+            let (_, _, _, desc) = self.host_thread();
+            let key = self.add_stream(
+                device,
+                StreamKind::PerThread(desc),
+                Some(RawStream::PER_THREAD),
+            );
+            self.per_thread.insert((device, thread), key);
+            return Ok(key);
+        }
+        let v = raw.as_raw();
+        match handles::decode(HandleKind::Stream, v, self.instance) {
+            Decoded::Foreign => {
+                return Err(bad_handle(
+                    call,
+                    format!(
+                        "{v:#x} is not a stream of the simulator (a handle of another \
+                         backend, an event, or garbage)"
+                    ),
+                ))
+            }
+            Decoded::OtherInstance => {
+                return Err(bad_handle(
+                    call,
+                    format!("stream {v:#x} belongs to another simulator instance"),
+                ))
+            }
+            Decoded::Ours => {}
+        }
+        match self.streams.get(&v) {
+            Some(s) if s.desc.raw != v => Err(bad_handle(
+                call,
+                format!("{v:#x} is not a stream handle this simulator returned"),
+            )),
+            Some(s) if s.destroyed => Err(bad_handle(call, format!("stream {v:#x} was destroyed"))),
+            Some(s) if s.desc.device != device => Err(bad_handle(
+                call,
+                format!(
+                    "stream {v:#x} is a stream of device {}'s context, not of this context \
+                     (device {device})",
+                    s.desc.device
+                ),
+            )),
+            Some(_) => Ok(v),
+            None if self.gone_streams.contains(v) => {
+                Err(bad_handle(call, format!("stream {v:#x} was destroyed")))
+            }
+            None => Err(bad_handle(
+                call,
+                format!("stream {v:#x} is not a live stream of this simulator instance"),
+            )),
+        }
+    }
+
+    /// The event `raw` names for a context of `device`.
+    fn event(&self, call: &'static str, device: usize, raw: RawEvent) -> Result<&EventState> {
+        let v = raw.as_raw();
+        match handles::decode(HandleKind::Event, v, self.instance) {
+            Decoded::Foreign => {
+                return Err(bad_handle(
+                    call,
+                    format!(
+                        "{v:#x} is not an event of the simulator (a handle of another \
+                         backend, a stream, or garbage)"
+                    ),
+                ))
+            }
+            Decoded::OtherInstance => {
+                return Err(bad_handle(
+                    call,
+                    format!("event {v:#x} belongs to another simulator instance"),
+                ))
+            }
+            Decoded::Ours => {}
+        }
+        match self.events.get(&v) {
+            Some(e) if e.device != device => Err(bad_handle(
+                call,
+                format!(
+                    "event {v:#x} is an event of device {}'s context, not of this context \
+                     (device {device})",
+                    e.device
+                ),
+            )),
+            Some(e) => Ok(e),
+            None if self.gone_events.contains(v) => {
+                Err(bad_handle(call, format!("event {v:#x} was destroyed")))
+            }
+            None => Err(bad_handle(
+                call,
+                format!("event {v:#x} is not a live event of this simulator instance"),
+            )),
+        }
+    }
+
+    // ---- Streams and events --------------------------------------------------------
+
+    pub(crate) fn create_stream(&mut self, device: usize, flags: StreamFlags) -> RawStream {
+        let (least, greatest) = PRIORITY_RANGE;
+        let kind = StreamKind::Created {
+            non_blocking: flags.non_blocking,
+            priority: flags.priority.clamp(greatest, least),
+        };
+        let key = self.add_stream(device, kind, None);
+        // SAFETY: `key` is a live stream of this instance, made for a context of
+        // `device`; the simulator checks every handle it is given anyway.
+        unsafe { RawStream::from_raw(key) }
+    }
+
+    pub(crate) fn destroy_stream(&mut self, device: usize, raw: RawStream) -> Result<()> {
+        const CALL: &str = "stream_destroy";
+        if raw.is_default() {
+            return Err(bad_handle(
+                CALL,
+                format!(
+                    "{:#x} is a default stream (legacy or per-thread), which cannot be \
+                     destroyed",
+                    raw.as_raw()
+                ),
+            ));
+        }
+        let key = self.resolve_stream(CALL, device, raw)?;
+        let s = self.streams.get_mut(&key).expect("resolved");
+        s.destroyed = true;
+        self.gone_streams.insert(key);
+        if s.queue.is_empty() {
+            self.retire(key);
+        }
+        Ok(())
+    }
+
+    /// Removes a destroyed, drained stream (its operations are all done).
+    fn retire(&mut self, key: StreamKey) {
+        if let Some(s) = self.streams.remove(&key) {
+            if s.desc.blocking() {
+                let r = &mut self.retired[s.desc.device];
+                r.vc.join(&s.vc);
+                r.end_ns = r.end_ns.max(s.last_end_ns);
+            }
+        }
+    }
+
+    pub(crate) fn create_event(&mut self, device: usize, timing: bool) -> RawEvent {
+        let v = handles::new_handle(HandleKind::Event, self.instance);
+        self.events.insert(
+            v,
+            EventState {
+                device,
+                timing,
+                recorded: None,
+            },
+        );
+        // SAFETY: `v` is a live event of this instance, made for a context of `device`;
+        // the simulator checks every handle it is given anyway.
+        unsafe { RawEvent::from_raw(v) }
+    }
+
+    pub(crate) fn destroy_event(&mut self, device: usize, raw: RawEvent) -> Result<()> {
+        self.event("event_destroy", device, raw)?;
+        self.events.remove(&raw.as_raw());
+        self.gone_events.insert(raw.as_raw());
+        Ok(())
+    }
+
+    /// `cuEventRecord`: a marker on `stream`; the event now stands for it.
+    pub(crate) fn record_event(
+        &mut self,
+        device: usize,
+        event: RawEvent,
+        stream: StreamKey,
+    ) -> Result<()> {
+        self.event("event_record", device, event)?;
+        let issued = self.issue(stream, OpWhat::EventRecord, Work::Marker, &[], 0, None)?;
+        let e = self.events.get_mut(&event.as_raw()).expect("checked above");
+        e.recorded = Some(Recorded {
+            op: issued.op,
+            vc: issued.vc,
+            end_ns: issued.end_ns,
+        });
+        Ok(())
+    }
+
+    /// `cuStreamWaitEvent`: later work of `stream` waits for the event's most recent
+    /// record as of now; a never-recorded event is no wait.
+    pub(crate) fn wait_event(
+        &mut self,
+        device: usize,
+        stream: StreamKey,
+        event: RawEvent,
+    ) -> Result<()> {
+        let recorded = self
+            .event("stream_wait_event", device, event)?
+            .recorded
+            .clone();
+        match recorded {
+            Some(r) => self
+                .issue(stream, OpWhat::WaitEvent, Work::Marker, &[], 0, Some(&r))
+                .map(drop),
+            None => Ok(()),
+        }
+    }
+
+    // ---- Issuing -------------------------------------------------------------------
+
+    /// Issues an operation to `stream` from the calling thread, after checking it for
+    /// races (in [`RaceMode::Fail`], a race issues nothing).
+    ///
+    /// Its clock: the stream's (stream order), joined with what the host knows and the
+    /// issuing thread's event (issue), with the blocking streams' (an operation of the
+    /// legacy stream) or the legacy stream's (an operation of a blocking stream), and
+    /// with `wait`'s (an event wait). It runs once those operations are done.
+    pub(crate) fn issue(
+        &mut self,
+        stream: StreamKey,
+        what: OpWhat,
+        work: Work,
+        accesses: &[Access],
+        cost_ns: u64,
+        wait: Option<&Recorded>,
+    ) -> Result<Issued> {
+        let (thread, thread_actor, thread_tick, thread_desc) = self.host_thread();
+        let s = &self.streams[&stream];
+        let device = s.desc.device;
+        let mut vc = s.vc.clone();
+        vc.join(&self.knowledge);
+        vc.learn(Epoch {
+            actor: thread_actor,
+            tick: thread_tick + 1,
+        });
+        let mut deps = Vec::new();
+        let mut start = self.host_time_ns.max(s.last_end_ns);
+        let mut absorb = |key: StreamKey, other: &StreamState| {
+            vc.join(&other.vc);
+            deps.extend(other.pending_last(key));
+            start = start.max(other.last_end_ns);
+        };
+        if s.desc.is_legacy() {
+            for (&key, other) in &self.streams {
+                if key != stream && other.desc.device == device && other.desc.blocking() {
+                    absorb(key, other);
+                }
+            }
+            let r = &self.retired[device];
+            vc.join(&r.vc);
+            start = start.max(r.end_ns);
+        } else if s.desc.blocking() {
+            let key = self.legacy[device];
+            absorb(key, &self.streams[&key]);
+        }
+        if let Some(r) = wait {
+            vc.join(&r.vc);
+            if !self.is_done(r.op) {
+                deps.push(r.op);
+            }
+            start = start.max(r.end_ns);
+        }
+        let epoch = vc.tick(s.actor);
+        let label = Arc::new(OpLabel {
+            seq: self.next_seq + 1,
+            what,
+            stream: Some(s.desc.clone()),
+            thread: thread_desc,
+        });
+        if let Some(race) = self.race.check(accesses, &vc, &label) {
+            self.race.judge(race)?;
+        }
+        // Committed from here on.
+        self.next_seq += 1;
+        self.threads.get_mut(&thread).expect("registered").tick += 1;
+        self.race.record(
+            accesses,
+            &Accessor {
+                epoch,
+                label: label.clone(),
+            },
+            &vc,
+            &self.knowledge,
+        );
+        let end_ns = start.saturating_add(cost_ns);
+        let s = self.streams.get_mut(&stream).expect("looked up above");
+        let op = OpRef {
+            stream,
+            index: s.issued,
+        };
+        let host = matches!(work, Work::Host).then(|| (vc.clone(), accesses.to_vec()));
+        s.queue.push_back(Op {
+            index: op.index,
+            label,
+            deps,
+            work,
+            end_ns,
+            host,
+        });
+        s.issued += 1;
+        s.vc = vc.clone();
+        s.last_end_ns = end_ns;
+        Ok(Issued { op, vc, end_ns })
+    }
+
+    /// The legacy default stream of `device`.
+    pub(crate) fn legacy(&self, device: usize) -> StreamKey {
+        self.legacy[device]
+    }
+
+    /// Checks the release of an allocation (`free`, `free_host`, `ipc_close`) by the
+    /// calling thread: a write of all of it, which every earlier access must happen
+    /// before.
+    pub(crate) fn check_release(&mut self, region: RegionInfo, what: OpWhat) -> Result<()> {
+        if self.race.mode() == RaceMode::Off {
+            return Ok(());
+        }
+        let (thread, actor, tick, desc) = self.host_thread();
+        let mut vc = self.knowledge.clone();
+        vc.learn(Epoch {
+            actor,
+            tick: tick + 1,
+        });
+        let label = OpLabel {
+            seq: self.next_seq + 1,
+            what,
+            stream: None,
+            thread: desc,
+        };
+        if let Some(race) = self.race.check(&[Access::whole(region)], &vc, &label) {
+            self.race.judge(race)?;
+        }
+        self.next_seq += 1;
+        self.threads.get_mut(&thread).expect("registered").tick += 1;
+        Ok(())
+    }
+
+    /// After an allocation is released: forget its shadow memory, and warn about
+    /// operations still pending on it (they will not touch it; the next synchronization
+    /// of their device reports it).
+    pub(crate) fn released(&mut self, region: RegionInfo, what: OpWhat) {
+        self.race.forget(region.id);
+        let pending = self
+            .streams
+            .values()
+            .flat_map(|s| s.queue.iter())
+            .filter(|op| match op.work {
+                Work::Copy { dst, src, .. } => dst.id == region.id || src.id == region.id,
+                _ => false,
+            })
+            .count();
+        if pending > 0 {
+            log::warn!(
+                "cudabuf-sim: {} of the {}-byte allocation at {:#x} with {pending} operation(s) \
+                 still pending on it: they will not run, and the next synchronization of \
+                 their device reports it",
+                what.words(),
+                region.size,
+                region.base
+            );
+        }
+    }
+
+    // ---- Progress ------------------------------------------------------------------
+
+    /// Whether an operation is done (a stream that is gone has done everything).
+    pub(crate) fn is_done(&self, op: OpRef) -> bool {
+        self.streams
+            .get(&op.stream)
+            .is_none_or(|s| s.completed > op.index)
+    }
+
+    /// The streams whose next operation can run now, with the scheduler's weight
+    /// (higher priorities weigh more: 2^(least - priority)).
+    fn ready(&self) -> Vec<(StreamKey, u64)> {
+        self.streams
+            .iter()
+            .filter_map(|(&key, s)| {
+                let head = s.queue.front()?;
+                let runnable =
+                    !matches!(head.work, Work::Host) && head.deps.iter().all(|&d| self.is_done(d));
+                let boost = (PRIORITY_RANGE.0 - s.desc.priority()).clamp(0, 16) as u32;
+                runnable.then_some((key, 1u64 << boost))
+            })
+            .collect()
+    }
+
+    pub(crate) fn has_ready(&self) -> bool {
+        !self.ready().is_empty()
+    }
+
+    /// Runs one ready operation, chosen by the seeded scheduler; `false` if none is
+    /// ready.
+    pub(crate) fn step(&mut self, table: &Table) -> bool {
+        let ready = self.ready();
+        let total: u64 = ready.iter().map(|&(_, w)| w).sum();
+        if total == 0 {
+            return false;
+        }
+        let mut x = self.rng.below(total);
+        let key = ready
+            .iter()
+            .find(|&&(_, w)| {
+                if x < w {
+                    true
+                } else {
+                    x -= w;
+                    false
+                }
+            })
+            .map_or(ready[0].0, |&(k, _)| k);
+        self.run_head(table, key);
+        true
+    }
+
+    /// In the deterministic schedule, a query lets the device make a seeded number of
+    /// steps (0, 1 or 2), so that a query can say "not ready" and later "ready",
+    /// reproducibly. The threaded schedule's device runs by itself.
+    pub(crate) fn advance(&mut self, table: &Table) {
+        if self.settings.schedule == Schedule::Deterministic {
+            for _ in 0..self.rng.below(3) {
+                if !self.step(table) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Runs the first operation of `stream` (ready, not a host operation).
+    fn run_head(&mut self, table: &Table, stream: StreamKey) {
+        let s = self.streams.get_mut(&stream).expect("ready");
+        let device = s.desc.device;
+        let op = s.queue.pop_front().expect("ready");
+        if let Work::Copy { dst, src, len } = op.work {
+            let d = table.resolve(dst.base, dst.id, dst.offset, len);
+            let from = table.resolve(src.base, src.id, src.offset, len);
+            match (d, from) {
+                (Some(d), Some(from)) => {
+                    // SAFETY: both ranges lie inside live regions of the table (resolved
+                    // by allocation id just now, under the instance's lock, which keeps
+                    // them alive); they may overlap (memmove), which `ptr::copy` allows.
+                    unsafe { ptr::copy(from, d, len) }
+                }
+                _ => {
+                    let freed = if d.is_none() { dst } else { src };
+                    let e = Error::invalid_address(
+                        freed.address(),
+                        format!(
+                            "the allocation was freed before {} ran, so it did not run (an \
+                             allocation must outlive the operations issued on it)",
+                            op.label
+                        ),
+                    );
+                    log::warn!("cudabuf-sim: {e}");
+                    self.deferred[device].get_or_insert(e);
+                }
+            }
+        }
+        self.complete_head(stream, &op);
+    }
+
+    fn complete_head(&mut self, stream: StreamKey, op: &Op) {
+        let s = self.streams.get_mut(&stream).expect("live");
+        s.completed += 1;
+        self.trace.push(op.label.seq, op.label.what, s.desc.clone());
+        if s.destroyed && s.queue.is_empty() {
+            self.retire(stream);
+        }
+    }
+
+    /// Whether the host operation `op` can run now (first of its stream, and what it is
+    /// ordered after is done).
+    pub(crate) fn host_op_ready(&self, op: OpRef) -> bool {
+        self.streams
+            .get(&op.stream)
+            .and_then(|s| s.queue.front())
+            .is_some_and(|head| {
+                head.index == op.index && head.deps.iter().all(|&d| self.is_done(d))
+            })
+    }
+
+    /// Marks the host operation `op` (first of its stream) done; the host learns it.
+    pub(crate) fn finish_host_op(&mut self, op: OpRef) {
+        let Some(s) = self.streams.get_mut(&op.stream) else {
+            return;
+        };
+        if s.queue.front().is_none_or(|h| h.index != op.index) {
+            return;
+        }
+        let head = s.queue.pop_front().expect("checked above");
+        if let Some((vc, accesses)) = &head.host {
+            self.knowledge.join(vc);
+            self.race.settle(accesses, &self.knowledge);
+        }
+        self.host_time_ns = self.host_time_ns.max(head.end_ns);
+        self.complete_head(op.stream, &head);
+    }
+
+    /// Turns the host operation `op` into a no-op (its thread gave up waiting), so that
+    /// nothing waits for it forever.
+    pub(crate) fn abandon_host_op(&mut self, op: OpRef) {
+        if let Some(s) = self.streams.get_mut(&op.stream) {
+            if let Some(o) = s.queue.iter_mut().find(|o| o.index == op.index) {
+                o.work = Work::Marker;
+            }
+        }
+    }
+
+    // ---- Synchronization -----------------------------------------------------------
+
+    /// Everything issued to `stream` so far.
+    pub(crate) fn stream_target(&self, stream: StreamKey) -> Target {
+        let s = &self.streams[&stream];
+        Target {
+            ops: s.last_op(stream).into_iter().collect(),
+            vc: s.vc.clone(),
+            end_ns: s.last_end_ns,
+        }
+    }
+
+    /// The work the event captured at its most recent record (`None`: never recorded).
+    pub(crate) fn event_target(
+        &self,
+        device: usize,
+        event: RawEvent,
+        call: &'static str,
+    ) -> Result<Option<Target>> {
+        Ok(self
+            .event(call, device, event)?
+            .recorded
+            .as_ref()
+            .map(|r| Target {
+                ops: vec![r.op],
+                vc: r.vc.clone(),
+                end_ns: r.end_ns,
+            }))
+    }
+
+    /// Everything issued to every stream of `device` so far.
+    pub(crate) fn device_target(&self, device: usize) -> Target {
+        let r = &self.retired[device];
+        let mut target = Target {
+            ops: Vec::new(),
+            vc: r.vc.clone(),
+            end_ns: r.end_ns,
+        };
+        for (&key, s) in &self.streams {
+            if s.desc.device == device {
+                target.ops.extend(s.last_op(key));
+                target.vc.join(&s.vc);
+                target.end_ns = target.end_ns.max(s.last_end_ns);
+            }
+        }
+        target
+    }
+
+    pub(crate) fn target_done(&self, target: &Target) -> bool {
+        target.ops.iter().all(|&op| self.is_done(op))
+    }
+
+    /// The host has seen `target` done: it happens before everything the host does
+    /// next, and the host's clock is past its end.
+    pub(crate) fn learn(&mut self, target: &Target) {
+        self.knowledge.join(&target.vc);
+        self.host_time_ns = self.host_time_ns.max(target.end_ns);
+    }
+
+    /// The first failure of an operation of `device` that could not run, once.
+    pub(crate) fn take_deferred(&mut self, device: usize) -> Result<()> {
+        self.deferred[device].take().map_or(Ok(()), Err)
+    }
+
+    /// `cuEventElapsedTime` (after letting the device progress as a query does).
+    pub(crate) fn elapsed_ms(
+        &mut self,
+        table: &Table,
+        device: usize,
+        start: RawEvent,
+        end: RawEvent,
+    ) -> Result<f32> {
+        const CALL: &str = "event_elapsed_ms";
+        let mut ends = [0u64; 2];
+        let mut ops = Vec::with_capacity(2);
+        for (i, (raw, which)) in [(start, "start"), (end, "end")].into_iter().enumerate() {
+            let e = self.event(CALL, device, raw)?;
+            if !e.timing {
+                return Err(bad_handle(
+                    CALL,
+                    format!(
+                        "the {which} event {:#x} was created without timing",
+                        raw.as_raw()
+                    ),
+                ));
+            }
+            let Some(r) = &e.recorded else {
+                return Err(bad_handle(
+                    CALL,
+                    format!("the {which} event {:#x} was never recorded", raw.as_raw()),
+                ));
+            };
+            ends[i] = r.end_ns;
+            ops.push(r.op);
+        }
+        if !ops.iter().all(|&op| self.is_done(op)) {
+            self.advance(table);
+            if !ops.iter().all(|&op| self.is_done(op)) {
+                return Err(Error::NotReady {
+                    operation: CALL,
+                    reason: "the work captured by the events has not completed".into(),
+                });
+            }
+        }
+        let ns = i128::from(ends[1]) - i128::from(ends[0]);
+        Ok((ns as f64 / 1e6) as f32)
+    }
+
+    // ---- Reports and shutdown ------------------------------------------------------
+
+    pub(crate) fn trace(&self) -> Vec<ScheduleEntry> {
+        self.trace.entries()
+    }
+
+    pub(crate) fn clear_trace(&mut self) {
+        self.trace.clear();
+    }
+
+    pub(crate) fn race_report(&self) -> RaceReport {
+        self.race.report()
+    }
+
+    /// A seeded pause before the threaded worker's next operation: none half the time,
+    /// else 1 to 100 µs.
+    pub(crate) fn draw_delay(&mut self) -> Duration {
+        if self.rng.below(2) == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_micros(1 + self.rng.below(100))
+        }
+    }
+
+    /// Drops every pending operation (the instance is going away); how many there were.
+    pub(crate) fn discard_all(&mut self) -> usize {
+        self.streams
+            .values_mut()
+            .map(|s| {
+                let n = s.queue.len();
+                s.queue.clear();
+                n
+            })
+            .sum()
+    }
+}

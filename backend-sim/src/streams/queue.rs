@@ -1,0 +1,123 @@
+//! Streams as queues of operations.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use cudabuf_core::backend::DevicePtr;
+
+use super::clock::{Actor, VectorClock};
+use super::label::{OpLabel, StreamDesc};
+use crate::race::Access;
+use crate::table::Located;
+
+/// A stream's key in the engine: the handle value of a created stream, an internal
+/// value of the same form for the special streams.
+pub(crate) type StreamKey = u64;
+
+/// One operation: the `index`th issued to `stream`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OpRef {
+    pub(crate) stream: StreamKey,
+    pub(crate) index: u64,
+}
+
+/// Where an operation's bytes are: found again by allocation id when it runs, so that an
+/// allocation freed since is never touched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) base: DevicePtr,
+    pub(crate) id: u64,
+    pub(crate) offset: usize,
+}
+
+impl From<Located> for Place {
+    fn from(l: Located) -> Self {
+        Place {
+            base: l.region.base,
+            id: l.region.id,
+            offset: l.offset,
+        }
+    }
+}
+
+impl Place {
+    /// The device address of the first byte.
+    pub(crate) fn address(&self) -> DevicePtr {
+        self.base + self.offset as u64
+    }
+}
+
+/// What running an operation does.
+#[derive(Debug)]
+pub(crate) enum Work {
+    /// Copy `len` bytes (as `memmove`).
+    Copy { dst: Place, src: Place, len: usize },
+    /// Nothing but its place in the order (event records, waits).
+    Marker,
+    /// Run by the host thread that issued it (a synchronous copy, whose host side is
+    /// the caller's memory) once it is at the head of its stream and ready; never by
+    /// the scheduler.
+    Host,
+}
+
+/// An operation in a stream's queue.
+#[derive(Debug)]
+pub(crate) struct Op {
+    pub(crate) index: u64,
+    pub(crate) label: Arc<OpLabel>,
+    /// Operations of other streams that must be done first (the previous operation of
+    /// the same stream is implied by the queue).
+    pub(crate) deps: Vec<OpRef>,
+    pub(crate) work: Work,
+    /// The simulated time it ends at (ns).
+    pub(crate) end_ns: u64,
+    /// For [`Work::Host`] operations: its clock (what the host learns when it is done)
+    /// and its accesses (which the race detector can forget then).
+    pub(crate) host: Option<(VectorClock, Vec<Access>)>,
+}
+
+/// One stream.
+#[derive(Debug)]
+pub(crate) struct StreamState {
+    pub(crate) desc: Arc<StreamDesc>,
+    pub(crate) actor: Actor,
+    /// The clock of its last issued operation.
+    pub(crate) vc: VectorClock,
+    pub(crate) queue: VecDeque<Op>,
+    /// Operations issued so far; the queue holds those from `completed` on.
+    pub(crate) issued: u64,
+    pub(crate) completed: u64,
+    /// When its last issued operation ends (simulated ns).
+    pub(crate) last_end_ns: u64,
+    /// Destroyed by the user: its handle is dead, its work still runs.
+    pub(crate) destroyed: bool,
+}
+
+impl StreamState {
+    pub(crate) fn new(desc: Arc<StreamDesc>, actor: Actor) -> Self {
+        StreamState {
+            desc,
+            actor,
+            vc: VectorClock::default(),
+            queue: VecDeque::new(),
+            issued: 0,
+            completed: 0,
+            last_end_ns: 0,
+            destroyed: false,
+        }
+    }
+
+    /// Its last issued operation.
+    pub(crate) fn last_op(&self, key: StreamKey) -> Option<OpRef> {
+        self.issued
+            .checked_sub(1)
+            .map(|index| OpRef { stream: key, index })
+    }
+
+    /// Its last issued operation, if not done yet.
+    pub(crate) fn pending_last(&self, key: StreamKey) -> Option<OpRef> {
+        (self.completed < self.issued)
+            .then(|| self.last_op(key))
+            .flatten()
+    }
+}
