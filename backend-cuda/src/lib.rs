@@ -22,8 +22,9 @@
 //! - **Pinned memory is portable and device-mapped, not write-combined**
 //!   (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`; cudarc's
 //!   `alloc_pinned` is write-combined, which makes CPU reads very slow).
-//! - **Copies without a stream are synchronous**: `cuMemcpy*` calls that may return early (device to
-//!   device, host to device from pageable memory, peer copies) are followed by a wait.
+//! - **Copies without a stream are synchronous**: `cuMemcpy*` calls that may return
+//!   early (device to device, host to device from pageable memory, peer copies) are
+//!   followed by a wait. Copies on a stream return once issued (see below).
 //! - **Pageable copies are staged** (from [`StagingConfig::min_bytes`], 512 KiB by
 //!   default) through pinned chunks allocated once per context, by worker threads that
 //!   overlap the CPU copy with the DMA, on blocking streams (ordered with the legacy
