@@ -3,7 +3,8 @@
 //!
 //! Rooms: this file (the context, its ownership, allocation, copies on one device,
 //! pinned memory, pointer queries, IPC); `peer` (copies between contexts and peer
-//! access); `events` (the event pool and asynchronous copies).
+//! access); `events` (the event pool and asynchronous copies); `streams` (streams,
+//! events and copies on streams: the stream methods of [`RawContext`]).
 
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
@@ -11,7 +12,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudabuf_core::backend::{
-    CopyTicket, DevicePtr, PinnedAlloc, RawContext, RawIpcHandle, RAW_IPC_HANDLE_LEN,
+    CopyTicket, DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream, StreamFlags,
+    RAW_IPC_HANDLE_LEN,
 };
 use cudabuf_core::{Error, Result};
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
@@ -22,8 +24,9 @@ use crate::staging::{Direction, StagingConfig, StagingEngine};
 
 mod events;
 mod peer;
+mod streams;
 
-use events::RawEvent;
+use events::RawEvent as PooledEvent;
 pub use peer::{peer_access_allowed, PEER_ACCESS_VAR};
 
 /// A raw `CUcontext` that may be used from any thread.
@@ -69,6 +72,12 @@ impl fmt::Debug for Ownership {
 ///   tracked with a pooled event, so that a writer can fill one staging buffer while the
 ///   previous one is copied.
 ///
+/// # Streams and events
+/// The stream methods of [`RawContext`] are the driver's (`cuStreamCreateWithPriority`,
+/// `cuEvent*`, `cuStreamWaitEvent`, `cuMemcpy*Async`, `cuMemcpyPeerAsync`), each with the
+/// context pushed; overlapping device copies on a stream behave as a memmove (disjoint
+/// pieces, or a stream-ordered temporary). See the crate documentation.
+///
 /// Three kinds, told apart only by what they own:
 /// - the device's primary context ([`Device::primary_context`]), retained with
 ///   `cuDevicePrimaryCtxRetain` and released on drop (the same primary context that
@@ -98,7 +107,7 @@ pub struct CudaDriverContext {
     /// How pageable copies are staged, and the engine once started.
     staging: Mutex<Staging>,
     /// Idle events for asynchronous copies (`copy_host_to_device_async`).
-    events: Mutex<Vec<RawEvent>>,
+    events: Mutex<Vec<PooledEvent>>,
 }
 
 /// The staging state of a context.
@@ -365,7 +374,9 @@ impl Drop for CudaDriverContext {
 }
 
 // SAFETY: pinned allocations come from cuMemHostAlloc with the requested size and live
-// until cuMemFreeHost; copies are cuMemcpy* of exactly the ranges given.
+// until cuMemFreeHost; copies (synchronous or on streams) are cuMemcpy* of exactly the
+// ranges given (overlapping device copies in disjoint pieces of them or through a
+// temporary of our own).
 unsafe impl RawContext for CudaDriverContext {
     fn as_any(&self) -> &dyn std::any::Any {
         self
@@ -718,5 +729,109 @@ unsafe impl RawContext for CudaDriverContext {
             sys::cuIpcCloseMemHandle(ptr)
         })
         .map_err(|f| self.fail(f))
+    }
+
+    // Streams and events: see `streams.rs`.
+
+    fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        self.priority_range()
+    }
+
+    fn stream_create(&self, flags: StreamFlags) -> Result<RawStream> {
+        self.create_stream(flags)
+    }
+
+    unsafe fn stream_destroy(&self, stream: RawStream) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.destroy_stream(stream) }
+    }
+
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.synchronize_stream(stream) }
+    }
+
+    unsafe fn stream_query(&self, stream: RawStream) -> Result<bool> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.query_stream(stream) }
+    }
+
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.wait_event_on(stream, event) }
+    }
+
+    fn event_create(&self, timing: bool) -> Result<RawEvent> {
+        self.create_event(timing)
+    }
+
+    unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.destroy_event(event) }
+    }
+
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.record_event(event, stream) }
+    }
+
+    unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.query_event(event) }
+    }
+
+    unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.synchronize_event(event) }
+    }
+
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.elapsed_ms(start, end) }
+    }
+
+    unsafe fn copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.host_to_device_on(dst, src, len, stream) }
+    }
+
+    unsafe fn copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.device_to_host_on(dst, src, len, stream) }
+    }
+
+    unsafe fn copy_device_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.device_to_device_on(dst, src, len, stream) }
+    }
+
+    unsafe fn copy_peer_on(
+        &self,
+        dst: DevicePtr,
+        src_context: &dyn RawContext,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.peer_on(dst, src_context, src, len, stream) }
     }
 }

@@ -4,7 +4,12 @@
 //! - [`CudaBackend::to_cudarc`]: cudarc's context for a device (the same primary context
 //!   cudabuf uses);
 //! - [`cudarc_slice_view`]: describe a cudarc [`CudaSlice`] as device memory plus an owner
-//!   that keeps it alive, for a zero-copy view.
+//!   that keeps it alive, for a zero-copy view;
+//! - [`cudarc_stream_view`] and [`cudarc_event_view`]: a cudarc [`CudaStream`] or
+//!   [`CudaEvent`] as the backend's [`RawStream`] / [`RawEvent`], kept alive by the view
+//!   (never destroyed by cudabuf);
+//! - [`cudarc_stream_from_raw`]: cudarc's non-owning [`CudaStream`] over a stream of this
+//!   backend (one made by [`RawContext::stream_create`], or a default stream).
 //!
 //! cudarc's safe layer makes its context current with `cuCtxSetCurrent` and leaves it so;
 //! the calls into it here restore the thread's previous current context afterwards.
@@ -13,13 +18,14 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use cudabuf_core::backend::{DevicePtr, RawContext};
+use cudabuf_core::backend::{DevicePtr, RawContext, RawEvent, RawStream, StreamFlags};
 use cudabuf_core::{Error, Result};
-use cudarc::driver::{CudaContext, CudaSlice, DevicePtr as _, DriverError};
+use cudarc::driver::sys::{self, CUcontext};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr as _, DriverError};
 
 use crate::context::CudaDriverContext;
-use crate::current::RestoreCurrent;
-use crate::driver_error::CuFailure;
+use crate::current::{PushedContext, RestoreCurrent};
+use crate::driver_error::{check, CuFailure};
 use crate::CudaBackend;
 
 /// A cudarc error from `call`, mapped like any other driver error.
@@ -153,20 +159,44 @@ unsafe impl cudabuf_core::DeviceAccessible for CudarcSliceView {
     }
 }
 
-/// Owns the cudarc slice of a view; restores the thread's current context around cudarc's
-/// drop (which makes the slice's context current).
-struct CudarcSliceOwner<T>(Option<Arc<CudaSlice<T>>>);
+/// A cudarc object that a view keeps alive, and the context cudarc makes current when
+/// dropping it.
+trait CudarcObject: Send + Sync + 'static {
+    fn cu_ctx(&self) -> CUcontext;
+}
 
-impl<T> Drop for CudarcSliceOwner<T> {
+impl<T: 'static> CudarcObject for Arc<CudaSlice<T>> {
+    fn cu_ctx(&self) -> CUcontext {
+        self.context().cu_ctx()
+    }
+}
+
+impl CudarcObject for Arc<CudaStream> {
+    fn cu_ctx(&self) -> CUcontext {
+        self.context().cu_ctx()
+    }
+}
+
+impl CudarcObject for Arc<CudaEvent> {
+    fn cu_ctx(&self) -> CUcontext {
+        self.context().cu_ctx()
+    }
+}
+
+/// Owns the cudarc object of a view; restores the thread's current context around
+/// cudarc's drop (which makes the object's context current).
+struct CudarcOwner<T: CudarcObject>(Option<T>);
+
+impl<T: CudarcObject> Drop for CudarcOwner<T> {
     fn drop(&mut self) {
-        let Some(slice) = self.0.take() else {
+        let Some(object) = self.0.take() else {
             return;
         };
-        // If this was the last reference to cudarc's context, dropping the slice may
+        // If this was the last reference to cudarc's context, dropping the object may
         // release it: never restore that context.
-        let ctx = slice.context().cu_ctx();
+        let ctx = object.cu_ctx();
         let restore = RestoreCurrent::save().ok().map(|r| r.unless(ctx));
-        drop(slice);
+        drop(object);
         drop(restore);
     }
 }
@@ -206,6 +236,272 @@ pub fn cudarc_slice_view<T: 'static>(
         byte_len: slice.num_bytes(),
         device_ordinal: ordinal,
         context: Arc::clone(slice.context()),
-        owner: Arc::new(CudarcSliceOwner(Some(slice))),
+        owner: Arc::new(CudarcOwner(Some(slice))),
     })
+}
+
+/// A cudarc [`CudaStream`] as a stream of the CUDA backend (from [`cudarc_stream_view`]):
+/// its [`RawStream`], its flags, and an owner that keeps cudarc's stream alive.
+///
+/// cudabuf never destroys the stream: it is cudarc's, destroyed by cudarc when its last
+/// `Arc` goes (the view holds one). Use it with cudabuf's core as a foreign stream,
+/// keeping the view alive as long as the wrapped stream:
+///
+/// ```no_run
+/// # fn main() -> cudabuf_core::Result<()> {
+/// use cudabuf_cuda::{cudarc_stream_view, CudaBackend};
+///
+/// let backend = CudaBackend::new()?;
+/// let cudarc_ctx = backend.to_cudarc(0)?;
+/// let cudarc_stream = cudarc_ctx.new_stream().expect("cudarc stream");
+/// let view = cudarc_stream_view(&cudarc_stream)?;
+/// let ctx = backend.device(0)?.primary_context()?; // cudarc's context is the same one
+/// let event = ctx.event_create(false)?;
+/// // SAFETY: `view` keeps the stream alive; the event was just made by `ctx`.
+/// unsafe {
+///     ctx.event_record(event, view.raw())?; // capture what cudarc issued so far
+///     ctx.event_synchronize(event)?;
+///     ctx.event_destroy(event)?;
+/// }
+/// # Ok(()) }
+/// # use cudabuf_core::backend::{Device as _, Platform as _, RawContext as _};
+/// ```
+pub struct CudarcStreamView {
+    raw: RawStream,
+    flags: StreamFlags,
+    device_ordinal: usize,
+    context: Arc<CudaContext>,
+    owner: Arc<dyn Any + Send + Sync>,
+}
+
+impl CudarcStreamView {
+    /// The stream as the backend's handle: live while this view (or its
+    /// [`owner`](Self::owner)) is. cudarc's default stream (the null stream) is
+    /// [`RawStream::LEGACY`], its per-thread stream [`RawStream::PER_THREAD`].
+    pub fn raw(&self) -> RawStream {
+        self.raw
+    }
+
+    /// The stream's flags as the driver reports them (`cuStreamGetFlags`,
+    /// `cuStreamGetPriority`): cudarc's own streams are non-blocking.
+    pub fn flags(&self) -> StreamFlags {
+        self.flags
+    }
+
+    /// The device of the stream's context.
+    pub fn device_ordinal(&self) -> usize {
+        self.device_ordinal
+    }
+
+    /// cudarc's context of the stream (a cudabuf context for it:
+    /// [`CudaBackend::context_from_cudarc`]; its primary context is also
+    /// [`Device::primary_context`](cudabuf_core::backend::Device::primary_context)).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.context
+    }
+
+    /// Whether the stream belongs to `ctx` (the same `CUcontext`), so that `ctx`'s
+    /// stream methods may be given [`raw`](Self::raw).
+    pub fn is_of(&self, ctx: &dyn RawContext) -> bool {
+        ctx.handle() == self.context.cu_ctx() as u64
+    }
+
+    /// Keeps cudarc's stream alive; dropping the last clone drops cudarc's `Arc` (which
+    /// destroys the stream if it was cudarc's last).
+    pub fn owner(&self) -> &Arc<dyn Any + Send + Sync> {
+        &self.owner
+    }
+}
+
+impl fmt::Debug for CudarcStreamView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudarcStreamView")
+            .field("raw", &format_args!("{:#x}", self.raw.as_raw()))
+            .field("flags", &self.flags)
+            .field("device_ordinal", &self.device_ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Describe cudarc's `stream` as a stream of the CUDA backend ([`RawStream`] and flags)
+/// with an owner that keeps it alive.
+///
+/// Work issued through the raw handle is ordered on the stream like any other, but
+/// cudarc's own event tracking of its slices does not see it: order it with cudarc's work
+/// through the stream itself or events, as with any foreign work.
+///
+/// # Errors
+/// The driver's error if the stream's flags cannot be read.
+pub fn cudarc_stream_view(stream: &Arc<CudaStream>) -> Result<CudarcStreamView> {
+    let context = Arc::clone(stream.context());
+    let ordinal = context.ordinal();
+    let cu = stream.cu_stream();
+    let (raw, flags) = if cu.is_null() || cu as usize == RawStream::LEGACY.as_raw() as usize {
+        // cudarc's default stream is the null stream: with the driver API (no per-thread
+        // compilation) that is the legacy default stream.
+        (RawStream::LEGACY, StreamFlags::default())
+    } else if cu as usize == RawStream::PER_THREAD.as_raw() as usize {
+        (RawStream::PER_THREAD, StreamFlags::default())
+    } else {
+        // SAFETY: cudarc's context is live (`context` holds it) and stays so while pushed.
+        let _pushed =
+            unsafe { PushedContext::push(context.cu_ctx()) }.map_err(|f| f.into_error(ordinal))?;
+        let mut bits: std::ffi::c_uint = 0;
+        let mut priority: std::ffi::c_int = 0;
+        // SAFETY: its context is pushed; `stream` is a live cudarc stream (borrowed for
+        // this call); both are valid out-pointers.
+        check("cuStreamGetFlags", unsafe {
+            sys::cuStreamGetFlags(cu, &mut bits)
+        })
+        .and_then(|()| {
+            // SAFETY: as above.
+            check("cuStreamGetPriority", unsafe {
+                sys::cuStreamGetPriority(cu, &mut priority)
+            })
+        })
+        .map_err(|f| f.into_error(ordinal))?;
+        let non_blocking =
+            bits & sys::CUstream_flags::CU_STREAM_NON_BLOCKING as std::ffi::c_uint != 0;
+        // SAFETY: a live stream of cudarc's context, kept alive by the view's owner.
+        let raw = unsafe { RawStream::from_raw(cu as u64) };
+        (
+            raw,
+            StreamFlags {
+                non_blocking,
+                priority,
+            },
+        )
+    };
+    Ok(CudarcStreamView {
+        raw,
+        flags,
+        device_ordinal: ordinal,
+        context,
+        owner: Arc::new(CudarcOwner(Some(Arc::clone(stream)))),
+    })
+}
+
+/// A cudarc [`CudaEvent`] as an event of the CUDA backend (from [`cudarc_event_view`]):
+/// its [`RawEvent`] and an owner that keeps cudarc's event alive. cudabuf never destroys
+/// it.
+///
+/// The driver cannot say whether an event was made with timing: cudarc's
+/// `new_event(None)` disables it, so `event_elapsed_ms` on such an event is
+/// `InvalidArgument`.
+pub struct CudarcEventView {
+    raw: RawEvent,
+    device_ordinal: usize,
+    context: Arc<CudaContext>,
+    owner: Arc<dyn Any + Send + Sync>,
+}
+
+impl CudarcEventView {
+    /// The event as the backend's handle: live while this view (or its
+    /// [`owner`](Self::owner)) is.
+    pub fn raw(&self) -> RawEvent {
+        self.raw
+    }
+
+    /// The device of the event's context.
+    pub fn device_ordinal(&self) -> usize {
+        self.device_ordinal
+    }
+
+    /// cudarc's context of the event.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.context
+    }
+
+    /// Whether the event belongs to `ctx` (the same `CUcontext`).
+    pub fn is_of(&self, ctx: &dyn RawContext) -> bool {
+        ctx.handle() == self.context.cu_ctx() as u64
+    }
+
+    /// Keeps cudarc's event alive; dropping the last clone drops cudarc's event (which
+    /// destroys it if that was cudarc's last reference).
+    pub fn owner(&self) -> &Arc<dyn Any + Send + Sync> {
+        &self.owner
+    }
+}
+
+impl fmt::Debug for CudarcEventView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudarcEventView")
+            .field("raw", &format_args!("{:#x}", self.raw.as_raw()))
+            .field("device_ordinal", &self.device_ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Describe cudarc's `event` as an event of the CUDA backend, with an owner that keeps it
+/// alive: record it on a cudabuf stream (`RawContext::event_record`) and cudarc's streams
+/// can wait for it (`CudaStream::wait`); record it with cudarc and cudabuf's streams can
+/// wait for it (`RawContext::stream_wait_event`).
+///
+/// (The other direction, a cudarc `CudaEvent` over an event cudabuf made, does not exist:
+/// cudarc can only own its events. Make the event with cudarc and view it here.)
+pub fn cudarc_event_view(event: impl Into<Arc<CudaEvent>>) -> CudarcEventView {
+    let event: Arc<CudaEvent> = event.into();
+    let context = Arc::clone(event.context());
+    // SAFETY: a live event of cudarc's context, kept alive by the view's owner.
+    let raw = unsafe { RawEvent::from_raw(event.cu_event() as u64) };
+    CudarcEventView {
+        raw,
+        device_ordinal: context.ordinal(),
+        context,
+        owner: Arc::new(CudarcOwner(Some(event))),
+    }
+}
+
+/// cudarc's non-owning [`CudaStream`] over `stream`, a stream of `ctx`'s context (cudarc's
+/// `wrap_borrowed_stream`): dropping it never destroys the stream. [`RawStream::LEGACY`]
+/// is cudarc's default stream and [`RawStream::PER_THREAD`] its per-thread stream.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `stream` belongs to another context
+/// (`cuStreamGetCtx`); the driver's error if it cannot say.
+///
+/// # Safety
+/// `stream` is a live stream (made by this backend's `stream_create`, or a foreign one
+/// the caller vouches for) and stays live while the returned stream, any clone of it, and
+/// the work issued through it exist.
+pub unsafe fn cudarc_stream_from_raw(
+    ctx: &Arc<CudaContext>,
+    stream: RawStream,
+) -> Result<Arc<CudaStream>> {
+    if stream == RawStream::LEGACY {
+        return Ok(ctx.default_stream());
+    }
+    if stream == RawStream::PER_THREAD {
+        return Ok(ctx.per_thread_stream());
+    }
+    let ordinal = ctx.ordinal();
+    let cu = stream.as_raw() as usize as sys::CUstream;
+    let mut owner: CUcontext = std::ptr::null_mut();
+    {
+        // SAFETY: cudarc's context is live (borrowed) while pushed.
+        let _pushed =
+            unsafe { PushedContext::push(ctx.cu_ctx()) }.map_err(|f| f.into_error(ordinal))?;
+        // SAFETY: its context is pushed; the caller guarantees `stream` is live; `owner`
+        // is a valid out-pointer.
+        check("cuStreamGetCtx", unsafe {
+            sys::cuStreamGetCtx(cu, &mut owner)
+        })
+        .map_err(|f| f.into_error(ordinal))?;
+    }
+    if owner != ctx.cu_ctx() {
+        return Err(Error::invalid_argument(
+            "cudarc_stream_from_raw",
+            format!(
+                "stream {:#x} belongs to context {:#x}, not to cudarc's context {:#x} \
+                 (device {ordinal})",
+                stream.as_raw(),
+                owner as usize,
+                ctx.cu_ctx() as usize
+            ),
+        ));
+    }
+    // SAFETY: `cu` is a live stream of `ctx` (checked), and the caller keeps it live while
+    // the wrapper and its work exist; cudarc does not destroy a borrowed stream.
+    Ok(unsafe { ctx.wrap_borrowed_stream(cu) })
 }

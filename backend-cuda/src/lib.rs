@@ -6,7 +6,8 @@
 //! accounting, IPC handle format, readers and writers) lives in `cudabuf-core`; this crate
 //! only makes the raw driver calls. It uses cudarc's `sys` layer (the driver API as is)
 //! almost everywhere, and its safe layer only for interop ([`CudaBackend::to_cudarc`],
-//! [`CudaBackend::context_from_cudarc`], [`cudarc_slice_view`]).
+//! [`CudaBackend::context_from_cudarc`], [`cudarc_slice_view`], [`cudarc_stream_view`],
+//! [`cudarc_event_view`], [`cudarc_stream_from_raw`]).
 //!
 //! # Rules
 //! - **Push/pop.** Every driver call made for a context runs with that context pushed
@@ -21,8 +22,9 @@
 //! - **Pinned memory is portable and device-mapped, not write-combined**
 //!   (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`; cudarc's
 //!   `alloc_pinned` is write-combined, which makes CPU reads very slow).
-//! - **Copies are synchronous**: `cuMemcpy*` calls that may return early (device to
-//!   device, host to device from pageable memory, peer copies) are followed by a wait.
+//! - **Copies without a stream are synchronous**: `cuMemcpy*` calls that may return
+//!   early (device to device, host to device from pageable memory, peer copies) are
+//!   followed by a wait. Copies on a stream return once issued (see below).
 //! - **Pageable copies are staged** (from [`StagingConfig::min_bytes`], 512 KiB by
 //!   default) through pinned chunks allocated once per context, by worker threads that
 //!   overlap the CPU copy with the DMA, on blocking streams (ordered with the legacy
@@ -44,6 +46,43 @@
 //!   is dropped; a shared context (from a raw handle) is never released by us; a context
 //!   from cudarc is kept alive by an `Arc` of cudarc's context.
 //!
+//! # Streams and events
+//! [`CudaDriverContext`] implements every stream method of
+//! [`RawContext`](cudabuf_core::backend::RawContext) on the driver API, with the context
+//! pushed for each call and errors mapped like every other call of this crate:
+//! - **streams**: `cuStreamCreateWithPriority` (`CU_STREAM_DEFAULT` for blocking streams,
+//!   `CU_STREAM_NON_BLOCKING`; the priority clamped into `cuCtxGetStreamPriorityRange`),
+//!   `cuStreamDestroy`, `cuStreamSynchronize`, `cuStreamQuery` (`CUDA_ERROR_NOT_READY` is
+//!   "not done", not an error), `cuStreamWaitEvent`. The special streams
+//!   [`RawStream::LEGACY`](cudabuf_core::backend::RawStream::LEGACY) and
+//!   [`RawStream::PER_THREAD`](cudabuf_core::backend::RawStream::PER_THREAD) are CUDA's
+//!   `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`, handed to the driver as they are;
+//!   destroying one is `InvalidArgument`. Ordering is CUDA's own: the legacy default
+//!   stream (where this crate's synchronous copies run) waits for the context's blocking
+//!   streams and they wait for it; non-blocking streams are ordered only by their own
+//!   work and the events they wait for.
+//! - **events**: `cuEventCreate` with timing or with `CU_EVENT_DISABLE_TIMING`,
+//!   `cuEventRecord`, `cuEventQuery`, `cuEventSynchronize`, `cuEventDestroy`, and
+//!   `cuEventElapsedTime_v2`, whose "not yet complete" is
+//!   [`Error::NotReady`](cudabuf_core::Error::NotReady) and whose "made without timing or
+//!   never recorded" is `InvalidArgument`.
+//! - **copies on a stream**: `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` (pinned host memory,
+//!   as the trait requires), `cuMemcpyDtoDAsync`, `cuMemcpyPeerAsync` (peer access
+//!   enabled once per pair, as for synchronous peer copies; from the same context, a
+//!   device copy). They return once issued. Overlapping device ranges behave as a memmove,
+//!   as in the synchronous path: in at most 16 disjoint pieces ordered on the stream, or,
+//!   when the ranges are closer than that, through a temporary allocated and freed on the
+//!   same stream (`cuMemAllocAsync` / `cuMemFreeAsync`, so nothing waits on the host).
+//! - **foreign streams and events** are never destroyed here: cudabuf's core destroys only
+//!   what `stream_create` / `event_create` made. cudarc's streams and events become the
+//!   backend's handles through [`cudarc_stream_view`] and [`cudarc_event_view`] (the view
+//!   keeps cudarc's object alive), and a stream of this backend becomes cudarc's
+//!   (non-owning) `CudaStream` through the `unsafe` [`cudarc_stream_from_raw`]. cudarc
+//!   cannot wrap an event it does not own: make events with cudarc and view them here.
+//!
+//! [`Capabilities::streams`](cudabuf_core::backend::Capabilities::streams) is on;
+//! race detection is the simulator's.
+//!
 //! # Without a driver
 //! cudarc loads libcuda lazily and *panics* if it is missing. [`CudaBackend::new`] checks
 //! first (`is_culib_present`) and returns [`Error::NoDriver`](cudabuf_core::Error) with a
@@ -62,7 +101,10 @@ mod staging;
 
 pub use context::{peer_access_allowed, CudaDriverContext, PEER_ACCESS_VAR};
 pub use device::CudaDevice;
-pub use interop::{cudarc_slice_view, CudarcSliceView};
+pub use interop::{
+    cudarc_event_view, cudarc_slice_view, cudarc_stream_from_raw, cudarc_stream_view,
+    CudarcEventView, CudarcSliceView, CudarcStreamView,
+};
 pub use platform::CudaBackend;
 pub use staging::{
     StagingConfig, STAGING_CHUNK_VAR, STAGING_MIN_VAR, STAGING_THREADS_VAR, STAGING_VAR,

@@ -96,6 +96,7 @@ impl Platform for CudaBackend {
         capabilities.peer_copy = self.devices.len() > 1;
         capabilities.mapped_host_memory = true;
         capabilities.fault_injection = false;
+        capabilities.streams = true;
         capabilities.race_detection = false;
         capabilities
     }
@@ -140,6 +141,8 @@ mod tests {
             let n = backend.num_devices().unwrap();
             assert_eq!(backend.capabilities().peer_copy, n > 1);
             assert!(!backend.capabilities().fault_injection);
+            assert!(backend.capabilities().streams);
+            assert!(!backend.capabilities().race_detection);
             assert_eq!(
                 backend.device(n).unwrap_err().kind(),
                 ErrorKind::InvalidDevice

@@ -40,11 +40,40 @@ pub fn peer_access_allowed() -> bool {
     *ALLOWED.get_or_init(|| peer_access_setting(std::env::var(PEER_ACCESS_VAR).ok().as_deref()))
 }
 
+/// The source context of a peer copy as this backend's type (`operation` names the copy
+/// in the error).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `src_context` is of another backend.
+pub(super) fn cuda_source<'a>(
+    operation: &'static str,
+    src_context: &'a dyn RawContext,
+) -> Result<&'a CudaDriverContext> {
+    src_context
+        .as_any()
+        .downcast_ref::<CudaDriverContext>()
+        .ok_or_else(|| {
+            Error::invalid_argument(
+                operation,
+                format!(
+                    "the source context (handle {:#x}, device {}) is not a context of the \
+                     CUDA backend",
+                    src_context.handle(),
+                    src_context.device_ordinal()
+                ),
+            )
+        })
+}
+
 impl CudaDriverContext {
     /// Enable peer access from this context to `src_ctx` (on `src_device`) once, if the
     /// devices differ, the hardware allows it and [`peer_access_allowed`] says so. Failure
     /// to enable is not an error: `cuMemcpyPeer` still works, staged through the host.
-    fn ensure_peer_access(&self, src_ctx: CUcontext, src_device: CUdevice) -> Result<()> {
+    pub(super) fn ensure_peer_access(
+        &self,
+        src_ctx: CUcontext,
+        src_device: CUdevice,
+    ) -> Result<()> {
         if src_device == self.device {
             return Ok(());
         }
@@ -113,17 +142,7 @@ impl CudaDriverContext {
         src: DevicePtr,
         len: usize,
     ) -> Result<()> {
-        let Some(source) = src_context.as_any().downcast_ref::<CudaDriverContext>() else {
-            return Err(Error::invalid_argument(
-                "copy_peer",
-                format!(
-                    "the source context (handle {:#x}, device {}) is not a context of the \
-                     CUDA backend",
-                    src_context.handle(),
-                    src_context.device_ordinal()
-                ),
-            ));
-        };
+        let source = cuda_source("copy_peer", src_context)?;
         if len == 0 {
             return Ok(());
         }
