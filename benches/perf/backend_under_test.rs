@@ -1,0 +1,44 @@
+//! The backend under test, picked by `CUDABUF_BACKEND`.
+
+use cudabuf::Backend;
+
+use crate::AnyResult;
+
+/// The backend under test, with its concrete type for the dispatch comparison.
+pub(crate) enum Bench {
+    Sim(cudabuf::sim::SimBackend),
+    #[cfg(feature = "cuda")]
+    Cuda(cudabuf::cuda::CudaBackend),
+}
+
+impl Bench {
+    pub(crate) fn from_env(capacity: usize, sim_devices: usize) -> AnyResult<(Bench, Backend)> {
+        let name = std::env::var(cudabuf::BACKEND_VAR).unwrap_or_default();
+        match name.trim() {
+            "" | "sim" => {
+                let sim = cudabuf::sim::SimBackend::with_config(cudabuf::sim::SimConfig {
+                    devices: sim_devices,
+                    capacity_per_device: capacity,
+                    ..Default::default()
+                })?;
+                let backend = Backend::new(sim.clone());
+                Ok((Bench::Sim(sim), backend))
+            }
+            #[cfg(feature = "cuda")]
+            "cuda" => {
+                let cuda = cudabuf::cuda::CudaBackend::new()?;
+                let backend = Backend::new(cuda.clone());
+                Ok((Bench::Cuda(cuda), backend))
+            }
+            other => Err(format!(
+                "{}={other:?}: expected sim or cuda (cuda needs --features cuda)",
+                cudabuf::BACKEND_VAR
+            )
+            .into()),
+        }
+    }
+
+    pub(crate) fn is_sim(&self) -> bool {
+        matches!(self, Bench::Sim(_))
+    }
+}

@@ -1,0 +1,110 @@
+//! `copies`: H2D and D2H from pinned and pageable memory, and D2D, at each size; on the
+//! simulator a plain host memcpy of the same size, on CUDA the driver's own pageable path.
+
+use std::hint::black_box;
+
+use cudabuf::{Backend, Context};
+
+use crate::backend_under_test::Bench;
+use crate::options::Options;
+use crate::report::{human, progress, Records};
+use crate::timing::{copy_budget, gbps, median, pattern, time_calls};
+use crate::AnyResult;
+
+pub(crate) fn copies(
+    bench: &Bench,
+    _backend: &Backend,
+    ctx: &Context,
+    opts: &Options,
+    rec: &mut Records,
+) -> AnyResult<()> {
+    for &size in &opts.sizes {
+        progress(format!("copies at {}", human(size)));
+        let (warm, min, max, budget) = copy_budget(size);
+        let d1 = ctx.buffer_from_data(&pattern(size))?;
+        let d2 = ctx.new_buffer(size)?;
+        let mut pinned = ctx.new_host_buffer(size)?;
+        pinned.copy_from_slice(&pattern(size));
+        let pageable = pattern(size);
+        let mut pageable_dst = pattern(size);
+        let mut run = |op: &str, bytes: usize, note: &str, f: &mut dyn FnMut() -> AnyResult<()>| {
+            let mut s = time_calls(warm, min, max, budget, f)?;
+            let n = s.len();
+            let t = median(&mut s);
+            rec.push("copies", op, Some(size), gbps(bytes, t), "GB/s", n, note);
+            Ok::<(), Box<dyn std::error::Error>>(())
+        };
+        run("h2d_pinned", size, "", &mut || {
+            d2.copy_from_host(&pinned, 0, None)?;
+            Ok(())
+        })?;
+        run("d2h_pinned", size, "", &mut || {
+            d1.copy_to_host_into(0, &mut pinned, None)?;
+            Ok(())
+        })?;
+        run("h2d_pageable", size, "", &mut || {
+            d2.copy_from_host(&pageable, 0, None)?;
+            Ok(())
+        })?;
+        run("d2h_pageable", size, "", &mut || {
+            d1.copy_to_host_into(0, &mut pageable_dst, None)?;
+            Ok(())
+        })?;
+        run("d2d", 2 * size, "read+write", &mut || {
+            d2.copy_from_device(&d1, 0, None)?;
+            Ok(())
+        })?;
+        match bench {
+            Bench::Sim(_) => {
+                let src = pattern(size);
+                let mut dst = pattern(size);
+                run(
+                    "host_memcpy",
+                    size,
+                    "plain memcpy, for the sim ratio",
+                    &mut || {
+                        dst.copy_from_slice(black_box(&src));
+                        black_box(&mut dst);
+                        Ok(())
+                    },
+                )?;
+            }
+            #[cfg(feature = "cuda")]
+            Bench::Cuda(cuda) => {
+                // The driver's own pageable path, for comparison with the staged one.
+                let raw = cuda.cuda_device(0)?.primary_driver_context()?;
+                let staged = raw.staging_config();
+                raw.set_staging_config(cudabuf::cuda::StagingConfig::disabled());
+                let direct = (|| {
+                    run(
+                        "h2d_pageable_unstaged",
+                        size,
+                        "driver's pageable path",
+                        &mut || {
+                            d2.copy_from_host(&pageable, 0, None)?;
+                            Ok(())
+                        },
+                    )?;
+                    run(
+                        "d2h_pageable_unstaged",
+                        size,
+                        "driver's pageable path",
+                        &mut || {
+                            d1.copy_to_host_into(0, &mut pageable_dst, None)?;
+                            Ok(())
+                        },
+                    )
+                })();
+                raw.set_staging_config(staged);
+                direct?;
+            }
+        }
+        // Check that the copies moved the right bytes.
+        d2.copy_from_host(&pageable, 0, None)?;
+        d2.copy_to_host_into(0, &mut pageable_dst, None)?;
+        if pageable_dst != pageable {
+            return Err(format!("copies at {}: the bytes came back wrong", human(size)).into());
+        }
+    }
+    Ok(())
+}
