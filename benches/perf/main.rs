@@ -117,7 +117,9 @@ fn run() -> AnyResult<()> {
         let raw = cuda.cuda_device(0)?.primary_driver_context()?;
         let s = raw.staging_config();
         info["staging"] = json!({
-            "threads": s.threads, "chunk_bytes": s.chunk_bytes, "min_bytes": s.min_bytes
+            "threads": s.threads, "chunk_bytes": s.chunk_bytes,
+            "d2h_threads": s.d2h_threads, "d2h_chunk_bytes": s.d2h_chunk_bytes,
+            "min_bytes": s.min_bytes
         });
     }
     let mut records = Records::default();

@@ -40,15 +40,11 @@ pub(crate) fn sweep(
             let src = pattern(size);
             let mut dst = pattern(size);
             let threads = [1usize, 2, 4, 6, 8, 12, 16];
-            let chunks = [MIB, 2 * MIB, 4 * MIB, 8 * MIB];
+            let chunks = [MIB / 2, MIB, 2 * MIB, 4 * MIB, 8 * MIB];
             let mut result = Ok(());
             'outer: for &t in &threads {
                 for &c in &chunks {
-                    let config = StagingConfig {
-                        threads: t,
-                        chunk_bytes: c,
-                        min_bytes: 0,
-                    };
+                    let config = StagingConfig::uniform(t, c, 0);
                     raw.set_staging_config(config);
                     let label = format!("t{t}_c{}", human(c).replace(' ', ""));
                     for (op, h2d) in [("h2d", true), ("d2h", false)] {
