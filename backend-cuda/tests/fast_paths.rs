@@ -1,6 +1,7 @@
 //! The CUDA backend's fast paths against a real driver: staged pageable copies (odd sizes,
-//! offsets, every staging shape), batched copies of many pieces, asynchronous copies through the double-buffered writer,
-//! and the caching allocator on CUDA (on by default there).
+//! offsets, every staging shape), batched copies of many pieces, asynchronous copies
+//! through the double-buffered writer, and the caching allocator on CUDA (on by default
+//! there).
 //!
 //! Without libcuda every test here prints why it did nothing and passes, unless
 //! `CUDABUF_REQUIRE_CUDA=1`, which makes a missing driver a failure.
