@@ -41,4 +41,18 @@ impl Bench {
     pub(crate) fn is_sim(&self) -> bool {
         matches!(self, Bench::Sim(_))
     }
+
+    /// The staging threads of device-to-host pageable copies (CUDA; `None` on the
+    /// simulator, which does not stage).
+    pub(crate) fn d2h_staging_threads(&self) -> Option<usize> {
+        match self {
+            Bench::Sim(_) => None,
+            #[cfg(feature = "cuda")]
+            Bench::Cuda(cuda) => {
+                let raw = cuda.cuda_device(0).ok()?.primary_driver_context().ok()?;
+                let config = raw.staging_config();
+                config.enabled().then_some(config.d2h_threads)
+            }
+        }
+    }
 }

@@ -1,15 +1,24 @@
-//! `copies`: H2D and D2H from pinned and pageable memory, and D2D, at each size; on the
-//! simulator a plain host memcpy of the same size, on CUDA the driver's own pageable path.
+//! `copies`: H2D and D2H from pinned and pageable memory, and D2D, at each size (the
+//! curves of docs/PERFORMANCE.md with `--sizes 4K,16K,...,1G`); on the simulator a plain
+//! host memcpy of the same size, on CUDA the driver's own pageable path. From 1 MiB also
+//! what bounds a pageable copy: the host's multi-threaded memcpy between pageable buffers
+//! (with the staging threads' count and with every CPU), and a device-to-host copy into
+//! fresh memory (a new vector, as `to_vec` makes) beside the same memcpy into fresh
+//! memory (first-touch page faults).
 
 use std::hint::black_box;
 
 use cudabuf::{Backend, Context};
 
 use crate::backend_under_test::Bench;
+use crate::host_copy::CopyThreads;
 use crate::options::Options;
 use crate::report::{human, progress, Records};
 use crate::timing::{copy_budget, gbps, median, pattern, time_calls};
-use crate::AnyResult;
+use crate::{AnyResult, MIB};
+
+/// The sizes from which the host-side bounds are measured too.
+const BOUND_FROM: usize = MIB;
 
 pub(crate) fn copies(
     bench: &Bench,
@@ -18,6 +27,14 @@ pub(crate) fn copies(
     opts: &Options,
     rec: &mut Records,
 ) -> AnyResult<()> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The bound's thread counts: the staging threads of device-to-host copies (CUDA; half
+    // the CPUs on the simulator), and every CPU.
+    let staging_threads = bench.d2h_staging_threads().unwrap_or((cpus / 2).max(1));
+    let mut thread_counts = vec![staging_threads.min(cpus), cpus];
+    thread_counts.dedup();
+    let copy_threads: Vec<CopyThreads> =
+        thread_counts.iter().map(|&n| CopyThreads::new(n)).collect();
     for &size in &opts.sizes {
         progress(format!("copies at {}", human(size)));
         let (warm, min, max, budget) = copy_budget(size);
@@ -54,6 +71,40 @@ pub(crate) fn copies(
             d2.copy_from_device(&d1, 0, None)?;
             Ok(())
         })?;
+        if size >= BOUND_FROM {
+            for threads in &copy_threads {
+                let n = threads.len();
+                run(
+                    &format!("host_memcpy_mt{n}"),
+                    size,
+                    &format!("{n} threads, pageable to pageable (touched)"),
+                    &mut || {
+                        threads.copy(black_box(&pageable), &mut pageable_dst);
+                        Ok(())
+                    },
+                )?;
+                run(
+                    &format!("host_memcpy_mt{n}_fresh"),
+                    size,
+                    &format!("{n} threads into a new vector (first touch)"),
+                    &mut || {
+                        let mut fresh = vec![0u8; size];
+                        threads.copy(black_box(&pageable), &mut fresh);
+                        black_box(&fresh);
+                        Ok(())
+                    },
+                )?;
+            }
+            run(
+                "d2h_pageable_fresh",
+                size,
+                "copy_to_host into a new vector (first touch)",
+                &mut || {
+                    black_box(d1.copy_to_host(0, None)?);
+                    Ok(())
+                },
+            )?;
+        }
         match bench {
             Bench::Sim(_) => {
                 let src = pattern(size);

@@ -1,5 +1,5 @@
-//! cudabuf's benchmark binary (`harness = false`): every figure of issue 5 in one run, on
-//! the backend `CUDABUF_BACKEND` names (`sim`, the default, or `cuda`).
+//! cudabuf's benchmark binary (`harness = false`): every figure of issues 5 and 13 in one
+//! run, on the backend `CUDABUF_BACKEND` names (`sim`, the default, or `cuda`).
 //!
 //! ```text
 //! cargo bench --bench perf                                   # the simulator
@@ -8,32 +8,44 @@
 //!      [--peer-sizes 64M,1G] [--sim-devices N]
 //! ```
 //!
-//! Sections: `copies` (H2D/D2H pinned and pageable, D2D, and on the simulator a plain host
-//! memcpy of the same size), `sweep` (CUDA: staging threads x chunk size), `alloc`
-//! (`new_buffer` + drop with and without the caching allocator), `ipc` (first and repeated
-//! open in re-executed children; on CUDA also a raw `cuIpcOpenMemHandle` in a fresh child),
-//! `writer` (`BufferWriter`, 128 MiB in 256 B / 4 KiB / 64 KiB chunks, buffered and
-//! unbuffered), `from_data` (`buffer_from_data` of a 1 GiB pageable slice), `dispatch`
-//! (a call through `Arc<dyn RawContext>` and cudabuf's `Context` against the backend type),
-//! `peer` (`copy_from_device` device 0 -> 1 and 1 -> 0 at 64 MiB and 1 GiB, with peer
-//! access as cudabuf enables it, then again in a re-executed child with
-//! `CUDABUF_PEER_ACCESS=0`, where the driver stages the copy through the host; with fewer
-//! than 2 devices it says that it did not run and why, in the table and in the JSON's
-//! `not_run`). The simulator has 2 devices here (`--sim-devices` changes that).
+//! Sections, one file each: `copies` (H2D/D2H pinned and pageable, D2D at each size; from
+//! 1 MiB the host's multi-threaded memcpy, the bound of a pageable copy, and a
+//! device-to-host copy into fresh memory; on the simulator a plain host memcpy of the same
+//! size, on CUDA the driver's own pageable path), `sweep` (CUDA: staging threads x step
+//! size), `alloc` (`new_buffer` + drop with and without the caching allocator, alone and
+//! beside a live allocation; on CUDA a plain `cuMemAlloc` + `cuMemFree` too),
+//! `alloc_live` (the same against 0 to 10,000 live allocations), `ipc` (first and
+//! repeated open in re-executed children; on CUDA also a raw `cuIpcOpenMemHandle` in a
+//! fresh child), `ipc_scale` (first open, open + close and repeated open against 0 to
+//! 10,000 handles open in the child), `writer` (`BufferWriter`, 128 MiB in 256 B / 4 KiB /
+//! 64 KiB chunks, buffered and unbuffered), `from_data` (`buffer_from_data` of a 1 GiB
+//! pageable slice), `dispatch` (a call through `Arc<dyn RawContext>` and cudabuf's
+//! `Context` against the backend type), `peer` (`copy_from_device` device 0 -> 1 and
+//! 1 -> 0 at 64 MiB and 1 GiB, with peer access as cudabuf enables it, then again in a
+//! re-executed child with `CUDABUF_PEER_ACCESS=0`, where the driver stages the copy
+//! through the host; with fewer than 2 devices it says that it did not run and why, in the
+//! table and in the JSON's `not_run`). The simulator has 2 devices here (`--sim-devices`
+//! changes that). `main.rs` runs them; `timing.rs` times, `report.rs` records and prints.
 //!
 //! Every figure is a median over repetitions; GB/s with 1 GB = 1e9 bytes; device-to-device
 //! counts bytes read plus bytes written (as the baseline table in the docs does). The
 //! table goes to stdout, progress to stderr, and with `--json PATH` (or
-//! `CUDABUF_BENCH_JSON`) every figure as JSON.
+//! `CUDABUF_BENCH_JSON`) every figure as JSON (curves over a count carry it as `x`);
+//! `scripts/plot_perf.py` draws the curves, `scripts/bench_compare.py` adds PyTorch and
+//! CuPy.
 
 mod alloc;
+mod alloc_live;
 mod backend_under_test;
 mod copies;
 mod dispatch;
 mod from_data;
+mod host_copy;
 mod ipc;
+mod ipc_scale;
 mod options;
 mod peer;
+mod raw_driver;
 mod report;
 mod sweep;
 mod timing;
@@ -64,6 +76,8 @@ const GIB: usize = 1 << 30;
 fn main() -> ExitCode {
     let result = if let Ok(hex) = std::env::var(IPC_CHILD_VAR) {
         ipc::ipc_child(&hex)
+    } else if let Ok(path) = std::env::var(ipc_scale::IPC_SCALE_VAR) {
+        ipc_scale::ipc_scale_child(&path)
     } else if let Ok(sizes) = std::env::var(PEER_CHILD_VAR) {
         peer::peer_child(&sizes)
     } else {
@@ -124,11 +138,13 @@ fn run() -> AnyResult<()> {
     }
     let mut records = Records::default();
     let started = Instant::now();
-    let sections: [(&str, SectionFn); 8] = [
+    let sections: [(&str, SectionFn); 10] = [
         ("copies", copies::copies),
         ("sweep", sweep::sweep),
         ("alloc", alloc::alloc),
+        ("alloc_live", alloc_live::alloc_live),
         ("ipc", ipc::ipc),
+        ("ipc_scale", ipc_scale::ipc_scale),
         ("writer", writer::writer),
         ("from_data", from_data::from_data),
         ("dispatch", dispatch::dispatch),

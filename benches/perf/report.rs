@@ -14,6 +14,9 @@ pub(crate) struct Record {
     pub(crate) section: &'static str,
     pub(crate) op: String,
     pub(crate) size: Option<usize>,
+    /// A curve's other coordinate where it is not the size (`alloc_live`: live
+    /// allocations; `ipc_scale`: handles open).
+    pub(crate) x: Option<usize>,
     pub(crate) value: f64,
     pub(crate) unit: &'static str,
     pub(crate) samples: usize,
@@ -38,23 +41,53 @@ impl Records {
         samples: usize,
         note: impl Into<String>,
     ) {
-        let r = Record {
+        self.push_record(Record {
             section,
             op: op.into(),
             size,
+            x: None,
             value,
             unit,
             samples,
             note: note.into(),
-        };
+        });
+    }
+
+    /// A point of a curve over `x` (see [`Record::x`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_point(
+        &mut self,
+        section: &'static str,
+        op: impl Into<String>,
+        size: Option<usize>,
+        x: usize,
+        value: f64,
+        unit: &'static str,
+        samples: usize,
+        note: impl Into<String>,
+    ) {
+        self.push_record(Record {
+            section,
+            op: op.into(),
+            size,
+            x: Some(x),
+            value,
+            unit,
+            samples,
+            note: note.into(),
+        });
+    }
+
+    fn push_record(&mut self, r: Record) {
         eprintln!(
-            "  {:<10} {:<34} {:>9} {:>12} {:<5} ({} samples) {}",
+            "  {:<10} {:<34} {:>9} {:>12} {:<5} ({} samples) {}{}",
             r.section,
             r.op,
             r.size.map(human).unwrap_or_default(),
             fmt_value(r.value),
             r.unit,
             r.samples,
+            r.x.map(|x| format!("x={x}; ")).unwrap_or_default(),
             r.note
         );
         self.0.push(r);
@@ -115,7 +148,7 @@ pub(crate) fn write_json(
         .iter()
         .map(|r| {
             json!({
-                "section": r.section, "op": r.op, "size": r.size,
+                "section": r.section, "op": r.op, "size": r.size, "x": r.x,
                 "value": if r.value.is_finite() { json!(r.value) } else { Value::Null },
                 "unit": r.unit, "samples": r.samples, "note": r.note,
             })
@@ -154,6 +187,55 @@ pub(crate) fn summarize(bench: &Bench, rec: &Records, opts: &Options) -> Value {
         }
         out.insert("sim_vs_memcpy".into(), Value::Object(ratios));
     }
+    // Pageable copies against pinned ones (target >= 0.8) and against the host's
+    // multi-threaded memcpy, the best thread count (target: within 10%).
+    let mut bound = serde_json::Map::new();
+    for &size in &opts.sizes {
+        let best = |prefix: &str, suffix: &str| {
+            rec.0
+                .iter()
+                .filter(|r| {
+                    r.section == "copies"
+                        && r.size == Some(size)
+                        && r.op
+                            .strip_prefix(prefix)
+                            .and_then(|rest| rest.strip_suffix(suffix))
+                            .is_some_and(|n| n.parse::<usize>().is_ok())
+                })
+                .map(|r| r.value)
+                .filter(|v| v.is_finite())
+                .max_by(f64::total_cmp)
+        };
+        let memcpy = best("host_memcpy_mt", "");
+        let memcpy_fresh = best("host_memcpy_mt", "_fresh");
+        let at = human(size);
+        for (op, pinned) in [
+            ("h2d_pageable", "h2d_pinned"),
+            ("d2h_pageable", "d2h_pinned"),
+        ] {
+            let Some(v) = rec.find("copies", op, Some(size)) else {
+                continue;
+            };
+            if let Some(p) = rec.find("copies", pinned, Some(size)) {
+                bound.insert(format!("{op}/{pinned}@{at}"), json!(v / p));
+            }
+            if let Some(m) = memcpy {
+                bound.insert(format!("{op}/host_memcpy_mt@{at}"), json!(v / m));
+            }
+        }
+        if let (Some(v), Some(m)) = (
+            rec.find("copies", "d2h_pageable_fresh", Some(size)),
+            memcpy_fresh,
+        ) {
+            bound.insert(
+                format!("d2h_pageable_fresh/host_memcpy_mt_fresh@{at}"),
+                json!(v / m),
+            );
+        }
+    }
+    if !bound.is_empty() {
+        out.insert("pageable_bounds".into(), Value::Object(bound));
+    }
     // Peer copies with peer access against the same copies without it.
     let mut peer = serde_json::Map::new();
     for &size in &opts.peer_sizes {
@@ -181,13 +263,14 @@ pub(crate) fn print_table(rec: &Records, summary: &Value) {
     for r in &rec.0 {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {}{} |",
             r.section,
             r.op,
             r.size.map(human).unwrap_or_default(),
             fmt_value(r.value),
             r.unit,
             r.samples,
+            r.x.map(|x| format!("x={x}; ")).unwrap_or_default(),
             r.note
         );
     }
@@ -202,6 +285,15 @@ pub(crate) fn print_table(rec: &Records, summary: &Value) {
     }
     for (section, why) in &rec.1 {
         let _ = writeln!(out, "\nsection {section} did NOT run: {why}");
+    }
+    if let Some(ratios) = summary.get("pageable_bounds").and_then(Value::as_object) {
+        let _ = writeln!(
+            out,
+            "\npageable copies against pinned (target >= 0.8) and the host's multi-threaded memcpy (within 10%):"
+        );
+        for (k, v) in ratios {
+            let _ = writeln!(out, "  {k:<52} {:.2}", v.as_f64().unwrap_or(f64::NAN));
+        }
     }
     if let Some(ratios) = summary.get("sim_vs_memcpy").and_then(Value::as_object) {
         let _ = writeln!(out, "\nsimulator copy / host memcpy (target >= 0.8):");
