@@ -157,13 +157,19 @@ fn main() -> AnyResult<()> {
         FROM_DATA_PAGEABLE,
         None,
         None,
-        median(runs, nothing, || Ok(drop(ctx.buffer_from_data(&bytes)?))),
+        median(runs, nothing, || {
+            drop(ctx.buffer_from_data(&bytes)?);
+            Ok(())
+        }),
     )?;
     row(
         "buffer_from_data (pinned)",
         None,
         None,
-        median(runs, nothing, || Ok(drop(ctx.buffer_from_data(&pinned)?))),
+        median(runs, nothing, || {
+            drop(ctx.buffer_from_data(&pinned)?);
+            Ok(())
+        }),
     )?;
     row(
         "copy_from_host per column",
@@ -201,7 +207,8 @@ fn main() -> AnyResult<()> {
         Some(FROM_DATA_PAGEABLE),
         Some(0.9),
         median(runs, nothing, || {
-            Ok(drop(serialize_record_batch(&batch, &ctx)?))
+            drop(serialize_record_batch(&batch, &ctx)?);
+            Ok(())
         }),
     )?;
     row(
@@ -209,7 +216,8 @@ fn main() -> AnyResult<()> {
         Some(FROM_DATA_PAGEABLE),
         Some(0.9),
         median(runs, nothing, || {
-            Ok(drop(serializer.serialize_record_batch(&batch)?))
+            drop(serializer.serialize_record_batch(&batch)?);
+            Ok(())
         }),
     )?;
     row(
@@ -219,7 +227,10 @@ fn main() -> AnyResult<()> {
         median(runs, nothing, || {
             let mut writer = DeviceStreamWriter::new(&ctx, &schema)?;
             writer.write(&batch)?;
-            Ok(drop(writer.finish()?))
+            {
+                drop(writer.finish()?);
+                Ok(())
+            }
         }),
     )?;
     row(
@@ -235,14 +246,18 @@ fn main() -> AnyResult<()> {
         "copy_to_host (new Vec)",
         Some(COPY_TO_HOST),
         None,
-        median(runs, nothing, || Ok(drop(message.copy_to_host(0, None)?))),
+        median(runs, nothing, || {
+            drop(message.copy_to_host(0, None)?);
+            Ok(())
+        }),
     )?;
     row(
         "read_record_batch (zero-copy)",
         Some(COPY_TO_HOST),
         None,
         median(runs, nothing, || {
-            Ok(drop(read_record_batch(&message, &schema)?))
+            drop(read_record_batch(&message, &schema)?);
+            Ok(())
         }),
     )?;
     let read_to_host = || -> AnyResult<()> {
