@@ -193,7 +193,9 @@ mod tests {
     /// A copier whose copies run late (at the `wait` for an event recorded after them,
     /// or at `sync`), as on a stream, and whose `fail_at`-th copy fails.
     struct LateCopier {
-        chunks: [Box<[u8]>; 2],
+        /// Two boxed chunks, owned through raw pointers (freed on drop) so that writes
+        /// through them are allowed.
+        chunks: [*mut [u8]; 2],
         ops: RefCell<Vec<Op>>,
         copies: Cell<usize>,
         fail_at: Option<usize>,
@@ -202,7 +204,10 @@ mod tests {
     impl LateCopier {
         fn new(chunk: usize, fail_at: Option<usize>) -> Self {
             LateCopier {
-                chunks: [vec![0xAA; chunk].into(), vec![0xBB; chunk].into()],
+                chunks: [
+                    Box::into_raw(vec![0xAAu8; chunk].into_boxed_slice()),
+                    Box::into_raw(vec![0xBBu8; chunk].into_boxed_slice()),
+                ],
                 ops: RefCell::new(Vec::new()),
                 copies: Cell::new(0),
                 fail_at,
@@ -234,11 +239,20 @@ mod tests {
         }
     }
 
+    impl Drop for LateCopier {
+        fn drop(&mut self) {
+            for chunk in self.chunks {
+                // SAFETY: each came from `Box::into_raw` in `new` and is freed once.
+                drop(unsafe { Box::from_raw(chunk) });
+            }
+        }
+    }
+
     // SAFETY: two distinct boxed chunks, alive as long as the copier, used only by the
     // pipeline; copies run in the order they were queued.
     unsafe impl StepCopier for LateCopier {
         fn chunk(&self, slot: usize) -> *mut u8 {
-            self.chunks[slot].as_ptr().cast_mut()
+            self.chunks[slot].cast::<u8>()
         }
         unsafe fn to_device(
             &self,
