@@ -186,6 +186,16 @@ pub(crate) fn summarize(bench: &Bench, rec: &Records, opts: &Options) -> Value {
             }
         }
         out.insert("sim_vs_memcpy".into(), Value::Object(ratios));
+        // The same, timed alternately call after call (the same cache and machine state).
+        let mut paired = serde_json::Map::new();
+        for &size in &opts.sizes {
+            let sim = rec.find("copies", "d2h_pageable_paired", Some(size));
+            let memcpy = rec.find("copies", "host_memcpy_paired", Some(size));
+            if let (Some(sim), Some(memcpy)) = (sim, memcpy) {
+                paired.insert(format!("d2h_pageable@{}", human(size)), json!(sim / memcpy));
+            }
+        }
+        out.insert("sim_vs_memcpy_paired".into(), Value::Object(paired));
     }
     // Pageable copies against pinned ones (target >= 0.8) and against the host's
     // multi-threaded memcpy, the best thread count (target: within 10%).
@@ -293,6 +303,23 @@ pub(crate) fn print_table(rec: &Records, summary: &Value) {
         );
         for (k, v) in ratios {
             let _ = writeln!(out, "  {k:<52} {:.2}", v.as_f64().unwrap_or(f64::NAN));
+        }
+    }
+    if let Some(ratios) = summary
+        .get("sim_vs_memcpy_paired")
+        .and_then(Value::as_object)
+    {
+        let _ = writeln!(
+            out,
+            "\nsimulator copy / host memcpy, timed alternately (target >= 0.8):"
+        );
+        for (k, v) in ratios {
+            let v = v.as_f64().unwrap_or(f64::NAN);
+            let _ = writeln!(
+                out,
+                "  {k:<24} {v:.2}{}",
+                if v >= 0.8 { "" } else { "  (below 0.8)" }
+            );
         }
     }
     if let Some(ratios) = summary.get("sim_vs_memcpy").and_then(Value::as_object) {
