@@ -10,10 +10,12 @@
 # `pack` builds, with the CUDA backend and without debug info, the `perf` bench, the Arrow
 # throughput bench, the CUDA fast-path tests (staged and batched copies) and the Arrow
 # cases on CUDA, into .gpu/perf/ (it keeps the rest of .gpu/, so it can follow
-# scripts/gpu-all.sh pack). About 2 MiB... 30 MiB; a few minutes here.
+# scripts/gpu-all.sh pack). About 17 MiB; a few minutes here.
 #
 # `run` (about 4-5 minutes on the H200; every step has its own time limit and the whole
-# stays under 9 minutes; a step that fails is reported and the others still run):
+# stops at 7.5 minutes, PERF_DEADLINE_S=450; perf writes its JSON after every section, so
+# a step cut short keeps what it measured; a step that fails is reported and the others
+# still run):
 #   1. the host and GPU (nvidia-smi, CPUs, transparent huge pages);
 #   2. the fast-path tests and the Arrow cases on CUDA (CUDABUF_REQUIRE_CUDA=1), so that
 #      wrong bytes are caught in the same call as the figures;
@@ -87,7 +89,7 @@ run() {
   local dir=${1:-${OUT:-target/bench-logs/perf-gpu}}
   local logs=/tmp/cudabuf-perf
   start=$SECONDS
-  deadline=$(( SECONDS + ${PERF_DEADLINE_S:-530} ))
+  deadline=$(( SECONDS + ${PERF_DEADLINE_S:-450} ))
   fail=0
   rm -rf "$logs" && mkdir -p "$logs" "$dir"
   export PYTHONUNBUFFERED=1 CUDABUF_BACKEND=cuda RUST_BACKTRACE=1
@@ -106,21 +108,21 @@ run() {
     python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__)' 2>&1
   } 2>&1 | tee "$logs/host.txt"
 
-  step fast_paths 120 env CUDABUF_REQUIRE_CUDA=1 .gpu/perf/fast_paths --test-threads=1
+  step fast_paths 90 env CUDABUF_REQUIRE_CUDA=1 .gpu/perf/fast_paths --test-threads=1
   grep -E '^test |test result' "$logs/fast_paths.log" 2>/dev/null
-  step arrow_cuda 120 env CUDABUF_REQUIRE_CUDA=1 .gpu/perf/arrow_cuda
+  step arrow_cuda 90 env CUDABUF_REQUIRE_CUDA=1 .gpu/perf/arrow_cuda
   grep -E 'test result|FAILED|panicked' "$logs/arrow_cuda.log" 2>/dev/null
 
-  step perf 330 .gpu/perf/perf --sizes "$CURVE_SIZES" --json "$logs/perf.json"
+  step perf 270 .gpu/perf/perf --sizes "$CURVE_SIZES" --json "$logs/perf.json"
   grep -E 'FAILED|NOT RUN|did NOT run' "$logs/perf.log" 2>/dev/null
   sed -n '/^pageable copies against pinned/,/^$/p' "$logs/perf.log" 2>/dev/null
   echo "staging sweep, best of each direction:"
   grep -E '^\| sweep' "$logs/perf.log" 2>/dev/null | sort -t'|' -k5 -g -r | head -4
 
-  step arrow 90 .gpu/perf/arrow_throughput --bench --json "$logs/arrow.json"
+  step arrow 60 .gpu/perf/arrow_throughput --bench --json "$logs/arrow.json"
   cat "$logs/arrow.log" 2>/dev/null
 
-  step compare 240 python3 scripts/bench_compare.py --ours "$logs/perf.json" --arrow "$logs/arrow.json" \
+  step compare 200 python3 scripts/bench_compare.py --ours "$logs/perf.json" --arrow "$logs/arrow.json" \
     --sizes "$CURVE_SIZES" --skip-peer --out "$logs"
   tail -4 "$logs/compare.log" 2>/dev/null
 
@@ -171,5 +173,5 @@ case "${1:-}" in
   run) shift; run "$@" ;;
   sim) shift; sim "$@" ;;
   plot) shift; plot "$@" ;;
-  *) sed -n '2,33p' "$0"; exit 2 ;;
+  *) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 2 ;;
 esac
