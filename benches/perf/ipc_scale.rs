@@ -22,6 +22,8 @@ use crate::{AnyResult, KIB};
 
 /// Set in a re-executed child: the file with one hex handle per line.
 pub(crate) const IPC_SCALE_VAR: &str = "CUDABUF_BENCH_IPC_SCALE";
+/// Set in a re-executed child: the open-handle counts to measure at, comma-separated.
+const IPC_SCALE_LEVELS_VAR: &str = "CUDABUF_BENCH_IPC_SCALE_LEVELS";
 /// The line prefix of the child's result.
 const RESULT: &str = "IPC_SCALE ";
 /// The size of each exported buffer.
@@ -155,7 +157,7 @@ pub(crate) fn ipc_scale(
 /// `IPC_SCALE {json}` line (with `error` if it stopped early).
 pub(crate) fn ipc_scale_child(path: &str) -> AnyResult<()> {
     raise_open_file_limit();
-    let levels: Vec<usize> = std::env::var("CUDABUF_BENCH_IPC_SCALE_LEVELS")?
+    let levels: Vec<usize> = std::env::var(IPC_SCALE_LEVELS_VAR)?
         .split(',')
         .map(|s| s.trim().parse())
         .collect::<Result<_, _>>()?;
