@@ -68,7 +68,7 @@ pub(crate) fn ipc_scale(
     let out = Command::new(std::env::current_exe()?)
         .env(IPC_SCALE_VAR, &path)
         .env(
-            "CUDABUF_BENCH_IPC_SCALE_LEVELS",
+            IPC_SCALE_LEVELS_VAR,
             levels
                 .iter()
                 .map(|l| l.to_string())
