@@ -18,6 +18,10 @@
 # With fewer than 2 GPUs the peer figures are not measured, and both halves say so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+# The sections of the first performance issue (the curves of issue 13 are
+# scripts/gpu-perf.sh's).
+ISSUE5_SECTIONS=copies,sweep,alloc,ipc,writer,from_data,dispatch,peer
 . scripts/gpu-lib.sh
 
 pack() {
@@ -67,13 +71,13 @@ run() {
     grep -E '^test |test result' "$dir/fast_paths.log" || true
   fi
   echo "=== cudabuf perf on CUDA (.gpu/bin/$bin, $(( SECONDS - start )) s so far)"
-  CUDABUF_BACKEND=cuda .gpu/bin/"$bin" --json "$dir/ours.json" >"$dir/ours.log" 2>&1 || fail=1
+  CUDABUF_BACKEND=cuda .gpu/bin/"$bin" --only "$ISSUE5_SECTIONS" --json "$dir/ours.json" >"$dir/ours.log" 2>&1 || fail=1
   # The table (stdout) is at the end of the log; progress lines start with [perf] or spaces.
   grep -E '^\||FAILED|NOT RUN|did NOT run|^simulator|^peer' "$dir/ours.log" | grep -v '^| sweep' || true
   echo "=== staging sweep (best of each direction)"
   grep -E '^\| sweep' "$dir/ours.log" | sort -t'|' -k5 -g -r | head -4 || true
   echo "=== PyTorch and CuPy ($(( SECONDS - start )) s so far)"
-  python3 scripts/bench_compare.py --ours "$dir/ours.json" --out "$dir" 2>"$dir/compare.log" || fail=1
+  python3 scripts/bench_compare.py --ours "$dir/ours.json" --sizes 1M,64M,1G --live-levels 0 --out "$dir" 2>"$dir/compare.log" || fail=1
   tail -5 "$dir/compare.log"
   echo "=== cudabuf bandwidth ($(( SECONDS - start )) s so far)"
   if [ -x .gpu/bin/cudabuf ]; then

@@ -5,12 +5,18 @@ Measures, with the same method as cudabuf's `perf` bench (wall clock around each
 plus a device synchronize, median over repetitions, GB/s with 1 GB = 1e9 bytes,
 device-to-device counting bytes read plus written):
 
-- H2D / D2H from pinned and pageable host memory, and D2D, at 1 MiB, 64 MiB, 1 GiB,
-  through PyTorch (`Tensor.copy_`) and CuPy (`MemoryPointer.copy_from_host` & co, which
-  are `cudaMemcpy`);
+- H2D / D2H from pinned and pageable host memory, and D2D, at every size of `--sizes`
+  (the bandwidth curves: 4 KiB to 1 GiB by default), through PyTorch (`Tensor.copy_`) and
+  CuPy (`MemoryPointer.copy_from_host` & co, which are `cudaMemcpy`);
 - allocation round trips: PyTorch's caching allocator (raw `caching_allocator_alloc` /
-  `_delete`, and `torch.empty` + del), CuPy's memory pool (`MemoryPool.malloc` + del),
-  and plain `cudaMalloc` + `cudaFree`, at 256 B, 1 MiB, 256 MiB;
+  `_delete`, and `torch.empty` + del) and CuPy's memory pool (`MemoryPool.malloc` + del)
+  at 256 B, 1 MiB, 256 MiB, and both against the number of live allocations (0 to 10,000
+  of 64 KiB: the allocation curves);
+- plain `cudaMalloc` + `cudaFree`, in a fresh child process that holds nothing else:
+  alone, beside one live 64 KiB allocation, beside a block CuPy's pool keeps (what this
+  script's earlier versions measured by accident: the pool's block keeps the driver's
+  memory for small allocations mapped, so the pair costs a few microseconds instead of
+  the ~88 us of a real map and unmap), and against the number of live allocations;
 - a raw `cuIpcOpenMemHandle` (ctypes on libcuda) in fresh child processes, the reference
   for cudabuf's first IPC open;
 - with at least 2 GPUs (`torch.cuda.device_count() >= 2`), peer copies at 64 MiB and
@@ -19,15 +25,21 @@ device-to-device counting bytes read plus written):
   cudabuf's `peer` section does); with fewer GPUs it prints that they did not run, and
   why, and the JSON says so (`info.peer_not_run`);
 
-then reads cudabuf's figures (`--ours`, the JSON of `perf --json`), prints one table with
-ratios (ours / theirs) and the issue's targets met or missed, and writes compare.json and
-compare.md (a Markdown table for docs/PERFORMANCE.md) into `--out`.
+then reads cudabuf's figures (`--ours`, the JSON of `perf --json`; `--arrow`, the JSON of
+`arrow_throughput --json`), prints one table with ratios (ours / theirs, ours / the bound
+measured in the same run) and the targets of issues 5 and 13 met or missed, and writes
+compare.json and compare.md (a Markdown table for docs/PERFORMANCE.md) into `--out`.
+`scripts/plot_perf.py` turns perf.json and compare.json into the curves.
 
 Usage:
-    python3 scripts/bench_compare.py --ours OUT/ours.json --out OUT
+    python3 scripts/bench_compare.py --ours OUT/perf.json --arrow OUT/arrow.json --out OUT
     python3 scripts/bench_compare.py --ours OUT/ours.json --out OUT --peer-only   # several GPUs
+    python3 scripts/bench_compare.py --compare-only --ours ... --peers OUT/compare.json  # table again
     python3 scripts/bench_compare.py --ipc-child HEX     # internal: one raw IPC open
+    python3 scripts/bench_compare.py --alloc-child       # internal: cudaMalloc alone
 """
+
+from __future__ import annotations
 
 import argparse
 import ctypes
@@ -38,15 +50,27 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable, Optional
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+#: The bandwidth curves' sizes: 4 KiB to 1 GiB in steps of 4x.
+CURVE_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M,1G"
+#: Live-allocation counts of the allocation curves, and the live allocations' size.
+LIVE_LEVELS = (0, 1, 10, 100, 1000, 10_000)
+LIVE_SIZE = 64 * KIB
+#: The sizes of the allocation round trips.
+ALLOC_SIZES = (256, MIB, 256 * MIB)
+
+Figure = dict[str, Any]
+Results = dict[str, Any]
 
 
-def log(msg):
+def log(msg: str) -> None:
     print(f"[compare] {msg}", file=sys.stderr, flush=True)
 
 
-def human(n):
+def human(n: Optional[int]) -> str:
     if n is None:
         return ""
     for unit, name in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
@@ -55,11 +79,21 @@ def human(n):
     return f"{n} B"
 
 
-def time_calls(f, warmup, min_reps, max_reps, budget_s):
+def parse_sizes(text: str) -> list[int]:
+    """`4K,1M,1G,300` -> bytes (binary units)."""
+    units = {"K": KIB, "M": MIB, "G": GIB}
+    out = []
+    for s in text.split(","):
+        s = s.strip().upper().removesuffix("IB").removesuffix("B")
+        out.append(int(s[:-1]) * units[s[-1]] if s and s[-1] in units else int(s))
+    return out
+
+
+def time_calls(f: Callable[[], object], warmup: int, min_reps: int, max_reps: int, budget_s: float) -> tuple[float, int]:
     """Seconds per call: warmup calls, then min..max timed calls within the budget."""
     for _ in range(warmup):
         f()
-    samples = []
+    samples: list[float] = []
     start = time.perf_counter()
     while len(samples) < max_reps and (len(samples) < min_reps or time.perf_counter() - start < budget_s):
         t = time.perf_counter()
@@ -68,14 +102,14 @@ def time_calls(f, warmup, min_reps, max_reps, budget_s):
     return statistics.median(samples), len(samples)
 
 
-def time_batched(f, sample_s=0.002, batches=15, budget_s=0.3):
+def time_batched(f: Callable[[], object], sample_s: float = 0.002, batches: int = 15, budget_s: float = 0.3) -> tuple[float, int]:
     """Seconds per call of a cheap operation: median over batches of ~sample_s."""
     f()
     t = time.perf_counter()
     f()
     one = max(time.perf_counter() - t, 1e-9)
     batch = max(1, min(200_000, int(sample_s / one)))
-    samples = []
+    samples: list[float] = []
     start = time.perf_counter()
     while len(samples) < batches and (len(samples) < 3 or time.perf_counter() - start < budget_s):
         t = time.perf_counter()
@@ -85,22 +119,27 @@ def time_batched(f, sample_s=0.002, batches=15, budget_s=0.3):
     return statistics.median(samples), len(samples)
 
 
-def copy_budget(size):
+def copy_budget(size: int) -> dict[str, Any]:
     if size >= 256 * MIB:
         return dict(warmup=1, min_reps=5, max_reps=15, budget_s=0.6)
     return dict(warmup=2, min_reps=10, max_reps=200, budget_s=0.3)
 
 
-def gbps(nbytes, secs):
+def gbps(nbytes: int, secs: float) -> float:
     return nbytes / secs / 1e9
+
+
+def figure(section: str, op: str, size: Optional[int], value: float, unit: str, samples: int, x: Optional[int] = None) -> Figure:
+    """One measured figure, in the shape of cudabuf's perf JSON results."""
+    return dict(section=section, op=op, size=size, x=x, value=value, unit=unit, samples=samples)
 
 
 # ------------------------------------------------------------------------------------
 # PyTorch
 
 
-def torch_bench(sizes, results):
-    import torch
+def torch_bench(sizes: list[int], results: Results, live_levels: Iterable[int]) -> None:
+    import torch  # type: ignore[import-not-found]
 
     results["info"]["torch"] = torch.__version__
     dev = torch.device("cuda", 0)
@@ -117,8 +156,8 @@ def torch_bench(sizes, results):
         d2 = torch.empty(size, dtype=torch.uint8, device=dev)
         sync()
 
-        def op(f):
-            def g():
+        def op(f: Callable[[], object]) -> Callable[[], None]:
+            def g() -> None:
                 f()
                 sync()
             return g
@@ -132,28 +171,42 @@ def torch_bench(sizes, results):
         }
         for name, (f, nbytes) in ops.items():
             t, n = time_calls(f, **copy_budget(size))
-            results["torch"].append(dict(section="copies", op=name, size=size, value=gbps(nbytes, t), unit="GB/s", samples=n))
+            results["torch"].append(figure("copies", name, size, gbps(nbytes, t), "GB/s", n))
         del pinned, pageable, d1, d2
         torch.cuda.empty_cache()
 
-    for size in (256, MIB, 256 * MIB):
-        log(f"torch alloc {human(size)}")
-
-        def raw():
+    def raw_alloc(size: int) -> Callable[[], None]:
+        def f() -> None:
             p = torch.cuda.caching_allocator_alloc(size, 0)
             torch.cuda.caching_allocator_delete(p)
+        return f
 
-        def tensor():
+    for size in ALLOC_SIZES:
+        log(f"torch alloc {human(size)}")
+
+        def tensor(size: int = size) -> None:
             x = torch.empty(size, dtype=torch.uint8, device=dev)
             del x
 
-        for name, f in (("caching_allocator_alloc+delete", raw), ("torch.empty+del", tensor)):
+        for name, f in (("caching_allocator_alloc+delete", raw_alloc(size)), ("torch.empty+del", tensor)):
             t, n = time_batched(f)
-            results["torch"].append(dict(section="alloc", op=name, size=size, value=t * 1e6, unit="us", samples=n))
+            results["torch"].append(figure("alloc", name, size, t * 1e6, "us", n))
+    torch.cuda.empty_cache()
+
+    # The caching allocator against the number of live tensors.
+    live: list[Any] = []
+    for level in live_levels:
+        while len(live) < level:
+            live.append(torch.empty(LIVE_SIZE, dtype=torch.uint8, device=dev))
+        log(f"torch alloc with {level} live tensors")
+        for size in (256, MIB):
+            t, n = time_batched(raw_alloc(size), batches=11, budget_s=0.2)
+            results["torch"].append(figure("alloc_live", "caching_allocator_alloc+delete", size, t * 1e6, "us", n, x=level))
+    del live
     torch.cuda.empty_cache()
 
 
-def torch_peer_bench(peer_sizes, results):
+def torch_peer_bench(peer_sizes: list[int], results: Results) -> None:
     """Copies between cuda:0 and cuda:1 through PyTorch, if there are two GPUs."""
     import torch
 
@@ -171,7 +224,7 @@ def torch_peer_bench(peer_sizes, results):
         "0->1": torch.cuda.can_device_access_peer(1, 0), "1->0": torch.cuda.can_device_access_peer(0, 1)}
     d0, d1 = torch.device("cuda", 0), torch.device("cuda", 1)
 
-    def sync():
+    def sync() -> None:
         torch.cuda.synchronize(d0)
         torch.cuda.synchronize(d1)
 
@@ -183,8 +236,8 @@ def torch_peer_bench(peer_sizes, results):
         x1.fill_(6)
         sync()
 
-        def op(f):
-            def g():
+        def op(f: Callable[[], object]) -> Callable[[], None]:
+            def g() -> None:
                 f()
                 sync()
             return g
@@ -199,7 +252,7 @@ def torch_peer_bench(peer_sizes, results):
         }
         for name, f in ops.items():
             t, n = time_calls(f, **copy_budget(size))
-            results["torch"].append(dict(section="peer", op=name, size=size, value=gbps(size, t), unit="GB/s", samples=n))
+            results["torch"].append(figure("peer", name, size, gbps(size, t), "GB/s", n))
         if not torch.equal(x0.to(d1), x1):
             raise RuntimeError(f"torch peer copies at {human(size)}: the bytes differ")
         del x0, x1
@@ -210,9 +263,9 @@ def torch_peer_bench(peer_sizes, results):
 # CuPy
 
 
-def cupy_bench(sizes, results):
-    import cupy
-    import cupyx
+def cupy_bench(sizes: list[int], results: Results, live_levels: Iterable[int]) -> None:
+    import cupy  # type: ignore[import-not-found]
+    import cupyx  # type: ignore[import-not-found]
     import numpy
 
     results["info"]["cupy"] = cupy.__version__
@@ -233,8 +286,8 @@ def cupy_bench(sizes, results):
         # MemoryPointer.copy_*_host take a ctypes.c_void_p (older CuPy: only that).
         pp, pg = ctypes.c_void_p(pinned.ctypes.data), ctypes.c_void_p(pageable.ctypes.data)
 
-        def op(f):
-            def g():
+        def op(f: Callable[[], object]) -> Callable[[], None]:
+            def g() -> None:
                 f()
                 sync()
             return g
@@ -248,26 +301,35 @@ def cupy_bench(sizes, results):
         }
         for name, (f, nbytes) in ops.items():
             t, n = time_calls(f, **copy_budget(size))
-            results["cupy"].append(dict(section="copies", op=name, size=size, value=gbps(nbytes, t), unit="GB/s", samples=n))
+            results["cupy"].append(figure("copies", name, size, gbps(nbytes, t), "GB/s", n))
         del pinned, pageable, d1, d2
         cupy.get_default_memory_pool().free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()
 
     pool = cupy.get_default_memory_pool()
-    for size in (256, MIB, 256 * MIB):
-        log(f"cupy alloc {human(size)}")
 
-        def pooled():
+    def pooled(size: int) -> Callable[[], None]:
+        def f() -> None:
             m = pool.malloc(size)
             del m
+        return f
 
-        def plain():
-            p = rt.malloc(size)
-            rt.free(p)
+    for size in ALLOC_SIZES:
+        log(f"cupy pool alloc {human(size)}")
+        t, n = time_batched(pooled(size))
+        results["cupy"].append(figure("alloc", "pool.malloc+del", size, t * 1e6, "us", n))
+    pool.free_all_blocks()
 
-        for name, f, budget in (("pool.malloc+del", pooled, 0.3), ("cudaMalloc+cudaFree", plain, 0.8)):
-            t, n = time_batched(f, budget_s=budget)
-            results["cupy"].append(dict(section="alloc", op=name, size=size, value=t * 1e6, unit="us", samples=n))
+    # The pool against the number of live pool allocations.
+    live: list[Any] = []
+    for level in live_levels:
+        while len(live) < level:
+            live.append(pool.malloc(LIVE_SIZE))
+        log(f"cupy pool alloc with {level} live blocks")
+        for size in (256, MIB):
+            t, n = time_batched(pooled(size), batches=11, budget_s=0.2)
+            results["cupy"].append(figure("alloc_live", "pool.malloc+del", size, t * 1e6, "us", n, x=level))
+    del live
     pool.free_all_blocks()
 
     # Raw IPC open in fresh children, of a cudaMalloc allocation exported here.
@@ -283,19 +345,70 @@ def cupy_bench(sizes, results):
             if out.returncode != 0 or line is None:
                 raise RuntimeError(f"raw IPC child failed: {out.stdout}\n{out.stderr}")
             firsts.append(json.loads(line[len("IPC_RESULT "):])["first_open_us"])
-        results["cupy"].append(dict(section="ipc", op="raw_first_open_ctypes", size=size, value=statistics.median(firsts), unit="us", samples=len(firsts)))
+        results["cupy"].append(figure("ipc", "raw_first_open_ctypes", size, statistics.median(firsts), "us", len(firsts)))
     finally:
         rt.free(ptr)
 
 
-def ipc_child(hex_handle):
+def alloc_child(live_levels: Iterable[int]) -> list[Figure]:
+    """In a fresh process (CuPy only, nothing else allocated): `cudaMalloc` + `cudaFree`
+    alone, beside one live 64 KiB allocation, beside a block CuPy's pool keeps, and against
+    the number of live allocations."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    rt.free(rt.malloc(256))  # the context, made before anything is timed
+    out: list[Figure] = []
+
+    def pair(size: int) -> Callable[[], None]:
+        def f() -> None:
+            rt.free(rt.malloc(size))
+        return f
+
+    for size in ALLOC_SIZES:
+        budget = 0.8 if size >= 256 * MIB else 0.3
+        t, n = time_batched(pair(size), budget_s=budget)
+        out.append(figure("alloc", "cudaMalloc+cudaFree", size, t * 1e6, "us", n))
+        neighbour = rt.malloc(LIVE_SIZE)
+        t, n = time_batched(pair(size), budget_s=budget)
+        rt.free(neighbour)
+        out.append(figure("alloc", "cudaMalloc+cudaFree_neighbour", size, t * 1e6, "us", n))
+        pool = cupy.get_default_memory_pool()
+        block = pool.malloc(size)
+        del block  # back in the pool, which keeps it allocated
+        t, n = time_batched(pair(size), budget_s=budget)
+        pool.free_all_blocks()
+        out.append(figure("alloc", "cudaMalloc+cudaFree_pool_holds_block", size, t * 1e6, "us", n))
+    live: list[int] = []
+    for level in live_levels:
+        while len(live) < level:
+            live.append(rt.malloc(LIVE_SIZE))
+        for size in (256, MIB):
+            t, n = time_batched(pair(size), batches=11, budget_s=0.2)
+            out.append(figure("alloc_live", "cudaMalloc+cudaFree", size, t * 1e6, "us", n, x=level))
+    for p in live:
+        rt.free(p)
+    return out
+
+
+def run_alloc_child(live_levels: Iterable[int], results: Results) -> None:
+    levels = ",".join(str(level) for level in live_levels)
+    out = subprocess.run([sys.executable, __file__, "--alloc-child", "--live-levels", levels],
+                         capture_output=True, text=True, timeout=240)
+    line = next((l for l in out.stdout.splitlines() if l.startswith("ALLOC_RESULT ")), None)
+    if out.returncode != 0 or line is None:
+        raise RuntimeError(f"the cudaMalloc child failed: {out.stdout}\n{out.stderr}")
+    results["cupy"].extend(json.loads(line[len("ALLOC_RESULT "):]))
+
+
+def ipc_child(hex_handle: str) -> None:
     """A fresh process: driver and primary context ready, then one timed cuIpcOpenMemHandle."""
     cuda = ctypes.CDLL("libcuda.so.1")
 
     class Handle(ctypes.Structure):
         _fields_ = [("reserved", ctypes.c_char * 64)]
 
-    def check(name, rc):
+    def check(name: str, rc: int) -> None:
         if rc != 0:
             raise RuntimeError(f"{name} failed: {rc}")
 
@@ -324,14 +437,50 @@ def ipc_child(hex_handle):
 # The comparison
 
 
-def find(rows, section, op, size):
+@dataclass
+class Row:
+    """One line of the comparison table."""
+
+    what: str
+    size: Optional[int]
+    ours: Optional[float]
+    torch: Optional[float]
+    cupy: Optional[float]
+    unit: str
+    target: str = ""
+    met: Optional[bool] = None
+    #: A bound measured in the same run (the host's memcpy, cudabuf's own baseline).
+    bound: Optional[float] = None
+    bound_what: str = ""
+
+
+def find(rows: list[Figure], section: str, op: str, size: Optional[int], x: Optional[int] = None) -> Optional[float]:
     for r in rows:
-        if r["section"] == section and r["op"] == op and r.get("size") == size and r.get("value") is not None:
-            return r["value"]
+        if (r["section"] == section and r["op"] == op and r.get("size") == size and r.get("x") == x
+                and r.get("value") is not None):
+            return float(r["value"])
     return None
 
 
-def compare_peer(ours_doc, results, peer_sizes):
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b not in (None, 0) else None
+
+
+def best_host_memcpy(ours: list[Figure], size: int, suffix: str = "") -> Optional[float]:
+    """The best `host_memcpy_mt<N><suffix>` figure at `size` (over thread counts)."""
+    values = []
+    for r in ours:
+        op = r["op"]
+        if r["section"] != "copies" or r.get("size") != size or r.get("value") is None:
+            continue
+        if op.startswith("host_memcpy_mt") and op.endswith(suffix):
+            threads = op[len("host_memcpy_mt"):len(op) - len(suffix)]
+            if threads.isdigit():
+                values.append(float(r["value"]))
+    return max(values) if values else None
+
+
+def compare_peer(ours_doc: Optional[dict[str, Any]], results: Results, peer_sizes: list[int]) -> list[Row]:
     """Rows for copies between devices 0 and 1: cudabuf with and without peer access
     against PyTorch's `.to()` (and `copy_`)."""
     ours = ours_doc.get("results", []) if ours_doc else []
@@ -342,84 +491,133 @@ def compare_peer(ours_doc, results, peer_sizes):
             t = find(torch_rows, "peer", op + "_to", size)
             c = find(torch_rows, "peer", op + "_copy_", size)
             o = find(ours, "peer", op, size)
-            rows.append(dict(what=f"peer {arrow}: copy_from_device vs torch .to('cuda:N')", size=size, ours=o, torch=t, cupy=None,
-                             unit="GB/s", target="", met=None))
-            rows.append(dict(what=f"peer {arrow}: copy_from_device vs torch copy_ (preallocated)", size=size, ours=o, torch=c, cupy=None,
-                             unit="GB/s", target="", met=None))
+            rows.append(Row(f"peer {arrow}: copy_from_device vs torch .to('cuda:N')", size, o, t, None, "GB/s"))
+            rows.append(Row(f"peer {arrow}: copy_from_device vs torch copy_ (preallocated)", size, o, c, None, "GB/s"))
             n = find(ours, "peer", op + "_no_peer_access", size)
-            rows.append(dict(what=f"peer {arrow}: ours with CUDABUF_PEER_ACCESS=0 vs torch .to", size=size, ours=n, torch=t, cupy=None,
-                             unit="GB/s", target="", met=None))
+            rows.append(Row(f"peer {arrow}: ours with CUDABUF_PEER_ACCESS=0 vs torch .to", size, n, t, None, "GB/s"))
     # One GPU: neither side measured anything; the "did not run" lines say why.
-    return rows if any(r["ours"] is not None or r["torch"] is not None for r in rows) else []
+    return rows if any(r.ours is not None or r.torch is not None for r in rows) else []
 
 
-def compare(ours_doc, results, sizes):
-    ours = ours_doc.get("results", []) if ours_doc else []
-    torch_rows, cupy_rows = results["torch"], results["cupy"]
-    rows = []  # dicts: what, size, ours, torch, cupy, unit, target, met
-    targets = []
-
-    def ratio(a, b):
-        return a / b if a is not None and b not in (None, 0) else None
-
+def compare_copies(ours: list[Figure], torch_rows: list[Figure], cupy_rows: list[Figure], sizes: list[int]) -> list[Row]:
+    """Copies at each size, with issue 5's targets (pinned, D2D) and issue 13's (pageable
+    D2H >= 0.8x pinned, or within 10% of the host's multi-threaded memcpy)."""
+    rows = []
     for op in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "d2d"):
         for size in sizes:
             o, t, c = find(ours, "copies", op, size), find(torch_rows, "copies", op, size), find(cupy_rows, "copies", op, size)
-            target, met = "", None
-            if op.endswith("pinned") and not op.endswith("pageable") and size >= 64 * MIB:
-                target = ">= 0.97x torch"
-                met = None if ratio(o, t) is None else ratio(o, t) >= 0.97
+            row = Row(op, size, o, t, c, "GB/s")
+            if op.endswith("pinned") and size >= 64 * MIB:
+                row.target = ">= 0.97x torch"
+                r = ratio(o, t)
+                row.met = None if r is None else r >= 0.97
             elif op.endswith("pageable") and size >= 64 * MIB:
                 pinned = find(ours, "copies", op.replace("pageable", "pinned"), size)
-                r = ratio(o, t)
-                vs_pinned = ratio(o, pinned)
-                target = ">= 3x torch pageable" + (f" (aim 0.8x pinned: {vs_pinned:.2f})" if vs_pinned else "")
-                met = None if r is None else r >= 3.0
+                row.bound, row.bound_what = best_host_memcpy(ours, size), "host memcpy, multi-threaded"
+                vs_pinned, vs_bound = ratio(o, pinned), ratio(o, row.bound)
+                row.target = ">= 0.8x pinned or >= 0.9x host memcpy" + (
+                    f" (pinned: {vs_pinned:.2f}x)" if vs_pinned is not None else "")
+                if vs_pinned is not None or vs_bound is not None:
+                    row.met = (vs_pinned or 0) >= 0.8 or (vs_bound or 0) >= 0.9
             elif op == "d2d" and size >= GIB:
-                target = ">= 0.95x torch"
-                met = None if ratio(o, t) is None else ratio(o, t) >= 0.95
-            rows.append(dict(what=op, size=size, ours=o, torch=t, cupy=c, unit="GB/s", target=target, met=met))
+                row.target = ">= 0.95x torch"
+                r = ratio(o, t)
+                row.met = None if r is None else r >= 0.95
+            rows.append(row)
             if op.endswith("pageable"):
                 u = find(ours, "copies", op + "_unstaged", size)
                 if u is not None:
-                    rows.append(dict(what=op + " (ours unstaged)", size=size, ours=u, torch=t, cupy=c, unit="GB/s", target="", met=None))
-    for size in (256, MIB, 256 * MIB):
+                    rows.append(Row(op + " (ours unstaged)", size, u, t, c, "GB/s"))
+    for size in sizes:
+        o = find(ours, "copies", "d2h_pageable_fresh", size)
+        if o is not None and size >= 64 * MIB:
+            rows.append(Row("d2h_pageable into a new vector (first touch)", size, o, None, None, "GB/s",
+                            bound=best_host_memcpy(ours, size, "_fresh"), bound_what="host memcpy into new memory"))
+    return rows
+
+
+def compare_alloc(ours: list[Figure], torch_rows: list[Figure], cupy_rows: list[Figure]) -> list[Row]:
+    """Allocation round trips: cached against the pools (issue 5), uncached against
+    `cudaMalloc` + `cudaFree` in the same state (alone, beside a live allocation)."""
+    rows = []
+    for size in ALLOC_SIZES:
         o = find(ours, "alloc", "new_buffer+drop_cached", size)
         t = find(torch_rows, "alloc", "caching_allocator_alloc+delete", size)
         c = find(cupy_rows, "alloc", "pool.malloc+del", size)
-        target, met = "", None
+        row = Row("new_buffer+drop (cached) vs the pools", size, o, t, c, "us")
         if size >= MIB:
-            target = "<= 1 us and <= cupy pool"
-            met = None if o is None else (o <= 1.0 and (c is None or o <= c))
-        rows.append(dict(what="new_buffer+drop (cached)", size=size, ours=o, torch=t, cupy=c, unit="us", target=target, met=met))
-        o = find(ours, "alloc", "new_buffer+drop_uncached", size)
-        c = find(cupy_rows, "alloc", "cudaMalloc+cudaFree", size)
-        rows.append(dict(what="new_buffer+drop (cache off) vs cudaMalloc+cudaFree", size=size, ours=o, torch=None, cupy=c, unit="us", target="", met=None))
+            row.target = "<= 1 us and <= cupy pool"
+            row.met = None if o is None else (o <= 1.0 and (c is None or o <= c))
+        rows.append(row)
+        for state, label in (("", "alone"), ("_neighbour", "beside a live 64 KiB allocation")):
+            o = find(ours, "alloc", f"new_buffer+drop_uncached{state}", size)
+            c = find(cupy_rows, "alloc", f"cudaMalloc+cudaFree{state}", size)
+            raw = find(ours, "alloc", f"cuMemAlloc+cuMemFree{state}", size)
+            rows.append(Row(f"new_buffer+drop (cache off) vs cudaMalloc+cudaFree, {label}", size, o, None, c, "us",
+                            bound=raw, bound_what="cuMemAlloc+cuMemFree (Rust, same state)"))
+        held = find(cupy_rows, "alloc", "cudaMalloc+cudaFree_pool_holds_block", size)
+        if held is not None:
+            rows.append(Row("cudaMalloc+cudaFree beside a block CuPy's pool holds (the old peer column)", size, None, None, held, "us"))
+    return rows
+
+
+def compare_arrow(arrow_doc: Optional[dict[str, Any]]) -> list[Row]:
+    """Issue 13's Arrow targets, from `arrow_throughput --json`: each against its
+    baseline measured in the same run."""
+    if not arrow_doc:
+        return []
+    results = arrow_doc.get("results", [])
+    by_op = {r["op"]: r for r in results}
+    size = arrow_doc.get("info", {}).get("message_bytes")
+    rows = []
+    for r in results:
+        base = by_op.get(r.get("baseline") or "")
+        if base is None:
+            continue
+        row = Row(f"arrow: {r['op']}", size, r.get("gbps"), None, None, "GB/s",
+                  bound=base.get("gbps"), bound_what=base["op"])
+        target = r.get("target")
+        if target is not None:
+            row.target = f">= {target}x {base['op']}"
+            got = r.get("ratio")
+            row.met = None if got is None else got >= target
+        rows.append(row)
+    return rows
+
+
+def compare(ours_doc: Optional[dict[str, Any]], results: Results, sizes: list[int],
+            arrow_doc: Optional[dict[str, Any]] = None) -> list[Row]:
+    ours = ours_doc.get("results", []) if ours_doc else []
+    torch_rows, cupy_rows = results["torch"], results["cupy"]
+    rows = compare_copies(ours, torch_rows, cupy_rows, sizes)
+    rows += compare_alloc(ours, torch_rows, cupy_rows)
     o = find(ours, "ipc", "repeated_open", 64 * MIB)
-    rows.append(dict(what="IPC repeated open", size=64 * MIB, ours=o, torch=None, cupy=None, unit="us", target="<= 2 us", met=None if o is None else o <= 2.0))
+    rows.append(Row("IPC repeated open", 64 * MIB, o, None, None, "us", "<= 2 us", None if o is None else o <= 2.0))
     o = find(ours, "ipc", "first_open", 64 * MIB)
     raw_rust = find(ours, "ipc", "raw_first_open", 64 * MIB)
     raw_py = find(cupy_rows, "ipc", "raw_first_open_ctypes", 64 * MIB)
     raw = raw_rust if raw_rust is not None else raw_py
-    rows.append(dict(what="IPC first open (fresh child) vs raw cuIpcOpenMemHandle", size=64 * MIB, ours=o, torch=None, cupy=raw, unit="us",
-                     target="<= 1.5x raw", met=None if ratio(o, raw) is None else ratio(o, raw) <= 1.5))
+    r = ratio(o, raw)
+    rows.append(Row("IPC first open (fresh child) vs raw cuIpcOpenMemHandle", 64 * MIB, o, None, raw, "us",
+                    "<= 1.5x raw", None if r is None else r <= 1.5))
     if raw_py is not None and raw_rust is not None:
-        rows.append(dict(what="raw cuIpcOpenMemHandle (ctypes child) vs (Rust child)", size=64 * MIB, ours=raw_rust, torch=None, cupy=raw_py, unit="us", target="", met=None))
+        rows.append(Row("raw cuIpcOpenMemHandle (ctypes child) vs (Rust child)", 64 * MIB, raw_rust, None, raw_py, "us"))
     for chunk, need in (("256B", 10.0), ("4KiB", 20.0), ("64KiB", 20.0)):
         best, best_op = None, None
-        for r in ours:
-            if r["section"] == "writer" and r["op"].startswith(f"buffered_{chunk}_staging") and r.get("value") is not None:
-                if best is None or r["value"] > best:
-                    best, best_op = r["value"], r["op"]
-        rows.append(dict(what=f"writer {best_op or 'buffered_' + chunk}", size=128 * MIB, ours=best, torch=None, cupy=None, unit="GB/s",
-                         target=f">= {need:g} GB/s", met=None if best is None else best >= need))
+        for fig in ours:
+            if fig["section"] == "writer" and fig["op"].startswith(f"buffered_{chunk}_staging") and fig.get("value") is not None:
+                if best is None or fig["value"] > best:
+                    best, best_op = fig["value"], fig["op"]
+        rows.append(Row(f"writer {best_op or 'buffered_' + chunk}", 128 * MIB, best, None, None, "GB/s",
+                        f">= {need:g} GB/s", None if best is None else best >= need))
     o = find(ours, "from_data", "buffer_from_data_pageable", GIB)
     t = find(torch_rows, "copies", "h2d_pageable", GIB)
-    rows.append(dict(what="buffer_from_data (1 GiB pageable) vs torch pageable H2D", size=GIB, ours=o, torch=t, cupy=None, unit="GB/s", target="", met=None))
+    rows.append(Row("buffer_from_data (1 GiB pageable) vs torch pageable H2D", GIB, o, t, None, "GB/s"))
+    rows += compare_arrow(arrow_doc)
     return rows
 
 
-def fmt(v):
+def fmt(v: Optional[float]) -> str:
     if v is None:
         return "-"
     if v >= 1000:
@@ -431,89 +629,113 @@ def fmt(v):
     return f"{v:.4f}"
 
 
-def table(rows):
-    head = "| operation | size | cudabuf | PyTorch | CuPy | unit | ours/torch | ours/cupy | target | met |"
-    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
+def table(rows: list[Row]) -> str:
+    head = ("| operation | size | cudabuf | PyTorch | CuPy | bound (same run) | unit | ours/torch | ours/cupy | ours/bound "
+            "| target | met |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        rt = r["ours"] / r["torch"] if r["ours"] is not None and r["torch"] else None
-        rc = r["ours"] / r["cupy"] if r["ours"] is not None and r["cupy"] else None
-        met = {True: "yes", False: "**MISSED**", None: ""}[r["met"]]
-        lines.append(f"| {r['what']} | {human(r['size'])} | {fmt(r['ours'])} | {fmt(r['torch'])} | {fmt(r['cupy'])} | {r['unit']} | "
-                     f"{fmt(rt) if rt else '-'} | {fmt(rc) if rc else '-'} | {r['target']} | {met} |")
+        rt, rc, rb = ratio(r.ours, r.torch), ratio(r.ours, r.cupy), ratio(r.ours, r.bound)
+        met = {True: "yes", False: "**MISSED**", None: ""}[r.met]
+        bound = f"{fmt(r.bound)} ({r.bound_what})" if r.bound is not None else "-"
+        lines.append(f"| {r.what} | {human(r.size)} | {fmt(r.ours)} | {fmt(r.torch)} | {fmt(r.cupy)} | {bound} | {r.unit} | "
+                     f"{fmt(rt)} | {fmt(rc)} | {fmt(rb)} | {r.target} | {met} |")
     return "\n".join(lines)
 
 
-def main():
+def load(path: Optional[str], what: str) -> Optional[dict[str, Any]]:
+    if path and os.path.exists(path):
+        with open(path) as fh:
+            doc: dict[str, Any] = json.load(fh)
+            return doc
+    log(f"no {what} at {path!r}")
+    return None
+
+
+def write_outputs(out_dir: str, info: dict[str, Any], results: Results, rows: list[Row], not_run: list[str], elapsed_s: float) -> str:
+    text = table(rows)
+    missed = [r for r in rows if r.met is False]
+    met = [r for r in rows if r.met is True]
+    header = (f"cudabuf vs PyTorch {info.get('torch', '?')} / CuPy {info.get('cupy', '?')} on {info.get('gpu', '?')}, "
+              f"driver {info.get('driver_version', '?')}, {info.get('date', '?')} (compare took {elapsed_s:.0f} s)")
+    report = header + "\n\n" + text + f"\n\ntargets met: {len(met)}, missed: {len(missed)}\n" + "".join(
+        line + "\n" for line in not_run)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "compare.json"), "w") as fh:
+        json.dump({"info": info, "peers": {"torch": results["torch"], "cupy": results["cupy"]},
+                   "rows": [asdict(r) for r in rows]}, fh, indent=1)
+    with open(os.path.join(out_dir, "compare.md"), "w") as fh:
+        fh.write(report)
+    return report
+
+
+def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", help="cudabuf's perf --json output")
+    ap.add_argument("--arrow", help="cudabuf-arrow's arrow_throughput --json output")
     ap.add_argument("--out", default=".", help="where compare.json and compare.md go")
-    ap.add_argument("--sizes", default="1M,64M,1G")
+    ap.add_argument("--sizes", default=CURVE_SIZES)
+    ap.add_argument("--live-levels", default=",".join(str(level) for level in LIVE_LEVELS))
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-cupy", action="store_true")
     ap.add_argument("--peer-sizes", default="64M,1G", help="sizes of the copies between GPUs 0 and 1")
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--peer-only", action="store_true", help="only the copies between GPUs (several-GPU runs)")
+    ap.add_argument("--compare-only", action="store_true",
+                    help="measure nothing: the table again from --peers (an earlier compare.json)")
+    ap.add_argument("--peers", help="with --compare-only: an earlier compare.json")
     ap.add_argument("--ipc-child")
-    args = ap.parse_args()
+    ap.add_argument("--alloc-child", action="store_true")
+    args = ap.parse_args(argv)
+    live_levels = [int(level) for level in args.live_levels.split(",") if level.strip()]
     if args.ipc_child:
         ipc_child(args.ipc_child)
         return 0
-    units = {"K": KIB, "M": MIB, "G": GIB}
-
-    def parse_sizes(text):
-        return [int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s) for s in text.split(",")]
-
+    if args.alloc_child:
+        print("ALLOC_RESULT " + json.dumps(alloc_child(live_levels)), flush=True)
+        return 0
     sizes, peer_sizes = parse_sizes(args.sizes), parse_sizes(args.peer_sizes)
-    results = {"info": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                        "python": sys.version.split()[0]}, "torch": [], "cupy": []}
     started = time.perf_counter()
-    for name, f, skip, what in (("torch", torch_bench, args.skip_torch or args.peer_only, sizes),
-                                ("cupy", cupy_bench, args.skip_cupy or args.peer_only, sizes),
-                                ("torch_peer", torch_peer_bench, args.skip_peer or args.skip_torch, peer_sizes)):
-        if skip:
-            continue
-        try:
-            f(what, results)
-        except Exception as e:  # keep the other library's figures
-            log(f"{name} FAILED: {e!r}")
-            results["info"][f"{name}_error"] = repr(e)
-    ours_doc = None
-    if args.ours and os.path.exists(args.ours):
-        with open(args.ours) as fh:
-            ours_doc = json.load(fh)
-        results["info"]["ours"] = ours_doc.get("info", {})
+    results: Results
+    if args.compare_only:
+        earlier = load(args.peers, "earlier comparison") or {}
+        results = {"info": earlier.get("info", {}), **earlier.get("peers", {"torch": [], "cupy": []})}
     else:
-        log(f"no cudabuf figures at {args.ours!r}: the table has only the peers")
-    rows = [] if args.peer_only else compare(ours_doc, results, sizes)
+        results = {"info": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                            "python": sys.version.split()[0], "sizes": sizes, "live_levels": live_levels},
+                   "torch": [], "cupy": []}
+        steps: list[tuple[str, Callable[[], None], bool]] = [
+            ("torch", lambda: torch_bench(sizes, results, live_levels), args.skip_torch or args.peer_only),
+            ("cupy", lambda: cupy_bench(sizes, results, live_levels), args.skip_cupy or args.peer_only),
+            ("cudaMalloc child", lambda: run_alloc_child(live_levels, results), args.skip_cupy or args.peer_only),
+            ("torch_peer", lambda: torch_peer_bench(peer_sizes, results), args.skip_peer or args.skip_torch),
+        ]
+        for name, step, skip in steps:
+            if skip:
+                continue
+            try:
+                step()
+            except Exception as e:  # keep the other steps' figures
+                log(f"{name} FAILED: {e!r}")
+                results["info"][f"{name}_error"] = repr(e)
+    ours_doc = load(args.ours, "cudabuf figures")
+    arrow_doc = load(args.arrow, "Arrow figures") if args.arrow else None
+    if ours_doc:
+        results["info"]["ours"] = ours_doc.get("info", {})
+    rows = [] if args.peer_only else compare(ours_doc, results, sizes, arrow_doc)
     if not args.skip_peer:
         rows += compare_peer(ours_doc, results, peer_sizes)
-    if ours_doc and ours_doc.get("not_run"):
-        for section, why in ours_doc["not_run"].items():
-            log(f"cudabuf's {section} section did not run: {why}")
-    text = table(rows)
-    missed = [r for r in rows if r["met"] is False]
-    met = [r for r in rows if r["met"] is True]
-    info = results["info"]
-    header = (f"cudabuf vs PyTorch {info.get('torch', '?')} / CuPy {info.get('cupy', '?')} on {info.get('gpu', '?')}, "
-              f"driver {info.get('driver_version', '?')}, {info['date']} (compare took {time.perf_counter() - started:.0f} s)")
-    print()
-    print(header)
-    print(text)
-    print(f"\ntargets met: {len(met)}, missed: {len(missed)}")
     not_run = []
+    info = results["info"]
     if info.get("peer_not_run"):
         not_run.append(f"PyTorch peer copies did not run: {info['peer_not_run']}")
     for section, why in ((ours_doc or {}).get("not_run") or {}).items():
         not_run.append(f"cudabuf's {section} section did not run: {why}")
-    for line in not_run:
-        print(line)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "compare.json"), "w") as fh:
-        json.dump({"info": info, "peers": {"torch": results["torch"], "cupy": results["cupy"]}, "rows": rows}, fh, indent=1)
-    with open(os.path.join(args.out, "compare.md"), "w") as fh:
-        fh.write(header + "\n\n" + text + f"\n\ntargets met: {len(met)}, missed: {len(missed)}\n")
-        for line in not_run:
-            fh.write(line + "\n")
+    for key, value in info.items():
+        if key.endswith("_error"):
+            not_run.append(f"{key[:-len('_error')]} failed: {value}")
+    report = write_outputs(args.out, info, results, rows, not_run, time.perf_counter() - started)
+    print()
+    print(report)
     return 0
 
 

@@ -1,18 +1,25 @@
 //! Throughput of serializing and reading an Arrow record batch on the device, against
-//! plain copies of the same bytes.
+//! plain copies of the same bytes in the same run.
 //!
 //! A batch of 1M rows and 8 numeric columns (4 int64, 4 float64: 64 MB of values) is
 //! serialized into device memory and read back; the baselines copy the message's bytes
 //! with `buffer_from_data` (allocate + host-to-device, pageable and pinned) and
-//! `copy_to_host` (into a reused host buffer, and into a new `Vec` as `to_host` does).
-//! Prints the median of N runs, GB/s (1 GB = 1e9 bytes) and the ratio to the matching
-//! baseline.
+//! `copy_to_host` (into a reused host buffer, and into a new `Vec`). Prints the median of N
+//! runs, GB/s (1 GB = 1e9 bytes) and the ratio to the matching baseline, with the targets
+//! of issue 13 (`serialize_record_batch` >= 0.9x `buffer_from_data` of pageable memory,
+//! `read_record_batch` + `to_host` >= 0.8x `copy_to_host` into existing memory); with
+//! `--json PATH` (or `ARROW_BENCH_JSON`) every figure as JSON too.
 //!
 //! ```text
 //! cargo bench -p cudabuf-arrow --bench arrow_throughput                # simulator
 //! CUDABUF_BACKEND=cuda cargo bench -p cudabuf-arrow --features cuda --bench arrow_throughput
 //! ARROW_BENCH_ROWS=4000000 ARROW_BENCH_RUNS=21 ...                     # bigger, longer
 //! ```
+//!
+//! `to_host` is measured with the context's pool of pinned staging buffers on (the CUDA
+//! default: bodies land in pooled pinned blocks), the first conversion with the pool
+//! emptied before each run (the block is pinned then), and with the pool off (the
+//! simulator's default: bodies land in new vectors).
 //!
 //! Run without `--bench` (as `cargo test` does) it makes one quick pass over a small
 //! batch, to check that it works.
@@ -23,10 +30,12 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{ArrayRef, Float64Array, Int64Array};
 use arrow::record_batch::RecordBatch;
-use cudabuf_arrow::{read_record_batch, serialize_record_batch, Serializer};
-use cudabuf_core::Backend;
+use cudabuf_arrow::{read_record_batch, serialize_record_batch, DeviceStreamWriter, Serializer};
+use cudabuf_core::{Backend, Context};
 
-fn backend() -> Result<Backend, Box<dyn Error>> {
+type AnyResult<T> = Result<T, Box<dyn Error>>;
+
+fn backend() -> AnyResult<Backend> {
     match std::env::var("CUDABUF_BACKEND").as_deref() {
         Ok("cuda") => {
             #[cfg(feature = "cuda")]
@@ -64,29 +73,46 @@ fn numeric_batch(rows: usize) -> RecordBatch {
     RecordBatch::try_from_iter(columns).expect("batch")
 }
 
-/// The median time of `runs` calls of `f` (after one warm-up call).
-fn median(runs: usize, mut f: impl FnMut()) -> Duration {
-    f();
-    let mut times: Vec<Duration> = (0..runs)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed()
-        })
-        .collect();
+/// The median time of `runs` calls of `f` (after one warm-up call); `prepare` runs before
+/// each call, untimed.
+fn median(
+    runs: usize,
+    mut prepare: impl FnMut(),
+    mut f: impl FnMut() -> AnyResult<()>,
+) -> AnyResult<Duration> {
+    prepare();
+    f()?;
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        prepare();
+        let start = Instant::now();
+        f()?;
+        times.push(start.elapsed());
+    }
     times.sort();
-    times[times.len() / 2]
+    Ok(times[times.len() / 2])
 }
 
+/// One figure: what, its time, and the baseline (row name) and target ratio it is held
+/// to.
 struct Row {
     name: &'static str,
-    bytes: usize,
     time: Duration,
-    baseline: Option<usize>,
+    baseline: Option<&'static str>,
+    target: Option<f64>,
 }
 
-fn main() -> Result<(), Box<dyn Error>> {
-    let bench_mode = std::env::args().any(|a| a == "--bench");
+const FROM_DATA_PAGEABLE: &str = "buffer_from_data (pageable)";
+const COPY_TO_HOST: &str = "copy_to_host (existing memory)";
+
+fn main() -> AnyResult<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let bench_mode = args.iter().any(|a| a == "--bench");
+    let json = args
+        .iter()
+        .position(|a| a == "--json")
+        .and_then(|i| args.get(i + 1).cloned())
+        .or_else(|| std::env::var("ARROW_BENCH_JSON").ok());
     let rows = env_usize(
         "ARROW_BENCH_ROWS",
         if bench_mode { 1 << 20 } else { 1 << 10 },
@@ -94,6 +120,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     let runs = env_usize("ARROW_BENCH_RUNS", if bench_mode { 7 } else { 1 });
     let backend = backend()?;
     let ctx = backend.context(0)?;
+    let pool_default = ctx.staging_pool_limit();
+    // The pool on for the runs that use it: the CUDA default, at least 256 MiB.
+    let pool_on = pool_default.max(cudabuf_core::DEFAULT_STAGING_POOL_LIMIT);
     let batch = numeric_batch(rows);
     let schema = batch.schema();
 
@@ -104,102 +133,249 @@ fn main() -> Result<(), Box<dyn Error>> {
     pinned.copy_from_slice(&bytes);
     let mut host = vec![0u8; n];
     let mut serializer = Serializer::new(&ctx);
+    // The columns' value buffers, laid out one after another.
+    let columns: Vec<arrow::buffer::Buffer> = batch
+        .columns()
+        .iter()
+        .map(|c| c.to_data().buffers()[0].clone())
+        .collect();
+    let column_bytes: usize = columns.iter().map(|b| b.len()).sum();
+    let target = ctx.new_buffer(column_bytes)?;
 
-    let table = vec![
-        Row {
-            name: "buffer_from_data (pageable)",
-            bytes: n,
-            time: median(runs, || drop(ctx.buffer_from_data(&bytes).unwrap())),
-            baseline: None,
-        },
-        Row {
-            name: "buffer_from_data (pinned)",
-            bytes: n,
-            time: median(runs, || drop(ctx.buffer_from_data(&pinned).unwrap())),
-            baseline: None,
-        },
-        Row {
-            name: "copy_from_host per column",
-            bytes: n,
-            time: median(runs, || {
-                let device = ctx.new_buffer(n).unwrap();
-                let mut at = 0;
-                for column in batch.columns() {
-                    let data = column.to_data();
-                    let values = &data.buffers()[0];
-                    device.copy_from_host(values.as_slice(), at, None).unwrap();
+    let mut table: Vec<Row> = Vec::new();
+    let mut row = |name, baseline, target_ratio, time: AnyResult<Duration>| -> AnyResult<()> {
+        table.push(Row {
+            name,
+            time: time?,
+            baseline,
+            target: target_ratio,
+        });
+        Ok(())
+    };
+    let nothing = || {};
+    row(
+        FROM_DATA_PAGEABLE,
+        None,
+        None,
+        median(runs, nothing, || {
+            drop(ctx.buffer_from_data(&bytes)?);
+            Ok(())
+        }),
+    )?;
+    row(
+        "buffer_from_data (pinned)",
+        None,
+        None,
+        median(runs, nothing, || {
+            drop(ctx.buffer_from_data(&pinned)?);
+            Ok(())
+        }),
+    )?;
+    row(
+        "copy_from_host per column",
+        Some(FROM_DATA_PAGEABLE),
+        None,
+        median(runs, nothing, || {
+            let mut at = 0;
+            for values in &columns {
+                target.copy_from_host(values.as_slice(), at, None)?;
+                at += values.len();
+            }
+            Ok(())
+        }),
+    )?;
+    row(
+        "copy_from_host_batch (columns)",
+        Some(FROM_DATA_PAGEABLE),
+        None,
+        median(runs, nothing, || {
+            let mut at = 0;
+            let parts: Vec<(usize, &[u8])> = columns
+                .iter()
+                .map(|values| {
+                    let part = (at, values.as_slice());
                     at += values.len();
-                }
-            }),
-            baseline: Some(0),
-        },
-        Row {
-            name: "serialize_record_batch",
-            bytes: n,
-            time: median(runs, || drop(serialize_record_batch(&batch, &ctx).unwrap())),
-            baseline: Some(0),
-        },
-        Row {
-            name: "Serializer (reused staging)",
-            bytes: n,
-            time: median(runs, || {
-                drop(serializer.serialize_record_batch(&batch).unwrap())
-            }),
-            baseline: Some(0),
-        },
-        Row {
-            name: "copy_to_host",
-            bytes: n,
-            time: median(runs, || {
-                message.copy_to_host_into(0, &mut host, None).unwrap();
-            }),
-            baseline: None,
-        },
-        Row {
-            name: "copy_to_host (new Vec)",
-            bytes: n,
-            time: median(runs, || drop(message.copy_to_host(0, None).unwrap())),
-            baseline: None,
-        },
-        Row {
-            name: "read_record_batch (zero-copy)",
-            bytes: n,
-            time: median(runs, || drop(read_record_batch(&message, &schema).unwrap())),
-            baseline: Some(6),
-        },
-        Row {
-            name: "read_record_batch + to_host",
-            bytes: n,
-            time: median(runs, || {
-                let read = read_record_batch(&message, &schema).unwrap();
-                drop(read.to_host().unwrap());
-            }),
-            baseline: Some(6),
-        },
-    ];
+                    part
+                })
+                .collect();
+            target.copy_from_host_batch(&parts)?;
+            Ok(())
+        }),
+    )?;
+    row(
+        "serialize_record_batch",
+        Some(FROM_DATA_PAGEABLE),
+        Some(0.9),
+        median(runs, nothing, || {
+            drop(serialize_record_batch(&batch, &ctx)?);
+            Ok(())
+        }),
+    )?;
+    row(
+        "Serializer (reused)",
+        Some(FROM_DATA_PAGEABLE),
+        Some(0.9),
+        median(runs, nothing, || {
+            drop(serializer.serialize_record_batch(&batch)?);
+            Ok(())
+        }),
+    )?;
+    row(
+        "DeviceStreamWriter (1 batch)",
+        Some(FROM_DATA_PAGEABLE),
+        None,
+        median(runs, nothing, || {
+            let mut writer = DeviceStreamWriter::new(&ctx, &schema)?;
+            writer.write(&batch)?;
+            {
+                drop(writer.finish()?);
+                Ok(())
+            }
+        }),
+    )?;
+    row(
+        COPY_TO_HOST,
+        None,
+        None,
+        median(runs, nothing, || {
+            message.copy_to_host_into(0, &mut host, None)?;
+            Ok(())
+        }),
+    )?;
+    row(
+        "copy_to_host (new Vec)",
+        Some(COPY_TO_HOST),
+        None,
+        median(runs, nothing, || {
+            drop(message.copy_to_host(0, None)?);
+            Ok(())
+        }),
+    )?;
+    row(
+        "read_record_batch (zero-copy)",
+        Some(COPY_TO_HOST),
+        None,
+        median(runs, nothing, || {
+            drop(read_record_batch(&message, &schema)?);
+            Ok(())
+        }),
+    )?;
+    let read_to_host = || -> AnyResult<()> {
+        let read = read_record_batch(&message, &schema)?;
+        drop(read.to_host()?);
+        Ok(())
+    };
+    ctx.set_staging_pool_limit(pool_on);
+    row(
+        "read_record_batch + to_host",
+        Some(COPY_TO_HOST),
+        Some(0.8),
+        median(runs, nothing, read_to_host),
+    )?;
+    // The first conversion: the pool emptied before each run, so the block is pinned.
+    row(
+        "to_host, first (pins its block)",
+        Some(COPY_TO_HOST),
+        None,
+        median(
+            runs.min(5),
+            || {
+                ctx.set_staging_pool_limit(0);
+                ctx.set_staging_pool_limit(pool_on);
+            },
+            read_to_host,
+        ),
+    )?;
+    ctx.set_staging_pool_limit(0);
+    row(
+        "to_host, pool off (new Vec)",
+        Some(COPY_TO_HOST),
+        None,
+        median(runs, nothing, read_to_host),
+    )?;
+    ctx.set_staging_pool_limit(pool_default);
+    let check = read_record_batch(&message, &schema)?.to_host()?;
+    if check != batch {
+        return Err("read_record_batch + to_host: the batch differs".into());
+    }
+
     let device = format!("{} device {}", backend.kind(), ctx.device_number());
+    report(&device, rows, n, runs, &table, json.as_deref(), &ctx)
+}
+
+fn report(
+    device: &str,
+    rows: usize,
+    n: usize,
+    runs: usize,
+    table: &[Row],
+    json: Option<&str>,
+    ctx: &Context,
+) -> AnyResult<()> {
     println!(
         "arrow_throughput on {device}: {rows} rows x 8 numeric columns, message {n} bytes, median of {runs} run(s)"
     );
     println!(
-        "{:<32} {:>12} {:>10} {:>9}  vs",
-        "operation", "median (ms)", "GB/s", "ratio"
+        "{:<34} {:>12} {:>10} {:>7}  {:<32} target",
+        "operation", "median (ms)", "GB/s", "ratio", "vs"
     );
-    for row in &table {
+    let time_of = |name: &str| table.iter().find(|r| r.name == name).map(|r| r.time);
+    let mut results = Vec::new();
+    let mut met = 0;
+    let mut missed = 0;
+    for row in table {
         let secs = row.time.as_secs_f64().max(1e-9);
-        let ratio = row.baseline.map_or_else(String::new, |b| {
-            let base = &table[b];
-            format!("{:>9.2}  {}", base.time.as_secs_f64() / secs, base.name)
-        });
+        let ratio = row
+            .baseline
+            .and_then(time_of)
+            .map(|base| base.as_secs_f64() / secs);
+        let verdict = match (row.target, ratio) {
+            (Some(t), Some(r)) if r >= t => {
+                met += 1;
+                format!(">= {t}x: met")
+            }
+            (Some(t), Some(_)) => {
+                missed += 1;
+                format!(">= {t}x: MISSED")
+            }
+            _ => String::new(),
+        };
         println!(
-            "{:<32} {:>12.3} {:>10.2} {ratio}",
+            "{:<34} {:>12.3} {:>10.2} {:>7}  {:<32} {verdict}",
             row.name,
             secs * 1e3,
-            row.bytes as f64 / secs / 1e9,
+            n as f64 / secs / 1e9,
+            ratio.map_or_else(String::new, |r| format!("{r:.2}")),
+            row.baseline.unwrap_or(""),
         );
+        results.push(serde_json::json!({
+            "op": row.name,
+            "bytes": n,
+            "median_s": secs,
+            "gbps": n as f64 / secs / 1e9,
+            "baseline": row.baseline,
+            "ratio": ratio,
+            "target": row.target,
+        }));
     }
     println!(
         "(ratio > 1: faster than the baseline; read_record_batch leaves the body on the device)"
     );
+    println!("targets met: {met}, missed: {missed}");
+    if let Some(path) = json {
+        let doc = serde_json::json!({
+            "info": {
+                "device": device,
+                "backend": ctx.backend_kind().name(),
+                "rows": rows,
+                "message_bytes": n,
+                "runs": runs,
+                "host_cpus": std::thread::available_parallelism().map_or(0, |c| c.get()),
+            },
+            "results": results,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+        println!("wrote {path}");
+    }
     Ok(())
 }

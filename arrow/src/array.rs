@@ -10,6 +10,7 @@ use arrow::datatypes::DataType;
 use cudabuf_core::{DeviceBuffer, Result};
 
 use crate::arrow_error;
+use crate::landing;
 use crate::layout::{type_layout, BufferKind};
 
 /// An Arrow array whose buffers are [`DeviceBuffer`]s: the device-resident counterpart of
@@ -184,11 +185,12 @@ pub(crate) struct HostCopy {
 }
 
 impl HostCopy {
-    /// Copy each of `regions` to the host once.
+    /// Copy each of `regions` to the host once (into a pinned block lent to arrow-rs
+    /// where the context's pool allows it: see `landing`).
     pub(crate) fn new(regions: &[DeviceBuffer]) -> Result<Self> {
         let regions = regions
             .iter()
-            .map(|r| Ok((r.clone(), copy_to_host_buffer(r)?)))
+            .map(|r| Ok((r.clone(), landing::copy_to_host(r)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(HostCopy { regions })
     }
@@ -215,7 +217,8 @@ impl HostCopy {
     }
 }
 
-/// A host copy of `device`.
+/// A host copy of `device` (a buffer outside every region: arrays imported through the C
+/// Device Data Interface, say).
 ///
 /// Into a plain `Vec` (`calloc`: fresh zero pages, no explicit zeroing pass), not a 64-byte
 /// aligned `MutableBuffer` (whose zeroed allocation writes every page before the copy:

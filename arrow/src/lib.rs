@@ -26,10 +26,18 @@
 //!   a copy (`to_host`). For the same reason the C Device Data Interface structs are
 //!   defined here, not borrowed from arrow-rs's `FFI_ArrowArray`.
 //! - **The encoding is arrow-rs's.** Serialization drives arrow-rs's `StreamEncoder`
-//!   (default `IpcWriteOptions`: metadata V5, 64-byte alignment) and writes its output,
-//!   in order, through a [`BufferWriter`](cudabuf_core::BufferWriter) with a reused
-//!   pinned staging buffer; the body parts are the batch's own buffers (no host copy of
-//!   the data is made).
+//!   (default `IpcWriteOptions`: metadata V5, 64-byte alignment) and writes its output:
+//!   a small message gathered in a reused pinned staging buffer, a large one as one
+//!   batched copy of its parts
+//!   ([`DeviceBuffer::copy_from_host_batch`](cudabuf_core::DeviceBuffer::copy_from_host_batch),
+//!   which on CUDA the staging threads gather into pinned chunks while earlier chunks are
+//!   in flight); the body parts are the batch's own buffers (no host copy of the whole
+//!   message is made).
+//! - **Copies to the host land in pinned memory where they can.**
+//!   [`DeviceRecordBatch::to_host`] copies each message body into a pinned block from the
+//!   context's pool of staging buffers and hands it to arrow-rs as the batch's buffers; the
+//!   block goes back to the pool when arrow-rs drops the last of them (bounded by the
+//!   pool's limit; with the pool off, as on the simulator by default, into a new vector).
 //! - **Reading never trusts the bytes.** Every length, offset and count of a message is
 //!   checked against the bytes present and the minimum sizes of the schema's types before
 //!   a device slice is made; a truncated or corrupt message is an
@@ -68,6 +76,7 @@ mod arrow_error;
 mod batch;
 pub mod c_device;
 mod decode;
+mod landing;
 mod layout;
 mod message;
 mod serialize;

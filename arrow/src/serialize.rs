@@ -1,5 +1,6 @@
 //! [`serialize_record_batch`] and [`Serializer`]: arrow-rs's own IPC encoding, written
-//! into device memory through a pinned staging buffer.
+//! into device memory: small messages gathered in a pinned staging buffer, large ones as
+//! one batched copy of their parts.
 
 use std::fmt;
 
@@ -7,22 +8,19 @@ use arrow::buffer::Buffer;
 use arrow::datatypes::{DataType, Schema};
 use arrow::ipc::writer::{IpcWriteOptions, StreamEncoder};
 use arrow::record_batch::RecordBatch;
-use cudabuf_core::{BufferWriter, Context, DeviceBuffer, Error, HostBuffer, Result};
+use cudabuf_core::{Context, DeviceBuffer, Error, HostBuffer, Result};
 
 use crate::layout::nested_fields;
 use crate::message::CONTINUATION_MARKER;
 
-/// The largest pinned staging buffer a [`Serializer`] allocates by default (8 MiB, as
-/// Arrow C++'s `SerializeRecordBatch` on CUDA).
-pub const DEFAULT_STAGING_LIMIT: usize = 8 << 20;
+/// The largest message a [`Serializer`] gathers in its pinned staging buffer by default
+/// (256 KiB). Larger messages go to the device as one batched copy of their parts
+/// ([`DeviceBuffer::copy_from_host_batch`]), which the CUDA backend spreads over its
+/// staging threads: beyond a few hundred KiB that is faster than one thread gathering the
+/// message and one DMA.
+pub const DEFAULT_STAGING_LIMIT: usize = 256 << 10;
 
-/// The largest staging buffer of the one-shot functions ([`serialize_record_batch`],
-/// [`serialize_stream`]): pinning is paid on every call there (about 3 us for 1 MiB,
-/// milliseconds for 8 MiB on the H200 host), and parts larger than the staging buffer go
-/// straight to the device anyway.
-const ONE_SHOT_STAGING_LIMIT: usize = 1 << 20;
-
-/// The smallest staging buffer a [`Serializer`] allocates.
+/// The smallest staging buffer a [`Serializer`] takes.
 const MIN_STAGING: usize = 64 << 10;
 
 /// Serialize `batch` as one encapsulated IPC record batch message into a new device
@@ -34,9 +32,12 @@ const MIN_STAGING: usize = 64 << 10;
 /// host. Sliced batches are encoded as arrow-rs encodes slices (buffers truncated, offsets
 /// rebased), so they round-trip.
 ///
-/// This uses a fresh [`Serializer`]: its pinned staging buffer (at most 1 MiB, as pinning
-/// is slow) is allocated for this call and freed after it. To serialize many batches,
-/// keep a [`Serializer`], which reuses its staging buffer.
+/// This uses a fresh [`Serializer`], whose staging buffer (for a message of at most
+/// [`DEFAULT_STAGING_LIMIT`] bytes) comes from the context's pool of pinned staging
+/// buffers and goes back there after the call. The message's body is never copied whole
+/// on the host: a large message goes to the device as one batched copy of arrow-rs's parts
+/// (the batch's own buffers), which on CUDA the staging threads gather into pinned chunks
+/// while earlier chunks are in flight.
 ///
 /// # Errors
 /// [`Error::Unsupported`] if a column is (or contains) a dictionary-encoded array: a
@@ -45,7 +46,7 @@ const MIN_STAGING: usize = 64 << 10;
 /// [`DeviceStreamWriter`](crate::DeviceStreamWriter). [`Error::InvalidArgument`] if
 /// arrow-rs cannot encode the batch; allocation and copy errors.
 pub fn serialize_record_batch(batch: &RecordBatch, ctx: &Context) -> Result<DeviceBuffer> {
-    Serializer::one_shot(ctx).serialize_record_batch(batch)
+    Serializer::new(ctx).serialize_record_batch(batch)
 }
 
 /// Serialize `batches` as a complete IPC stream (schema message, dictionary batches,
@@ -61,19 +62,23 @@ pub fn serialize_stream<'a>(
     batches: impl IntoIterator<Item = &'a RecordBatch>,
     ctx: &Context,
 ) -> Result<DeviceBuffer> {
-    Serializer::one_shot(ctx).serialize_stream(schema, batches)
+    Serializer::new(ctx).serialize_stream(schema, batches)
 }
 
 /// Serializes record batches and streams into device memory, reusing one pinned staging
 /// buffer across calls.
 ///
-/// The encoding is arrow-rs's ([`StreamEncoder`]): the body parts are the batch's own
-/// arrow buffers (no host copy of the body is made), written in order through a
-/// [`BufferWriter`] whose staging buffer is this serializer's pinned [`HostBuffer`].
-/// Small parts (metadata, padding, small columns) are gathered in the staging buffer and
-/// copied to the device together; a part that does not fit goes straight to the device.
-/// The staging buffer grows to the message size, up to [`staging_limit`](Self::staging_limit),
-/// and is kept for the next call (pinning memory is slow: reuse serializers).
+/// The encoding is arrow-rs's ([`StreamEncoder`]): the metadata is encoded on the host and
+/// the body parts are the batch's own arrow buffers (no host copy of the body is made).
+/// A message of at most [`staging_limit`](Self::staging_limit) bytes is gathered in this
+/// serializer's pinned staging buffer and copied to the device at once; the staging
+/// buffer grows to the message size (a power of two, from 64 KiB), up to the limit, and is
+/// kept for the next call. A larger message is written as one batched copy of its parts
+/// ([`DeviceBuffer::copy_from_host_batch`]): on CUDA the staging threads of pageable
+/// copies each gather the next few MiB of parts into their pinned chunks and send them
+/// while the others fill theirs, so the message moves at the speed of one large pageable
+/// copy. The staging buffer comes from the context's pool
+/// ([`Context::staging_buffer`]) and goes back there when the serializer is dropped.
 pub struct Serializer {
     context: Context,
     options: IpcWriteOptions,
@@ -85,12 +90,6 @@ impl Serializer {
     /// A serializer for `ctx` with arrow-rs's default [`IpcWriteOptions`].
     pub fn new(ctx: &Context) -> Self {
         Self::with_options(ctx, IpcWriteOptions::default())
-    }
-
-    fn one_shot(ctx: &Context) -> Self {
-        let mut serializer = Self::new(ctx);
-        serializer.staging_limit = ONE_SHOT_STAGING_LIMIT;
-        serializer
     }
 
     /// A serializer for `ctx` with these write options (alignment, metadata version).
@@ -111,17 +110,19 @@ impl Serializer {
         &self.context
     }
 
-    /// The largest staging buffer this serializer allocates.
+    /// The largest message (and staging buffer) this serializer gathers in its staging
+    /// buffer.
     pub fn staging_limit(&self) -> usize {
         self.staging_limit
     }
 
-    /// Set the largest staging buffer; 0 writes every part straight to the device. A
-    /// current staging buffer larger than `limit` is freed.
+    /// Set the largest message gathered in the staging buffer; 0 writes every message as
+    /// a batched copy of its parts. A current staging buffer larger than `limit` goes back
+    /// to the context's pool.
     pub fn set_staging_limit(&mut self, limit: usize) {
         self.staging_limit = limit;
         if self.staging_size() > limit {
-            self.staging = None;
+            self.release_staging();
         }
     }
 
@@ -195,44 +196,65 @@ impl Serializer {
     pub(crate) fn write_parts(&mut self, parts: &[&[u8]]) -> Result<DeviceBuffer> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let buffer = self.context.new_buffer(total)?;
-        self.ensure_staging(total)?;
-        let mut writer = BufferWriter::new(buffer.clone());
-        writer.set_staging_buffer(self.staging.take())?;
-        let written = parts.iter().try_for_each(|p| writer.write_bytes(p));
-        // Flush and take the staging buffer back for the next call.
-        let flushed = writer.set_staging_buffer(None).map(|s| self.staging = s);
-        written?;
-        flushed?;
-        writer.close()?;
-        if writer.position() != total {
+        if total == 0 {
+            return Ok(buffer);
+        }
+        if total <= self.staging_limit {
+            self.ensure_staging(total)?;
+            if let Some(staging) = self.staging.as_mut() {
+                let mut at = 0;
+                for part in parts {
+                    staging[at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
+                }
+                buffer.copy_from_host(&staging[..total], 0, None)?;
+                return Ok(buffer);
+            }
+        }
+        let mut batch = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for part in parts {
+            batch.push((at, *part));
+            at += part.len();
+        }
+        let copied = buffer.copy_from_host_batch(&batch)?;
+        if copied != total {
             return Err(Error::invalid_argument(
                 "Serializer::write_parts",
-                format!("wrote {} of {total} bytes", writer.position()),
+                format!("wrote {copied} of {total} bytes"),
             ));
         }
         Ok(buffer)
     }
 
-    /// Make the staging buffer big enough to gather a `total`-byte message, within the
-    /// limit.
+    /// Make the staging buffer big enough to gather a `total`-byte message (the caller
+    /// checked `total <= staging_limit`).
     fn ensure_staging(&mut self, total: usize) -> Result<()> {
-        if self.staging_limit == 0 {
-            self.staging = None;
+        if self.staging_size() >= total {
             return Ok(());
         }
-        // The writer stages a part only if it fits strictly, hence `+ 1`.
         let wanted = total
-            .saturating_add(1)
-            .min(self.staging_limit)
             .checked_next_power_of_two()
-            .unwrap_or(usize::MAX)
+            .unwrap_or(total)
             .max(MIN_STAGING)
-            .min(self.staging_limit);
-        if self.staging_size() < wanted {
-            self.staging = None;
-            self.staging = Some(self.context.new_host_buffer(wanted)?);
-        }
+            .min(self.staging_limit)
+            .max(total);
+        self.release_staging();
+        self.staging = Some(self.context.staging_buffer(wanted)?);
         Ok(())
+    }
+
+    /// Give the staging buffer back to the context's pool.
+    fn release_staging(&mut self) {
+        if let Some(staging) = self.staging.take() {
+            self.context.recycle_staging_buffer(staging);
+        }
+    }
+}
+
+impl Drop for Serializer {
+    fn drop(&mut self) {
+        self.release_staging();
     }
 }
 

@@ -20,7 +20,15 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 
 use crate::current::PushedContext;
 use crate::driver_error::{check, CuFailure};
-use crate::staging::{Direction, StagingConfig, StagingEngine};
+use crate::staging::{Direction, Piece, StagingConfig, StagingEngine};
+
+/// A batch of at least this many pieces goes through the staging workers whatever its
+/// size (one gathered copy instead of a synchronous driver copy per piece).
+const BATCH_STAGED_PIECES: usize = 4;
+
+/// A piece of a batch in pinned memory at least this large is copied by the driver
+/// directly (at link speed) instead of gathered by the staging workers.
+const DIRECT_PIECE_MIN: usize = 1 << 20;
 
 mod events;
 mod peer;
@@ -214,15 +222,24 @@ impl CudaDriverContext {
         host: *const u8,
         len: usize,
     ) -> Option<Arc<StagingEngine>> {
-        {
-            let staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
-            if !staging.config.enabled() || len < staging.config.min_bytes || staging.failed {
-                return None;
-            }
-        }
-        if !self.is_pageable(pushed, host) {
+        if !self.stages(len, 1) || !self.is_pageable(pushed, host) {
             return None;
         }
+        self.started_engine()
+    }
+
+    /// Whether a copy of `len` bytes in `pieces` pieces is staged (if its memory is
+    /// pageable): staging is on, and the copy is large enough or has many pieces (which the
+    /// engine gathers, instead of one synchronous driver copy each).
+    fn stages(&self, len: usize, pieces: usize) -> bool {
+        let staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
+        staging.config.enabled()
+            && !staging.failed
+            && (len >= staging.config.min_bytes || pieces >= BATCH_STAGED_PIECES)
+    }
+
+    /// The staging engine, started on first use; `None` if staging is off or cannot start.
+    fn started_engine(&self) -> Option<Arc<StagingEngine>> {
         let mut staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
         if !staging.config.enabled() || staging.failed {
             return None;
@@ -442,9 +459,11 @@ unsafe impl RawContext for CudaDriverContext {
             return unsafe {
                 engine.copy(
                     Direction::HostToDevice,
-                    src.as_ptr().cast_mut(),
-                    dst,
-                    src.len(),
+                    vec![Piece {
+                        host: src.as_ptr() as usize,
+                        device: dst,
+                        len: src.len(),
+                    }],
                 )
             }
             .map_err(|f| self.fail(f));
@@ -457,6 +476,79 @@ unsafe impl RawContext for CudaDriverContext {
         })
         .map_err(|f| self.fail(f))?;
         self.wait_default_stream(&pushed)
+    }
+
+    unsafe fn copy_host_to_device_batch(&self, copies: &[(DevicePtr, &[u8])]) -> Result<()> {
+        let copies: Vec<(DevicePtr, &[u8])> = copies
+            .iter()
+            .copied()
+            .filter(|(_, src)| !src.is_empty())
+            .collect();
+        if let [(dst, src)] = copies[..] {
+            // SAFETY: forwarded from this method's contract.
+            return unsafe { self.copy_host_to_device(dst, src) };
+        }
+        let total: usize = copies.iter().map(|(_, src)| src.len()).sum();
+        let engine = if self.stages(total, copies.len()) {
+            self.started_engine()
+        } else {
+            None
+        };
+        let Some(engine) = engine else {
+            for (dst, src) in copies {
+                // SAFETY: forwarded from this method's contract, piece by piece.
+                unsafe { self.copy_host_to_device(dst, src)? };
+            }
+            return Ok(());
+        };
+        let pushed = self.push()?;
+        // Large pieces in pinned memory go straight to the driver (asynchronously, on the
+        // legacy default stream, waited for below); everything else is gathered by the
+        // staging workers.
+        let mut staged = Vec::with_capacity(copies.len());
+        let mut direct = Ok(false);
+        for (dst, src) in copies {
+            if direct.is_ok()
+                && src.len() >= DIRECT_PIECE_MIN
+                && !self.is_pageable(&pushed, src.as_ptr())
+            {
+                // SAFETY: our context is pushed; `src` is pinned host memory readable for
+                // its length until this method returns, which waits for the legacy stream
+                // first (below, on success and failure alike); the caller guarantees the
+                // device range.
+                direct = check("cuMemcpyHtoDAsync_v2", unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(
+                        dst,
+                        src.as_ptr().cast::<c_void>(),
+                        src.len(),
+                        std::ptr::null_mut(),
+                    )
+                })
+                .map(|()| true);
+            } else {
+                staged.push(Piece {
+                    host: src.as_ptr() as usize,
+                    device: dst,
+                    len: src.len(),
+                });
+            }
+        }
+        let gathered = if direct.is_ok() {
+            // SAFETY: every staged piece is readable host memory for the whole call, and
+            // the caller guarantees the device ranges; `copy` returns when every step is
+            // done.
+            let copied = unsafe { engine.copy(Direction::HostToDevice, staged) };
+            copied.map_err(|f| self.fail(f))
+        } else {
+            Ok(())
+        };
+        let waited = match direct {
+            Ok(false) => Ok(()),
+            _ => self.wait_default_stream(&pushed),
+        };
+        direct.map_err(|f| self.fail(f))?;
+        gathered?;
+        waited
     }
 
     unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<CopyTicket> {
@@ -480,7 +572,14 @@ unsafe impl RawContext for CudaDriverContext {
             // ordered with the legacy default stream (so pending copies into the source
             // land first), and `copy` returns when every part is done.
             return unsafe {
-                engine.copy(Direction::DeviceToHost, dst.as_mut_ptr(), src, dst.len())
+                engine.copy(
+                    Direction::DeviceToHost,
+                    vec![Piece {
+                        host: dst.as_mut_ptr() as usize,
+                        device: src,
+                        len: dst.len(),
+                    }],
+                )
             }
             .map_err(|f| self.fail(f));
         }

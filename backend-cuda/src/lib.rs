@@ -27,8 +27,11 @@
 //!   followed by a wait. Copies on a stream return once issued (see below).
 //! - **Pageable copies are staged** (from [`StagingConfig::min_bytes`], 512 KiB by
 //!   default) through pinned chunks allocated once per context, by worker threads that
-//!   overlap the CPU copy with the DMA, on blocking streams (ordered with the legacy
-//!   default stream, where every other copy runs); no memory is pinned per call.
+//!   share the copy step by step and overlap the CPU copy with the DMA, on blocking
+//!   streams (ordered with the legacy default stream, where every other copy runs); no
+//!   memory is pinned per call. A batch of host ranges (`copy_host_to_device_batch`,
+//!   behind `DeviceBuffer::copy_from_host_batch` and the Arrow serializer) is gathered
+//!   by the same workers as one copy.
 //!   `CUDABUF_STAGING=0` (or [`CudaDriverContext::set_staging_config`]) turns it off.
 //! - **Asynchronous copies** (`Context::copy_host_to_device_async`, used by the
 //!   double-buffered `BufferWriter`) run on the legacy default stream and are tracked by
@@ -107,7 +110,8 @@ pub use interop::{
 };
 pub use platform::CudaBackend;
 pub use staging::{
-    StagingConfig, STAGING_CHUNK_VAR, STAGING_MIN_VAR, STAGING_THREADS_VAR, STAGING_VAR,
+    StagingConfig, STAGING_CHUNK_VAR, STAGING_D2H_CHUNK_VAR, STAGING_D2H_THREADS_VAR,
+    STAGING_MIN_VAR, STAGING_THREADS_VAR, STAGING_VAR,
 };
 
 /// The version of cudarc this crate is built on, re-exported so that users name the same

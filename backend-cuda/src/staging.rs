@@ -4,91 +4,116 @@
 //! The driver copies pageable memory through its own small staging buffers, one piece at a
 //! time, at 7-17 GB/s on an H200 host (pinned memory moves at about 55 GB/s). Here a pool
 //! of worker threads, each with its own stream and two pinned chunks allocated once per
-//! context, splits a large copy into parts; each worker pipelines its part chunk by chunk
-//! (double-buffered): while the copy engine moves one chunk, the worker copies the next
-//! between pageable and pinned memory on the CPU. Several workers run the CPU copies in
-//! parallel, since one core's memcpy is slower than the link.
+//! context, shares the copy: the copy is cut into steps of at most a chunk, and each worker
+//! claims the next unclaimed step until none is left (so a slow worker, one that meets
+//! page faults say, takes fewer steps instead of holding up the end). Each worker
+//! pipelines its steps through its two chunks: while the copy engine moves one chunk, the
+//! worker copies the other between pageable and pinned memory on the CPU. Several workers
+//! run the CPU copies in parallel, since one core's memcpy is slower than the link.
 //!
-//! Copies stay synchronous from the caller's view: the caller waits for every part.
+//! A copy is a list of pieces (host range, device range of the same length), so that
+//! several host ranges can go to the device as one copy ([`StagingEngine::copy`] with
+//! many pieces: the parts of an Arrow IPC message, the columns of a record batch): a step
+//! covers the next bytes of the pieces taken in order, and its device ranges that follow
+//! each other go as one DMA.
+//!
+//! Copies stay synchronous from the caller's view: the caller waits for every step.
 //! The workers' streams are blocking streams (created without `CU_STREAM_NON_BLOCKING`),
 //! so their copies are ordered with the context's legacy default stream, where every other
 //! copy of the backend runs.
 
+mod pipeline;
+mod task;
+mod worker_resources;
+
 use std::collections::VecDeque;
-use std::ffi::{c_uint, c_void};
+use std::ffi::c_void;
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use cudabuf_core::backend::DevicePtr;
-use cudarc::driver::sys::{self, CUcontext, CUevent, CUstream};
+use cudabuf_core::parse_size;
+use cudarc::driver::sys::{self, CUcontext};
 
 use crate::current::PushedContext;
-use crate::driver_error::{check, CuFailure};
+use crate::driver_error::CuFailure;
+use task::Task;
+pub(crate) use task::{Direction, Piece};
+use worker_resources::WorkerResources;
 
 /// The environment variable that turns staging off (`0`/`off`) for contexts made after it
 /// is read.
 pub const STAGING_VAR: &str = "CUDABUF_STAGING";
-/// The number of staging worker threads (default: half the CPUs, 2 to 8).
+/// The number of staging worker threads for host-to-device copies, and for
+/// device-to-host ones unless [`STAGING_D2H_THREADS_VAR`] says otherwise.
 pub const STAGING_THREADS_VAR: &str = "CUDABUF_STAGING_THREADS";
-/// The size of each pinned chunk (default 4M; binary suffixes K, M, G).
+/// The number of staging worker threads for device-to-host copies.
+pub const STAGING_D2H_THREADS_VAR: &str = "CUDABUF_STAGING_D2H_THREADS";
+/// The size of each pinned chunk and the largest host-to-device step (default 4M; binary
+/// suffixes K, M, G), and the largest device-to-host step unless
+/// [`STAGING_D2H_CHUNK_VAR`] says otherwise.
 pub const STAGING_CHUNK_VAR: &str = "CUDABUF_STAGING_CHUNK";
+/// The largest device-to-host step (default 2M).
+pub const STAGING_D2H_CHUNK_VAR: &str = "CUDABUF_STAGING_D2H_CHUNK";
 /// The smallest copy that is staged (default 512K); smaller ones go to the driver as is.
 pub const STAGING_MIN_VAR: &str = "CUDABUF_STAGING_MIN";
 
 /// How pageable copies are staged.
+///
+/// The defaults come from the H200 host's sweep (16 cores, `perf`'s `sweep` section):
+/// host-to-device copies were fastest with 8 threads and 4 MiB steps, device-to-host ones
+/// with 12 threads and 2 MiB steps (smaller steps keep what the DMA wrote in the CPU's
+/// cache until the worker copies it out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StagingConfig {
-    /// Worker threads (each with a stream and two pinned chunks); 0 turns staging off.
+    /// Worker threads that share a host-to-device copy; 0 (with `d2h_threads` 0) turns
+    /// staging off.
     pub threads: usize,
-    /// Bytes of each pinned chunk.
+    /// Bytes of the largest host-to-device step.
     pub chunk_bytes: usize,
+    /// Worker threads that share a device-to-host copy.
+    pub d2h_threads: usize,
+    /// Bytes of the largest device-to-host step.
+    pub d2h_chunk_bytes: usize,
     /// Copies smaller than this go to the driver unstaged.
     pub min_bytes: usize,
 }
 
-/// The smallest part of a copy given to one worker.
-const MIN_PART: usize = 512 << 10;
-/// The smallest pipeline step inside a part.
-const MIN_STEP: usize = 64 << 10;
-
-fn parse_size(text: &str) -> Option<usize> {
-    let t = text.trim().to_ascii_uppercase();
-    let t = t
-        .strip_suffix("IB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(&t);
-    let (digits, shift) = match t.chars().last()? {
-        'K' => (&t[..t.len() - 1], 10),
-        'M' => (&t[..t.len() - 1], 20),
-        'G' => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
-}
-
 impl StagingConfig {
-    /// The defaults: half the CPUs (2 to 8) threads, 4 MiB chunks, copies from 512 KiB.
+    /// The defaults for this host: host-to-device with half the CPUs (2 to 8) threads and
+    /// 4 MiB steps, device-to-host with three quarters of them (2 to 12) and 2 MiB steps,
+    /// copies from 512 KiB.
     pub fn default_for_host() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
         StagingConfig {
             threads: (cpus / 2).clamp(2, 8),
             chunk_bytes: 4 << 20,
+            d2h_threads: (cpus * 3 / 4).clamp(2, 12),
+            d2h_chunk_bytes: 2 << 20,
             min_bytes: 512 << 10,
+        }
+    }
+
+    /// The same threads and step size both ways.
+    pub fn uniform(threads: usize, chunk_bytes: usize, min_bytes: usize) -> Self {
+        StagingConfig {
+            threads,
+            chunk_bytes,
+            d2h_threads: threads,
+            d2h_chunk_bytes: chunk_bytes,
+            min_bytes,
         }
     }
 
     /// Staging off: every copy goes to the driver as is.
     pub fn disabled() -> Self {
-        StagingConfig {
-            threads: 0,
-            chunk_bytes: 0,
-            min_bytes: usize::MAX,
-        }
+        StagingConfig::uniform(0, 0, usize::MAX)
     }
 
     /// The defaults, overridden by `CUDABUF_STAGING`, `CUDABUF_STAGING_THREADS`,
-    /// `CUDABUF_STAGING_CHUNK` and `CUDABUF_STAGING_MIN`.
+    /// `CUDABUF_STAGING_D2H_THREADS`, `CUDABUF_STAGING_CHUNK`,
+    /// `CUDABUF_STAGING_D2H_CHUNK` and `CUDABUF_STAGING_MIN`.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if let Some(v) = var(STAGING_VAR) {
@@ -99,63 +124,53 @@ impl StagingConfig {
         let mut config = Self::default_for_host();
         if let Some(n) = var(STAGING_THREADS_VAR).and_then(|v| v.trim().parse().ok()) {
             config.threads = n;
+            config.d2h_threads = n;
+        }
+        if let Some(n) = var(STAGING_D2H_THREADS_VAR).and_then(|v| v.trim().parse().ok()) {
+            config.d2h_threads = n;
         }
         if let Some(n) = var(STAGING_CHUNK_VAR).and_then(|v| parse_size(&v)) {
             config.chunk_bytes = n;
+            config.d2h_chunk_bytes = n;
+        }
+        if let Some(n) = var(STAGING_D2H_CHUNK_VAR).and_then(|v| parse_size(&v)) {
+            config.d2h_chunk_bytes = n;
         }
         if let Some(n) = var(STAGING_MIN_VAR).and_then(|v| parse_size(&v)) {
             config.min_bytes = n;
         }
-        if config.threads == 0 || config.chunk_bytes == 0 {
+        if !config.enabled() {
             return Self::disabled();
         }
         config
     }
 
-    /// Whether copies are staged at all.
+    /// Whether copies are staged at all: both directions have threads and steps.
     pub fn enabled(&self) -> bool {
-        self.threads > 0 && self.chunk_bytes > 0
+        self.threads > 0 && self.chunk_bytes > 0 && self.d2h_threads > 0 && self.d2h_chunk_bytes > 0
     }
-}
 
-/// Which way a staged copy goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Direction {
-    HostToDevice,
-    DeviceToHost,
-}
+    /// The worker threads an engine starts (the larger of the two directions).
+    fn workers(&self) -> usize {
+        self.threads.max(self.d2h_threads)
+    }
 
-/// One part of a copy, for one worker.
-struct Job {
-    direction: Direction,
-    /// The host address of the part (pageable memory of the waiting caller).
-    host: usize,
-    device: DevicePtr,
-    len: usize,
-    done: Arc<Done>,
-}
+    /// The bytes of each pinned chunk (the larger step of the two directions).
+    fn chunk_size(&self) -> usize {
+        self.chunk_bytes.max(self.d2h_chunk_bytes)
+    }
 
-/// The caller's side of a staged copy: parts left, and the first failure.
-struct Done {
-    state: Mutex<(usize, Option<CuFailure>)>,
-    cv: Condvar,
-}
-
-impl Done {
-    fn finish(&self, result: Result<(), CuFailure>) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.0 -= 1;
-        if let Err(f) = result {
-            state.1.get_or_insert(f);
-        }
-        if state.0 == 0 {
-            self.cv.notify_all();
+    /// (threads, largest step) of a copy in `direction`.
+    fn for_direction(&self, direction: Direction) -> (usize, usize) {
+        match direction {
+            Direction::HostToDevice => (self.threads, self.chunk_bytes),
+            Direction::DeviceToHost => (self.d2h_threads, self.d2h_chunk_bytes),
         }
     }
 }
 
 struct Queue {
-    jobs: VecDeque<Job>,
+    tasks: VecDeque<Arc<Task>>,
     shutdown: bool,
 }
 
@@ -189,92 +204,16 @@ impl fmt::Debug for StagingEngine {
     }
 }
 
-/// One worker's driver resources.
-struct WorkerResources {
-    stream: CUstream,
-    events: [CUevent; 2],
-    chunks: [*mut u8; 2],
-}
-
-impl WorkerResources {
-    /// Create them with `ctx` pushed.
-    fn create(chunk_bytes: usize) -> Result<Self, CuFailure> {
-        let mut res = WorkerResources {
-            stream: std::ptr::null_mut(),
-            events: [std::ptr::null_mut(); 2],
-            chunks: [std::ptr::null_mut(); 2],
-        };
-        // On failure `destroy` frees what was made (it skips null handles).
-        let made = (|| {
-            // SAFETY: the caller pushed the context; `res.stream` is a valid out-pointer.
-            // A blocking stream (CU_STREAM_DEFAULT): ordered with the legacy stream.
-            check("cuStreamCreate", unsafe {
-                sys::cuStreamCreate(
-                    &mut res.stream,
-                    sys::CUstream_flags::CU_STREAM_DEFAULT as c_uint,
-                )
-            })?;
-            for event in &mut res.events {
-                // SAFETY: the context is pushed; `event` is a valid out-pointer.
-                check("cuEventCreate", unsafe {
-                    sys::cuEventCreate(event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint)
-                })?;
-            }
-            for chunk in &mut res.chunks {
-                let mut host: *mut c_void = std::ptr::null_mut();
-                // SAFETY: the context is pushed; `host` is a valid out-pointer. Portable,
-                // not write-combined (the CPU reads chunks back for device-to-host).
-                check("cuMemHostAlloc", unsafe {
-                    sys::cuMemHostAlloc(&mut host, chunk_bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
-                })?;
-                *chunk = host.cast();
-            }
-            Ok(())
-        })();
-        match made {
-            Ok(()) => Ok(res),
-            Err(f) => {
-                res.destroy();
-                Err(f)
-            }
-        }
-    }
-
-    /// Free them, with the context pushed and the stream idle.
-    fn destroy(&mut self) {
-        // SAFETY: each handle was created by `create` in the pushed context and is
-        // destroyed once (nulled after); the stream is idle (every job synchronizes it).
-        unsafe {
-            for chunk in &mut self.chunks {
-                if !chunk.is_null() {
-                    let _ = sys::cuMemFreeHost(chunk.cast());
-                    *chunk = std::ptr::null_mut();
-                }
-            }
-            for event in &mut self.events {
-                if !event.is_null() {
-                    let _ = sys::cuEventDestroy_v2(*event);
-                    *event = std::ptr::null_mut();
-                }
-            }
-            if !self.stream.is_null() {
-                let _ = sys::cuStreamDestroy_v2(self.stream);
-                self.stream = std::ptr::null_mut();
-            }
-        }
-    }
-}
-
 impl StagingEngine {
-    /// Start `config.threads` workers for context `ctx`, each with a stream, two events
-    /// and two pinned chunks of `config.chunk_bytes`.
+    /// Start the workers for context `ctx` (as many as the direction with more threads
+    /// uses), each with a stream, two events and two pinned chunks of the larger step.
     ///
     /// # Safety
     /// `ctx` is a live context that outlives the engine.
     pub(crate) unsafe fn start(ctx: CUcontext, config: StagingConfig) -> Result<Self, CuFailure> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
-                jobs: VecDeque::new(),
+                tasks: VecDeque::new(),
                 shutdown: false,
             }),
             cv: Condvar::new(),
@@ -285,11 +224,11 @@ impl StagingEngine {
             workers: Vec::new(),
         };
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), CuFailure>>();
-        for i in 0..config.threads {
+        for i in 0..config.workers() {
             let shared = Arc::clone(&shared);
             let ready = ready_tx.clone();
             let ctx = SendPtr(ctx.cast());
-            let chunk = config.chunk_bytes;
+            let chunk = config.chunk_size();
             let spawned = std::thread::Builder::new()
                 .name(format!("cudabuf-staging-{i}"))
                 .spawn(move || {
@@ -324,58 +263,33 @@ impl StagingEngine {
         Ok(engine)
     }
 
-    /// Copy `len` bytes between the host at `host` and the device at `device`, split
-    /// among the workers; returns when every part is done.
+    /// Copy every piece (host to device, or device to host), sharing the steps among the
+    /// workers; returns when every step is done.
     ///
     /// # Safety
-    /// `host..host + len` is valid host memory (readable for host-to-device, writable and
-    /// not otherwise accessed for device-to-host) for the whole call; the device range lies
-    /// in a live allocation of the engine's context.
+    /// For the whole call, each piece's host range is valid host memory (readable for
+    /// host-to-device; writable and not otherwise accessed for device-to-host), and its
+    /// device range lies in a live allocation of the engine's context. The host ranges of a
+    /// device-to-host copy do not overlap each other.
     pub(crate) unsafe fn copy(
         &self,
         direction: Direction,
-        host: *mut u8,
-        device: DevicePtr,
-        len: usize,
+        pieces: Vec<Piece>,
     ) -> Result<(), CuFailure> {
-        let parts = (len / MIN_PART).clamp(1, self.workers.len().max(1));
-        // Parts are multiples of 4 KiB (the last takes the remainder).
-        let part = (len / parts).next_multiple_of(4096).min(len);
-        let done = Arc::new(Done {
-            state: Mutex::new((0, None)),
-            cv: Condvar::new(),
-        });
-        {
-            let mut queue = self
-                .shared
-                .queue
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let mut offset = 0;
-            let mut count = 0;
-            while offset < len {
-                let this = part.min(len - offset);
-                queue.jobs.push_back(Job {
-                    direction,
-                    host: host as usize + offset,
-                    device: device + offset as u64,
-                    len: this,
-                    done: Arc::clone(&done),
-                });
-                offset += this;
-                count += 1;
-            }
-            done.state.lock().unwrap_or_else(PoisonError::into_inner).0 = count;
-        }
+        let (threads, max_step) = self.config.for_direction(direction);
+        let workers = threads.clamp(1, self.workers.len().max(1));
+        let Some(task) = Task::new(direction, pieces, workers, max_step) else {
+            return Ok(());
+        };
+        let task = Arc::new(task);
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tasks
+            .push_back(Arc::clone(&task));
         self.shared.cv.notify_all();
-        let mut state = done.state.lock().unwrap_or_else(PoisonError::into_inner);
-        while state.0 > 0 {
-            state = done.cv.wait(state).unwrap_or_else(PoisonError::into_inner);
-        }
-        match state.1.take() {
-            Some(failure) => Err(failure),
-            None => Ok(()),
-        }
+        task.wait()
     }
 }
 
@@ -393,7 +307,31 @@ impl Drop for StagingEngine {
     }
 }
 
-/// A worker: make its resources, report readiness, then run jobs until shutdown.
+/// The next task this worker joins: the first one with steps left and room for a
+/// worker; `None` at shutdown. Tasks whose steps are all claimed leave the queue.
+fn next_task(shared: &Shared) -> Option<Arc<Task>> {
+    let mut queue = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        queue.tasks.retain(|t| !t.exhausted());
+        let open = queue
+            .tasks
+            .iter()
+            .find(|t| t.joined.load(Ordering::Relaxed) < t.max_workers);
+        if let Some(task) = open {
+            task.joined.fetch_add(1, Ordering::Relaxed);
+            return Some(Arc::clone(task));
+        }
+        if queue.shutdown {
+            return None;
+        }
+        queue = shared
+            .cv
+            .wait(queue)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+/// A worker: make its resources, report readiness, then run tasks until shutdown.
 ///
 /// # Safety
 /// `ctx` is a live context for as long as the thread runs.
@@ -420,31 +358,20 @@ unsafe fn worker(
             return;
         }
     };
-    loop {
-        let job = {
-            let mut queue = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            loop {
-                if let Some(job) = queue.jobs.pop_front() {
-                    break Some(job);
-                }
-                if queue.shutdown {
-                    break None;
-                }
-                queue = shared
-                    .cv
-                    .wait(queue)
-                    .unwrap_or_else(PoisonError::into_inner);
-            }
-        };
-        let Some(job) = job else { break };
+    while let Some(task) = next_task(shared) {
         // SAFETY: `ctx` is live (this function's contract).
-        let result = match unsafe { PushedContext::push(ctx) } {
-            // SAFETY: the context is pushed; the job's memory is valid while its caller
-            // waits, which it does until `finish` below (`StagingEngine::copy`'s contract).
-            Ok(_pushed) => unsafe { run_job(&res, chunk_bytes, &job) },
-            Err(f) => Err(f),
-        };
-        job.done.finish(result);
+        match unsafe { PushedContext::push(ctx) } {
+            // SAFETY: the context is pushed; the task's memory is valid while its caller
+            // waits, which it does until every step is finished (`StagingEngine::copy`'s
+            // contract), and `run_task` finishes a step only once it is done with it.
+            Ok(_pushed) => unsafe { pipeline::run_task(&res, &task) },
+            Err(f) => {
+                task.abort();
+                while task.claim().is_some() {
+                    task.finish(Err(f));
+                }
+            }
+        }
     }
     // SAFETY: `ctx` is live; the resources were made in it.
     if let Ok(_pushed) = unsafe { PushedContext::push(ctx) } {
@@ -452,139 +379,21 @@ unsafe fn worker(
     }
 }
 
-/// Run one part, double-buffered through the worker's two pinned chunks.
-///
-/// # Safety
-/// The worker's context is pushed; the job's host range is valid as `StagingEngine::copy`
-/// requires and its device range lies in a live allocation of the context.
-unsafe fn run_job(res: &WorkerResources, chunk_bytes: usize, job: &Job) -> Result<(), CuFailure> {
-    // Pipeline steps: at least 4 per part when the part is small, at most a chunk.
-    let step = (job.len / 4)
-        .next_multiple_of(4096)
-        .clamp(MIN_STEP.min(chunk_bytes), chunk_bytes);
-    let steps = job.len.div_ceil(step);
-    let range = |k: usize| {
-        let offset = k * step;
-        (offset, step.min(job.len - offset))
-    };
-    let result = match job.direction {
-        // SAFETY: forwarded from this function's contract.
-        Direction::HostToDevice => unsafe { host_to_device(res, job, steps, range) },
-        // SAFETY: forwarded from this function's contract.
-        Direction::DeviceToHost => unsafe { device_to_host(res, job, steps, range) },
-    };
-    if result.is_err() {
-        // Leave nothing in flight (the chunks are reused by the next job).
-        // SAFETY: the context is pushed; the stream is the worker's own.
-        let _ = unsafe { sys::cuStreamSynchronize(res.stream) };
-    }
-    result
-}
-
-/// # Safety
-/// As [`run_job`].
-unsafe fn host_to_device(
-    res: &WorkerResources,
-    job: &Job,
-    steps: usize,
-    range: impl Fn(usize) -> (usize, usize),
-) -> Result<(), CuFailure> {
-    for k in 0..steps {
-        let slot = k & 1;
-        let (offset, len) = range(k);
-        if k >= 2 {
-            // The copy of step k - 2 read this chunk; wait for it before refilling.
-            // SAFETY: the event was recorded on the worker's stream at step k - 2.
-            check("cuEventSynchronize", unsafe {
-                sys::cuEventSynchronize(res.events[slot])
-            })?;
-        }
-        // SAFETY: the source is `len` readable bytes of the caller's host range
-        // (`offset + len <= job.len`); the chunk holds `chunk_bytes >= len` bytes, is the
-        // worker's own, and no copy reads it now (waited above). They cannot overlap: the
-        // chunk is pinned memory of this worker, the source pageable memory.
-        unsafe {
-            std::ptr::copy_nonoverlapping((job.host + offset) as *const u8, res.chunks[slot], len)
-        };
-        // SAFETY: the context is pushed; the chunk is pinned and stays untouched until
-        // the event recorded next completes; the device range lies in a live allocation.
-        check("cuMemcpyHtoDAsync_v2", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                job.device + offset as u64,
-                res.chunks[slot].cast::<c_void>(),
-                len,
-                res.stream,
-            )
-        })?;
-        // SAFETY: the event and stream are the worker's own, of the pushed context.
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(res.events[slot], res.stream)
-        })?;
-    }
-    // SAFETY: the stream is the worker's own, of the pushed context.
-    check("cuStreamSynchronize", unsafe {
-        sys::cuStreamSynchronize(res.stream)
-    })
-}
-
-/// # Safety
-/// As [`run_job`].
-unsafe fn device_to_host(
-    res: &WorkerResources,
-    job: &Job,
-    steps: usize,
-    range: impl Fn(usize) -> (usize, usize),
-) -> Result<(), CuFailure> {
-    let issue = |k: usize| -> Result<(), CuFailure> {
-        let slot = k & 1;
-        let (offset, len) = range(k);
-        // SAFETY: the context is pushed; the chunk is pinned, holds `len` bytes, and no
-        // one reads it until the event recorded next completes (the CPU copy out of it
-        // for step k - 2 finished before this call); the device range is live.
-        check("cuMemcpyDtoHAsync_v2", unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                res.chunks[slot].cast::<c_void>(),
-                job.device + offset as u64,
-                len,
-                res.stream,
-            )
-        })?;
-        // SAFETY: the event and stream are the worker's own.
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(res.events[slot], res.stream)
-        })
-    };
-    issue(0)?;
-    for k in 0..steps {
-        if k + 1 < steps {
-            issue(k + 1)?;
-        }
-        let slot = k & 1;
-        let (offset, len) = range(k);
-        // SAFETY: the event was recorded after the copy of step k into this chunk.
-        check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(res.events[slot])
-        })?;
-        // SAFETY: the chunk holds step k's `len` bytes (its copy is done); the caller's
-        // range is writable for `offset + len <= job.len` bytes and only this worker
-        // writes this part of it; pinned chunk and pageable destination do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(res.chunks[slot], (job.host + offset) as *mut u8, len)
-        };
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn config_parsing() {
-        assert_eq!(parse_size("4M"), Some(4 << 20));
-        assert_eq!(parse_size("512k"), Some(512 << 10));
-        assert_eq!(parse_size("65536"), Some(65536));
+    fn config_defaults_and_switches() {
         assert!(!StagingConfig::disabled().enabled());
-        assert!(StagingConfig::default_for_host().enabled());
+        let default = StagingConfig::default_for_host();
+        assert!(default.enabled());
+        assert_eq!(default.chunk_size(), 4 << 20);
+        assert!(default.workers() >= default.threads);
+        assert!(default.workers() >= default.d2h_threads);
+        let uniform = StagingConfig::uniform(3, 1 << 20, 0);
+        assert_eq!(uniform.for_direction(Direction::DeviceToHost), (3, 1 << 20));
+        assert_eq!(uniform.for_direction(Direction::HostToDevice), (3, 1 << 20));
+        assert!(!StagingConfig::uniform(0, 1 << 20, 0).enabled());
     }
 }

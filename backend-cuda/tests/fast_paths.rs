@@ -1,6 +1,7 @@
 //! The CUDA backend's fast paths against a real driver: staged pageable copies (odd sizes,
-//! offsets, every staging shape), asynchronous copies through the double-buffered writer,
-//! and the caching allocator on CUDA (on by default there).
+//! offsets, every staging shape), batched copies of many pieces, asynchronous copies
+//! through the double-buffered writer, and the caching allocator on CUDA (on by default
+//! there).
 //!
 //! Without libcuda every test here prints why it did nothing and passes, unless
 //! `CUDABUF_REQUIRE_CUDA=1`, which makes a missing driver a failure.
@@ -55,15 +56,14 @@ fn staged_pageable_copies_move_the_right_bytes() {
     let ctx = Backend::new(cuda.clone()).context(0).unwrap();
     let configs = [
         default,
+        StagingConfig::uniform(3, 256 << 10, 0),
+        StagingConfig::uniform(1, 64 << 10, 1),
         StagingConfig {
-            threads: 3,
-            chunk_bytes: 256 << 10,
+            threads: 2,
+            chunk_bytes: 1 << 20,
+            d2h_threads: 5,
+            d2h_chunk_bytes: 128 << 10,
             min_bytes: 0,
-        },
-        StagingConfig {
-            threads: 1,
-            chunk_bytes: 64 << 10,
-            min_bytes: 1,
         },
         StagingConfig::disabled(),
     ];
@@ -89,6 +89,65 @@ fn staged_pageable_copies_move_the_right_bytes() {
             other.copy_to_host_into(0, &mut host[3..], None).unwrap();
             assert!(host[3..] == back[7..], "config {config:?}, size {size}");
         }
+    }
+    raw.set_staging_config(default);
+}
+
+#[test]
+fn batched_copies_gather_pageable_and_pinned_pieces() {
+    let Some(cuda) = backend("batched_copies_gather_pageable_and_pinned_pieces") else {
+        return;
+    };
+    let raw = cuda
+        .cuda_device(0)
+        .unwrap()
+        .primary_driver_context()
+        .unwrap();
+    let default = raw.staging_config();
+    let ctx = Backend::new(cuda.clone()).context(0).unwrap();
+    // A large pinned piece (copied by the driver directly), and pageable pieces of every
+    // size: single bytes, hundreds of small ones (an Arrow message's metadata and
+    // padding), some across chunk boundaries, one of several chunks.
+    let mut pinned = ctx.new_host_buffer((3 << 20) + 5).unwrap();
+    pinned.copy_from_slice(&pattern((3 << 20) + 5, 99));
+    let mut sizes = vec![1usize, 4095, 5 << 20, (256 << 10) + 3];
+    sizes.extend((0..300).map(|i| 1 + i * 37 % 200));
+    let pageable: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n, i as u32))
+        .collect();
+    let mut sources: Vec<&[u8]> = pageable.iter().map(Vec::as_slice).collect();
+    sources.insert(2, &pinned[..]);
+    // Each piece 3 bytes after the previous one's end: gaps the batch must not touch.
+    let mut parts = Vec::new();
+    let mut at = 7;
+    for src in &sources {
+        parts.push((at, *src));
+        at += src.len() + 3;
+    }
+    let size = at;
+    let dev = ctx.new_buffer(size).unwrap();
+    let mut expected = vec![0xEEu8; size];
+    for &(position, src) in &parts {
+        expected[position..position + src.len()].copy_from_slice(src);
+    }
+    parts.reverse(); // any order
+    let configs = [
+        default,
+        StagingConfig::uniform(3, 256 << 10, 0),
+        StagingConfig::uniform(1, 64 << 10, 1 << 30),
+        StagingConfig::disabled(),
+    ];
+    for config in configs {
+        raw.set_staging_config(config);
+        dev.copy_from_host(&vec![0xEEu8; size], 0, None).unwrap();
+        let copied = dev.copy_from_host_batch(&parts).unwrap();
+        assert_eq!(copied, sources.iter().map(|s| s.len()).sum::<usize>());
+        assert!(
+            dev.to_vec().unwrap() == expected,
+            "config {config:?}: the bytes differ"
+        );
     }
     raw.set_staging_config(default);
 }

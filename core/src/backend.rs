@@ -378,6 +378,30 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// Copy several host byte ranges to the device, each `src` to its `dst`, as one
+    /// operation: when it returns, every destination holds its bytes.
+    ///
+    /// [`DeviceBuffer::copy_from_host_batch`](crate::DeviceBuffer::copy_from_host_batch)
+    /// (the columns of a record batch, an Arrow IPC message's parts) calls it once instead
+    /// of one synchronous copy per part, so a backend can gather the parts into its own
+    /// staging memory and overlap that with the transfers (on CUDA: the staging threads of
+    /// pageable copies). The pieces may be copied in any order and concurrently.
+    ///
+    /// The provided implementation calls [`copy_host_to_device`](Self::copy_host_to_device)
+    /// for each piece in order.
+    ///
+    /// # Safety
+    /// Each `dst..dst + src.len()` lies inside a live allocation reachable from this
+    /// context. (Destinations that overlap are allowed but which bytes land there is then
+    /// unspecified; core's API refuses them.)
+    unsafe fn copy_host_to_device_batch(&self, copies: &[(DevicePtr, &[u8])]) -> Result<()> {
+        for &(dst, src) in copies {
+            // SAFETY: forwarded from this method's contract, piece by piece.
+            unsafe { self.copy_host_to_device(dst, src)? };
+        }
+        Ok(())
+    }
+
     /// Copy `dst.len()` bytes from the device at `src` to host memory.
     ///
     /// # Safety

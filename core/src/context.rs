@@ -385,6 +385,18 @@ impl Context {
         drop(self.inner.host_pool.set_limit(max_pooled_bytes));
     }
 
+    /// The limit of idle pinned bytes this context's staging pool keeps (0: the pool is
+    /// off).
+    ///
+    /// ```
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0).unwrap();
+    /// ctx.set_staging_pool_limit(1 << 20);
+    /// assert_eq!(ctx.staging_pool_limit(), 1 << 20);
+    /// ```
+    pub fn staging_pool_limit(&self) -> usize {
+        self.inner.host_pool.limit()
+    }
+
     /// Idle pinned bytes held in this context's staging pool.
     pub fn bytes_pooled(&self) -> usize {
         self.inner.host_pool.bytes_pooled()

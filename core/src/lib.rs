@@ -41,6 +41,7 @@
 
 mod allocator;
 pub mod backend;
+mod batch_copy;
 mod buffer;
 mod context;
 mod devices;

@@ -38,6 +38,7 @@ pub(crate) const ARROW_CASES: &[(&str, CaseFn)] = cases![
     roundtrip::dictionary_column_in_one_message_is_unsupported,
     roundtrip::serializer_reuses_its_pinned_staging_buffer,
     roundtrip::serializer_without_staging_writes_the_same_bytes,
+    roundtrip::to_host_lands_in_pooled_pinned_blocks_never_shared_by_live_batches,
     roundtrip::column_buffers_are_zero_copy_slices_of_the_body,
     roundtrip::read_record_batch_allocates_no_device_memory,
     roundtrip::read_message_from_buffer_keeps_body_on_device,

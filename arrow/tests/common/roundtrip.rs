@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int32Array};
+use arrow::array::{Array, ArrayRef, Int32Array, Int64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::ipc::MessageHeader;
 use arrow::record_batch::RecordBatch;
@@ -192,7 +192,7 @@ pub(crate) fn serializer_reuses_its_pinned_staging_buffer(f: &Fixture) -> CaseRe
         );
     }
     // A bigger message grows it, up to the limit, then it is reused again.
-    let large = data::large(1 << 16);
+    let large = data::large(1 << 12);
     let big = serializer.serialize_record_batch(&large).unwrap();
     assert_eq!(big.to_vec().unwrap(), arrow_rs_message(&large));
     assert!(serializer.staging_size() > staging.0);
@@ -203,6 +203,76 @@ pub(crate) fn serializer_reuses_its_pinned_staging_buffer(f: &Fixture) -> CaseRe
         (serializer.staging_size(), serializer.staging_address()),
         grown
     );
+    // A message beyond the limit goes as one batched copy of its parts: the same bytes,
+    // and the staging buffer stays as it was.
+    let larger = data::large(1 << 16);
+    let message = serializer.serialize_record_batch(&larger).unwrap();
+    assert!(message.size() > serializer.staging_limit());
+    assert_eq!(message.to_vec().unwrap(), arrow_rs_message(&larger));
+    assert_eq!(
+        (serializer.staging_size(), serializer.staging_address()),
+        grown
+    );
+    Ok(())
+}
+
+pub(crate) fn to_host_lands_in_pooled_pinned_blocks_never_shared_by_live_batches(
+    f: &Fixture,
+) -> CaseResult {
+    let ctx = context(f);
+    let limit = ctx.staging_pool_limit();
+    // The pool on (the simulator's is off by default), with room to spare.
+    ctx.set_staging_pool_limit(1 << 30);
+    let rows = 50_000i64;
+    let a = batch(vec![(
+        "v",
+        Arc::new(Int64Array::from_iter_values(0..rows)) as _,
+    )]);
+    let b = batch(vec![(
+        "v",
+        Arc::new(Int64Array::from_iter_values((0..rows).map(|i| !i))) as _,
+    )]);
+    let message_a = serialize_record_batch(&a, &ctx).unwrap();
+    let message_b = serialize_record_batch(&b, &ctx).unwrap();
+    let to_host = |message| {
+        read_record_batch(message, &a.schema())
+            .unwrap()
+            .to_host()
+            .unwrap()
+    };
+    let is_pinned = |batch: &RecordBatch| {
+        let address = batch.column(0).to_data().buffers()[0].as_ptr() as u64;
+        ctx.get_device_address(address).is_ok()
+    };
+    // Two conversions alive at once: two blocks, neither overwritten by the other.
+    let host_a = to_host(&message_a);
+    let host_b = to_host(&message_b);
+    assert!(is_pinned(&host_a) && is_pinned(&host_b), "pinned blocks");
+    assert_eq!(host_a, a);
+    assert_eq!(host_b, b);
+    // A column kept after its batch keeps the block: later conversions do not reuse it.
+    let kept = host_a.column(0).clone();
+    drop(host_a);
+    for _ in 0..3 {
+        assert_eq!(to_host(&message_b), b);
+    }
+    assert_eq!(
+        kept.as_ref(),
+        a.column(0).as_ref(),
+        "the kept column is intact"
+    );
+    drop((kept, host_b));
+    // Blocks given back are reused, and stay correct.
+    let again = to_host(&message_a);
+    assert!(is_pinned(&again));
+    assert_eq!(again, a);
+    drop(again);
+    // With the pool off, conversions land in pageable memory.
+    ctx.set_staging_pool_limit(0);
+    let pageable = to_host(&message_a);
+    assert!(!is_pinned(&pageable));
+    assert_eq!(pageable, a);
+    ctx.set_staging_pool_limit(limit);
     Ok(())
 }
 

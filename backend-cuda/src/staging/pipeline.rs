@@ -1,0 +1,400 @@
+//! A worker's pipeline: claim steps of a [`Task`] and run them double-buffered through
+//! the worker's two pinned chunks, the CPU copy of one step overlapping the DMA of the
+//! other.
+//!
+//! The pipeline is written against [`StepCopier`] (the worker's chunks, stream and
+//! events), so that its bookkeeping (which step is in flight in which chunk, when a
+//! step counts as finished, what a failure leaves behind) is tested on the CPU with a
+//! copier whose "DMAs" run late, as a stream's do.
+
+use cudabuf_core::backend::DevicePtr;
+
+use super::task::{Direction, Task};
+use crate::driver_error::CuFailure;
+
+/// What a worker's pipeline needs: two pinned chunks, asynchronous copies between them
+/// and the device on the worker's stream, an event per chunk, and a stream synchronize.
+///
+/// # Safety
+/// [`chunk`](Self::chunk) returns, for slot 0 and 1, distinct memory valid for reads and
+/// writes of at least the task's step size for the implementer's whole life, which only
+/// the pipeline uses; copies run in the order they were started.
+pub(super) unsafe trait StepCopier {
+    /// Chunk `slot` (0 or 1).
+    fn chunk(&self, slot: usize) -> *mut u8;
+
+    /// Start copying `len` bytes at `src` (inside a chunk) to the device at `device`.
+    ///
+    /// # Safety
+    /// `src..src + len` lies in a chunk and is left untouched until the copy is known to
+    /// be done ([`wait`](Self::wait) on an event recorded after it, or [`sync`](Self::sync));
+    /// the device range lies in a live allocation.
+    unsafe fn to_device(
+        &self,
+        device: DevicePtr,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), CuFailure>;
+
+    /// Start copying `len` bytes from the device at `device` to `dst` (inside a chunk).
+    ///
+    /// # Safety
+    /// As [`to_device`](Self::to_device), with `dst` neither read nor written until then.
+    unsafe fn to_host(&self, dst: *mut u8, device: DevicePtr, len: usize) -> Result<(), CuFailure>;
+
+    /// Record chunk `slot`'s event after the copies started so far.
+    fn record(&self, slot: usize) -> Result<(), CuFailure>;
+
+    /// Wait for chunk `slot`'s last recorded event.
+    fn wait(&self, slot: usize) -> Result<(), CuFailure>;
+
+    /// Wait for every copy started so far.
+    fn sync(&self) -> Result<(), CuFailure>;
+}
+
+/// Claim and run steps of `task` until none is left.
+///
+/// # Safety
+/// The task's pieces are valid as `StagingEngine::copy` requires while any of its steps
+/// is unfinished, and `copier`'s chunks hold a whole step.
+pub(super) unsafe fn run_task(copier: &impl StepCopier, task: &Task) {
+    // The steps whose copies may still be in flight, per chunk.
+    let mut inflight: [Option<usize>; 2] = [None, None];
+    let result = match task.direction {
+        // SAFETY: forwarded from this function's contract.
+        Direction::HostToDevice => unsafe { host_to_device(copier, task, &mut inflight) },
+        // SAFETY: forwarded from this function's contract.
+        Direction::DeviceToHost => unsafe { device_to_host(copier, task, &mut inflight) },
+    };
+    if let Err(failure) = result {
+        task.abort();
+        // Leave nothing in flight from the caller's memory (or into the chunks, which the
+        // next task reuses) before its steps count as finished.
+        let _ = copier.sync();
+        for _ in inflight.iter_mut().filter_map(Option::take) {
+            task.finish(Err(failure));
+        }
+        // The steps nobody claimed yet finish without work, so that the caller returns.
+        while task.claim().is_some() {
+            task.finish(Err(failure));
+        }
+    }
+}
+
+/// # Safety
+/// As [`run_task`].
+unsafe fn host_to_device(
+    copier: &impl StepCopier,
+    task: &Task,
+    inflight: &mut [Option<usize>; 2],
+) -> Result<(), CuFailure> {
+    let mut slot = 0;
+    while let Some(k) = task.claim_live() {
+        if inflight[slot].is_some() {
+            // The copies of this chunk's last step read it; wait for them before refilling.
+            copier.wait(slot)?;
+            if inflight[slot].take().is_some() {
+                task.finish(Ok(()));
+            }
+        }
+        // From here on step k counts as in flight, so that a failure below finishes it
+        // (after the stream is idle).
+        inflight[slot] = Some(k);
+        let chunk = copier.chunk(slot);
+        for (part, at) in task.parts(k) {
+            // SAFETY: the source is `part.len` readable bytes of a caller's piece (the
+            // task's contract); the chunk holds a whole step (`at + part.len <= step`), is
+            // the worker's own, and no copy reads it now (waited above). They cannot
+            // overlap: the chunk is pinned memory of this worker.
+            unsafe {
+                std::ptr::copy_nonoverlapping(part.host as *const u8, chunk.add(at), part.len)
+            };
+        }
+        for (device, at, len) in task.dmas(k) {
+            // SAFETY: the range lies in the chunk (inside the step) and stays untouched
+            // until this slot is waited for (above, before the next refill) or the stream
+            // is synchronized; the device range lies in a live allocation (the task's
+            // contract).
+            unsafe { copier.to_device(device, chunk.add(at), len)? };
+        }
+        copier.record(slot)?;
+        slot ^= 1;
+    }
+    copier.sync()?;
+    for _ in inflight.iter_mut().filter_map(Option::take) {
+        task.finish(Ok(()));
+    }
+    Ok(())
+}
+
+/// # Safety
+/// As [`run_task`].
+unsafe fn device_to_host(
+    copier: &impl StepCopier,
+    task: &Task,
+    inflight: &mut [Option<usize>; 2],
+) -> Result<(), CuFailure> {
+    // Start the DMAs of step `k` into chunk `slot`.
+    let issue = |k: usize, slot: usize| -> Result<(), CuFailure> {
+        let chunk = copier.chunk(slot);
+        for (device, at, len) in task.dmas(k) {
+            // SAFETY: the range lies in the chunk (inside the step), which no one reads
+            // or writes until the event recorded next is waited for (the CPU copy out of
+            // its previous step finished before this call); the device range lies in a
+            // live allocation (the task's contract).
+            unsafe { copier.to_host(chunk.add(at), device, len)? };
+        }
+        copier.record(slot)
+    };
+    let Some(first) = task.claim_live() else {
+        return Ok(());
+    };
+    let mut slot = 0;
+    inflight[slot] = Some(first);
+    issue(first, slot)?;
+    while let Some(k) = inflight[slot] {
+        // The next step's DMAs run while this one is copied out.
+        if let Some(next) = task.claim_live() {
+            inflight[slot ^ 1] = Some(next);
+            issue(next, slot ^ 1)?;
+        }
+        copier.wait(slot)?;
+        let chunk = copier.chunk(slot);
+        for (part, at) in task.parts(k) {
+            // SAFETY: the chunk holds step k's bytes (its DMAs are done, waited above);
+            // the part is `part.len` writable bytes of a caller's piece that only this
+            // worker writes (steps are disjoint and the pieces' host ranges do not
+            // overlap: the task's contract); chunk and destination do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(chunk.add(at), part.host as *mut u8, part.len) };
+        }
+        inflight[slot] = None;
+        task.finish(Ok(()));
+        slot ^= 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::{Cell, RefCell};
+    use std::sync::Arc;
+
+    use cudarc::driver::sys::CUresult;
+
+    use super::*;
+    use crate::staging::task::Piece;
+
+    /// A copy started on the fake stream: runs when a wait or sync reaches it.
+    enum Op {
+        Copy { dst: usize, src: usize, len: usize },
+        Record(usize),
+    }
+
+    /// A copier whose copies run late (at the `wait` for an event recorded after them,
+    /// or at `sync`), as on a stream, and whose `fail_at`-th copy fails.
+    struct LateCopier {
+        /// Two boxed chunks, owned through raw pointers (freed on drop) so that writes
+        /// through them are allowed.
+        chunks: [*mut [u8]; 2],
+        ops: RefCell<Vec<Op>>,
+        copies: Cell<usize>,
+        fail_at: Option<usize>,
+    }
+
+    impl LateCopier {
+        fn new(chunk: usize, fail_at: Option<usize>) -> Self {
+            LateCopier {
+                chunks: [
+                    Box::into_raw(vec![0xAAu8; chunk].into_boxed_slice()),
+                    Box::into_raw(vec![0xBBu8; chunk].into_boxed_slice()),
+                ],
+                ops: RefCell::new(Vec::new()),
+                copies: Cell::new(0),
+                fail_at,
+            }
+        }
+
+        fn start(&self, dst: usize, src: usize, len: usize) -> Result<(), CuFailure> {
+            self.copies.set(self.copies.get() + 1);
+            if Some(self.copies.get()) == self.fail_at {
+                return Err(CuFailure {
+                    call: "fake copy",
+                    code: CUresult::CUDA_ERROR_UNKNOWN,
+                });
+            }
+            self.ops.borrow_mut().push(Op::Copy { dst, src, len });
+            Ok(())
+        }
+
+        /// Run the queued copies up to the `n`-th op.
+        fn run(&self, n: usize) {
+            let ops: Vec<Op> = self.ops.borrow_mut().drain(..n).collect();
+            for op in ops {
+                if let Op::Copy { dst, src, len } = op {
+                    // SAFETY: test memory: chunks and the fake device and host buffers,
+                    // all alive for the test and disjoint.
+                    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+                }
+            }
+        }
+    }
+
+    impl Drop for LateCopier {
+        fn drop(&mut self) {
+            for chunk in self.chunks {
+                // SAFETY: each came from `Box::into_raw` in `new` and is freed once.
+                drop(unsafe { Box::from_raw(chunk) });
+            }
+        }
+    }
+
+    // SAFETY: two distinct boxed chunks, alive as long as the copier, used only by the
+    // pipeline; copies run in the order they were queued.
+    unsafe impl StepCopier for LateCopier {
+        fn chunk(&self, slot: usize) -> *mut u8 {
+            self.chunks[slot].cast::<u8>()
+        }
+        unsafe fn to_device(
+            &self,
+            device: DevicePtr,
+            src: *const u8,
+            len: usize,
+        ) -> Result<(), CuFailure> {
+            self.start(device as usize, src as usize, len)
+        }
+        unsafe fn to_host(
+            &self,
+            dst: *mut u8,
+            device: DevicePtr,
+            len: usize,
+        ) -> Result<(), CuFailure> {
+            self.start(dst as usize, device as usize, len)
+        }
+        fn record(&self, slot: usize) -> Result<(), CuFailure> {
+            self.ops.borrow_mut().push(Op::Record(slot));
+            Ok(())
+        }
+        fn wait(&self, slot: usize) -> Result<(), CuFailure> {
+            let last = self
+                .ops
+                .borrow()
+                .iter()
+                .rposition(|op| matches!(op, Op::Record(s) if *s == slot));
+            if let Some(i) = last {
+                self.run(i + 1);
+            }
+            Ok(())
+        }
+        fn sync(&self) -> Result<(), CuFailure> {
+            let n = self.ops.borrow().len();
+            self.run(n);
+            Ok(())
+        }
+    }
+
+    fn pattern(len: usize, seed: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i * 31 + seed * 7 + i / 251) as u8)
+            .collect()
+    }
+
+    /// Pieces of `sizes`, from `host` to `device` with a 3-byte gap after each on both
+    /// sides.
+    fn pieces(host: usize, device: usize, sizes: &[usize]) -> Vec<Piece> {
+        let mut at = 0;
+        sizes
+            .iter()
+            .map(|&len| {
+                let p = Piece {
+                    host: host + at,
+                    device: (device + at) as DevicePtr,
+                    len,
+                };
+                at += len + 3;
+                p
+            })
+            .collect()
+    }
+
+    /// Run `task` on `workers` threads, each with its own late copier (each failing at
+    /// its `fail_at`-th copy), and wait for it.
+    fn run_on_threads(
+        task: &Arc<Task>,
+        workers: usize,
+        chunk: usize,
+        fail_at: Option<usize>,
+    ) -> Result<(), CuFailure> {
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                let task = Arc::clone(task);
+                s.spawn(move || {
+                    let copier = LateCopier::new(chunk, fail_at);
+                    // SAFETY: the pieces are test buffers alive for the whole scope; the
+                    // chunks hold `chunk` >= the step bytes.
+                    unsafe { run_task(&copier, &task) };
+                });
+            }
+            task.wait()
+        })
+    }
+
+    const SIZES: [usize; 7] = [1, 70_000, 5, 300_000, 4096, 123_457, 64];
+
+    #[test]
+    fn every_byte_lands_both_ways_on_several_workers() {
+        let total: usize = SIZES.iter().map(|s| s + 3).sum();
+        for (workers, max_step) in [(1, 4096), (3, 64 << 10), (4, 1 << 20)] {
+            let source = pattern(total, workers);
+            let mut device = vec![0u8; total];
+            let task = Task::new(
+                Direction::HostToDevice,
+                pieces(
+                    source.as_ptr() as usize,
+                    device.as_mut_ptr() as usize,
+                    &SIZES,
+                ),
+                workers,
+                max_step,
+            )
+            .unwrap();
+            let task = Arc::new(task);
+            run_on_threads(&task, workers, max_step, None).unwrap();
+            let mut back = vec![0u8; total];
+            let task = Task::new(
+                Direction::DeviceToHost,
+                pieces(back.as_mut_ptr() as usize, device.as_ptr() as usize, &SIZES),
+                workers,
+                max_step,
+            )
+            .unwrap();
+            run_on_threads(&Arc::new(task), workers, max_step, None).unwrap();
+            let mut at = 0;
+            for len in SIZES {
+                assert_eq!(device[at..at + len], source[at..at + len], "to the device");
+                assert_eq!(back[at..at + len], source[at..at + len], "back");
+                assert_eq!(back[at + len..at + len + 3], [0; 3], "the gap is untouched");
+                at += len + 3;
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_copy_finishes_every_step_with_the_failure() {
+        let total: usize = SIZES.iter().map(|s| s + 3).sum();
+        for direction in [Direction::HostToDevice, Direction::DeviceToHost] {
+            for fail_at in [1, 2, 5] {
+                let mut a = pattern(total, 1);
+                let mut b = vec![0u8; total];
+                let task = Task::new(
+                    direction,
+                    pieces(a.as_mut_ptr() as usize, b.as_mut_ptr() as usize, &SIZES),
+                    3,
+                    4096,
+                )
+                .unwrap();
+                let err = run_on_threads(&Arc::new(task), 3, 4096, Some(fail_at)).unwrap_err();
+                assert_eq!(err.call, "fake copy", "{direction:?}, copy {fail_at}");
+            }
+        }
+    }
+}

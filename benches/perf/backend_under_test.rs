@@ -1,0 +1,58 @@
+//! The backend under test, picked by `CUDABUF_BACKEND`.
+
+use cudabuf::Backend;
+
+use crate::AnyResult;
+
+/// The backend under test, with its concrete type for the dispatch comparison.
+pub(crate) enum Bench {
+    Sim(cudabuf::sim::SimBackend),
+    #[cfg(feature = "cuda")]
+    Cuda(cudabuf::cuda::CudaBackend),
+}
+
+impl Bench {
+    pub(crate) fn from_env(capacity: usize, sim_devices: usize) -> AnyResult<(Bench, Backend)> {
+        let name = std::env::var(cudabuf::BACKEND_VAR).unwrap_or_default();
+        match name.trim() {
+            "" | "sim" => {
+                let sim = cudabuf::sim::SimBackend::with_config(cudabuf::sim::SimConfig {
+                    devices: sim_devices,
+                    capacity_per_device: capacity,
+                    ..Default::default()
+                })?;
+                let backend = Backend::new(sim.clone());
+                Ok((Bench::Sim(sim), backend))
+            }
+            #[cfg(feature = "cuda")]
+            "cuda" => {
+                let cuda = cudabuf::cuda::CudaBackend::new()?;
+                let backend = Backend::new(cuda.clone());
+                Ok((Bench::Cuda(cuda), backend))
+            }
+            other => Err(format!(
+                "{}={other:?}: expected sim or cuda (cuda needs --features cuda)",
+                cudabuf::BACKEND_VAR
+            )
+            .into()),
+        }
+    }
+
+    pub(crate) fn is_sim(&self) -> bool {
+        matches!(self, Bench::Sim(_))
+    }
+
+    /// The staging threads of device-to-host pageable copies (CUDA; `None` on the
+    /// simulator, which does not stage).
+    pub(crate) fn d2h_staging_threads(&self) -> Option<usize> {
+        match self {
+            Bench::Sim(_) => None,
+            #[cfg(feature = "cuda")]
+            Bench::Cuda(cuda) => {
+                let raw = cuda.cuda_device(0).ok()?.primary_driver_context().ok()?;
+                let config = raw.staging_config();
+                config.enabled().then_some(config.d2h_threads)
+            }
+        }
+    }
+}

@@ -1,0 +1,113 @@
+"""bench_compare.py's comparison (no GPU, no PyTorch or CuPy needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import bench_compare as bc
+
+MIB, GIB = 1 << 20, 1 << 30
+
+
+def fig(section: str, op: str, size: Optional[int], value: Optional[float], x: Optional[int] = None) -> dict[str, Any]:
+    return bc.figure(section, op, size, value, "", 1, x=x) if value is not None else dict(
+        section=section, op=op, size=size, x=x, value=None, unit="", samples=0)
+
+
+def test_parse_sizes_binary_units() -> None:
+    assert bc.parse_sizes("4K,1M,1G,300,64MiB") == [4096, MIB, GIB, 300, 64 * MIB]
+    assert bc.parse_sizes(bc.CURVE_SIZES)[0] == 4096 and bc.parse_sizes(bc.CURVE_SIZES)[-1] == GIB
+
+
+def test_find_matches_section_op_size_and_x() -> None:
+    rows = [fig("alloc_live", "a", 256, 1.0, x=10), fig("alloc_live", "a", 256, 2.0), fig("copies", "a", 256, None)]
+    assert bc.find(rows, "alloc_live", "a", 256, x=10) == 1.0
+    assert bc.find(rows, "alloc_live", "a", 256) == 2.0
+    assert bc.find(rows, "copies", "a", 256) is None
+
+
+def test_best_host_memcpy_over_thread_counts() -> None:
+    rows = [fig("copies", "host_memcpy_mt8", GIB, 30.0), fig("copies", "host_memcpy_mt16", GIB, 35.0),
+            fig("copies", "host_memcpy_mt16_fresh", GIB, 9.0), fig("copies", "host_memcpy", GIB, 99.0)]
+    assert bc.best_host_memcpy(rows, GIB) == 35.0
+    assert bc.best_host_memcpy(rows, GIB, "_fresh") == 9.0
+    assert bc.best_host_memcpy(rows, MIB) is None
+
+
+def pageable_row(d2h_pageable: float, d2h_pinned: float, memcpy: Optional[float]) -> bc.Row:
+    ours = [fig("copies", "d2h_pageable", GIB, d2h_pageable), fig("copies", "d2h_pinned", GIB, d2h_pinned)]
+    if memcpy is not None:
+        ours.append(fig("copies", "host_memcpy_mt12", GIB, memcpy))
+    rows = bc.compare_copies(ours, [], [], [GIB])
+    return next(r for r in rows if r.what == "d2h_pageable")
+
+
+def test_pageable_target_is_pinned_or_the_host_bound() -> None:
+    assert pageable_row(45.0, 55.0, None).met is True
+    assert pageable_row(30.0, 55.0, 32.0).met is True, "within 10% of the host's memcpy"
+    assert pageable_row(30.0, 55.0, 40.0).met is False
+    row = pageable_row(30.0, 55.0, 40.0)
+    assert row.bound == 40.0 and "memcpy" in row.bound_what
+
+
+def test_alloc_compares_like_with_like() -> None:
+    ours = [fig("alloc", "new_buffer+drop_uncached", 256, 85.0), fig("alloc", "new_buffer+drop_uncached_neighbour", 256, 3.0),
+            fig("alloc", "cuMemAlloc+cuMemFree", 256, 84.0)]
+    cupy = [fig("alloc", "cudaMalloc+cudaFree", 256, 88.0), fig("alloc", "cudaMalloc+cudaFree_neighbour", 256, 2.6),
+            fig("alloc", "cudaMalloc+cudaFree_pool_holds_block", 256, 2.5)]
+    rows = {r.what: r for r in bc.compare_alloc(ours, [], cupy) if r.size == 256}
+    alone = rows["new_buffer+drop (cache off) vs cudaMalloc+cudaFree, alone"]
+    assert (alone.ours, alone.cupy, alone.bound) == (85.0, 88.0, 84.0)
+    near = rows["new_buffer+drop (cache off) vs cudaMalloc+cudaFree, beside a live 64 KiB allocation"]
+    assert (near.ours, near.cupy) == (3.0, 2.6)
+    assert rows["cudaMalloc+cudaFree beside a block CuPy's pool holds (the old peer column)"].cupy == 2.5
+
+
+def arrow_doc() -> dict[str, Any]:
+    return {"info": {"message_bytes": 64 * MIB}, "results": [
+        {"op": "buffer_from_data (pageable)", "gbps": 40.0, "baseline": None, "ratio": None, "target": None},
+        {"op": "serialize_record_batch", "gbps": 38.0, "baseline": "buffer_from_data (pageable)", "ratio": 0.95, "target": 0.9},
+        {"op": "copy_to_host (existing memory)", "gbps": 36.0, "baseline": None, "ratio": None, "target": None},
+        {"op": "read_record_batch + to_host", "gbps": 20.0, "baseline": "copy_to_host (existing memory)", "ratio": 0.55,
+         "target": 0.8},
+        {"op": "copy_from_host_batch (columns)", "gbps": 41.0, "baseline": "buffer_from_data (pageable)", "ratio": 1.02,
+         "target": None},
+    ]}
+
+
+def test_arrow_rows_hold_each_figure_to_its_baseline() -> None:
+    rows = {r.what: r for r in bc.compare_arrow(arrow_doc())}
+    assert rows["arrow: serialize_record_batch"].met is True
+    assert rows["arrow: serialize_record_batch"].bound == 40.0
+    assert rows["arrow: read_record_batch + to_host"].met is False
+    assert rows["arrow: copy_from_host_batch (columns)"].met is None
+    assert bc.compare_arrow(None) == []
+
+
+def test_table_has_a_line_per_row_and_marks_missed_targets() -> None:
+    rows = [bc.Row("a", MIB, 1.0, 2.0, None, "GB/s", ">= 1x", False, bound=4.0, bound_what="b")]
+    text = bc.table(rows)
+    assert text.count("\n") == 2
+    assert "**MISSED**" in text and "4.00 (b)" in text and "0.50" in text and "0.25" in text
+
+
+def test_compare_only_writes_the_table_from_earlier_figures(tmp_path: Path) -> None:
+    ours = tmp_path / "perf.json"
+    ours.write_text(json.dumps({"info": {}, "results": [fig("copies", "d2h_pinned", GIB, 55.0)],
+                                "not_run": {"peer": "needs 2 devices"}}))
+    peers = tmp_path / "compare.json"
+    peers.write_text(json.dumps({"info": {"torch": "2.11"}, "peers": {"torch": [fig("copies", "d2h_pinned", GIB, 54.0)],
+                                                                     "cupy": []}}))
+    arrow = tmp_path / "arrow.json"
+    arrow.write_text(json.dumps(arrow_doc()))
+    out = tmp_path / "out"
+    assert bc.main(["--compare-only", "--ours", str(ours), "--peers", str(peers), "--arrow", str(arrow),
+                    "--out", str(out), "--sizes", "1G", "--skip-peer"]) == 0
+    md = (out / "compare.md").read_text()
+    assert "| d2h_pinned | 1 GiB | 55.0 | 54.0 |" in md
+    assert "arrow: serialize_record_batch" in md
+    assert "peer section did not run: needs 2 devices" in md
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["peers"]["torch"][0]["value"] == 54.0
