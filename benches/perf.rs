@@ -701,24 +701,6 @@ fn alloc(
 // ---------------------------------------------------------------------------------------
 // ipc
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
-fn unhex(text: &str) -> AnyResult<Vec<u8>> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| {
-            text.get(i..i + 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| "bad hex".into())
-        })
-        .collect()
-}
-
 fn ipc(
     bench: &Bench,
     _backend: &Backend,
@@ -740,7 +722,7 @@ fn ipc(
         for role in &roles {
             progress(format!("ipc child {} of {children} ({role})", i + 1));
             let out = Command::new(&exe)
-                .env(IPC_CHILD_VAR, hex(&handle))
+                .env(IPC_CHILD_VAR, hex::encode(&handle))
                 .env(IPC_ROLE_VAR, role)
                 .output()?;
             let stdout = String::from_utf8_lossy(&out.stdout);
@@ -829,7 +811,7 @@ fn ipc(
 
 /// The re-executed child: open the handle, time it, print one `IPC_RESULT {json}` line.
 fn ipc_child(hex_handle: &str) -> AnyResult<()> {
-    let bytes = unhex(hex_handle)?;
+    let bytes = hex::decode(hex_handle)?;
     let role = std::env::var(IPC_ROLE_VAR).unwrap_or_else(|_| "ours".into());
     if role == "raw" {
         return raw_ipc_child(&bytes);

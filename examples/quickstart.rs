@@ -93,11 +93,7 @@ fn parent() -> AnyResult<()> {
     let shared = buf.slice(32, 16)?;
     shared.copy_from_host(b"parent says hi  ", 0, None)?;
     let handle = shared.export_for_ipc()?;
-    let hex: String = handle
-        .to_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = hex::encode(handle.to_bytes());
     println!(
         "exported a 16-byte slice at offset 32 ({} handle bytes); starting a child process",
         handle.to_bytes().len()
@@ -126,10 +122,7 @@ fn parent() -> AnyResult<()> {
 }
 
 fn child(hex: &str) -> AnyResult<()> {
-    let bytes = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
-        .collect::<Result<Vec<u8>, _>>()?;
+    let bytes = hex::decode(hex)?;
     let handle = IpcMemHandle::from_bytes(&bytes)?;
     let backend = cudabuf::backend_from_env()?;
     let ctx = backend.context(0)?;

@@ -7,13 +7,13 @@
 #   scripts/bench-compare.sh peer [DIR]  # on a machine with 2+ GPUs: only the copies between
 #                                        # GPUs 0 and 1 (perf --only peer, then PyTorch's .to)
 #
-# `pack` builds the `perf` bench binary, the `bandwidth` example and the CUDA fast-path
+# `pack` builds the `perf` bench binary, the `cudabuf` command and the CUDA fast-path
 # tests (backend-cuda/tests/fast_paths.rs) with the CUDA backend (release, no debug info)
 # into .gpu/bin with ../shared/tools/gpu-pack (which replaces any earlier .gpu/).
 # `run` prints the GPU and driver, runs the fast-path tests, runs perf on CUDA (JSON to DIR/ours.json, its table and
 # progress to DIR/ours.log), then scripts/bench_compare.py, which measures the same
 # operations through PyTorch and CuPy in one process and prints one table with ratios and
-# the targets met or missed (DIR/compare.md, DIR/compare.json), then the bandwidth example.
+# the targets met or missed (DIR/compare.md, DIR/compare.json), then `cudabuf bandwidth`.
 # DIR defaults to $OUT on the lent GPU machine, else target/bench-logs/. About 3 minutes on an H200.
 # With fewer than 2 GPUs the peer figures are not measured, and both halves say so.
 set -uo pipefail
@@ -28,8 +28,9 @@ pack() {
     exit 2
   fi
   "$tool" bench -p cudabuf --features cuda --bench perf "$@"
-  CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p cudabuf --features cuda --example bandwidth
-  cp target/release/examples/bandwidth .gpu/bin/ && strip .gpu/bin/bandwidth
+  # The `cudabuf` command (cudabuf-cli; its `cuda` feature is on by default).
+  CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p cudabuf-cli
+  cp target/release/cudabuf .gpu/bin/ && strip .gpu/bin/cudabuf
   # The CUDA fast-path tests (staged copies, async writer copies, caching allocator) run
   # first on the GPU, so that wrong bytes are caught in the same call as the figures.
   local exe
@@ -74,9 +75,9 @@ run() {
   echo "=== PyTorch and CuPy ($(( SECONDS - start )) s so far)"
   python3 scripts/bench_compare.py --ours "$dir/ours.json" --out "$dir" 2>"$dir/compare.log" || fail=1
   tail -5 "$dir/compare.log"
-  echo "=== bandwidth example ($(( SECONDS - start )) s so far)"
-  if [ -x .gpu/bin/bandwidth ]; then
-    CUDABUF_BACKEND=cuda .gpu/bin/bandwidth --sizes 1M,64M,256M >"$dir/bandwidth.txt" 2>&1 || fail=1
+  echo "=== cudabuf bandwidth ($(( SECONDS - start )) s so far)"
+  if [ -x .gpu/bin/cudabuf ]; then
+    .gpu/bin/cudabuf bandwidth --backend cuda --sizes 1M,64M,256M >"$dir/bandwidth.txt" 2>&1 || fail=1
     cat "$dir/bandwidth.txt"
   fi
   echo "=== done in $(( SECONDS - start )) s; results in $dir (gpu.txt, fast_paths.log, ours.json, ours.log, compare.md, compare.json, compare.log, bandwidth.txt)"

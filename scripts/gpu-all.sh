@@ -5,7 +5,7 @@
 #   scripts/gpu-all.sh run         # on the GPU machine, from the repo root, .gpu/ carried
 #
 # `pack` = scripts/gpu-conformance.sh pack (every test executable of the workspace with
-# the CUDA backend, quickstart) plus the `perf` bench, the bandwidth example, the CUDA
+# the CUDA backend, quickstart) plus the `perf` bench, the `cudabuf` command, the CUDA
 # fast-path tests (scripts/bench-compare.sh's pieces) and the Arrow throughput bench.
 # `run` = the conformance run (tests with CUDABUF_REQUIRE_CUDA=1, quickstart), the
 # comparison with PyTorch and CuPy, the Arrow bench, then compute-sanitizer memcheck over
@@ -27,8 +27,9 @@ pack() {
   cp "$exe" .gpu/bin/fast_paths
   exe=$(artifact bench -p cudabuf-arrow --features cuda --bench arrow_throughput --no-run)
   cp "$exe" .gpu/bin/arrow_throughput
-  CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p cudabuf --features cuda --example bandwidth
-  cp target/release/examples/bandwidth .gpu/bin/
+  # The `cudabuf` command (cudabuf-cli; its `cuda` feature is on by default).
+  CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p cudabuf-cli
+  cp target/release/cudabuf .gpu/bin/
   CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p cudabuf-arrow --features cuda --example arrow_roundtrip
   cp target/release/examples/arrow_roundtrip .gpu/bin/
   for f in .gpu/bin/*; do strip "$f" 2>/dev/null || true; done
@@ -55,6 +56,12 @@ run() {
   CUDABUF_REQUIRE_CUDA=1 CUDABUF_STRESS_SECS=30 CUDABUF_STRESS_THREADS=16 timeout 60 .gpu/bin/"$conf" \
     --exact cuda::stress_mixed_operations_on_many_threads_lose_nothing --nocapture >"$logs/stress.log" 2>&1 || fail=1
   grep -E 'test result|panicked|operations' "$logs/stress.log" | head -5
+
+  step "cudabuf info on CUDA"
+  timeout 60 .gpu/bin/cudabuf info >"$logs/info.txt" 2>&1 || fail=1
+  timeout 60 .gpu/bin/cudabuf info --json >"$out/info.json" 2>>"$logs/info.txt" || fail=1
+  cat "$logs/info.txt"
+  grep -q "^cuda: available" "$logs/info.txt" || { echo "cudabuf info: CUDA not available"; fail=1; }
 
   step "arrow example on CUDA"
   CUDABUF_BACKEND=cuda timeout 30 .gpu/bin/arrow_roundtrip >"$logs/arrow_example.log" 2>&1 || fail=1

@@ -57,7 +57,7 @@ impl fmt::Debug for Ownership {
     }
 }
 
-/// A CUDA context on one device, as cudabuf's [`Context`].
+/// A CUDA context on one device, as cudabuf's [`RawContext`].
 ///
 /// # Fast paths
 /// - Copies between *pageable* host memory and the device of at least
@@ -65,7 +65,7 @@ impl fmt::Debug for Ownership {
 ///   context, by a pool of worker threads that overlap the CPU copy with the DMA (see
 ///   [`set_staging_config`](Self::set_staging_config); `CUDABUF_STAGING=0` turns it off).
 ///   Pinned host memory (ours, or registered by anyone) is copied directly.
-/// - [`Context::copy_host_to_device_async`] runs on the legacy default stream and is
+/// - [`RawContext::copy_host_to_device_async`] runs on the legacy default stream and is
 ///   tracked with a pooled event, so that a writer can fill one staging buffer while the
 ///   previous one is copied.
 ///

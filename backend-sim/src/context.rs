@@ -18,7 +18,7 @@ pub(crate) fn new_context_handle() -> u64 {
 
 /// A context on one simulated device. Memory belongs to the device: every context of
 /// the device may use it; other devices' memory is refused (except through
-/// [`Context::copy_peer`]); pinned memory is usable from every context.
+/// [`RawContext::copy_peer`](cudabuf_core::backend::RawContext::copy_peer)); pinned memory is usable from every context.
 #[derive(Debug)]
 pub struct SimContext {
     shared: Arc<Shared>,

@@ -15,7 +15,7 @@
 //! catch bugs in the layer above.
 //!
 //! With the `mock` feature, `mockall` generates `MockPlatform` and `MockDevice`, and
-//! [`MockRawContext`] (written so that a mock cannot break what core trusts) stands in for
+//! `MockRawContext` (written so that a mock cannot break what core trusts) stands in for
 //! a backend context when unit-testing code that drives one.
 
 use std::any::Any;
@@ -32,7 +32,7 @@ mod mock;
 
 pub use handles::{RawEvent, RawStream, StreamFlags};
 #[cfg(feature = "mock")]
-pub use mock::MockRawContext;
+pub use mock::{MockExpectations, MockRawContext};
 
 /// A device address (a `CUdeviceptr` on CUDA; a key into the simulator's allocation
 /// table on the simulator). Address 0 is never a live allocation.
@@ -302,7 +302,7 @@ pub trait Device: Send + Sync + fmt::Debug {
 /// from [`alloc_host`](RawContext::alloc_host) host memory valid for reads and writes of the
 /// requested size until [`free_host`](RawContext::free_host), and its copies must touch only
 /// the ranges they are given. Implementing it is therefore `unsafe`, and nothing writes an
-/// implementation for a user: the `mock` feature's [`MockRawContext`] is implemented by
+/// implementation for a user: the `mock` feature's `MockRawContext` is implemented by
 /// hand in this crate (its pinned memory is real memory it allocates itself; expectations
 /// decide outcomes and addresses, never host pointers).
 pub unsafe trait RawContext: Send + Sync + fmt::Debug {

@@ -29,7 +29,7 @@ pub enum HandleFormat {
 }
 
 /// A handle to device memory that another process can open with
-/// [`Context::open_ipc_buffer`] (pyarrow's `CudaIpcMemHandle`).
+/// [`Context::open_ipc_buffer`](crate::Context::open_ipc_buffer) (pyarrow's `CudaIpcMemHandle`).
 ///
 /// Send it as bytes ([`to_bytes`](Self::to_bytes) / [`from_bytes`](Self::from_bytes)) or
 /// through serde (bytes in binary formats, a hex string in human-readable ones).
