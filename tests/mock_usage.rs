@@ -124,3 +124,73 @@ fn scratch_allocation_gives_up_at_the_minimum() {
     assert_eq!(e.kind(), ErrorKind::OutOfMemory);
     assert_eq!(ctx.bytes_allocated(), 0);
 }
+
+/// User code under test: download a device buffer on a stream into a reused pinned
+/// buffer, and read the bytes only once the transfer has completed.
+fn download_on_stream(
+    stream: &cudabuf::Stream,
+    buf: &DeviceBuffer,
+    host: cudabuf::HostBuffer,
+) -> Result<cudabuf::HostBuffer> {
+    let transfer = stream.copy_to_host(buf, host)?;
+    // ... other work overlaps the copy here ...
+    transfer.wait()
+}
+
+#[test]
+fn stream_downloads_are_read_only_after_the_copy_completes() {
+    let mut mock = MockRawContext::new();
+    let mut seq = Sequence::new();
+    mock.expect_device_ordinal().return_const(0usize);
+    mock.expect_handle().return_const(0x51u64);
+    mock.expect_allocate().returning(|_| Ok(0x1000));
+    mock.expect_alloc_host().returning(|_| Ok(0x9000));
+    mock.expect_stream_create()
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_| Ok(7));
+    mock.expect_event_create()
+        .with(predicate::eq(false))
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_| Ok(100));
+    mock.expect_copy_device_to_host_on()
+        .withf(|dst, src, stream| dst.len() == 4 && *src == 0x1000 && *stream == 7)
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|dst, _, _| {
+            dst.copy_from_slice(b"done");
+            Ok(())
+        });
+    mock.expect_event_record()
+        .with(predicate::eq(100), predicate::eq(7))
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_, _| Ok(()));
+    mock.expect_event_synchronize()
+        .with(predicate::eq(100))
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_| Ok(()));
+    // The stream's last clone goes: its internal event, then the stream, are destroyed.
+    mock.expect_event_destroy()
+        .with(predicate::eq(100))
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_| Ok(()));
+    mock.expect_stream_destroy()
+        .with(predicate::eq(7))
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_| Ok(()));
+    mock.expect_free().returning(|_| Ok(()));
+    mock.expect_free_host().returning(|_, _| Ok(()));
+
+    let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+    let buf = ctx.new_buffer(4).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let host = ctx.new_host_buffer(4).unwrap();
+    let host = download_on_stream(&stream, &buf, host).unwrap();
+    assert_eq!(&host[..], b"done");
+    drop(stream);
+}

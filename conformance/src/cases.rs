@@ -17,6 +17,8 @@
 //! - `ipc`: IPC handles, in this process and in a child process;
 //! - `allocator`: the caching allocator (freed memory through every context, a buffer's
 //!   memory is its request, exported blocks of shared segments across processes);
+//! - `streams`: streams, events, asynchronous copies, and racy programs next to their
+//!   correctly synchronized twins;
 //! - `reliability_*`: hostile input the modules above leave out, IPC handle bytes fuzzed,
 //!   process faults around IPC (crashed, exited and killed peers), and a multi-thread
 //!   load; `docs/RELIABILITY.md` maps every public operation to its cases.
@@ -34,6 +36,7 @@ mod pid_reuse;
 mod ranges;
 mod reader;
 mod slices;
+mod streams;
 mod writer;
 
 mod reliability_inputs;
@@ -52,6 +55,25 @@ macro_rules! cases {
 
 /// Every case of the suite: `(name, function)`, the name being the function's name.
 pub const ALL: &[(&str, CaseFn)] = cases![
+    // streams
+    streams::stream_copies_round_trip,
+    streams::stream_runs_its_work_in_order,
+    streams::stream_wait_event_orders_two_streams,
+    streams::event_query_before_and_after,
+    streams::event_elapsed_time_needs_timing_events,
+    streams::foreign_stream_wrapping_never_destroys_it,
+    streams::default_streams_take_work,
+    streams::blocking_stream_is_ordered_with_synchronous_copies,
+    streams::stream_copies_of_slices_land_in_place,
+    streams::dropped_transfers_and_buffers_are_safe,
+    streams::stream_copy_bad_arguments_are_typed_errors,
+    streams::stream_peer_copy_between_devices,
+    streams::race_read_on_other_stream_without_wait,
+    streams::race_synchronous_read_after_non_blocking_write,
+    streams::race_wait_on_an_event_recorded_too_early,
+    streams::race_write_while_other_stream_reads,
+    streams::race_per_thread_streams_of_two_threads,
+    streams::race_on_pinned_memory_through_its_device_view,
     // copies
     copies::copy_from_host_then_copy_to_host_round_trips,
     copies::copy_to_host_into_caller_slice_round_trips,

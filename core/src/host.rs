@@ -122,6 +122,12 @@ impl HostBuffer {
         self.memory.alloc.map(|a| a.device_ptr())
     }
 
+    /// The host address of the first byte, as a raw pointer for asynchronous copies
+    /// (not derived from a reference: writing through it does not invalidate one).
+    pub(crate) fn host_ptr(&self) -> *mut u8 {
+        self.memory.ptr().as_ptr()
+    }
+
     pub(crate) fn keep_alive(&self) -> Owner {
         self.memory.clone()
     }

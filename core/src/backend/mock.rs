@@ -17,7 +17,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
 
-use super::{CopyTicket, DevicePtr, PinnedAlloc, RawContext, RawIpcHandle};
+use super::{
+    CopyTicket, DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream, StreamFlags,
+};
 use crate::error::Result;
 
 mockall::mock! {
@@ -58,6 +60,39 @@ mockall::mock! {
         pub fn ipc_open(&self, handle: &RawIpcHandle) -> Result<DevicePtr>;
         /// See [`RawContext::ipc_close`].
         pub fn ipc_close(&self, ptr: DevicePtr) -> Result<()>;
+        /// See [`RawContext::stream_priority_range`].
+        pub fn stream_priority_range(&self) -> Result<(i32, i32)>;
+        /// See [`RawContext::stream_create`]; returns the handle's value.
+        pub fn stream_create(&self, flags: StreamFlags) -> Result<u64>;
+        /// See [`RawContext::stream_destroy`].
+        pub fn stream_destroy(&self, stream: u64) -> Result<()>;
+        /// See [`RawContext::stream_synchronize`].
+        pub fn stream_synchronize(&self, stream: u64) -> Result<()>;
+        /// See [`RawContext::stream_query`].
+        pub fn stream_query(&self, stream: u64) -> Result<bool>;
+        /// See [`RawContext::stream_wait_event`].
+        pub fn stream_wait_event(&self, stream: u64, event: u64) -> Result<()>;
+        /// See [`RawContext::event_create`]; returns the handle's value.
+        pub fn event_create(&self, timing: bool) -> Result<u64>;
+        /// See [`RawContext::event_destroy`].
+        pub fn event_destroy(&self, event: u64) -> Result<()>;
+        /// See [`RawContext::event_record`].
+        pub fn event_record(&self, event: u64, stream: u64) -> Result<()>;
+        /// See [`RawContext::event_query`].
+        pub fn event_query(&self, event: u64) -> Result<bool>;
+        /// See [`RawContext::event_synchronize`].
+        pub fn event_synchronize(&self, event: u64) -> Result<()>;
+        /// See [`RawContext::event_elapsed_ms`].
+        pub fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32>;
+        /// See [`RawContext::copy_host_to_device_on`]: the host bytes as a slice.
+        pub fn copy_host_to_device_on(&self, dst: DevicePtr, src: &[u8], stream: u64) -> Result<()>;
+        /// See [`RawContext::copy_device_to_host_on`]: the host bytes as a slice, written
+        /// during the call.
+        pub fn copy_device_to_host_on(&self, dst: &mut [u8], src: DevicePtr, stream: u64) -> Result<()>;
+        /// See [`RawContext::copy_device_to_device_on`].
+        pub fn copy_device_to_device_on(&self, dst: DevicePtr, src: DevicePtr, len: usize, stream: u64) -> Result<()>;
+        /// See [`RawContext::copy_peer_on`]; the source context is given by its handle.
+        pub fn copy_peer_on(&self, dst: DevicePtr, src_handle: u64, src: DevicePtr, len: usize, stream: u64) -> Result<()>;
     }
 }
 
@@ -239,5 +274,112 @@ unsafe impl RawContext for MockRawContext {
 
     unsafe fn ipc_close(&self, ptr: DevicePtr) -> Result<()> {
         self.expectations.ipc_close(ptr)
+    }
+
+    fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        self.expectations.stream_priority_range()
+    }
+
+    fn stream_create(&self, flags: StreamFlags) -> Result<RawStream> {
+        let raw = self.expectations.stream_create(flags)?;
+        // SAFETY: the value is only ever handed back to this mock, which passes it to
+        // expectations as a plain integer: it is no driver handle.
+        Ok(unsafe { RawStream::from_raw(raw) })
+    }
+
+    unsafe fn stream_destroy(&self, stream: RawStream) -> Result<()> {
+        self.expectations.stream_destroy(stream.as_raw())
+    }
+
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
+        self.expectations.stream_synchronize(stream.as_raw())
+    }
+
+    unsafe fn stream_query(&self, stream: RawStream) -> Result<bool> {
+        self.expectations.stream_query(stream.as_raw())
+    }
+
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
+        self.expectations
+            .stream_wait_event(stream.as_raw(), event.as_raw())
+    }
+
+    fn event_create(&self, timing: bool) -> Result<RawEvent> {
+        let raw = self.expectations.event_create(timing)?;
+        // SAFETY: as in `stream_create`: a plain integer for this mock's expectations.
+        Ok(unsafe { RawEvent::from_raw(raw) })
+    }
+
+    unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {
+        self.expectations.event_destroy(event.as_raw())
+    }
+
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+        self.expectations
+            .event_record(event.as_raw(), stream.as_raw())
+    }
+
+    unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
+        self.expectations.event_query(event.as_raw())
+    }
+
+    unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
+        self.expectations.event_synchronize(event.as_raw())
+    }
+
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        self.expectations
+            .event_elapsed_ms(start.as_raw(), end.as_raw())
+    }
+
+    unsafe fn copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees `src..src + len` is live pinned memory that
+        // nothing writes while the copy is in flight; the slice lives for this call only.
+        let src = unsafe { std::slice::from_raw_parts(src, len) };
+        self.expectations
+            .copy_host_to_device_on(dst, src, stream.as_raw())
+    }
+
+    unsafe fn copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees `dst..dst + len` is live pinned memory that nothing
+        // else reads or writes while the copy is in flight; the slice lives for this call.
+        let dst = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+        self.expectations
+            .copy_device_to_host_on(dst, src, stream.as_raw())
+    }
+
+    unsafe fn copy_device_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.expectations
+            .copy_device_to_device_on(dst, src, len, stream.as_raw())
+    }
+
+    unsafe fn copy_peer_on(
+        &self,
+        dst: DevicePtr,
+        src_context: &dyn RawContext,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.expectations
+            .copy_peer_on(dst, src_context.handle(), src, len, stream.as_raw())
     }
 }

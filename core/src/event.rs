@@ -1,0 +1,217 @@
+//! [`Event`]: a point in a stream that other streams and the host can wait for.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::RawEvent;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+
+struct EventInner {
+    ctx: Context,
+    raw: RawEvent,
+    /// Made by cudabuf (destroyed with the last clone), or somebody else's.
+    owned: bool,
+    timing: bool,
+}
+
+/// An event (Arrow C++'s `SyncEvent`, `cudaEvent_t`, `torch.cuda.Event`): recorded on a
+/// stream, it captures the work issued to that stream so far; the host can
+/// [`synchronize`](Self::synchronize) on it or [`query`](Self::query) it, and another
+/// stream can [wait](Stream::wait_event) for it without blocking the host.
+///
+/// Cheap to clone: clones are handles to one event, destroyed (if cudabuf made it) with
+/// the last clone.
+///
+/// ```
+/// # fn main() -> cudabuf_core::Result<()> {
+/// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+/// let (producer, consumer) = (ctx.new_stream()?, ctx.new_stream()?);
+/// let (a, b) = (ctx.new_buffer(4)?, ctx.new_buffer(4)?);
+/// producer.copy_from_slice(&a, b"data")?;
+/// let ready = producer.record_event()?;
+/// consumer.wait_event(&ready)?;      // the consumer's next work runs after the copy
+/// consumer.copy_device(&b, &a)?;
+/// consumer.synchronize()?;
+/// assert_eq!(b.to_vec()?, b"data");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Event {
+    inner: Arc<EventInner>,
+}
+
+impl Context {
+    /// A new event without timing (`CU_EVENT_DISABLE_TIMING`, the cheaper kind).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on a backend without streams; the driver's failure.
+    pub fn new_event(&self) -> Result<Event> {
+        self.make_event(false)
+    }
+
+    /// A new event that can measure time ([`Event::elapsed`]).
+    ///
+    /// # Errors
+    /// As [`new_event`](Self::new_event).
+    pub fn new_timing_event(&self) -> Result<Event> {
+        self.make_event(true)
+    }
+
+    fn make_event(&self, timing: bool) -> Result<Event> {
+        let raw = self.raw().event_create(timing)?;
+        Ok(Event {
+            inner: Arc::new(EventInner {
+                ctx: self.clone(),
+                raw,
+                owned: true,
+                timing,
+            }),
+        })
+    }
+
+    /// A non-owning [`Event`] over somebody else's event (Arrow C++'s
+    /// `WrapDeviceSyncEvent`): a `CUevent` from cudarc, PyTorch or a C Device Data
+    /// Interface producer on CUDA. cudabuf never destroys it. `timing` says whether it
+    /// was made with timing (it is only used to refuse [`Event::elapsed`] early).
+    ///
+    /// # Safety
+    /// `raw` is a live event usable with this context, and stays live while the returned
+    /// event (any clone) exists.
+    pub unsafe fn wrap_event(&self, raw: u64, timing: bool) -> Event {
+        Event {
+            inner: Arc::new(EventInner {
+                ctx: self.clone(),
+                // SAFETY: the caller vouches for `raw`.
+                raw: unsafe { RawEvent::from_raw(raw) },
+                owned: false,
+                timing,
+            }),
+        }
+    }
+}
+
+impl Event {
+    pub(crate) fn raw(&self) -> RawEvent {
+        self.inner.raw
+    }
+
+    /// The backend's handle (a `CUevent` as an integer on CUDA), for handing the event
+    /// to another library.
+    pub fn as_raw(&self) -> u64 {
+        self.inner.raw.as_raw()
+    }
+
+    /// The context the event belongs to.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// Whether the event can measure time.
+    pub fn has_timing(&self) -> bool {
+        self.inner.timing
+    }
+
+    pub(crate) fn check_backend(&self, ctx: &Context, operation: &'static str) -> Result<()> {
+        if self.inner.ctx.backend_kind() != ctx.backend_kind() {
+            return Err(Error::invalid_argument(
+                operation,
+                format!(
+                    "the event belongs to the {} backend, the stream to the {} backend",
+                    self.inner.ctx.backend_kind(),
+                    ctx.backend_kind()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Capture the work issued to `stream` so far (`cuEventRecord`); recording again
+    /// moves the event to the new point.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a stream of another backend; the driver's failure.
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        self.check_backend(stream.context(), "Event::record")?;
+        // SAFETY: the event is alive (owned, or by `wrap_event`'s contract); the stream
+        // is live (a `Stream` keeps its own alive; default and foreign streams are live by
+        // definition and contract).
+        unsafe {
+            stream
+                .context()
+                .raw()
+                .event_record(self.inner.raw, stream.raw())
+        }
+    }
+
+    /// Whether the work the event captured is done (`cuEventQuery`); `true` for an event
+    /// never recorded.
+    ///
+    /// # Errors
+    /// The driver's failure.
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: the event is alive (see `record`).
+        unsafe { self.inner.ctx.raw().event_query(self.inner.raw) }
+    }
+
+    /// Block the calling thread until the work the event captured is done
+    /// (`cuEventSynchronize`).
+    ///
+    /// # Errors
+    /// The driver's failure (an asynchronous copy's error shows here).
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the event is alive (see `record`).
+        unsafe { self.inner.ctx.raw().event_synchronize(self.inner.raw) }
+    }
+
+    /// The time from this event to `end`, both recorded and completed, both made with
+    /// timing (`cuEventElapsedTime`; about 0.5 us resolution on CUDA, simulated time on
+    /// the simulator).
+    ///
+    /// # Errors
+    /// [`Error::NotReady`] if either has not completed; [`Error::InvalidArgument`] if
+    /// either was made without timing or never recorded, or they belong to different
+    /// backends.
+    pub fn elapsed(&self, end: &Event) -> Result<Duration> {
+        end.check_backend(&self.inner.ctx, "Event::elapsed")?;
+        if !self.inner.timing || !end.inner.timing {
+            return Err(Error::invalid_argument(
+                "Event::elapsed",
+                "both events must be made with timing (Context::new_timing_event)",
+            ));
+        }
+        // SAFETY: both events are alive (see `record`).
+        let ms = unsafe {
+            self.inner
+                .ctx
+                .raw()
+                .event_elapsed_ms(self.inner.raw, end.inner.raw)
+        }?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1000.0))
+    }
+}
+
+impl Drop for EventInner {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: made by `event_create` of this context (owned), destroyed once by
+            // the last clone. CUDA lets a recorded, unfinished event be destroyed (its
+            // resources go when the work completes).
+            if let Err(e) = unsafe { self.ctx.raw().event_destroy(self.raw) } {
+                log::warn!("destroying an event failed: {e}");
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Event")
+            .field("raw", &format_args!("{:#x}", self.as_raw()))
+            .field("owned", &self.inner.owned)
+            .field("timing", &self.inner.timing)
+            .finish()
+    }
+}

@@ -1,0 +1,843 @@
+//! [`Stream`]: an ordered queue of device work, and asynchronous copies on it.
+//!
+//! # Why the copies take the host buffer
+//! An asynchronous copy reads (host to device) or writes (device to host) host memory
+//! after the call returns. Safe Rust must not be able to touch those bytes until the copy
+//! is known complete, nor free them. [`Stream::copy_from_host`] and
+//! [`Stream::copy_to_host`] therefore *take* the pinned [`HostBuffer`] and give it back
+//! from [`Transfer::wait`]: while the copy runs, no `&[u8]` or `&mut [u8]` to it can
+//! exist. A guard that borrows the buffer and waits on drop would read as nicely, but
+//! `std::mem::forget` on the guard would end the borrow with the copy still running
+//! (the reason `std::thread::scope` takes a closure); ownership cannot be leaked into
+//! unsoundness: forgetting a [`Transfer`] only leaks its buffer.
+//!
+//! Device memory needs no such care from the user: every device buffer an operation
+//! touches is kept alive by the stream until the operation is known complete (each
+//! operation is followed by a pooled internal event, and the stream releases what it
+//! holds as it sees those events complete: on the next operation, query or
+//! synchronize, or when the stream is dropped).
+//!
+//! Pageable host memory (`&[u8]`) can be uploaded on a stream with
+//! [`Stream::copy_from_slice`]: the bytes are copied now into pooled pinned memory and
+//! the DMA runs later, so the slice is free when the call returns. There is no
+//! asynchronous download into pageable memory (the bytes would arrive after the call
+//! returns, into memory Rust lends only for the call): download into a [`HostBuffer`],
+//! or use the synchronous [`DeviceBuffer::copy_to_host`].
+//!
+//! # Ordering with cudabuf's synchronous API
+//! The synchronous copies of [`DeviceBuffer`] run on the context's legacy default stream
+//! ([`Context::legacy_stream`]): they wait for earlier work of every *blocking* stream and
+//! blocking streams' later work waits for them, exactly as in CUDA. A stream made
+//! [non-blocking](StreamFlags::non_blocking) is ordered with nothing but its own work and
+//! the events it waits for: synchronize it (or wait for an event) before reading what it
+//! wrote through the synchronous API. The simulator reports such missing waits as
+//! [`Error::DataRace`].
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::ops::{Bound, RangeBounds};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::backend::{RawEvent, RawStream, StreamFlags};
+use crate::buffer::DeviceBuffer;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::host::HostBuffer;
+
+/// What a stream is, for its drop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamKind {
+    /// Made by [`Context::new_stream`]: destroyed with its last clone.
+    Owned,
+    /// The legacy or per-thread default stream.
+    Default,
+    /// Somebody else's stream ([`Context::wrap_stream`]): never destroyed here.
+    Foreign,
+}
+
+/// Something an operation in flight uses, held until it is known complete.
+enum Held {
+    Device(DeviceBuffer),
+    /// A pooled pinned staging buffer: back to the context's pool when done.
+    Staging(HostBuffer),
+}
+
+/// An operation issued to the stream and the memory it uses.
+struct InFlight {
+    /// Recorded on the stream right after the operation.
+    done: RawEvent,
+    held: Vec<Held>,
+}
+
+struct StreamInner {
+    ctx: Context,
+    raw: RawStream,
+    flags: StreamFlags,
+    kind: StreamKind,
+    state: Mutex<StreamState>,
+}
+
+#[derive(Default)]
+struct StreamState {
+    in_flight: VecDeque<InFlight>,
+    /// Internal events not in use.
+    idle_events: Vec<RawEvent>,
+}
+
+/// A stream: device work issued to it runs in order, asynchronously from the host (Arrow
+/// C++'s `CudaDevice::Stream`, cudarc's `CudaStream`, `torch.cuda.Stream`).
+///
+/// Cheap to clone: clones are handles to one stream, destroyed (if cudabuf made it) when
+/// the last clone goes, after the work issued through cudabuf has completed.
+///
+/// See the [module documentation](self) for how asynchronous copies keep memory safe and
+/// how streams are ordered with cudabuf's synchronous copies.
+///
+/// ```
+/// # fn main() -> cudabuf_core::Result<()> {
+/// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+/// let stream = ctx.new_stream()?;
+/// let buf = ctx.new_buffer(5)?;
+/// stream.copy_from_slice(&buf, b"async")?;        // staged: the slice is free at once
+/// let host = ctx.new_host_buffer(5)?;
+/// let transfer = stream.copy_to_host(&buf, host)?; // takes the pinned buffer...
+/// let host = transfer.wait()?;                     // ...and gives it back when done
+/// assert_eq!(&host[..], b"async");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<StreamInner>,
+}
+
+impl Context {
+    /// A new blocking stream of default priority (`cuStreamCreate`).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on a backend without streams; the driver's failure.
+    pub fn new_stream(&self) -> Result<Stream> {
+        self.new_stream_with(StreamFlags::default())
+    }
+
+    /// A new stream, blocking or [non-blocking](StreamFlags::non_blocking), with a
+    /// priority (`cuStreamCreateWithPriority`; lower numbers are higher priorities,
+    /// clamped into [`stream_priority_range`](Self::stream_priority_range)).
+    ///
+    /// # Errors
+    /// As [`new_stream`](Self::new_stream).
+    pub fn new_stream_with(&self, flags: StreamFlags) -> Result<Stream> {
+        let raw = self.raw().stream_create(flags)?;
+        Ok(Stream::from_parts(self, raw, flags, StreamKind::Owned))
+    }
+
+    /// The range of stream priorities, `(least, greatest)`; numerically `least >=
+    /// greatest` (CUDA: `(0, -5)` on recent GPUs).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on a backend without streams.
+    pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        self.raw().stream_priority_range()
+    }
+
+    /// The context's legacy default stream (`CU_STREAM_LEGACY`), where cudabuf's
+    /// synchronous copies run: ordered with every blocking stream of the context.
+    pub fn legacy_stream(&self) -> Stream {
+        Stream::from_parts(
+            self,
+            RawStream::LEGACY,
+            StreamFlags::default(),
+            StreamKind::Default,
+        )
+    }
+
+    /// The calling thread's default stream (`CU_STREAM_PER_THREAD`): a blocking stream of
+    /// its own for each host thread. The handle names "the default stream of whichever
+    /// thread issues the operation": work issued through it from two threads goes to two
+    /// streams.
+    pub fn per_thread_stream(&self) -> Stream {
+        Stream::from_parts(
+            self,
+            RawStream::PER_THREAD,
+            StreamFlags::default(),
+            StreamKind::Default,
+        )
+    }
+
+    /// A non-owning [`Stream`] over somebody else's stream of this context (Arrow C++'s
+    /// `WrapStream`): a `CUstream` from cudarc, PyTorch (`torch.cuda.Stream.cuda_stream`)
+    /// or CuPy on CUDA; a stream handle of the same simulator instance on the simulator.
+    /// cudabuf never destroys it.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of this context's device context, and stays live while the
+    /// returned stream (any clone) and the work issued through it exist.
+    pub unsafe fn wrap_stream(&self, raw: u64, flags: StreamFlags) -> Stream {
+        // SAFETY: the caller vouches that `raw` is a live stream of this context.
+        let raw = unsafe { RawStream::from_raw(raw) };
+        Stream::from_parts(self, raw, flags, StreamKind::Foreign)
+    }
+}
+
+impl Stream {
+    fn from_parts(ctx: &Context, raw: RawStream, flags: StreamFlags, kind: StreamKind) -> Self {
+        Stream {
+            inner: Arc::new(StreamInner {
+                ctx: ctx.clone(),
+                raw,
+                flags,
+                kind,
+                state: Mutex::new(StreamState::default()),
+            }),
+        }
+    }
+
+    /// The context the stream belongs to.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// The backend's handle (a `CUstream` as an integer on CUDA), for handing the stream
+    /// to another library.
+    pub fn as_raw(&self) -> u64 {
+        self.inner.raw.as_raw()
+    }
+
+    pub(crate) fn raw(&self) -> RawStream {
+        self.inner.raw
+    }
+
+    /// How the stream was made (for the default and foreign streams: what the caller said
+    /// or the defaults).
+    pub fn flags(&self) -> StreamFlags {
+        self.inner.flags
+    }
+
+    /// Whether `self` and `other` are clones of one stream handle.
+    pub fn same_as(&self, other: &Stream) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    fn state(&self) -> MutexGuard<'_, StreamState> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wait until all work issued to the stream so far is done (`cuStreamSynchronize`),
+    /// and let go of the memory it used.
+    ///
+    /// # Errors
+    /// The driver's failure (an asynchronous copy's error shows here).
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the stream is live: owned ones until the last clone drops, default ones
+        // always, foreign ones by `wrap_stream`'s contract.
+        unsafe { self.inner.ctx.raw().stream_synchronize(self.inner.raw) }?;
+        self.release_all_in_flight();
+        Ok(())
+    }
+
+    /// Whether all work issued to the stream so far is done (`cuStreamQuery`).
+    ///
+    /// # Errors
+    /// The driver's failure.
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: as in `synchronize`.
+        let done = unsafe { self.inner.ctx.raw().stream_query(self.inner.raw) }?;
+        if done {
+            self.release_all_in_flight();
+        } else {
+            self.release_completed()?;
+        }
+        Ok(done)
+    }
+
+    /// Make later work of this stream wait for the work `event` captured at its most
+    /// recent [`record`](Event::record) (`cuStreamWaitEvent`), without blocking the host.
+    /// A never-recorded event is no wait.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an event of another backend; the driver's failure.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        event.check_backend(self.context(), "Stream::wait_event")?;
+        // SAFETY: the stream is live (see `synchronize`) and so is the event (`Event`
+        // keeps it alive, or `wrap_event`'s contract does).
+        unsafe {
+            self.inner
+                .ctx
+                .raw()
+                .stream_wait_event(self.inner.raw, event.raw())
+        }
+    }
+
+    /// A new event (without timing) recorded on this stream now.
+    ///
+    /// # Errors
+    /// As [`Context::new_event`] and [`Event::record`].
+    pub fn record_event(&self) -> Result<Event> {
+        let event = self.context().new_event()?;
+        event.record(self)?;
+        Ok(event)
+    }
+
+    /// Copy all of the pinned host bytes `src` (a [`HostBuffer`] or a [`HostRange`] of
+    /// one) to the start of `dst` on this stream (`cuMemcpyHtoDAsync`); returns once the
+    /// copy is issued. The host buffer comes back from [`Transfer::wait`], when it may be
+    /// written again.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if `dst` is smaller than `src`;
+    /// [`Error::InvalidArgument`] if `dst` is not memory of this stream's context; the
+    /// driver's failure. On error the host buffer is dropped.
+    pub fn copy_from_host(
+        &self,
+        dst: &DeviceBuffer,
+        src: impl Into<HostRange>,
+    ) -> Result<Transfer> {
+        let src = src.into();
+        self.check_buffer(dst, "Stream::copy_from_host")?;
+        if src.len > dst.size() {
+            return Err(Error::out_of_range(
+                "Stream::copy_from_host",
+                "device buffer",
+                0,
+                src.len,
+                dst.size(),
+            ));
+        }
+        self.release_completed()?;
+        if src.len == 0 {
+            return Ok(Transfer::completed(src.buffer));
+        }
+        let done = self.take_event()?;
+        // SAFETY: `src` is pinned memory (`HostBuffer` comes from `alloc_host`) and its range
+        // was checked; the transfer owns the buffer until the copy is known complete, so
+        // no Rust reference reads or writes it meanwhile, and it is not freed. `dst`'s range
+        // lies in its live memory, kept alive by the transfer. The stream is live.
+        let issued = unsafe {
+            self.inner.ctx.raw().copy_host_to_device_on(
+                dst.address(),
+                src.buffer.host_ptr().add(src.offset),
+                src.len,
+                self.inner.raw,
+            )
+        };
+        self.finish_transfer(issued, done, src.buffer, dst)
+    }
+
+    /// Copy all of `src` (device memory) into the start of the pinned host bytes `dst` (a
+    /// [`HostBuffer`] or a [`HostRange`] of one) on this stream (`cuMemcpyDtoHAsync`);
+    /// returns once the copy is issued. The host buffer comes back from
+    /// [`Transfer::wait`], holding the bytes.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if `dst` is smaller than `src`; as
+    /// [`copy_from_host`](Self::copy_from_host).
+    pub fn copy_to_host(&self, src: &DeviceBuffer, dst: impl Into<HostRange>) -> Result<Transfer> {
+        let dst = dst.into();
+        self.check_buffer(src, "Stream::copy_to_host")?;
+        if src.size() > dst.len {
+            return Err(Error::out_of_range(
+                "Stream::copy_to_host",
+                "host buffer",
+                dst.offset,
+                src.size(),
+                dst.offset + dst.len,
+            ));
+        }
+        self.release_completed()?;
+        if src.is_empty() {
+            return Ok(Transfer::completed(dst.buffer));
+        }
+        let done = self.take_event()?;
+        // SAFETY: as in `copy_from_host`: the transfer owns the pinned destination until
+        // the copy is known complete, so no Rust reference to it exists meanwhile.
+        let issued = unsafe {
+            self.inner.ctx.raw().copy_device_to_host_on(
+                dst.buffer.host_ptr().add(dst.offset),
+                src.address(),
+                src.size(),
+                self.inner.raw,
+            )
+        };
+        self.finish_transfer(issued, done, dst.buffer, src)
+    }
+
+    /// Copy all of `src` (pageable host memory) to the start of `dst` on this stream: the
+    /// bytes are copied now into pinned staging memory (from the context's pool) and the
+    /// DMA runs later in stream order, so `src` is free when this returns.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if `dst` is smaller than `src`; as
+    /// [`copy_from_host`](Self::copy_from_host), and the pinned allocation.
+    pub fn copy_from_slice(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<()> {
+        self.check_buffer(dst, "Stream::copy_from_slice")?;
+        if src.len() > dst.size() {
+            return Err(Error::out_of_range(
+                "Stream::copy_from_slice",
+                "device buffer",
+                0,
+                src.len(),
+                dst.size(),
+            ));
+        }
+        self.release_completed()?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let mut staging = self.context().staging_buffer(src.len())?;
+        staging.copy_from_slice(src);
+        let done = self.take_event()?;
+        // SAFETY: `staging` is pinned and filled; the stream holds it (and `dst`) until
+        // the copy is known complete, and nothing else references it.
+        let issued = unsafe {
+            self.inner.ctx.raw().copy_host_to_device_on(
+                dst.address(),
+                staging.host_ptr(),
+                src.len(),
+                self.inner.raw,
+            )
+        };
+        self.finish_tracked(
+            issued,
+            done,
+            vec![Held::Staging(staging), Held::Device(dst.clone())],
+        )
+    }
+
+    /// Copy all of `src` into the start of `dst` on this stream, device to device
+    /// (`cuMemcpyDtoDAsync`; overlapping ranges behave as a memmove), or from another
+    /// context or device (`cuMemcpyPeerAsync`). `dst` must be memory of this stream's
+    /// context; both buffers are kept alive until the copy is known complete.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if `dst` is smaller than `src`; [`Error::InvalidArgument`]
+    /// if `dst` is not memory of this stream's context or `src` is of another backend;
+    /// the driver's failure.
+    pub fn copy_device(&self, dst: &DeviceBuffer, src: &DeviceBuffer) -> Result<()> {
+        self.check_buffer(dst, "Stream::copy_device")?;
+        let src_ctx = src.context();
+        if src_ctx.backend_kind() != self.context().backend_kind() {
+            return Err(Error::invalid_argument(
+                "Stream::copy_device",
+                format!(
+                    "cannot copy from a {} buffer on a {} stream",
+                    src_ctx.backend_kind(),
+                    self.context().backend_kind()
+                ),
+            ));
+        }
+        if src.size() > dst.size() {
+            return Err(Error::out_of_range(
+                "Stream::copy_device",
+                "device buffer",
+                0,
+                src.size(),
+                dst.size(),
+            ));
+        }
+        self.release_completed()?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let done = self.take_event()?;
+        let raw = self.inner.ctx.raw();
+        let issued = if src_ctx.handle() == self.context().handle() {
+            // SAFETY: both ranges lie in live memory of this context, held by the stream
+            // until the copy is known complete; the stream is live.
+            unsafe {
+                raw.copy_device_to_device_on(
+                    dst.address(),
+                    src.address(),
+                    src.size(),
+                    self.inner.raw,
+                )
+            }
+        } else {
+            // SAFETY: as above, the source in `src_ctx`.
+            unsafe {
+                raw.copy_peer_on(
+                    dst.address(),
+                    src_ctx.raw().as_ref(),
+                    src.address(),
+                    src.size(),
+                    self.inner.raw,
+                )
+            }
+        };
+        self.finish_tracked(
+            issued,
+            done,
+            vec![Held::Device(dst.clone()), Held::Device(src.clone())],
+        )
+    }
+
+    /// `buffer` must be memory this stream's context reaches as its own.
+    fn check_buffer(&self, buffer: &DeviceBuffer, operation: &'static str) -> Result<()> {
+        let (ours, theirs) = (self.context(), buffer.context());
+        if theirs.backend_kind() != ours.backend_kind() || theirs.handle() != ours.handle() {
+            return Err(Error::invalid_argument(
+                operation,
+                format!(
+                    "the buffer is memory of a {} context on device {}, the stream belongs to a \
+                     {} context on device {}: issue the copy on a stream of the buffer's \
+                     context (Stream::copy_device copies between contexts)",
+                    theirs.backend_kind(),
+                    theirs.device_number(),
+                    ours.backend_kind(),
+                    ours.device_number()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// An internal event for tracking an operation: an idle one, or a new one.
+    fn take_event(&self) -> Result<RawEvent> {
+        if let Some(event) = self.state().idle_events.pop() {
+            return Ok(event);
+        }
+        self.inner.ctx.raw().event_create(false)
+    }
+
+    fn give_back_event(&self, event: RawEvent) {
+        self.state().idle_events.push(event);
+    }
+
+    /// Record `done` after the operation just issued (or give it back if the issue
+    /// failed).
+    fn record_done(&self, issued: Result<()>, done: RawEvent) -> Result<()> {
+        if let Err(e) = issued {
+            self.give_back_event(done);
+            return Err(e);
+        }
+        // SAFETY: `done` is an internal event of this context (made by `event_create`,
+        // idle) and the stream is live.
+        let recorded = unsafe { self.inner.ctx.raw().event_record(done, self.inner.raw) };
+        if let Err(e) = recorded {
+            // The operation was issued but cannot be tracked: wait for it here, so that
+            // nothing it uses is let go too early.
+            let _ = self.synchronize_raw();
+            self.give_back_event(done);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// `cuStreamSynchronize` alone (no release of held memory).
+    fn synchronize_raw(&self) -> Result<()> {
+        // SAFETY: as in `synchronize`.
+        unsafe { self.inner.ctx.raw().stream_synchronize(self.inner.raw) }
+    }
+
+    fn finish_tracked(&self, issued: Result<()>, done: RawEvent, held: Vec<Held>) -> Result<()> {
+        self.record_done(issued, done)?;
+        self.state().in_flight.push_back(InFlight { done, held });
+        Ok(())
+    }
+
+    fn finish_transfer(
+        &self,
+        issued: Result<()>,
+        done: RawEvent,
+        host: HostBuffer,
+        device: &DeviceBuffer,
+    ) -> Result<Transfer> {
+        match self.record_done(issued, done) {
+            Ok(()) => Ok(Transfer {
+                stream: Some(self.clone()),
+                done: Some(done),
+                host: Some(host),
+                _device: Some(device.clone()),
+            }),
+            Err(e) => {
+                // Issued and synchronized, or not issued: the host buffer is free.
+                drop(host);
+                Err(e)
+            }
+        }
+    }
+
+    /// Let go of what completed operations held (oldest first, stopping at the first one
+    /// still running).
+    fn release_completed(&self) -> Result<()> {
+        loop {
+            let front = self.state().in_flight.front().map(|op| op.done);
+            let Some(done) = front else { return Ok(()) };
+            // SAFETY: `done` is an internal event of this context, recorded, alive.
+            if !unsafe { self.inner.ctx.raw().event_query(done) }? {
+                return Ok(());
+            }
+            let op = {
+                let mut state = self.state();
+                let op = state.in_flight.pop_front();
+                if let Some(op) = &op {
+                    state.idle_events.push(op.done);
+                }
+                op
+            };
+            if let Some(op) = op {
+                self.release(op.held);
+            }
+        }
+    }
+
+    /// Everything issued is complete (after a synchronize): let go of all of it.
+    fn release_all_in_flight(&self) {
+        let ops: Vec<InFlight> = {
+            let mut state = self.state();
+            let ops: Vec<InFlight> = state.in_flight.drain(..).collect();
+            state.idle_events.extend(ops.iter().map(|op| op.done));
+            ops
+        };
+        for op in ops {
+            self.release(op.held);
+        }
+    }
+
+    fn release(&self, held: Vec<Held>) {
+        for h in held {
+            match h {
+                Held::Device(buffer) => drop(buffer),
+                Held::Staging(host) => self.context().recycle_staging_buffer(host),
+            }
+        }
+    }
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        let state = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let raw = self.ctx.raw().clone();
+        // Wait for the last operation issued through cudabuf: everything it held may go.
+        if let Some(last) = state.in_flight.back() {
+            // SAFETY: an internal event of this context, recorded and alive.
+            if let Err(e) = unsafe { raw.event_synchronize(last.done) } {
+                log::warn!("waiting for a stream's work before dropping it failed: {e}");
+                // SAFETY: the stream is live (destroyed only below).
+                if let Err(e) = unsafe { raw.stream_synchronize(self.raw) } {
+                    // Nothing is known complete: keep the memory rather than free it
+                    // under a copy that may still run.
+                    log::warn!(
+                        "synchronizing a dropped stream failed ({e}); its in-flight memory is leaked"
+                    );
+                    std::mem::forget(state);
+                    return;
+                }
+            }
+        }
+        for event in state
+            .in_flight
+            .iter()
+            .map(|op| op.done)
+            .chain(state.idle_events.iter().copied())
+        {
+            // SAFETY: internal events made by `event_create` of this context, destroyed
+            // once (each is in exactly one of the two lists), not used after.
+            if let Err(e) = unsafe { raw.event_destroy(event) } {
+                log::warn!("destroying an internal event failed: {e}");
+            }
+        }
+        for op in state.in_flight {
+            for h in op.held {
+                match h {
+                    Held::Device(buffer) => drop(buffer),
+                    Held::Staging(host) => self.ctx.recycle_staging_buffer(host),
+                }
+            }
+        }
+        if self.kind == StreamKind::Owned {
+            // SAFETY: made by `stream_create` of this context (kind Owned), destroyed
+            // once, here, by the last clone.
+            if let Err(e) = unsafe { raw.stream_destroy(self.raw) } {
+                log::warn!("destroying a stream failed: {e}");
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("raw", &format_args!("{:#x}", self.as_raw()))
+            .field("kind", &self.inner.kind)
+            .field("flags", &self.inner.flags)
+            .field("device", &self.context().device_number())
+            .finish()
+    }
+}
+
+/// A range of a pinned [`HostBuffer`], owned: what an asynchronous copy reads from or
+/// writes into. Made with [`HostBuffer::into_range`]; a whole `HostBuffer` converts into
+/// one.
+#[derive(Debug)]
+pub struct HostRange {
+    buffer: HostBuffer,
+    offset: usize,
+    len: usize,
+}
+
+impl HostRange {
+    /// The offset of the range in its buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The length of the range.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The whole buffer back.
+    pub fn into_buffer(self) -> HostBuffer {
+        self.buffer
+    }
+}
+
+impl From<HostBuffer> for HostRange {
+    fn from(buffer: HostBuffer) -> Self {
+        let len = buffer.size();
+        HostRange {
+            buffer,
+            offset: 0,
+            len,
+        }
+    }
+}
+
+impl HostBuffer {
+    /// This buffer, owned, with a range of it chosen for an asynchronous copy
+    /// ([`Stream::copy_from_host`], [`Stream::copy_to_host`]).
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if the range does not lie in the buffer (the buffer is
+    /// dropped: check first with [`size`](Self::size) if it must survive).
+    pub fn into_range(self, range: impl RangeBounds<usize>) -> Result<HostRange> {
+        let size = self.size();
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => size,
+        };
+        if start > end || end > size {
+            return Err(Error::out_of_range(
+                "HostBuffer::into_range",
+                "host buffer",
+                start,
+                end.saturating_sub(start),
+                size,
+            ));
+        }
+        Ok(HostRange {
+            buffer: self,
+            offset: start,
+            len: end - start,
+        })
+    }
+}
+
+/// An asynchronous copy between the device and a pinned [`HostBuffer`], in flight: it
+/// owns the host buffer (and keeps the device memory alive) until the copy is done.
+///
+/// [`wait`](Self::wait) gives the buffer back; dropping a transfer without waiting waits
+/// (a copy never outlives its memory). Forgetting one (`std::mem::forget`) leaks the
+/// buffer, which is safe.
+#[must_use = "a transfer gives its host buffer back from `wait`; dropping it waits for the copy"]
+pub struct Transfer {
+    stream: Option<Stream>,
+    done: Option<RawEvent>,
+    host: Option<HostBuffer>,
+    _device: Option<DeviceBuffer>,
+}
+
+impl Transfer {
+    fn completed(host: HostBuffer) -> Self {
+        Transfer {
+            stream: None,
+            done: None,
+            host: Some(host),
+            _device: None,
+        }
+    }
+
+    /// Whether the copy is done (`cuEventQuery` on the event recorded after it).
+    ///
+    /// # Errors
+    /// The driver's failure.
+    pub fn is_complete(&self) -> Result<bool> {
+        match (&self.stream, self.done) {
+            // SAFETY: an internal event of the stream's context, recorded, alive while
+            // the transfer holds it.
+            (Some(stream), Some(done)) => unsafe { stream.context().raw().event_query(done) },
+            _ => Ok(true),
+        }
+    }
+
+    /// Wait until the copy is done and take the host buffer back.
+    ///
+    /// # Errors
+    /// The copy's failure. If even the stream cannot be synchronized, the buffer is
+    /// leaked rather than handed back (the copy might still be writing it).
+    pub fn wait(mut self) -> Result<HostBuffer> {
+        self.finish()?;
+        Ok(self
+            .host
+            .take()
+            .expect("a transfer holds its host buffer until it is waited for"))
+    }
+
+    /// Wait for the copy (once).
+    fn finish(&mut self) -> Result<()> {
+        let (Some(stream), Some(done)) = (self.stream.take(), self.done.take()) else {
+            return Ok(());
+        };
+        // SAFETY: an internal event of the stream's context, recorded, alive.
+        let waited = unsafe { stream.context().raw().event_synchronize(done) };
+        match waited {
+            Ok(()) => {
+                stream.give_back_event(done);
+                Ok(())
+            }
+            Err(e) => match stream.synchronize_raw() {
+                Ok(()) => {
+                    stream.give_back_event(done);
+                    Err(e)
+                }
+                Err(_) => {
+                    // The copy may still run: keep its memory forever.
+                    std::mem::forget(self.host.take());
+                    std::mem::forget(self._device.take());
+                    Err(e)
+                }
+            },
+        }
+    }
+}
+
+impl Drop for Transfer {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            log::warn!("waiting for a dropped transfer failed: {e}");
+        }
+    }
+}
+
+impl fmt::Debug for Transfer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transfer")
+            .field("pending", &self.done.is_some())
+            .field("host", &self.host)
+            .finish()
+    }
+}
