@@ -529,7 +529,8 @@ pub(crate) fn race_per_thread_streams_of_two_threads(f: &Fixture) -> CaseResult 
     let data = pattern(1 << 16, 18);
     let run = |sync_first: bool| -> cudabuf_core::Result<()> {
         let x = ctx.new_buffer(data.len()).unwrap();
-        let (tx, rx) = mpsc::channel();
+        let (issued_tx, issued_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
         thread::scope(|s| {
             let (ctx1, x1, d1) = (ctx.clone(), x.clone(), data.clone());
             s.spawn(move || {
@@ -538,13 +539,16 @@ pub(crate) fn race_per_thread_streams_of_two_threads(f: &Fixture) -> CaseResult 
                 if sync_first {
                     stream.synchronize().expect("thread 1 synchronize");
                 }
-                tx.send(()).expect("signal");
+                issued_tx.send(()).expect("signal");
+                // Keep the stream (whose drop waits for its work) until thread 2 issued.
+                let _ = done_rx.recv();
             });
-            rx.recv().expect("thread 1 issued");
+            issued_rx.recv().expect("thread 1 issued");
             let (ctx2, x2) = (ctx.clone(), x.clone());
             let second = s.spawn(move || {
                 let stream = ctx2.per_thread_stream();
                 let result = stream.copy_from_slice(&x2, &[7u8; 64]);
+                let _ = done_tx.send(());
                 stream.synchronize().expect("thread 2 synchronize");
                 result
             });
