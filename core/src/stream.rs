@@ -1,37 +1,6 @@
 //! [`Stream`]: an ordered queue of device work, and asynchronous copies on it.
 //!
-//! # Why the copies take the host buffer
-//! An asynchronous copy reads (host to device) or writes (device to host) host memory
-//! after the call returns. Safe Rust must not be able to touch those bytes until the copy
-//! is known complete, nor free them. [`Stream::copy_from_host`] and
-//! [`Stream::copy_to_host`] therefore *take* the pinned [`HostBuffer`] and give it back
-//! from [`Transfer::wait`]: while the copy runs, no `&[u8]` or `&mut [u8]` to it can
-//! exist. A guard that borrows the buffer and waits on drop would read as nicely, but
-//! `std::mem::forget` on the guard would end the borrow with the copy still running
-//! (the reason `std::thread::scope` takes a closure); ownership cannot be leaked into
-//! unsoundness: forgetting a [`Transfer`] only leaks its buffer.
-//!
-//! Device memory needs no such care from the user: every device buffer an operation
-//! touches is kept alive by the stream until the operation is known complete (each
-//! operation is followed by a pooled internal event, and the stream releases what it
-//! holds as it sees those events complete: on the next operation, query or
-//! synchronize, or when the stream is dropped).
-//!
-//! Pageable host memory (`&[u8]`) can be uploaded on a stream with
-//! [`Stream::copy_from_slice`]: the bytes are copied now into pooled pinned memory and
-//! the DMA runs later, so the slice is free when the call returns. There is no
-//! asynchronous download into pageable memory (the bytes would arrive after the call
-//! returns, into memory Rust lends only for the call): download into a [`HostBuffer`],
-//! or use the synchronous [`DeviceBuffer::copy_to_host`].
-//!
-//! # Ordering with cudabuf's synchronous API
-//! The synchronous copies of [`DeviceBuffer`] run on the context's legacy default stream
-//! ([`Context::legacy_stream`]): they wait for earlier work of every *blocking* stream and
-//! blocking streams' later work waits for them, exactly as in CUDA. A stream made
-//! [non-blocking](StreamFlags::non_blocking) is ordered with nothing but its own work and
-//! the events it waits for: synchronize it (or wait for an event) before reading what it
-//! wrote through the synchronous API. The simulator reports such missing waits as
-//! [`Error::DataRace`].
+//! See [`Stream`] for the rules.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -91,9 +60,40 @@ struct StreamState {
 /// Cheap to clone: clones are handles to one stream, destroyed (if cudabuf made it) when
 /// the last clone goes, after the work issued through cudabuf has completed.
 ///
-/// See the [module documentation](self) for how asynchronous copies keep memory safe and
-/// how streams are ordered with cudabuf's synchronous copies.
+/// # Why the copies take the host buffer
+/// An asynchronous copy reads (host to device) or writes (device to host) host memory
+/// after the call returns. Safe Rust must not be able to touch those bytes until the copy
+/// is known complete, nor free them. [`Stream::copy_from_host`] and
+/// [`Stream::copy_to_host`] therefore *take* the pinned [`HostBuffer`] and give it back
+/// from [`Transfer::wait`]: while the copy runs, no `&[u8]` or `&mut [u8]` to it can
+/// exist. A guard that borrows the buffer and waits on drop would read as nicely, but
+/// `std::mem::forget` on the guard would end the borrow with the copy still running
+/// (the reason `std::thread::scope` takes a closure); ownership cannot be leaked into
+/// unsoundness: forgetting a [`Transfer`] only leaks its buffer.
 ///
+/// Device memory needs no such care from the user: every device buffer an operation
+/// touches is kept alive by the stream until the operation is known complete (each
+/// operation is followed by a pooled internal event, and the stream releases what it
+/// holds as it sees those events complete: on the next operation, query or
+/// synchronize, or when the stream is dropped).
+///
+/// Pageable host memory (`&[u8]`) can be uploaded on a stream with
+/// [`Stream::copy_from_slice`]: the bytes are copied now into pooled pinned memory and
+/// the DMA runs later, so the slice is free when the call returns. There is no
+/// asynchronous download into pageable memory (the bytes would arrive after the call
+/// returns, into memory Rust lends only for the call): download into a [`HostBuffer`],
+/// or use the synchronous [`DeviceBuffer::copy_to_host`].
+///
+/// # Ordering with cudabuf's synchronous API
+/// The synchronous copies of [`DeviceBuffer`] run on the context's legacy default stream
+/// ([`Context::legacy_stream`]): they wait for earlier work of every *blocking* stream and
+/// blocking streams' later work waits for them, exactly as in CUDA. A stream made
+/// [non-blocking](StreamFlags::non_blocking) is ordered with nothing but its own work and
+/// the events it waits for: synchronize it (or wait for an event) before reading what it
+/// wrote through the synchronous API. The simulator reports such missing waits as
+/// [`Error::DataRace`].
+///
+/// # Example
 /// ```
 /// # fn main() -> cudabuf_core::Result<()> {
 /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;

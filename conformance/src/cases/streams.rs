@@ -210,8 +210,8 @@ pub(crate) fn foreign_stream_wrapping_never_destroys_it(f: &Fixture) -> CaseResu
         .expect("upload on the owner");
     owner.synchronize().expect("synchronize the owner");
     assert_eq!(contents(&buf), data);
-    // SAFETY: as above; a wrapped event of this context likewise.
     let event = ctx.new_event().expect("new_event");
+    // SAFETY: `event` keeps the event alive for longer than its wrapper.
     let wrapped = unsafe { ctx.wrap_event(event.as_raw(), false) };
     wrapped.record(&owner).expect("record through the wrapper");
     drop(wrapped);
