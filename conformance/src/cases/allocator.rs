@@ -11,9 +11,7 @@ use cudabuf_core::{Backend, BackendKind, Context, DeviceBuffer, ErrorKind, RawDe
 
 use super::expect::{contents, context0, device_bytes, expect_err, pattern};
 use super::reliability_process::{End, Spawned};
-use crate::child::{
-    hex_encode, EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, IPC_OPEN_READ_LOOP, WRITE_VAR,
-};
+use crate::child::{EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, IPC_OPEN_READ_LOOP, WRITE_VAR};
 use crate::{CaseResult, Fixture, Skip};
 
 /// The limit a case sets where the cache is off (the simulator's default).
@@ -228,9 +226,9 @@ pub(crate) fn cached_block_exported_opens_at_its_offset_in_a_child(f: &Fixture) 
     f.run_child_ok(
         IPC_OPEN_AND_CHECK,
         &[
-            (HANDLE_VAR, hex_encode(&handle.to_bytes())),
-            (EXPECT_VAR, hex_encode(&pattern(1000, 62))),
-            (WRITE_VAR, hex_encode(&write)),
+            (HANDLE_VAR, hex::encode(&handle.to_bytes())),
+            (EXPECT_VAR, hex::encode(&pattern(1000, 62))),
+            (WRITE_VAR, hex::encode(&write)),
         ],
     );
     let mut expected = pattern(1000, 62);
@@ -286,8 +284,8 @@ pub(crate) fn cached_block_exported_is_never_reused_while_an_importer_reads(
     let mut child = Spawned::new(
         IPC_OPEN_READ_LOOP,
         &[
-            (HANDLE_VAR, hex_encode(&handle.to_bytes())),
-            (EXPECT_VAR, hex_encode(&pattern(size, 71))),
+            (HANDLE_VAR, hex::encode(&handle.to_bytes())),
+            (EXPECT_VAR, hex::encode(&pattern(size, 71))),
         ],
     );
     child.line("reading");

@@ -4,9 +4,7 @@
 use cudabuf_core::{BackendKind, ErrorKind, IpcMemHandle, EXTENDED_HANDLE_LEN};
 
 use super::expect::{contents, context0, device_bytes, expect_err, pattern};
-use crate::child::{
-    hex_encode, EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, OPEN_DEVICE_VAR, WRITE_VAR,
-};
+use crate::child::{EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, OPEN_DEVICE_VAR, WRITE_VAR};
 use crate::{CaseResult, Fixture, Skip};
 
 /// pyarrow's part of a handle: 8 bytes of size, 64 of raw handle.
@@ -427,9 +425,9 @@ fn open_in_child(f: &Fixture, whole: bool, on: usize, open_on: Option<usize>) ->
     );
     let write = b"written by the child process".to_vec();
     let mut env = vec![
-        (HANDLE_VAR, hex_encode(&handle.to_bytes())),
-        (EXPECT_VAR, hex_encode(&before[offset..offset + len])),
-        (WRITE_VAR, hex_encode(&write)),
+        (HANDLE_VAR, hex::encode(&handle.to_bytes())),
+        (EXPECT_VAR, hex::encode(&before[offset..offset + len])),
+        (WRITE_VAR, hex::encode(&write)),
     ];
     if let Some(open_on) = open_on {
         env.push((OPEN_DEVICE_VAR, open_on.to_string()));
