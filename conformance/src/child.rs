@@ -318,7 +318,7 @@ fn ipc_export(make: fn() -> Result<Backend>, wait: bool) -> std::result::Result<
         .export_for_ipc()
         .map_err(|e| format!("export_for_ipc: {e}"))?;
     ctx.synchronize().map_err(|e| format!("synchronize: {e}"))?;
-    say(&format!("{HANDLE_LINE}{}", hex::encode(&handle.to_bytes())))?;
+    say(&format!("{HANDLE_LINE}{}", hex::encode(handle.to_bytes())))?;
     if wait {
         let mut line = String::new();
         // A line or the end of stdin (the parent dropped its end) both mean "go".

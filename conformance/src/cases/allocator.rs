@@ -226,8 +226,8 @@ pub(crate) fn cached_block_exported_opens_at_its_offset_in_a_child(f: &Fixture) 
     f.run_child_ok(
         IPC_OPEN_AND_CHECK,
         &[
-            (HANDLE_VAR, hex::encode(&handle.to_bytes())),
-            (EXPECT_VAR, hex::encode(&pattern(1000, 62))),
+            (HANDLE_VAR, hex::encode(handle.to_bytes())),
+            (EXPECT_VAR, hex::encode(pattern(1000, 62))),
             (WRITE_VAR, hex::encode(&write)),
         ],
     );
@@ -284,8 +284,8 @@ pub(crate) fn cached_block_exported_is_never_reused_while_an_importer_reads(
     let mut child = Spawned::new(
         IPC_OPEN_READ_LOOP,
         &[
-            (HANDLE_VAR, hex::encode(&handle.to_bytes())),
-            (EXPECT_VAR, hex::encode(&pattern(size, 71))),
+            (HANDLE_VAR, hex::encode(handle.to_bytes())),
+            (EXPECT_VAR, hex::encode(pattern(size, 71))),
         ],
     );
     child.line("reading");

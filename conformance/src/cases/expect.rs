@@ -18,6 +18,35 @@ pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// `len` bytes counting in little-endian `u32`s from `seed << 24`: every aligned 4-byte
+/// word of up to 64 MiB differs from the others, so bytes copied to the wrong place show
+/// even when the place is off by a multiple of 64 KiB (where [`pattern`] repeats).
+pub(crate) fn numbered(len: usize, seed: u8) -> Vec<u8> {
+    let mut out: Vec<u8> = (0..len.div_ceil(4) as u32)
+        .flat_map(|i| ((u32::from(seed) << 24) ^ i).to_le_bytes())
+        .collect();
+    out.truncate(len);
+    out
+}
+
+/// Panics unless `got` equals `expected`, naming the first differing byte (not the
+/// whole contents, which may be megabytes).
+#[track_caller]
+pub(crate) fn assert_same_bytes(got: &[u8], expected: &[u8], what: &str) {
+    if got != expected {
+        let first = got
+            .iter()
+            .zip(expected)
+            .position(|(a, b)| a != b)
+            .unwrap_or(got.len().min(expected.len()));
+        panic!(
+            "{what}: {} bytes, expected {}; first difference at byte {first}",
+            got.len(),
+            expected.len()
+        );
+    }
+}
+
 /// A fresh backend and the primary context of its device 0.
 pub(crate) fn context0(f: &Fixture) -> (Backend, Context) {
     let backend = f.backend();

@@ -425,7 +425,7 @@ fn open_in_child(f: &Fixture, whole: bool, on: usize, open_on: Option<usize>) ->
     );
     let write = b"written by the child process".to_vec();
     let mut env = vec![
-        (HANDLE_VAR, hex::encode(&handle.to_bytes())),
+        (HANDLE_VAR, hex::encode(handle.to_bytes())),
         (EXPECT_VAR, hex::encode(&before[offset..offset + len])),
         (WRITE_VAR, hex::encode(&write)),
     ];

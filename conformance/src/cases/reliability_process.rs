@@ -243,7 +243,7 @@ pub(crate) fn process_importer_crash_while_mapped_leaves_exporter_intact(
     let mut child = Spawned::new(
         IPC_OPEN_WRITE_ABORT,
         &[
-            (HANDLE_VAR, hex::encode(&handle.to_bytes())),
+            (HANDLE_VAR, hex::encode(handle.to_bytes())),
             (WRITE_VAR, hex::encode(&write)),
         ],
     );
@@ -260,7 +260,7 @@ pub(crate) fn process_importer_crash_while_mapped_leaves_exporter_intact(
     f.run_child_ok(
         IPC_OPEN_AND_CHECK,
         &[
-            (HANDLE_VAR, hex::encode(&handle.to_bytes())),
+            (HANDLE_VAR, hex::encode(handle.to_bytes())),
             (EXPECT_VAR, hex::encode(&expected)),
             (WRITE_VAR, hex::encode(&second)),
         ],
@@ -490,7 +490,7 @@ pub(crate) fn process_importer_killed_mid_copy_leaves_exporter_consistent(
 
     let mut child = Spawned::new(
         IPC_OPEN_COPY_LOOP,
-        &[(HANDLE_VAR, hex::encode(&handle.to_bytes()))],
+        &[(HANDLE_VAR, hex::encode(handle.to_bytes()))],
     );
     child.line("copying");
     std::thread::sleep(Duration::from_millis(20));
@@ -519,7 +519,7 @@ pub(crate) fn process_importer_killed_mid_copy_leaves_exporter_consistent(
     f.run_child_ok(
         IPC_OPEN_AND_CHECK,
         &[
-            (HANDLE_VAR, hex::encode(&handle.to_bytes())),
+            (HANDLE_VAR, hex::encode(handle.to_bytes())),
             (EXPECT_VAR, hex::encode(&now)),
             (WRITE_VAR, hex::encode(&write)),
         ],
