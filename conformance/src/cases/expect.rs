@@ -29,20 +29,25 @@ pub(crate) fn numbered(len: usize, seed: u8) -> Vec<u8> {
     out
 }
 
+/// The position of the first byte where `a` and `b` differ (the shorter one's length when
+/// one is a prefix of the other).
+pub(crate) fn first_difference(a: &[u8], b: &[u8]) -> usize {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()))
+}
+
 /// Panics unless `got` equals `expected`, naming the first differing byte (not the
 /// whole contents, which may be megabytes).
 #[track_caller]
 pub(crate) fn assert_same_bytes(got: &[u8], expected: &[u8], what: &str) {
     if got != expected {
-        let first = got
-            .iter()
-            .zip(expected)
-            .position(|(a, b)| a != b)
-            .unwrap_or(got.len().min(expected.len()));
         panic!(
-            "{what}: {} bytes, expected {}; first difference at byte {first}",
+            "{what}: {} bytes, expected {}; first difference at byte {}",
             got.len(),
-            expected.len()
+            expected.len(),
+            first_difference(got, expected)
         );
     }
 }
@@ -63,6 +68,26 @@ pub(crate) fn contexts01(
     let c0 = backend.context(0).expect("backend.context(0)");
     let c1 = backend.context(1).expect("backend.context(1)");
     Ok((backend, c0, c1))
+}
+
+/// `Err(Skip)` unless `backend` shares memory with other processes (IPC).
+pub(crate) fn require_ipc(f: &Fixture, backend: &Backend) -> crate::CaseResult {
+    if !backend.capabilities().ipc {
+        return Err(crate::Skip(format!(
+            "the {} backend has no cross-process IPC here",
+            f.suite()
+        )));
+    }
+    Ok(())
+}
+
+/// The memory of device `device` of `backend`, in bytes.
+pub(crate) fn total_memory(backend: &Backend, device: usize) -> usize {
+    backend
+        .device(device)
+        .expect("backend.device")
+        .total_memory()
+        .expect("total_memory")
 }
 
 /// A new device buffer holding `bytes`.

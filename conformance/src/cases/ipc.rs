@@ -3,9 +3,9 @@
 
 use cudabuf_core::{BackendKind, ErrorKind, IpcMemHandle, EXTENDED_HANDLE_LEN};
 
-use super::expect::{contents, context0, device_bytes, expect_err, pattern};
+use super::expect::{contents, context0, device_bytes, expect_err, pattern, require_ipc};
 use crate::child::{EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, OPEN_DEVICE_VAR, WRITE_VAR};
-use crate::{CaseResult, Fixture, Skip};
+use crate::{CaseResult, Fixture};
 
 /// pyarrow's part of a handle: 8 bytes of size, 64 of raw handle.
 const PYARROW_LEN: usize = 72;
@@ -401,12 +401,7 @@ fn open_in_child(f: &Fixture, whole: bool, on: usize, open_on: Option<usize>) ->
     if let Some(open_on) = open_on {
         f.require_devices(&backend, on.max(open_on) + 1)?;
     }
-    if !backend.capabilities().ipc {
-        return Err(Skip(format!(
-            "the {} backend has no cross-process IPC here",
-            f.suite()
-        )));
-    }
+    require_ipc(f, &backend)?;
     let ctx = backend.context(on).expect("backend.context");
     let seed = 13 + on as u8 + if whole { 0 } else { 2 };
     let before = pattern(1000, seed);

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use cudabuf_core::{Backend, BufferReader, BufferWriter, Context, DeviceBuffer, ErrorKind};
 
-use super::expect::expect_err;
+use super::expect::{expect_err, first_difference, total_memory};
 use super::reliability_inputs::fnv1a;
 use super::reliability_leaks::{hook_backend, tracked};
 use crate::{CaseResult, Fixture, Skip};
@@ -111,11 +111,7 @@ impl Rng {
 #[track_caller]
 fn check_bytes(got: &[u8], expected: &[u8], what: &str, seed: u64) {
     if got != expected {
-        let first = got
-            .iter()
-            .zip(expected)
-            .position(|(a, b)| a != b)
-            .unwrap_or(got.len().min(expected.len()));
+        let first = first_difference(got, expected);
         panic!(
             "stress (seed {seed}): {what}: {} bytes with checksum {:#018x}, expected {} with \
              {:#018x}; first difference at byte {first}",
@@ -554,11 +550,7 @@ pub(crate) fn device_filled_with_buffers_gives_out_of_memory_and_recovers(
         }
     };
     let ctx = backend.context(0).expect("context(0)");
-    let total = backend
-        .device(0)
-        .expect("device(0)")
-        .total_memory()
-        .expect("total_memory");
+    let total = total_memory(&backend, 0);
     let start = ctx.bytes_allocated();
     let mib = 1 << 20;
     let chunk = (total / 32).max(mib) / mib * mib;

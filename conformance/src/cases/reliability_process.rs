@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use cudabuf_core::{ErrorKind, IpcMemHandle};
 
-use super::expect::{contents, device_bytes, expect_err, pattern};
+use super::expect::{contents, device_bytes, expect_err, pattern, require_ipc};
 use super::pid_reuse::{pid_reuse_required, spawn_with_pid, REQUIRE_PID_REUSE_VAR};
 use super::reliability_leaks::{
     assert_no_objects_named, assert_no_objects_of_process, assert_no_shm_files,
@@ -42,12 +42,7 @@ const SIGKILL: i32 = 9;
 /// A tracked backend, or a skip where the backend has no cross-process IPC.
 fn ipc_backend(f: &Fixture) -> Result<Tracked, Skip> {
     let t = tracked(f);
-    if !t.backend.capabilities().ipc {
-        return Err(Skip(format!(
-            "the {} backend has no cross-process IPC here",
-            f.suite()
-        )));
-    }
+    require_ipc(f, &t.backend)?;
     Ok(t)
 }
 
