@@ -37,9 +37,8 @@ pack() {
   cp target/release/cudabuf .gpu/bin/ && strip .gpu/bin/cudabuf
   # The CUDA fast-path tests (staged copies, async writer copies, caching allocator) run
   # first on the GPU, so that wrong bytes are caught in the same call as the figures.
-  local exe
-  exe=$(artifact test --release -p cudabuf-cuda --test fast_paths --no-run)
-  cp "$exe" .gpu/bin/fast_paths && strip .gpu/bin/fast_paths
+  pack_exe .gpu/bin/fast_paths "the fast-path tests" \
+    test --release -p cudabuf-cuda --test fast_paths --no-run
   ls -la .gpu/bin
   du -sh .gpu
 }

@@ -119,6 +119,20 @@ def time_batched(f: Callable[[], object], sample_s: float = 0.002, batches: int 
     return statistics.median(samples), len(samples)
 
 
+def synced_by(sync: Callable[[], object]) -> Callable[[Callable[[], object]], Callable[[], None]]:
+    """A wrapper that times a peer library's operation as cudabuf's copies are timed: the call,
+    then `sync` (a device synchronize), since cudabuf's copies return when done."""
+
+    def wrap(f: Callable[[], object]) -> Callable[[], None]:
+        def call() -> None:
+            f()
+            sync()
+
+        return call
+
+    return wrap
+
+
 def copy_budget(size: int) -> dict[str, Any]:
     if size >= 256 * MIB:
         return dict(warmup=1, min_reps=5, max_reps=15, budget_s=0.6)
@@ -156,11 +170,7 @@ def torch_bench(sizes: list[int], results: Results, live_levels: Iterable[int]) 
         d2 = torch.empty(size, dtype=torch.uint8, device=dev)
         sync()
 
-        def op(f: Callable[[], object]) -> Callable[[], None]:
-            def g() -> None:
-                f()
-                sync()
-            return g
+        op = synced_by(sync)
 
         ops = {
             "h2d_pinned": (op(lambda: d2.copy_(pinned)), size),
@@ -236,11 +246,7 @@ def torch_peer_bench(peer_sizes: list[int], results: Results) -> None:
         x1.fill_(6)
         sync()
 
-        def op(f: Callable[[], object]) -> Callable[[], None]:
-            def g() -> None:
-                f()
-                sync()
-            return g
+        op = synced_by(sync)
 
         ops = {
             # .to allocates the result (from the caching allocator once warm), as users write it.
@@ -286,11 +292,7 @@ def cupy_bench(sizes: list[int], results: Results, live_levels: Iterable[int]) -
         # MemoryPointer.copy_*_host take a ctypes.c_void_p (older CuPy: only that).
         pp, pg = ctypes.c_void_p(pinned.ctypes.data), ctypes.c_void_p(pageable.ctypes.data)
 
-        def op(f: Callable[[], object]) -> Callable[[], None]:
-            def g() -> None:
-                f()
-                sync()
-            return g
+        op = synced_by(sync)
 
         ops = {
             "h2d_pinned": (op(lambda: d2.data.copy_from_host(pp, size)), size),

@@ -20,13 +20,11 @@ cd "$(dirname "$0")/.."
 pack() {
   set -e
   scripts/gpu-conformance.sh pack
-  local exe
-  exe=$(artifact bench -p cudabuf --features cuda --bench perf --no-run)
-  cp "$exe" .gpu/bin/"$(basename "$exe")"
-  exe=$(artifact test --release -p cudabuf-cuda --test fast_paths --no-run)
-  cp "$exe" .gpu/bin/fast_paths
-  exe=$(artifact bench -p cudabuf-arrow --features cuda --bench arrow_throughput --no-run)
-  cp "$exe" .gpu/bin/arrow_throughput
+  pack_exe .gpu/bin/ "the perf bench" bench -p cudabuf --features cuda --bench perf --no-run
+  pack_exe .gpu/bin/fast_paths "the fast-path tests" \
+    test --release -p cudabuf-cuda --test fast_paths --no-run
+  pack_exe .gpu/bin/arrow_throughput "the arrow bench" \
+    bench -p cudabuf-arrow --features cuda --bench arrow_throughput --no-run
   # The `cudabuf` command (cudabuf-cli; its `cuda` feature is on by default).
   CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p cudabuf-cli
   cp target/release/cudabuf .gpu/bin/

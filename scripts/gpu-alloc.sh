@@ -24,13 +24,10 @@ TRACE=/tmp/cudabuf-alloc-trace.txt
 
 pack() {
   set -e
-  local exe
-  exe=$(artifact bench -p cudabuf --features cuda --bench alloc_trace --no-run)
-  [ -n "$exe" ] || { echo "building the alloc_trace bench with --features cuda failed" >&2; exit 1; }
   mkdir -p .gpu/bin
   rm -f .gpu/bin/alloc_trace-*
-  cp "$exe" .gpu/bin/"$(basename "$exe")"
-  strip .gpu/bin/"$(basename "$exe")" 2>/dev/null || true
+  pack_exe .gpu/bin/ "the alloc_trace bench (--features cuda)" \
+    bench -p cudabuf --features cuda --bench alloc_trace --no-run
   ls -la .gpu/bin | grep alloc_trace
   du -sh .gpu
 }

@@ -29,11 +29,7 @@ shared_context_of_other_device_handle_is_invalid_argument ipc_open_in_child_proc
 pack() {
   set -e
   scripts/gpu-conformance.sh pack
-  local exe
-  exe=$(artifact bench -p cudabuf --features cuda --bench perf --no-run)
-  [ -n "$exe" ] || { echo "the perf bench did not build" >&2; exit 1; }
-  cp "$exe" .gpu/bin/"$(basename "$exe")"
-  strip .gpu/bin/"$(basename "$exe")" 2>/dev/null || true
+  pack_exe .gpu/bin/ "the perf bench" bench -p cudabuf --features cuda --bench perf --no-run
   du -sh .gpu
 }
 

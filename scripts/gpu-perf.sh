@@ -44,20 +44,13 @@ pack() {
   exclude=$(git rev-parse --git-path info/exclude)
   mkdir -p "$(dirname "$exclude")"
   grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >>"$exclude"
-  local exe
-  exe=$(artifact bench -p cudabuf --features cuda --bench perf --no-run)
-  [ -n "$exe" ] || { echo "the perf bench did not build" >&2; exit 1; }
-  cp "$exe" .gpu/perf/perf
-  exe=$(artifact bench -p cudabuf-arrow --features cuda --bench arrow_throughput --no-run)
-  [ -n "$exe" ] || { echo "the arrow bench did not build" >&2; exit 1; }
-  cp "$exe" .gpu/perf/arrow_throughput
-  exe=$(artifact test --release -p cudabuf-cuda --test fast_paths --no-run)
-  [ -n "$exe" ] || { echo "the fast-path tests did not build" >&2; exit 1; }
-  cp "$exe" .gpu/perf/fast_paths
-  exe=$(artifact test --release -p cudabuf-arrow --features cuda --test cuda --no-run)
-  [ -n "$exe" ] || { echo "the Arrow CUDA cases did not build" >&2; exit 1; }
-  cp "$exe" .gpu/perf/arrow_cuda
-  for f in .gpu/perf/*; do strip "$f" 2>/dev/null || true; done
+  pack_exe .gpu/perf/perf "the perf bench" bench -p cudabuf --features cuda --bench perf --no-run
+  pack_exe .gpu/perf/arrow_throughput "the arrow bench" \
+    bench -p cudabuf-arrow --features cuda --bench arrow_throughput --no-run
+  pack_exe .gpu/perf/fast_paths "the fast-path tests" \
+    test --release -p cudabuf-cuda --test fast_paths --no-run
+  pack_exe .gpu/perf/arrow_cuda "the Arrow CUDA cases" \
+    test --release -p cudabuf-arrow --features cuda --test cuda --no-run
   ls -la .gpu/perf
   du -sh .gpu
 }

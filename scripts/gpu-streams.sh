@@ -53,13 +53,8 @@ pack() {
     echo "gpu-pack not found at $tool" >&2
     exit 2
   fi
-  local exe
-  exe=$(artifact bench -p cudabuf-cuda --bench streams_overlap --no-run)
-  if [ -z "$exe" ]; then
-    echo "the streams_overlap bench did not build" >&2
-    exit 1
-  fi
-  cp "$exe" .gpu/bin/streams_overlap && strip .gpu/bin/streams_overlap
+  pack_exe .gpu/bin/streams_overlap "the streams_overlap bench" \
+    bench -p cudabuf-cuda --bench streams_overlap --no-run
   ls -la .gpu/bin
   du -sh .gpu
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The simulator's test suite under valgrind memcheck: every test executable of cudabuf-core,
-# cudabuf-sim, cudabuf-conformance (the `sim` and `sim_faults` suites and the unit tests)
-# and the cudabuf facade (unit tests, mock_usage), debug build, each run under
+# cudabuf-sim (the unit tests and the `faults` sweep), cudabuf-conformance (the `sim` suite
+# and the unit tests) and the cudabuf facade (unit tests, mock_usage), debug build, each
+# run under
 #
 #   valgrind --tool=memcheck --error-exitcode=99 --leak-check=full
 #            --errors-for-leak-kinds=definite --trace-children=yes

@@ -32,7 +32,9 @@
 //!   memory is pinned per call. A batch of host ranges (`copy_host_to_device_batch`,
 //!   behind `DeviceBuffer::copy_from_host_batch` and the Arrow serializer) is gathered
 //!   by the same workers as one copy.
-//!   `CUDABUF_STAGING=0` (or [`CudaDriverContext::set_staging_config`]) turns it off.
+//!   `CUDABUF_STAGING=0` (or [`CudaDriverContext::set_staging_config`]) turns it off;
+//!   [`StagingConfig`] has the other switches and the defaults, and the engine's design is
+//!   described in the module docs of `src/staging.rs`.
 //! - **Asynchronous copies** (`Context::copy_host_to_device_async`, used by the
 //!   double-buffered `BufferWriter`) run on the legacy default stream and are tracked by
 //!   pooled events.

@@ -10,6 +10,10 @@
 //! pipelines its steps through its two chunks: while the copy engine moves one chunk, the
 //! worker copies the other between pageable and pinned memory on the CPU. Several workers
 //! run the CPU copies in parallel, since one core's memcpy is slower than the link.
+//! Steps are multiples of 4 KiB, at least 64 KiB and at most a chunk, and a copy large
+//! enough gets at least four per worker. Only pageable memory is staged (the context asks
+//! the driver, `cuPointerGetAttribute`); pinned memory, cudabuf's or anybody's, goes to
+//! the driver as is. No memory is pinned per call.
 //!
 //! A copy is a list of pieces (host range, device range of the same length), so that
 //! several host ranges can go to the device as one copy ([`StagingEngine::copy`] with
@@ -21,6 +25,10 @@
 //! The workers' streams are blocking streams (created without `CU_STREAM_NON_BLOCKING`),
 //! so their copies are ordered with the context's legacy default stream, where every other
 //! copy of the backend runs.
+//!
+//! This is the engine's one description: the crate docs' summary ("Pageable copies are
+//! staged") and docs/PERFORMANCE.md point here, and [`StagingConfig`] holds the defaults
+//! and switches.
 
 mod pipeline;
 mod task;

@@ -91,6 +91,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     copies::copy_to_host_at_position_reads_that_range,
     copies::copy_from_device_prefix_at_position_writes_only_there,
     copies::copy_from_device_within_one_allocation_overlapping_is_memmove,
+    copies::copy_from_host_batch_lands_every_part_in_place,
     // ranges
     ranges::copy_to_host_position_past_size_is_out_of_range,
     ranges::copy_to_host_position_equal_to_size_copies_nothing,
@@ -107,6 +108,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     ranges::usize_max_in_reader_and_writer_is_an_error_not_an_overflow,
     ranges::refused_operations_change_nothing,
     ranges::error_messages_name_the_operation,
+    ranges::copy_from_host_batch_out_of_range_or_overlapping_copies_nothing,
     // slices
     slices::slice_aliases_parent,
     slices::parent_writes_show_in_slice,

@@ -4,8 +4,8 @@
 //! environment variables; the test binary's `main` (from
 //! [`conformance_tests!`](crate::conformance_tests)) sees `CUDABUF_CONFORMANCE_CHILD` set
 //! to the role and calls [`run`] instead of running tests.
-//! Bytes travel through the environment as lower-case hex ([`hex_encode`] /
-//! [`hex_decode`]).
+//! Bytes travel through the environment as lower-case hex (the `hex` crate's
+//! [`hex::encode`] / [`hex::decode`]).
 //!
 //! # Roles
 //! - [`IPC_OPEN_AND_CHECK`]: open the IPC handle in [`HANDLE_VAR`], check that it holds
@@ -113,44 +113,10 @@ pub fn run(role: &str, make: fn() -> Result<Backend>) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// `bytes` as lower-case hex, two digits a byte.
-pub fn hex_encode(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        // Writing into a String cannot fail.
-        let _ = write!(out, "{b:02x}");
-    }
-    out
-}
-
-/// The bytes that `hex` (two hex digits a byte, either case) spells.
-///
-/// # Errors
-/// A message if `hex` has an odd length or a character that is not a hex digit.
-pub fn hex_decode(hex: &str) -> std::result::Result<Vec<u8>, String> {
-    let digits = hex.as_bytes();
-    if !digits.len().is_multiple_of(2) {
-        return Err(format!("hex of odd length {}", digits.len()));
-    }
-    let digit = |c: u8| -> std::result::Result<u8, String> {
-        match c {
-            b'0'..=b'9' => Ok(c - b'0'),
-            b'a'..=b'f' => Ok(c - b'a' + 10),
-            b'A'..=b'F' => Ok(c - b'A' + 10),
-            _ => Err(format!("'{}' is not a hex digit", c as char)),
-        }
-    };
-    digits
-        .chunks_exact(2)
-        .map(|pair| Ok(digit(pair[0])? << 4 | digit(pair[1])?))
-        .collect()
-}
-
 /// The bytes in environment variable `name`, hex-decoded.
 fn env_bytes(name: &str) -> std::result::Result<Vec<u8>, String> {
     let hex = std::env::var(name).map_err(|e| format!("environment variable {name}: {e}"))?;
-    hex_decode(&hex).map_err(|e| format!("environment variable {name}: {e}"))
+    hex::decode(hex).map_err(|e| format!("environment variable {name}: {e}"))
 }
 
 /// The device [`OPEN_DEVICE_VAR`] names, or `None` when it is unset or empty.
@@ -178,7 +144,7 @@ fn check(condition: bool, message: impl FnOnce() -> String) -> std::result::Resu
 fn preview(bytes: &[u8]) -> String {
     let shown = &bytes[..bytes.len().min(32)];
     let more = if bytes.len() > 32 { "..." } else { "" };
-    format!("{} bytes {}{more}", bytes.len(), hex_encode(shown))
+    format!("{} bytes {}{more}", bytes.len(), hex::encode(shown))
 }
 
 fn ipc_open_and_check(make: fn() -> Result<Backend>) -> std::result::Result<(), String> {
@@ -352,7 +318,7 @@ fn ipc_export(make: fn() -> Result<Backend>, wait: bool) -> std::result::Result<
         .export_for_ipc()
         .map_err(|e| format!("export_for_ipc: {e}"))?;
     ctx.synchronize().map_err(|e| format!("synchronize: {e}"))?;
-    say(&format!("{HANDLE_LINE}{}", hex_encode(&handle.to_bytes())))?;
+    say(&format!("{HANDLE_LINE}{}", hex::encode(handle.to_bytes())))?;
     if wait {
         let mut line = String::new();
         // A line or the end of stdin (the parent dropped its end) both mean "go".
@@ -447,22 +413,4 @@ fn ipc_open_read_loop(make: fn() -> Result<Backend>) -> std::result::Result<(), 
         }
     }
     say(&format!("reads {reads}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hex_round_trips_and_rejects_garbage() {
-        let bytes: Vec<u8> = (0..=255).collect();
-        let hex = hex_encode(&bytes);
-        assert_eq!(hex.len(), 512);
-        assert_eq!(hex_decode(&hex).unwrap(), bytes);
-        assert_eq!(hex_decode("ABcd").unwrap(), [0xab, 0xcd]);
-        assert_eq!(hex_decode("").unwrap(), Vec::<u8>::new());
-        assert!(hex_decode("abc").is_err());
-        assert!(hex_decode("zz").is_err());
-        assert!(hex_decode("é0").is_err());
-    }
 }

@@ -1,11 +1,15 @@
 //! Runs the cases against one backend, as a libtest-compatible test binary.
 
+use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Output};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudabuf_core::{Backend, ErrorKind, Result};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
+
+use crate::hooks::{NoHooks, SuiteHooks};
 
 /// The environment variable that turns "no CUDA driver" from a visible skip into a
 /// failure (set by `.gpu/run-all` on the GPU machine).
@@ -26,23 +30,82 @@ pub type CaseResult = std::result::Result<(), Skip>;
 /// One behaviour, checked against the fixture's backend.
 pub type CaseFn = fn(&Fixture) -> CaseResult;
 
-/// What a case gets: a way to make fresh backends of the kind under test, and to run a
-/// child process of the same test binary.
-#[derive(Debug, Clone)]
+/// What a case gets: a way to make fresh backends of the kind under test, the backend's
+/// [hooks](crate::hooks), and a way to run a child process of the same test binary.
+#[derive(Clone)]
 pub struct Fixture {
     suite: &'static str,
     make: fn() -> Result<Backend>,
+    hooks: &'static dyn SuiteHooks,
+    /// The checks this case left out, and why ([`left_out`](Self::left_out)).
+    left_out: Arc<Mutex<Vec<String>>>,
+}
+
+impl fmt::Debug for Fixture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fixture")
+            .field("suite", &self.suite)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Fixture {
-    /// A fixture for the suite called `suite`, making backends with `make`.
+    /// A fixture for the suite called `suite`, making backends with `make`, without hooks
+    /// ([`NoHooks`]).
     pub fn new(suite: &'static str, make: fn() -> Result<Backend>) -> Self {
-        Fixture { suite, make }
+        Fixture::with_hooks(suite, make, &NoHooks)
+    }
+
+    /// A fixture for the suite called `suite`, making backends with `make`, with the
+    /// backend's `hooks`.
+    pub fn with_hooks(
+        suite: &'static str,
+        make: fn() -> Result<Backend>,
+        hooks: &'static dyn SuiteHooks,
+    ) -> Self {
+        Fixture {
+            suite,
+            make,
+            hooks,
+            left_out: Arc::default(),
+        }
     }
 
     /// The suite's name ("sim", "cuda").
     pub fn suite(&self) -> &'static str {
         self.suite
+    }
+
+    /// What the backend offers beyond core's API (see [`SuiteHooks`]).
+    pub fn hooks(&self) -> &'static dyn SuiteHooks {
+        self.hooks
+    }
+
+    /// Records that this case left out a check, and why (a hook the backend does not
+    /// offer): the run lists it at the end, so that a pass without it is never silent.
+    /// The same note twice is kept once.
+    pub fn left_out(&self, check: impl Into<String>) {
+        let check = check.into();
+        let mut notes = self.left_out.lock().unwrap_or_else(PoisonError::into_inner);
+        if !notes.contains(&check) {
+            notes.push(check);
+        }
+    }
+
+    /// The checks left out so far ([`left_out`](Self::left_out)).
+    pub fn left_out_checks(&self) -> Vec<String> {
+        self.left_out
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The same fixture with no check left out yet: one per case.
+    fn for_case(&self) -> Self {
+        Fixture {
+            left_out: Arc::default(),
+            ..self.clone()
+        }
     }
 
     /// A fresh backend: contexts made from it have their own `bytes_allocated` counters,
@@ -103,9 +166,23 @@ fn require_cuda() -> bool {
 ///
 /// If the backend cannot be made because there is no driver, every case is reported as
 /// ignored with the reason, or failed when `CUDABUF_REQUIRE_CUDA=1`.
+///
+/// The backend offers no [hooks](crate::hooks) here; see [`run_suite_with_hooks`].
 pub fn run_suite(
     suite: &'static str,
     make: fn() -> Result<Backend>,
+    cases: &[(&'static str, CaseFn)],
+) -> ExitCode {
+    run_suite_with_hooks(suite, make, &NoHooks, cases)
+}
+
+/// [`run_suite`] for a backend that offers `hooks` (see [`SuiteHooks`]). The run ends
+/// with the list of cases that left a check out for want of a hook, and what they left
+/// out ([`Fixture::left_out`]).
+pub fn run_suite_with_hooks(
+    suite: &'static str,
+    make: fn() -> Result<Backend>,
+    hooks: &'static dyn SuiteHooks,
     cases: &[(&'static str, CaseFn)],
 ) -> ExitCode {
     if let Ok(role) = std::env::var(CHILD_ROLE_VAR) {
@@ -128,12 +205,14 @@ pub fn run_suite(
             }
         );
     }
-    let fixture = Fixture::new(suite, make);
+    let fixture = Fixture::with_hooks(suite, make, hooks);
+    let left_out: Arc<Mutex<Vec<String>>> = Arc::default();
     let trials = cases
         .iter()
         .map(|&(name, case)| {
-            let fixture = fixture.clone();
+            let fixture = fixture.for_case();
             let unavailable = unavailable.clone();
+            let left_out = left_out.clone();
             Trial::ignorable_test(format!("{suite}::{name}"), move || {
                 if let Some(reason) = unavailable {
                     return if require_cuda() {
@@ -142,7 +221,18 @@ pub fn run_suite(
                         Ok(Completion::ignored_with(format!("did not run: {reason}")))
                     };
                 }
-                match catch_unwind(AssertUnwindSafe(|| case(&fixture))) {
+                let outcome = catch_unwind(AssertUnwindSafe(|| case(&fixture)));
+                let notes = fixture.left_out_checks();
+                if !notes.is_empty() {
+                    left_out
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(format!(
+                            "{suite}::{name}: not checked: {}",
+                            notes.join("; ")
+                        ));
+                }
+                match outcome {
                     Ok(Ok(())) => Ok(Completion::Completed),
                     Ok(Err(Skip(reason))) => Ok(Completion::ignored_with(reason)),
                     Err(panic) => {
@@ -157,21 +247,55 @@ pub fn run_suite(
             })
         })
         .collect();
-    libtest_mimic::run(&args, trials).exit_code()
+    let conclusion = libtest_mimic::run(&args, trials);
+    let mut left_out = left_out.lock().unwrap_or_else(PoisonError::into_inner);
+    if !left_out.is_empty() {
+        left_out.sort();
+        eprintln!(
+            "cudabuf-conformance: {} case(s) ran without some of their checks, for want of \
+             a hook the {suite} backend does not offer (see cudabuf_conformance::hooks):\n  {}",
+            left_out.len(),
+            left_out.join("\n  ")
+        );
+    }
+    conclusion.exit_code()
 }
 
 /// Stamps out the conformance suite for one backend: expands to the test binary's `main`.
 ///
+/// `conformance_tests!(name, make)` for a backend without [hooks](crate::hooks);
+/// `conformance_tests!(name, make, hooks: &HOOKS)` with a `&'static` [`SuiteHooks`].
+///
 /// ```no_run
-/// // conformance/tests/sim.rs (with `harness = false` in Cargo.toml)
+/// // A backend's tests/conformance.rs (with `harness = false` in Cargo.toml)
 /// cudabuf_conformance::conformance_tests!(sim, || Ok(cudabuf_core::Backend::new(
 ///     cudabuf_sim::SimBackend::new())));
 /// ```
+///
+/// ```no_run
+/// use cudabuf_conformance::SuiteHooks;
+///
+/// struct Hooks;
+/// impl SuiteHooks for Hooks {
+///     fn exported_object_prefix(&self, exporter_pid: u32) -> Option<String> {
+///         Some(format!("cudabuf-sim-{exporter_pid}-"))
+///     }
+/// }
+///
+/// cudabuf_conformance::conformance_tests!(
+///     sim,
+///     || Ok(cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new())),
+///     hooks: &Hooks
+/// );
+/// ```
 #[macro_export]
 macro_rules! conformance_tests {
-    ($suite:ident, $make:expr) => {
+    ($suite:ident, $make:expr $(,)?) => {
+        $crate::conformance_tests!($suite, $make, hooks: &$crate::NoHooks);
+    };
+    ($suite:ident, $make:expr, hooks: $hooks:expr $(,)?) => {
         fn main() -> ::std::process::ExitCode {
-            $crate::run_suite(stringify!($suite), $make, $crate::cases::ALL)
+            $crate::run_suite_with_hooks(stringify!($suite), $make, $hooks, $crate::cases::ALL)
         }
     };
 }

@@ -12,10 +12,20 @@
 //! Cases that need a second process (IPC) re-execute the test binary itself
 //! ([`Fixture::run_child`]); the binary's `main` (from [`conformance_tests!`]) hands such
 //! a child to [`child::run`] before running any test.
+//!
+//! The suite depends on `cudabuf-core` alone. What only some backends can show (a leak
+//! report, devices small enough to fill, the names of exported shared objects) comes in
+//! through [`SuiteHooks`], which a backend's test binary passes to
+//! [`conformance_tests!`]; see [`hooks`].
 
 pub mod cases;
 pub mod child;
 mod harness;
+pub mod hooks;
 pub mod model;
 
-pub use harness::{run_suite, CaseFn, CaseResult, Fixture, Skip, CHILD_ROLE_VAR, REQUIRE_CUDA_VAR};
+pub use harness::{
+    run_suite, run_suite_with_hooks, CaseFn, CaseResult, Fixture, Skip, CHILD_ROLE_VAR,
+    REQUIRE_CUDA_VAR,
+};
+pub use hooks::{LeakProbe, NoHooks, ProbedBackend, SuiteHooks};

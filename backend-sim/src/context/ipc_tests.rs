@@ -11,15 +11,9 @@ use crate::{RegionKind, SimBackend, SimIpcHandle};
 /// Set in the child process: the handles to open, as hex, separated by `:`.
 const CHILD_ENV: &str = "CUDABUF_SIM_TEST_IPC_CHILD";
 
-fn to_hex(raw: &RawIpcHandle) -> String {
-    raw.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn from_hex(hex: &str) -> RawIpcHandle {
     let mut raw = [0u8; 64];
-    for (i, byte) in raw.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
-    }
+    hex::decode_to_slice(hex, &mut raw).unwrap();
     raw
 }
 
@@ -199,7 +193,10 @@ fn ipc_open_in_child_process() {
     let name = test_name("ipc_open_in_child_process");
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", &name, "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, format!("{}:{}", to_hex(&live), to_hex(&gone)))
+        .env(
+            CHILD_ENV,
+            format!("{}:{}", hex::encode(live), hex::encode(gone)),
+        )
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

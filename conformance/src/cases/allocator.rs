@@ -9,12 +9,10 @@ use std::sync::Arc;
 
 use cudabuf_core::{Backend, BackendKind, Context, DeviceBuffer, ErrorKind, RawDeviceMemory};
 
-use super::expect::{contents, context0, device_bytes, expect_err, pattern};
+use super::expect::{contents, context0, device_bytes, expect_err, pattern, require_ipc};
 use super::reliability_process::{End, Spawned};
-use crate::child::{
-    hex_encode, EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, IPC_OPEN_READ_LOOP, WRITE_VAR,
-};
-use crate::{CaseResult, Fixture, Skip};
+use crate::child::{EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, IPC_OPEN_READ_LOOP, WRITE_VAR};
+use crate::{CaseResult, Fixture};
 
 /// The limit a case sets where the cache is off (the simulator's default).
 const CASE_LIMIT: usize = 256 << 20;
@@ -207,12 +205,7 @@ pub(crate) fn cached_block_is_bounded_by_its_request(f: &Fixture) -> CaseResult 
 /// lands in it and nowhere else (not in the neighbour before it).
 pub(crate) fn cached_block_exported_opens_at_its_offset_in_a_child(f: &Fixture) -> CaseResult {
     let (backend, ctx) = context0(f);
-    if !backend.capabilities().ipc {
-        return Err(Skip(format!(
-            "the {} backend has no cross-process IPC here",
-            f.suite()
-        )));
-    }
+    require_ipc(f, &backend)?;
     let _cache = CacheOn::new(&ctx);
     let before = device_bytes(&ctx, &pattern(1000, 61));
     let buf = device_bytes(&ctx, &pattern(1000, 62));
@@ -228,9 +221,9 @@ pub(crate) fn cached_block_exported_opens_at_its_offset_in_a_child(f: &Fixture) 
     f.run_child_ok(
         IPC_OPEN_AND_CHECK,
         &[
-            (HANDLE_VAR, hex_encode(&handle.to_bytes())),
-            (EXPECT_VAR, hex_encode(&pattern(1000, 62))),
-            (WRITE_VAR, hex_encode(&write)),
+            (HANDLE_VAR, hex::encode(handle.to_bytes())),
+            (EXPECT_VAR, hex::encode(pattern(1000, 62))),
+            (WRITE_VAR, hex::encode(&write)),
         ],
     );
     let mut expected = pattern(1000, 62);
@@ -258,12 +251,7 @@ pub(crate) fn cached_block_exported_is_never_reused_while_an_importer_reads(
     f: &Fixture,
 ) -> CaseResult {
     let (backend, ctx) = context0(f);
-    if !backend.capabilities().ipc {
-        return Err(Skip(format!(
-            "the {} backend has no cross-process IPC here",
-            f.suite()
-        )));
-    }
+    require_ipc(f, &backend)?;
     let _cache = CacheOn::new(&ctx);
     let size = 3000;
     let exported = device_bytes(&ctx, &pattern(size, 71));
@@ -286,8 +274,8 @@ pub(crate) fn cached_block_exported_is_never_reused_while_an_importer_reads(
     let mut child = Spawned::new(
         IPC_OPEN_READ_LOOP,
         &[
-            (HANDLE_VAR, hex_encode(&handle.to_bytes())),
-            (EXPECT_VAR, hex_encode(&pattern(size, 71))),
+            (HANDLE_VAR, hex::encode(handle.to_bytes())),
+            (EXPECT_VAR, hex::encode(pattern(size, 71))),
         ],
     );
     child.line("reading");

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use cudabuf_core::{BufferReader, BufferWriter, ErrorKind, Owner, RawDeviceMemory};
 
-use super::expect::{contents, context0, contexts01, device_bytes, expect_err, pattern};
+use super::expect::{
+    contents, context0, contexts01, device_bytes, expect_err, pattern, total_memory,
+};
 use crate::{CaseResult, Fixture};
 
 /// The backend reports at least one device.
@@ -210,11 +212,7 @@ pub(crate) fn bytes_allocated_returns_to_start_after_every_kind_of_buffer(
 /// context usable.
 pub(crate) fn new_buffer_beyond_device_memory_is_out_of_memory(f: &Fixture) -> CaseResult {
     let (backend, ctx) = context0(f);
-    let total = backend
-        .device(0)
-        .expect("device(0)")
-        .total_memory()
-        .expect("total_memory");
+    let total = total_memory(&backend, 0);
     let start = ctx.bytes_allocated();
     expect_err(
         ctx.new_buffer(total + 1),

@@ -2,9 +2,11 @@
 
 use std::io::{Read, Write};
 
-use cudabuf_core::{BufferReader, BufferWriter};
+use cudabuf_core::{BufferReader, BufferWriter, DeviceBuffer};
 
-use super::expect::{contents, context0, contexts01, device_bytes, pattern, SIZES};
+use super::expect::{
+    assert_same_bytes, contents, context0, contexts01, device_bytes, numbered, pattern, SIZES,
+};
 use crate::{CaseResult, Fixture};
 
 /// `copy_from_host` then `copy_to_host` (a new `Vec`) gives the bytes back.
@@ -434,5 +436,122 @@ pub(crate) fn copy_from_device_within_one_allocation_overlapping_is_memmove(
             "overlapping copy of {len} bytes from {from} to {to} is not a memmove"
         );
     }
+    Ok(())
+}
+
+/// Runs `copy_from_host_batch(parts)` on `buf` and checks that it returns the bytes of
+/// the parts, that each part's bytes are at its position, and that every other byte of
+/// `buf` is what it was.
+#[track_caller]
+fn check_batch(buf: &DeviceBuffer, parts: &[(usize, &[u8])], what: &str) {
+    let mut expected = contents(buf);
+    for &(position, bytes) in parts {
+        expected[position..position + bytes.len()].copy_from_slice(bytes);
+    }
+    let total: usize = parts.iter().map(|(_, bytes)| bytes.len()).sum();
+    let copied = buf
+        .copy_from_host_batch(parts)
+        .unwrap_or_else(|e| panic!("{what}: copy_from_host_batch: {e}"));
+    assert_eq!(copied, total, "{what}: the bytes copied");
+    assert_same_bytes(&contents(buf), &expected, what);
+}
+
+/// `copy_from_host_batch` puts each part's bytes at its position and leaves the bytes
+/// between the parts alone: parts in any order, adjacent ones, the last byte, empty parts
+/// (at 0, at the end, inside another part), a single part, only empty parts, an empty
+/// batch, parts on a slice (positions relative to it), and batches of the shapes the
+/// backends route differently (on CUDA: fewer than 4 small parts one by one; 4 or more,
+/// or 512 KiB or more, gathered by the staging threads, across several staging chunks;
+/// pinned parts of 1 MiB or more straight to the driver, beside pageable ones).
+pub(crate) fn copy_from_host_batch_lands_every_part_in_place(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let allocated = ctx.bytes_allocated();
+
+    let buf = device_bytes(&ctx, &pattern(1000, 40));
+    let (a, b, c, d) = (
+        numbered(100, 1),
+        numbered(10, 2),
+        numbered(5, 3),
+        numbered(1, 4),
+    );
+    check_batch(
+        &buf,
+        &[
+            (600, &a),
+            (0, &[]),
+            (0, &b),
+            (10, &c),
+            (1000, &[]),
+            (650, &[]),
+            (999, &d),
+        ],
+        "small parts out of order, adjacent, at the end, and empty ones",
+    );
+    check_batch(&buf, &[(500, &a[..3]), (0, &b[..7])], "two small parts");
+    check_batch(
+        &buf,
+        &[(0, &numbered(1000, 5))],
+        "one part, the whole buffer",
+    );
+    check_batch(
+        &buf,
+        &[(0, &[]), (1000, &[]), (400, &[])],
+        "only empty parts",
+    );
+    check_batch(&buf, &[], "an empty batch");
+
+    let parent = device_bytes(&ctx, &pattern(1000, 41));
+    let slice = parent.slice(100, 500).expect("slice");
+    let mut expected = contents(&parent);
+    let (e, g, h) = (numbered(10, 6), numbered(10, 7), numbered(50, 8));
+    assert_eq!(
+        slice
+            .copy_from_host_batch(&[(0, &e), (490, &g), (200, &h), (300, &[])])
+            .expect("copy_from_host_batch on a slice"),
+        70
+    );
+    expected[100..110].copy_from_slice(&e);
+    expected[590..600].copy_from_slice(&g);
+    expected[300..350].copy_from_slice(&h);
+    assert_same_bytes(
+        &contents(&parent),
+        &expected,
+        "parts on a slice, seen through its parent",
+    );
+
+    let mib = 1 << 20;
+    let large = device_bytes(&ctx, &pattern(12 * mib + 5, 42));
+    let (p, q, r, s) = (
+        numbered(5 * mib + 3, 9),
+        numbered(1, 10),
+        numbered(4 * mib + 17, 11),
+        numbered(mib, 12),
+    );
+    check_batch(
+        &large,
+        &[(6 * mib, &r), (0, &p), (11 * mib, &s), (5 * mib + 3, &q)],
+        "large parts over several staging chunks, with gaps",
+    );
+    check_batch(
+        &large,
+        &[(mib, &numbered(3 * mib, 13)), (7 * mib, &numbered(mib, 14))],
+        "two large parts",
+    );
+
+    let mut pinned = ctx.new_host_buffer(2 * mib).expect("new_host_buffer");
+    pinned.copy_from_slice(&numbered(2 * mib, 15));
+    let pageable = numbered(mib + 1, 16);
+    check_batch(
+        &large,
+        &[
+            (3 * mib, &pinned[..]),
+            (0, &pageable),
+            (2 * mib, &pinned[5..105]),
+            (9 * mib, &pinned[..mib]),
+        ],
+        "pinned parts (large and small, one host range in two parts) beside pageable ones",
+    );
+    drop((buf, parent, slice, large));
+    assert_eq!(ctx.bytes_allocated(), allocated);
     Ok(())
 }

@@ -18,6 +18,40 @@ pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// `len` bytes counting in little-endian `u32`s from `seed << 24`: every aligned 4-byte
+/// word of up to 64 MiB differs from the others, so bytes copied to the wrong place show
+/// even when the place is off by a multiple of 64 KiB (where [`pattern`] repeats).
+pub(crate) fn numbered(len: usize, seed: u8) -> Vec<u8> {
+    let mut out: Vec<u8> = (0..len.div_ceil(4) as u32)
+        .flat_map(|i| ((u32::from(seed) << 24) ^ i).to_le_bytes())
+        .collect();
+    out.truncate(len);
+    out
+}
+
+/// The position of the first byte where `a` and `b` differ (the shorter one's length when
+/// one is a prefix of the other).
+pub(crate) fn first_difference(a: &[u8], b: &[u8]) -> usize {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()))
+}
+
+/// Panics unless `got` equals `expected`, naming the first differing byte (not the
+/// whole contents, which may be megabytes).
+#[track_caller]
+pub(crate) fn assert_same_bytes(got: &[u8], expected: &[u8], what: &str) {
+    if got != expected {
+        panic!(
+            "{what}: {} bytes, expected {}; first difference at byte {}",
+            got.len(),
+            expected.len(),
+            first_difference(got, expected)
+        );
+    }
+}
+
 /// A fresh backend and the primary context of its device 0.
 pub(crate) fn context0(f: &Fixture) -> (Backend, Context) {
     let backend = f.backend();
@@ -34,6 +68,26 @@ pub(crate) fn contexts01(
     let c0 = backend.context(0).expect("backend.context(0)");
     let c1 = backend.context(1).expect("backend.context(1)");
     Ok((backend, c0, c1))
+}
+
+/// `Err(Skip)` unless `backend` shares memory with other processes (IPC).
+pub(crate) fn require_ipc(f: &Fixture, backend: &Backend) -> crate::CaseResult {
+    if !backend.capabilities().ipc {
+        return Err(crate::Skip(format!(
+            "the {} backend has no cross-process IPC here",
+            f.suite()
+        )));
+    }
+    Ok(())
+}
+
+/// The memory of device `device` of `backend`, in bytes.
+pub(crate) fn total_memory(backend: &Backend, device: usize) -> usize {
+    backend
+        .device(device)
+        .expect("backend.device")
+        .total_memory()
+        .expect("total_memory")
 }
 
 /// A new device buffer holding `bytes`.

@@ -3,11 +3,9 @@
 
 use cudabuf_core::{BackendKind, ErrorKind, IpcMemHandle, EXTENDED_HANDLE_LEN};
 
-use super::expect::{contents, context0, device_bytes, expect_err, pattern};
-use crate::child::{
-    hex_encode, EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, OPEN_DEVICE_VAR, WRITE_VAR,
-};
-use crate::{CaseResult, Fixture, Skip};
+use super::expect::{contents, context0, device_bytes, expect_err, pattern, require_ipc};
+use crate::child::{EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, OPEN_DEVICE_VAR, WRITE_VAR};
+use crate::{CaseResult, Fixture};
 
 /// pyarrow's part of a handle: 8 bytes of size, 64 of raw handle.
 const PYARROW_LEN: usize = 72;
@@ -403,12 +401,7 @@ fn open_in_child(f: &Fixture, whole: bool, on: usize, open_on: Option<usize>) ->
     if let Some(open_on) = open_on {
         f.require_devices(&backend, on.max(open_on) + 1)?;
     }
-    if !backend.capabilities().ipc {
-        return Err(Skip(format!(
-            "the {} backend has no cross-process IPC here",
-            f.suite()
-        )));
-    }
+    require_ipc(f, &backend)?;
     let ctx = backend.context(on).expect("backend.context");
     let seed = 13 + on as u8 + if whole { 0 } else { 2 };
     let before = pattern(1000, seed);
@@ -427,9 +420,9 @@ fn open_in_child(f: &Fixture, whole: bool, on: usize, open_on: Option<usize>) ->
     );
     let write = b"written by the child process".to_vec();
     let mut env = vec![
-        (HANDLE_VAR, hex_encode(&handle.to_bytes())),
-        (EXPECT_VAR, hex_encode(&before[offset..offset + len])),
-        (WRITE_VAR, hex_encode(&write)),
+        (HANDLE_VAR, hex::encode(handle.to_bytes())),
+        (EXPECT_VAR, hex::encode(&before[offset..offset + len])),
+        (WRITE_VAR, hex::encode(&write)),
     ];
     if let Some(open_on) = open_on {
         env.push((OPEN_DEVICE_VAR, open_on.to_string()));

@@ -4,7 +4,10 @@ use std::io::{Seek, SeekFrom, Write};
 
 use cudabuf_core::{BufferReader, BufferWriter, Error, ErrorKind};
 
-use super::expect::{contents, context0, device_bytes, expect_err, expect_io_err, pattern};
+use super::expect::{
+    assert_same_bytes, contents, context0, device_bytes, expect_err, expect_io_err, numbered,
+    pattern,
+};
 use crate::{CaseResult, Fixture};
 
 /// `copy_to_host` with `position > size` is `OutOfRange`, with or without `nbytes`.
@@ -570,6 +573,121 @@ pub(crate) fn error_messages_name_the_operation(f: &Fixture) -> CaseResult {
     assert!(
         e.to_string().contains("copy_from_device"),
         "message lacks the operation: {e}"
+    );
+    Ok(())
+}
+
+/// `copy_from_host_batch` refuses the whole batch, copying nothing (also of the valid
+/// parts listed before the bad one, and of a batch large enough to be staged): a part
+/// that does not fit (one byte past the end, an empty part past it, `usize::MAX`
+/// positions, a part past a slice's end that its parent would hold) is `OutOfRange`;
+/// parts whose destinations overlap (by one byte, one inside another, the same range) are
+/// `InvalidArgument`. Adjacent parts and empty parts inside others are not overlaps (see
+/// `copy_from_host_batch_lands_every_part_in_place`).
+pub(crate) fn copy_from_host_batch_out_of_range_or_overlapping_copies_nothing(
+    f: &Fixture,
+) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let before = pattern(1000, 43);
+    let buf = device_bytes(&ctx, &before);
+    let allocated = ctx.bytes_allocated();
+    let (a, b) = (numbered(10, 1), numbered(100, 2));
+    type Parts<'a> = Vec<(usize, &'a [u8])>;
+    let refused: [(&str, Parts<'_>, ErrorKind); 9] = [
+        (
+            "a part one byte past the end",
+            vec![(0, &a), (991, &a)],
+            ErrorKind::OutOfRange,
+        ),
+        (
+            "an empty part past the end",
+            vec![(0, &a), (1001, &[])],
+            ErrorKind::OutOfRange,
+        ),
+        (
+            "a part at usize::MAX",
+            vec![(0, &a), (usize::MAX, &a)],
+            ErrorKind::OutOfRange,
+        ),
+        (
+            "an empty part at usize::MAX",
+            vec![(usize::MAX, &[]), (0, &a)],
+            ErrorKind::OutOfRange,
+        ),
+        (
+            "a part whose end overflows",
+            vec![(usize::MAX - 5, &a)],
+            ErrorKind::OutOfRange,
+        ),
+        (
+            "parts overlapping by one byte",
+            vec![(0, &a), (9, &a)],
+            ErrorKind::InvalidArgument,
+        ),
+        (
+            "one part inside another, listed first",
+            vec![(300, &a), (250, &b)],
+            ErrorKind::InvalidArgument,
+        ),
+        (
+            "the same range twice",
+            vec![(500, &b), (0, &a), (500, &b)],
+            ErrorKind::InvalidArgument,
+        ),
+        (
+            "overlapping parts among many",
+            vec![(0, &a), (20, &a), (40, &a), (60, &a), (80, &b), (170, &a)],
+            ErrorKind::InvalidArgument,
+        ),
+    ];
+    for (what, parts, kind) in refused {
+        expect_err(buf.copy_from_host_batch(&parts), kind, what);
+        assert_same_bytes(&contents(&buf), &before, &format!("{what}: nothing copied"));
+    }
+
+    let slice = buf.slice(100, 500).expect("slice");
+    expect_err(
+        slice.copy_from_host_batch(&[(0, &a), (495, &a)]),
+        ErrorKind::OutOfRange,
+        "a part past a slice's end, inside its parent",
+    );
+    assert_same_bytes(&contents(&buf), &before, "a refused batch on a slice");
+
+    let empty = ctx.new_buffer(0).expect("new_buffer(0)");
+    assert_eq!(empty.copy_from_host_batch(&[(0, &[])]), Ok(0));
+    expect_err(
+        empty.copy_from_host_batch(&[(0, &a[..1])]),
+        ErrorKind::OutOfRange,
+        "a byte into an empty buffer",
+    );
+
+    let mib = 1 << 20;
+    let large_before = pattern(4 * mib, 44);
+    let large = device_bytes(&ctx, &large_before);
+    let big = numbered(mib, 3);
+    for (what, parts, kind) in [
+        (
+            "large parts overlapping by one byte",
+            vec![(0, &big[..]), (2 * mib, &big[..]), (mib - 1, &big[..])],
+            ErrorKind::InvalidArgument,
+        ),
+        (
+            "large parts, the last one byte past the end",
+            vec![(0, &big[..]), (mib, &big[..]), (3 * mib + 1, &big[..])],
+            ErrorKind::OutOfRange,
+        ),
+    ] {
+        expect_err(large.copy_from_host_batch(&parts), kind, what);
+        assert_same_bytes(
+            &contents(&large),
+            &large_before,
+            &format!("{what}: nothing copied"),
+        );
+    }
+    assert_eq!(
+        ctx.bytes_allocated(),
+        allocated + 4 * mib,
+        "refusals allocate nothing"
     );
     Ok(())
 }

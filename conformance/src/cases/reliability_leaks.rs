@@ -1,80 +1,113 @@
 //! What the reliability cases check was left behind: `bytes_allocated` per context on
-//! every backend, and on the simulator its leak report, its bytes in use, and the
-//! `memfd` files and mappings of exported memory (open fds and `/proc/self/maps` lines
-//! named `cudabuf-sim-<pid>-<nonce>-<allocation>`).
+//! every backend, and, where the backend's [hooks](crate::hooks) offer them, its own
+//! account of what is live ([`LeakProbe`](crate::LeakProbe)) and the shared objects of
+//! exported memory (open fds and `/proc/self/maps` lines with the names the hooks give;
+//! on the simulator `cudabuf-sim-<pid>-<nonce>-<allocation>`). A check whose hook the
+//! backend lacks is recorded as left out ([`Fixture::left_out`]).
 
-use cudabuf_core::{Backend, BackendKind, IpcMemHandle};
-use cudabuf_sim::{SimBackend, SimIpcHandle};
+use cudabuf_core::{Backend, IpcMemHandle, Result};
 
+use crate::hooks::{LeakProbe, ProbedBackend};
 use crate::Fixture;
 
-/// A fresh backend of the fixture's kind, with the simulator instance underneath when it
-/// is the simulator (a new default instance: 2 devices of 1 GiB, the same as the sim
-/// suite's), so that its leak report can be read. Each case gets its own instance, so a
-/// leak report never sees another case's memory.
+/// A fresh backend for one case, with the probe of what it holds when the backend's
+/// hooks offer one ([`SuiteHooks::leak_probed_backend`](crate::SuiteHooks::leak_probed_backend)).
+/// Each case gets its own backend, so a probe never sees another case's memory.
 pub(crate) struct Tracked {
     /// The backend the case uses.
     pub(crate) backend: Backend,
-    /// The simulator behind `backend`, if it is one.
-    pub(crate) sim: Option<SimBackend>,
+    probe: Option<Box<dyn LeakProbe>>,
+    fixture: Fixture,
+}
+
+/// What a hook made (`what`), checked to be a backend of the suite's kind.
+pub(crate) fn hook_backend(f: &Fixture, made: Result<ProbedBackend>, what: &str) -> ProbedBackend {
+    let probed =
+        made.unwrap_or_else(|e| panic!("the {} hooks could not make {what}: {e}", f.suite()));
+    assert_eq!(
+        probed.backend.kind(),
+        f.backend().kind(),
+        "the {} hooks made {what} of another kind than the suite's",
+        f.suite()
+    );
+    probed
 }
 
 /// A [`Tracked`] backend for `f`.
 pub(crate) fn tracked(f: &Fixture) -> Tracked {
-    let backend = f.backend();
-    if backend.kind() == BackendKind::Sim {
-        let sim = SimBackend::new();
-        Tracked {
-            backend: Backend::new(sim.clone()),
-            sim: Some(sim),
+    match f.hooks().leak_probed_backend() {
+        Some(made) => {
+            let probed = hook_backend(f, made, "a probed backend");
+            Tracked {
+                backend: probed.backend,
+                probe: Some(probed.probe),
+                fixture: f.clone(),
+            }
         }
-    } else {
-        Tracked { backend, sim: None }
+        None => Tracked {
+            backend: f.backend(),
+            probe: None,
+            fixture: f.clone(),
+        },
     }
 }
 
 impl Tracked {
-    /// Panics unless the simulator (if it is one) has nothing live: no allocation of
-    /// any kind in its leak report and no device bytes in use.
+    /// Panics if the backend's probe reports anything live (after the caches gave back
+    /// what they keep); without a probe, records the check as left out.
     #[track_caller]
     pub(crate) fn assert_nothing_live(&self, what: &str) {
-        let Some(sim) = &self.sim else { return };
+        let Some(probe) = &self.probe else {
+            self.fixture.left_out(
+                "nothing live by the backend's own account (no leak_probed_backend hook; \
+                 bytes_allocated was checked)",
+            );
+            return;
+        };
         // With the caching allocator on (`CUDABUF_ALLOCATOR_CACHE=1`), idle segments and
         // pooled staging buffers are the caches' own, not leaks: give them back first.
         for device in 0..self.backend.num_devices().expect("num_devices") {
             self.backend.context(device).expect("context").trim_cache();
         }
-        let report = sim.leak_report();
-        assert!(report.is_empty(), "{what}: the simulator leaked: {report}");
-        for device in 0..self.backend.num_devices().expect("num_devices") {
-            assert_eq!(
-                sim.bytes_in_use(device),
-                0,
-                "{what}: simulator bytes in use on device {device}"
+        if let Some(live) = probe.live() {
+            panic!(
+                "{what}: the {} backend still holds: {live}",
+                self.fixture.suite()
             );
         }
     }
 }
 
-/// The simulator's `memfd` name prefix of allocations exported by process `pid`.
-pub(crate) fn memfd_prefix(pid: u32) -> String {
-    format!("cudabuf-sim-{pid}-")
+/// The name of the shared object holding the memory `handle` names, or `None` (recorded
+/// as left out) when the backend's hooks name none.
+pub(crate) fn exported_object_name(f: &Fixture, handle: &IpcMemHandle) -> Option<String> {
+    let name = f.hooks().exported_object_name(handle);
+    if name.is_none() {
+        f.left_out(
+            "no fd or mapping of the exported memory left in this process (no \
+             exported_object_name hook)",
+        );
+    }
+    name
 }
 
-/// The `memfd` name of the allocation a simulator handle names (`None` for a handle of
-/// another backend or a zero-size handle).
-pub(crate) fn memfd_name(handle: &IpcMemHandle) -> Option<String> {
-    if handle.size() == 0 || handle.backend() != Some(BackendKind::Sim) {
-        return None;
+/// Panics if this process still has an fd or a mapping of a shared object exported by
+/// process `pid` (by the name the hooks give); without the hook, records the check as
+/// left out.
+#[track_caller]
+pub(crate) fn assert_no_objects_of_process(f: &Fixture, pid: u32, what: &str) {
+    match f.hooks().exported_object_prefix(pid) {
+        Some(prefix) => assert_no_objects_named(&prefix, what),
+        None => f.left_out(
+            "no fd or mapping of the peer process's memory left in this process (no \
+             exported_object_prefix hook)",
+        ),
     }
-    SimIpcHandle::from_raw(handle.raw())
-        .ok()
-        .map(|raw| raw.memfd_name())
 }
 
 /// This process's open fds and memory mappings whose name contains `name`: the fd
 /// links (`fd N -> /memfd:...`) and the `/proc/self/maps` lines.
-pub(crate) fn open_memfds(name: &str) -> Vec<String> {
+fn open_objects_named(name: &str) -> Vec<String> {
     let mut found = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
         for entry in dir.flatten() {
@@ -101,8 +134,8 @@ pub(crate) fn open_memfds(name: &str) -> Vec<String> {
 
 /// Panics if this process still has an fd or a mapping whose name contains `name`.
 #[track_caller]
-pub(crate) fn assert_no_memfds(name: &str, what: &str) {
-    let left = open_memfds(name);
+pub(crate) fn assert_no_objects_named(name: &str, what: &str) {
+    let left = open_objects_named(name);
     assert!(
         left.is_empty(),
         "{what}: left behind in this process: {left:#?}"

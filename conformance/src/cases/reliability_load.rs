@@ -10,7 +10,8 @@
 //! - `CUDABUF_STRESS_SEED`: the seed of the first thread (default: from the clock; it is
 //!   printed in every failure).
 //! - `CUDABUF_FILL_DEVICE=1`: lets [`device_filled_with_buffers_gives_out_of_memory_and_recovers`]
-//!   fill a real device (it always runs on the simulator, on an instance of its own).
+//!   fill a real device (it always runs where the backend's hooks give a backend with
+//!   small devices, on the simulator a 64 MiB instance of its own).
 
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -18,14 +19,11 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudabuf_core::{
-    Backend, BackendKind, BufferReader, BufferWriter, Context, DeviceBuffer, ErrorKind,
-};
-use cudabuf_sim::{SimBackend, SimConfig};
+use cudabuf_core::{Backend, BufferReader, BufferWriter, Context, DeviceBuffer, ErrorKind};
 
-use super::expect::expect_err;
+use super::expect::{expect_err, first_difference, total_memory};
 use super::reliability_inputs::fnv1a;
-use super::reliability_leaks::tracked;
+use super::reliability_leaks::{hook_backend, tracked};
 use crate::{CaseResult, Fixture, Skip};
 
 /// The environment variable with the run time in seconds.
@@ -37,6 +35,9 @@ pub(crate) const SEED_VAR: &str = "CUDABUF_STRESS_SEED";
 
 /// The environment variable that lets the device-filling case run on a real device.
 pub(crate) const FILL_VAR: &str = "CUDABUF_FILL_DEVICE";
+
+/// The memory of each device of the backend the device-filling case asks the hooks for.
+const SMALL_DEVICE: usize = 64 << 20;
 
 /// The largest buffer a thread allocates.
 const MAX_BYTES: usize = 64 << 10;
@@ -110,11 +111,7 @@ impl Rng {
 #[track_caller]
 fn check_bytes(got: &[u8], expected: &[u8], what: &str, seed: u64) {
     if got != expected {
-        let first = got
-            .iter()
-            .zip(expected)
-            .position(|(a, b)| a != b)
-            .unwrap_or(got.len().min(expected.len()));
+        let first = first_difference(got, expected);
         panic!(
             "stress (seed {seed}): {what}: {} bytes with checksum {:#018x}, expected {} with \
              {:#018x}; first difference at byte {first}",
@@ -528,35 +525,32 @@ pub(crate) fn stress_mixed_operations_on_many_threads_lose_nothing(f: &Fixture) 
 /// until it refuses: every refusal is `OutOfMemory` (also asking for more than the
 /// device has, with the device full), the buffers already made keep their bytes and
 /// take copies, freeing them gives `bytes_allocated` back, and the same size allocates
-/// again. On the simulator it runs on an instance of its own with 64 MiB devices; on a
-/// real device only with `CUDABUF_FILL_DEVICE=1` (it takes the whole device, so cases
-/// running beside it would fail: run it alone).
+/// again; then, by the backend's own account, nothing is live. It runs on a backend of
+/// its own with 64 MiB devices where the hooks give one
+/// ([`SuiteHooks::small_device_backend`](crate::SuiteHooks::small_device_backend), the
+/// simulator's); on a real device only with `CUDABUF_FILL_DEVICE=1` (it takes the whole
+/// device, so cases running beside it would fail: run it alone).
 pub(crate) fn device_filled_with_buffers_gives_out_of_memory_and_recovers(
     f: &Fixture,
 ) -> CaseResult {
-    let fixture_backend = f.backend();
-    let (backend, sim) = if fixture_backend.kind() == BackendKind::Sim {
-        let sim = SimBackend::with_config(SimConfig {
-            capacity_per_device: 64 << 20,
-            ..SimConfig::default()
-        })
-        .expect("a 64 MiB simulator");
-        (Backend::new(sim.clone()), Some(sim))
-    } else if std::env::var(FILL_VAR).is_ok_and(|v| v == "1") {
-        (fixture_backend, None)
-    } else {
-        return Err(Skip(format!(
-            "fills the whole device, which makes the cases beside it fail: run it alone \
-             with {FILL_VAR}=1 (--exact {}::device_filled_with_buffers_gives_out_of_memory_and_recovers)",
-            f.suite()
-        )));
+    let (backend, probe) = match f.hooks().small_device_backend(SMALL_DEVICE) {
+        Some(made) => {
+            let probed = hook_backend(f, made, "a backend with 64 MiB devices");
+            (probed.backend, Some(probed.probe))
+        }
+        None if std::env::var(FILL_VAR).is_ok_and(|v| v == "1") => (f.backend(), None),
+        None => {
+            return Err(Skip(format!(
+                "the {suite} backend's hooks give no backend with small devices \
+                 (small_device_backend), and filling the whole device makes the cases \
+                 beside it fail: run it alone with {FILL_VAR}=1 (--exact \
+                 {suite}::device_filled_with_buffers_gives_out_of_memory_and_recovers)",
+                suite = f.suite()
+            )))
+        }
     };
     let ctx = backend.context(0).expect("context(0)");
-    let total = backend
-        .device(0)
-        .expect("device(0)")
-        .total_memory()
-        .expect("total_memory");
+    let total = total_memory(&backend, 0);
     let start = ctx.bytes_allocated();
     let mib = 1 << 20;
     let chunk = (total / 32).max(mib) / mib * mib;
@@ -628,12 +622,18 @@ pub(crate) fn device_filled_with_buffers_gives_out_of_memory_and_recovers(
         .expect("the same size allocates again");
     drop(again);
     ctx.synchronize().expect("synchronize");
-    if let Some(sim) = sim {
-        // Idle segments of the caching allocator (when it is on) are not leaks.
-        ctx.trim_cache();
-        assert_eq!(sim.bytes_in_use(0), 0);
-        let report = sim.leak_report();
-        assert!(report.is_empty(), "leaked: {report}");
+    match probe {
+        Some(probe) => {
+            // Idle segments of the caching allocator (when it is on) are not leaks.
+            ctx.trim_cache();
+            if let Some(live) = probe.live() {
+                panic!("after the device fill, the backend still holds: {live}");
+            }
+        }
+        None => f.left_out(
+            "the backend's own account of live memory after the fill (a real device: \
+             bytes_allocated only)",
+        ),
     }
     let _ = writeln!(
         std::io::stderr(),

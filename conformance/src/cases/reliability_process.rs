@@ -2,8 +2,9 @@
 //! exporter that exits while an importer holds one, a handle whose exporter has exited,
 //! and an importer killed in the middle of copying. Each checks what the exporter (or
 //! importer) in this process still sees, that it can go on, and that nothing is left
-//! behind: `bytes_allocated` back at its start, and on the simulator an empty leak report
-//! and no `memfd` fd or mapping of the memory involved.
+//! behind: `bytes_allocated` back at its start, and, where the backend's hooks offer the
+//! means, nothing live by the backend's own account and no fd or mapping of the shared
+//! objects of the memory involved (on the simulator: an empty leak report, no `memfd`).
 //!
 //! The other process is this test binary re-executed in a child role (see
 //! [`crate::child`]); roles that must be waited on or killed at a given moment run with
@@ -18,15 +19,15 @@ use std::time::Duration;
 
 use cudabuf_core::{ErrorKind, IpcMemHandle};
 
-use super::expect::{contents, device_bytes, expect_err, pattern};
+use super::expect::{contents, device_bytes, expect_err, pattern, require_ipc};
 use super::pid_reuse::{pid_reuse_required, spawn_with_pid, REQUIRE_PID_REUSE_VAR};
 use super::reliability_leaks::{
-    assert_no_memfds, assert_no_shm_files, memfd_name, memfd_prefix, tracked, Tracked,
+    assert_no_objects_named, assert_no_objects_of_process, assert_no_shm_files,
+    exported_object_name, tracked, Tracked,
 };
 use crate::child::{
-    hex_decode, hex_encode, COPY_LOOP_VALUES, EXPECT_VAR, HANDLE_LINE, HANDLE_VAR,
-    IPC_EXPORT_AND_EXIT, IPC_EXPORT_AND_WAIT, IPC_OPEN_AND_CHECK, IPC_OPEN_COPY_LOOP,
-    IPC_OPEN_WRITE_ABORT, WRITE_VAR,
+    COPY_LOOP_VALUES, EXPECT_VAR, HANDLE_LINE, HANDLE_VAR, IPC_EXPORT_AND_EXIT,
+    IPC_EXPORT_AND_WAIT, IPC_OPEN_AND_CHECK, IPC_OPEN_COPY_LOOP, IPC_OPEN_WRITE_ABORT, WRITE_VAR,
 };
 use crate::{CaseResult, Fixture, Skip, CHILD_ROLE_VAR};
 
@@ -41,12 +42,7 @@ const SIGKILL: i32 = 9;
 /// A tracked backend, or a skip where the backend has no cross-process IPC.
 fn ipc_backend(f: &Fixture) -> Result<Tracked, Skip> {
     let t = tracked(f);
-    if !t.backend.capabilities().ipc {
-        return Err(Skip(format!(
-            "the {} backend has no cross-process IPC here",
-            f.suite()
-        )));
-    }
+    require_ipc(f, &t.backend)?;
     Ok(t)
 }
 
@@ -217,7 +213,7 @@ pub(crate) enum End {
 
 /// The handle a child printed after [`HANDLE_LINE`].
 fn parse_handle(hex: &str) -> IpcMemHandle {
-    let bytes = hex_decode(hex.trim()).expect("the child's handle hex");
+    let bytes = hex::decode(hex.trim()).expect("the child's handle hex");
     IpcMemHandle::from_bytes(&bytes).expect("the child's handle bytes")
 }
 
@@ -236,14 +232,14 @@ pub(crate) fn process_importer_crash_while_mapped_leaves_exporter_intact(
     let mut expected = pattern(4096, 31);
     let buf = device_bytes(&ctx, &expected);
     let handle = buf.export_for_ipc().expect("export_for_ipc");
-    let memfd = memfd_name(&handle);
+    let object = exported_object_name(f, &handle);
     let write = b"written by an importer that then crashed".to_vec();
 
     let mut child = Spawned::new(
         IPC_OPEN_WRITE_ABORT,
         &[
-            (HANDLE_VAR, hex_encode(&handle.to_bytes())),
-            (WRITE_VAR, hex_encode(&write)),
+            (HANDLE_VAR, hex::encode(handle.to_bytes())),
+            (WRITE_VAR, hex::encode(&write)),
         ],
     );
     child.line("written");
@@ -259,9 +255,9 @@ pub(crate) fn process_importer_crash_while_mapped_leaves_exporter_intact(
     f.run_child_ok(
         IPC_OPEN_AND_CHECK,
         &[
-            (HANDLE_VAR, hex_encode(&handle.to_bytes())),
-            (EXPECT_VAR, hex_encode(&expected)),
-            (WRITE_VAR, hex_encode(&second)),
+            (HANDLE_VAR, hex::encode(handle.to_bytes())),
+            (EXPECT_VAR, hex::encode(&expected)),
+            (WRITE_VAR, hex::encode(&second)),
         ],
     );
     expected[..second.len()].copy_from_slice(&second);
@@ -274,8 +270,8 @@ pub(crate) fn process_importer_crash_while_mapped_leaves_exporter_intact(
         "the exporter freed its buffer"
     );
     t.assert_nothing_live("after the exporter freed its buffer");
-    if let Some(name) = memfd {
-        assert_no_memfds(&name, "after the exporter freed its buffer");
+    if let Some(name) = object {
+        assert_no_objects_named(&name, "after the exporter freed its buffer");
     }
     assert_no_shm_files("after an importer crashed");
     expect_err(
@@ -295,7 +291,7 @@ pub(crate) fn process_importer_crash_while_mapped_leaves_exporter_intact(
 pub(crate) fn process_exporter_exit_while_mapped_keeps_importer_mapping(f: &Fixture) -> CaseResult {
     let t = ipc_backend(f)?;
     let data = pattern(4096, 32);
-    let mut child = Spawned::new(IPC_EXPORT_AND_WAIT, &[(EXPECT_VAR, hex_encode(&data))]);
+    let mut child = Spawned::new(IPC_EXPORT_AND_WAIT, &[(EXPECT_VAR, hex::encode(&data))]);
     let handle = parse_handle(&child.line(HANDLE_LINE));
     let exporter = child.pid();
     let ctx = t
@@ -342,7 +338,7 @@ pub(crate) fn process_exporter_exit_while_mapped_keeps_importer_mapping(f: &Fixt
     );
     assert_eq!(ctx.bytes_allocated(), start);
     t.assert_nothing_live("after the mapping of an exited exporter was dropped");
-    assert_no_memfds(&memfd_prefix(exporter), "after the mapping was dropped");
+    assert_no_objects_of_process(f, exporter, "after the mapping was dropped");
     assert_no_shm_files("after an exporter exited");
     Ok(())
 }
@@ -352,7 +348,7 @@ pub(crate) fn process_exporter_exit_while_mapped_keeps_importer_mapping(f: &Fixt
 pub(crate) fn process_handle_of_exited_exporter_is_invalid_ipc_handle(f: &Fixture) -> CaseResult {
     let t = ipc_backend(f)?;
     let data = pattern(1000, 33);
-    let out = f.run_child_ok(IPC_EXPORT_AND_EXIT, &[(EXPECT_VAR, hex_encode(&data))]);
+    let out = f.run_child_ok(IPC_EXPORT_AND_EXIT, &[(EXPECT_VAR, hex::encode(&data))]);
     let hex = out
         .lines()
         .find_map(|l| l.strip_prefix(HANDLE_LINE))
@@ -373,8 +369,8 @@ pub(crate) fn process_handle_of_exited_exporter_is_invalid_ipc_handle(f: &Fixtur
     }
     assert_eq!(ctx.bytes_allocated(), start);
     t.assert_nothing_live("after opens of a dead exporter's handle");
-    if let Some(name) = memfd_name(&handle) {
-        assert_no_memfds(&name, "after opens of a dead exporter's handle");
+    if let Some(name) = exported_object_name(f, &handle) {
+        assert_no_objects_named(&name, "after opens of a dead exporter's handle");
     }
     // The context is fine.
     assert_eq!(contents(&device_bytes(&ctx, b"still fine")), b"still fine");
@@ -394,7 +390,8 @@ pub(crate) fn process_handle_of_exited_exporter_after_pid_reuse_is_invalid_ipc_h
     let t = ipc_backend(f)?;
     let old_data = pattern(4096, 35);
     let new_data = pattern(4096, 36);
-    let export = |data: &[u8]| Spawned::new(IPC_EXPORT_AND_WAIT, &[(EXPECT_VAR, hex_encode(data))]);
+    let export =
+        |data: &[u8]| Spawned::new(IPC_EXPORT_AND_WAIT, &[(EXPECT_VAR, hex::encode(data))]);
     let mut first = export(&old_data);
     let old = parse_handle(&first.line(HANDLE_LINE));
     let dead_pid = first.pid();
@@ -457,7 +454,7 @@ pub(crate) fn process_handle_of_exited_exporter_after_pid_reuse_is_invalid_ipc_h
     second.expect_end(End::Success);
     assert_eq!(ctx.bytes_allocated(), start);
     t.assert_nothing_live("after opening handles of a reused pid");
-    assert_no_memfds(&memfd_prefix(dead_pid), "after the mapping was dropped");
+    assert_no_objects_of_process(f, dead_pid, "after the mapping was dropped");
     match skipped {
         None => Ok(()),
         Some(reason) => Err(Skip(format!(
@@ -484,11 +481,11 @@ pub(crate) fn process_importer_killed_mid_copy_leaves_exporter_consistent(
     let size = 32 << 10;
     let buf = device_bytes(&ctx, &vec![0; size]);
     let handle = buf.export_for_ipc().expect("export_for_ipc");
-    let memfd = memfd_name(&handle);
+    let object = exported_object_name(f, &handle);
 
     let mut child = Spawned::new(
         IPC_OPEN_COPY_LOOP,
-        &[(HANDLE_VAR, hex_encode(&handle.to_bytes()))],
+        &[(HANDLE_VAR, hex::encode(handle.to_bytes()))],
     );
     child.line("copying");
     std::thread::sleep(Duration::from_millis(20));
@@ -517,9 +514,9 @@ pub(crate) fn process_importer_killed_mid_copy_leaves_exporter_consistent(
     f.run_child_ok(
         IPC_OPEN_AND_CHECK,
         &[
-            (HANDLE_VAR, hex_encode(&handle.to_bytes())),
-            (EXPECT_VAR, hex_encode(&now)),
-            (WRITE_VAR, hex_encode(&write)),
+            (HANDLE_VAR, hex::encode(handle.to_bytes())),
+            (EXPECT_VAR, hex::encode(&now)),
+            (WRITE_VAR, hex::encode(&write)),
         ],
     );
     assert_eq!(&contents(&buf)[..write.len()], &write[..]);
@@ -527,10 +524,10 @@ pub(crate) fn process_importer_killed_mid_copy_leaves_exporter_consistent(
     drop(buf);
     assert_eq!(ctx.bytes_allocated(), start);
     t.assert_nothing_live("after the exporter freed the buffer");
-    if let Some(name) = memfd {
-        assert_no_memfds(&name, "after the exporter freed the buffer");
+    if let Some(name) = object {
+        assert_no_objects_named(&name, "after the exporter freed the buffer");
     }
-    assert_no_memfds(&memfd_prefix(importer), "after the importer was killed");
+    assert_no_objects_of_process(f, importer, "after the importer was killed");
     assert_no_shm_files("after an importer was killed");
     Ok(())
 }

@@ -479,6 +479,23 @@ fn check_writer(
     Ok(m.logical)
 }
 
+/// What a positioned read of `n` bytes at `position` of a `size`-byte buffer gives: the
+/// bytes there are (fewer at the end), `OutOfRange` past the end, `Closed` once closed.
+fn read_at_expected(
+    closed: bool,
+    position: usize,
+    n: usize,
+    size: usize,
+) -> Result<usize, ErrorKind> {
+    if closed {
+        Err(ErrorKind::Closed)
+    } else if position > size {
+        Err(ErrorKind::OutOfRange)
+    } else {
+        Ok(n.min(size - position))
+    }
+}
+
 /// Run the reader's operations over `target`, which holds `bytes`.
 fn check_reader(
     trace: &mut Trace,
@@ -542,13 +559,7 @@ fn check_reader(
                 ));
                 let mut got = vec![0u8; n];
                 let r = reader.read_at(position, &mut got);
-                let expected = if closed {
-                    Err(ErrorKind::Closed)
-                } else if position > size {
-                    Err(ErrorKind::OutOfRange)
-                } else {
-                    Ok(n.min(size - position))
-                };
+                let expected = read_at_expected(closed, position, n, size);
                 trace.outcome(&r, &expected)?;
                 if let (Ok(g), Ok(w)) = (&r, expected) {
                     ensure!(trace, *g == w, "read {g} bytes, the model {w}");
@@ -568,13 +579,7 @@ fn check_reader(
                     "reader.read_buffer_at({position}, {n}) [size {size}]"
                 ));
                 let r = reader.read_buffer_at(position, n);
-                let expected = if closed {
-                    Err(ErrorKind::Closed)
-                } else if position > size {
-                    Err(ErrorKind::OutOfRange)
-                } else {
-                    Ok(n.min(size - position))
-                };
+                let expected = read_at_expected(closed, position, n, size);
                 trace.outcome(&r, &expected)?;
                 if let (Ok(slice), Ok(w)) = (r, expected) {
                     let want = cursor.get_ref()[position..position + w].to_vec();

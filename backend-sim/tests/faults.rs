@@ -1,4 +1,4 @@
-//! Simulator-only: fault injection over a representative workload.
+//! Fault injection over a representative workload, through cudabuf-core's API.
 //!
 //! The workload (allocations, host and device copies, slices, peer copies, a buffered
 //! writer, a reader, an IPC export opened in this process, a pinned host buffer) runs once
@@ -6,6 +6,10 @@
 //! and every call position `n`, it runs again on a fresh simulator with the `n`th call
 //! armed to fail, and must return exactly the injected error (no panic, no other error),
 //! leave `bytes_allocated` at its start, and leave the simulator's leak report empty.
+//!
+//! The counts, the out-of-memory retries and the leak checks assume that every buffer is
+//! its own allocation: each backend here has the caching allocator and the pinned staging
+//! pool off on every context ([`fresh`]), whatever `CUDABUF_ALLOCATOR_CACHE` says.
 
 use std::io::Read;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -103,10 +107,19 @@ fn injected(op: FaultOp, n: u64) -> Error {
     }
 }
 
-/// A fresh simulator and a backend over it.
+/// A fresh simulator and a backend over it, with the caching allocator and the pinned
+/// staging pool off on both devices' contexts (the ones the workload uses: a device's
+/// context is the same object on every `backend.context` call), so that every buffer and
+/// staging buffer is an allocation of its own, as the fault counts and leak checks assume.
 fn fresh() -> (SimBackend, Backend) {
     let sim = SimBackend::new();
     let backend = Backend::new(sim.clone());
+    for device in 0..2 {
+        let ctx = backend.context(device).expect("context");
+        ctx.set_allocator_cache_limit(0);
+        ctx.set_staging_pool_limit(0);
+        assert_eq!(ctx.allocator_cache_limit(), 0);
+    }
     (sim, backend)
 }
 
