@@ -243,7 +243,11 @@ def ipc_checks() -> list[Callable[[], None]]:
         torch.cuda.synchronize()
         storage = t.untyped_storage()
         shared = storage._share_cuda_()
-        raw, size, offset = bytes(shared[1]), int(shared[2]), int(shared[3])
+        # PyTorch 2.x prefixes the 64-byte cudaIpcMemHandle with its own ShareableHandle
+        # header (format version, handle kind, ...); the raw CUDA handle comes last.
+        torch_handle = bytes(shared[1])
+        assert len(torch_handle) >= 64, len(torch_handle)
+        raw, size, offset = torch_handle[-64:], int(shared[2]), int(shared[3])
         handle = (offset + size).to_bytes(8, "little") + raw
         seen = child(CUDABUF_OPENER, handle.hex(), str(offset), str(size))
         assert bytes.fromhex(seen) == t.cpu().numpy().tobytes()
