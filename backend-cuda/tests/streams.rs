@@ -613,8 +613,9 @@ fn async_copies_of_every_kind_with_offsets() {
         (3, 4097),
         (4096, 65_536),
         (len - 7, 7),
-        (12_345, 1 << 20),
+        (1_234, 1 << 20),
     ] {
+        assert!(offset + n <= len, "the host range {offset}+{n} lies in the pinned buffer");
         host.bytes().copy_from_slice(&data);
         out.bytes().fill(0);
         dev.fill(&vec![0xEE; len]);
