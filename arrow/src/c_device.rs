@@ -32,7 +32,8 @@
 //! - **Import.** [`import_device_array`] and [`import_device_record_batch`] wait for a
 //!   non-null event on the host. [`import_device_array_on`] and
 //!   [`import_device_record_batch_on`] take an optional importer's stream: given one, the
-//!   stream waits for the event without blocking the host, so work the importer issues
+//!   stream waits for the event (the host blocks only if the import must read offsets
+//!   or a bitmap itself, which it does on that stream), so work the importer issues
 //!   to that stream afterwards ([`DeviceRecordBatch::to_host_on`](crate::DeviceRecordBatch::to_host_on),
 //!   its own copies) runs after the producer's; without one, the host waits. The event
 //!   is wrapped without ownership ([`Context::wrap_event`](cudabuf_core::Context::wrap_event))

@@ -97,14 +97,15 @@ pub unsafe fn import_device_array(
 
 /// Import the [`ArrowDeviceArray`] at `array` as [`import_device_array`] does, waiting
 /// for the producer's `sync_event` on the importer's `stream` when one is given
-/// (`cuStreamWaitEvent`: the host does not block, and work issued to `stream` afterwards,
-/// such as [`DeviceArray::to_host_on`], runs after the producer's), or by the host
-/// without one. A null `sync_event` means the data is ready: no wait.
+/// (`cuStreamWaitEvent`: work issued to `stream` afterwards, such as
+/// [`DeviceArray::to_host_on`], runs after the producer's), or by the host without one.
+/// A null `sync_event` means the data is ready: no wait.
 ///
-/// The reads the import itself makes (the last offset of variable-length data, a
-/// validity bitmap for a null count of -1) run on `stream` after the wait, and the call
-/// waits for them. The producer owns the event: it is used only during this call, never
-/// after the array is released.
+/// The host does not block on the producer unless the import must read the device
+/// itself: the last offset of variable-length data (strings, binaries, lists), or a
+/// validity bitmap for a null count of -1. Those reads run on `stream` after the wait,
+/// and the call waits for them (so for the producer's work). The producer owns the
+/// event: it is used only during this call, never after the array is released.
 ///
 /// # Errors
 /// As [`import_device_array`]; [`Error::InvalidArgument`] if `stream` is not a stream of
@@ -186,10 +187,10 @@ pub unsafe fn import_device_record_batch(
 }
 
 /// Import the [`ArrowDeviceArray`] at `array` as [`import_device_record_batch`] does,
-/// waiting for the producer's `sync_event` on `stream` when one is given (the host does
-/// not block; work issued to `stream` afterwards, such as
-/// [`DeviceRecordBatch::to_host_on`], runs after the producer's), or by the host without
-/// one; see [`import_device_array_on`].
+/// waiting for the producer's `sync_event` on `stream` when one is given (work issued to
+/// `stream` afterwards, such as [`DeviceRecordBatch::to_host_on`], runs after the
+/// producer's), or by the host without one; see [`import_device_array_on`] for when the
+/// host blocks.
 ///
 /// An example is on [`export_device_array_on`](super::export_device_array_on).
 ///
