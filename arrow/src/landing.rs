@@ -244,9 +244,17 @@ mod tests {
         (0..len).map(|i| (i % 251) as u8).collect()
     }
 
-    /// The only test here that lends blocks (the count is process-wide).
+    /// The tests that lend blocks run one at a time (the count is process-wide).
+    fn lending_alone() -> std::sync::MutexGuard<'static, ()> {
+        static LENDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        LENDING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     #[test]
     fn bodies_land_in_pooled_pinned_blocks_that_come_back_when_arrow_drops_them() {
+        let _alone = lending_alone();
         let ctx = context_with_pool(1 << 20);
         let data = pattern(100_000);
         let device = ctx.buffer_from_data(&data).unwrap();
@@ -281,28 +289,44 @@ mod tests {
             "a second block of the class"
         );
         drop((second, fourth));
-        // On a stream: the block goes through the transfer and back into the loan.
-        let stream = ctx.new_stream().unwrap();
-        let small = ctx.buffer_from_data(&data[..1000]).unwrap();
-        let pending = start_copy_on(&small, &stream).unwrap();
-        assert!(matches!(pending, PendingCopy::Lent { .. }));
-        assert_eq!(
-            LENT.load(Ordering::Acquire),
-            MIN_BLOCK,
-            "reserved while in flight"
-        );
-        let landed = pending.finish().unwrap();
-        assert_eq!(landed.as_slice(), &data[..1000]);
-        assert_eq!(LENT.load(Ordering::Acquire), MIN_BLOCK);
-        drop(landed);
-        assert_eq!(LENT.load(Ordering::Acquire), 0);
-        // The pool off: new vectors only (on a stream, through a staging buffer).
+        // The pool off: new vectors only.
         let off = context_with_pool(0);
         let device = off.buffer_from_data(&data).unwrap();
         assert_eq!(copy_to_host(&device).unwrap().as_slice(), &data[..]);
         assert_eq!(LENT.load(Ordering::Acquire), 0);
         assert_eq!(copy_to_host(&off.new_buffer(0).unwrap()).unwrap().len(), 0);
+    }
+
+    /// Small enough for Miri (`cargo +nightly miri test -p cudabuf-arrow --lib
+    /// downloads_on_a_stream`).
+    #[test]
+    fn downloads_on_a_stream_land_in_lent_blocks_or_through_staging() {
+        let _alone = lending_alone();
+        let ctx = context_with_pool(1 << 20);
+        let data = pattern(1000);
+        // The block goes into the transfer, and back into the loan before arrow-rs sees it.
+        let stream = ctx.new_stream().unwrap();
+        let device = ctx.buffer_from_data(&data).unwrap();
+        let pending = start_copy_on(&device, &stream).unwrap();
+        assert!(matches!(pending, PendingCopy::Lent { .. }));
+        assert_eq!(
+            LENT.load(Ordering::Acquire),
+            MIN_BLOCK,
+            "reserved in flight"
+        );
+        let landed = pending.finish().unwrap();
+        assert_eq!(landed.as_slice(), &data[..]);
+        assert_eq!(LENT.load(Ordering::Acquire), MIN_BLOCK);
+        let slice = landed.slice_with_length(10, 20);
+        drop(landed);
+        assert_eq!(slice.as_slice(), &data[10..30]);
+        drop(slice);
+        assert_eq!(LENT.load(Ordering::Acquire), 0);
+        assert_eq!(ctx.bytes_pooled(), MIN_BLOCK, "back in the pool");
+        // The pool off: through a staging buffer into a new vector.
+        let off = context_with_pool(0);
         let stream = off.new_stream().unwrap();
+        let device = off.buffer_from_data(&data).unwrap();
         let pending = start_copy_on(&device, &stream).unwrap();
         assert!(matches!(pending, PendingCopy::Staged { .. }));
         assert_eq!(pending.finish().unwrap().as_slice(), &data[..]);
