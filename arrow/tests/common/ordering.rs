@@ -32,7 +32,7 @@ pub(crate) fn race_detection_missing(f: &Fixture) -> Option<Skip> {
     (!f.backend().capabilities().race_detection).then(|| {
         Skip(format!(
             "the correctly ordered twin passed; the racy program is not run: the {} backend \
-             does not detect races (a real GPU gives stale bytes only sometimes)",
+             does not detect races (there a missing wait shows only as stale bytes, sometimes)",
             f.suite()
         ))
     })
