@@ -7,11 +7,12 @@ use std::sync::Arc;
 use arrow::array::{make_array, ArrayData, ArrayRef};
 use arrow::buffer::{Buffer, MutableBuffer};
 use arrow::datatypes::DataType;
-use cudabuf_core::{DeviceBuffer, Result};
+use cudabuf_core::{DeviceBuffer, Result, Stream};
 
 use crate::arrow_error;
 use crate::landing;
 use crate::layout::{type_layout, BufferKind};
+use crate::ordering::check_stream;
 
 /// An Arrow array whose buffers are [`DeviceBuffer`]s: the device-resident counterpart of
 /// arrow-rs's `ArrayData`, with the same shape (validity bitmap, `buffers` in
@@ -117,6 +118,20 @@ impl DeviceArray {
         Ok(make_array(self.to_array_data(&host)?))
     }
 
+    /// Copy the array to the host as [`to_host`](Self::to_host) does, with the copies
+    /// issued on `stream` (after the work issued to it so far: an array imported with
+    /// [`import_device_array_on`](crate::import_device_array_on) on this stream is read
+    /// after its producer's event) into pinned memory, all issued before the first is
+    /// waited for; returns when they are done.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](cudabuf_core::Error::InvalidArgument) if `stream` is not
+    /// a stream of the buffers' context; as [`to_host`](Self::to_host).
+    pub fn to_host_on(&self, stream: &Stream) -> Result<ArrayRef> {
+        let host = HostCopy::new_on(&[], &self.device_buffers(), stream)?;
+        Ok(make_array(self.to_array_data(&host)?))
+    }
+
     /// Build host `ArrayData` from the buffers as `host` gives them.
     pub(crate) fn to_array_data(&self, host: &HostCopy) -> Result<ArrayData> {
         let nulls = match &self.nulls {
@@ -182,6 +197,19 @@ impl fmt::Debug for DeviceArray {
 /// costs no copy of its own; buffers outside every region are copied one by one.
 pub(crate) struct HostCopy {
     regions: Vec<(DeviceBuffer, Buffer)>,
+    /// Where buffers outside every region are copied: on this stream, or synchronously.
+    stream: Option<Stream>,
+}
+
+/// Whether `inner` lies within `outer` (same context, address range inside).
+fn lies_within(inner: &DeviceBuffer, outer: &DeviceBuffer) -> bool {
+    if !outer.context().same_as(inner.context()) || inner.address() < outer.address() {
+        return false;
+    }
+    let offset = (inner.address() - outer.address()) as usize;
+    offset
+        .checked_add(inner.size())
+        .is_some_and(|end| end <= outer.size())
 }
 
 impl HostCopy {
@@ -192,7 +220,41 @@ impl HostCopy {
             .iter()
             .map(|r| Ok((r.clone(), landing::copy_to_host(r)?)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(HostCopy { regions })
+        Ok(HostCopy {
+            regions,
+            stream: None,
+        })
+    }
+
+    /// Copy each of `regions`, and each of `buffers` outside them, to the host once, on
+    /// `stream`: every copy is issued before the first is waited for.
+    pub(crate) fn new_on(
+        regions: &[DeviceBuffer],
+        buffers: &[&DeviceBuffer],
+        stream: &Stream,
+    ) -> Result<Self> {
+        let mut wanted: Vec<DeviceBuffer> = regions.to_vec();
+        for &buffer in buffers {
+            if !buffer.is_empty() && !wanted.iter().any(|r| lies_within(buffer, r)) {
+                wanted.push(buffer.clone());
+            }
+        }
+        if let Some(first) = wanted.first() {
+            check_stream(first.context(), stream, "to_host_on")?;
+        }
+        let pending = wanted
+            .iter()
+            .map(|r| landing::start_copy_on(r, stream))
+            .collect::<Result<Vec<_>>>()?;
+        let regions = wanted
+            .into_iter()
+            .zip(pending)
+            .map(|(region, copy)| Ok((region, copy.finish()?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(HostCopy {
+            regions,
+            stream: Some(stream.clone()),
+        })
     }
 
     /// The host bytes of `device`: a slice of a region's copy, or a copy of its own.
@@ -200,20 +262,16 @@ impl HostCopy {
         if device.is_empty() {
             return Ok(Buffer::from(MutableBuffer::new(0)));
         }
-        let start = device.address();
         for (region, host) in &self.regions {
-            if !region.context().same_as(device.context()) || start < region.address() {
-                continue;
-            }
-            let offset = (start - region.address()) as usize;
-            if offset
-                .checked_add(device.size())
-                .is_some_and(|end| end <= region.size())
-            {
+            if lies_within(device, region) {
+                let offset = (device.address() - region.address()) as usize;
                 return Ok(host.slice_with_length(offset, device.size()));
             }
         }
-        copy_to_host_buffer(device)
+        match &self.stream {
+            Some(stream) => landing::start_copy_on(device, stream)?.finish(),
+            None => copy_to_host_buffer(device),
+        }
     }
 }
 

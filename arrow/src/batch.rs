@@ -7,12 +7,13 @@ use arrow::array::RecordBatchOptions;
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::MessageHeader;
 use arrow::record_batch::RecordBatch;
-use cudabuf_core::{Context, DeviceBuffer, Error, Result};
+use cudabuf_core::{Context, DeviceBuffer, Error, Result, Stream};
 
 use crate::array::{DeviceArray, HostCopy};
 use crate::arrow_error;
 use crate::decode::{self, Dictionaries, DictionaryIds};
 use crate::message::{read_message, DeviceMessage};
+use crate::ordering::check_stream;
 
 /// A record batch whose column buffers are in device memory: the device-resident result of
 /// [`read_record_batch`], [`DeviceStreamReader`](crate::DeviceStreamReader) and
@@ -156,11 +157,55 @@ impl DeviceRecordBatch {
     /// [`Error::InvalidData`] if the data is not valid for the schema (corrupt offsets,
     /// dictionary keys out of range, nulls in a non-nullable field, ...); copy errors.
     pub fn to_host(&self) -> Result<RecordBatch> {
-        let host = HostCopy::new(&self.regions)?;
+        self.build_host(&HostCopy::new(&self.regions)?)
+    }
+
+    /// Copy the batch to the host as [`to_host`](Self::to_host) does, with the downloads
+    /// issued on `stream`, after the work issued to it so far: a batch whose message
+    /// [`serialize_record_batch_on`](crate::serialize_record_batch_on) is still writing
+    /// on `stream`, or one imported with
+    /// [`import_device_record_batch_on`](crate::import_device_record_batch_on) on
+    /// `stream` (which waits for the producer's event), is read after that work. Each
+    /// message body (and each buffer outside one, as in imported batches) is copied once,
+    /// into a pinned block from the context's pool lent to arrow-rs as `to_host` does
+    /// (or, where none can be lent, through a pinned staging buffer into a new vector);
+    /// every download is issued before the first is waited for, and this returns when all
+    /// are done, before arrow-rs sees any of the bytes.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # use std::sync::Arc;
+    /// # use arrow::{array::Int32Array, record_batch::RecordBatch};
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// # let host = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2])) as _)]).unwrap();
+    /// let stream = ctx.new_stream()?;
+    /// let message = cudabuf_arrow::serialize_record_batch_on(&host, &ctx, &stream)?;
+    /// // A blocking stream: the synchronous reads of `read_record_batch` (the legacy
+    /// // stream) are ordered after the upload, as in CUDA.
+    /// let batch = cudabuf_arrow::read_record_batch(&message, &host.schema())?;
+    /// assert_eq!(batch.to_host_on(&stream)?, host);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `stream` is not a stream of the batch's context; as
+    /// [`to_host`](Self::to_host).
+    pub fn to_host_on(&self, stream: &Stream) -> Result<RecordBatch> {
+        check_stream(&self.context, stream, "DeviceRecordBatch::to_host_on")?;
+        let buffers: Vec<&DeviceBuffer> = self
+            .columns
+            .iter()
+            .flat_map(DeviceArray::device_buffers)
+            .collect();
+        self.build_host(&HostCopy::new_on(&self.regions, &buffers, stream)?)
+    }
+
+    /// The arrow-rs batch over the host copies in `host`.
+    fn build_host(&self, host: &HostCopy) -> Result<RecordBatch> {
         let columns = self
             .columns
             .iter()
-            .map(|c| c.to_array_data(&host).map(arrow::array::make_array))
+            .map(|c| c.to_array_data(host).map(arrow::array::make_array))
             .collect::<Result<Vec<_>>>()?;
         RecordBatch::try_new_with_options(
             self.schema.clone(),
@@ -196,6 +241,22 @@ impl fmt::Debug for DeviceRecordBatch {
 /// Dictionary-encoded columns need their dictionary batches, which a single message does
 /// not carry: read such data as a stream with
 /// [`DeviceStreamReader`](crate::DeviceStreamReader).
+///
+/// # Ordering with streams
+/// Reading needs no stream: it copies the message's metadata to the host with a
+/// synchronous copy (cudabuf's legacy default stream), and nothing else, since the
+/// columns are views of the body. When the message is still being written on a stream
+/// ([`serialize_record_batch_on`](crate::serialize_record_batch_on), another library's
+/// work), that copy must come after the write. On a blocking stream (the default of
+/// [`Context::new_stream`]) it does, by CUDA's rule for the legacy stream. On a
+/// non-blocking or foreign stream, wait first: `producer.record_event()?.synchronize()?`
+/// (or `producer.synchronize()?`); without it the simulator reports
+/// [`Error::DataRace`](cudabuf_core::Error::DataRace). Once the metadata copy has returned,
+/// the producer's work before it is done, and what the consumer then issues, on any
+/// stream ([`DeviceRecordBatch::to_host_on`]), reads the finished message. (Work of the
+/// producer issued *after* the copy, overwriting the columns say, is ordered with the
+/// consumer's only by an event the consumer's stream waits for: [`Stream::wait_event`],
+/// or the C Device Data Interface's `sync_event`.)
 ///
 /// # Errors
 /// [`Error::InvalidData`] for a truncated or corrupt message, bytes after it, a message

@@ -15,11 +15,37 @@
 //!   know the simulator refuses the array instead of crashing on it. cudabuf imports
 //!   such arrays into simulator contexts only.
 //!
-//! `sync_event` is always null on export: cudabuf's copies are synchronous, so the data is
-//! ready when the array is made. On import a non-null event (a `CUevent*`) is honoured by
-//! synchronizing the whole context ([`Context::synchronize`](cudabuf_core::Context::synchronize)):
-//! conservative, and correct when the producer's stream belongs to this context (the
-//! primary context, shared by PyTorch, CuPy, cuDF and pyarrow).
+//! # `sync_event`: ordering with the producer's stream
+//! The interface's `sync_event` is how a producer whose data is still being written on a
+//! stream tells the consumer what to wait for. As Arrow's specification says for CUDA, it
+//! is a `CUevent*`: the address of a variable holding a `CUevent`, recorded after the
+//! producer's work, both owned by the producer (freed by the array's release callback,
+//! never earlier); the consumer must wait for it (`cuStreamWaitEvent` on its stream, or
+//! `cuEventSynchronize`) before touching the buffers. Null means the data is ready.
+//!
+//! - **Export.** [`export_device_array`] and [`export_device_record_batch`] set it to
+//!   null: the data they export was written by cudabuf's synchronous copies, or is ready
+//!   by the caller's word. [`export_device_array_on`] and [`export_device_record_batch_on`]
+//!   take the producer's [`Stream`](cudabuf_core::Stream): they record a new event on it
+//!   (after the work issued to it so far) and point `sync_event` at its handle, which the
+//!   array owns until it is released; the release callback destroys the event.
+//! - **Import.** [`import_device_array`] and [`import_device_record_batch`] wait for a
+//!   non-null event on the host. [`import_device_array_on`] and
+//!   [`import_device_record_batch_on`] take an optional importer's stream: given one, the
+//!   stream waits for the event (the host blocks only if the import must read offsets
+//!   or a bitmap itself, which it does on that stream), so work the importer issues
+//!   to that stream afterwards ([`DeviceRecordBatch::to_host_on`](crate::DeviceRecordBatch::to_host_on),
+//!   its own copies) runs after the producer's; without one, the host waits. The event
+//!   is wrapped without ownership ([`Context::wrap_event`](cudabuf_core::Context::wrap_event))
+//!   only for the duration of the call: it belongs to the producer.
+//!
+//! On the simulator the variable holds the simulator's event handle (device type
+//! [`ARROW_DEVICE_EXT_DEV`]), so a simulator producer and a simulator consumer of the same
+//! instance in one process interoperate, and the simulator's race detector checks that
+//! the consumer's reads are ordered after the producer's writes (a consumer that skips
+//! the wait gets [`Error::DataRace`](cudabuf_core::Error::DataRace)). A CUDA event handle
+//! is meaningful only to CUDA consumers in the same process (pyarrow, cuDF, nanoarrow's
+//! device arrays), a simulator one only to cudabuf on the same simulator.
 //!
 //! # Ownership, and why the fields are private
 //! An unreleased [`ArrowArray`] owns what its release callback frees, and dropping it
@@ -82,8 +108,8 @@
 //! ```
 //!
 //! Importing goes the other way: [`import_device_array`] and [`import_device_record_batch`]
-//! take a pointer to the producer's struct (pyarrow's `_export_to_c_device` writes into
-//! one) and move the array out of it.
+//! (and their `_on` variants) take a pointer to the producer's struct (pyarrow's
+//! `_export_to_c_device` writes into one) and move the array out of it.
 //!
 //! cuDF's `from_arrow_device` and nanoarrow's `ArrowDeviceArrayView` take the same
 //! struct. Only CUDA-backend arrays are meaningful to them.
@@ -93,14 +119,22 @@
 mod abi;
 mod export;
 mod import;
+#[cfg(test)]
+mod sync_event_tests;
 
 use cudabuf_core::BackendKind;
 
 pub use abi::{
     ArrowArray, ArrowArrayParts, ArrowArrayRelease, ArrowDeviceArray, ArrowDeviceArrayParts,
 };
-pub use export::{export_device_array, export_device_record_batch, export_schema};
-pub use import::{import_device_array, import_device_record_batch};
+pub use export::{
+    export_device_array, export_device_array_on, export_device_record_batch,
+    export_device_record_batch_on, export_schema,
+};
+pub use import::{
+    import_device_array, import_device_array_on, import_device_record_batch,
+    import_device_record_batch_on,
+};
 
 /// `ArrowDeviceType` of the C Device Data Interface.
 pub type ArrowDeviceType = i32;

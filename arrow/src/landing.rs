@@ -17,6 +17,11 @@
 //! across the process, stay within that limit too. Otherwise the body lands in a new
 //! vector, as before.
 //!
+//! On a stream ([`start_copy_on`]) the block is handed to the stream's asynchronous copy
+//! (which owns it until the copy is waited for) and comes back into the loan before
+//! arrow-rs sees it; where no block can be lent, the body lands in a pinned staging
+//! buffer (pooled where the pool is on) and is copied from there into a new vector.
+//!
 //! Soundness: the block is moved into the `Allocation` that owns the arrow-rs buffer, so
 //! nothing else can reach it (no `&mut`, no device view: the block never left this
 //! module) until the last arrow-rs buffer over it is dropped; only then does it return to
@@ -28,7 +33,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arrow::buffer::Buffer;
-use cudabuf_core::{Context, DeviceBuffer, HostBuffer, Result};
+use cudabuf_core::{Context, DeviceBuffer, HostBuffer, Result, Stream, Transfer};
 
 /// Pinned bytes lent to arrow-rs buffers now, across the process.
 static LENT: AtomicUsize = AtomicUsize::new(0);
@@ -59,9 +64,88 @@ pub(crate) fn copy_to_host(device: &DeviceBuffer) -> Result<Buffer> {
     }
 }
 
+/// A copy of a whole device buffer to the host issued on a stream, not yet waited for:
+/// [`finish`](Self::finish) waits and gives the arrow-rs buffer. Dropping it waits too
+/// (the [`Transfer`] does).
+pub(crate) enum PendingCopy {
+    /// Nothing to copy.
+    Empty,
+    /// Into a pinned block that becomes the arrow-rs buffer's memory.
+    Lent {
+        loan: PinnedLoan,
+        transfer: Transfer,
+        len: usize,
+    },
+    /// Into a staging buffer, then into a new vector.
+    Staged {
+        context: Context,
+        transfer: Transfer,
+        len: usize,
+    },
+}
+
+/// Issue a copy of the whole of `device` to the host on `stream` (after the work issued
+/// to it so far): into a pinned block lent to arrow-rs when the context's pool allows
+/// it, as [`copy_to_host`] does, else into a staging buffer.
+pub(crate) fn start_copy_on(device: &DeviceBuffer, stream: &Stream) -> Result<PendingCopy> {
+    let len = device.size();
+    if len == 0 {
+        return Ok(PendingCopy::Empty);
+    }
+    let context = device.context();
+    if let Some(mut loan) = PinnedLoan::take(context, len) {
+        let block = loan
+            .host
+            .take()
+            .expect("a new loan holds its block until it is handed to a copy");
+        // On error the block is dropped (freed, not pooled) and the loan gives back its
+        // reservation.
+        let transfer = stream.copy_to_host(device, block)?;
+        return Ok(PendingCopy::Lent {
+            loan,
+            transfer,
+            len,
+        });
+    }
+    let staging = context.staging_buffer(block_size(len))?;
+    let transfer = stream.copy_to_host(device, staging)?;
+    Ok(PendingCopy::Staged {
+        context: context.clone(),
+        transfer,
+        len,
+    })
+}
+
+impl PendingCopy {
+    /// Wait for the copy and give its bytes as an arrow-rs buffer.
+    pub(crate) fn finish(self) -> Result<Buffer> {
+        match self {
+            PendingCopy::Empty => Ok(Buffer::from_vec(Vec::<u8>::new())),
+            PendingCopy::Lent {
+                mut loan,
+                transfer,
+                len,
+            } => {
+                loan.host = Some(transfer.wait()?);
+                Ok(loan.into_buffer(len))
+            }
+            PendingCopy::Staged {
+                context,
+                transfer,
+                len,
+            } => {
+                let staging = transfer.wait()?;
+                let bytes = Buffer::from_vec(staging[..len].to_vec());
+                context.recycle_staging_buffer(staging);
+                Ok(bytes)
+            }
+        }
+    }
+}
+
 /// A pinned block taken for a copy, counted in [`LENT`] until dropped (and then back in
 /// its context's pool).
-struct PinnedLoan {
+pub(crate) struct PinnedLoan {
     host: Option<HostBuffer>,
     context: Context,
     counted: usize,
@@ -160,9 +244,17 @@ mod tests {
         (0..len).map(|i| (i % 251) as u8).collect()
     }
 
-    /// The only test here that lends blocks (the count is process-wide).
+    /// The tests that lend blocks run one at a time (the count is process-wide).
+    fn lending_alone() -> std::sync::MutexGuard<'static, ()> {
+        static LENDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        LENDING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     #[test]
     fn bodies_land_in_pooled_pinned_blocks_that_come_back_when_arrow_drops_them() {
+        let _alone = lending_alone();
         let ctx = context_with_pool(1 << 20);
         let data = pattern(100_000);
         let device = ctx.buffer_from_data(&data).unwrap();
@@ -203,6 +295,44 @@ mod tests {
         assert_eq!(copy_to_host(&device).unwrap().as_slice(), &data[..]);
         assert_eq!(LENT.load(Ordering::Acquire), 0);
         assert_eq!(copy_to_host(&off.new_buffer(0).unwrap()).unwrap().len(), 0);
+    }
+
+    /// Small enough for Miri (`cargo +nightly miri test -p cudabuf-arrow --lib
+    /// downloads_on_a_stream`).
+    #[test]
+    fn downloads_on_a_stream_land_in_lent_blocks_or_through_staging() {
+        let _alone = lending_alone();
+        let ctx = context_with_pool(1 << 20);
+        let data = pattern(1000);
+        // The block goes into the transfer, and back into the loan before arrow-rs sees it.
+        let stream = ctx.new_stream().unwrap();
+        let device = ctx.buffer_from_data(&data).unwrap();
+        let pending = start_copy_on(&device, &stream).unwrap();
+        assert!(matches!(pending, PendingCopy::Lent { .. }));
+        assert_eq!(
+            LENT.load(Ordering::Acquire),
+            MIN_BLOCK,
+            "reserved in flight"
+        );
+        let landed = pending.finish().unwrap();
+        assert_eq!(landed.as_slice(), &data[..]);
+        assert_eq!(LENT.load(Ordering::Acquire), MIN_BLOCK);
+        let slice = landed.slice_with_length(10, 20);
+        drop(landed);
+        assert_eq!(slice.as_slice(), &data[10..30]);
+        drop(slice);
+        assert_eq!(LENT.load(Ordering::Acquire), 0);
+        assert_eq!(ctx.bytes_pooled(), MIN_BLOCK, "back in the pool");
+        // The pool off: through a staging buffer into a new vector.
+        let off = context_with_pool(0);
+        let stream = off.new_stream().unwrap();
+        let device = off.buffer_from_data(&data).unwrap();
+        let pending = start_copy_on(&device, &stream).unwrap();
+        assert!(matches!(pending, PendingCopy::Staged { .. }));
+        assert_eq!(pending.finish().unwrap().as_slice(), &data[..]);
+        let empty = start_copy_on(&off.new_buffer(0).unwrap(), &stream).unwrap();
+        assert_eq!(empty.finish().unwrap().len(), 0);
+        assert_eq!(LENT.load(Ordering::Acquire), 0);
     }
 
     #[test]

@@ -16,6 +16,14 @@
 //!   ([`ArrowDeviceArray`]), for cuDF, pyarrow's `_import_from_c_device` and other
 //!   device-aware consumers; schemas through arrow-rs's `FFI_ArrowSchema`
 //!   ([`export_schema`]).
+//! - On a [`Stream`](cudabuf_core::Stream): [`serialize_record_batch_on`],
+//!   [`serialize_stream_on`], [`Serializer::serialize_record_batch_on`] and
+//!   [`DeviceStreamWriter::finish_on`] issue their uploads on the stream and return;
+//!   [`DeviceRecordBatch::to_host_on`] and [`DeviceArray::to_host_on`] download on it;
+//!   [`export_device_record_batch_on`] and [`export_device_array_on`] hand an event
+//!   recorded on the producer's stream to the consumer as the C Device Data Interface's
+//!   `sync_event`, and [`import_device_record_batch_on`] and [`import_device_array_on`]
+//!   make the importer's stream (or the host) wait for it.
 //!
 //! # Rules
 //! - **No arrow-rs array ever points at device memory.** arrow-rs arrays read their
@@ -38,6 +46,15 @@
 //!   context's pool of staging buffers and hands it to arrow-rs as the batch's buffers; the
 //!   block goes back to the pool when arrow-rs drops the last of them (bounded by the
 //!   pool's limit; with the pool off, as on the simulator by default, into a new vector).
+//! - **Work is ordered as CUDA orders it.** The functions without a stream use cudabuf's
+//!   synchronous copies (the legacy default stream: after the earlier work of every
+//!   blocking stream). The `_on` functions issue on the given stream, after the work
+//!   issued to it so far, and their results are ready when that stream gets there:
+//!   order later reads with the stream's rules (a blocking stream's uploads come before
+//!   the synchronous API's reads; otherwise synchronize, or wait for an event, as
+//!   [`read_record_batch`] explains). Across the C Device Data Interface the order is
+//!   carried by `sync_event` ([`c_device`]). On the simulator, a read that is not ordered
+//!   after the write it needs is [`Error::DataRace`](cudabuf_core::Error::DataRace).
 //! - **Reading never trusts the bytes.** Every length, offset and count of a message is
 //!   checked against the bytes present and the minimum sizes of the schema's types before
 //!   a device slice is made; a truncated or corrupt message is an
@@ -79,16 +96,21 @@ mod decode;
 mod landing;
 mod layout;
 mod message;
+mod ordering;
 mod serialize;
 mod stream;
 
 pub use array::DeviceArray;
 pub use batch::{read_record_batch, DeviceRecordBatch};
 pub use c_device::{
-    export_device_array, export_device_record_batch, export_schema, import_device_array,
-    import_device_record_batch, ArrowArray, ArrowArrayParts, ArrowArrayRelease, ArrowDeviceArray,
-    ArrowDeviceArrayParts, ArrowDeviceType,
+    export_device_array, export_device_array_on, export_device_record_batch,
+    export_device_record_batch_on, export_schema, import_device_array, import_device_array_on,
+    import_device_record_batch, import_device_record_batch_on, ArrowArray, ArrowArrayParts,
+    ArrowArrayRelease, ArrowDeviceArray, ArrowDeviceArrayParts, ArrowDeviceType,
 };
 pub use message::{read_message, DeviceMessage, MessageSource, CONTINUATION_MARKER};
-pub use serialize::{serialize_record_batch, serialize_stream, Serializer, DEFAULT_STAGING_LIMIT};
+pub use serialize::{
+    serialize_record_batch, serialize_record_batch_on, serialize_stream, serialize_stream_on,
+    Serializer, DEFAULT_STAGING_LIMIT,
+};
 pub use stream::{DeviceStreamReader, DeviceStreamWriter};

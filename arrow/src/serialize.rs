@@ -1,6 +1,7 @@
 //! [`serialize_record_batch`] and [`Serializer`]: arrow-rs's own IPC encoding, written
 //! into device memory: small messages gathered in a pinned staging buffer, large ones as
-//! one batched copy of their parts.
+//! one batched copy of their parts; on a stream (the `_on` variants), asynchronous copies
+//! from pinned staging buffers, chunk by chunk for large messages.
 
 use std::fmt;
 
@@ -8,10 +9,11 @@ use arrow::buffer::Buffer;
 use arrow::datatypes::{DataType, Schema};
 use arrow::ipc::writer::{IpcWriteOptions, StreamEncoder};
 use arrow::record_batch::RecordBatch;
-use cudabuf_core::{Context, DeviceBuffer, Error, HostBuffer, Result};
+use cudabuf_core::{Context, DeviceBuffer, Error, HostBuffer, Result, Stream};
 
 use crate::layout::nested_fields;
 use crate::message::CONTINUATION_MARKER;
+use crate::ordering::check_stream;
 
 /// The largest message a [`Serializer`] gathers in its pinned staging buffer by default
 /// (256 KiB). Larger messages go to the device as one batched copy of their parts
@@ -22,6 +24,11 @@ pub const DEFAULT_STAGING_LIMIT: usize = 256 << 10;
 
 /// The smallest staging buffer a [`Serializer`] takes.
 const MIN_STAGING: usize = 64 << 10;
+
+/// The chunk a large message is gathered into on a stream: the CUDA backend's staging
+/// chunk (each chunk is one pooled pinned buffer and one asynchronous copy, so the host
+/// gathers the next chunk while the previous one is in flight).
+const STREAM_CHUNK: usize = 4 << 20;
 
 /// Serialize `batch` as one encapsulated IPC record batch message into a new device
 /// buffer of exactly the message's size (pyarrow's `cuda.serialize_record_batch`).
@@ -47,6 +54,63 @@ const MIN_STAGING: usize = 64 << 10;
 /// arrow-rs cannot encode the batch; allocation and copy errors.
 pub fn serialize_record_batch(batch: &RecordBatch, ctx: &Context) -> Result<DeviceBuffer> {
     Serializer::new(ctx).serialize_record_batch(batch)
+}
+
+/// Serialize `batch` as [`serialize_record_batch`] does (the same bytes, arrow-rs's
+/// encoding), with the copy to the device issued on `stream`: this returns once the
+/// copies are issued, and the returned buffer holds the message when the work issued to
+/// `stream` so far is done. The host bytes are free on return (they were gathered into
+/// pinned staging buffers, which go back to the context's pool when their copy is done).
+///
+/// Reading the message is ordered after the upload by the stream's rules: on a blocking
+/// stream (the default) cudabuf's synchronous reads, [`read_record_batch`](crate::read_record_batch)'s
+/// included, come after it; on a non-blocking stream, wait for it first (an event, or
+/// `stream.synchronize()`), and issue later work on `stream`
+/// ([`DeviceRecordBatch::to_host_on`](crate::DeviceRecordBatch::to_host_on)) or on a
+/// stream that waits for an event recorded on it. See
+/// [`Serializer::serialize_record_batch_on`] for how the bytes move.
+///
+/// ```
+/// # fn main() -> cudabuf_core::Result<()> {
+/// use std::sync::Arc;
+/// use arrow::array::Int64Array;
+/// use arrow::record_batch::RecordBatch;
+///
+/// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+/// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from(vec![7, 8])) as _)])
+///     .unwrap();
+/// let stream = ctx.new_stream_with(cudabuf_core::StreamFlags { non_blocking: true, priority: 0 })?;
+/// let message = cudabuf_arrow::serialize_record_batch_on(&batch, &ctx, &stream)?;
+/// stream.synchronize()?; // a non-blocking stream: wait before the synchronous read
+/// let on_device = cudabuf_arrow::read_record_batch(&message, &batch.schema())?;
+/// assert_eq!(on_device.to_host_on(&stream)?, batch);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `stream` is not a stream of `ctx`; as
+/// [`serialize_record_batch`].
+pub fn serialize_record_batch_on(
+    batch: &RecordBatch,
+    ctx: &Context,
+    stream: &Stream,
+) -> Result<DeviceBuffer> {
+    Serializer::new(ctx).serialize_record_batch_on(batch, stream)
+}
+
+/// Serialize `batches` as a complete IPC stream as [`serialize_stream`] does, with the
+/// copies issued on `stream`, as [`serialize_record_batch_on`] does.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `stream` is not a stream of `ctx`; as
+/// [`serialize_stream`].
+pub fn serialize_stream_on<'a>(
+    schema: &Schema,
+    batches: impl IntoIterator<Item = &'a RecordBatch>,
+    ctx: &Context,
+    stream: &Stream,
+) -> Result<DeviceBuffer> {
+    Serializer::new(ctx).serialize_stream_on(schema, batches, stream)
 }
 
 /// Serialize `batches` as a complete IPC stream (schema message, dictionary batches,
@@ -79,6 +143,9 @@ pub fn serialize_stream<'a>(
 /// while the others fill theirs, so the message moves at the speed of one large pageable
 /// copy. The staging buffer comes from the context's pool
 /// ([`Context::staging_buffer`]) and goes back there when the serializer is dropped.
+///
+/// On a stream ([`serialize_record_batch_on`](Self::serialize_record_batch_on), ...) the
+/// bytes are the same and the copies asynchronous; see there.
 pub struct Serializer {
     context: Context,
     options: IpcWriteOptions,
@@ -142,6 +209,13 @@ impl Serializer {
     /// # Errors
     /// As [`serialize_record_batch`](crate::serialize_record_batch).
     pub fn serialize_record_batch(&mut self, batch: &RecordBatch) -> Result<DeviceBuffer> {
+        let (parts, skip) = self.encode_record_batch(batch)?;
+        self.write_parts(&skip_bytes(&parts, skip))
+    }
+
+    /// arrow-rs's encoding of `batch` as a stream's first messages, and the length of the
+    /// schema message to skip.
+    fn encode_record_batch(&self, batch: &RecordBatch) -> Result<(Vec<Buffer>, usize)> {
         if let Some(field) = first_dictionary_field(batch.schema_ref()) {
             return Err(Error::unsupported(
                 "serialize_record_batch",
@@ -161,7 +235,54 @@ impl Serializer {
                 "arrow-rs produced no schema message",
             )
         })?;
-        self.write_parts(&skip_bytes(&parts, skip))
+        Ok((parts, skip))
+    }
+
+    /// As [`serialize_record_batch`](crate::serialize_record_batch), with the copies
+    /// issued on `stream` (a stream of this serializer's context); returns once they are
+    /// issued.
+    ///
+    /// The message is encoded as on the host, then written by asynchronous copies from
+    /// pinned staging buffers of the context's pool, which the stream hands back to the
+    /// pool as each copy completes ([`Stream::copy_from_staging`]): a message of at most
+    /// [`staging_limit`](Self::staging_limit) bytes is gathered into one staging buffer (of
+    /// the sizes this serializer's own buffer takes, so that they are reused) and written
+    /// by one copy; a larger one is gathered chunk by chunk (4 MiB) and each chunk written
+    /// by its own copy, so the host gathers the next chunk while the previous ones move.
+    /// This serializer's own staging buffer is not used: the stream may still be reading
+    /// a buffer when the next call comes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `stream` is not a stream of this serializer's
+    /// context; as [`serialize_record_batch`](crate::serialize_record_batch).
+    pub fn serialize_record_batch_on(
+        &mut self,
+        batch: &RecordBatch,
+        stream: &Stream,
+    ) -> Result<DeviceBuffer> {
+        check_stream(&self.context, stream, "serialize_record_batch_on")?;
+        let (parts, skip) = self.encode_record_batch(batch)?;
+        self.write_parts_on(&skip_bytes(&parts, skip), stream)
+    }
+
+    /// As [`serialize_stream`](crate::serialize_stream), with the copies issued on
+    /// `stream` as [`serialize_record_batch_on`](Self::serialize_record_batch_on) says.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `stream` is not a stream of this serializer's
+    /// context; as [`serialize_stream`](crate::serialize_stream).
+    pub fn serialize_stream_on<'a>(
+        &mut self,
+        schema: &Schema,
+        batches: impl IntoIterator<Item = &'a RecordBatch>,
+        stream: &Stream,
+    ) -> Result<DeviceBuffer> {
+        check_stream(&self.context, stream, "serialize_stream_on")?;
+        let parts = self.encode_stream(schema, batches)?;
+        self.write_parts_on(
+            &parts.iter().map(|p| p.as_slice()).collect::<Vec<_>>(),
+            stream,
+        )
     }
 
     /// As [`serialize_stream`](crate::serialize_stream), reusing this serializer's
@@ -174,13 +295,23 @@ impl Serializer {
         schema: &Schema,
         batches: impl IntoIterator<Item = &'a RecordBatch>,
     ) -> Result<DeviceBuffer> {
+        let parts = self.encode_stream(schema, batches)?;
+        self.write_parts(&parts.iter().map(|p| p.as_slice()).collect::<Vec<_>>())
+    }
+
+    /// arrow-rs's encoding of a whole stream of `batches`.
+    fn encode_stream<'a>(
+        &self,
+        schema: &Schema,
+        batches: impl IntoIterator<Item = &'a RecordBatch>,
+    ) -> Result<Vec<Buffer>> {
         let mut encoder = self.encoder(schema, "serialize_stream")?;
         let mut parts = Vec::new();
         for batch in batches {
             encode_stream_batch(&mut encoder, schema, batch, &mut parts)?;
         }
         parts.extend(finish_stream(encoder)?);
-        self.write_parts(&parts.iter().map(|p| p.as_slice()).collect::<Vec<_>>())
+        Ok(parts)
     }
 
     pub(crate) fn encoder(
@@ -227,18 +358,72 @@ impl Serializer {
         Ok(buffer)
     }
 
+    /// Write `parts`, in order, into a new device buffer of their total size, by
+    /// asynchronous copies on `stream` from pinned staging buffers that the stream gives
+    /// back to the context's pool when each copy is done.
+    pub(crate) fn write_parts_on(&self, parts: &[&[u8]], stream: &Stream) -> Result<DeviceBuffer> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let buffer = self.context.new_buffer(total)?;
+        if total == 0 {
+            return Ok(buffer);
+        }
+        // One staging buffer for a small message; chunks of a large one (the last may be
+        // shorter).
+        let chunk_size = if total <= self.staging_limit {
+            self.staging_class(total)
+        } else {
+            total
+                .checked_next_power_of_two()
+                .unwrap_or(STREAM_CHUNK)
+                .clamp(MIN_STAGING, STREAM_CHUNK)
+        };
+        let mut chunk: Option<HostBuffer> = None;
+        let (mut at, mut filled) = (0, 0);
+        for part in parts {
+            let mut rest = *part;
+            while !rest.is_empty() {
+                let staging = match &mut chunk {
+                    Some(staging) => staging,
+                    None => chunk.insert(self.context.staging_buffer(chunk_size)?),
+                };
+                let n = rest.len().min(chunk_size - filled);
+                staging[filled..filled + n].copy_from_slice(&rest[..n]);
+                filled += n;
+                rest = &rest[n..];
+                if filled == chunk_size || at + filled == total {
+                    let staging = chunk.take().expect("a chunk is being filled");
+                    let dst = if at == 0 && filled == total {
+                        buffer.clone()
+                    } else {
+                        buffer.slice(at, filled)?
+                    };
+                    stream.copy_from_staging(&dst, staging.into_range(..filled)?)?;
+                    at += filled;
+                    filled = 0;
+                }
+            }
+        }
+        Ok(buffer)
+    }
+
+    /// The size of staging buffer this serializer takes for a `total`-byte message (of at
+    /// most `staging_limit` bytes): a power of two from 64 KiB, capped by the limit.
+    fn staging_class(&self, total: usize) -> usize {
+        total
+            .checked_next_power_of_two()
+            .unwrap_or(total)
+            .max(MIN_STAGING)
+            .min(self.staging_limit)
+            .max(total)
+    }
+
     /// Make the staging buffer big enough to gather a `total`-byte message (the caller
     /// checked `total <= staging_limit`).
     fn ensure_staging(&mut self, total: usize) -> Result<()> {
         if self.staging_size() >= total {
             return Ok(());
         }
-        let wanted = total
-            .checked_next_power_of_two()
-            .unwrap_or(total)
-            .max(MIN_STAGING)
-            .min(self.staging_limit)
-            .max(total);
+        let wanted = self.staging_class(total);
         self.release_staging();
         self.staging = Some(self.context.staging_buffer(wanted)?);
         Ok(())

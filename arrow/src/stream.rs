@@ -10,7 +10,7 @@ use arrow::ipc::convert::try_fb_to_schema;
 use arrow::ipc::writer::{IpcWriteOptions, StreamEncoder};
 use arrow::ipc::{Endianness, MessageHeader};
 use arrow::record_batch::RecordBatch;
-use cudabuf_core::{BufferReader, Context, DeviceBuffer, Error, Result};
+use cudabuf_core::{BufferReader, Context, DeviceBuffer, Error, Result, Stream};
 
 use crate::batch::DeviceRecordBatch;
 use crate::decode::{self, Dictionaries, DictionaryIds};
@@ -260,6 +260,58 @@ impl DeviceStreamWriter {
     /// Allocation and copy errors.
     pub fn finish(self) -> Result<DeviceBuffer> {
         self.finish_with_serializer().map(|(buffer, _)| buffer)
+    }
+
+    /// End the stream and write it into a new device buffer of exactly its size, with the
+    /// copies issued on `stream` (a stream of the writer's context), as
+    /// [`Serializer::serialize_record_batch_on`] writes: this returns once they are
+    /// issued, and the buffer holds the stream when the work issued to `stream` so far is
+    /// done.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # use std::sync::Arc;
+    /// # use arrow::{array::Int32Array, record_batch::RecordBatch};
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// # let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2])) as _)]).unwrap();
+    /// let stream = ctx.new_stream()?;
+    /// let mut writer = cudabuf_arrow::DeviceStreamWriter::new(&ctx, &batch.schema())?;
+    /// writer.write(&batch)?;
+    /// let on_device = writer.finish_on(&stream)?;
+    /// stream.synchronize()?;
+    /// let reader = cudabuf_arrow::DeviceStreamReader::from_buffer(&on_device)?;
+    /// assert_eq!(reader.count(), 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `stream` is not a stream of the writer's context;
+    /// allocation and copy errors.
+    pub fn finish_on(self, stream: &Stream) -> Result<DeviceBuffer> {
+        self.finish_with_serializer_on(stream)
+            .map(|(buffer, _)| buffer)
+    }
+
+    /// As [`finish_on`](Self::finish_on), also giving back the serializer for reuse.
+    ///
+    /// # Errors
+    /// As [`finish_on`](Self::finish_on).
+    pub fn finish_with_serializer_on(self, stream: &Stream) -> Result<(DeviceBuffer, Serializer)> {
+        crate::ordering::check_stream(
+            self.serializer.context(),
+            stream,
+            "DeviceStreamWriter::finish_on",
+        )?;
+        let DeviceStreamWriter {
+            serializer,
+            encoder,
+            mut parts,
+            ..
+        } = self;
+        parts.extend(finish_stream(encoder)?);
+        let slices: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+        let buffer = serializer.write_parts_on(&slices, stream)?;
+        Ok((buffer, serializer))
     }
 
     /// As [`finish`](Self::finish), also giving back the serializer for reuse.

@@ -406,6 +406,82 @@ impl Stream {
         )
     }
 
+    /// Copy all of the pinned host bytes `src` (a [`HostBuffer`] or a [`HostRange`] of
+    /// one, typically a [staging buffer](Context::staging_buffer) the caller filled) to the
+    /// start of `dst` on this stream, and hand the buffer to the context's staging pool
+    /// ([`Context::recycle_staging_buffer`]) once the copy is known complete: the
+    /// fire-and-forget form of [`copy_from_host`](Self::copy_from_host), for producers
+    /// that gather bytes into pinned memory themselves (what
+    /// [`copy_from_slice`](Self::copy_from_slice) does with one slice). The stream owns
+    /// the buffer meanwhile, so nothing can write it before the copy has read it.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let buf = ctx.new_buffer(6)?;
+    /// let mut staging = ctx.staging_buffer(64)?;
+    /// staging[..6].copy_from_slice(b"staged");
+    /// stream.copy_from_staging(&buf, staging.into_range(..6)?)?;
+    /// stream.synchronize()?;
+    /// assert_eq!(buf.to_vec()?, b"staged");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`copy_from_host`](Self::copy_from_host). On error the buffer is recycled.
+    pub fn copy_from_staging(&self, dst: &DeviceBuffer, src: impl Into<HostRange>) -> Result<()> {
+        let src = src.into();
+        let checked = self
+            .check_buffer(dst, "Stream::copy_from_staging")
+            .and_then(|()| {
+                if src.len > dst.size() {
+                    return Err(Error::out_of_range(
+                        "Stream::copy_from_staging",
+                        "device buffer",
+                        0,
+                        src.len,
+                        dst.size(),
+                    ));
+                }
+                self.release_completed()
+            });
+        if let Err(e) = checked {
+            self.context().recycle_staging_buffer(src.buffer);
+            return Err(e);
+        }
+        if src.len == 0 {
+            self.context().recycle_staging_buffer(src.buffer);
+            return Ok(());
+        }
+        let done = match self.take_event() {
+            Ok(done) => done,
+            Err(e) => {
+                self.context().recycle_staging_buffer(src.buffer);
+                return Err(e);
+            }
+        };
+        // SAFETY: `src` is pinned memory (`HostBuffer` comes from `alloc_host`) and its range
+        // was checked; the stream owns the buffer until the copy is known complete, so no
+        // Rust reference reads or writes it meanwhile, and it is not freed. `dst`'s range
+        // lies in its live memory, held by the stream too. The stream is live.
+        let issued = unsafe {
+            self.inner.ctx.raw().copy_host_to_device_on(
+                dst.address(),
+                src.buffer.host_ptr().add(src.offset),
+                src.len,
+                self.inner.raw,
+            )
+        };
+        // On error `finish_tracked` has either not issued the copy or waited for it, and
+        // drops what it was given: the staging buffer is freed, not recycled.
+        self.finish_tracked(
+            issued,
+            done,
+            vec![Held::Staging(src.buffer), Held::Device(dst.clone())],
+        )
+    }
+
     /// Copy all of `src` into the start of `dst` on this stream, device to device
     /// (`cuMemcpyDtoDAsync`; overlapping ranges behave as a memmove), or from another
     /// context or device (`cuMemcpyPeerAsync`). `dst` must be memory of this stream's

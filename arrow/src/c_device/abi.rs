@@ -64,7 +64,8 @@ pub struct ArrowArray {
 }
 
 // SAFETY: an unreleased array's release callback may be called from any thread (the
-// type's invariant), and the structs cudabuf makes own only `DeviceBuffer`s (Send + Sync).
+// type's invariant), and the structs cudabuf makes own only `DeviceBuffer`s and `Event`s
+// (Send + Sync) and plain heap memory (the event's handle variable).
 // arrow-rs's `FFI_ArrowArray` makes the same choice.
 unsafe impl Send for ArrowArray {}
 // SAFETY: shared references read plain fields and, through the accessors, the producer's
@@ -312,9 +313,13 @@ impl fmt::Debug for ArrowArray {
 /// # Invariant
 /// The array is released, or valid as [`ArrowArray`'s invariant](ArrowArray#invariant)
 /// says with its buffers in the memory of the device `device_type` / `device_id` name;
-/// `sync_event` is null or an event of that device type (a `CUevent*` for CUDA) the
-/// consumer may wait on, valid until the array is released. As for `ArrowArray`, the
-/// fields are private and only `unsafe` code builds one from raw parts.
+/// `sync_event` is null, or a pointer to an event of that device type that the consumer
+/// must wait on before reading the buffers, recorded after the producer's work: for
+/// CUDA a `CUevent*` (the address of a variable holding a `CUevent`), for
+/// [`ARROW_DEVICE_EXT_DEV`](super::ARROW_DEVICE_EXT_DEV) as cudabuf's simulator exports it
+/// the address of a `u64` holding a simulator event handle; the variable and the event
+/// stay valid until the array is released (the producer owns both). As for `ArrowArray`,
+/// the fields are private and only `unsafe` code builds one from raw parts.
 ///
 /// Handing one to C works as for [`ArrowArray`](ArrowArray#handing-one-to-c).
 #[repr(C)]
@@ -326,7 +331,8 @@ pub struct ArrowDeviceArray {
     reserved: [i64; 3],
 }
 
-// SAFETY: as for `ArrowArray`; `sync_event` is an opaque handle cudabuf never dereferences.
+// SAFETY: as for `ArrowArray`; `sync_event` is read only by an import, which owns the
+// array, and the events cudabuf exports may be waited on and destroyed from any thread.
 unsafe impl Send for ArrowDeviceArray {}
 // SAFETY: as for `ArrowArray`.
 unsafe impl Sync for ArrowDeviceArray {}
@@ -342,7 +348,8 @@ pub struct ArrowDeviceArrayParts {
     pub device_id: i64,
     /// The kind of device ([`ARROW_DEVICE_CUDA`](super::ARROW_DEVICE_CUDA), ...).
     pub device_type: ArrowDeviceType,
-    /// An event to wait on before reading the buffers (`CUevent*` for CUDA), or null.
+    /// A pointer to an event to wait on before reading the buffers (`CUevent*` for
+    /// CUDA), or null (the data is ready).
     pub sync_event: *mut c_void,
 }
 
@@ -370,8 +377,9 @@ impl ArrowDeviceArray {
     /// # Safety
     /// `parts.array` is released, or its buffers are memory of the device that
     /// `parts.device_type` and `parts.device_id` name, allocated until the array is
-    /// released; `parts.sync_event` is null or an event of that device type, valid as
-    /// long (the [type's invariant](ArrowDeviceArray#invariant)).
+    /// released; `parts.sync_event` is null or points to an event of that device type
+    /// (for CUDA a `CUevent*`), the pointer and the event valid as long (the [type's
+    /// invariant](ArrowDeviceArray#invariant)).
     pub unsafe fn from_parts(parts: ArrowDeviceArrayParts) -> Self {
         ArrowDeviceArray {
             array: parts.array,
@@ -437,7 +445,9 @@ impl ArrowDeviceArray {
         self.device_type
     }
 
-    /// The event to wait on before reading the buffers (`CUevent*` for CUDA), or null.
+    /// A pointer to the event to wait on before reading the buffers (`CUevent*` for
+    /// CUDA: the address of a `CUevent` variable), or null when the data is ready. Valid
+    /// until the array is released.
     pub fn sync_event(&self) -> *mut c_void {
         self.sync_event
     }

@@ -1,20 +1,22 @@
 //! Import of [`ArrowDeviceArray`]s as [`DeviceArray`]s and [`DeviceRecordBatch`]es,
 //! without copying: the buffers become views of the producer's device memory, checked
 //! against the device's live allocations, and the producer's array is released once,
-//! when the last view is dropped.
+//! when the last view is dropped. A producer's `sync_event` is waited for first: by the
+//! importer's stream (the `_on` variants given one) or by the host.
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use arrow::buffer::{BooleanBuffer, Buffer};
 use arrow::datatypes::{DataType, SchemaRef};
-use cudabuf_core::{Context, DeviceBuffer, Error, Owner, Result};
+use cudabuf_core::{Context, DeviceBuffer, Error, Owner, Result, Stream};
 
 use super::abi::{ArrowArray, ArrowDeviceArray};
 use super::device_type_for;
 use crate::array::DeviceArray;
 use crate::batch::DeviceRecordBatch;
 use crate::layout::{min_child_len, type_layout, BufferKind};
+use crate::ordering::{check_stream, read_bytes};
 
 /// An imported array, released when the last buffer made from it is dropped.
 struct ImportedArray(ArrowDeviceArray);
@@ -28,6 +30,11 @@ struct ImportedArray(ArrowDeviceArray);
 /// Buffer sizes follow from the type, length and offset, as the interface defines them;
 /// the size of variable-length data is the last offset, read from the device (a 4- or
 /// 8-byte copy). A null count of -1 is computed from the validity bitmap (a copy of it).
+///
+/// A non-null `sync_event` (the producer's event, recorded after the work that fills the
+/// buffers) is waited for by the host (`cuEventSynchronize`) before anything is read: the
+/// data is ready when this returns. To wait on a stream instead, without blocking the
+/// host, use [`import_device_array_on`].
 ///
 /// Ownership is taken even on error: the array is then released before returning.
 ///
@@ -74,26 +81,73 @@ struct ImportedArray(ArrowDeviceArray);
 /// `array` is null, or valid for reads and writes of an aligned, initialized
 /// `ArrowDeviceArray` that is released or a valid array of the C Device Data Interface
 /// ([`ArrowDeviceArray`'s invariant](ArrowDeviceArray#invariant), what its producer
-/// promises; [`ArrowDeviceArray::from_raw`]'s contract). Nothing more is trusted: a
-/// producer's counts, lengths, offsets and device addresses that do not match
-/// `data_type` or the device's allocations are errors.
+/// promises; [`ArrowDeviceArray::from_raw`]'s contract), its `sync_event` included: null,
+/// or a pointer to a live event handle of `ctx`'s backend (a `CUevent` on CUDA; on the
+/// simulator, an event of the same simulator instance, as cudabuf exports it). Nothing
+/// more is trusted: a producer's counts, lengths, offsets and device addresses that do not
+/// match `data_type` or the device's allocations are errors.
 pub unsafe fn import_device_array(
     array: *mut ArrowDeviceArray,
     data_type: &DataType,
     ctx: &Context,
 ) -> Result<DeviceArray> {
-    const OPERATION: &str = "import_device_array";
     // SAFETY: forwarded from this function's contract.
-    let array = unsafe { move_out(array, OPERATION)? };
-    let owner = take(array, ctx, OPERATION)?;
+    unsafe { import_array_with(array, data_type, ctx, None, "import_device_array") }
+}
+
+/// Import the [`ArrowDeviceArray`] at `array` as [`import_device_array`] does, waiting
+/// for the producer's `sync_event` on the importer's `stream` when one is given
+/// (`cuStreamWaitEvent`: work issued to `stream` afterwards, such as
+/// [`DeviceArray::to_host_on`], runs after the producer's), or by the host without one.
+/// A null `sync_event` means the data is ready: no wait.
+///
+/// The host does not block on the producer unless the import must read the device
+/// itself: the last offset of variable-length data (strings, binaries, lists), or a
+/// validity bitmap for a null count of -1. Those reads run on `stream` after the wait,
+/// and the call waits for them (so for the producer's work). The producer owns the
+/// event: it is used only during this call, never after the array is released.
+///
+/// # Errors
+/// As [`import_device_array`]; [`Error::InvalidArgument`] if `stream` is not a stream of
+/// `ctx`, or the event is not one `ctx` can wait on (the simulator checks its handles);
+/// [`Error::InvalidData`] if `sync_event` points to a misaligned or null handle.
+///
+/// # Safety
+/// As [`import_device_array`].
+pub unsafe fn import_device_array_on(
+    array: *mut ArrowDeviceArray,
+    data_type: &DataType,
+    ctx: &Context,
+    stream: Option<&Stream>,
+) -> Result<DeviceArray> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { import_array_with(array, data_type, ctx, stream, "import_device_array_on") }
+}
+
+/// The import of one array, waiting as `stream` says.
+///
+/// # Safety
+/// As [`import_device_array`].
+unsafe fn import_array_with(
+    array: *mut ArrowDeviceArray,
+    data_type: &DataType,
+    ctx: &Context,
+    stream: Option<&Stream>,
+    operation: &'static str,
+) -> Result<DeviceArray> {
+    // SAFETY: forwarded from this function's contract.
+    let array = unsafe { move_out(array, operation)? };
+    let owner = take(array, ctx, stream, operation)?;
     let owned: Owner = owner.clone();
-    import_node(owner.0.array(), data_type, ctx, &owned)
+    import_node(owner.0.array(), data_type, ctx, &owned, stream)
 }
 
 /// Import the [`ArrowDeviceArray`] at `array`, holding a struct array (as
 /// [`export_device_record_batch`](super::export_device_record_batch) and pyarrow's
 /// `RecordBatch._export_to_c_device` make), as a [`DeviceRecordBatch`] of `schema`,
-/// without copying; moved out and released as [`import_device_array`] says.
+/// without copying; moved out, waited for (by the host, if `sync_event` is set) and
+/// released as [`import_device_array`] says. To wait on a stream, use
+/// [`import_device_record_batch_on`].
 ///
 /// ```
 /// # fn main() -> cudabuf_core::Result<()> {
@@ -128,15 +182,52 @@ pub unsafe fn import_device_record_batch(
     schema: SchemaRef,
     ctx: &Context,
 ) -> Result<DeviceRecordBatch> {
-    const OPERATION: &str = "import_device_record_batch";
     // SAFETY: forwarded from this function's contract.
-    let array = unsafe { move_out(array, OPERATION)? };
-    let owner = take(array, ctx, OPERATION)?;
+    unsafe { import_batch_with(array, schema, ctx, None, "import_device_record_batch") }
+}
+
+/// Import the [`ArrowDeviceArray`] at `array` as [`import_device_record_batch`] does,
+/// waiting for the producer's `sync_event` on `stream` when one is given (work issued to
+/// `stream` afterwards, such as [`DeviceRecordBatch::to_host_on`], runs after the
+/// producer's), or by the host without one; see [`import_device_array_on`] for when the
+/// host blocks.
+///
+/// An example is on [`export_device_array_on`](super::export_device_array_on).
+///
+/// # Errors
+/// As [`import_device_record_batch`] and [`import_device_array_on`].
+///
+/// # Safety
+/// As [`import_device_array`].
+pub unsafe fn import_device_record_batch_on(
+    array: *mut ArrowDeviceArray,
+    schema: SchemaRef,
+    ctx: &Context,
+    stream: Option<&Stream>,
+) -> Result<DeviceRecordBatch> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { import_batch_with(array, schema, ctx, stream, "import_device_record_batch_on") }
+}
+
+/// The import of one batch, waiting as `stream` says.
+///
+/// # Safety
+/// As [`import_device_array`].
+unsafe fn import_batch_with(
+    array: *mut ArrowDeviceArray,
+    schema: SchemaRef,
+    ctx: &Context,
+    stream: Option<&Stream>,
+    operation: &'static str,
+) -> Result<DeviceRecordBatch> {
+    // SAFETY: forwarded from this function's contract.
+    let array = unsafe { move_out(array, operation)? };
+    let owner = take(array, ctx, stream, operation)?;
     let owned: Owner = owner.clone();
     let root = owner.0.array();
     if root.offset() != 0 {
         return Err(Error::unsupported(
-            OPERATION,
+            operation,
             format!(
                 "a struct array with offset {} as a record batch",
                 root.offset()
@@ -144,7 +235,7 @@ pub unsafe fn import_device_record_batch(
         ));
     }
     let data_type = DataType::Struct(schema.fields().clone());
-    let imported = import_node(root, &data_type, ctx, &owned)?;
+    let imported = import_node(root, &data_type, ctx, &owned, stream)?;
     if imported.null_count > 0 {
         return Err(Error::invalid_data(
             "Arrow C device array",
@@ -191,10 +282,12 @@ unsafe fn move_out(
     Ok(unsafe { ArrowDeviceArray::from_raw(array) })
 }
 
-/// Check the array's device against `ctx`, wait for its event, and take ownership.
+/// Check the array's device against `ctx`, wait for its event (on `stream`, or by the
+/// host), and take ownership.
 fn take(
     array: ArrowDeviceArray,
     ctx: &Context,
+    stream: Option<&Stream>,
     operation: &'static str,
 ) -> Result<Arc<ImportedArray>> {
     if array.is_released() {
@@ -223,10 +316,46 @@ fn take(
             ),
         ));
     }
-    if !array.sync_event().is_null() {
-        ctx.synchronize()?;
+    if let Some(stream) = stream {
+        check_stream(ctx, stream, operation)?;
     }
+    wait_for_producer(&array, ctx, stream, operation)?;
     Ok(Arc::new(ImportedArray(array)))
+}
+
+/// Wait for the producer's `sync_event`, if there is one: on `stream`, or by the host.
+fn wait_for_producer(
+    array: &ArrowDeviceArray,
+    ctx: &Context,
+    stream: Option<&Stream>,
+    operation: &'static str,
+) -> Result<()> {
+    let slot = array.sync_event().cast::<u64>();
+    if slot.is_null() {
+        return Ok(());
+    }
+    if !slot.is_aligned() {
+        return Err(invalid(format!(
+            "{operation}: sync_event {slot:p} is not aligned for an event handle"
+        )));
+    }
+    // SAFETY: the array is unreleased and owned by the caller, so its `sync_event` points
+    // to the producer's event handle variable, valid until the release (the invariant,
+    // which the import's contract makes the caller vouch for); it is aligned (checked).
+    let handle = unsafe { slot.read() };
+    if handle == 0 {
+        return Err(invalid(format!(
+            "{operation}: sync_event points to a null event handle"
+        )));
+    }
+    // SAFETY: `handle` is a live event of `ctx`'s backend (the import's contract), owned by
+    // the producer until the array is released; the wrapper is dropped before this
+    // returns, while the caller still holds the array unreleased, and never destroys it.
+    let event = unsafe { ctx.wrap_event(handle, false) };
+    match stream {
+        Some(stream) => stream.wait_event(&event),
+        None => event.synchronize(),
+    }
 }
 
 fn invalid(reason: String) -> Error {
@@ -250,9 +379,15 @@ fn view(ctx: &Context, address: *const c_void, size: usize, owner: &Owner) -> Re
     unsafe { ctx.foreign_buffer(address.addr() as u64, size, Some(owner.clone())) }
 }
 
-/// Read the offset at index `index` of an offsets buffer of `width` bytes per offset.
-fn read_offset(offsets: &DeviceBuffer, index: usize, width: usize) -> Result<usize> {
-    let bytes = offsets.copy_to_host(index * width, Some(width))?;
+/// Read the offset at index `index` of an offsets buffer of `width` bytes per offset (on
+/// `stream` if given, else synchronously).
+fn read_offset(
+    offsets: &DeviceBuffer,
+    index: usize,
+    width: usize,
+    stream: Option<&Stream>,
+) -> Result<usize> {
+    let bytes = read_bytes(offsets, index * width, width, stream)?;
     let value = match width {
         4 => i64::from(i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])),
         _ => i64::from_le_bytes([
@@ -264,12 +399,14 @@ fn read_offset(offsets: &DeviceBuffer, index: usize, width: usize) -> Result<usi
 
 /// Import one node of the tree (and its children and dictionary): `raw` is part of the
 /// array `owner` keeps unreleased, so everything its pointers reach stays valid (the
-/// type's invariant); only the producer's numbers are checked here.
+/// type's invariant); only the producer's numbers are checked here. Device reads run on
+/// `stream` if given (after its wait for the producer), else synchronously.
 fn import_node(
     raw: &ArrowArray,
     data_type: &DataType,
     ctx: &Context,
     owner: &Owner,
+    stream: Option<&Stream>,
 ) -> Result<DeviceArray> {
     let layout = type_layout(data_type)?;
     if layout.variadic {
@@ -315,7 +452,7 @@ fn import_node(
         (DataType::Null, _, _) => len,
         (_, Ok(n), _) => n,
         (_, Err(_), Some(bitmap)) => {
-            let host = Buffer::from_vec(bitmap.to_vec()?);
+            let host = Buffer::from_vec(read_bytes(bitmap, 0, bitmap.size(), stream)?);
             len - BooleanBuffer::new(host, offset, len).count_set_bits()
         }
         (_, Err(_), None) => 0,
@@ -337,7 +474,9 @@ fn import_node(
         let address = pointers.next().unwrap_or(std::ptr::null());
         let size = match kind {
             BufferKind::Data => match buffers.last() {
-                Some(offsets) if !offsets.is_empty() => read_offset(offsets, slots, offset_width)?,
+                Some(offsets) if !offsets.is_empty() => {
+                    read_offset(offsets, slots, offset_width, stream)?
+                }
                 _ => 0,
             },
             other => other
@@ -361,7 +500,7 @@ fn import_node(
         if child.is_released() {
             return Err(invalid(format!("child '{}' is released", field.name())));
         }
-        let child = import_node(child, field.data_type(), ctx, owner)?;
+        let child = import_node(child, field.data_type(), ctx, owner, stream)?;
         if let Some(min) = min_child_len(data_type, slots) {
             if child.offset + child.len < min {
                 return Err(invalid(format!(
@@ -379,7 +518,9 @@ fn import_node(
             if dictionary.is_released() {
                 return Err(invalid("the dictionary is released".into()));
             }
-            Some(Arc::new(import_node(dictionary, values, ctx, owner)?))
+            Some(Arc::new(import_node(
+                dictionary, values, ctx, owner, stream,
+            )?))
         }
         (DataType::Dictionary(..), None) => {
             return Err(invalid(

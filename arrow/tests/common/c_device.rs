@@ -9,9 +9,9 @@ use arrow::datatypes::{DataType, Schema};
 use arrow::record_batch::RecordBatch;
 use cudabuf_arrow::c_device::{device_type_for, ARROW_DEVICE_CPU};
 use cudabuf_arrow::{
-    export_device_array, export_device_record_batch, export_schema, import_device_array,
-    import_device_record_batch, read_record_batch, serialize_record_batch, serialize_stream,
-    ArrowArray, ArrowDeviceArray, DeviceRecordBatch, DeviceStreamReader,
+    export_device_array, export_device_array_on, export_device_record_batch, export_schema,
+    import_device_array, import_device_record_batch, read_record_batch, serialize_record_batch,
+    serialize_stream, ArrowArray, ArrowDeviceArray, DeviceRecordBatch, DeviceStreamReader,
 };
 use cudabuf_conformance::{CaseResult, Fixture};
 use cudabuf_core::{Context, ErrorKind};
@@ -590,15 +590,11 @@ pub(crate) fn c_device_import_computes_unknown_null_count(f: &Fixture) -> CaseRe
     )
     .unwrap();
     for (i, column) in device.columns().iter().enumerate() {
-        let mut exported = export_device_array(column, &ctx).unwrap();
-        // SAFETY: -1 is the interface's "unknown"; the event is never dereferenced by
-        // cudabuf (it synchronizes the context).
-        unsafe {
-            edit_node(&mut exported, &[], |parts| parts.null_count = -1);
-            edit_device(&mut exported, |parts| {
-                parts.sync_event = std::ptr::NonNull::<u64>::dangling().as_ptr().cast();
-            });
-        }
+        // With an event to wait for: the bitmap is read after it.
+        let mut exported = export_device_array_on(column, &ctx.legacy_stream()).unwrap();
+        assert!(!exported.sync_event().is_null());
+        // SAFETY: -1 is the interface's "unknown".
+        unsafe { edit_node(&mut exported, &[], |parts| parts.null_count = -1) };
         // SAFETY: a valid exported array.
         let imported =
             unsafe { import_device_array(&mut exported, column.data_type(), &ctx) }.unwrap();

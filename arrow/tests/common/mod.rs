@@ -8,8 +8,11 @@ mod c_device_edit;
 mod c_device_hostile;
 mod corrupt;
 mod data;
+mod on_stream;
+mod ordering;
 mod roundtrip;
 mod stream;
+mod sync_event;
 
 use cudabuf_arrow::{DeviceArray, DeviceRecordBatch};
 use cudabuf_conformance::{CaseFn, Fixture};
@@ -79,6 +82,18 @@ pub(crate) const ARROW_CASES: &[(&str, CaseFn)] = cases![
     c_device::c_device_view_types_are_unsupported,
     c_device_hostile::c_device_import_of_lying_numbers_and_pointers_is_a_typed_error,
     c_device_hostile::c_device_import_as_every_other_type_is_a_typed_error,
+    sync_event::c_device_export_on_a_stream_orders_the_importers_stream_after_the_producer,
+    sync_event::c_device_import_without_a_stream_waits_for_the_event_on_the_host,
+    sync_event::c_device_null_sync_event_is_no_wait,
+    sync_event::c_device_sync_event_lives_until_the_release,
+    sync_event::c_device_sync_event_is_destroyed_at_release_and_bad_handles_are_refused,
+    sync_event::c_device_bad_sync_event_pointers_are_invalid_data,
+    sync_event::c_device_streams_of_another_device_are_invalid_argument,
+    on_stream::serialize_on_a_stream_writes_arrow_rs_bytes_and_round_trips,
+    on_stream::serialize_stream_on_a_stream_writes_arrow_rs_bytes_and_round_trips,
+    on_stream::read_after_serialize_on_a_stream_follows_the_streams_rules,
+    on_stream::to_host_on_a_stream_lands_in_pooled_pinned_blocks,
+    on_stream::serialize_on_a_stream_of_another_device_is_invalid_argument,
     corrupt::every_truncation_of_a_message_is_invalid_data,
     corrupt::every_truncation_of_a_stream_is_an_error_never_a_panic,
     corrupt::bit_flips_in_metadata_length_are_invalid_data,
