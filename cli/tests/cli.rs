@@ -43,12 +43,12 @@ fn run_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("the cudabuf binary starts");
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(stdin)
-        .expect("stdin written");
+    let written = child.stdin.take().expect("piped stdin").write_all(stdin);
+    // The command may refuse oversized input and exit before reading all of it: then the
+    // write ends with a broken pipe, which is the command's answer, not a test failure.
+    if let Err(e) = written {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "writing stdin: {e}");
+    }
     child.wait_with_output().expect("the cudabuf binary runs")
 }
 
