@@ -615,7 +615,10 @@ fn async_copies_of_every_kind_with_offsets() {
         (len - 7, 7),
         (1_234, 1 << 20),
     ] {
-        assert!(offset + n <= len, "the host range {offset}+{n} lies in the pinned buffer");
+        assert!(
+            offset + n <= len,
+            "the host range {offset}+{n} lies in the pinned buffer"
+        );
         host.bytes().copy_from_slice(&data);
         out.bytes().fill(0);
         dev.fill(&vec![0xEE; len]);

@@ -47,7 +47,11 @@ fn run_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
     // The command may refuse oversized input and exit before reading all of it: then the
     // write ends with a broken pipe, which is the command's answer, not a test failure.
     if let Err(e) = written {
-        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "writing stdin: {e}");
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe,
+            "writing stdin: {e}"
+        );
     }
     child.wait_with_output().expect("the cudabuf binary runs")
 }
