@@ -34,6 +34,9 @@ enum Held {
 
 /// An operation issued to the stream and the memory it uses.
 struct InFlight {
+    /// Its place among the operations tracked by this `Stream` (given when it is pushed,
+    /// after it was issued): a synchronization that began after it was pushed covers it.
+    seq: u64,
     /// Recorded on the stream right after the operation.
     done: RawEvent,
     held: Vec<Held>,
@@ -52,6 +55,17 @@ struct StreamState {
     in_flight: VecDeque<InFlight>,
     /// Internal events not in use.
     idle_events: Vec<RawEvent>,
+    /// The `seq` of the next operation pushed to `in_flight`.
+    next_seq: u64,
+}
+
+/// Why an operation could not be tracked, and whether the memory it uses may go.
+enum Untracked {
+    /// Not issued, or issued and then waited for: its memory is free.
+    Settled(Error),
+    /// Issued, and neither tracked nor waited for: it may still run, so its memory must
+    /// be leaked rather than freed.
+    MayRun(Error),
 }
 
 /// A stream: device work issued to it runs in order, asynchronously from the host (Arrow
@@ -231,11 +245,19 @@ impl Stream {
     /// # Errors
     /// The driver's failure (an asynchronous copy's error shows here).
     pub fn synchronize(&self) -> Result<()> {
+        // Operations pushed from here on may have been issued after the wait began (by
+        // another thread sharing this stream): they are not covered by it.
+        let covered = self.state().next_seq;
         // SAFETY: the stream is live: owned ones until the last clone drops, default ones
         // always, foreign ones by `wrap_stream`'s contract.
         unsafe { self.inner.ctx.raw().stream_synchronize(self.inner.raw) }?;
-        self.release_all_in_flight();
-        Ok(())
+        if self.is_per_thread() {
+            // The calling thread's default stream is done; other threads' are not known.
+            self.release_completed()
+        } else {
+            self.release_before(covered);
+            Ok(())
+        }
     }
 
     /// Whether all work issued to the stream so far is done (`cuStreamQuery`).
@@ -243,14 +265,22 @@ impl Stream {
     /// # Errors
     /// The driver's failure.
     pub fn query(&self) -> Result<bool> {
+        let covered = self.state().next_seq;
         // SAFETY: as in `synchronize`.
         let done = unsafe { self.inner.ctx.raw().stream_query(self.inner.raw) }?;
-        if done {
-            self.release_all_in_flight();
+        if done && !self.is_per_thread() {
+            self.release_before(covered);
         } else {
             self.release_completed()?;
         }
         Ok(done)
+    }
+
+    /// Whether this is the per-thread default stream: one handle, a backend stream per
+    /// issuing thread, so that its operations are not in one order and a wait for "the
+    /// stream" covers only the calling thread's.
+    fn is_per_thread(&self) -> bool {
+        self.inner.raw == RawStream::PER_THREAD
     }
 
     /// Make later work of this stream wait for the work `event` captured at its most
@@ -507,20 +537,29 @@ impl Stream {
 
     /// Record `done` after the operation just issued (or give it back if the issue
     /// failed).
-    fn record_done(&self, issued: Result<()>, done: RawEvent) -> Result<()> {
+    fn record_done(&self, issued: Result<()>, done: RawEvent) -> Result<(), Untracked> {
         if let Err(e) = issued {
             self.give_back_event(done);
-            return Err(e);
+            return Err(Untracked::Settled(e));
         }
         // SAFETY: `done` is an internal event of this context (made by `event_create`,
         // idle) and the stream is live.
         let recorded = unsafe { self.inner.ctx.raw().event_record(done, self.inner.raw) };
         if let Err(e) = recorded {
-            // The operation was issued but cannot be tracked: wait for it here, so that
-            // nothing it uses is let go too early.
-            let _ = self.synchronize_raw();
+            // The operation was issued but cannot be tracked: wait for it here (it went
+            // to the calling thread's stream, which is what `synchronize_raw` waits
+            // for), so that nothing it uses is let go too early.
             self.give_back_event(done);
-            return Err(e);
+            return match self.synchronize_raw() {
+                Ok(()) => Err(Untracked::Settled(e)),
+                Err(sync) => {
+                    log::warn!(
+                        "an operation issued to a stream could be neither tracked ({e}) nor \
+                         waited for ({sync}): the memory it uses is leaked"
+                    );
+                    Err(Untracked::MayRun(e))
+                }
+            };
         }
         Ok(())
     }
@@ -532,9 +571,23 @@ impl Stream {
     }
 
     fn finish_tracked(&self, issued: Result<()>, done: RawEvent, held: Vec<Held>) -> Result<()> {
-        self.record_done(issued, done)?;
-        self.state().in_flight.push_back(InFlight { done, held });
-        Ok(())
+        match self.record_done(issued, done) {
+            Ok(()) => {
+                let mut state = self.state();
+                let seq = state.next_seq;
+                state.next_seq += 1;
+                state.in_flight.push_back(InFlight { seq, done, held });
+                Ok(())
+            }
+            Err(Untracked::Settled(e)) => {
+                self.release(held);
+                Err(e)
+            }
+            Err(Untracked::MayRun(e)) => {
+                std::mem::forget(held);
+                Err(e)
+            }
+        }
     }
 
     fn finish_transfer(
@@ -551,47 +604,83 @@ impl Stream {
                 host: Some(host),
                 _device: Some(device.clone()),
             }),
-            Err(e) => {
-                // Issued and synchronized, or not issued: the host buffer is free.
+            Err(Untracked::Settled(e)) => {
+                // Not issued, or issued and synchronized: the host buffer is free.
                 drop(host);
+                Err(e)
+            }
+            Err(Untracked::MayRun(e)) => {
+                // The copy may still run: its host buffer must never be freed or reused.
+                std::mem::forget(host);
                 Err(e)
             }
         }
     }
 
-    /// Let go of what completed operations held (oldest first, stopping at the first one
-    /// still running).
+    /// Let go of what completed operations held. Operations of one backend stream
+    /// complete in order, so the scan stops at the first one still running; those of
+    /// the per-thread default stream (one backend stream per issuing thread) do not, so
+    /// each is asked.
     fn release_completed(&self) -> Result<()> {
+        if self.is_per_thread() {
+            let pending: Vec<(u64, RawEvent)> = self
+                .state()
+                .in_flight
+                .iter()
+                .map(|op| (op.seq, op.done))
+                .collect();
+            let mut complete = Vec::new();
+            for (seq, done) in pending {
+                // SAFETY: `done` is an internal event of this context, recorded, alive
+                // (events go back to the idle list only when their operation leaves
+                // `in_flight`, and are destroyed only when the stream is dropped).
+                if unsafe { self.inner.ctx.raw().event_query(done) }? {
+                    complete.push(seq);
+                }
+            }
+            self.release_where(|op| complete.contains(&op.seq));
+            return Ok(());
+        }
         loop {
-            let front = self.state().in_flight.front().map(|op| op.done);
-            let Some(done) = front else { return Ok(()) };
-            // SAFETY: `done` is an internal event of this context, recorded, alive.
+            let front = self.state().in_flight.front().map(|op| (op.seq, op.done));
+            let Some((seq, done)) = front else {
+                return Ok(());
+            };
+            // SAFETY: as above.
             if !unsafe { self.inner.ctx.raw().event_query(done) }? {
                 return Ok(());
             }
-            let op = {
-                let mut state = self.state();
-                let op = state.in_flight.pop_front();
-                if let Some(op) = &op {
-                    state.idle_events.push(op.done);
-                }
-                op
-            };
-            if let Some(op) = op {
-                self.release(op.held);
-            }
+            // Another thread may have released it (and more) meanwhile: only the
+            // operation that was asked about goes.
+            self.release_where(|op| op.seq == seq);
         }
     }
 
-    /// Everything issued is complete (after a synchronize): let go of all of it.
-    fn release_all_in_flight(&self) {
-        let ops: Vec<InFlight> = {
+    /// Let go of the operations pushed before `covered` (a synchronization of the whole
+    /// stream that began when `next_seq` was `covered` has completed them).
+    fn release_before(&self, covered: u64) {
+        self.release_where(|op| op.seq < covered);
+    }
+
+    /// Take the in-flight operations that `complete` says are done out of the list (their
+    /// events back to the idle list), and let go of what they held, outside the lock.
+    fn release_where(&self, mut complete: impl FnMut(&InFlight) -> bool) {
+        let done: Vec<InFlight> = {
             let mut state = self.state();
-            let ops: Vec<InFlight> = state.in_flight.drain(..).collect();
-            state.idle_events.extend(ops.iter().map(|op| op.done));
-            ops
+            let mut done = Vec::new();
+            let mut kept = VecDeque::with_capacity(state.in_flight.len());
+            for op in state.in_flight.drain(..) {
+                if complete(&op) {
+                    done.push(op);
+                } else {
+                    kept.push_back(op);
+                }
+            }
+            state.in_flight = kept;
+            state.idle_events.extend(done.iter().map(|op| op.done));
+            done
         };
-        for op in ops {
+        for op in done {
             self.release(op.held);
         }
     }
@@ -610,21 +699,42 @@ impl Drop for StreamInner {
     fn drop(&mut self) {
         let state = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
         let raw = self.ctx.raw().clone();
-        // Wait for the last operation issued through cudabuf: everything it held may go.
-        if let Some(last) = state.in_flight.back() {
+        // Wait for the operations issued through cudabuf: then everything they held may
+        // go. On one backend stream the last one completes after the others; the
+        // per-thread default stream is one backend stream per issuing thread, so each of
+        // its operations is waited for.
+        let per_thread = self.raw == RawStream::PER_THREAD;
+        let waits: Vec<RawEvent> = if per_thread {
+            state.in_flight.iter().map(|op| op.done).collect()
+        } else {
+            state
+                .in_flight
+                .back()
+                .map(|op| op.done)
+                .into_iter()
+                .collect()
+        };
+        let waited = waits.into_iter().try_for_each(|done| {
             // SAFETY: an internal event of this context, recorded and alive.
-            if let Err(e) = unsafe { raw.event_synchronize(last.done) } {
-                log::warn!("waiting for a stream's work before dropping it failed: {e}");
+            unsafe { raw.event_synchronize(done) }
+        });
+        if let Err(e) = waited {
+            log::warn!("waiting for a stream's work before dropping it failed: {e}");
+            let fallback = if per_thread {
+                // Every thread's default stream: the whole context.
+                raw.synchronize()
+            } else {
                 // SAFETY: the stream is live (destroyed only below).
-                if let Err(e) = unsafe { raw.stream_synchronize(self.raw) } {
-                    // Nothing is known complete: keep the memory rather than free it
-                    // under a copy that may still run.
-                    log::warn!(
-                        "synchronizing a dropped stream failed ({e}); its in-flight memory is leaked"
-                    );
-                    std::mem::forget(state);
-                    return;
-                }
+                unsafe { raw.stream_synchronize(self.raw) }
+            };
+            if let Err(e) = fallback {
+                // Nothing is known complete: keep the memory rather than free it under a
+                // copy that may still run.
+                log::warn!(
+                    "synchronizing a dropped stream failed ({e}); its in-flight memory is leaked"
+                );
+                std::mem::forget(state);
+                return;
             }
         }
         for event in state

@@ -1,0 +1,255 @@
+//! Hostile tests of the streams API (issue 11) on the simulator: what a user who writes
+//! only safe Rust can do to `Stream`, `Transfer`, `Event`, the staging pool and the
+//! in-flight tracking, and what must never follow from it (bytes changed under a copy
+//! in flight, memory freed or recycled before its copy completes, a race report on a
+//! correct program, a panic instead of a typed error, a leak).
+//!
+//! Each test says which finding of the hostile review it pins down.
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+
+use cudabuf_core::{Backend, Context, ErrorKind, Stream, StreamFlags};
+use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
+
+/// A simulator with explicit stream settings (the environment does not matter).
+fn sim(schedule: Schedule, seed: u64, races: RaceMode) -> SimBackend {
+    SimBackend::with_config(SimConfig {
+        seed: Some(seed),
+        schedule: Some(schedule),
+        races: Some(races),
+        ..SimConfig::default()
+    })
+    .expect("simulator")
+}
+
+fn context(sim: &SimBackend) -> Context {
+    Backend::new(sim.clone()).context(0).expect("context 0")
+}
+
+/// Deterministic schedule, races fail: a copy on a stream runs only when the host
+/// waits for it, so the window between issue and completion is as wide as possible.
+fn deterministic() -> (SimBackend, Context) {
+    let sim = sim(Schedule::Deterministic, 1, RaceMode::Fail);
+    let ctx = context(&sim);
+    (sim, ctx)
+}
+
+fn non_blocking(ctx: &Context) -> Stream {
+    ctx.new_stream_with(StreamFlags {
+        non_blocking: true,
+        priority: 0,
+    })
+    .expect("non-blocking stream")
+}
+
+fn assert_no_races(sim: &SimBackend) {
+    let report = sim.race_report();
+    assert!(
+        report.is_empty(),
+        "a correct program was flagged: {report:?}"
+    );
+}
+
+// ---- Finding 1: the per-thread default stream's in-flight memory -------------------
+//
+// `Context::per_thread_stream()` names "the default stream of whichever thread issues
+// the operation": one `Stream` value, several backend streams. Its in-flight list mixes
+// the operations of all of them, and `synchronize`/`query`/drop only wait for the
+// calling thread's stream (or the last operation), yet released everything.
+
+/// Thread A uploads through the per-thread stream; thread B synchronizes the same
+/// `Stream` (its own per-thread stream, which has no work) and then uploads the same
+/// number of bytes elsewhere. A's staging buffer must not have been recycled for B
+/// before A's copy ran: A's buffer must hold A's bytes.
+#[test]
+fn per_thread_stream_synchronize_in_another_thread_keeps_the_first_threads_staging() {
+    let (sim, ctx) = deterministic();
+    ctx.set_staging_pool_limit(1 << 20);
+    let stream = ctx.per_thread_stream();
+    let (a, b) = (ctx.new_buffer(4).unwrap(), ctx.new_buffer(4).unwrap());
+    {
+        let (stream, a) = (stream.clone(), a.clone());
+        thread::spawn(move || stream.copy_from_slice(&a, b"AAAA").unwrap())
+            .join()
+            .unwrap();
+    }
+    {
+        let (stream, b) = (stream.clone(), b.clone());
+        thread::spawn(move || {
+            stream.synchronize().unwrap();
+            stream.copy_from_slice(&b, b"BBBB").unwrap();
+            stream.synchronize().unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+    ctx.synchronize().unwrap();
+    assert_eq!(
+        a.to_vec().unwrap(),
+        b"AAAA",
+        "A's staging buffer was reused under its copy"
+    );
+    assert_eq!(b.to_vec().unwrap(), b"BBBB");
+    drop(stream);
+    assert_no_races(&sim);
+}
+
+/// As above with the staging pool off: the early release frees A's pinned staging
+/// buffer while A's copy still reads it (the simulator's race detector sees that free).
+#[test]
+fn per_thread_stream_synchronize_in_another_thread_frees_nothing_early() {
+    let (sim, ctx) = deterministic();
+    ctx.set_staging_pool_limit(0);
+    let stream = ctx.per_thread_stream();
+    let a = ctx.new_buffer(4).unwrap();
+    {
+        let (stream, a) = (stream.clone(), a.clone());
+        thread::spawn(move || stream.copy_from_slice(&a, b"AAAA").unwrap())
+            .join()
+            .unwrap();
+    }
+    {
+        let stream = stream.clone();
+        thread::spawn(move || assert!(stream.query().unwrap()))
+            .join()
+            .unwrap();
+    }
+    ctx.synchronize().unwrap();
+    assert_eq!(a.to_vec().unwrap(), b"AAAA");
+    drop(stream);
+    assert_no_races(&sim);
+}
+
+/// The last clone of a per-thread `Stream` dropped in thread B, whose own last
+/// operation is done, must still wait for thread A's operations before letting go of
+/// their staging buffers. (A issues several, so that the few steps a query lets the
+/// deterministic device make cannot finish them all.)
+#[test]
+fn per_thread_stream_dropped_in_another_thread_waits_for_every_threads_work() {
+    for seed in 0..16 {
+        per_thread_stream_dropped_in_another_thread(seed);
+    }
+}
+
+fn per_thread_stream_dropped_in_another_thread(seed: u64) {
+    const N: usize = 8;
+    let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+    let ctx = context(&sim);
+    ctx.set_staging_pool_limit(1 << 20);
+    let stream = ctx.per_thread_stream();
+    let ours: Vec<_> = (0..N).map(|_| ctx.new_buffer(4).unwrap()).collect();
+    let theirs: Vec<_> = (0..N).map(|_| ctx.new_buffer(4).unwrap()).collect();
+    {
+        let (stream, ours) = (stream.clone(), ours.clone());
+        thread::spawn(move || {
+            for (i, buf) in ours.iter().enumerate() {
+                stream.copy_from_slice(buf, &[i as u8; 4]).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    {
+        let ctx = ctx.clone();
+        let (mine, theirs) = (ctx.new_buffer(4).unwrap(), theirs.clone());
+        thread::spawn(move || {
+            stream.copy_from_slice(&mine, b"BBBB").unwrap();
+            drop(stream); // the last clone
+                          // B reuses pooled staging memory at once.
+            let s = ctx.per_thread_stream();
+            for buf in &theirs {
+                s.copy_from_slice(buf, b"\xff\xff\xff\xff").unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    ctx.synchronize().unwrap();
+    for (i, buf) in ours.iter().enumerate() {
+        assert_eq!(
+            buf.to_vec().unwrap(),
+            [i as u8; 4],
+            "seed {seed}, upload {i}: its staging buffer was reused under its copy"
+        );
+    }
+    assert_no_races(&sim);
+}
+
+// ---- Finding 2: synchronize/query racing with another thread's issue ----------------
+//
+// `synchronize` waited for the stream, then released *everything* in the in-flight
+// list, including operations another thread issued (and pushed) after the wait began.
+
+/// Two threads share one ordinary stream: one uploads (pageable, through pooled staging
+/// memory), the other synchronizes in a loop. Every upload must land intact.
+#[test]
+fn shared_stream_synchronize_never_releases_work_issued_after_it_began() {
+    const ROUNDS: usize = 400;
+    const LEN: usize = 256;
+    for schedule in [Schedule::Deterministic, Schedule::Threaded] {
+        let sim = sim(schedule, 3, RaceMode::Fail);
+        let ctx = context(&sim);
+        ctx.set_staging_pool_limit(1 << 20);
+        let stream = non_blocking(&ctx);
+        let buffers: Vec<_> = (0..ROUNDS).map(|_| ctx.new_buffer(LEN).unwrap()).collect();
+        let start = Arc::new(Barrier::new(2));
+        let syncer = {
+            let (stream, start) = (stream.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                for i in 0..ROUNDS * 4 {
+                    if i % 2 == 0 {
+                        stream.synchronize().unwrap();
+                    } else {
+                        stream.query().unwrap();
+                    }
+                }
+            })
+        };
+        start.wait();
+        for (i, buf) in buffers.iter().enumerate() {
+            stream.copy_from_slice(buf, &[i as u8; LEN]).unwrap();
+        }
+        syncer.join().unwrap();
+        stream.synchronize().unwrap();
+        for (i, buf) in buffers.iter().enumerate() {
+            assert_eq!(
+                buf.to_vec().unwrap(),
+                vec![i as u8; LEN],
+                "upload {i} lost its staging bytes ({schedule:?})"
+            );
+        }
+        assert_no_races(&sim);
+    }
+}
+
+// ---- Typed errors, never panics -------------------------------------------------------
+
+/// Streams and events of two simulator instances, and buffers of one used on a stream
+/// of the other, are typed errors.
+#[test]
+fn handles_of_another_simulator_instance_are_typed_errors() {
+    let (_s1, one) = deterministic();
+    let (_s2, two) = deterministic();
+    let stream = one.new_stream().unwrap();
+    let other = two.new_stream().unwrap();
+    let foreign_buf = two.new_buffer(8).unwrap();
+    let host = two.new_host_buffer(8).unwrap();
+    let err = stream.copy_from_host(&foreign_buf, host).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = stream
+        .copy_from_slice(&foreign_buf, b"12345678")
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let ev = other.record_event().unwrap();
+    let err = stream.wait_event(&ev).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = ev.record(&stream).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    // A device-to-device copy from the other instance: refused, not attempted.
+    let mine = one.new_buffer(8).unwrap();
+    assert!(stream.copy_device(&mine, &foreign_buf).is_err());
+    stream.synchronize().unwrap();
+    other.synchronize().unwrap();
+}
