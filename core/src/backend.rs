@@ -511,11 +511,13 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     }
 
     /// Make later work of `stream` wait for the work `event` captured at its most recent
-    /// record (`cuStreamWaitEvent`); a never-recorded event is no wait.
+    /// record (`cuStreamWaitEvent`); a never-recorded event is no wait. As in CUDA, the
+    /// event may belong to any context of this backend, also of another device (how work
+    /// on two devices is ordered).
     ///
     /// # Safety
-    /// `stream` and `event` are live, of this context (or foreign ones the caller
-    /// vouches for).
+    /// `stream` is live, of this context; `event` is live, of any context of this
+    /// backend (or foreign ones the caller vouches for).
     unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
         let _ = (stream, event);
         Err(crate::Error::unsupported(

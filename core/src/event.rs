@@ -128,13 +128,34 @@ impl Event {
         Ok(())
     }
 
+    /// The event and `ctx` must be of one backend context (`cuEventRecord` and
+    /// `cuEventElapsedTime` want that; a wait may cross contexts).
+    fn check_context(&self, ctx: &Context, operation: &'static str) -> Result<()> {
+        self.check_backend(ctx, operation)?;
+        let ours = &self.inner.ctx;
+        if ours.handle() != ctx.handle() {
+            return Err(Error::invalid_argument(
+                operation,
+                format!(
+                    "the event belongs to a context on device {}, the other side to a \
+                     context on device {}: record an event of the stream's own context (a \
+                     stream may wait for an event of any context)",
+                    ours.device_number(),
+                    ctx.device_number()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Capture the work issued to `stream` so far (`cuEventRecord`); recording again
     /// moves the event to the new point.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a stream of another backend; the driver's failure.
+    /// [`Error::InvalidArgument`] for a stream of another backend or another context
+    /// (record an event made by the stream's own context); the driver's failure.
     pub fn record(&self, stream: &Stream) -> Result<()> {
-        self.check_backend(stream.context(), "Event::record")?;
+        self.check_context(stream.context(), "Event::record")?;
         // SAFETY: the event is alive (owned, or by `wrap_event`'s contract); the stream
         // is live (a `Stream` keeps its own alive; default and foreign streams are live by
         // definition and contract).
@@ -173,9 +194,9 @@ impl Event {
     /// # Errors
     /// [`Error::NotReady`] if either has not completed; [`Error::InvalidArgument`] if
     /// either was made without timing or never recorded, or they belong to different
-    /// backends.
+    /// contexts.
     pub fn elapsed(&self, end: &Event) -> Result<Duration> {
-        end.check_backend(&self.inner.ctx, "Event::elapsed")?;
+        end.check_context(&self.inner.ctx, "Event::elapsed")?;
         if !self.inner.timing || !end.inner.timing {
             return Err(Error::invalid_argument(
                 "Event::elapsed",

@@ -285,7 +285,8 @@ impl Stream {
 
     /// Make later work of this stream wait for the work `event` captured at its most
     /// recent [`record`](Event::record) (`cuStreamWaitEvent`), without blocking the host.
-    /// A never-recorded event is no wait.
+    /// A never-recorded event is no wait. The event may belong to another context of the
+    /// backend, also of another device: that is how work on two devices is ordered.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an event of another backend; the driver's failure.

@@ -253,3 +253,48 @@ fn handles_of_another_simulator_instance_are_typed_errors() {
     stream.synchronize().unwrap();
     other.synchronize().unwrap();
 }
+
+// ---- Finding 3: events across contexts and devices ---------------------------------
+//
+// CUDA: `cuStreamWaitEvent` takes an event of any context or device (the usual way to
+// order work on two GPUs); `cuEventRecord` wants the event and the stream in one
+// context (CUDA_ERROR_INVALID_HANDLE otherwise).
+
+/// A stream of device 1 waits for an event recorded on device 0 (a correct multi-GPU
+/// program): accepted, and it orders the peer copy after the upload.
+#[test]
+fn a_stream_waits_for_an_event_of_another_device() {
+    for seed in 0..4 {
+        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+        let backend = Backend::new(sim.clone());
+        let (c0, c1) = (backend.context(0).unwrap(), backend.context(1).unwrap());
+        let (s0, s1) = (non_blocking(&c0), non_blocking(&c1));
+        let (src, dst) = (c0.new_buffer(4).unwrap(), c1.new_buffer(4).unwrap());
+        s0.copy_from_slice(&src, b"peer").unwrap();
+        let ready = s0.record_event().unwrap();
+        s1.wait_event(&ready).expect("a cross-device wait (CUDA allows it)");
+        s1.copy_device(&dst, &src).expect("ordered after the upload: no race");
+        s1.synchronize().unwrap();
+        s0.synchronize().unwrap();
+        assert_eq!(dst.to_vec().unwrap(), b"peer");
+        assert_no_races(&sim);
+    }
+}
+
+/// Recording an event of one device's context on another device's stream is a typed
+/// error that says why, before anything reaches the backend.
+#[test]
+fn recording_an_event_on_a_stream_of_another_context_is_invalid_argument() {
+    let (_sim, c0) = deterministic();
+    let c1 = Backend::new(_sim.clone()).context(1).unwrap();
+    let event = c0.new_event().unwrap();
+    let stream = c1.new_stream().unwrap();
+    let err = event.record(&stream).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let (t0, t1) = (c0.new_timing_event().unwrap(), c1.new_timing_event().unwrap());
+    t0.record(&c0.new_stream().unwrap()).unwrap();
+    t1.record(&stream).unwrap();
+    stream.synchronize().unwrap();
+    let err = t0.elapsed(&t1).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+}

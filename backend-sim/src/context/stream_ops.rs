@@ -101,7 +101,7 @@ impl SimContext {
         let key = state
             .streams
             .resolve_stream("stream_wait_event", self.device, stream)?;
-        state.streams.wait_event(self.device, key, event)?;
+        state.streams.wait_event(key, event)?;
         self.shared.core.kick(state);
         Ok(())
     }

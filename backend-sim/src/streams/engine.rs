@@ -303,6 +303,18 @@ impl Engine {
 
     /// The event `raw` names for a context of `device`.
     fn event(&self, call: &'static str, device: usize, raw: RawEvent) -> Result<&EventState> {
+        self.event_of(call, Some(device), raw)
+    }
+
+    /// The event `raw` names, of a context of `device`, or of any device of this
+    /// instance (`None`: a stream may wait for an event of any context or device, as
+    /// with `cuStreamWaitEvent`).
+    fn event_of(
+        &self,
+        call: &'static str,
+        device: Option<usize>,
+        raw: RawEvent,
+    ) -> Result<&EventState> {
         let v = raw.as_raw();
         match handles::decode(HandleKind::Event, v, self.instance) {
             Decoded::Foreign => {
@@ -323,12 +335,13 @@ impl Engine {
             Decoded::Ours => {}
         }
         match self.events.get(&v) {
-            Some(e) if e.device != device => Err(bad_handle(
+            Some(e) if device.is_some_and(|d| d != e.device) => Err(bad_handle(
                 call,
                 format!(
                     "event {v:#x} is an event of device {}'s context, not of this context \
-                     (device {device})",
-                    e.device
+                     (device {})",
+                    e.device,
+                    device.unwrap_or(e.device)
                 ),
             )),
             Some(e) => Ok(e),
@@ -430,15 +443,12 @@ impl Engine {
     }
 
     /// `cuStreamWaitEvent`: later work of `stream` waits for the event's most recent
-    /// record as of now; a never-recorded event is no wait.
-    pub(crate) fn wait_event(
-        &mut self,
-        device: usize,
-        stream: StreamKey,
-        event: RawEvent,
-    ) -> Result<()> {
+    /// record as of now; a never-recorded event is no wait. The event may be of any
+    /// context or device of this instance, as in CUDA (how work on two devices is
+    /// ordered).
+    pub(crate) fn wait_event(&mut self, stream: StreamKey, event: RawEvent) -> Result<()> {
         let recorded = self
-            .event("stream_wait_event", device, event)?
+            .event_of("stream_wait_event", None, event)?
             .recorded
             .clone();
         match recorded {
