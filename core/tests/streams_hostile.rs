@@ -127,7 +127,7 @@ fn per_thread_stream_synchronize_in_another_thread_frees_nothing_early() {
 /// deterministic device make cannot finish them all.)
 #[test]
 fn per_thread_stream_dropped_in_another_thread_waits_for_every_threads_work() {
-    for seed in 0..16 {
+    for seed in 0..if cfg!(miri) { 3 } else { 16 } {
         per_thread_stream_dropped_in_another_thread(seed);
     }
 }
@@ -185,7 +185,7 @@ fn per_thread_stream_dropped_in_another_thread(seed: u64) {
 /// memory), the other synchronizes in a loop. Every upload must land intact.
 #[test]
 fn shared_stream_synchronize_never_releases_work_issued_after_it_began() {
-    const ROUNDS: usize = 400;
+    const ROUNDS: usize = if cfg!(miri) { 6 } else { 400 };
     const LEN: usize = 256;
     for schedule in [Schedule::Deterministic, Schedule::Threaded] {
         let sim = sim(schedule, 3, RaceMode::Fail);
@@ -264,7 +264,7 @@ fn handles_of_another_simulator_instance_are_typed_errors() {
 /// program): accepted, and it orders the peer copy after the upload.
 #[test]
 fn a_stream_waits_for_an_event_of_another_device() {
-    for seed in 0..4 {
+    for seed in 0..if cfg!(miri) { 1 } else { 4 } {
         let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
         let backend = Backend::new(sim.clone());
         let (c0, c1) = (backend.context(0).unwrap(), backend.context(1).unwrap());
@@ -297,4 +297,43 @@ fn recording_an_event_on_a_stream_of_another_context_is_invalid_argument() {
     stream.synchronize().unwrap();
     let err = t0.elapsed(&t1).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+}
+
+// ---- Finding 4: core's bookkeeping queries hide races from the detector ------------
+//
+// Before issuing each operation, a `Stream` asks its internal events whether earlier
+// operations are done (to let go of their memory). The simulator takes a `true` from any
+// query as the host having synchronized with that work, so the race detector then
+// orders the user's later operations after it: a program that never synchronized is
+// flagged or not depending on the seed. See the report of the hostile review for the
+// fix (a bookkeeping query the detector does not count as synchronization).
+
+/// `s2` reads `b` with no wait for `s1`'s write of it: racy on every seed. `s1` issues
+/// more work before the read, and its bookkeeping queries see the write complete under
+/// most seeds.
+#[test]
+#[ignore = "reason: bug (finding 4): core's issue-time event queries count as host synchronization in the simulator, so this race is missed under most seeds (57 of 64)"]
+fn a_race_is_flagged_whatever_core_polled_before_it() {
+    let mut missed = Vec::new();
+    for seed in 0..64 {
+        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+        let ctx = context(&sim);
+        let (s1, s2) = (non_blocking(&ctx), non_blocking(&ctx));
+        let (b, c, d) = (
+            ctx.new_buffer(8).unwrap(),
+            ctx.new_buffer(8).unwrap(),
+            ctx.new_buffer(8).unwrap(),
+        );
+        s1.copy_from_slice(&b, b"xxxxxxxx").unwrap();
+        for _ in 0..3 {
+            s1.copy_from_slice(&c, b"yyyyyyyy").unwrap();
+        }
+        match s2.copy_device(&d, &b) {
+            Err(e) if e.kind() == ErrorKind::DataRace => {}
+            other => missed.push((seed, other)),
+        }
+        s1.synchronize().unwrap();
+        s2.synchronize().unwrap();
+    }
+    assert!(missed.is_empty(), "missed under {} of 64 seeds: {missed:?}", missed.len());
 }
