@@ -94,7 +94,6 @@ impl Span {
     fn overlaps(&self, other: &Span) -> bool {
         self.buf == other.buf && self.start < other.end && other.start < self.end
     }
-
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -215,7 +214,11 @@ enum Op {
         byte: u8,
     },
     /// Buffer `src` bytes `range` to the pinned buffer at the same offsets.
-    D2h { s: S, src: usize, range: usize },
+    D2h {
+        s: S,
+        src: usize,
+        range: usize,
+    },
     /// `len` bytes of `src` at `from` to `dst` at `to`.
     D2d {
         s: S,
@@ -225,17 +228,38 @@ enum Op {
         from: usize,
         len: usize,
     },
-    Record { s: S, event: usize },
-    Wait { s: S, event: usize },
-    StreamSync { s: S },
-    EventSync { event: usize },
+    Record {
+        s: S,
+        event: usize,
+    },
+    Wait {
+        s: S,
+        event: usize,
+    },
+    StreamSync {
+        s: S,
+    },
+    EventSync {
+        event: usize,
+    },
     ContextSync,
     /// `cuStreamQuery` / `cuEventQuery`: what the host learns depends on the answer.
-    StreamQuery { s: S },
-    EventQuery { event: usize },
+    StreamQuery {
+        s: S,
+    },
+    EventQuery {
+        event: usize,
+    },
     /// Synchronous copies (the legacy stream; the host waits).
-    SyncWrite { dst: usize, range: usize, byte: u8 },
-    SyncRead { src: usize, range: usize },
+    SyncWrite {
+        dst: usize,
+        range: usize,
+        byte: u8,
+    },
+    SyncRead {
+        src: usize,
+        range: usize,
+    },
     /// Through `cudabuf_core` only: wait for every transfer (D2H) not yet waited for.
     WaitTransfers,
 }
@@ -569,7 +593,9 @@ impl Raw {
             (S::NonBlocking1, ctx.stream_create(flags(true)).unwrap()),
             (S::NonBlocking2, ctx.stream_create(flags(true)).unwrap()),
         ]);
-        let events = (0..=EVENTS).map(|_| ctx.event_create(false).unwrap()).collect();
+        let events = (0..=EVENTS)
+            .map(|_| ctx.event_create(false).unwrap())
+            .collect();
         let buffers: Vec<u64> = (0..BUFFERS).map(|_| ctx.allocate(SIZE).unwrap()).collect();
         for (b, bytes) in buffers.iter().zip(&start.device) {
             // SAFETY: a live allocation of SIZE bytes of this context.
@@ -599,11 +625,21 @@ impl Raw {
             match *op {
                 Op::H2d { s, dst, range, .. } => {
                     let (a, b) = RANGES[range];
-                    c.copy_host_to_device_on(at(dst, a), self.pinned.host_ptr().add(a), b - a, st(s))?
+                    c.copy_host_to_device_on(
+                        at(dst, a),
+                        self.pinned.host_ptr().add(a),
+                        b - a,
+                        st(s),
+                    )?
                 }
                 Op::D2h { s, src, range } => {
                     let (a, b) = RANGES[range];
-                    c.copy_device_to_host_on(self.pinned.host_ptr().add(a), at(src, a), b - a, st(s))?
+                    c.copy_device_to_host_on(
+                        self.pinned.host_ptr().add(a),
+                        at(src, a),
+                        b - a,
+                        st(s),
+                    )?
                 }
                 Op::D2d {
                     s,
@@ -904,7 +940,11 @@ impl Core {
         let st = |s: S| &self.streams[&s];
         match *op {
             Op::H2d {
-                s, dst, range, byte, ..
+                s,
+                dst,
+                range,
+                byte,
+                ..
             } => {
                 let (a, b) = RANGES[range];
                 st(s).copy_from_slice(&self.slice(dst, (a, b)), &vec![byte; b - a])?
@@ -996,7 +1036,12 @@ fn run_core_on(ctx: &Context, steps: &[Step], label: &str) -> Result<(), TestCas
         stream.synchronize().unwrap();
     }
     for (i, buf) in core.buffers.iter().enumerate() {
-        prop_assert_eq!(buf.to_vec().unwrap(), bytes.device[i].clone(), "buffer {}", i);
+        prop_assert_eq!(
+            buf.to_vec().unwrap(),
+            bytes.device[i].clone(),
+            "buffer {}",
+            i
+        );
     }
     Ok(())
 }
@@ -1009,9 +1054,17 @@ fn run_core(steps: &[Step], schedule: Schedule, seed: u64) -> Result<(), TestCas
     run_core_on(&ctx, steps, &format!("{schedule:?}, seed {seed}"))?;
     prop_assert_eq!(ctx.bytes_allocated(), 0);
     let report = sim.race_report();
-    prop_assert!(report.is_empty(), "a correct program was flagged: {:?}", report);
+    prop_assert!(
+        report.is_empty(),
+        "a correct program was flagged: {:?}",
+        report
+    );
     drop(ctx);
-    prop_assert!(sim.leak_report().is_empty(), "leaked: {:?}", sim.leak_report());
+    prop_assert!(
+        sim.leak_report().is_empty(),
+        "leaked: {:?}",
+        sim.leak_report()
+    );
     Ok(())
 }
 

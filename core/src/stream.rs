@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crate::backend::{RawEvent, RawStream, StreamFlags};
 use crate::buffer::DeviceBuffer;
@@ -565,8 +565,12 @@ impl Stream {
         Ok(())
     }
 
-    /// `cuStreamSynchronize` alone (no release of held memory).
+    /// `cuStreamSynchronize` alone (no release of held memory); for the per-thread
+    /// default stream, whose work may be on several threads' streams, the whole context.
     fn synchronize_raw(&self) -> Result<()> {
+        if self.is_per_thread() {
+            return self.inner.ctx.raw().synchronize();
+        }
         // SAFETY: as in `synchronize`.
         unsafe { self.inner.ctx.raw().stream_synchronize(self.inner.raw) }
     }
@@ -600,8 +604,11 @@ impl Stream {
     ) -> Result<Transfer> {
         match self.record_done(issued, done) {
             Ok(()) => Ok(Transfer {
-                stream: Some(self.clone()),
-                done: Some(done),
+                pending: Some(TransferCopy {
+                    ctx: self.inner.ctx.clone(),
+                    stream: Arc::downgrade(&self.inner),
+                    done,
+                }),
                 host: Some(host),
                 _device: Some(device.clone()),
             }),
@@ -862,21 +869,56 @@ impl HostBuffer {
 /// owns the host buffer (and keeps the device memory alive) until the copy is done.
 ///
 /// [`wait`](Self::wait) gives the buffer back; dropping a transfer without waiting waits
-/// (a copy never outlives its memory). Forgetting one (`std::mem::forget`) leaks the
-/// buffer, which is safe.
+/// (a copy never outlives its memory). Forgetting one (`std::mem::forget`) leaks what it
+/// owns (the host buffer, the device buffer it keeps alive and one internal event), which
+/// is safe; the stream is not kept alive by a transfer (dropping every clone of it first
+/// is fine).
 #[must_use = "a transfer gives its host buffer back from `wait`; dropping it waits for the copy"]
 pub struct Transfer {
-    stream: Option<Stream>,
-    done: Option<RawEvent>,
+    pending: Option<TransferCopy>,
     host: Option<HostBuffer>,
     _device: Option<DeviceBuffer>,
+}
+
+/// The copy a [`Transfer`] waits for.
+struct TransferCopy {
+    ctx: Context,
+    /// The stream it was issued to, for giving the event back to its idle list (or, if
+    /// the stream is gone, destroying it here).
+    stream: Weak<StreamInner>,
+    /// An internal event of `ctx`, recorded right after the copy: owned by the transfer
+    /// until it is given back.
+    done: RawEvent,
+}
+
+impl TransferCopy {
+    /// The event is no longer needed: back to the stream's idle list, or destroyed.
+    fn give_back(self) {
+        match self.stream.upgrade() {
+            Some(inner) => Stream { inner }.give_back_event(self.done),
+            None => {
+                // SAFETY: an internal event made by `event_create` of `ctx`, owned by this
+                // transfer (in no stream's lists), destroyed once, here.
+                if let Err(e) = unsafe { self.ctx.raw().event_destroy(self.done) } {
+                    log::warn!("destroying an internal event failed: {e}");
+                }
+            }
+        }
+    }
+
+    /// Wait for the stream (or, if it is gone or the per-thread stream, the context).
+    fn synchronize_stream(&self) -> Result<()> {
+        match self.stream.upgrade() {
+            Some(inner) => Stream { inner }.synchronize_raw(),
+            None => self.ctx.raw().synchronize(),
+        }
+    }
 }
 
 impl Transfer {
     fn completed(host: HostBuffer) -> Self {
         Transfer {
-            stream: None,
-            done: None,
+            pending: None,
             host: Some(host),
             _device: None,
         }
@@ -887,11 +929,11 @@ impl Transfer {
     /// # Errors
     /// The driver's failure.
     pub fn is_complete(&self) -> Result<bool> {
-        match (&self.stream, self.done) {
-            // SAFETY: an internal event of the stream's context, recorded, alive while
-            // the transfer holds it.
-            (Some(stream), Some(done)) => unsafe { stream.context().raw().event_query(done) },
-            _ => Ok(true),
+        match &self.pending {
+            // SAFETY: an internal event of the context, recorded, alive while the
+            // transfer holds it.
+            Some(p) => unsafe { p.ctx.raw().event_query(p.done) },
+            None => Ok(true),
         }
     }
 
@@ -910,23 +952,23 @@ impl Transfer {
 
     /// Wait for the copy (once).
     fn finish(&mut self) -> Result<()> {
-        let (Some(stream), Some(done)) = (self.stream.take(), self.done.take()) else {
+        let Some(pending) = self.pending.take() else {
             return Ok(());
         };
-        // SAFETY: an internal event of the stream's context, recorded, alive.
-        let waited = unsafe { stream.context().raw().event_synchronize(done) };
+        // SAFETY: an internal event of the context, recorded, alive.
+        let waited = unsafe { pending.ctx.raw().event_synchronize(pending.done) };
         match waited {
             Ok(()) => {
-                stream.give_back_event(done);
+                pending.give_back();
                 Ok(())
             }
-            Err(e) => match stream.synchronize_raw() {
+            Err(e) => match pending.synchronize_stream() {
                 Ok(()) => {
-                    stream.give_back_event(done);
+                    pending.give_back();
                     Err(e)
                 }
                 Err(_) => {
-                    // The copy may still run: keep its memory forever.
+                    // The copy may still run: keep its memory (and event) forever.
                     std::mem::forget(self.host.take());
                     std::mem::forget(self._device.take());
                     Err(e)
@@ -947,7 +989,7 @@ impl Drop for Transfer {
 impl fmt::Debug for Transfer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Transfer")
-            .field("pending", &self.done.is_some())
+            .field("pending", &self.pending.is_some())
             .field("host", &self.host)
             .finish()
     }

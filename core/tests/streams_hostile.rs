@@ -272,8 +272,10 @@ fn a_stream_waits_for_an_event_of_another_device() {
         let (src, dst) = (c0.new_buffer(4).unwrap(), c1.new_buffer(4).unwrap());
         s0.copy_from_slice(&src, b"peer").unwrap();
         let ready = s0.record_event().unwrap();
-        s1.wait_event(&ready).expect("a cross-device wait (CUDA allows it)");
-        s1.copy_device(&dst, &src).expect("ordered after the upload: no race");
+        s1.wait_event(&ready)
+            .expect("a cross-device wait (CUDA allows it)");
+        s1.copy_device(&dst, &src)
+            .expect("ordered after the upload: no race");
         s1.synchronize().unwrap();
         s0.synchronize().unwrap();
         assert_eq!(dst.to_vec().unwrap(), b"peer");
@@ -291,7 +293,10 @@ fn recording_an_event_on_a_stream_of_another_context_is_invalid_argument() {
     let stream = c1.new_stream().unwrap();
     let err = event.record(&stream).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-    let (t0, t1) = (c0.new_timing_event().unwrap(), c1.new_timing_event().unwrap());
+    let (t0, t1) = (
+        c0.new_timing_event().unwrap(),
+        c1.new_timing_event().unwrap(),
+    );
     t0.record(&c0.new_stream().unwrap()).unwrap();
     t1.record(&stream).unwrap();
     stream.synchronize().unwrap();
@@ -335,5 +340,53 @@ fn a_race_is_flagged_whatever_core_polled_before_it() {
         s1.synchronize().unwrap();
         s2.synchronize().unwrap();
     }
-    assert!(missed.is_empty(), "missed under {} of 64 seeds: {missed:?}", missed.len());
+    assert!(
+        missed.is_empty(),
+        "missed under {} of 64 seeds: {missed:?}",
+        missed.len()
+    );
+}
+
+// ---- Finding 5: a forgotten Transfer kept its whole stream alive --------------------
+
+/// `mem::forget` on a transfer leaks what the transfer owns (its host buffer, and the
+/// device buffer it keeps alive), and nothing else: the stream is still destroyed with
+/// its last clone, and what its other operations held is let go.
+#[test]
+fn a_forgotten_transfer_leaks_only_what_it_owns() {
+    let (_sim, ctx) = deterministic();
+    let stream = non_blocking(&ctx);
+    let (a, b) = (ctx.new_buffer(64).unwrap(), ctx.new_buffer(1000).unwrap());
+    let t = stream
+        .copy_to_host(&a, ctx.new_host_buffer(64).unwrap())
+        .unwrap();
+    stream.copy_from_slice(&b, &[1; 1000]).unwrap();
+    std::mem::forget(t);
+    drop((a, b));
+    drop(stream);
+    assert_eq!(
+        ctx.bytes_allocated(),
+        64,
+        "the forgotten transfer's device buffer, and nothing else, stays allocated"
+    );
+}
+
+/// A transfer outlives its stream: dropping every `Stream` clone first is fine, and the
+/// transfer still waits and gives the bytes back.
+#[test]
+fn a_transfer_outlives_its_stream() {
+    for schedule in [Schedule::Deterministic, Schedule::Threaded] {
+        let sim = sim(schedule, 5, RaceMode::Fail);
+        let ctx = context(&sim);
+        let buf = ctx.buffer_from_data(&b"outlives"[..]).unwrap();
+        let stream = non_blocking(&ctx);
+        let t = stream
+            .copy_to_host(&buf, ctx.new_host_buffer(8).unwrap())
+            .unwrap();
+        drop(stream);
+        drop(buf);
+        assert_eq!(&t.wait().unwrap()[..], b"outlives");
+        assert_eq!(ctx.bytes_allocated(), 0);
+        assert_no_races(&sim);
+    }
 }
