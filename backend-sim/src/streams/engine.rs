@@ -128,6 +128,10 @@ pub(crate) struct Engine {
     streams: BTreeMap<StreamKey, StreamState>,
     legacy: Vec<StreamKey>,
     per_thread: HashMap<(usize, ThreadId), StreamKey>,
+    /// Per-thread default streams put away ([`Engine::put_away_settled_per_thread`]):
+    /// their actor and its tick, so that the thread's next operation continues their
+    /// order.
+    idle_per_thread: HashMap<(usize, ThreadId), Epoch>,
     retired: Vec<Retired>,
     events: HashMap<u64, EventState>,
     gone_streams: Tombstones,
@@ -163,6 +167,7 @@ impl Engine {
             streams: BTreeMap::new(),
             legacy: Vec::with_capacity(devices),
             per_thread: HashMap::new(),
+            idle_per_thread: HashMap::new(),
             retired: (0..devices).map(|_| Retired::default()).collect(),
             events: HashMap::new(),
             gone_streams: Tombstones::default(),
@@ -204,12 +209,58 @@ impl Engine {
         kind: StreamKind,
         special: Option<RawStream>,
     ) -> StreamKey {
+        let actor = self.new_actor();
+        self.add_stream_as(device, kind, special, Epoch { actor, tick: 0 })
+    }
+
+    /// Adds a stream that continues `from` (its actor, whose first `tick` events are
+    /// done and known to the host).
+    fn add_stream_as(
+        &mut self,
+        device: usize,
+        kind: StreamKind,
+        special: Option<RawStream>,
+        from: Epoch,
+    ) -> StreamKey {
         let key = handles::new_handle(HandleKind::Stream, self.instance);
         let raw = special.map_or(key, RawStream::as_raw);
-        let actor = self.new_actor();
         let desc = Arc::new(StreamDesc { raw, kind, device });
-        self.streams.insert(key, StreamState::new(desc, actor));
+        let mut state = StreamState::new(desc, from.actor);
+        state.vc.learn(from);
+        self.streams.insert(key, state);
         key
+    }
+
+    /// Puts away the per-thread default streams with no work pending whose clocks the
+    /// host knows: nothing can be ordered after them that is not ordered after what the
+    /// host knows, which every later operation is. They leave `streams` (which every
+    /// legacy-stream operation and every scheduler step looks through), so that threads
+    /// that are gone cost nothing; a thread that issues again gets its stream back with
+    /// the same actor.
+    fn put_away_settled_per_thread(&mut self) {
+        let settled: Vec<((usize, ThreadId), StreamKey)> = self
+            .per_thread
+            .iter()
+            .filter(|(_, key)| {
+                self.streams
+                    .get(key)
+                    .is_some_and(|s| s.queue.is_empty() && self.knowledge.covers(&s.vc))
+            })
+            .map(|(&at, &key)| (at, key))
+            .collect();
+        for (at, key) in settled {
+            self.per_thread.remove(&at);
+            if let Some(s) = self.streams.remove(&key) {
+                let tick = s.vc.get(s.actor);
+                self.idle_per_thread.insert(
+                    at,
+                    Epoch {
+                        actor: s.actor,
+                        tick,
+                    },
+                );
+            }
+        }
     }
 
     /// The calling host thread: its actor, its own events so far, and its words.
@@ -249,11 +300,12 @@ impl Engine {
                 return Ok(key);
             }
             let (_, _, _, desc) = self.host_thread();
-            let key = self.add_stream(
-                device,
-                StreamKind::PerThread(desc),
-                Some(RawStream::PER_THREAD),
-            );
+            let kind = StreamKind::PerThread(desc);
+            let special = Some(RawStream::PER_THREAD);
+            let key = match self.idle_per_thread.remove(&(device, thread)) {
+                Some(from) => self.add_stream_as(device, kind, special, from),
+                None => self.add_stream(device, kind, special),
+            };
             self.per_thread.insert((device, thread), key);
             return Ok(key);
         }
@@ -816,6 +868,7 @@ impl Engine {
     pub(crate) fn learn(&mut self, target: &Target) {
         self.knowledge.join(&target.vc);
         self.host_time_ns = self.host_time_ns.max(target.end_ns);
+        self.put_away_settled_per_thread();
     }
 
     /// The first failure of an operation of `device` that could not run, once.
@@ -903,3 +956,7 @@ impl Engine {
             .sum()
     }
 }
+
+#[cfg(test)]
+#[path = "per_thread_tests.rs"]
+mod per_thread_tests;
