@@ -194,7 +194,8 @@ impl Event {
     /// # Errors
     /// [`Error::NotReady`] if either has not completed; [`Error::InvalidArgument`] if
     /// either was made without timing or never recorded, or they belong to different
-    /// contexts.
+    /// contexts; [`Error::InvalidData`] if the backend reports no usable time (NaN,
+    /// infinite).
     pub fn elapsed(&self, end: &Event) -> Result<Duration> {
         end.check_context(&self.inner.ctx, "Event::elapsed")?;
         if !self.inner.timing || !end.inner.timing {
@@ -210,7 +211,19 @@ impl Event {
                 .raw()
                 .event_elapsed_ms(self.inner.raw, end.inner.raw)
         }?;
-        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1000.0))
+        // Clamped at 0 (CUDA reports end-before-start as a small negative); a value that
+        // is no time at all (NaN, infinite, beyond `Duration`) is the backend's error,
+        // never a panic here.
+        let bad = || {
+            Error::invalid_data(
+                "elapsed time",
+                format!("the backend reported {ms} ms between the events"),
+            )
+        };
+        if ms.is_nan() {
+            return Err(bad());
+        }
+        Duration::try_from_secs_f64(f64::from(ms.max(0.0)) / 1000.0).map_err(|_| bad())
     }
 }
 

@@ -8,6 +8,7 @@
 
 use std::sync::{Arc, Barrier};
 use std::thread;
+use std::time::Duration;
 
 use cudabuf_core::{Backend, Context, ErrorKind, Stream, StreamFlags};
 use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
@@ -388,5 +389,45 @@ fn a_transfer_outlives_its_stream() {
         assert_eq!(&t.wait().unwrap()[..], b"outlives");
         assert_eq!(ctx.bytes_allocated(), 0);
         assert_no_races(&sim);
+    }
+}
+
+// ---- Finding 6: a backend's odd elapsed time panicked in `Event::elapsed` ------------
+
+/// `Duration::from_secs_f64` panics on infinity; a backend (here a mock, which safe code
+/// can program) that reports an infinite or NaN time must give a typed error instead.
+#[test]
+fn an_infinite_or_nan_elapsed_time_is_a_typed_error_not_a_panic() {
+    use cudabuf_core::backend::MockRawContext;
+    use cudabuf_core::BackendKind;
+    for reported in [f32::INFINITY, f32::NAN, f32::MAX, 1.5, -0.25] {
+        let mut mock = MockRawContext::new();
+        mock.expect_device_ordinal().return_const(0usize);
+        mock.expect_handle().return_const(7u64);
+        mock.expect_event_create().returning(|_| Ok(0x51));
+        mock.expect_event_record().returning(|_, _| Ok(()));
+        mock.expect_event_destroy().returning(|_| Ok(()));
+        mock.expect_event_elapsed_ms()
+            .returning(move |_, _| Ok(reported));
+        let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+        let (start, end) = (
+            ctx.new_timing_event().unwrap(),
+            ctx.new_timing_event().unwrap(),
+        );
+        let stream = ctx.legacy_stream();
+        start.record(&stream).unwrap();
+        end.record(&stream).unwrap();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| start.elapsed(&end)))
+            .unwrap_or_else(|_| panic!("Event::elapsed panicked on {reported} ms"));
+        if reported.abs() < 10.0 {
+            let want = Duration::from_secs_f64(f64::from(reported.max(0.0)) / 1000.0);
+            assert_eq!(result.unwrap(), want, "{reported}");
+        } else {
+            assert_eq!(
+                result.unwrap_err().kind(),
+                ErrorKind::InvalidData,
+                "{reported}"
+            );
+        }
     }
 }
