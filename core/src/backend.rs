@@ -32,7 +32,15 @@ mod mock;
 
 pub use handles::{RawEvent, RawStream, StreamFlags};
 #[cfg(feature = "mock")]
-pub use mock::{MockExpectations, MockRawContext};
+pub use mock::{MockExpectations, MockRawContext, MOCK_HANDLE_TAG};
+
+/// Whether two backend contexts are of one implementation (the same concrete type, by
+/// [`RawContext::as_any`]): what makes their handles comparable and their memory each
+/// other's. A [`BackendKind`] is what a `Context` was told (`Context::from_raw`), not
+/// proof.
+pub(crate) fn same_implementation(a: &dyn RawContext, b: &dyn RawContext) -> bool {
+    a.as_any().type_id() == b.as_any().type_id()
+}
 
 /// A device address (a `CUdeviceptr` on CUDA; a key into the simulator's allocation
 /// table on the simulator). Address 0 is never a live allocation.

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::RawEvent;
+use crate::backend::{same_implementation, RawEvent};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -115,11 +115,14 @@ impl Event {
     }
 
     pub(crate) fn check_backend(&self, ctx: &Context, operation: &'static str) -> Result<()> {
-        if self.inner.ctx.backend_kind() != ctx.backend_kind() {
+        if self.inner.ctx.backend_kind() != ctx.backend_kind()
+            || !same_implementation(self.inner.ctx.raw().as_ref(), ctx.raw().as_ref())
+        {
             return Err(Error::invalid_argument(
                 operation,
                 format!(
-                    "the event belongs to the {} backend, the stream to the {} backend",
+                    "the event belongs to the {} backend, the stream to the {} backend (another \
+                     backend, or another implementation of it, such as a mock)",
                     self.inner.ctx.backend_kind(),
                     ctx.backend_kind()
                 ),

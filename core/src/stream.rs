@@ -7,7 +7,7 @@ use std::fmt;
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use crate::backend::{RawEvent, RawStream, StreamFlags};
+use crate::backend::{same_implementation, RawEvent, RawStream, StreamFlags};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -449,11 +449,14 @@ impl Stream {
     pub fn copy_device(&self, dst: &DeviceBuffer, src: &DeviceBuffer) -> Result<()> {
         self.check_buffer(dst, "Stream::copy_device")?;
         let src_ctx = src.context();
-        if src_ctx.backend_kind() != self.context().backend_kind() {
+        if src_ctx.backend_kind() != self.context().backend_kind()
+            || !same_implementation(src_ctx.raw().as_ref(), self.context().raw().as_ref())
+        {
             return Err(Error::invalid_argument(
                 "Stream::copy_device",
                 format!(
-                    "cannot copy from a {} buffer on a {} stream",
+                    "cannot copy from a {} buffer on a {} stream (of another backend, or another \
+                     implementation of it, such as a mock)",
                     src_ctx.backend_kind(),
                     self.context().backend_kind()
                 ),
@@ -507,7 +510,10 @@ impl Stream {
     /// `buffer` must be memory this stream's context reaches as its own.
     fn check_buffer(&self, buffer: &DeviceBuffer, operation: &'static str) -> Result<()> {
         let (ours, theirs) = (self.context(), buffer.context());
-        if theirs.backend_kind() != ours.backend_kind() || theirs.handle() != ours.handle() {
+        if theirs.backend_kind() != ours.backend_kind()
+            || !same_implementation(theirs.raw().as_ref(), ours.raw().as_ref())
+            || theirs.handle() != ours.handle()
+        {
             return Err(Error::invalid_argument(
                 operation,
                 format!(

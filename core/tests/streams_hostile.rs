@@ -431,3 +431,65 @@ fn an_infinite_or_nan_elapsed_time_is_a_typed_error_not_a_panic() {
         }
     }
 }
+
+// ---- Finding 7: a mock context passed for a real one --------------------------------
+//
+// Core treats two contexts as one device context when their backend kinds and raw
+// handles are equal, and a `DeviceBuffer` as device memory that no Rust reference
+// aliases. Both came from values safe code chooses: `Context::from_raw`'s `kind`, and
+// `MockRawContext`'s `handle` and `allocate` expectations. A mock that claims a real
+// context's handle and "allocates" the device address of a live pinned `HostBuffer`
+// got real device copies to write into that host memory while a `&[u8]` of it lived.
+
+/// A mock context that says it is `real` (same kind, same handle) and whose buffers
+/// are the pinned `target`'s memory.
+fn impostor(real: &Context, target: u64) -> Context {
+    use cudabuf_core::backend::MockRawContext;
+    use cudabuf_core::BackendKind;
+    let mut mock = MockRawContext::new();
+    mock.expect_device_ordinal()
+        .return_const(real.device_number());
+    mock.expect_handle().return_const(real.handle());
+    mock.expect_allocate().returning(move |_| Ok(target));
+    mock.expect_free().returning(|_| Ok(()));
+    mock.expect_address_device().returning(|_| Ok(Some(0)));
+    mock.expect_address_range()
+        .returning(move |_| Ok((target, 8)));
+    mock.expect_synchronize().returning(|| Ok(()));
+    Context::from_raw(Arc::new(mock), BackendKind::Sim)
+}
+
+/// Neither a stream copy nor a view may write real memory named by a mock's buffer.
+#[test]
+fn a_mock_cannot_pass_for_a_real_context() {
+    let (sim, real) = deterministic();
+    let host = real.new_host_buffer(8).unwrap();
+    let target = host.device_address().unwrap();
+    let fake = impostor(&real, target);
+    assert_ne!(
+        fake.handle(),
+        real.handle(),
+        "a mock's handle is never a real backend's"
+    );
+    let fake_buf = fake.new_buffer(8).unwrap();
+    let seen: &[u8] = &host; // a live shared reference to the pinned bytes
+    let src = real.buffer_from_data(&b"clobber!"[..]).unwrap();
+
+    let stream = real.new_stream().unwrap();
+    let err = stream.copy_device(&fake_buf, &src).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = stream.copy_from_slice(&fake_buf, b"clobber!").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = stream.copy_device(&src, &fake_buf).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = real.buffer_from_object(&fake_buf).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = src.copy_from_device(&fake_buf, 0, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    stream.synchronize().unwrap();
+    assert_eq!(
+        seen, [0u8; 8],
+        "the pinned bytes changed under a live reference"
+    );
+    assert_no_races(&sim);
+}
