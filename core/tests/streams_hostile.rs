@@ -493,3 +493,55 @@ fn a_mock_cannot_pass_for_a_real_context() {
     );
     assert_no_races(&sim);
 }
+
+// ---- Finding 8: the writer's overlapped copies were invisible to the race detector ---
+//
+// A buffered `BufferWriter` sends a full staging buffer with an asynchronous copy on the
+// legacy stream (`copy_host_to_device_async`) and returns; `flush` waits for it. On CUDA
+// a non-blocking stream that reads the buffer before the flush races with that copy; the
+// simulator ran the copy synchronously, so it never saw the race.
+
+fn buffered_writer_with_a_copy_in_flight(
+    ctx: &Context,
+) -> (cudabuf_core::DeviceBuffer, cudabuf_core::BufferWriter) {
+    use std::io::Write;
+    let buf = ctx.new_buffer(8192).unwrap();
+    let mut writer = cudabuf_core::BufferWriter::new(buf.clone());
+    writer.set_buffer_size(4096).unwrap();
+    writer.write_all(&[1; 100]).unwrap(); // staged
+    writer.write_all(&[2; 4000]).unwrap(); // fills the slot: sent asynchronously
+    (buf, writer)
+}
+
+#[test]
+fn a_non_blocking_read_of_a_writers_unflushed_bytes_is_flagged() {
+    for seed in 0..if cfg!(miri) { 1 } else { 4 } {
+        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+        let ctx = context(&sim);
+        let (buf, mut writer) = buffered_writer_with_a_copy_in_flight(&ctx);
+        let stream = non_blocking(&ctx);
+        let host = ctx.new_host_buffer(8192).unwrap();
+        let err = stream.copy_to_host(&buf, host).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::DataRace, "seed {seed}: {err}");
+        writer.close().unwrap();
+    }
+}
+
+/// The twin: flushed first, the same read is ordered and sees the bytes.
+#[test]
+fn a_non_blocking_read_after_the_writers_flush_is_not_flagged() {
+    use std::io::Write;
+    for schedule in [Schedule::Deterministic, Schedule::Threaded] {
+        let sim = sim(schedule, 2, RaceMode::Fail);
+        let ctx = context(&sim);
+        let (buf, mut writer) = buffered_writer_with_a_copy_in_flight(&ctx);
+        writer.flush().unwrap();
+        let stream = non_blocking(&ctx);
+        let host = ctx.new_host_buffer(8192).unwrap();
+        let host = stream.copy_to_host(&buf, host).unwrap().wait().unwrap();
+        assert_eq!(host[..100], [1; 100]);
+        assert_eq!(host[100..4096], [2; 3996]);
+        writer.close().unwrap();
+        assert_no_races(&sim);
+    }
+}
