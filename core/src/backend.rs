@@ -309,7 +309,12 @@ pub trait Device: Send + Sync + fmt::Debug {
 /// Core's safe API dereferences what this trait returns: an implementation must return
 /// from [`alloc_host`](RawContext::alloc_host) host memory valid for reads and writes of the
 /// requested size until [`free_host`](RawContext::free_host), and its copies must touch only
-/// the ranges they are given. Implementing it is therefore `unsafe`, and nothing writes an
+/// the ranges they are given. Core also takes two contexts of one implementation (the
+/// same concrete type, which [`as_any`](RawContext::as_any) must reveal by returning
+/// `self`) with equal [`handle`](RawContext::handle)s for one device context, whose
+/// memory, streams and events each may use: a handle must name exactly that, and never
+/// equal a handle of another implementation's context (CUDA's are `CUcontext` pointers,
+/// the simulator's start with `0x51A0`, the mock's with `0x4D0C`). Implementing it is therefore `unsafe`, and nothing writes an
 /// implementation for a user: the `mock` feature's `MockRawContext` is implemented by
 /// hand in this crate (its pinned memory is real memory it allocates itself; expectations
 /// decide outcomes and addresses, never host pointers).
