@@ -522,12 +522,10 @@ impl Bytes {
                     Mode::Core => self.device[dst][a..b].fill(byte),
                 }
             }
-            Op::D2h { src, range, .. } => {
-                if mode == Mode::Raw {
-                    let (a, b) = RANGES[range];
-                    let from = self.device[src][a..b].to_vec();
-                    self.pinned[a..b].copy_from_slice(&from);
-                }
+            Op::D2h { src, range, .. } if mode == Mode::Raw => {
+                let (a, b) = RANGES[range];
+                let from = self.device[src][a..b].to_vec();
+                self.pinned[a..b].copy_from_slice(&from);
             }
             Op::D2d {
                 dst,
@@ -619,7 +617,7 @@ impl Raw {
         let c = &*self.ctx;
         let st = |s: S| self.streams[&s];
         let at = |b: usize, off: usize| self.buffers[b] + off as u64;
-        // SAFETY (every call below): the simulator checks every handle and range it is
+        // SAFETY: (every call below) the simulator checks every handle and range it is
         // given; host pointers are into the pinned buffer, alive until `finish`.
         unsafe {
             match *op {
