@@ -665,8 +665,21 @@ impl Stream {
                 return Ok(());
             }
             // Another thread may have released it (and more) meanwhile: only the
-            // operation that was asked about goes.
-            self.release_where(|op| op.seq == seq);
+            // operation that was asked about goes. The list is in `seq` order and loses
+            // only prefixes on this path, so it is the front or gone.
+            let op = {
+                let mut state = self.state();
+                if state.in_flight.front().is_some_and(|op| op.seq == seq) {
+                    let op = state.in_flight.pop_front();
+                    state.idle_events.extend(op.as_ref().map(|op| op.done));
+                    op
+                } else {
+                    None
+                }
+            };
+            if let Some(op) = op {
+                self.release(op.held);
+            }
         }
     }
 

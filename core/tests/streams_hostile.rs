@@ -372,7 +372,11 @@ fn a_forgotten_transfer_leaks_only_what_it_owns() {
         64,
         "the forgotten transfer's device buffer, and nothing else, stays allocated"
     );
-    drop(std::mem::ManuallyDrop::into_inner(forgotten).wait().unwrap());
+    drop(
+        std::mem::ManuallyDrop::into_inner(forgotten)
+            .wait()
+            .unwrap(),
+    );
     assert_eq!(ctx.bytes_allocated(), 0);
 }
 
