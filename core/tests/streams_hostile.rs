@@ -553,3 +553,43 @@ fn a_non_blocking_read_after_the_writers_flush_is_not_flagged() {
         assert_no_races(&sim);
     }
 }
+
+// ---- Foreign handles: the simulator catches a broken `wrap_stream` contract ---------
+
+/// `wrap_stream` / `wrap_event` are `unsafe`: the caller vouches for the handle. The
+/// simulator still refuses, with a typed error, a handle of another instance, one that
+/// was destroyed, and garbage, and never destroys a wrapped stream.
+#[test]
+fn wrapped_handles_that_break_the_contract_are_typed_errors_on_the_simulator() {
+    let (_s1, ctx) = deterministic();
+    let (_s2, other) = deterministic();
+    let foreign = other.new_stream().unwrap();
+    let dead = ctx.new_stream().unwrap().as_raw(); // destroyed when the temporary drops
+    let buf = ctx.new_buffer(4).unwrap();
+    for raw in [foreign.as_raw(), dead, 0, 0xDEAD_BEEF] {
+        // SAFETY: deliberately broken contract, on the simulator, which checks every
+        // handle it is given: the point of the test.
+        let stream = unsafe { ctx.wrap_stream(raw, StreamFlags::default()) };
+        let err = stream.copy_from_slice(&buf, b"nope").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{raw:#x}: {err}");
+        assert_eq!(
+            stream.synchronize().unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        // SAFETY: as above.
+        let event = unsafe { ctx.wrap_event(raw, false) };
+        assert_eq!(
+            event.query().unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            stream.wait_event(&event).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+    // The wrapped foreign stream was not destroyed: its owner still uses it.
+    foreign
+        .copy_from_slice(&other.new_buffer(2).unwrap(), b"ok")
+        .unwrap();
+    foreign.synchronize().unwrap();
+}

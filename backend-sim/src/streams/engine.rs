@@ -960,3 +960,7 @@ impl Engine {
 #[cfg(test)]
 #[path = "per_thread_tests.rs"]
 mod per_thread_tests;
+
+#[cfg(test)]
+#[path = "handle_leak_tests.rs"]
+mod handle_leak_tests;
