@@ -272,6 +272,12 @@ impl SimBackend {
         self.inner.shared.lock().streams.settings().races
     }
 
+    /// The instance's state, locked (for the crate's own tests).
+    #[cfg(test)]
+    pub(crate) fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.inner.shared.lock()
+    }
+
     /// The data races detected so far (in [`RaceMode::Fail`] and [`RaceMode::Log`]).
     pub fn race_report(&self) -> RaceReport {
         self.inner.shared.lock().streams.race_report()

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudabuf_core::backend::{
-    DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream, StreamFlags,
+    CopyTicket, DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream, StreamFlags,
 };
 use cudabuf_core::{Error, Result};
 
@@ -99,6 +99,30 @@ unsafe impl RawContext for SimContext {
 
     unsafe fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.sync_h2d(dst, src)
+    }
+
+    /// From pinned memory, an asynchronous copy on the legacy stream (as on CUDA), seen
+    /// by the race detector until `wait_copy`; from pageable memory, a synchronous copy.
+    unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<CopyTicket> {
+        match self.start_h2d(dst, src)? {
+            // SAFETY: the ticket holds an event of this instance, which only `wait_copy`
+            // of a context of this instance turns back into one (it checks the handle).
+            Some(event) => Ok(unsafe { CopyTicket::from_raw(event.as_raw()) }),
+            None => {
+                self.sync_h2d(dst, src)?;
+                Ok(CopyTicket::completed())
+            }
+        }
+    }
+
+    unsafe fn wait_copy(&self, ticket: CopyTicket) -> Result<()> {
+        if ticket.is_completed() {
+            return Ok(());
+        }
+        // SAFETY: the simulator checks event handles (a value that names no live event of
+        // this context is an error).
+        let event = unsafe { RawEvent::from_raw(ticket.into_raw()) };
+        self.wait_started(event)
     }
 
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {

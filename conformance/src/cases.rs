@@ -19,6 +19,8 @@
 //!   memory is its request, exported blocks of shared segments across processes);
 //! - `streams`: streams, events, asynchronous copies, and racy programs next to their
 //!   correctly synchronized twins;
+//! - `streams_hostile`: one stream shared by threads, transfers outliving or forgotten
+//!   by their stream, events across devices and contexts, a writer's copies in flight;
 //! - `reliability_*`: hostile input the modules above leave out, IPC handle bytes fuzzed,
 //!   process faults around IPC (crashed, exited and killed peers), and a multi-thread
 //!   load; `docs/RELIABILITY.md` maps every public operation to its cases.
@@ -37,6 +39,7 @@ mod ranges;
 mod reader;
 mod slices;
 mod streams;
+mod streams_hostile;
 mod writer;
 
 mod reliability_inputs;
@@ -74,6 +77,14 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     streams::race_write_while_other_stream_reads,
     streams::race_per_thread_streams_of_two_threads,
     streams::race_on_pinned_memory_through_its_device_view,
+    // streams under hostile use
+    streams_hostile::per_thread_stream_shared_by_threads_keeps_each_threads_staging,
+    streams_hostile::stream_synchronized_by_another_thread_keeps_later_work,
+    streams_hostile::transfer_outlives_its_stream,
+    streams_hostile::forgotten_transfer_leaks_only_what_it_owns,
+    streams_hostile::stream_waits_for_an_event_of_another_device,
+    streams_hostile::event_of_another_context_cannot_be_recorded_or_timed,
+    streams_hostile::race_non_blocking_read_of_unflushed_writer_bytes,
     // copies
     copies::copy_from_host_then_copy_to_host_round_trips,
     copies::copy_to_host_into_caller_slice_round_trips,

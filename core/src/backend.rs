@@ -32,7 +32,15 @@ mod mock;
 
 pub use handles::{RawEvent, RawStream, StreamFlags};
 #[cfg(feature = "mock")]
-pub use mock::{MockExpectations, MockRawContext};
+pub use mock::{MockExpectations, MockRawContext, MOCK_HANDLE_TAG};
+
+/// Whether two backend contexts are of one implementation (the same concrete type, by
+/// [`RawContext::as_any`]): what makes their handles comparable and their memory each
+/// other's. A [`BackendKind`] is what a `Context` was told (`Context::from_raw`), not
+/// proof.
+pub(crate) fn same_implementation(a: &dyn RawContext, b: &dyn RawContext) -> bool {
+    a.as_any().type_id() == b.as_any().type_id()
+}
 
 /// A device address (a `CUdeviceptr` on CUDA; a key into the simulator's allocation
 /// table on the simulator). Address 0 is never a live allocation.
@@ -301,7 +309,12 @@ pub trait Device: Send + Sync + fmt::Debug {
 /// Core's safe API dereferences what this trait returns: an implementation must return
 /// from [`alloc_host`](RawContext::alloc_host) host memory valid for reads and writes of the
 /// requested size until [`free_host`](RawContext::free_host), and its copies must touch only
-/// the ranges they are given. Implementing it is therefore `unsafe`, and nothing writes an
+/// the ranges they are given. Core also takes two contexts of one implementation (the
+/// same concrete type, which [`as_any`](RawContext::as_any) must reveal by returning
+/// `self`) with equal [`handle`](RawContext::handle)s for one device context, whose
+/// memory, streams and events each may use: a handle must name exactly that, and never
+/// equal a handle of another implementation's context (CUDA's are `CUcontext` pointers,
+/// the simulator's start with `0x51A0`, the mock's with `0x4D0C`). Implementing it is therefore `unsafe`, and nothing writes an
 /// implementation for a user: the `mock` feature's `MockRawContext` is implemented by
 /// hand in this crate (its pinned memory is real memory it allocates itself; expectations
 /// decide outcomes and addresses, never host pointers).
@@ -511,11 +524,13 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     }
 
     /// Make later work of `stream` wait for the work `event` captured at its most recent
-    /// record (`cuStreamWaitEvent`); a never-recorded event is no wait.
+    /// record (`cuStreamWaitEvent`); a never-recorded event is no wait. As in CUDA, the
+    /// event may belong to any context of this backend, also of another device (how work
+    /// on two devices is ordered).
     ///
     /// # Safety
-    /// `stream` and `event` are live, of this context (or foreign ones the caller
-    /// vouches for).
+    /// `stream` is live, of this context; `event` is live, of any context of this
+    /// backend (or foreign ones the caller vouches for).
     unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
         let _ = (stream, event);
         Err(crate::Error::unsupported(

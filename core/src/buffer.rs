@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::DevicePtr;
+use crate::backend::{same_implementation, DevicePtr};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ipc::{self, IpcMemHandle};
@@ -301,11 +301,14 @@ impl DeviceBuffer {
         }
         self.check_range("copy_from_device", position, nbytes)?;
         let (dst_ctx, src_ctx) = (self.context(), src.context());
-        if dst_ctx.backend_kind() != src_ctx.backend_kind() {
+        if dst_ctx.backend_kind() != src_ctx.backend_kind()
+            || !same_implementation(dst_ctx.raw().as_ref(), src_ctx.raw().as_ref())
+        {
             return Err(Error::invalid_argument(
                 "copy_from_device",
                 format!(
-                    "cannot copy from a {} buffer into a {} buffer",
+                    "cannot copy from a {} buffer into a {} buffer (of another backend, or another \
+                     implementation of it, such as a mock)",
                     src_ctx.backend_kind(),
                     dst_ctx.backend_kind()
                 ),

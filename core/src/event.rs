@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::RawEvent;
+use crate::backend::{same_implementation, RawEvent};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -115,13 +115,36 @@ impl Event {
     }
 
     pub(crate) fn check_backend(&self, ctx: &Context, operation: &'static str) -> Result<()> {
-        if self.inner.ctx.backend_kind() != ctx.backend_kind() {
+        if self.inner.ctx.backend_kind() != ctx.backend_kind()
+            || !same_implementation(self.inner.ctx.raw().as_ref(), ctx.raw().as_ref())
+        {
             return Err(Error::invalid_argument(
                 operation,
                 format!(
-                    "the event belongs to the {} backend, the stream to the {} backend",
+                    "the event belongs to the {} backend, the stream to the {} backend (another \
+                     backend, or another implementation of it, such as a mock)",
                     self.inner.ctx.backend_kind(),
                     ctx.backend_kind()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The event and `ctx` must be of one backend context (`cuEventRecord` and
+    /// `cuEventElapsedTime` want that; a wait may cross contexts).
+    fn check_context(&self, ctx: &Context, operation: &'static str) -> Result<()> {
+        self.check_backend(ctx, operation)?;
+        let ours = &self.inner.ctx;
+        if ours.handle() != ctx.handle() {
+            return Err(Error::invalid_argument(
+                operation,
+                format!(
+                    "the event belongs to a context on device {}, the other side to a \
+                     context on device {}: record an event of the stream's own context (a \
+                     stream may wait for an event of any context)",
+                    ours.device_number(),
+                    ctx.device_number()
                 ),
             ));
         }
@@ -132,9 +155,10 @@ impl Event {
     /// moves the event to the new point.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a stream of another backend; the driver's failure.
+    /// [`Error::InvalidArgument`] for a stream of another backend or another context
+    /// (record an event made by the stream's own context); the driver's failure.
     pub fn record(&self, stream: &Stream) -> Result<()> {
-        self.check_backend(stream.context(), "Event::record")?;
+        self.check_context(stream.context(), "Event::record")?;
         // SAFETY: the event is alive (owned, or by `wrap_event`'s contract); the stream
         // is live (a `Stream` keeps its own alive; default and foreign streams are live by
         // definition and contract).
@@ -173,9 +197,10 @@ impl Event {
     /// # Errors
     /// [`Error::NotReady`] if either has not completed; [`Error::InvalidArgument`] if
     /// either was made without timing or never recorded, or they belong to different
-    /// backends.
+    /// contexts; [`Error::InvalidData`] if the backend reports no usable time (NaN,
+    /// infinite).
     pub fn elapsed(&self, end: &Event) -> Result<Duration> {
-        end.check_backend(&self.inner.ctx, "Event::elapsed")?;
+        end.check_context(&self.inner.ctx, "Event::elapsed")?;
         if !self.inner.timing || !end.inner.timing {
             return Err(Error::invalid_argument(
                 "Event::elapsed",
@@ -189,7 +214,19 @@ impl Event {
                 .raw()
                 .event_elapsed_ms(self.inner.raw, end.inner.raw)
         }?;
-        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1000.0))
+        // Clamped at 0 (CUDA reports end-before-start as a small negative); a value that
+        // is no time at all (NaN, infinite, beyond `Duration`) is the backend's error,
+        // never a panic here.
+        let bad = || {
+            Error::invalid_data(
+                "elapsed time",
+                format!("the backend reported {ms} ms between the events"),
+            )
+        };
+        if ms.is_nan() {
+            return Err(bad());
+        }
+        Duration::try_from_secs_f64(f64::from(ms.max(0.0)) / 1000.0).map_err(|_| bad())
     }
 }
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::DevicePtr;
+use crate::backend::{same_implementation, DevicePtr};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -94,11 +94,15 @@ pub unsafe trait DeviceAccessible {
 unsafe impl DeviceAccessible for DeviceBuffer {
     fn device_view(&self, ctx: &Context) -> Result<DeviceView> {
         let own = self.context();
-        if own.backend_kind() != ctx.backend_kind() || own.device_number() != ctx.device_number() {
+        if own.backend_kind() != ctx.backend_kind()
+            || !same_implementation(own.raw().as_ref(), ctx.raw().as_ref())
+            || own.device_number() != ctx.device_number()
+        {
             return Err(Error::invalid_argument(
                 "buffer_from_object",
                 format!(
-                    "the buffer is on {} device {}, the context on {} device {}",
+                    "the buffer is on {} device {}, the context on {} device {} (another device, \
+                     another backend, or another implementation of it, such as a mock)",
                     own.backend_kind(),
                     own.device_number(),
                     ctx.backend_kind(),

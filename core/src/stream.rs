@@ -5,9 +5,9 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use crate::backend::{RawEvent, RawStream, StreamFlags};
+use crate::backend::{same_implementation, RawEvent, RawStream, StreamFlags};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -34,6 +34,9 @@ enum Held {
 
 /// An operation issued to the stream and the memory it uses.
 struct InFlight {
+    /// Its place among the operations tracked by this `Stream` (given when it is pushed,
+    /// after it was issued): a synchronization that began after it was pushed covers it.
+    seq: u64,
     /// Recorded on the stream right after the operation.
     done: RawEvent,
     held: Vec<Held>,
@@ -52,6 +55,17 @@ struct StreamState {
     in_flight: VecDeque<InFlight>,
     /// Internal events not in use.
     idle_events: Vec<RawEvent>,
+    /// The `seq` of the next operation pushed to `in_flight`.
+    next_seq: u64,
+}
+
+/// Why an operation could not be tracked, and whether the memory it uses may go.
+enum Untracked {
+    /// Not issued, or issued and then waited for: its memory is free.
+    Settled(Error),
+    /// Issued, and neither tracked nor waited for: it may still run, so its memory must
+    /// be leaked rather than freed.
+    MayRun(Error),
 }
 
 /// A stream: device work issued to it runs in order, asynchronously from the host (Arrow
@@ -231,11 +245,19 @@ impl Stream {
     /// # Errors
     /// The driver's failure (an asynchronous copy's error shows here).
     pub fn synchronize(&self) -> Result<()> {
+        // Operations pushed from here on may have been issued after the wait began (by
+        // another thread sharing this stream): they are not covered by it.
+        let covered = self.state().next_seq;
         // SAFETY: the stream is live: owned ones until the last clone drops, default ones
         // always, foreign ones by `wrap_stream`'s contract.
         unsafe { self.inner.ctx.raw().stream_synchronize(self.inner.raw) }?;
-        self.release_all_in_flight();
-        Ok(())
+        if self.is_per_thread() {
+            // The calling thread's default stream is done; other threads' are not known.
+            self.release_completed()
+        } else {
+            self.release_before(covered);
+            Ok(())
+        }
     }
 
     /// Whether all work issued to the stream so far is done (`cuStreamQuery`).
@@ -243,19 +265,28 @@ impl Stream {
     /// # Errors
     /// The driver's failure.
     pub fn query(&self) -> Result<bool> {
+        let covered = self.state().next_seq;
         // SAFETY: as in `synchronize`.
         let done = unsafe { self.inner.ctx.raw().stream_query(self.inner.raw) }?;
-        if done {
-            self.release_all_in_flight();
+        if done && !self.is_per_thread() {
+            self.release_before(covered);
         } else {
             self.release_completed()?;
         }
         Ok(done)
     }
 
+    /// Whether this is the per-thread default stream: one handle, a backend stream per
+    /// issuing thread, so that its operations are not in one order and a wait for "the
+    /// stream" covers only the calling thread's.
+    fn is_per_thread(&self) -> bool {
+        self.inner.raw == RawStream::PER_THREAD
+    }
+
     /// Make later work of this stream wait for the work `event` captured at its most
     /// recent [`record`](Event::record) (`cuStreamWaitEvent`), without blocking the host.
-    /// A never-recorded event is no wait.
+    /// A never-recorded event is no wait. The event may belong to another context of the
+    /// backend, also of another device: that is how work on two devices is ordered.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an event of another backend; the driver's failure.
@@ -494,11 +525,14 @@ impl Stream {
     pub fn copy_device(&self, dst: &DeviceBuffer, src: &DeviceBuffer) -> Result<()> {
         self.check_buffer(dst, "Stream::copy_device")?;
         let src_ctx = src.context();
-        if src_ctx.backend_kind() != self.context().backend_kind() {
+        if src_ctx.backend_kind() != self.context().backend_kind()
+            || !same_implementation(src_ctx.raw().as_ref(), self.context().raw().as_ref())
+        {
             return Err(Error::invalid_argument(
                 "Stream::copy_device",
                 format!(
-                    "cannot copy from a {} buffer on a {} stream",
+                    "cannot copy from a {} buffer on a {} stream (of another backend, or another \
+                     implementation of it, such as a mock)",
                     src_ctx.backend_kind(),
                     self.context().backend_kind()
                 ),
@@ -552,7 +586,10 @@ impl Stream {
     /// `buffer` must be memory this stream's context reaches as its own.
     fn check_buffer(&self, buffer: &DeviceBuffer, operation: &'static str) -> Result<()> {
         let (ours, theirs) = (self.context(), buffer.context());
-        if theirs.backend_kind() != ours.backend_kind() || theirs.handle() != ours.handle() {
+        if theirs.backend_kind() != ours.backend_kind()
+            || !same_implementation(theirs.raw().as_ref(), ours.raw().as_ref())
+            || theirs.handle() != ours.handle()
+        {
             return Err(Error::invalid_argument(
                 operation,
                 format!(
@@ -583,34 +620,61 @@ impl Stream {
 
     /// Record `done` after the operation just issued (or give it back if the issue
     /// failed).
-    fn record_done(&self, issued: Result<()>, done: RawEvent) -> Result<()> {
+    fn record_done(&self, issued: Result<()>, done: RawEvent) -> Result<(), Untracked> {
         if let Err(e) = issued {
             self.give_back_event(done);
-            return Err(e);
+            return Err(Untracked::Settled(e));
         }
         // SAFETY: `done` is an internal event of this context (made by `event_create`,
         // idle) and the stream is live.
         let recorded = unsafe { self.inner.ctx.raw().event_record(done, self.inner.raw) };
         if let Err(e) = recorded {
-            // The operation was issued but cannot be tracked: wait for it here, so that
-            // nothing it uses is let go too early.
-            let _ = self.synchronize_raw();
+            // The operation was issued but cannot be tracked: wait for it here (it went
+            // to the calling thread's stream, which is what `synchronize_raw` waits
+            // for), so that nothing it uses is let go too early.
             self.give_back_event(done);
-            return Err(e);
+            return match self.synchronize_raw() {
+                Ok(()) => Err(Untracked::Settled(e)),
+                Err(sync) => {
+                    log::warn!(
+                        "an operation issued to a stream could be neither tracked ({e}) nor \
+                         waited for ({sync}): the memory it uses is leaked"
+                    );
+                    Err(Untracked::MayRun(e))
+                }
+            };
         }
         Ok(())
     }
 
-    /// `cuStreamSynchronize` alone (no release of held memory).
+    /// `cuStreamSynchronize` alone (no release of held memory); for the per-thread
+    /// default stream, whose work may be on several threads' streams, the whole context.
     fn synchronize_raw(&self) -> Result<()> {
+        if self.is_per_thread() {
+            return self.inner.ctx.raw().synchronize();
+        }
         // SAFETY: as in `synchronize`.
         unsafe { self.inner.ctx.raw().stream_synchronize(self.inner.raw) }
     }
 
     fn finish_tracked(&self, issued: Result<()>, done: RawEvent, held: Vec<Held>) -> Result<()> {
-        self.record_done(issued, done)?;
-        self.state().in_flight.push_back(InFlight { done, held });
-        Ok(())
+        match self.record_done(issued, done) {
+            Ok(()) => {
+                let mut state = self.state();
+                let seq = state.next_seq;
+                state.next_seq += 1;
+                state.in_flight.push_back(InFlight { seq, done, held });
+                Ok(())
+            }
+            Err(Untracked::Settled(e)) => {
+                self.release(held);
+                Err(e)
+            }
+            Err(Untracked::MayRun(e)) => {
+                std::mem::forget(held);
+                Err(e)
+            }
+        }
     }
 
     fn finish_transfer(
@@ -622,36 +686,72 @@ impl Stream {
     ) -> Result<Transfer> {
         match self.record_done(issued, done) {
             Ok(()) => Ok(Transfer {
-                stream: Some(self.clone()),
-                done: Some(done),
+                pending: Some(TransferCopy {
+                    ctx: self.inner.ctx.clone(),
+                    stream: Arc::downgrade(&self.inner),
+                    done,
+                }),
                 host: Some(host),
                 _device: Some(device.clone()),
             }),
-            Err(e) => {
-                // Issued and synchronized, or not issued: the host buffer is free.
+            Err(Untracked::Settled(e)) => {
+                // Not issued, or issued and synchronized: the host buffer is free.
                 drop(host);
+                Err(e)
+            }
+            Err(Untracked::MayRun(e)) => {
+                // The copy may still run: its host buffer must never be freed or reused.
+                std::mem::forget(host);
                 Err(e)
             }
         }
     }
 
-    /// Let go of what completed operations held (oldest first, stopping at the first one
-    /// still running).
+    /// Let go of what completed operations held. Operations of one backend stream
+    /// complete in order, so the scan stops at the first one still running; those of
+    /// the per-thread default stream (one backend stream per issuing thread) do not, so
+    /// each is asked.
     fn release_completed(&self) -> Result<()> {
+        if self.is_per_thread() {
+            let pending: Vec<(u64, RawEvent)> = self
+                .state()
+                .in_flight
+                .iter()
+                .map(|op| (op.seq, op.done))
+                .collect();
+            let mut complete = Vec::new();
+            for (seq, done) in pending {
+                // SAFETY: `done` is an internal event of this context, recorded, alive
+                // (events go back to the idle list only when their operation leaves
+                // `in_flight`, and are destroyed only when the stream is dropped).
+                if unsafe { self.inner.ctx.raw().event_query(done) }? {
+                    complete.push(seq);
+                }
+            }
+            self.release_where(|op| complete.contains(&op.seq));
+            return Ok(());
+        }
         loop {
-            let front = self.state().in_flight.front().map(|op| op.done);
-            let Some(done) = front else { return Ok(()) };
-            // SAFETY: `done` is an internal event of this context, recorded, alive.
+            let front = self.state().in_flight.front().map(|op| (op.seq, op.done));
+            let Some((seq, done)) = front else {
+                return Ok(());
+            };
+            // SAFETY: as above.
             if !unsafe { self.inner.ctx.raw().event_query(done) }? {
                 return Ok(());
             }
+            // Another thread may have released it (and more) meanwhile: only the
+            // operation that was asked about goes. The list is in `seq` order and loses
+            // only prefixes on this path, so it is the front or gone.
             let op = {
                 let mut state = self.state();
-                let op = state.in_flight.pop_front();
-                if let Some(op) = &op {
-                    state.idle_events.push(op.done);
+                if state.in_flight.front().is_some_and(|op| op.seq == seq) {
+                    let op = state.in_flight.pop_front();
+                    state.idle_events.extend(op.as_ref().map(|op| op.done));
+                    op
+                } else {
+                    None
                 }
-                op
             };
             if let Some(op) = op {
                 self.release(op.held);
@@ -659,15 +759,31 @@ impl Stream {
         }
     }
 
-    /// Everything issued is complete (after a synchronize): let go of all of it.
-    fn release_all_in_flight(&self) {
-        let ops: Vec<InFlight> = {
+    /// Let go of the operations pushed before `covered` (a synchronization of the whole
+    /// stream that began when `next_seq` was `covered` has completed them).
+    fn release_before(&self, covered: u64) {
+        self.release_where(|op| op.seq < covered);
+    }
+
+    /// Take the in-flight operations that `complete` says are done out of the list (their
+    /// events back to the idle list), and let go of what they held, outside the lock.
+    fn release_where(&self, mut complete: impl FnMut(&InFlight) -> bool) {
+        let done: Vec<InFlight> = {
             let mut state = self.state();
-            let ops: Vec<InFlight> = state.in_flight.drain(..).collect();
-            state.idle_events.extend(ops.iter().map(|op| op.done));
-            ops
+            let mut done = Vec::new();
+            let mut kept = VecDeque::with_capacity(state.in_flight.len());
+            for op in state.in_flight.drain(..) {
+                if complete(&op) {
+                    done.push(op);
+                } else {
+                    kept.push_back(op);
+                }
+            }
+            state.in_flight = kept;
+            state.idle_events.extend(done.iter().map(|op| op.done));
+            done
         };
-        for op in ops {
+        for op in done {
             self.release(op.held);
         }
     }
@@ -686,21 +802,42 @@ impl Drop for StreamInner {
     fn drop(&mut self) {
         let state = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
         let raw = self.ctx.raw().clone();
-        // Wait for the last operation issued through cudabuf: everything it held may go.
-        if let Some(last) = state.in_flight.back() {
+        // Wait for the operations issued through cudabuf: then everything they held may
+        // go. On one backend stream the last one completes after the others; the
+        // per-thread default stream is one backend stream per issuing thread, so each of
+        // its operations is waited for.
+        let per_thread = self.raw == RawStream::PER_THREAD;
+        let waits: Vec<RawEvent> = if per_thread {
+            state.in_flight.iter().map(|op| op.done).collect()
+        } else {
+            state
+                .in_flight
+                .back()
+                .map(|op| op.done)
+                .into_iter()
+                .collect()
+        };
+        let waited = waits.into_iter().try_for_each(|done| {
             // SAFETY: an internal event of this context, recorded and alive.
-            if let Err(e) = unsafe { raw.event_synchronize(last.done) } {
-                log::warn!("waiting for a stream's work before dropping it failed: {e}");
+            unsafe { raw.event_synchronize(done) }
+        });
+        if let Err(e) = waited {
+            log::warn!("waiting for a stream's work before dropping it failed: {e}");
+            let fallback = if per_thread {
+                // Every thread's default stream: the whole context.
+                raw.synchronize()
+            } else {
                 // SAFETY: the stream is live (destroyed only below).
-                if let Err(e) = unsafe { raw.stream_synchronize(self.raw) } {
-                    // Nothing is known complete: keep the memory rather than free it
-                    // under a copy that may still run.
-                    log::warn!(
-                        "synchronizing a dropped stream failed ({e}); its in-flight memory is leaked"
-                    );
-                    std::mem::forget(state);
-                    return;
-                }
+                unsafe { raw.stream_synchronize(self.raw) }
+            };
+            if let Err(e) = fallback {
+                // Nothing is known complete: keep the memory rather than free it under a
+                // copy that may still run.
+                log::warn!(
+                    "synchronizing a dropped stream failed ({e}); its in-flight memory is leaked"
+                );
+                std::mem::forget(state);
+                return;
             }
         }
         for event in state
@@ -827,21 +964,56 @@ impl HostBuffer {
 /// owns the host buffer (and keeps the device memory alive) until the copy is done.
 ///
 /// [`wait`](Self::wait) gives the buffer back; dropping a transfer without waiting waits
-/// (a copy never outlives its memory). Forgetting one (`std::mem::forget`) leaks the
-/// buffer, which is safe.
+/// (a copy never outlives its memory). Forgetting one (`std::mem::forget`) leaks what it
+/// owns (the host buffer, the device buffer it keeps alive and one internal event), which
+/// is safe; the stream is not kept alive by a transfer (dropping every clone of it first
+/// is fine).
 #[must_use = "a transfer gives its host buffer back from `wait`; dropping it waits for the copy"]
 pub struct Transfer {
-    stream: Option<Stream>,
-    done: Option<RawEvent>,
+    pending: Option<TransferCopy>,
     host: Option<HostBuffer>,
     _device: Option<DeviceBuffer>,
+}
+
+/// The copy a [`Transfer`] waits for.
+struct TransferCopy {
+    ctx: Context,
+    /// The stream it was issued to, for giving the event back to its idle list (or, if
+    /// the stream is gone, destroying it here).
+    stream: Weak<StreamInner>,
+    /// An internal event of `ctx`, recorded right after the copy: owned by the transfer
+    /// until it is given back.
+    done: RawEvent,
+}
+
+impl TransferCopy {
+    /// The event is no longer needed: back to the stream's idle list, or destroyed.
+    fn give_back(self) {
+        match self.stream.upgrade() {
+            Some(inner) => Stream { inner }.give_back_event(self.done),
+            None => {
+                // SAFETY: an internal event made by `event_create` of `ctx`, owned by this
+                // transfer (in no stream's lists), destroyed once, here.
+                if let Err(e) = unsafe { self.ctx.raw().event_destroy(self.done) } {
+                    log::warn!("destroying an internal event failed: {e}");
+                }
+            }
+        }
+    }
+
+    /// Wait for the stream (or, if it is gone or the per-thread stream, the context).
+    fn synchronize_stream(&self) -> Result<()> {
+        match self.stream.upgrade() {
+            Some(inner) => Stream { inner }.synchronize_raw(),
+            None => self.ctx.raw().synchronize(),
+        }
+    }
 }
 
 impl Transfer {
     fn completed(host: HostBuffer) -> Self {
         Transfer {
-            stream: None,
-            done: None,
+            pending: None,
             host: Some(host),
             _device: None,
         }
@@ -852,11 +1024,11 @@ impl Transfer {
     /// # Errors
     /// The driver's failure.
     pub fn is_complete(&self) -> Result<bool> {
-        match (&self.stream, self.done) {
-            // SAFETY: an internal event of the stream's context, recorded, alive while
-            // the transfer holds it.
-            (Some(stream), Some(done)) => unsafe { stream.context().raw().event_query(done) },
-            _ => Ok(true),
+        match &self.pending {
+            // SAFETY: an internal event of the context, recorded, alive while the
+            // transfer holds it.
+            Some(p) => unsafe { p.ctx.raw().event_query(p.done) },
+            None => Ok(true),
         }
     }
 
@@ -875,23 +1047,23 @@ impl Transfer {
 
     /// Wait for the copy (once).
     fn finish(&mut self) -> Result<()> {
-        let (Some(stream), Some(done)) = (self.stream.take(), self.done.take()) else {
+        let Some(pending) = self.pending.take() else {
             return Ok(());
         };
-        // SAFETY: an internal event of the stream's context, recorded, alive.
-        let waited = unsafe { stream.context().raw().event_synchronize(done) };
+        // SAFETY: an internal event of the context, recorded, alive.
+        let waited = unsafe { pending.ctx.raw().event_synchronize(pending.done) };
         match waited {
             Ok(()) => {
-                stream.give_back_event(done);
+                pending.give_back();
                 Ok(())
             }
-            Err(e) => match stream.synchronize_raw() {
+            Err(e) => match pending.synchronize_stream() {
                 Ok(()) => {
-                    stream.give_back_event(done);
+                    pending.give_back();
                     Err(e)
                 }
                 Err(_) => {
-                    // The copy may still run: keep its memory forever.
+                    // The copy may still run: keep its memory (and event) forever.
                     std::mem::forget(self.host.take());
                     std::mem::forget(self._device.take());
                     Err(e)
@@ -912,7 +1084,7 @@ impl Drop for Transfer {
 impl fmt::Debug for Transfer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Transfer")
-            .field("pending", &self.done.is_some())
+            .field("pending", &self.pending.is_some())
             .field("host", &self.host)
             .finish()
     }

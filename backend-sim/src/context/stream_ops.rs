@@ -101,7 +101,7 @@ impl SimContext {
         let key = state
             .streams
             .resolve_stream("stream_wait_event", self.device, stream)?;
-        state.streams.wait_event(self.device, key, event)?;
+        state.streams.wait_event(key, event)?;
         self.shared.core.kick(state);
         Ok(())
     }
@@ -224,6 +224,35 @@ impl SimContext {
         let to = state.table.locate(CALL, self.device, dst, len)?;
         let from = state.table.locate(CALL, self.device, src, len)?;
         self.issue_copy(state, stream, OpWhat::D2dAsync, to, from, len)
+    }
+
+    /// `copy_host_to_device_async` from pinned memory: the copy on the legacy stream
+    /// (as CUDA's backend issues it), then an internal event recorded after it, which
+    /// `wait_copy` waits for and destroys. `None` for pageable `src` (the caller copies
+    /// synchronously).
+    pub(super) fn start_h2d(&self, dst: DevicePtr, src: &[u8]) -> Result<Option<RawEvent>> {
+        const CALL: &str = "copy_host_to_device_async";
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let len = src.len();
+        let Some(from) = state.table.pinned_host(src.as_ptr() as usize, len) else {
+            return Ok(None);
+        };
+        state.faults.check(FaultOp::Copy)?;
+        let to = state.table.locate(CALL, self.device, dst, len)?;
+        self.issue_copy(state, RawStream::LEGACY, OpWhat::H2dStarted, to, from, len)?;
+        let event = state.streams.create_event(self.device, false);
+        let legacy = state.streams.legacy(self.device);
+        state.streams.record_event(self.device, event, legacy)?;
+        self.shared.core.kick(state);
+        Ok(Some(event))
+    }
+
+    /// `wait_copy`: waits for the copy's event, then destroys it.
+    pub(super) fn wait_started(&self, event: RawEvent) -> Result<()> {
+        let waited = self.sync_event(event);
+        let destroyed = self.destroy_event(event);
+        waited.and(destroyed)
     }
 
     /// `src_device` is the device of the (checked) source context.
@@ -379,6 +408,7 @@ impl SimContext {
 fn call_of(what: OpWhat) -> &'static str {
     match what {
         OpWhat::H2dAsync => "copy_host_to_device_on",
+        OpWhat::H2dStarted => "copy_host_to_device_async",
         OpWhat::D2hAsync => "copy_device_to_host_on",
         OpWhat::D2dAsync => "copy_device_to_device_on",
         OpWhat::PeerAsync => "copy_peer_on",

@@ -52,6 +52,15 @@ impl VectorClock {
         Epoch { actor, tick: *slot }
     }
 
+    /// Whether this clock knows everything `other` knows.
+    pub(crate) fn covers(&self, other: &VectorClock) -> bool {
+        other
+            .0
+            .iter()
+            .enumerate()
+            .all(|(actor, &tick)| tick <= self.get(actor))
+    }
+
     /// Whether `epoch` happens before whatever holds this clock.
     pub(crate) fn knows(&self, epoch: Epoch) -> bool {
         epoch.tick <= self.get(epoch.actor)

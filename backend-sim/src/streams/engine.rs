@@ -128,6 +128,10 @@ pub(crate) struct Engine {
     streams: BTreeMap<StreamKey, StreamState>,
     legacy: Vec<StreamKey>,
     per_thread: HashMap<(usize, ThreadId), StreamKey>,
+    /// Per-thread default streams put away ([`Engine::put_away_settled_per_thread`]):
+    /// their actor and its tick, so that the thread's next operation continues their
+    /// order.
+    idle_per_thread: HashMap<(usize, ThreadId), Epoch>,
     retired: Vec<Retired>,
     events: HashMap<u64, EventState>,
     gone_streams: Tombstones,
@@ -163,6 +167,7 @@ impl Engine {
             streams: BTreeMap::new(),
             legacy: Vec::with_capacity(devices),
             per_thread: HashMap::new(),
+            idle_per_thread: HashMap::new(),
             retired: (0..devices).map(|_| Retired::default()).collect(),
             events: HashMap::new(),
             gone_streams: Tombstones::default(),
@@ -204,12 +209,58 @@ impl Engine {
         kind: StreamKind,
         special: Option<RawStream>,
     ) -> StreamKey {
+        let actor = self.new_actor();
+        self.add_stream_as(device, kind, special, Epoch { actor, tick: 0 })
+    }
+
+    /// Adds a stream that continues `from` (its actor, whose first `tick` events are
+    /// done and known to the host).
+    fn add_stream_as(
+        &mut self,
+        device: usize,
+        kind: StreamKind,
+        special: Option<RawStream>,
+        from: Epoch,
+    ) -> StreamKey {
         let key = handles::new_handle(HandleKind::Stream, self.instance);
         let raw = special.map_or(key, RawStream::as_raw);
-        let actor = self.new_actor();
         let desc = Arc::new(StreamDesc { raw, kind, device });
-        self.streams.insert(key, StreamState::new(desc, actor));
+        let mut state = StreamState::new(desc, from.actor);
+        state.vc.learn(from);
+        self.streams.insert(key, state);
         key
+    }
+
+    /// Puts away the per-thread default streams with no work pending whose clocks the
+    /// host knows: nothing can be ordered after them that is not ordered after what the
+    /// host knows, which every later operation is. They leave `streams` (which every
+    /// legacy-stream operation and every scheduler step looks through), so that threads
+    /// that are gone cost nothing; a thread that issues again gets its stream back with
+    /// the same actor.
+    fn put_away_settled_per_thread(&mut self) {
+        let settled: Vec<((usize, ThreadId), StreamKey)> = self
+            .per_thread
+            .iter()
+            .filter(|(_, key)| {
+                self.streams
+                    .get(key)
+                    .is_some_and(|s| s.queue.is_empty() && self.knowledge.covers(&s.vc))
+            })
+            .map(|(&at, &key)| (at, key))
+            .collect();
+        for (at, key) in settled {
+            self.per_thread.remove(&at);
+            if let Some(s) = self.streams.remove(&key) {
+                let tick = s.vc.get(s.actor);
+                self.idle_per_thread.insert(
+                    at,
+                    Epoch {
+                        actor: s.actor,
+                        tick,
+                    },
+                );
+            }
+        }
     }
 
     /// The calling host thread: its actor, its own events so far, and its words.
@@ -249,11 +300,12 @@ impl Engine {
                 return Ok(key);
             }
             let (_, _, _, desc) = self.host_thread();
-            let key = self.add_stream(
-                device,
-                StreamKind::PerThread(desc),
-                Some(RawStream::PER_THREAD),
-            );
+            let kind = StreamKind::PerThread(desc);
+            let special = Some(RawStream::PER_THREAD);
+            let key = match self.idle_per_thread.remove(&(device, thread)) {
+                Some(from) => self.add_stream_as(device, kind, special, from),
+                None => self.add_stream(device, kind, special),
+            };
             self.per_thread.insert((device, thread), key);
             return Ok(key);
         }
@@ -303,6 +355,18 @@ impl Engine {
 
     /// The event `raw` names for a context of `device`.
     fn event(&self, call: &'static str, device: usize, raw: RawEvent) -> Result<&EventState> {
+        self.event_of(call, Some(device), raw)
+    }
+
+    /// The event `raw` names, of a context of `device`, or of any device of this
+    /// instance (`None`: a stream may wait for an event of any context or device, as
+    /// with `cuStreamWaitEvent`).
+    fn event_of(
+        &self,
+        call: &'static str,
+        device: Option<usize>,
+        raw: RawEvent,
+    ) -> Result<&EventState> {
         let v = raw.as_raw();
         match handles::decode(HandleKind::Event, v, self.instance) {
             Decoded::Foreign => {
@@ -323,12 +387,13 @@ impl Engine {
             Decoded::Ours => {}
         }
         match self.events.get(&v) {
-            Some(e) if e.device != device => Err(bad_handle(
+            Some(e) if device.is_some_and(|d| d != e.device) => Err(bad_handle(
                 call,
                 format!(
                     "event {v:#x} is an event of device {}'s context, not of this context \
-                     (device {device})",
-                    e.device
+                     (device {})",
+                    e.device,
+                    device.unwrap_or(e.device)
                 ),
             )),
             Some(e) => Ok(e),
@@ -430,15 +495,12 @@ impl Engine {
     }
 
     /// `cuStreamWaitEvent`: later work of `stream` waits for the event's most recent
-    /// record as of now; a never-recorded event is no wait.
-    pub(crate) fn wait_event(
-        &mut self,
-        device: usize,
-        stream: StreamKey,
-        event: RawEvent,
-    ) -> Result<()> {
+    /// record as of now; a never-recorded event is no wait. The event may be of any
+    /// context or device of this instance, as in CUDA (how work on two devices is
+    /// ordered).
+    pub(crate) fn wait_event(&mut self, stream: StreamKey, event: RawEvent) -> Result<()> {
         let recorded = self
-            .event("stream_wait_event", device, event)?
+            .event_of("stream_wait_event", None, event)?
             .recorded
             .clone();
         match recorded {
@@ -806,6 +868,7 @@ impl Engine {
     pub(crate) fn learn(&mut self, target: &Target) {
         self.knowledge.join(&target.vc);
         self.host_time_ns = self.host_time_ns.max(target.end_ns);
+        self.put_away_settled_per_thread();
     }
 
     /// The first failure of an operation of `device` that could not run, once.
@@ -893,3 +956,11 @@ impl Engine {
             .sum()
     }
 }
+
+#[cfg(test)]
+#[path = "per_thread_tests.rs"]
+mod per_thread_tests;
+
+#[cfg(test)]
+#[path = "handle_leak_tests.rs"]
+mod handle_leak_tests;

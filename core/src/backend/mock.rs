@@ -27,7 +27,8 @@ mockall::mock! {
     pub Expectations {
         /// See [`RawContext::device_ordinal`].
         pub fn device_ordinal(&self) -> usize;
-        /// See [`RawContext::handle`].
+        /// See [`RawContext::handle`]; the mock reports the low 48 bits under
+        /// [`MOCK_HANDLE_TAG`].
         pub fn handle(&self) -> u64;
         /// See [`RawContext::synchronize`].
         pub fn synchronize(&self) -> Result<()>;
@@ -96,9 +97,20 @@ mockall::mock! {
     }
 }
 
+/// The top 16 bits of every [`MockRawContext`] handle (`'M'`, `0x0C`): neither a CUDA
+/// context (a user-space pointer) nor a simulator context (`0x51A0…`) has them, so that a
+/// mock never passes for a real backend's context (core treats contexts with one handle
+/// as one device context: their buffers, streams and allocator are shared).
+pub const MOCK_HANDLE_TAG: u64 = 0x4D0C << 48;
+const MOCK_HANDLE_MASK: u64 = 0xFFFF << 48;
+
 /// A mock [`RawContext`] for unit-testing code that drives a context (the `mock`
 /// feature): set expectations on it as on any `mockall` mock, then wrap it with
 /// [`Context::from_raw`](crate::Context::from_raw).
+///
+/// Its [`handle`](RawContext::handle) is the `handle` expectation's low 48 bits under
+/// [`MOCK_HANDLE_TAG`], and its type is never a real backend's: memory a mock "allocates"
+/// is never taken for a real context's.
 ///
 /// It dereferences to its expectations ([`MockExpectations`]), so `mock.expect_allocate()`,
 /// `mock.expect_copy_device_to_host()` and the rest work as with a generated mock; a
@@ -178,8 +190,11 @@ unsafe impl RawContext for MockRawContext {
         self.expectations.device_ordinal()
     }
 
+    /// The expectation's value in the mock's own namespace ([`MOCK_HANDLE_TAG`] in the
+    /// top 16 bits): core takes two contexts with one handle for one device context, so
+    /// a mock must never claim a real backend's context.
     fn handle(&self) -> u64 {
-        self.expectations.handle()
+        MOCK_HANDLE_TAG | (self.expectations.handle() & !MOCK_HANDLE_MASK)
     }
 
     fn synchronize(&self) -> Result<()> {

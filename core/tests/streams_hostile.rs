@@ -1,0 +1,595 @@
+//! Hostile tests of the streams API (issue 11) on the simulator: what a user who writes
+//! only safe Rust can do to `Stream`, `Transfer`, `Event`, the staging pool and the
+//! in-flight tracking, and what must never follow from it (bytes changed under a copy
+//! in flight, memory freed or recycled before its copy completes, a race report on a
+//! correct program, a panic instead of a typed error, a leak).
+//!
+//! Each test says which finding of the hostile review it pins down.
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use cudabuf_core::{Backend, Context, ErrorKind, Stream, StreamFlags};
+use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
+
+/// A simulator with explicit stream settings (the environment does not matter).
+fn sim(schedule: Schedule, seed: u64, races: RaceMode) -> SimBackend {
+    SimBackend::with_config(SimConfig {
+        seed: Some(seed),
+        schedule: Some(schedule),
+        races: Some(races),
+        ..SimConfig::default()
+    })
+    .expect("simulator")
+}
+
+fn context(sim: &SimBackend) -> Context {
+    Backend::new(sim.clone()).context(0).expect("context 0")
+}
+
+/// Deterministic schedule, races fail: a copy on a stream runs only when the host
+/// waits for it, so the window between issue and completion is as wide as possible.
+fn deterministic() -> (SimBackend, Context) {
+    let sim = sim(Schedule::Deterministic, 1, RaceMode::Fail);
+    let ctx = context(&sim);
+    (sim, ctx)
+}
+
+fn non_blocking(ctx: &Context) -> Stream {
+    ctx.new_stream_with(StreamFlags {
+        non_blocking: true,
+        priority: 0,
+    })
+    .expect("non-blocking stream")
+}
+
+fn assert_no_races(sim: &SimBackend) {
+    let report = sim.race_report();
+    assert!(
+        report.is_empty(),
+        "a correct program was flagged: {report:?}"
+    );
+}
+
+// ---- Finding 1: the per-thread default stream's in-flight memory -------------------
+//
+// `Context::per_thread_stream()` names "the default stream of whichever thread issues
+// the operation": one `Stream` value, several backend streams. Its in-flight list mixes
+// the operations of all of them, and `synchronize`/`query`/drop only wait for the
+// calling thread's stream (or the last operation), yet released everything.
+
+/// Thread A uploads through the per-thread stream; thread B synchronizes the same
+/// `Stream` (its own per-thread stream, which has no work) and then uploads the same
+/// number of bytes elsewhere. A's staging buffer must not have been recycled for B
+/// before A's copy ran: A's buffer must hold A's bytes.
+#[test]
+fn per_thread_stream_synchronize_in_another_thread_keeps_the_first_threads_staging() {
+    let (sim, ctx) = deterministic();
+    ctx.set_staging_pool_limit(1 << 20);
+    let stream = ctx.per_thread_stream();
+    let (a, b) = (ctx.new_buffer(4).unwrap(), ctx.new_buffer(4).unwrap());
+    {
+        let (stream, a) = (stream.clone(), a.clone());
+        thread::spawn(move || stream.copy_from_slice(&a, b"AAAA").unwrap())
+            .join()
+            .unwrap();
+    }
+    {
+        let (stream, b) = (stream.clone(), b.clone());
+        thread::spawn(move || {
+            stream.synchronize().unwrap();
+            stream.copy_from_slice(&b, b"BBBB").unwrap();
+            stream.synchronize().unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+    ctx.synchronize().unwrap();
+    assert_eq!(
+        a.to_vec().unwrap(),
+        b"AAAA",
+        "A's staging buffer was reused under its copy"
+    );
+    assert_eq!(b.to_vec().unwrap(), b"BBBB");
+    drop(stream);
+    assert_no_races(&sim);
+}
+
+/// As above with the staging pool off: the early release frees A's pinned staging
+/// buffer while A's copy still reads it (the simulator's race detector sees that free).
+#[test]
+fn per_thread_stream_synchronize_in_another_thread_frees_nothing_early() {
+    let (sim, ctx) = deterministic();
+    ctx.set_staging_pool_limit(0);
+    let stream = ctx.per_thread_stream();
+    let a = ctx.new_buffer(4).unwrap();
+    {
+        let (stream, a) = (stream.clone(), a.clone());
+        thread::spawn(move || stream.copy_from_slice(&a, b"AAAA").unwrap())
+            .join()
+            .unwrap();
+    }
+    {
+        let stream = stream.clone();
+        thread::spawn(move || assert!(stream.query().unwrap()))
+            .join()
+            .unwrap();
+    }
+    ctx.synchronize().unwrap();
+    assert_eq!(a.to_vec().unwrap(), b"AAAA");
+    drop(stream);
+    assert_no_races(&sim);
+}
+
+/// The last clone of a per-thread `Stream` dropped in thread B, whose own last
+/// operation is done, must still wait for thread A's operations before letting go of
+/// their staging buffers. (A issues several, so that the few steps a query lets the
+/// deterministic device make cannot finish them all.)
+#[test]
+fn per_thread_stream_dropped_in_another_thread_waits_for_every_threads_work() {
+    for seed in 0..if cfg!(miri) { 3 } else { 16 } {
+        per_thread_stream_dropped_in_another_thread(seed);
+    }
+}
+
+fn per_thread_stream_dropped_in_another_thread(seed: u64) {
+    const N: usize = 8;
+    let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+    let ctx = context(&sim);
+    ctx.set_staging_pool_limit(1 << 20);
+    let stream = ctx.per_thread_stream();
+    let ours: Vec<_> = (0..N).map(|_| ctx.new_buffer(4).unwrap()).collect();
+    let theirs: Vec<_> = (0..N).map(|_| ctx.new_buffer(4).unwrap()).collect();
+    {
+        let (stream, ours) = (stream.clone(), ours.clone());
+        thread::spawn(move || {
+            for (i, buf) in ours.iter().enumerate() {
+                stream.copy_from_slice(buf, &[i as u8; 4]).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    {
+        let ctx = ctx.clone();
+        let (mine, theirs) = (ctx.new_buffer(4).unwrap(), theirs.clone());
+        thread::spawn(move || {
+            stream.copy_from_slice(&mine, b"BBBB").unwrap();
+            drop(stream); // the last clone
+                          // B reuses pooled staging memory at once.
+            let s = ctx.per_thread_stream();
+            for buf in &theirs {
+                s.copy_from_slice(buf, b"\xff\xff\xff\xff").unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    ctx.synchronize().unwrap();
+    for (i, buf) in ours.iter().enumerate() {
+        assert_eq!(
+            buf.to_vec().unwrap(),
+            [i as u8; 4],
+            "seed {seed}, upload {i}: its staging buffer was reused under its copy"
+        );
+    }
+    assert_no_races(&sim);
+}
+
+// ---- Finding 2: synchronize/query racing with another thread's issue ----------------
+//
+// `synchronize` waited for the stream, then released *everything* in the in-flight
+// list, including operations another thread issued (and pushed) after the wait began.
+
+/// Two threads share one ordinary stream: one uploads (pageable, through pooled staging
+/// memory), the other synchronizes in a loop. Every upload must land intact.
+#[test]
+fn shared_stream_synchronize_never_releases_work_issued_after_it_began() {
+    const ROUNDS: usize = if cfg!(miri) { 6 } else { 400 };
+    const LEN: usize = 256;
+    for schedule in [Schedule::Deterministic, Schedule::Threaded] {
+        let sim = sim(schedule, 3, RaceMode::Fail);
+        let ctx = context(&sim);
+        ctx.set_staging_pool_limit(1 << 20);
+        let stream = non_blocking(&ctx);
+        let buffers: Vec<_> = (0..ROUNDS).map(|_| ctx.new_buffer(LEN).unwrap()).collect();
+        let start = Arc::new(Barrier::new(2));
+        let syncer = {
+            let (stream, start) = (stream.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                for i in 0..ROUNDS * 4 {
+                    if i % 2 == 0 {
+                        stream.synchronize().unwrap();
+                    } else {
+                        stream.query().unwrap();
+                    }
+                }
+            })
+        };
+        start.wait();
+        for (i, buf) in buffers.iter().enumerate() {
+            stream.copy_from_slice(buf, &[i as u8; LEN]).unwrap();
+        }
+        syncer.join().unwrap();
+        stream.synchronize().unwrap();
+        for (i, buf) in buffers.iter().enumerate() {
+            assert_eq!(
+                buf.to_vec().unwrap(),
+                vec![i as u8; LEN],
+                "upload {i} lost its staging bytes ({schedule:?})"
+            );
+        }
+        assert_no_races(&sim);
+    }
+}
+
+// ---- Typed errors, never panics -------------------------------------------------------
+
+/// Streams and events of two simulator instances, and buffers of one used on a stream
+/// of the other, are typed errors.
+#[test]
+fn handles_of_another_simulator_instance_are_typed_errors() {
+    let (_s1, one) = deterministic();
+    let (_s2, two) = deterministic();
+    let stream = one.new_stream().unwrap();
+    let other = two.new_stream().unwrap();
+    let foreign_buf = two.new_buffer(8).unwrap();
+    let host = two.new_host_buffer(8).unwrap();
+    let err = stream.copy_from_host(&foreign_buf, host).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = stream
+        .copy_from_slice(&foreign_buf, b"12345678")
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let ev = other.record_event().unwrap();
+    let err = stream.wait_event(&ev).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = ev.record(&stream).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    // A device-to-device copy from the other instance: refused, not attempted.
+    let mine = one.new_buffer(8).unwrap();
+    assert!(stream.copy_device(&mine, &foreign_buf).is_err());
+    stream.synchronize().unwrap();
+    other.synchronize().unwrap();
+}
+
+// ---- Finding 3: events across contexts and devices ---------------------------------
+//
+// CUDA: `cuStreamWaitEvent` takes an event of any context or device (the usual way to
+// order work on two GPUs); `cuEventRecord` wants the event and the stream in one
+// context (CUDA_ERROR_INVALID_HANDLE otherwise).
+
+/// A stream of device 1 waits for an event recorded on device 0 (a correct multi-GPU
+/// program): accepted, and it orders the peer copy after the upload.
+#[test]
+fn a_stream_waits_for_an_event_of_another_device() {
+    for seed in 0..if cfg!(miri) { 1 } else { 4 } {
+        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+        let backend = Backend::new(sim.clone());
+        let (c0, c1) = (backend.context(0).unwrap(), backend.context(1).unwrap());
+        let (s0, s1) = (non_blocking(&c0), non_blocking(&c1));
+        let (src, dst) = (c0.new_buffer(4).unwrap(), c1.new_buffer(4).unwrap());
+        s0.copy_from_slice(&src, b"peer").unwrap();
+        let ready = s0.record_event().unwrap();
+        s1.wait_event(&ready)
+            .expect("a cross-device wait (CUDA allows it)");
+        s1.copy_device(&dst, &src)
+            .expect("ordered after the upload: no race");
+        s1.synchronize().unwrap();
+        s0.synchronize().unwrap();
+        assert_eq!(dst.to_vec().unwrap(), b"peer");
+        assert_no_races(&sim);
+    }
+}
+
+/// Recording an event of one device's context on another device's stream is a typed
+/// error that says why, before anything reaches the backend.
+#[test]
+fn recording_an_event_on_a_stream_of_another_context_is_invalid_argument() {
+    let (_sim, c0) = deterministic();
+    let c1 = Backend::new(_sim.clone()).context(1).unwrap();
+    let event = c0.new_event().unwrap();
+    let stream = c1.new_stream().unwrap();
+    let err = event.record(&stream).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let (t0, t1) = (
+        c0.new_timing_event().unwrap(),
+        c1.new_timing_event().unwrap(),
+    );
+    t0.record(&c0.new_stream().unwrap()).unwrap();
+    t1.record(&stream).unwrap();
+    stream.synchronize().unwrap();
+    let err = t0.elapsed(&t1).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+}
+
+// ---- Finding 4: core's bookkeeping queries hide races from the detector ------------
+//
+// Before issuing each operation, a `Stream` asks its internal events whether earlier
+// operations are done (to let go of their memory). The simulator takes a `true` from any
+// query as the host having synchronized with that work, so the race detector then
+// orders the user's later operations after it: a program that never synchronized is
+// flagged or not depending on the seed. See the report of the hostile review for the
+// fix (a bookkeeping query the detector does not count as synchronization).
+
+/// `s2` reads `b` with no wait for `s1`'s write of it: racy on every seed. `s1` issues
+/// more work before the read, and its bookkeeping queries see the write complete under
+/// most seeds.
+#[test]
+#[ignore = "reason: bug (finding 4): core's issue-time event queries count as host synchronization in the simulator, so this race is missed under most seeds (57 of 64)"]
+fn a_race_is_flagged_whatever_core_polled_before_it() {
+    let mut missed = Vec::new();
+    for seed in 0..64 {
+        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+        let ctx = context(&sim);
+        let (s1, s2) = (non_blocking(&ctx), non_blocking(&ctx));
+        let (b, c, d) = (
+            ctx.new_buffer(8).unwrap(),
+            ctx.new_buffer(8).unwrap(),
+            ctx.new_buffer(8).unwrap(),
+        );
+        s1.copy_from_slice(&b, b"xxxxxxxx").unwrap();
+        for _ in 0..3 {
+            s1.copy_from_slice(&c, b"yyyyyyyy").unwrap();
+        }
+        match s2.copy_device(&d, &b) {
+            Err(e) if e.kind() == ErrorKind::DataRace => {}
+            other => missed.push((seed, other)),
+        }
+        s1.synchronize().unwrap();
+        s2.synchronize().unwrap();
+    }
+    assert!(
+        missed.is_empty(),
+        "missed under {} of 64 seeds: {missed:?}",
+        missed.len()
+    );
+}
+
+// ---- Finding 5: a forgotten Transfer kept its whole stream alive --------------------
+
+/// `mem::forget` on a transfer leaks what the transfer owns (its host buffer, and the
+/// device buffer it keeps alive), and nothing else: the stream is still destroyed with
+/// its last clone, and what its other operations held is let go.
+#[test]
+fn a_forgotten_transfer_leaks_only_what_it_owns() {
+    let (_sim, ctx) = deterministic();
+    let stream = non_blocking(&ctx);
+    let (a, b) = (ctx.new_buffer(64).unwrap(), ctx.new_buffer(1000).unwrap());
+    let t = stream
+        .copy_to_host(&a, ctx.new_host_buffer(64).unwrap())
+        .unwrap();
+    stream.copy_from_slice(&b, &[1; 1000]).unwrap();
+    // `ManuallyDrop` is `mem::forget` that can be taken back: the transfer's drop never
+    // runs while the checks below are made, and Miri's leak check stays quiet after.
+    let forgotten = std::mem::ManuallyDrop::new(t);
+    drop((a, b));
+    drop(stream);
+    assert_eq!(
+        ctx.bytes_allocated(),
+        64,
+        "the forgotten transfer's device buffer, and nothing else, stays allocated"
+    );
+    drop(
+        std::mem::ManuallyDrop::into_inner(forgotten)
+            .wait()
+            .unwrap(),
+    );
+    assert_eq!(ctx.bytes_allocated(), 0);
+}
+
+/// A transfer outlives its stream: dropping every `Stream` clone first is fine, and the
+/// transfer still waits and gives the bytes back.
+#[test]
+fn a_transfer_outlives_its_stream() {
+    for schedule in [Schedule::Deterministic, Schedule::Threaded] {
+        let sim = sim(schedule, 5, RaceMode::Fail);
+        let ctx = context(&sim);
+        let buf = ctx.buffer_from_data(&b"outlives"[..]).unwrap();
+        let stream = non_blocking(&ctx);
+        let t = stream
+            .copy_to_host(&buf, ctx.new_host_buffer(8).unwrap())
+            .unwrap();
+        drop(stream);
+        drop(buf);
+        assert_eq!(&t.wait().unwrap()[..], b"outlives");
+        assert_eq!(ctx.bytes_allocated(), 0);
+        assert_no_races(&sim);
+    }
+}
+
+// ---- Finding 6: a backend's odd elapsed time panicked in `Event::elapsed` ------------
+
+/// `Duration::from_secs_f64` panics on infinity; a backend (here a mock, which safe code
+/// can program) that reports an infinite or NaN time must give a typed error instead.
+#[test]
+fn an_infinite_or_nan_elapsed_time_is_a_typed_error_not_a_panic() {
+    use cudabuf_core::backend::MockRawContext;
+    use cudabuf_core::BackendKind;
+    for reported in [f32::INFINITY, f32::NAN, f32::MAX, 1.5, -0.25] {
+        let mut mock = MockRawContext::new();
+        mock.expect_device_ordinal().return_const(0usize);
+        mock.expect_handle().return_const(7u64);
+        mock.expect_event_create().returning(|_| Ok(0x51));
+        mock.expect_event_record().returning(|_, _| Ok(()));
+        mock.expect_event_destroy().returning(|_| Ok(()));
+        mock.expect_event_elapsed_ms()
+            .returning(move |_, _| Ok(reported));
+        let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+        let (start, end) = (
+            ctx.new_timing_event().unwrap(),
+            ctx.new_timing_event().unwrap(),
+        );
+        let stream = ctx.legacy_stream();
+        start.record(&stream).unwrap();
+        end.record(&stream).unwrap();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| start.elapsed(&end)))
+            .unwrap_or_else(|_| panic!("Event::elapsed panicked on {reported} ms"));
+        if reported.abs() < 10.0 {
+            let want = Duration::from_secs_f64(f64::from(reported.max(0.0)) / 1000.0);
+            assert_eq!(result.unwrap(), want, "{reported}");
+        } else {
+            assert_eq!(
+                result.unwrap_err().kind(),
+                ErrorKind::InvalidData,
+                "{reported}"
+            );
+        }
+    }
+}
+
+// ---- Finding 7: a mock context passed for a real one --------------------------------
+//
+// Core treats two contexts as one device context when their backend kinds and raw
+// handles are equal, and a `DeviceBuffer` as device memory that no Rust reference
+// aliases. Both came from values safe code chooses: `Context::from_raw`'s `kind`, and
+// `MockRawContext`'s `handle` and `allocate` expectations. A mock that claims a real
+// context's handle and "allocates" the device address of a live pinned `HostBuffer`
+// got real device copies to write into that host memory while a `&[u8]` of it lived.
+
+/// A mock context that says it is `real` (same kind, same handle) and whose buffers
+/// are the pinned `target`'s memory.
+fn impostor(real: &Context, target: u64) -> Context {
+    use cudabuf_core::backend::MockRawContext;
+    use cudabuf_core::BackendKind;
+    let mut mock = MockRawContext::new();
+    mock.expect_device_ordinal()
+        .return_const(real.device_number());
+    mock.expect_handle().return_const(real.handle());
+    mock.expect_allocate().returning(move |_| Ok(target));
+    mock.expect_free().returning(|_| Ok(()));
+    mock.expect_address_device().returning(|_| Ok(Some(0)));
+    mock.expect_address_range()
+        .returning(move |_| Ok((target, 8)));
+    mock.expect_synchronize().returning(|| Ok(()));
+    Context::from_raw(Arc::new(mock), BackendKind::Sim)
+}
+
+/// Neither a stream copy nor a view may write real memory named by a mock's buffer.
+#[test]
+fn a_mock_cannot_pass_for_a_real_context() {
+    let (sim, real) = deterministic();
+    let host = real.new_host_buffer(8).unwrap();
+    let target = host.device_address().unwrap();
+    let fake = impostor(&real, target);
+    assert_ne!(
+        fake.handle(),
+        real.handle(),
+        "a mock's handle is never a real backend's"
+    );
+    let fake_buf = fake.new_buffer(8).unwrap();
+    let seen: &[u8] = &host; // a live shared reference to the pinned bytes
+    let src = real.buffer_from_data(&b"clobber!"[..]).unwrap();
+
+    let stream = real.new_stream().unwrap();
+    let err = stream.copy_device(&fake_buf, &src).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = stream.copy_from_slice(&fake_buf, b"clobber!").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = stream.copy_device(&src, &fake_buf).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = real.buffer_from_object(&fake_buf).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = src.copy_from_device(&fake_buf, 0, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    stream.synchronize().unwrap();
+    assert_eq!(
+        seen, [0u8; 8],
+        "the pinned bytes changed under a live reference"
+    );
+    assert_no_races(&sim);
+}
+
+// ---- Finding 8: the writer's overlapped copies were invisible to the race detector ---
+//
+// A buffered `BufferWriter` sends a full staging buffer with an asynchronous copy on the
+// legacy stream (`copy_host_to_device_async`) and returns; `flush` waits for it. On CUDA
+// a non-blocking stream that reads the buffer before the flush races with that copy; the
+// simulator ran the copy synchronously, so it never saw the race.
+
+fn buffered_writer_with_a_copy_in_flight(
+    ctx: &Context,
+) -> (cudabuf_core::DeviceBuffer, cudabuf_core::BufferWriter) {
+    use std::io::Write;
+    let buf = ctx.new_buffer(8192).unwrap();
+    let mut writer = cudabuf_core::BufferWriter::new(buf.clone());
+    writer.set_buffer_size(4096).unwrap();
+    writer.write_all(&[1; 100]).unwrap(); // staged
+    writer.write_all(&[2; 4000]).unwrap(); // fills the slot: sent asynchronously
+    (buf, writer)
+}
+
+#[test]
+fn a_non_blocking_read_of_a_writers_unflushed_bytes_is_flagged() {
+    for seed in 0..if cfg!(miri) { 1 } else { 4 } {
+        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+        let ctx = context(&sim);
+        let (buf, mut writer) = buffered_writer_with_a_copy_in_flight(&ctx);
+        let stream = non_blocking(&ctx);
+        let host = ctx.new_host_buffer(8192).unwrap();
+        let err = stream.copy_to_host(&buf, host).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::DataRace, "seed {seed}: {err}");
+        writer.close().unwrap();
+    }
+}
+
+/// The twin: flushed first, the same read is ordered and sees the bytes.
+#[test]
+fn a_non_blocking_read_after_the_writers_flush_is_not_flagged() {
+    use std::io::Write;
+    for schedule in [Schedule::Deterministic, Schedule::Threaded] {
+        let sim = sim(schedule, 2, RaceMode::Fail);
+        let ctx = context(&sim);
+        let (buf, mut writer) = buffered_writer_with_a_copy_in_flight(&ctx);
+        writer.flush().unwrap();
+        let stream = non_blocking(&ctx);
+        let host = ctx.new_host_buffer(8192).unwrap();
+        let host = stream.copy_to_host(&buf, host).unwrap().wait().unwrap();
+        assert_eq!(host[..100], [1; 100]);
+        assert_eq!(host[100..4096], [2; 3996]);
+        writer.close().unwrap();
+        assert_no_races(&sim);
+    }
+}
+
+// ---- Foreign handles: the simulator catches a broken `wrap_stream` contract ---------
+
+/// `wrap_stream` / `wrap_event` are `unsafe`: the caller vouches for the handle. The
+/// simulator still refuses, with a typed error, a handle of another instance, one that
+/// was destroyed, and garbage, and never destroys a wrapped stream.
+#[test]
+fn wrapped_handles_that_break_the_contract_are_typed_errors_on_the_simulator() {
+    let (_s1, ctx) = deterministic();
+    let (_s2, other) = deterministic();
+    let foreign = other.new_stream().unwrap();
+    let dead = ctx.new_stream().unwrap().as_raw(); // destroyed when the temporary drops
+    let buf = ctx.new_buffer(4).unwrap();
+    for raw in [foreign.as_raw(), dead, 0, 0xDEAD_BEEF] {
+        // SAFETY: deliberately broken contract, on the simulator, which checks every
+        // handle it is given: the point of the test.
+        let stream = unsafe { ctx.wrap_stream(raw, StreamFlags::default()) };
+        let err = stream.copy_from_slice(&buf, b"nope").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{raw:#x}: {err}");
+        assert_eq!(
+            stream.synchronize().unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        // SAFETY: as above.
+        let event = unsafe { ctx.wrap_event(raw, false) };
+        assert_eq!(
+            event.query().unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            stream.wait_event(&event).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+    // The wrapped foreign stream was not destroyed: its owner still uses it.
+    foreign
+        .copy_from_slice(&other.new_buffer(2).unwrap(), b"ok")
+        .unwrap();
+    foreign.synchronize().unwrap();
+}
