@@ -124,6 +124,7 @@ pub(crate) enum OpWhat {
     Free,
     FreeHost,
     IpcClose,
+    FreeOnStream,
 }
 
 impl OpWhat {
@@ -143,6 +144,7 @@ impl OpWhat {
             OpWhat::Free => "free",
             OpWhat::FreeHost => "free_host",
             OpWhat::IpcClose => "ipc_close",
+            OpWhat::FreeOnStream => "stream-ordered free (mark_free_on)",
         }
     }
 
@@ -162,6 +164,7 @@ impl OpWhat {
             OpWhat::Free => "free",
             OpWhat::FreeHost => "free_host",
             OpWhat::IpcClose => "ipc_close",
+            OpWhat::FreeOnStream => "free on stream",
         }
     }
 }

@@ -114,9 +114,13 @@ pub use config::{parse_size, ALLOCATOR_CACHE_VAR, DEFAULT_CACHE_LIMIT};
 pub use stats::AllocatorStats;
 
 pub(crate) use config::default_limit;
-pub(crate) use device_allocator::DeviceAllocator;
+pub(crate) use device_allocator::{DeviceAllocator, StreamFree};
 pub(crate) use pools::{BlockId, Found};
 pub(crate) use stream::StreamTag;
 
+#[cfg(test)]
+mod fake_device;
+#[cfg(test)]
+mod stream_tests;
 #[cfg(test)]
 mod tests;
