@@ -43,11 +43,13 @@ use crate::stream::{Stream, StreamHandle};
 /// a microsecond instead of `cuMemAlloc` + `cuMemFree`. There is one allocator per device
 /// context, shared by every `Context` over it (clones, [`Backend::shared_context`], a
 /// second [`Backend`](crate::Backend)), so that its limit and counters are shared too; a
-/// cached block is freed memory through every one of them. An exported buffer's segment
-/// never serves a new owner (see [`export_for_ipc`](DeviceBuffer::export_for_ipc)). The
-/// cache is bounded ([`set_allocator_cache_limit`](Self::set_allocator_cache_limit)),
-/// trimmable ([`trim_cache`](Self::trim_cache)), trimmed and retried when an allocation
-/// runs out of memory, and invisible to [`bytes_allocated`](Self::bytes_allocated)
+/// cached block is freed memory through every one of them. Buffers allocated on a
+/// stream ([`new_buffer_on`](Self::new_buffer_on)) share the cache, their blocks freed in
+/// stream order. An exported buffer's segment never serves a new owner (see
+/// [`export_for_ipc`](DeviceBuffer::export_for_ipc)). The cache is bounded
+/// ([`set_allocator_cache_limit`](Self::set_allocator_cache_limit)), trimmable
+/// ([`trim_cache`](Self::trim_cache)), trimmed and retried when an allocation runs out of
+/// memory, and invisible to [`bytes_allocated`](Self::bytes_allocated)
 /// ([`allocator_stats`](Self::allocator_stats) shows it). It is on by default on CUDA
 /// (4 GiB of free memory per device context) and off on the simulator (which reports
 /// every leak and use after free exactly, with each buffer its own allocation);
@@ -204,13 +206,14 @@ impl Context {
     /// ctx.set_allocator_cache_limit(256 << 20);
     /// let stream = ctx.new_stream()?;
     /// let scratch = ctx.new_buffer_on(&stream, 1 << 20)?;
-    /// stream.copy_from_slice(&scratch, &[7; 1 << 20])?;
+    /// stream.copy_from_slice(&scratch, &vec![7; 1 << 20])?;
     /// let address = scratch.address();
-    /// drop(scratch); // freed on `stream`, after the copy; the host does not wait
+    /// drop(scratch); // freed on `stream` after the copy; the host does not wait
     /// let again = ctx.new_buffer_on(&stream, 1 << 20)?;
-    /// assert_eq!(again.address(), address); // the same stream reuses it at once
-    /// let host = stream.copy_to_host(&again, ctx.new_host_buffer(4)?.into_range(..4)?);
-    /// # drop(host);
+    /// assert_eq!(again.address(), address); // the same stream takes it back at once
+    /// stream.copy_from_slice(&again, b"ordered after the first copy")?;
+    /// stream.synchronize()?;
+    /// assert_eq!(again.copy_to_host(0, Some(7))?, b"ordered");
     /// # Ok(()) }
     /// ```
     ///
@@ -391,14 +394,41 @@ impl Context {
         stream: Option<&Arc<StreamHandle>>,
         used_on: &[Arc<StreamHandle>],
     ) {
-        let (on, after) = match (stream, used_on.split_first()) {
-            (Some(own), _) => (Some(own), used_on),
-            (None, Some((first, rest))) => (Some(first), rest),
-            (None, None) => (None, used_on),
+        let ordered = match (stream, used_on.split_first()) {
+            (Some(own), _) => Some((own, used_on)),
+            (None, Some((first, rest))) => Some((first, rest)),
+            (None, None) => None,
         };
-        match (block, self.inner.allocator.get(), on) {
-            (Some(block), Some(allocator), None) => allocator.release(block),
-            (Some(block), Some(allocator), Some(on)) => {
+        if let Some((on, after)) = ordered {
+            self.release_in_stream_order(address, size, block, on, after);
+        } else {
+            // The synchronous API's memory: every use of it is known complete.
+            match (block, self.inner.allocator.get()) {
+                (Some(block), Some(allocator)) => allocator.release(block),
+                (Some(_), None) => {
+                    // Cannot happen: a block comes from this context's allocator. Leaking
+                    // is the only sound answer if it ever does.
+                    log::error!("device block at {address:#x} has no allocator; leaking it");
+                }
+                (None, _) => free_block(&self.inner.raw, address, size),
+            }
+        }
+        self.inner.bytes_allocated.fetch_sub(size, Ordering::AcqRel);
+    }
+
+    /// `release_block` of memory freed in stream order on `on` (its own stream, or the
+    /// first recorded), after the work of the streams `after`.
+    #[inline(never)]
+    fn release_in_stream_order(
+        &self,
+        address: DevicePtr,
+        size: usize,
+        block: Option<BlockId>,
+        on: &Arc<StreamHandle>,
+        after: &[Arc<StreamHandle>],
+    ) {
+        match (block, self.inner.allocator.get()) {
+            (Some(block), Some(allocator)) => {
                 let after: Vec<RawStream> = after.iter().map(|s| s.raw()).collect();
                 let free = StreamFree {
                     tag: on.tag(),
@@ -407,13 +437,11 @@ impl Context {
                 };
                 allocator.release_on_stream(&self.inner.raw, block, &free);
             }
-            (Some(_), None, _) => {
-                // Cannot happen: a block comes from this context's allocator. Leaking is
-                // the only sound answer if it ever does.
+            (Some(_), None) => {
+                // Cannot happen (see `release_block`).
                 log::error!("device block at {address:#x} has no allocator; leaking it");
             }
-            (None, _, None) => free_block(&self.inner.raw, address, size),
-            (None, _, Some(on)) => {
+            (None, _) => {
                 // An exact allocation is freed by `cuMemFree`, which must not run under
                 // work that may still use the memory: wait for the streams it is ordered
                 // on first (as `cuMemFree` itself waits for the device).
@@ -432,7 +460,6 @@ impl Context {
                 }
             }
         }
-        self.inner.bytes_allocated.fetch_sub(size, Ordering::AcqRel);
     }
 
     /// Break the caching allocator's stream rule, for tests only (`mock` feature): blocks
@@ -453,7 +480,10 @@ impl Context {
 
     /// Give every idle segment of the caching allocator (segments holding no live buffer)
     /// back to the backend, and free every idle pooled pinned staging buffer; returns the
-    /// device bytes freed. Buffers in use are not affected.
+    /// device bytes freed. Buffers in use are not affected. Blocks freed in stream order
+    /// ([`new_buffer_on`](Self::new_buffer_on)) whose free has not completed are waited
+    /// for first (as `torch.cuda.empty_cache` synchronizes), so that their segments can go
+    /// too.
     pub fn trim_cache(&self) -> usize {
         drop(self.inner.host_pool.drain());
         self.existing_allocator().map_or(0, |a| a.trim())
@@ -469,7 +499,9 @@ impl Context {
     /// Set the limit of free device bytes the caching allocator keeps for reuse, for every
     /// context over this context's device context; 0 turns the cache off (new buffers are
     /// then exact backend allocations). Idle segments over the new limit go back to the
-    /// backend now (the least recently emptied first).
+    /// backend now (the least recently emptied first), except those holding blocks freed
+    /// in stream order whose free has not completed, which go later; with 0, those frees
+    /// are waited for and every idle segment goes now.
     pub fn set_allocator_cache_limit(&self, max_cached_bytes: usize) {
         self.joined_allocator().set_limit(max_cached_bytes);
     }

@@ -50,7 +50,15 @@ pub(crate) struct Owned {
     /// The caching allocator's block, or `None` for an exact backend allocation (the
     /// cache was off, or `new_exclusive_buffer`).
     pub(crate) block: Option<BlockId>,
-    /// The stream the memory is ordered on (`new_buffer_on`): it is freed on it.
+    /// The streams the memory is ordered on, if any (set by `new_buffer_on`, or by the
+    /// first `record_stream`): out of line, so that the synchronous API's memory carries
+    /// nothing but an empty cell.
+    pub(crate) order: OnceLock<Box<StreamOrder>>,
+}
+
+/// The streams memory is ordered on.
+pub(crate) struct StreamOrder {
+    /// The stream it was allocated on (`new_buffer_on`): it is freed on it.
     pub(crate) stream: Option<Arc<StreamHandle>>,
     /// Other streams the user said it is used on (`DeviceBuffer::record_stream`): its
     /// free is ordered after their work issued before it.
@@ -58,23 +66,33 @@ pub(crate) struct Owned {
 }
 
 impl Owned {
+    #[inline]
     pub(crate) fn new(block: Option<BlockId>, stream: Option<Arc<StreamHandle>>) -> Self {
-        Owned {
-            block,
-            stream,
-            used_on: Mutex::new(Vec::new()),
+        let order = OnceLock::new();
+        if let Some(stream) = stream {
+            let _ = order.set(Box::new(StreamOrder {
+                stream: Some(stream),
+                used_on: Mutex::new(Vec::new()),
+            }));
         }
+        Owned { block, order }
     }
 }
 
 impl Release for Owned {
+    #[inline]
     fn release(&mut self, ctx: &Context, address: DevicePtr, size: usize) {
         // `address` came from `new_buffer` on this context (only it makes `Owned` memory)
         // and this is the one release of it: `Memory::drop` runs once and no buffer refers
         // to the memory any more. The context gives the block back or frees it, in
         // stream order where the memory is ordered on a stream.
-        let used_on = std::mem::take(self.used_on.get_mut().unwrap_or_else(|p| p.into_inner()));
-        ctx.release_block(address, size, self.block, self.stream.as_ref(), &used_on);
+        match self.order.get_mut() {
+            None => ctx.release_block(address, size, self.block, None, &[]),
+            Some(order) => {
+                let used_on = order.used_on.get_mut().unwrap_or_else(|p| p.into_inner());
+                ctx.release_block(address, size, self.block, order.stream.as_ref(), used_on);
+            }
+        }
     }
     fn describe(&self) -> &'static str {
         "allocation"
@@ -137,7 +155,7 @@ impl Memory {
     /// The stream the memory is ordered on (allocated by `new_buffer_on`).
     pub(crate) fn ordered_on(&self) -> Option<&Arc<StreamHandle>> {
         match &self.kind {
-            MemoryKind::Owned(owned) => owned.stream.as_ref(),
+            MemoryKind::Owned(owned) => owned.order.get().and_then(|o| o.stream.as_ref()),
             _ => None,
         }
     }
@@ -149,14 +167,20 @@ impl Memory {
         let MemoryKind::Owned(owned) = &self.kind else {
             return false;
         };
-        if owned
+        let order = owned.order.get_or_init(|| {
+            Box::new(StreamOrder {
+                stream: None,
+                used_on: Mutex::new(Vec::new()),
+            })
+        });
+        if order
             .stream
             .as_ref()
             .is_some_and(|own| Arc::ptr_eq(own, stream))
         {
             return true;
         }
-        let mut used_on = owned.used_on.lock().unwrap_or_else(|p| p.into_inner());
+        let mut used_on = order.used_on.lock().unwrap_or_else(|p| p.into_inner());
         if !used_on.iter().any(|s| Arc::ptr_eq(s, stream)) {
             used_on.push(stream.clone());
         }

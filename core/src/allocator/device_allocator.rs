@@ -5,7 +5,9 @@
 //! and shutdown, waiting for them), so that the order of free events on a stream is the
 //! order of their numbers.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+#[cfg(any(test, feature = "mock"))]
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::pools::{BlockId, Found, Pools, Segment, SegmentId, Served};
@@ -22,7 +24,9 @@ pub(crate) struct DeviceAllocator {
     handle: u64,
     /// The limit of cached bytes; 0 is off. Read without the lock on the hot path.
     limit: AtomicUsize,
-    /// The broken policy of the tests: other streams may take pending blocks.
+    /// The broken policy of the tests: other streams may take pending blocks (the switch
+    /// exists in test builds only, off the hot path of others).
+    #[cfg(any(test, feature = "mock"))]
     unordered: AtomicBool,
     pools: Mutex<Pools>,
 }
@@ -44,6 +48,7 @@ impl DeviceAllocator {
             kind,
             handle,
             limit: AtomicUsize::new(limit),
+            #[cfg(any(test, feature = "mock"))]
             unordered: AtomicBool::new(false),
             pools: Mutex::new(Pools::default()),
         }
@@ -69,6 +74,15 @@ impl DeviceAllocator {
     #[cfg(any(test, feature = "mock"))]
     pub(crate) fn set_unordered_stream_reuse(&self, on: bool) {
         self.unordered.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the broken policy is on (never outside test builds).
+    #[inline]
+    fn unordered(&self) -> bool {
+        #[cfg(any(test, feature = "mock"))]
+        return self.unordered.load(Ordering::Relaxed);
+        #[cfg(not(any(test, feature = "mock")))]
+        false
     }
 
     /// Set the limit, giving idle segments back to the backend until the cached bytes are
@@ -115,7 +129,7 @@ impl DeviceAllocator {
                 detail: "no device can hold that many bytes".into(),
             });
         };
-        let unordered = self.unordered.load(Ordering::Relaxed);
+        let unordered = self.unordered();
         let idle = {
             let mut pools = self.lock();
             if let Some(served) = pools.take(class, nbytes, stream, unordered) {
@@ -217,6 +231,9 @@ impl DeviceAllocator {
             let mut pools = self.lock();
             let limit = self.limit();
             let done = pools.release(block, limit, None);
+            if done.is_none() && pools.cached() <= limit {
+                return; // the common case: nothing goes back to the backend
+            }
             self.segments_to_free(&mut pools, done, limit)
         };
         free_segments(segments);

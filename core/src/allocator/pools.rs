@@ -57,8 +57,8 @@ struct Block {
     /// stream that may take it at once (`NONE`: every stream may).
     stream: StreamTag,
     /// The event recorded on `stream` when the block was freed in stream order, until it
-    /// is seen complete.
-    pending: Option<Pending>,
+    /// is seen complete (boxed: the synchronous API's blocks, the hot path, stay small).
+    pending: Option<Box<Pending>>,
     segment: SegmentId,
     prev: Option<BlockId>,
     next: Option<BlockId>,
@@ -161,6 +161,7 @@ pub(crate) struct Pools {
 
 /// The first key of `list` for `tag` with a size of at least `size` (best fit: the
 /// smallest such block, the lowest address among equals).
+#[inline]
 fn best_fit(list: &BTreeSet<FreeKey>, tag: StreamTag, size: usize) -> Option<FreeKey> {
     list.range((tag, size, 0, 0)..)
         .next()
@@ -170,10 +171,12 @@ fn best_fit(list: &BTreeSet<FreeKey>, tag: StreamTag, size: usize) -> Option<Fre
 
 impl Pools {
     /// Serve `nbytes` of `class` for `stream` from a free block, splitting off the rest
-    /// when it is worth it. The stream rule: a block of `stream`'s own (freed on it,
-    /// pending or not) first, then a ready block (best fit in each). `unordered` breaks
-    /// the rule for tests (any stream's pending block may be taken). `None`: no free block
-    /// fits. Counts nothing (the allocator counts the request once).
+    /// when it is worth it. The stream rule: the best fit among the blocks `stream` may
+    /// use at once, its own (freed on it, pending) and the ready ones (of equal sizes,
+    /// its own, keeping ready blocks for others); the synchronous API (`NONE`) uses
+    /// ready blocks only. `unordered` breaks the rule for tests (any stream's pending
+    /// block may be taken). `None`: no free block fits. Counts nothing (the allocator
+    /// counts the request once).
     pub(crate) fn take(
         &mut self,
         class: SizeClass,
@@ -182,14 +185,15 @@ impl Pools {
         unordered: bool,
     ) -> Option<Served> {
         let list = &self.free[class.pool.index()];
-        let own = if stream == StreamTag::NONE {
-            None
+        let ready = best_fit(list, StreamTag::NONE, class.block);
+        let key = if stream == StreamTag::NONE && !unordered {
+            ready? // the synchronous API: ready blocks only
         } else {
-            best_fit(list, stream, class.block)
-        };
-        let key = own
-            .or_else(|| best_fit(list, StreamTag::NONE, class.block))
-            .or_else(|| {
+            let usable = match (best_fit(list, stream, class.block), ready) {
+                (Some(o), Some(r)) if r.1 < o.1 => Some(r),
+                (o, r) => o.or(r),
+            };
+            usable.or_else(|| {
                 // The broken policy of the tests: the smallest block of any stream.
                 unordered
                     .then(|| {
@@ -199,7 +203,8 @@ impl Pools {
                             .copied()
                     })
                     .flatten()
-            })?;
+            })?
+        };
         self.free[class.pool.index()].remove(&key);
         self.counters.cached -= key.1;
         Some(self.hand_out(key.3, class, nbytes, stream))
@@ -364,18 +369,13 @@ impl Pools {
         };
         self.counters.requested -= requested;
         self.counters.in_use -= size;
-        let tag = freed_on.as_ref().map_or(StreamTag::NONE, |f| f.0);
         {
             let b = &mut self.blocks[id];
             b.requested = 0;
-            b.stream = tag;
+            b.stream = StreamTag::NONE;
         }
-        if let Some((_, event)) = freed_on {
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            self.blocks[id].pending = Some(Pending { event, seq });
-            self.segments[segment].events += 1;
-            self.counters.stream_frees += 1;
+        if let Some((tag, event)) = freed_on {
+            self.attach_free_event(id, segment, tag, event);
         }
         let (pool, exported) = {
             let s = &mut self.segments[segment];
@@ -407,8 +407,27 @@ impl Pools {
         None
     }
 
+    /// Block `id` (of `segment`) was freed in stream order on `tag`'s stream, `event`
+    /// recorded after the free: it carries them, with the next free number.
+    fn attach_free_event(
+        &mut self,
+        id: BlockId,
+        segment: SegmentId,
+        tag: StreamTag,
+        event: FreeEvent,
+    ) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let b = &mut self.blocks[id];
+        b.stream = tag;
+        b.pending = Some(Box::new(Pending { event, seq }));
+        self.segments[segment].events += 1;
+        self.counters.stream_frees += 1;
+    }
+
     /// Put free block `id` (in no list yet) into the free list, merged with its free
     /// neighbours of the same stream tag, and into the pending map if it is pending.
+    #[inline(always)]
     fn insert_free(&mut self, id: BlockId, pool: Pool) {
         let tag = self.blocks[id].stream;
         let mut id = id;
@@ -428,12 +447,14 @@ impl Pools {
         }
     }
 
+    #[inline]
     fn mergeable(&self, id: BlockId, stream: StreamTag) -> bool {
         let b = &self.blocks[id];
         b.state == BlockState::Free && b.stream == stream
     }
 
     /// Take free block `id` out of the free list and the pending map (if it is in them).
+    #[inline]
     fn unlist(&mut self, id: BlockId, pool: Pool) {
         let b = &self.blocks[id];
         if self.free[pool.index()].remove(&(b.stream, b.size, b.address, id)) {
