@@ -262,7 +262,8 @@ impl DeviceAllocator {
                 }
                 Err(e) => {
                     log::warn!(
-                        "freeing a block in stream order failed ({e}); waiting for the device                          before releasing it"
+                        "freeing a block in stream order failed ({e}); waiting for the device \
+                         before releasing it"
                     );
                     pools.note_synchronized_free();
                     None
@@ -274,7 +275,9 @@ impl DeviceAllocator {
             None => match raw.synchronize() {
                 Ok(()) => self.release(block),
                 Err(e) => log::error!(
-                    "synchronizing the device after a failed stream-ordered free failed too                      ({e}); the block is leaked rather than reused under work that may still                      use it"
+                    "synchronizing the device after a failed stream-ordered free failed too \
+                     ({e}); the block is leaked rather than reused under work that may still \
+                     use it"
                 ),
             },
         }
@@ -352,7 +355,8 @@ impl DeviceAllocator {
             } else {
                 let segment = pools.remove_segment(id);
                 log::error!(
-                    "the free events of the segment at {:#x} ({} bytes) could not be waited                      for; it is leaked rather than freed under work that may still use it",
+                    "the free events of the segment at {:#x} ({} bytes) could not be waited \
+                     for; it is leaked rather than freed under work that may still use it",
                     segment.base,
                     segment.size
                 );
