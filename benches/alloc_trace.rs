@@ -4,7 +4,7 @@
 //! ```text
 //! cargo bench --bench alloc_trace                        # generate (if missing) and replay here
 //! alloc_trace generate PATH [--seed N] [--allocs N] [--max-live N] [--min SIZE] [--max SIZE]
-//! alloc_trace replay PATH [--json OUT]
+//! alloc_trace replay PATH [--json OUT] [--stream]
 //! CUDABUF_BACKEND=cuda cargo bench --features cuda --bench alloc_trace -- replay PATH --json OUT
 //! ```
 //!
@@ -33,6 +33,14 @@
 //! beside them. On the simulator a miss is a host allocation filled with 0xA5, so its
 //! latencies are the simulator's, not a GPU's; its hit rate and memory figures are the
 //! allocator's own (they depend only on the trace and the policy).
+//!
+//! **`--stream`**: the same replay with stream-ordered allocation: every buffer is
+//! `new_buffer_on` one stream (made for the replay) and each drop frees its block in
+//! stream order (a free marked on the stream and an event recorded after it); blocks go
+//! back to that stream at once. Nothing is issued to the stream besides, so on CUDA the
+//! free events complete at once; on the simulator they are markers of its stream engine
+//! and race detector (its deterministic schedule runs them only when asked), so its
+//! latencies there are the engine's.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -42,7 +50,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cudabuf::{parse_size, Backend, Context, DeviceBuffer, DEFAULT_CACHE_LIMIT};
+use cudabuf::{parse_size, Backend, Context, DeviceBuffer, Stream, DEFAULT_CACHE_LIMIT};
 use serde_json::json;
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -221,7 +229,7 @@ struct Replay {
     trace_peak_requested: usize,
 }
 
-fn replay(ctx: &Context, events: &[Event]) -> AnyResult<Replay> {
+fn replay(ctx: &Context, stream: Option<&Stream>, events: &[Event]) -> AnyResult<Replay> {
     let allocs = events
         .iter()
         .filter(|e| matches!(e, Event::Alloc { .. }))
@@ -238,7 +246,10 @@ fn replay(ctx: &Context, events: &[Event]) -> AnyResult<Replay> {
         match *e {
             Event::Alloc { id, size } => {
                 let t = Instant::now();
-                let buf = ctx.new_buffer(size)?;
+                let buf = match stream {
+                    Some(s) => ctx.new_buffer_on(s, size)?,
+                    None => ctx.new_buffer(size)?,
+                };
                 let ns = t.elapsed().as_nanos() as u64;
                 debug_assert_eq!(id, live.len());
                 live.push(Some((buf, ns)));
@@ -274,6 +285,8 @@ struct Options {
     mode: Mode,
     spec: TraceSpec,
     json: Option<PathBuf>,
+    /// Replay with stream-ordered allocation on one stream.
+    on_stream: bool,
 }
 
 enum Mode {
@@ -287,6 +300,7 @@ fn parse_args() -> AnyResult<Options> {
     let mut spec = TraceSpec::default();
     let mut json = std::env::var_os("CUDABUF_BENCH_JSON").map(PathBuf::from);
     let mut mode = Mode::Default;
+    let mut on_stream = false;
     let mut args = std::env::args().skip(1);
     let size = |v: Option<String>, what: &str| -> AnyResult<usize> {
         let v = v.ok_or_else(|| format!("{what} needs a value"))?;
@@ -300,6 +314,7 @@ fn parse_args() -> AnyResult<Options> {
             }
             "replay" => mode = Mode::Replay(args.next().ok_or("replay needs a path")?.into()),
             "--json" => json = Some(args.next().ok_or("--json needs a path")?.into()),
+            "--stream" => on_stream = true,
             "--seed" => spec.seed = args.next().ok_or("--seed needs a value")?.parse()?,
             "--allocs" => spec.allocs = args.next().ok_or("--allocs needs a value")?.parse()?,
             "--max-live" => {
@@ -315,7 +330,12 @@ fn parse_args() -> AnyResult<Options> {
     if spec.min == 0 || spec.min > spec.max || spec.max_live == 0 {
         return Err(format!("a bad trace spec: {spec:?}").into());
     }
-    Ok(Options { mode, spec, json })
+    Ok(Options {
+        mode,
+        spec,
+        json,
+        on_stream,
+    })
 }
 
 /// The backend `CUDABUF_BACKEND` names; the simulator gets room for the trace's peak.
@@ -372,13 +392,19 @@ fn run(opts: Options) -> AnyResult<()> {
     let before = ctx.allocator_stats();
     let timer = timer_overhead_ns();
     eprintln!(
-        "[alloc_trace] replaying {} events of {} on {} ({})",
+        "[alloc_trace] replaying {} events of {} on {} ({}){}",
         events.len(),
         path.display(),
         backend.kind(),
-        backend.device(0)?.name()?
+        backend.device(0)?.name()?,
+        if opts.on_stream { ", on a stream" } else { "" }
     );
-    let r = replay(&ctx, &events)?;
+    let stream = if opts.on_stream {
+        Some(ctx.new_stream()?)
+    } else {
+        None
+    };
+    let r = replay(&ctx, stream.as_ref(), &events)?;
     let after = ctx.allocator_stats();
     let hits = after.hits - before.hits;
     let misses = after.misses - before.misses;
@@ -396,7 +422,16 @@ fn run(opts: Options) -> AnyResult<()> {
     let us = |v: f64| v / 1e3;
     let (median, p99) = (us(quantile(&r.op_ns, 0.5)), us(quantile(&r.op_ns, 0.99)));
     let mut table = String::new();
-    let _ = writeln!(table, "| figure | cudabuf ({}) | target |", backend.kind());
+    let how = if opts.on_stream {
+        ", new_buffer_on a stream"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        table,
+        "| figure | cudabuf ({}{how}) | target |",
+        backend.kind()
+    );
     let _ = writeln!(table, "|---|---|---|");
     let row = |t: &mut String, name: &str, value: String, target: &str| {
         let _ = writeln!(t, "| {name} | {value} | {target} |");
@@ -493,6 +528,8 @@ fn run(opts: Options) -> AnyResult<()> {
             "wall_s": r.wall_s,
             "timer_overhead_ns": timer,
             "cache_limit": ctx.allocator_cache_limit(),
+            "on_stream": opts.on_stream,
+            "stream_frees": after.stream_frees - before.stream_frees,
         });
         fs::write(&json_path, serde_json::to_string_pretty(&value)? + "\n")?;
         eprintln!("[alloc_trace] JSON in {}", json_path.display());

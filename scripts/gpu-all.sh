@@ -50,6 +50,11 @@ run() {
     cuda::device_filled_with_buffers_gives_out_of_memory_and_recovers >"$logs/fill.log" 2>&1 || fail=1
   grep -E 'test result|panicked' "$logs/fill.log"
 
+  step "stream-ordered allocation: out of memory with a free pending on another stream (alone)"
+  CUDABUF_REQUIRE_CUDA=1 CUDABUF_FILL_DEVICE=1 timeout 90 .gpu/bin/"$conf" --exact \
+    cuda::stream_alloc_out_of_memory_waits_for_pending_frees >"$logs/stream_oom.log" 2>&1 || fail=1
+  grep -E 'test result|panicked' "$logs/stream_oom.log"
+
   step "load: 16 threads for 30 s"
   CUDABUF_REQUIRE_CUDA=1 CUDABUF_STRESS_SECS=30 CUDABUF_STRESS_THREADS=16 timeout 60 .gpu/bin/"$conf" \
     --exact cuda::stress_mixed_operations_on_many_threads_lose_nothing --nocapture >"$logs/stress.log" 2>&1 || fail=1

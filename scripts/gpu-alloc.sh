@@ -12,7 +12,8 @@
 # (scripts/gpu-all.sh pack, say) put there, so that one device call can run both.
 # `run` generates the trace (100,000 allocations, sizes log-uniform 256 B - 64 MiB, seed 42;
 # into /tmp, it is 2 MB), replays it with cudabuf on CUDA (DIR/alloc_ours.json and .log),
-# then with PyTorch's caching allocator (scripts/alloc_trace_torch.py: DIR/alloc_torch.json),
+# again with stream-ordered allocation on one stream (`--stream`: DIR/alloc_ours_stream.json
+# and .log; issue 11, item 2), then with PyTorch's caching allocator (scripts/alloc_trace_torch.py: DIR/alloc_torch.json),
 # and writes the side-by-side table with the targets to DIR/alloc_table.md (also printed).
 # DIR defaults to $OUT on the lent GPU machine, else target/alloc-logs. Well under a minute
 # on an H200.
@@ -48,6 +49,10 @@ replay() {
   CUDABUF_BACKEND=$backend timeout 150 "$@" replay "$TRACE" --json "$dir/alloc_ours.json" \
     >"$dir/alloc_ours.log" 2>&1 || fail=1
   cat "$dir/alloc_ours.log"
+  echo "=== cudabuf on $backend, new_buffer_on one stream"
+  CUDABUF_BACKEND=$backend timeout 150 "$@" replay "$TRACE" --stream \
+    --json "$dir/alloc_ours_stream.json" >"$dir/alloc_ours_stream.log" 2>&1 || fail=1
+  cat "$dir/alloc_ours_stream.log"
   echo "=== PyTorch ($(( SECONDS - start )) s so far)"
   local torch_json=()
   [ "$backend" = cuda ] && torch_json=(--json "$dir/alloc_torch.json")

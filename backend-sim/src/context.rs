@@ -245,6 +245,12 @@ unsafe impl RawContext for SimContext {
         self.peer_on(dst, src_device, src, len, stream)
     }
 
+    /// A marker on `stream` that the race detector takes as a write of the range (see
+    /// the crate docs); `ptr..ptr + len` must be device memory of this device.
+    unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        self.free_on(ptr, len, stream)
+    }
+
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
         let mut state = self.shared.lock();
         state.faults.check(FaultOp::AllocHost)?;

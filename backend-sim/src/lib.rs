@@ -95,7 +95,11 @@
 //! [`Error::DataRace`], naming both operations (what, which stream, which thread), the
 //! allocation (device, base, size) and the range. Freeing an allocation (`free`,
 //! `free_host`, `ipc_close`) is a write of all of it by the host, so freeing memory a
-//! stream may still use is a race. Modes ([`RaceMode`], from [`SimConfig::races`] or
+//! stream may still use is a race. A stream-ordered free of part of an allocation
+//! (`mark_free_on`: cudabuf's caching allocator freeing a block on a stream, which stays
+//! allocated) is a write of that part by the stream, so the block's next owner races
+//! with it unless its work is ordered after the free (the same stream, or an event
+//! recorded after the free that is known complete or waited for). Modes ([`RaceMode`], from [`SimConfig::races`] or
 //! `CUDABUF_SIM_RACES`): `fail` (default: the racing call returns the error and issues
 //! nothing), `log` (`log::warn!`, and the operation proceeds), `off`; in `fail` and
 //! `log`, races are listed by [`SimBackend::race_report`].

@@ -21,6 +21,9 @@
 //!   correctly synchronized twins;
 //! - `streams_hostile`: one stream shared by threads, transfers outliving or forgotten
 //!   by their stream, events across devices and contexts, a writer's copies in flight;
+//! - `stream_alloc`: stream-ordered allocation on the caching allocator
+//!   (`Context::new_buffer_on`): reuse by the same stream at once, by others after the
+//!   free's event, IPC export, out-of-memory with pending frees;
 //! - `reliability_*`: hostile input the modules above leave out, IPC handle bytes fuzzed,
 //!   process faults around IPC (crashed, exited and killed peers), and a multi-thread
 //!   load; `docs/RELIABILITY.md` maps every public operation to its cases.
@@ -38,6 +41,7 @@ mod pid_reuse;
 mod ranges;
 mod reader;
 mod slices;
+mod stream_alloc;
 mod streams;
 mod streams_hostile;
 mod writer;
@@ -85,6 +89,15 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     streams_hostile::stream_waits_for_an_event_of_another_device,
     streams_hostile::event_of_another_context_cannot_be_recorded_or_timed,
     streams_hostile::race_non_blocking_read_of_unflushed_writer_bytes,
+    // stream-ordered allocation
+    stream_alloc::stream_alloc_same_stream_reuses_a_block_at_once_in_order,
+    stream_alloc::stream_alloc_other_stream_reuses_a_block_only_after_its_free_event,
+    stream_alloc::stream_alloc_synchronous_new_buffer_after_a_stream_ordered_free,
+    stream_alloc::stream_alloc_work_on_other_streams_keeps_the_buffer_alive,
+    stream_alloc::stream_alloc_ipc_export_of_a_stream_ordered_buffer,
+    stream_alloc::stream_alloc_out_of_memory_waits_for_pending_frees,
+    stream_alloc::stream_alloc_bad_streams_are_invalid_argument,
+    stream_alloc::stream_alloc_stream_of_another_device_is_invalid_argument,
     // copies
     copies::copy_from_host_then_copy_to_host_round_trips,
     copies::copy_to_host_into_caller_slice_round_trips,

@@ -704,6 +704,27 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
         ))
     }
 
+    /// Note that `ptr..ptr + len`, part of a live allocation of this context (from
+    /// [`allocate`](Self::allocate)), was freed in stream order on `stream` by cudabuf's
+    /// caching allocator (as `cuMemFreeAsync` would free it): work issued to `stream`
+    /// afterwards may reuse the bytes at once, other streams and the host only after an
+    /// event recorded on `stream` after this call has completed. The memory stays
+    /// allocated; nothing is copied.
+    ///
+    /// A backend that checks ordering (the simulator's race detector) takes it as a write
+    /// of the range by `stream`: an access of the memory's next owner that is not ordered
+    /// after the free is then a race, and so is the free itself when an access of another
+    /// stream is not ordered before it. The provided implementation does nothing (CUDA
+    /// has nothing to do: the ordering is the allocator's).
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` (`len > 0`) lies in a live allocation of this context, and
+    /// `stream` is a live stream of this context.
+    unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        let _ = (ptr, len, stream);
+        Ok(())
+    }
+
     /// Allocate `size` bytes of pinned host memory: page-locked, portable (usable from
     /// every context), device-mapped, and not write-combined.
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc>;

@@ -8,6 +8,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ipc::{self, IpcMemHandle};
 use crate::memory::{Memory, Owner};
+use crate::stream::Stream;
 
 /// A range of device memory (pyarrow's `CudaBuffer`): an allocation, a slice of one, a
 /// view of foreign memory, or an IPC mapping.
@@ -118,6 +119,76 @@ impl DeviceBuffer {
     /// shares the exporter's allocation, and its context is the exporter's).
     pub fn is_owning(&self) -> bool {
         self.memory.is_owned()
+    }
+
+    /// The stream this buffer's memory is ordered on, if it was allocated with
+    /// [`Context::new_buffer_on`] (a slice reports its parent's): a handle to that stream
+    /// ([`Stream::same_as`] the one given there), whose operations do not hold the buffer.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let buf = ctx.new_buffer_on(&stream, 64)?;
+    /// assert!(buf.stream().is_some_and(|s| s.same_as(&stream)));
+    /// assert!(ctx.new_buffer(64)?.stream().is_none());
+    /// # Ok(()) }
+    /// ```
+    pub fn stream(&self) -> Option<Stream> {
+        self.memory.ordered_on().cloned().map(Stream::over)
+    }
+
+    /// Declare that this buffer's memory is used by work on `stream` that cudabuf does
+    /// not track (PyTorch's `Tensor.record_stream`): a kernel launched on a stream of
+    /// cudarc, PyTorch or CuPy ([`Context::wrap_stream`]), or a raw backend call. When the
+    /// memory's last buffer is dropped, its free is then ordered after the work issued to
+    /// `stream` up to the drop (the stream the free is issued on waits for an event
+    /// recorded on `stream` then), so the block is never handed to another owner while
+    /// that work may still use it. Copies issued through cudabuf's [`Stream`] need no
+    /// such call: they keep the buffer alive until they complete.
+    ///
+    /// The free is issued on the buffer's own stream ([`Context::new_buffer_on`]), or, for
+    /// a buffer of the synchronous API, on the first stream recorded (its block is then
+    /// reused at once by that stream, by others after the free's event), and waits for
+    /// the other recorded streams' work. With the cache off, the free waits on the host for
+    /// those streams before freeing the exact allocation. Recording the buffer's own
+    /// stream, or a stream twice, changes nothing. A zero-size buffer ignores it.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let (mine, theirs) = (ctx.new_stream()?, ctx.new_stream()?);
+    /// let buf = ctx.new_buffer_on(&mine, 256)?;
+    /// // ... a kernel of another library reads `buf` on `theirs` ...
+    /// buf.record_stream(&theirs)?;
+    /// drop(buf); // freed on `mine` after `theirs`'s work so far, without blocking
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `stream` belongs to another device context or
+    /// backend, or is the per-thread default stream (see [`Context::new_buffer_on`]), or
+    /// if this buffer does not own its memory (a view of foreign memory, an IPC mapping
+    /// of another process: cudabuf frees none of it; record the stream on the buffer
+    /// that owns it).
+    pub fn record_stream(&self, stream: &Stream) -> Result<()> {
+        if self.memory.size == 0 {
+            return Ok(());
+        }
+        self.context()
+            .check_order_stream("DeviceBuffer::record_stream", stream)?;
+        if self.memory.record_stream(stream.handle()) {
+            Ok(())
+        } else {
+            Err(Error::invalid_argument(
+                "DeviceBuffer::record_stream",
+                format!(
+                    "this buffer is a {} over memory cudabuf did not allocate, and frees none \
+                     of it: record the stream on the buffer that owns the memory",
+                    self.memory.describe()
+                ),
+            ))
+        }
     }
 
     /// A zero-copy slice of `length` bytes at `offset`; writes through it are visible in

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::allocator::{
-    self, registry, AllocatorStats, BlockId, DeviceAllocator, Found, StreamTag,
+    self, registry, AllocatorStats, BlockId, DeviceAllocator, Found, StreamFree, StreamTag,
 };
-use crate::backend::{self, BackendKind, DevicePtr};
+use crate::backend::{self, BackendKind, DevicePtr, RawStream};
 use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::host::HostBuffer;
@@ -15,6 +15,7 @@ use crate::ipc::{self, IpcMemHandle};
 use crate::memory::{Empty, Memory, MemoryKind, Owned, Owner, View};
 use crate::object::{DataSource, DeviceAccessible};
 use crate::pinned_pool::{PinnedPool, DEFAULT_STAGING_POOL_LIMIT};
+use crate::stream::{Stream, StreamHandle};
 
 /// A CUDA context on one device (pyarrow's `Context`): allocates device buffers, opens IPC
 /// handles, and counts what it allocated.
@@ -42,11 +43,13 @@ use crate::pinned_pool::{PinnedPool, DEFAULT_STAGING_POOL_LIMIT};
 /// a microsecond instead of `cuMemAlloc` + `cuMemFree`. There is one allocator per device
 /// context, shared by every `Context` over it (clones, [`Backend::shared_context`], a
 /// second [`Backend`](crate::Backend)), so that its limit and counters are shared too; a
-/// cached block is freed memory through every one of them. An exported buffer's segment
-/// never serves a new owner (see [`export_for_ipc`](DeviceBuffer::export_for_ipc)). The
-/// cache is bounded ([`set_allocator_cache_limit`](Self::set_allocator_cache_limit)),
-/// trimmable ([`trim_cache`](Self::trim_cache)), trimmed and retried when an allocation
-/// runs out of memory, and invisible to [`bytes_allocated`](Self::bytes_allocated)
+/// cached block is freed memory through every one of them. Buffers allocated on a
+/// stream ([`new_buffer_on`](Self::new_buffer_on)) share the cache, their blocks freed in
+/// stream order. An exported buffer's segment never serves a new owner (see
+/// [`export_for_ipc`](DeviceBuffer::export_for_ipc)). The cache is bounded
+/// ([`set_allocator_cache_limit`](Self::set_allocator_cache_limit)), trimmable
+/// ([`trim_cache`](Self::trim_cache)), trimmed and retried when an allocation runs out of
+/// memory, and invisible to [`bytes_allocated`](Self::bytes_allocated)
 /// ([`allocator_stats`](Self::allocator_stats) shows it). It is on by default on CUDA
 /// (4 GiB of free memory per device context) and off on the simulator (which reports
 /// every leak and use after free exactly, with each buffer its own allocation);
@@ -165,7 +168,95 @@ impl Context {
     /// # Errors
     /// [`Error::OutOfMemory`] when the device cannot hold it.
     pub fn new_buffer(&self, nbytes: usize) -> Result<DeviceBuffer> {
-        self.new_owned_buffer(nbytes, false)
+        self.new_owned_buffer(nbytes, false, None)
+    }
+
+    /// Allocate a device buffer of `nbytes` ordered on `stream` (stream-ordered
+    /// allocation, as RMM's `device_buffer(size, stream)`, `cudaMallocAsync`, or
+    /// PyTorch's caching allocator on the current stream). Its memory is ready for work
+    /// issued to `stream` at once; dropping its last clone frees its block *in stream
+    /// order*, without waiting for the device:
+    ///
+    /// - a later `new_buffer_on` of the same stream may get the block back at once: its
+    ///   work is ordered after everything issued to the stream before the free;
+    /// - another stream's `new_buffer_on`, and [`new_buffer`](Self::new_buffer), get it
+    ///   only once an event recorded on `stream` at the free has completed (the caching
+    ///   allocator asks lazily, when it looks for a block; RMM's rule). Until then they
+    ///   get other memory, waiting for such frees only before giving up on out-of-memory.
+    ///
+    /// Operations issued to `stream` itself do not keep the buffer alive (its free is
+    /// ordered after them); operations on other streams do, until they are known
+    /// complete, as for any buffer. Work on the buffer that cudabuf does not see (a kernel
+    /// launched on another stream through cudarc or PyTorch) must be declared with
+    /// [`DeviceBuffer::record_stream`]. To use the buffer on another stream, or through
+    /// the synchronous API while `stream` is [non-blocking](crate::StreamFlags), order
+    /// that work after `stream`'s (an [`Event`](crate::Event) wait, or a synchronize), as
+    /// for any memory `stream` writes.
+    ///
+    /// The block comes from the same caching allocator as [`new_buffer`](Self::new_buffer)
+    /// (see [Caching allocator](Self#caching-allocator)): a plain backend allocation, so
+    /// the buffer can be exported for IPC, under the same rule. With the cache off (the
+    /// simulator's default), the buffer is its own exact allocation, and its free waits
+    /// for `stream`'s work issued before it (as `cuMemFree` waits for the device) before
+    /// freeing it.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_allocator_cache_limit(256 << 20);
+    /// let stream = ctx.new_stream()?;
+    /// let scratch = ctx.new_buffer_on(&stream, 1 << 20)?;
+    /// stream.copy_from_slice(&scratch, &vec![7; 1 << 20])?;
+    /// let address = scratch.address();
+    /// drop(scratch); // freed on `stream` after the copy; the host does not wait
+    /// let again = ctx.new_buffer_on(&stream, 1 << 20)?;
+    /// assert_eq!(again.address(), address); // the same stream takes it back at once
+    /// stream.copy_from_slice(&again, b"ordered after the first copy")?;
+    /// stream.synchronize()?;
+    /// assert_eq!(again.copy_to_host(0, Some(7))?, b"ordered");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `stream` belongs to another device context or
+    /// backend, or is the per-thread default stream (it names a different stream on each
+    /// thread, and the buffer may be dropped on another one: use a stream of your own);
+    /// [`Error::OutOfMemory`] when the device cannot hold it.
+    pub fn new_buffer_on(&self, stream: &Stream, nbytes: usize) -> Result<DeviceBuffer> {
+        self.check_order_stream("new_buffer_on", stream)?;
+        self.new_owned_buffer(nbytes, false, Some(stream.handle()))
+    }
+
+    /// `stream` can order memory of this context: a stream of this device context, and
+    /// not the per-thread default stream.
+    pub(crate) fn check_order_stream(
+        &self,
+        operation: &'static str,
+        stream: &Stream,
+    ) -> Result<()> {
+        let theirs = stream.context();
+        if theirs.backend_kind() != self.backend_kind() || theirs.handle() != self.handle() {
+            return Err(Error::invalid_argument(
+                operation,
+                format!(
+                    "the stream belongs to a {} context on device {}, the memory to a {} \
+                     context on device {}",
+                    theirs.backend_kind(),
+                    theirs.device_number(),
+                    self.backend_kind(),
+                    self.device_number()
+                ),
+            ));
+        }
+        if stream.handle().raw() == RawStream::PER_THREAD {
+            return Err(Error::invalid_argument(
+                operation,
+                "the per-thread default stream names another stream on each thread, and \
+                 memory may be freed on another thread than the one that used it: use a \
+                 stream of your own (Context::new_stream) or the legacy stream",
+            ));
+        }
+        Ok(())
     }
 
     /// Allocate a device buffer of `nbytes` that is its own backend allocation of exactly
@@ -193,10 +284,15 @@ impl Context {
     /// # Errors
     /// [`Error::OutOfMemory`] when the device cannot hold it.
     pub fn new_exclusive_buffer(&self, nbytes: usize) -> Result<DeviceBuffer> {
-        self.new_owned_buffer(nbytes, true)
+        self.new_owned_buffer(nbytes, true, None)
     }
 
-    fn new_owned_buffer(&self, nbytes: usize, exclusive: bool) -> Result<DeviceBuffer> {
+    fn new_owned_buffer(
+        &self,
+        nbytes: usize,
+        exclusive: bool,
+        stream: Option<&Arc<StreamHandle>>,
+    ) -> Result<DeviceBuffer> {
         if nbytes == 0 {
             return Ok(DeviceBuffer::from_memory(Arc::new(Memory::new(
                 self.clone(),
@@ -212,7 +308,8 @@ impl Context {
         };
         let (address, block) = match cached {
             Some(allocator) => {
-                let served = allocator.allocate(&self.inner.raw, nbytes, StreamTag::LEGACY)?;
+                let tag = stream.map_or(StreamTag::NONE, |s| s.tag());
+                let served = allocator.allocate(&self.inner.raw, nbytes, tag)?;
                 (served.address, Some(served.block))
             }
             None => (self.allocate_exact(nbytes)?, None),
@@ -224,7 +321,7 @@ impl Context {
             self.clone(),
             address,
             nbytes,
-            MemoryKind::Owned(Owned { block }),
+            MemoryKind::Owned(Owned::new(block, stream.cloned())),
         ))))
     }
 
@@ -284,19 +381,95 @@ impl Context {
         }
     }
 
-    /// The last buffer over memory from `new_buffer` is gone: give its block back to the
-    /// caching allocator, or free the exact allocation, and stop counting it.
-    pub(crate) fn release_block(&self, address: DevicePtr, size: usize, block: Option<BlockId>) {
-        match (block, self.inner.allocator.get()) {
-            (Some(block), Some(allocator)) => allocator.release(block),
-            (Some(_), None) => {
-                // Cannot happen: a block comes from this context's allocator. Leaking is
-                // the only sound answer if it ever does.
-                log::error!("device block at {address:#x} has no allocator; leaking it");
+    /// The last buffer over memory from `new_buffer` (or `new_buffer_on`) is gone: give
+    /// its block back to the caching allocator, or free the exact allocation, and stop
+    /// counting it. Memory ordered on a stream, or recorded as used on streams, is freed
+    /// in stream order: on its own stream (or the first recorded one), after the work
+    /// of the other recorded streams.
+    pub(crate) fn release_block(
+        &self,
+        address: DevicePtr,
+        size: usize,
+        block: Option<BlockId>,
+        stream: Option<&Arc<StreamHandle>>,
+        used_on: &[Arc<StreamHandle>],
+    ) {
+        let ordered = match (stream, used_on.split_first()) {
+            (Some(own), _) => Some((own, used_on)),
+            (None, Some((first, rest))) => Some((first, rest)),
+            (None, None) => None,
+        };
+        if let Some((on, after)) = ordered {
+            self.release_in_stream_order(address, size, block, on, after);
+        } else {
+            // The synchronous API's memory: every use of it is known complete.
+            match (block, self.inner.allocator.get()) {
+                (Some(block), Some(allocator)) => allocator.release(block),
+                (Some(_), None) => {
+                    // Cannot happen: a block comes from this context's allocator. Leaking
+                    // is the only sound answer if it ever does.
+                    log::error!("device block at {address:#x} has no allocator; leaking it");
+                }
+                (None, _) => free_block(&self.inner.raw, address, size),
             }
-            (None, _) => free_block(&self.inner.raw, address, size),
         }
         self.inner.bytes_allocated.fetch_sub(size, Ordering::AcqRel);
+    }
+
+    /// `release_block` of memory freed in stream order on `on` (its own stream, or the
+    /// first recorded), after the work of the streams `after`.
+    #[inline(never)]
+    fn release_in_stream_order(
+        &self,
+        address: DevicePtr,
+        size: usize,
+        block: Option<BlockId>,
+        on: &Arc<StreamHandle>,
+        after: &[Arc<StreamHandle>],
+    ) {
+        match (block, self.inner.allocator.get()) {
+            (Some(block), Some(allocator)) => {
+                let after: Vec<RawStream> = after.iter().map(|s| s.raw()).collect();
+                let free = StreamFree {
+                    tag: on.tag(),
+                    stream: on.raw(),
+                    after: &after,
+                };
+                allocator.release_on_stream(&self.inner.raw, block, &free);
+            }
+            (Some(_), None) => {
+                // Cannot happen (see `release_block`).
+                log::error!("device block at {address:#x} has no allocator; leaking it");
+            }
+            (None, _) => {
+                // An exact allocation is freed by `cuMemFree`, which must not run under
+                // work that may still use the memory: wait for the streams it is ordered
+                // on first (as `cuMemFree` itself waits for the device).
+                let waited = std::iter::once(on)
+                    .chain(after)
+                    // SAFETY: the streams are live (the memory holds their handles) and of
+                    // this device context (`check_order_stream`, `record_stream`).
+                    .try_for_each(|s| unsafe { self.inner.raw.stream_synchronize(s.raw()) });
+                match waited.or_else(|_| self.inner.raw.synchronize()) {
+                    Ok(()) => free_block(&self.inner.raw, address, size),
+                    Err(e) => log::error!(
+                        "waiting for the streams of a {size}-byte allocation at {address:#x} \
+                         failed ({e}); it is leaked rather than freed under work that may \
+                         still use it"
+                    ),
+                }
+            }
+        }
+    }
+
+    /// Break the caching allocator's stream rule, for tests only (`mock` feature): blocks
+    /// freed in stream order may then be taken by other streams (and the synchronous API)
+    /// at once, without waiting for their free events. It exists so that a test can show
+    /// that the simulator's race detector catches exactly that bug (the reuse races with
+    /// the free); never switch it on otherwise.
+    #[cfg(feature = "mock")]
+    pub fn set_unordered_stream_reuse_for_tests(&self, on: bool) {
+        self.joined_allocator().set_unordered_stream_reuse(on);
     }
 
     /// Another process may map the memory at `address` from now on (it was exported): the
@@ -307,7 +480,10 @@ impl Context {
 
     /// Give every idle segment of the caching allocator (segments holding no live buffer)
     /// back to the backend, and free every idle pooled pinned staging buffer; returns the
-    /// device bytes freed. Buffers in use are not affected.
+    /// device bytes freed. Buffers in use are not affected. Blocks freed in stream order
+    /// ([`new_buffer_on`](Self::new_buffer_on)) whose free has not completed are waited
+    /// for first (as `torch.cuda.empty_cache` synchronizes), so that their segments can go
+    /// too.
     pub fn trim_cache(&self) -> usize {
         drop(self.inner.host_pool.drain());
         self.existing_allocator().map_or(0, |a| a.trim())
@@ -323,7 +499,9 @@ impl Context {
     /// Set the limit of free device bytes the caching allocator keeps for reuse, for every
     /// context over this context's device context; 0 turns the cache off (new buffers are
     /// then exact backend allocations). Idle segments over the new limit go back to the
-    /// backend now (the least recently emptied first).
+    /// backend now (the least recently emptied first), except those holding blocks freed
+    /// in stream order whose free has not completed, which go later; with 0, those frees
+    /// are waited for and every idle segment goes now.
     pub fn set_allocator_cache_limit(&self, max_cached_bytes: usize) {
         self.joined_allocator().set_limit(max_cached_bytes);
     }

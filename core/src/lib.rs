@@ -4,8 +4,9 @@
 //!
 //! - [`Backend`]: a backend (simulator or CUDA) and its devices; [`Backend::context`]
 //!   gives a device's primary [`Context`];
-//! - [`Context`]: allocates [`DeviceBuffer`]s, pinned [`HostBuffer`]s, wraps foreign
-//!   memory, opens [`IpcMemHandle`]s, and counts `bytes_allocated`;
+//! - [`Context`]: allocates [`DeviceBuffer`]s (also ordered on a [`Stream`]:
+//!   [`Context::new_buffer_on`]), pinned [`HostBuffer`]s, wraps foreign memory, opens
+//!   [`IpcMemHandle`]s, and counts `bytes_allocated`;
 //! - [`DeviceBuffer`]: device memory with checked, synchronous copies, zero-copy slices,
 //!   and export for IPC;
 //! - [`BufferReader`] / [`BufferWriter`]: `std::io` over device memory;

@@ -3,13 +3,14 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use enum_dispatch::enum_dispatch;
 
 use crate::allocator::BlockId;
 use crate::backend::{DevicePtr, RawIpcHandle};
 use crate::context::Context;
+use crate::stream::StreamHandle;
 
 /// Something that keeps foreign memory alive for as long as a view of it exists.
 pub type Owner = Arc<dyn Any + Send + Sync>;
@@ -43,19 +44,55 @@ impl Release for Empty {
     }
 }
 
-/// Memory allocated by `new_buffer` through a context; counted in `bytes_allocated`.
+/// Memory allocated by `new_buffer` (or `new_buffer_on`) through a context; counted in
+/// `bytes_allocated`.
 pub(crate) struct Owned {
     /// The caching allocator's block, or `None` for an exact backend allocation (the
     /// cache was off, or `new_exclusive_buffer`).
     pub(crate) block: Option<BlockId>,
+    /// The streams the memory is ordered on, if any (set by `new_buffer_on`, or by the
+    /// first `record_stream`): out of line, so that the synchronous API's memory carries
+    /// nothing but an empty cell.
+    pub(crate) order: OnceLock<Box<StreamOrder>>,
+}
+
+/// The streams memory is ordered on.
+pub(crate) struct StreamOrder {
+    /// The stream it was allocated on (`new_buffer_on`): it is freed on it.
+    pub(crate) stream: Option<Arc<StreamHandle>>,
+    /// Other streams the user said it is used on (`DeviceBuffer::record_stream`): its
+    /// free is ordered after their work issued before it.
+    pub(crate) used_on: Mutex<Vec<Arc<StreamHandle>>>,
+}
+
+impl Owned {
+    #[inline]
+    pub(crate) fn new(block: Option<BlockId>, stream: Option<Arc<StreamHandle>>) -> Self {
+        let order = OnceLock::new();
+        if let Some(stream) = stream {
+            let _ = order.set(Box::new(StreamOrder {
+                stream: Some(stream),
+                used_on: Mutex::new(Vec::new()),
+            }));
+        }
+        Owned { block, order }
+    }
 }
 
 impl Release for Owned {
+    #[inline]
     fn release(&mut self, ctx: &Context, address: DevicePtr, size: usize) {
         // `address` came from `new_buffer` on this context (only it makes `Owned` memory)
         // and this is the one release of it: `Memory::drop` runs once and no buffer refers
-        // to the memory any more. The context gives the block back or frees it.
-        ctx.release_block(address, size, self.block);
+        // to the memory any more. The context gives the block back or frees it, in
+        // stream order where the memory is ordered on a stream.
+        match self.order.get_mut() {
+            None => ctx.release_block(address, size, self.block, None, &[]),
+            Some(order) => {
+                let used_on = order.used_on.get_mut().unwrap_or_else(|p| p.into_inner());
+                ctx.release_block(address, size, self.block, order.stream.as_ref(), used_on);
+            }
+        }
     }
     fn describe(&self) -> &'static str {
         "allocation"
@@ -113,6 +150,41 @@ impl Memory {
 
     pub(crate) fn is_owned(&self) -> bool {
         matches!(self.kind, MemoryKind::Owned(_))
+    }
+
+    /// The stream the memory is ordered on (allocated by `new_buffer_on`).
+    pub(crate) fn ordered_on(&self) -> Option<&Arc<StreamHandle>> {
+        match &self.kind {
+            MemoryKind::Owned(owned) => owned.order.get().and_then(|o| o.stream.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// Remember that the memory is used on `stream` (`record_stream`); `false` if it is
+    /// not memory cudabuf allocated (nothing of it is freed here). The owning stream and
+    /// streams already recorded are not added again.
+    pub(crate) fn record_stream(&self, stream: &Arc<StreamHandle>) -> bool {
+        let MemoryKind::Owned(owned) = &self.kind else {
+            return false;
+        };
+        let order = owned.order.get_or_init(|| {
+            Box::new(StreamOrder {
+                stream: None,
+                used_on: Mutex::new(Vec::new()),
+            })
+        });
+        if order
+            .stream
+            .as_ref()
+            .is_some_and(|own| Arc::ptr_eq(own, stream))
+        {
+            return true;
+        }
+        let mut used_on = order.used_on.lock().unwrap_or_else(|p| p.into_inner());
+        if !used_on.iter().any(|s| Arc::ptr_eq(s, stream)) {
+            used_on.push(stream.clone());
+        }
+        true
     }
 
     pub(crate) fn describe(&self) -> &'static str {

@@ -5,8 +5,10 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
+use crate::allocator::StreamTag;
 use crate::backend::{same_implementation, RawEvent, RawStream, StreamFlags};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
@@ -42,11 +44,47 @@ struct InFlight {
     held: Vec<Held>,
 }
 
-struct StreamInner {
+/// The stream itself: its handle, and its destruction once nothing can issue to it any
+/// more. Shared by every clone of a [`Stream`] (through `StreamInner`) and by the
+/// stream-ordered buffers allocated on it ([`Context::new_buffer_on`]), which issue their
+/// free on it: a buffer outliving every `Stream` handle keeps the stream alive, and holds
+/// none of the handles' in-flight state (so no cycle between buffers and streams forms).
+pub(crate) struct StreamHandle {
+    /// A process-unique identity (never reused, unlike the raw handle or an address): the
+    /// caching allocator's tag for blocks freed on this stream.
+    id: u64,
     ctx: Context,
     raw: RawStream,
     flags: StreamFlags,
     kind: StreamKind,
+}
+
+impl StreamHandle {
+    /// The caching allocator's tag for this stream.
+    pub(crate) fn tag(&self) -> StreamTag {
+        StreamTag::of_stream(self.id)
+    }
+
+    pub(crate) fn raw(&self) -> RawStream {
+        self.raw
+    }
+}
+
+impl Drop for StreamHandle {
+    fn drop(&mut self) {
+        if self.kind == StreamKind::Owned {
+            // SAFETY: made by `stream_create` of this context (kind Owned), destroyed
+            // once, here, when the last `Stream` and the last buffer ordered on it are
+            // gone. Work still queued on it completes (as `cuStreamDestroy` lets it).
+            if let Err(e) = unsafe { self.ctx.raw().stream_destroy(self.raw) } {
+                log::warn!("destroying a stream failed: {e}");
+            }
+        }
+    }
+}
+
+struct StreamInner {
+    handle: Arc<StreamHandle>,
     state: Mutex<StreamState>,
 }
 
@@ -89,7 +127,9 @@ enum Untracked {
 /// touches is kept alive by the stream until the operation is known complete (each
 /// operation is followed by a pooled internal event, and the stream releases what it
 /// holds as it sees those events complete: on the next operation, query or
-/// synchronize, or when the stream is dropped).
+/// synchronize, or when the stream is dropped). A buffer allocated on the stream itself
+/// ([`Context::new_buffer_on`]) is not held by the stream's own operations: dropping it
+/// frees its block in stream order, after them, without waiting.
 ///
 /// Pageable host memory (`&[u8]`) can be uploaded on a stream with
 /// [`Stream::copy_from_slice`]: the bytes are copied now into pooled pinned memory and
@@ -195,41 +235,58 @@ impl Context {
 
 impl Stream {
     fn from_parts(ctx: &Context, raw: RawStream, flags: StreamFlags, kind: StreamKind) -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Stream::over(Arc::new(StreamHandle {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ctx: ctx.clone(),
+            raw,
+            flags,
+            kind,
+        }))
+    }
+
+    /// A `Stream` over an existing stream (with in-flight tracking of its own).
+    pub(crate) fn over(handle: Arc<StreamHandle>) -> Self {
         Stream {
             inner: Arc::new(StreamInner {
-                ctx: ctx.clone(),
-                raw,
-                flags,
-                kind,
+                handle,
                 state: Mutex::new(StreamState::default()),
             }),
         }
     }
 
+    /// The stream itself, shared with the buffers ordered on it.
+    pub(crate) fn handle(&self) -> &Arc<StreamHandle> {
+        &self.inner.handle
+    }
+
     /// The context the stream belongs to.
     pub fn context(&self) -> &Context {
-        &self.inner.ctx
+        &self.inner.handle.ctx
     }
 
     /// The backend's handle (a `CUstream` as an integer on CUDA), for handing the stream
     /// to another library.
     pub fn as_raw(&self) -> u64 {
-        self.inner.raw.as_raw()
+        self.inner.handle.raw.as_raw()
     }
 
     pub(crate) fn raw(&self) -> RawStream {
-        self.inner.raw
+        self.inner.handle.raw
     }
 
     /// How the stream was made (for the default and foreign streams: what the caller said
     /// or the defaults).
     pub fn flags(&self) -> StreamFlags {
-        self.inner.flags
+        self.inner.handle.flags
     }
 
-    /// Whether `self` and `other` are clones of one stream handle.
+    /// Whether `self` and `other` are clones of one stream handle (a stream and its
+    /// clones, and what [`DeviceBuffer::stream`] returns for a buffer allocated on it).
+    /// Two handles over one raw stream (two [`Context::legacy_stream`] calls, two wraps
+    /// of one foreign stream) are not the same handle.
     pub fn same_as(&self, other: &Stream) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
+        Arc::ptr_eq(&self.inner.handle, &other.inner.handle)
     }
 
     fn state(&self) -> MutexGuard<'_, StreamState> {
@@ -250,7 +307,13 @@ impl Stream {
         let covered = self.state().next_seq;
         // SAFETY: the stream is live: owned ones until the last clone drops, default ones
         // always, foreign ones by `wrap_stream`'s contract.
-        unsafe { self.inner.ctx.raw().stream_synchronize(self.inner.raw) }?;
+        unsafe {
+            self.inner
+                .handle
+                .ctx
+                .raw()
+                .stream_synchronize(self.inner.handle.raw)
+        }?;
         if self.is_per_thread() {
             // The calling thread's default stream is done; other threads' are not known.
             self.release_completed()
@@ -267,7 +330,13 @@ impl Stream {
     pub fn query(&self) -> Result<bool> {
         let covered = self.state().next_seq;
         // SAFETY: as in `synchronize`.
-        let done = unsafe { self.inner.ctx.raw().stream_query(self.inner.raw) }?;
+        let done = unsafe {
+            self.inner
+                .handle
+                .ctx
+                .raw()
+                .stream_query(self.inner.handle.raw)
+        }?;
         if done && !self.is_per_thread() {
             self.release_before(covered);
         } else {
@@ -280,7 +349,7 @@ impl Stream {
     /// issuing thread, so that its operations are not in one order and a wait for "the
     /// stream" covers only the calling thread's.
     fn is_per_thread(&self) -> bool {
-        self.inner.raw == RawStream::PER_THREAD
+        self.inner.handle.raw == RawStream::PER_THREAD
     }
 
     /// Make later work of this stream wait for the work `event` captured at its most
@@ -296,9 +365,10 @@ impl Stream {
         // keeps it alive, or `wrap_event`'s contract does).
         unsafe {
             self.inner
+                .handle
                 .ctx
                 .raw()
-                .stream_wait_event(self.inner.raw, event.raw())
+                .stream_wait_event(self.inner.handle.raw, event.raw())
         }
     }
 
@@ -347,11 +417,11 @@ impl Stream {
         // no Rust reference reads or writes it meanwhile, and it is not freed. `dst`'s range
         // lies in its live memory, kept alive by the transfer. The stream is live.
         let issued = unsafe {
-            self.inner.ctx.raw().copy_host_to_device_on(
+            self.inner.handle.ctx.raw().copy_host_to_device_on(
                 dst.address(),
                 src.buffer.host_ptr().add(src.offset),
                 src.len,
-                self.inner.raw,
+                self.inner.handle.raw,
             )
         };
         self.finish_transfer(issued, done, src.buffer, dst)
@@ -385,11 +455,11 @@ impl Stream {
         // SAFETY: as in `copy_from_host`: the transfer owns the pinned destination until
         // the copy is known complete, so no Rust reference to it exists meanwhile.
         let issued = unsafe {
-            self.inner.ctx.raw().copy_device_to_host_on(
+            self.inner.handle.ctx.raw().copy_device_to_host_on(
                 dst.buffer.host_ptr().add(dst.offset),
                 src.address(),
                 src.size(),
-                self.inner.raw,
+                self.inner.handle.raw,
             )
         };
         self.finish_transfer(issued, done, dst.buffer, src)
@@ -423,18 +493,16 @@ impl Stream {
         // SAFETY: `staging` is pinned and filled; the stream holds it (and `dst`) until
         // the copy is known complete, and nothing else references it.
         let issued = unsafe {
-            self.inner.ctx.raw().copy_host_to_device_on(
+            self.inner.handle.ctx.raw().copy_host_to_device_on(
                 dst.address(),
                 staging.host_ptr(),
                 src.len(),
-                self.inner.raw,
+                self.inner.handle.raw,
             )
         };
-        self.finish_tracked(
-            issued,
-            done,
-            vec![Held::Staging(staging), Held::Device(dst.clone())],
-        )
+        let mut held = vec![Held::Staging(staging)];
+        held.extend(self.hold(dst));
+        self.finish_tracked(issued, done, held)
     }
 
     /// Copy all of the pinned host bytes `src` (a [`HostBuffer`] or a [`HostRange`] of
@@ -497,20 +565,18 @@ impl Stream {
         // Rust reference reads or writes it meanwhile, and it is not freed. `dst`'s range
         // lies in its live memory, held by the stream too. The stream is live.
         let issued = unsafe {
-            self.inner.ctx.raw().copy_host_to_device_on(
+            self.inner.handle.ctx.raw().copy_host_to_device_on(
                 dst.address(),
                 src.buffer.host_ptr().add(src.offset),
                 src.len,
-                self.inner.raw,
+                self.inner.handle.raw,
             )
         };
         // On error `finish_tracked` has either not issued the copy or waited for it, and
         // drops what it was given: the staging buffer is freed, not recycled.
-        self.finish_tracked(
-            issued,
-            done,
-            vec![Held::Staging(src.buffer), Held::Device(dst.clone())],
-        )
+        let mut held = vec![Held::Staging(src.buffer)];
+        held.extend(self.hold(dst));
+        self.finish_tracked(issued, done, held)
     }
 
     /// Copy all of `src` into the start of `dst` on this stream, device to device
@@ -552,7 +618,7 @@ impl Stream {
             return Ok(());
         }
         let done = self.take_event()?;
-        let raw = self.inner.ctx.raw();
+        let raw = self.inner.handle.ctx.raw();
         let issued = if src_ctx.handle() == self.context().handle() {
             // SAFETY: both ranges lie in live memory of this context, held by the stream
             // until the copy is known complete; the stream is live.
@@ -561,7 +627,7 @@ impl Stream {
                     dst.address(),
                     src.address(),
                     src.size(),
-                    self.inner.raw,
+                    self.inner.handle.raw,
                 )
             }
         } else {
@@ -572,15 +638,12 @@ impl Stream {
                     src_ctx.raw().as_ref(),
                     src.address(),
                     src.size(),
-                    self.inner.raw,
+                    self.inner.handle.raw,
                 )
             }
         };
-        self.finish_tracked(
-            issued,
-            done,
-            vec![Held::Device(dst.clone()), Held::Device(src.clone())],
-        )
+        let held = self.hold(dst).into_iter().chain(self.hold(src)).collect();
+        self.finish_tracked(issued, done, held)
     }
 
     /// `buffer` must be memory this stream's context reaches as its own.
@@ -606,12 +669,25 @@ impl Stream {
         Ok(())
     }
 
+    /// What keeps `buffer` alive until an operation on this stream is known complete:
+    /// nothing for a buffer ordered on this very stream ([`Context::new_buffer_on`]),
+    /// whose free is issued on the stream after the operation (so its block is reused
+    /// only by later work of the stream, or by others after an event that follows the
+    /// operation); a clone of it otherwise.
+    fn hold(&self, buffer: &DeviceBuffer) -> Option<Held> {
+        let ours = buffer
+            .memory()
+            .ordered_on()
+            .is_some_and(|owner| Arc::ptr_eq(owner, &self.inner.handle));
+        (!ours).then(|| Held::Device(buffer.clone()))
+    }
+
     /// An internal event for tracking an operation: an idle one, or a new one.
     fn take_event(&self) -> Result<RawEvent> {
         if let Some(event) = self.state().idle_events.pop() {
             return Ok(event);
         }
-        self.inner.ctx.raw().event_create(false)
+        self.inner.handle.ctx.raw().event_create(false)
     }
 
     fn give_back_event(&self, event: RawEvent) {
@@ -627,7 +703,13 @@ impl Stream {
         }
         // SAFETY: `done` is an internal event of this context (made by `event_create`,
         // idle) and the stream is live.
-        let recorded = unsafe { self.inner.ctx.raw().event_record(done, self.inner.raw) };
+        let recorded = unsafe {
+            self.inner
+                .handle
+                .ctx
+                .raw()
+                .event_record(done, self.inner.handle.raw)
+        };
         if let Err(e) = recorded {
             // The operation was issued but cannot be tracked: wait for it here (it went
             // to the calling thread's stream, which is what `synchronize_raw` waits
@@ -651,10 +733,16 @@ impl Stream {
     /// default stream, whose work may be on several threads' streams, the whole context.
     fn synchronize_raw(&self) -> Result<()> {
         if self.is_per_thread() {
-            return self.inner.ctx.raw().synchronize();
+            return self.inner.handle.ctx.raw().synchronize();
         }
         // SAFETY: as in `synchronize`.
-        unsafe { self.inner.ctx.raw().stream_synchronize(self.inner.raw) }
+        unsafe {
+            self.inner
+                .handle
+                .ctx
+                .raw()
+                .stream_synchronize(self.inner.handle.raw)
+        }
     }
 
     fn finish_tracked(&self, issued: Result<()>, done: RawEvent, held: Vec<Held>) -> Result<()> {
@@ -687,7 +775,7 @@ impl Stream {
         match self.record_done(issued, done) {
             Ok(()) => Ok(Transfer {
                 pending: Some(TransferCopy {
-                    ctx: self.inner.ctx.clone(),
+                    ctx: self.inner.handle.ctx.clone(),
                     stream: Arc::downgrade(&self.inner),
                     done,
                 }),
@@ -724,7 +812,7 @@ impl Stream {
                 // SAFETY: `done` is an internal event of this context, recorded, alive
                 // (events go back to the idle list only when their operation leaves
                 // `in_flight`, and are destroyed only when the stream is dropped).
-                if unsafe { self.inner.ctx.raw().event_query(done) }? {
+                if unsafe { self.inner.handle.ctx.raw().event_query(done) }? {
                     complete.push(seq);
                 }
             }
@@ -737,7 +825,7 @@ impl Stream {
                 return Ok(());
             };
             // SAFETY: as above.
-            if !unsafe { self.inner.ctx.raw().event_query(done) }? {
+            if !unsafe { self.inner.handle.ctx.raw().event_query(done) }? {
                 return Ok(());
             }
             // Another thread may have released it (and more) meanwhile: only the
@@ -801,12 +889,12 @@ impl Stream {
 impl Drop for StreamInner {
     fn drop(&mut self) {
         let state = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
-        let raw = self.ctx.raw().clone();
+        let raw = self.handle.ctx.raw().clone();
         // Wait for the operations issued through cudabuf: then everything they held may
         // go. On one backend stream the last one completes after the others; the
         // per-thread default stream is one backend stream per issuing thread, so each of
         // its operations is waited for.
-        let per_thread = self.raw == RawStream::PER_THREAD;
+        let per_thread = self.handle.raw == RawStream::PER_THREAD;
         let waits: Vec<RawEvent> = if per_thread {
             state.in_flight.iter().map(|op| op.done).collect()
         } else {
@@ -827,8 +915,8 @@ impl Drop for StreamInner {
                 // Every thread's default stream: the whole context.
                 raw.synchronize()
             } else {
-                // SAFETY: the stream is live (destroyed only below).
-                unsafe { raw.stream_synchronize(self.raw) }
+                // SAFETY: the stream is live (`self.handle` destroys it, after this).
+                unsafe { raw.stream_synchronize(self.handle.raw) }
             };
             if let Err(e) = fallback {
                 // Nothing is known complete: keep the memory rather than free it under a
@@ -856,17 +944,12 @@ impl Drop for StreamInner {
             for h in op.held {
                 match h {
                     Held::Device(buffer) => drop(buffer),
-                    Held::Staging(host) => self.ctx.recycle_staging_buffer(host),
+                    Held::Staging(host) => self.handle.ctx.recycle_staging_buffer(host),
                 }
             }
         }
-        if self.kind == StreamKind::Owned {
-            // SAFETY: made by `stream_create` of this context (kind Owned), destroyed
-            // once, here, by the last clone.
-            if let Err(e) = unsafe { raw.stream_destroy(self.raw) } {
-                log::warn!("destroying a stream failed: {e}");
-            }
-        }
+        // The stream itself is destroyed with `self.handle`'s last holder (this, or a
+        // buffer ordered on it).
     }
 }
 
@@ -874,8 +957,8 @@ impl fmt::Debug for Stream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Stream")
             .field("raw", &format_args!("{:#x}", self.as_raw()))
-            .field("kind", &self.inner.kind)
-            .field("flags", &self.inner.flags)
+            .field("kind", &self.inner.handle.kind)
+            .field("flags", &self.inner.handle.flags)
             .field("device", &self.context().device_number())
             .finish()
     }

@@ -404,3 +404,73 @@ fn a_failed_racy_call_issues_nothing() {
     assert_eq!(host(&f.q), [0; LEN]);
     f.finish(false);
 }
+
+/// The unit-level twin of cudabuf's stream-ordered allocation (`mark_free_on`): a block
+/// (bytes 128..256 of `d`) freed on `s1` after its owner's last write there, then written
+/// by its next owner on `s2`. Handed over before the free's event is known done (the
+/// broken policy), the write races with the free; after the allocator's lazy check
+/// (`event_query` until true), it is ordered.
+#[test]
+fn a_block_reused_on_another_stream_before_its_free_is_done() {
+    flagged_every_time(
+        |f, synchronized| {
+            h2d(&*f.c, f.d, &f.p, LEN, f.s1)?;
+            // SAFETY: bytes 128..256 of the live allocation `d`; `s1` is a live stream of
+            // this context.
+            unsafe { f.c.mark_free_on(f.d + 128, 128, f.s1) }?;
+            let ev = f.c.event_create(false)?;
+            record(&*f.c, ev, f.s1)?;
+            if synchronized {
+                // SAFETY: `ev` is a live event of this context.
+                while !unsafe { f.c.event_query(ev) }? {}
+            }
+            h2d(&*f.c, f.d + 128, &f.q, 128, f.s2)?;
+            Ok(false)
+        },
+        &[
+            "write by H2D copy (copy_host_to_device_on) #",
+            "is not ordered after write by stream-ordered free (mark_free_on) #",
+            "bytes 128..256",
+        ],
+    );
+}
+
+/// A stream-ordered free is itself checked: freeing on `s1` bytes that `s2` still reads
+/// (without `s1` waiting for `s2`, as `record_stream` makes it) is a race.
+#[test]
+fn a_stream_ordered_free_under_another_streams_read() {
+    flagged_every_time(
+        |f, synchronized| {
+            d2h(&*f.c, &f.q, f.d, LEN, f.s2)?;
+            if synchronized {
+                let ev = f.c.event_create(false)?;
+                record(&*f.c, ev, f.s2)?;
+                wait(&*f.c, f.s1, ev)?;
+            }
+            // SAFETY: the whole live allocation `d`; `s1` is a live stream of it.
+            unsafe { f.c.mark_free_on(f.d, LEN, f.s1) }?;
+            Ok(false)
+        },
+        &[
+            "write by stream-ordered free (mark_free_on) #",
+            "not ordered after read by D2H copy",
+        ],
+    );
+}
+
+#[test]
+fn a_stream_ordered_free_must_be_device_memory_of_a_live_allocation() {
+    let f = Fixture::new(Schedule::Deterministic, 0, RaceMode::Fail, true);
+    // SAFETY: refused before anything is issued (the simulator checks every range).
+    let past = unsafe { f.c.mark_free_on(f.d + 200, 100, f.s1) };
+    assert_eq!(past.unwrap_err().kind(), ErrorKind::InvalidAddress);
+    // SAFETY: as above: pinned memory is refused.
+    let pinned = unsafe { f.c.mark_free_on(f.p.device_ptr(), 16, f.s1) };
+    assert_eq!(pinned.unwrap_err().kind(), ErrorKind::InvalidAddress);
+    assert!(f
+        .sim
+        .schedule_trace()
+        .iter()
+        .all(|e| e.what != "free on stream"));
+    f.finish(false);
+}

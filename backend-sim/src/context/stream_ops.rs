@@ -273,6 +273,34 @@ impl SimContext {
         self.issue_copy(state, stream, OpWhat::PeerAsync, to, from, len)
     }
 
+    /// A stream-ordered free of `len` bytes at `ptr` (part of a live device allocation of
+    /// this device) on `stream`: a marker that writes the range, so that the memory's
+    /// next owner races with it unless ordered after it (the same stream, or an event
+    /// recorded after it), and that races itself with earlier accesses it is not ordered
+    /// after.
+    pub(super) fn free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        const CALL: &str = "mark_free_on";
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let at = state.table.locate(CALL, self.device, ptr, len)?;
+        if at.region.kind != RegionKind::Device {
+            return Err(cudabuf_core::Error::invalid_address(
+                ptr,
+                format!(
+                    "{CALL}: not a device allocation of this context (it is {} memory)",
+                    at.region.kind
+                ),
+            ));
+        }
+        let key = state.streams.resolve_stream(CALL, self.device, stream)?;
+        let accesses = [Access::write(at, len)];
+        state
+            .streams
+            .issue(key, OpWhat::FreeOnStream, Work::Marker, &accesses, 0, None)?;
+        self.shared.core.kick(state);
+        Ok(())
+    }
+
     /// A synchronous copy: issued to the legacy stream (after the race check), then run
     /// by this thread, with `body`, once everything it is ordered after is done. The
     /// caller has checked the ranges; `body` finds them again (another thread may have
@@ -421,5 +449,6 @@ fn call_of(what: OpWhat) -> &'static str {
         OpWhat::Free => "free",
         OpWhat::FreeHost => "free_host",
         OpWhat::IpcClose => "ipc_close",
+        OpWhat::FreeOnStream => "mark_free_on",
     }
 }

@@ -126,6 +126,7 @@ pub(crate) enum OpWhat {
     Free,
     FreeHost,
     IpcClose,
+    FreeOnStream,
 }
 
 impl OpWhat {
@@ -149,6 +150,7 @@ impl OpWhat {
             OpWhat::Free => "free",
             OpWhat::FreeHost => "free_host",
             OpWhat::IpcClose => "ipc_close",
+            OpWhat::FreeOnStream => "stream-ordered free (mark_free_on)",
         }
     }
 
@@ -169,6 +171,7 @@ impl OpWhat {
             OpWhat::Free => "free",
             OpWhat::FreeHost => "free_host",
             OpWhat::IpcClose => "ipc_close",
+            OpWhat::FreeOnStream => "free on stream",
         }
     }
 }

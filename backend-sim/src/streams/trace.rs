@@ -15,8 +15,9 @@ pub struct ScheduleEntry {
     /// issued, and so on (issue order, whatever the stream).
     pub op: u64,
     /// What it did: `"H2D"`, `"D2H"`, `"D2D"`, `"peer"`, `"sync H2D"`, `"sync D2H"`,
-    /// `"sync D2D"`, `"sync peer"`, `"record"` (an event record) or `"wait"` (a wait
-    /// for an event).
+    /// `"sync D2D"`, `"sync peer"`, `"record"` (an event record), `"wait"` (a wait
+    /// for an event) or `"free on stream"` (a stream-ordered free of cudabuf's caching
+    /// allocator: `RawContext::mark_free_on`).
     pub what: String,
     /// The stream it ran on, in words.
     pub stream: String,

@@ -1,14 +1,20 @@
 //! [`DeviceAllocator`]: the caching allocator of one device context — its [`Pools`]
-//! behind a lock, its limit, and every call to the backend (made outside the lock).
+//! behind a lock, its limit, and every call to the backend. Allocations and frees of
+//! segments are made outside the lock; the calls of the stream rule are made under it
+//! (recording a free's event, asking whether events are done, and, on out-of-memory, trim
+//! and shutdown, waiting for them), so that the order of free events on a stream is the
+//! order of their numbers.
 
+#[cfg(any(test, feature = "mock"))]
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::pools::{BlockId, Found, Pools, Segment, Served};
+use super::pools::{BlockId, Found, Pools, Segment, SegmentId, Served};
 use super::size_class::SizeClass;
 use super::stats::AllocatorStats;
-use super::stream::StreamTag;
-use crate::backend::{BackendKind, DevicePtr, RawContext};
+use super::stream::{FreeEvent, StreamTag};
+use crate::backend::{BackendKind, DevicePtr, RawContext, RawStream};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The caching allocator of one device context (a backend kind and a raw context handle),
@@ -18,7 +24,22 @@ pub(crate) struct DeviceAllocator {
     handle: u64,
     /// The limit of cached bytes; 0 is off. Read without the lock on the hot path.
     limit: AtomicUsize,
+    /// The broken policy of the tests: other streams may take pending blocks (the switch
+    /// exists in test builds only, off the hot path of others).
+    #[cfg(any(test, feature = "mock"))]
+    unordered: AtomicBool,
     pools: Mutex<Pools>,
+}
+
+/// Where a stream-ordered free is issued.
+pub(crate) struct StreamFree<'a> {
+    /// The stream's tag (who may take the block at once).
+    pub(crate) tag: StreamTag,
+    /// The stream the free is issued on.
+    pub(crate) stream: RawStream,
+    /// Other streams the memory was used on (`record_stream`): the free is ordered after
+    /// their work issued so far (`stream` waits for an event recorded on each).
+    pub(crate) after: &'a [RawStream],
 }
 
 impl DeviceAllocator {
@@ -27,6 +48,8 @@ impl DeviceAllocator {
             kind,
             handle,
             limit: AtomicUsize::new(limit),
+            #[cfg(any(test, feature = "mock"))]
+            unordered: AtomicBool::new(false),
             pools: Mutex::new(Pools::default()),
         }
     }
@@ -46,22 +69,49 @@ impl DeviceAllocator {
         self.limit.load(Ordering::Relaxed)
     }
 
-    /// Set the limit, giving idle segments back to the backend until the cached bytes are
-    /// under it (every idle segment for 0).
-    pub(crate) fn set_limit(&self, limit: usize) {
-        let evicted = {
-            let mut pools = self.lock();
-            self.limit.store(limit, Ordering::Relaxed);
-            pools.evict_to(limit)
-        };
-        free_segments(evicted);
+    /// Break the stream rule (tests only): blocks pending on one stream may be taken by
+    /// others at once.
+    #[cfg(any(test, feature = "mock"))]
+    pub(crate) fn set_unordered_stream_reuse(&self, on: bool) {
+        self.unordered.store(on, Ordering::Relaxed);
     }
 
-    /// A block for a buffer of `nbytes` (> 0) on `stream`: a cached one if one fits, else
+    /// Whether the broken policy is on (never outside test builds).
+    #[inline]
+    fn unordered(&self) -> bool {
+        #[cfg(any(test, feature = "mock"))]
+        return self.unordered.load(Ordering::Relaxed);
+        #[cfg(not(any(test, feature = "mock")))]
+        false
+    }
+
+    /// Set the limit, giving idle segments back to the backend until the cached bytes are
+    /// under it (every idle segment for 0, after waiting for the free events of pending
+    /// blocks).
+    pub(crate) fn set_limit(&self, limit: usize) {
+        let (evicted, events) = {
+            let mut pools = self.lock();
+            self.limit.store(limit, Ordering::Relaxed);
+            if limit == 0 {
+                pools.settle_all(FreeEvent::wait);
+                (pools.take_idle(), pools.take_spare_events())
+            } else {
+                pools.poll(FreeEvent::is_done);
+                (pools.evict_to(limit), Vec::new())
+            }
+        };
+        free_segments(evicted);
+        destroy_events(events);
+    }
+
+    /// A block for a buffer of `nbytes` (> 0) on `stream` (`StreamTag::NONE`: the
+    /// synchronous API): a cached one if one fits (the stream rule decides which), else
     /// carved from a new segment allocated through `raw` (a context of this allocator's
-    /// device context). On out-of-memory the idle segments go back to the backend and the
-    /// segment is asked for once more; then, if the segment is larger than the block, a
-    /// segment of exactly the block's size is tried.
+    /// device context). Before a new segment, the free events of pending blocks are asked
+    /// (without waiting) whether they are done. On out-of-memory: wait for the pending
+    /// frees and try the cache again; then give the idle segments back to the backend and
+    /// ask for the segment once more; then, if the segment is larger than the block, for a
+    /// segment of exactly the block's size.
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] when the backend cannot provide the memory, and the
@@ -79,35 +129,66 @@ impl DeviceAllocator {
                 detail: "no device can hold that many bytes".into(),
             });
         };
+        let unordered = self.unordered();
         let idle = {
             let mut pools = self.lock();
-            if let Some(served) = pools.take(class, nbytes, stream) {
+            if let Some(served) = pools.take(class, nbytes, stream, unordered) {
+                pools.note_hit();
                 return Ok(served);
             }
+            if pools.has_pending() && pools.poll(FreeEvent::is_done) > 0 {
+                if let Some(served) = pools.take(class, nbytes, stream, unordered) {
+                    pools.note_hit();
+                    return Ok(served);
+                }
+            }
+            pools.note_miss();
             // None of the pool's idle segments holds the request (each is one free block,
             // and best fit found none): give them back before growing, so that
             // fragmentation does not turn into reserved memory.
             pools.release_idle_of(class.pool)
         };
         free_segments(idle);
-        let (base, size) = self.allocate_segment(raw, class, nbytes)?;
+        let first_error = match raw.allocate(class.segment) {
+            Ok(base) => {
+                return Ok(self.lock().add_segment_and_take(
+                    base,
+                    class.segment,
+                    raw.clone(),
+                    class,
+                    nbytes,
+                    stream,
+                ))
+            }
+            Err(e) if e.kind() == ErrorKind::OutOfMemory => e,
+            Err(e) => return Err(e),
+        };
+        {
+            // Frees in stream order whose events are pending hold memory that is
+            // reusable once they complete: wait for them, and look again.
+            let mut pools = self.lock();
+            if pools.has_pending() && pools.settle_all(FreeEvent::wait) > 0 {
+                if let Some(served) = pools.take(class, nbytes, stream, unordered) {
+                    return Ok(served);
+                }
+            }
+        }
+        let (base, size) = self.allocate_after_trim(raw, class, nbytes, first_error)?;
         Ok(self
             .lock()
             .add_segment_and_take(base, size, raw.clone(), class, nbytes, stream))
     }
 
-    /// A new segment for `class` from the backend: `(base, size)`.
-    fn allocate_segment(
+    /// A new segment for `class` from the backend after the first try failed with
+    /// `first_error` (out of memory): trim, and try again; then a segment of just the
+    /// block. `(base, size)`.
+    fn allocate_after_trim(
         &self,
         raw: &Arc<dyn RawContext>,
         class: SizeClass,
         nbytes: usize,
+        first_error: Error,
     ) -> Result<(DevicePtr, usize)> {
-        let first_error = match raw.allocate(class.segment) {
-            Ok(base) => return Ok((base, class.segment)),
-            Err(e) if e.kind() == ErrorKind::OutOfMemory => e,
-            Err(e) => return Err(e),
-        };
         let trimmed = self.trim();
         let mut sizes = Vec::with_capacity(2);
         if trimmed > 0 {
@@ -142,29 +223,166 @@ impl DeviceAllocator {
         })
     }
 
-    /// Give a live block back (from a buffer's release): cached, retired, or freed with
-    /// its segment; then idle segments beyond the limit go back to the backend.
+    /// Give a live block back from a synchronous free (every use of it is known
+    /// complete): ready for every stream at once, retired, or freed with its segment;
+    /// then idle segments beyond the limit go back to the backend.
     pub(crate) fn release(&self, block: BlockId) {
-        let (done, evicted) = {
+        let segments = {
             let mut pools = self.lock();
             let limit = self.limit();
-            let done = pools.release(block, limit);
-            let evicted = if pools.cached() > limit {
-                pools.evict_to(limit)
-            } else {
-                Vec::new()
-            };
-            (done, evicted)
+            let done = pools.release(block, limit, None);
+            if done.is_none() && pools.cached() <= limit {
+                return; // the common case: nothing goes back to the backend
+            }
+            self.segments_to_free(&mut pools, done, limit)
         };
-        free_segments(done);
-        free_segments(evicted);
+        free_segments(segments);
     }
 
-    /// Give every idle segment back to the backend; returns the bytes freed.
+    /// Give a live block back in stream order on `free.stream`, without waiting: the free
+    /// is marked on the stream (after an event wait for each of `free.after`), an event
+    /// is recorded after it, and the block is pending: reusable at once by `free.tag`'s
+    /// later allocations, by others once the event is seen complete. If any of that
+    /// fails (the simulator's race detector may flag the free itself), the device is
+    /// synchronized and the block released as ready; if even that fails, the block is
+    /// leaked (it stays live forever), never handed out while work may use it.
+    pub(crate) fn release_on_stream(
+        &self,
+        raw: &Arc<dyn RawContext>,
+        block: BlockId,
+        free: &StreamFree<'_>,
+    ) {
+        let segments = {
+            let mut pools = self.lock();
+            match self.issue_free(&mut pools, raw, block, free) {
+                Ok(event) => {
+                    let limit = self.limit();
+                    let done = pools.release(block, limit, Some((free.tag, event)));
+                    Some(self.segments_to_free(&mut pools, done, limit))
+                }
+                Err(e) => {
+                    log::warn!(
+                        "freeing a block in stream order failed ({e}); waiting for the device \
+                         before releasing it"
+                    );
+                    pools.note_synchronized_free();
+                    None
+                }
+            }
+        };
+        match segments {
+            Some(segments) => free_segments(segments),
+            None => match raw.synchronize() {
+                Ok(()) => self.release(block),
+                Err(e) => log::error!(
+                    "synchronizing the device after a failed stream-ordered free failed too \
+                     ({e}); the block is leaked rather than reused under work that may still \
+                     use it"
+                ),
+            },
+        }
+    }
+
+    /// Issue a stream-ordered free of `block` (under the lock, so that the events of one
+    /// stream are recorded in the order of their numbers); returns the event recorded
+    /// after it.
+    fn issue_free(
+        &self,
+        pools: &mut Pools,
+        raw: &Arc<dyn RawContext>,
+        block: BlockId,
+        free: &StreamFree<'_>,
+    ) -> Result<FreeEvent> {
+        let event = |pools: &mut Pools| match pools.take_spare_event() {
+            Some(e) => Ok(e),
+            None => FreeEvent::create(raw),
+        };
+        for &other in free.after {
+            let used = event(pools)?;
+            let waited = Self::wait_for_stream(raw, &used, other, free.stream);
+            // The wait captured the record as it is now: the event may be recorded
+            // again right away.
+            pools.put_spare_event(used);
+            waited?;
+        }
+        let done = event(pools)?;
+        let (address, size) = pools.block_range(block);
+        // SAFETY: the block lies in a live segment of this allocator (the block is live:
+        // the buffer being released holds it), allocated through a context of this
+        // device context; `free.stream` is a live stream of it (the buffer holds its
+        // `Stream` handle).
+        let marked = unsafe { raw.mark_free_on(address, size, free.stream) };
+        // SAFETY: as above, `free.stream` is live.
+        let issued = marked.and_then(|()| unsafe { done.record(free.stream) });
+        match issued {
+            Ok(()) => Ok(done),
+            Err(e) => {
+                pools.put_spare_event(done);
+                Err(e)
+            }
+        }
+    }
+
+    /// Order later work of `stream` after the work issued to `other` so far: `event` is
+    /// recorded on `other`, `stream` waits for it.
+    fn wait_for_stream(
+        raw: &Arc<dyn RawContext>,
+        event: &FreeEvent,
+        other: RawStream,
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: `other` is a live stream of this device context (the buffer being
+        // released holds its `Stream` handle).
+        unsafe { event.record(other) }?;
+        // SAFETY: `stream` is live (likewise held) and `event` is an event of this device
+        // context, alive (see `FreeEvent`).
+        unsafe { raw.stream_wait_event(stream, event.event) }
+    }
+
+    /// The segments to free after a release: `done` (an exported segment that just
+    /// emptied, after waiting for its blocks' free events, or an evicted one), and idle
+    /// segments beyond the limit (after asking pending blocks whether they are done).
+    fn segments_to_free(
+        &self,
+        pools: &mut Pools,
+        done: Option<SegmentId>,
+        limit: usize,
+    ) -> Vec<Segment> {
+        let mut out = Vec::new();
+        if let Some(id) = done {
+            if pools.segment_events(id) == 0 || pools.settle_segment(id, FreeEvent::wait) {
+                out.push(pools.remove_segment(id));
+            } else {
+                let segment = pools.remove_segment(id);
+                log::error!(
+                    "the free events of the segment at {:#x} ({} bytes) could not be waited \
+                     for; it is leaked rather than freed under work that may still use it",
+                    segment.base,
+                    segment.size
+                );
+            }
+        }
+        if pools.cached() > limit {
+            if pools.has_pending() {
+                pools.poll(FreeEvent::is_done);
+            }
+            out.extend(pools.evict_to(limit));
+        }
+        out
+    }
+
+    /// Give every idle segment back to the backend, after waiting for the free events of
+    /// pending blocks (as `torch.cuda.empty_cache` synchronizes), and destroy the spare
+    /// events; returns the bytes freed.
     pub(crate) fn trim(&self) -> usize {
-        let segments = self.lock().take_idle();
+        let (segments, events) = {
+            let mut pools = self.lock();
+            pools.settle_all(FreeEvent::wait);
+            (pools.take_idle(), pools.take_spare_events())
+        };
         let bytes = segments.iter().map(|s| s.size).sum();
         free_segments(segments);
+        destroy_events(events);
         bytes
     }
 
@@ -193,7 +411,9 @@ impl Drop for DeviceAllocator {
     fn drop(&mut self) {
         super::registry::forget(self);
         let pools = self.pools.get_mut().unwrap_or_else(|p| p.into_inner());
+        pools.settle_all(FreeEvent::wait);
         let (idle, busy) = pools.take_all();
+        destroy_events(pools.take_spare_events());
         if busy > 0 {
             // Cannot happen: every live block's buffer keeps a context, and so this
             // allocator, alive. Leaking is the only sound answer if it ever does.
@@ -210,9 +430,11 @@ impl Drop for DeviceAllocator {
 /// Give segments back to the backend, each through the context it was allocated with.
 fn free_segments<I: IntoIterator<Item = Segment>>(segments: I) {
     for segment in segments {
-        // SAFETY: the segment came from `allocate` on `segment.raw` (only `allocate_segment`
-        // makes segments), it left the pools (so no block of it is live, cached or
-        // reachable by any buffer), and it is freed exactly once, here.
+        // SAFETY: the segment came from `allocate` on `segment.raw` (only
+        // `DeviceAllocator::allocate` makes segments), it left the pools (so no block of it
+        // is live, cached or reachable by any buffer), the free events of its blocks were
+        // seen complete (a segment with pending blocks is never taken out before), and it
+        // is freed exactly once, here.
         if let Err(e) = unsafe { segment.raw.free(segment.base) } {
             log::warn!(
                 "freeing the allocator segment at {:#x} ({} bytes) failed: {e}",
@@ -220,5 +442,12 @@ fn free_segments<I: IntoIterator<Item = Segment>>(segments: I) {
                 segment.size
             );
         }
+    }
+}
+
+/// Destroy spare free events.
+fn destroy_events(events: Vec<FreeEvent>) {
+    for event in events {
+        event.destroy();
     }
 }

@@ -6,7 +6,8 @@
 //! # Design
 //! - **Segments and blocks.** A *segment* is one backend allocation
 //!   (`RawContext::allocate`, i.e. `cuMemAlloc`); *blocks* are ranges that tile it. A
-//!   buffer from [`Context::new_buffer`](crate::Context::new_buffer) stands on one block.
+//!   buffer from [`Context::new_buffer`](crate::Context::new_buffer) (or
+//!   [`Context::new_buffer_on`](crate::Context::new_buffer_on)) stands on one block.
 //! - **Size classes** (`size_class`): requests are rounded up to 512 bytes. Requests of at
 //!   most 1 MiB share 2 MiB segments (the small pool); requests up to 10 MiB share 20 MiB
 //!   segments, larger ones get a segment of their size rounded up to 2 MiB (the large
@@ -24,8 +25,9 @@
 //!   peak requested, against 1.27-1.43x without it, for about 110 misses in 100,000
 //!   requests instead of 70 (PyTorch gives cached segments back only on out-of-memory or
 //!   past a garbage-collection threshold; `cuMemFree` waits for the device, which costs
-//!   nothing to cudabuf's synchronous copies but is a thing for the streams issue to
-//!   weigh). On out-of-memory every idle segment goes back and the segment is asked for
+//!   nothing to cudabuf's synchronous copies; with streams, an idle segment whose blocks
+//!   still wait for their stream-ordered frees is not given back on a miss, see
+//!   [Streams](#streams-stream-ordered-allocation)). On out-of-memory every idle segment goes back and the segment is asked for
 //!   once more; then, if the segment is larger than the block, a segment of just the block
 //!   (so that a nearly full device still serves what an exact allocation would).
 //! - **Bounded.** At most the limit ([`Context::set_allocator_cache_limit`], 4 GiB by
@@ -35,7 +37,7 @@
 //!   cannot be given back (a segment is freed whole), so the cached bytes can stay above a
 //!   small limit while such segments live.
 //! - **Trimmable.** [`Context::trim_cache`](crate::Context::trim_cache) gives every idle
-//!   segment back.
+//!   segment back (after waiting for pending stream-ordered frees).
 //! - **One allocator per device context** (`registry`): every core `Context` over the same
 //!   raw context (a backend kind and a raw context handle) shares it, found through a
 //!   process-wide map of weak references, as PyTorch has one allocator per device. Its
@@ -85,21 +87,75 @@
 //! - **The cost**: the free space of an exported segment is unusable until its live
 //!   blocks go (`AllocatorStats::bytes_retired`).
 //!
-//! # Streams (the hook for issue 11)
-//! Today every copy is synchronous on the legacy default stream, so a freed block is safe
-//! to reuse at once. Every block records the stream it was last used on (`StreamTag`), the
-//! free lists are ordered by `(stream, size, address)` and blocks of different streams
-//! never merge, so stream-ordered allocation needs only:
-//! - `allocate(raw, nbytes, stream)` (already takes the stream) searches the requesting
-//!   stream's blocks: a block freed on the same stream is reused at once, since the
-//!   stream orders its next use after its last one;
-//! - on a miss there, a block freed on *another* stream may be taken only after an event
-//!   recorded on that stream at the release has completed (or the requesting stream has
-//!   been made to wait on it): RMM's rule. The release records the event beside the
-//!   block's stream; the search asks that policy before re-tagging the block to the new
-//!   stream.
-//! - a segment goes back to the backend (trim, limit, a miss, out-of-memory) only when the
-//!   events of all its blocks have completed.
+//! # Streams: stream-ordered allocation
+//! [`Context::new_buffer_on`](crate::Context::new_buffer_on) allocates a buffer ordered
+//! on a stream; dropping it frees its block *in stream order*, without waiting for the
+//! device (RMM's `stream_ordered_memory_resource`, `cudaMallocAsync`, PyTorch's caching
+//! allocator). The synchronous API's buffers and stream-ordered ones share one cache:
+//!
+//! - **Tags.** Every free block carries a stream tag (`StreamTag`): `NONE` for a *ready*
+//!   block, which any stream and the synchronous API may take at once, or the tag of the
+//!   stream it was freed on, for a *pending* block, which carries the event recorded on
+//!   that stream at the free. Tags are process-unique per [`Stream`](crate::Stream) (a
+//!   stream and its clones), never reused as raw handles or addresses are, so a stream
+//!   created after another died never inherits its blocks. The free lists are ordered by
+//!   `(tag, size, address)`; blocks of different tags never merge.
+//! - **Synchronous frees are ready at once.** A buffer of `new_buffer` is released when
+//!   its last clone goes, and by then every use of it is known complete: the
+//!   synchronous copies return when done, and a stream's operations hold the buffers
+//!   they use until they are seen complete. So its block is ready for everyone.
+//! - **A stream-ordered free** (`DeviceAllocator::release_on_stream`), under the lock:
+//!   the stream first waits for an event recorded on each stream the buffer was
+//!   [recorded](crate::DeviceBuffer::record_stream) as used on; then the free is marked
+//!   on the stream (`RawContext::mark_free_on`: nothing on CUDA, a write of the block by
+//!   the stream for the simulator's race detector); then an event (from a pool of spare
+//!   events, or a new one) is recorded after it; the block becomes pending with that
+//!   event and a number (frees of one stream are numbered in the order their events were
+//!   recorded, which is why this happens under the lock). If any step fails (the
+//!   simulator flags a free that races with another stream's use), the device is
+//!   synchronized and the block released ready (`AllocatorStats::synchronized_frees`);
+//!   if even that fails the block is leaked, never reused under live work.
+//! - **The rule** (`Pools::take`): a request of a stream takes the best fit among its own
+//!   stream's free blocks first, pending or not (the stream orders its next use after
+//!   the free), then among the ready ones; a request of the synchronous API takes ready
+//!   ones only. A block freed on *another* stream is taken only after its event has
+//!   completed: RMM's rule (RMM may also make the requesting stream wait on the event;
+//!   cudabuf does not, so no allocation adds a dependency between streams).
+//! - **Events are asked lazily**: on a miss, before growing, the first pending free of
+//!   each stream is asked whether it is done (`cuEventQuery`, no waiting), and the
+//!   following ones of the same stream only if it is (a later free of a stream cannot be
+//!   done before an earlier one); done ones become ready (tag `NONE`, the event back to
+//!   the pool) and merge with their ready neighbours, and the request looks again. Also
+//!   when a release leaves more than the limit cached. A hit asks nothing.
+//! - **Pending neighbours of one stream merge**, keeping the later event (its completion
+//!   implies the earlier one's); the other event goes back to the pool. A block taken
+//!   back by its own stream gives its event back to the pool too (or leaves it with the
+//!   free rest it splits off).
+//! - **Segments wait for their events.** A segment goes back to the backend only when
+//!   none of its blocks carries an event: eviction (limit, a miss) skips segments with
+//!   pending blocks; trim, [`set_allocator_cache_limit(0)`], out-of-memory and the
+//!   allocator's shutdown first wait for the latest pending event of each stream
+//!   (`cuEventSynchronize`, as `torch.cuda.empty_cache` synchronizes) and make those
+//!   blocks ready. `cuMemFree` is thus never called under a pending stream-ordered free.
+//! - **Out of memory**: when the backend refuses a new segment, the pending frees are
+//!   waited for and the request looks in the cache again; only then does the trim and
+//!   retry above run.
+//! - **IPC**: a stream-ordered buffer is a block like any other and is exported the same
+//!   way. In an exported segment a freed block is retired with its event (pending blocks
+//!   become retired when their segment is exported), and when the segment empties its
+//!   blocks' events are waited for before it goes back to the backend.
+//! - **What a stream's operations hold.** Operations issued through cudabuf on the
+//!   buffer's own stream do not keep it alive (its free is ordered after them);
+//!   operations on other streams do, until they are seen complete, as for any buffer.
+//!   Work cudabuf does not see (another library's kernel on a wrapped stream) is
+//!   declared with [`DeviceBuffer::record_stream`](crate::DeviceBuffer::record_stream). The
+//!   per-thread default stream is refused (it names a different stream on each thread,
+//!   and a buffer may be dropped on another).
+//! - **With the cache off** a stream-ordered buffer is an exact allocation; its free
+//!   waits on the host for its stream (and recorded streams) and then frees it, as
+//!   `cuMemFree` itself waits for the device.
+//!
+//! [`set_allocator_cache_limit(0)`]: crate::Context::set_allocator_cache_limit
 
 mod config;
 mod device_allocator;
@@ -114,9 +170,13 @@ pub use config::{parse_size, ALLOCATOR_CACHE_VAR, DEFAULT_CACHE_LIMIT};
 pub use stats::AllocatorStats;
 
 pub(crate) use config::default_limit;
-pub(crate) use device_allocator::DeviceAllocator;
+pub(crate) use device_allocator::{DeviceAllocator, StreamFree};
 pub(crate) use pools::{BlockId, Found};
 pub(crate) use stream::StreamTag;
 
+#[cfg(test)]
+mod fake_device;
+#[cfg(test)]
+mod stream_tests;
 #[cfg(test)]
 mod tests;

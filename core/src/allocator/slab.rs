@@ -24,6 +24,7 @@ impl<T> Slab<T> {
     /// # Panics
     /// With more than `u32::MAX` entries (each block is at least 512 bytes of device
     /// memory, so that is two terabytes of blocks).
+    #[inline(always)]
     pub(crate) fn insert(&mut self, value: T) -> u32 {
         self.len += 1;
         if let Some(index) = self.vacant.pop() {
@@ -39,6 +40,7 @@ impl<T> Slab<T> {
     ///
     /// # Panics
     /// If there is no entry there (a bookkeeping bug).
+    #[inline]
     pub(crate) fn remove(&mut self, index: u32) -> T {
         let value = self.entries[index as usize]
             .take()
@@ -71,6 +73,7 @@ impl<T> Slab<T> {
 
 impl<T> std::ops::Index<u32> for Slab<T> {
     type Output = T;
+    #[inline]
     fn index(&self, index: u32) -> &T {
         self.entries[index as usize]
             .as_ref()
@@ -79,6 +82,7 @@ impl<T> std::ops::Index<u32> for Slab<T> {
 }
 
 impl<T> std::ops::IndexMut<u32> for Slab<T> {
+    #[inline]
     fn index_mut(&mut self, index: u32) -> &mut T {
         self.entries[index as usize]
             .as_mut()

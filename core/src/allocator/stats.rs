@@ -41,6 +41,19 @@ pub struct AllocatorStats {
     pub bytes_cached: usize,
     /// Free blocks.
     pub blocks_cached: usize,
+    /// Of `bytes_cached`: blocks freed in stream order
+    /// ([`Context::new_buffer_on`](crate::Context::new_buffer_on)) whose free event has
+    /// not been seen complete yet: reusable by their own stream only.
+    pub bytes_pending: usize,
+    /// Of `blocks_cached`: the pending ones.
+    pub blocks_pending: usize,
+    /// Blocks freed in stream order so far.
+    pub stream_frees: u64,
+    /// Stream-ordered frees that could not be issued in stream order (the backend refused
+    /// the free's event or marker, for example the simulator's race detector flagged the
+    /// free as a race with another stream) and waited for the device instead, so that the
+    /// block was known unused before anyone could take it.
+    pub synchronized_frees: u64,
     /// The limit of cached bytes (0: the cache is off).
     pub limit: usize,
     /// Bytes that live buffers of the allocator asked for, over every context of the

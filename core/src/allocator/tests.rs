@@ -2,161 +2,30 @@
 //! coalescing, best fit, the limit, trim, out-of-memory, the IPC rule, the registry, and a
 //! random workload checked against the pools' invariants after every step.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use super::fake_device::FakeDevice;
 use super::pools::{Found, Pools, Served};
 use super::size_class::SizeClass;
 use super::stream::StreamTag;
 use super::{registry, DeviceAllocator};
-use crate::backend::{BackendKind, DevicePtr, PinnedAlloc, RawContext, RawIpcHandle};
-use crate::error::{Error, ErrorKind, Result};
+use crate::backend::{BackendKind, DevicePtr, RawContext};
+use crate::error::{Error, ErrorKind};
 
 const MIB: usize = 1 << 20;
-const LEGACY: StreamTag = StreamTag::LEGACY;
+const SYNC: StreamTag = StreamTag::NONE;
 
-/// A device of `capacity` bytes that only allocates and frees, and remembers what.
-#[derive(Debug)]
-struct FakeDevice {
-    state: Mutex<FakeState>,
-}
-
-#[derive(Debug)]
-struct FakeState {
+pub(super) fn setup(
     capacity: usize,
-    used: usize,
-    next: DevicePtr,
-    live: BTreeMap<DevicePtr, usize>,
-    allocations: Vec<usize>,
-}
-
-impl FakeDevice {
-    fn new(capacity: usize) -> Arc<FakeDevice> {
-        Arc::new(FakeDevice {
-            state: Mutex::new(FakeState {
-                capacity,
-                used: 0,
-                next: 0x7000_0000_0000,
-                live: BTreeMap::new(),
-                allocations: Vec::new(),
-            }),
-        })
-    }
-
-    fn used(&self) -> usize {
-        self.state.lock().unwrap().used
-    }
-
-    fn live(&self) -> usize {
-        self.state.lock().unwrap().live.len()
-    }
-
-    /// The sizes of every allocation so far.
-    fn allocations(&self) -> Vec<usize> {
-        self.state.lock().unwrap().allocations.clone()
-    }
-}
-
-fn unsupported<T>(operation: &'static str) -> Result<T> {
-    Err(Error::unsupported(
-        operation,
-        "the fake device only allocates",
-    ))
-}
-
-// SAFETY: the fake hands out no host memory (`alloc_host` fails) and touches no memory
-// (every copy fails); device addresses are plain integers.
-unsafe impl RawContext for FakeDevice {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-    fn device_ordinal(&self) -> usize {
-        0
-    }
-    fn handle(&self) -> u64 {
-        0xFA4E
-    }
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-    fn allocate(&self, size: usize) -> Result<DevicePtr> {
-        let mut s = self.state.lock().unwrap();
-        if size > s.capacity - s.used {
-            return Err(Error::OutOfMemory {
-                device: 0,
-                requested: size,
-                detail: format!("fake: {} of {} in use", s.used, s.capacity),
-            });
-        }
-        let base = s.next;
-        // Leave a gap, so that neighbouring segments are never contiguous.
-        s.next += (size as u64).next_multiple_of(MIB as u64) + MIB as u64;
-        s.used += size;
-        s.live.insert(base, size);
-        s.allocations.push(size);
-        Ok(base)
-    }
-    unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let mut s = self.state.lock().unwrap();
-        let size = s
-            .live
-            .remove(&ptr)
-            .expect("freeing what was allocated, once");
-        s.used -= size;
-        Ok(())
-    }
-    unsafe fn copy_host_to_device(&self, _: DevicePtr, _: &[u8]) -> Result<()> {
-        unsupported("copy_host_to_device")
-    }
-    unsafe fn copy_device_to_host(&self, _: &mut [u8], _: DevicePtr) -> Result<()> {
-        unsupported("copy_device_to_host")
-    }
-    unsafe fn copy_device_to_device(&self, _: DevicePtr, _: DevicePtr, _: usize) -> Result<()> {
-        unsupported("copy_device_to_device")
-    }
-    unsafe fn copy_peer(
-        &self,
-        _: DevicePtr,
-        _: &dyn RawContext,
-        _: DevicePtr,
-        _: usize,
-    ) -> Result<()> {
-        unsupported("copy_peer")
-    }
-    fn alloc_host(&self, _: usize) -> Result<PinnedAlloc> {
-        unsupported("alloc_host")
-    }
-    unsafe fn free_host(&self, _: PinnedAlloc) -> Result<()> {
-        unsupported("free_host")
-    }
-    fn device_address(&self, _: u64) -> Result<DevicePtr> {
-        unsupported("device_address")
-    }
-    fn address_range(&self, _: DevicePtr) -> Result<(DevicePtr, usize)> {
-        unsupported("address_range")
-    }
-    fn address_device(&self, _: DevicePtr) -> Result<Option<usize>> {
-        unsupported("address_device")
-    }
-    fn ipc_export(&self, _: DevicePtr) -> Result<RawIpcHandle> {
-        unsupported("ipc_export")
-    }
-    fn ipc_open(&self, _: &RawIpcHandle) -> Result<DevicePtr> {
-        unsupported("ipc_open")
-    }
-    unsafe fn ipc_close(&self, _: DevicePtr) -> Result<()> {
-        unsupported("ipc_close")
-    }
-}
-
-fn setup(capacity: usize, limit: usize) -> (Arc<FakeDevice>, Arc<dyn RawContext>, DeviceAllocator) {
+    limit: usize,
+) -> (Arc<FakeDevice>, Arc<dyn RawContext>, DeviceAllocator) {
     let fake = FakeDevice::new(capacity);
     let raw: Arc<dyn RawContext> = fake.clone();
     (fake, raw, DeviceAllocator::new(BackendKind::Sim, 0, limit))
 }
 
 fn alloc(a: &DeviceAllocator, raw: &Arc<dyn RawContext>, n: usize) -> Served {
-    a.allocate(raw, n, LEGACY).expect("allocate")
+    a.allocate(raw, n, SYNC).expect("allocate")
 }
 
 #[test]
@@ -323,14 +192,14 @@ fn out_of_memory_trims_retries_then_asks_for_the_block_alone() {
     let y = alloc(&a, &raw, 3 * MIB / 2);
     assert_eq!(fake.allocations(), vec![2 * MIB, 3 * MIB / 2]);
     assert_eq!(fake.used(), 3 * MIB / 2);
-    let e = a.allocate(&raw, 2 * MIB, LEGACY).unwrap_err();
+    let e = a.allocate(&raw, 2 * MIB, SYNC).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::OutOfMemory);
     assert!(e.to_string().contains("caching allocator"), "{e}");
     match e {
         Error::OutOfMemory { requested, .. } => assert_eq!(requested, 2 * MIB),
         other => panic!("{other}"),
     }
-    let huge = a.allocate(&raw, usize::MAX, LEGACY).unwrap_err();
+    let huge = a.allocate(&raw, usize::MAX, SYNC).unwrap_err();
     assert_eq!(huge.kind(), ErrorKind::OutOfMemory);
     a.release(y.block);
     a.lock().check_invariants();
@@ -470,7 +339,7 @@ fn random_workload_keeps_every_invariant() {
                     1 => 1 + rng.next(MIB as u64 + 4096) as usize,
                     _ => 1 + rng.next(24 * MIB as u64) as usize,
                 };
-                match a.allocate(&raw, n, LEGACY) {
+                match a.allocate(&raw, n, SYNC) {
                     Ok(s) => {
                         let end = s.address + n as u64;
                         for (other, m) in &live {
@@ -517,18 +386,24 @@ fn random_workload_keeps_every_invariant() {
 }
 
 #[test]
-fn pools_alone_count_hits_and_misses() {
+fn pools_alone_serve_ready_blocks_to_every_stream() {
     let mut pools = Pools::default();
     let class = SizeClass::of(100).unwrap();
-    assert!(pools.take(class, 100, LEGACY).is_none());
+    assert!(pools.take(class, 100, SYNC, false).is_none());
     let raw: Arc<dyn RawContext> = FakeDevice::new(MIB);
-    let s = pools.add_segment_and_take(0x1000_0000, 2 * MIB, raw, class, 100, LEGACY);
+    let s = pools.add_segment_and_take(0x1000_0000, 2 * MIB, raw, class, 100, SYNC);
     assert_eq!(s.address, 0x1000_0000);
-    // Another stream's request does not take this stream's free block.
-    assert!(pools.take(class, 100, StreamTag(7)).is_none());
-    assert!(pools.take(class, 100, LEGACY).is_some());
+    // The rest of the segment is ready: a stream's request takes it, and so does the
+    // synchronous API's.
+    let t = pools
+        .take(class, 100, StreamTag::of_stream(7), false)
+        .unwrap();
+    assert_eq!(t.address, s.address + 512);
+    assert!(pools.take(class, 100, SYNC, false).is_some());
+    pools.note_hit();
+    pools.note_miss();
     let st = pools.stats(0);
-    assert_eq!((st.hits, st.misses), (1, 2));
+    assert_eq!((st.hits, st.misses), (1, 1), "counted by the caller");
     pools.check_invariants();
 }
 
@@ -545,7 +420,7 @@ fn the_registry_shares_one_allocator_per_device_context() {
     let fake = FakeDevice::new(64 * MIB);
     let raw: Arc<dyn RawContext> = fake.clone();
     a.set_limit(64 * MIB);
-    let x = a.allocate(&raw, 4096, LEGACY).unwrap();
+    let x = a.allocate(&raw, 4096, SYNC).unwrap();
     a.release(x.block);
     assert_eq!(registry::find(kind, x.address + 1), Some(Found::Freed));
     drop((a, b));

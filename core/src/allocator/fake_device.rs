@@ -1,0 +1,369 @@
+//! [`FakeDevice`]: what the allocator's tests run against. A device of some capacity that
+//! allocates and frees (remembering what), and has streams and events on a fake clock:
+//! each stream counts the operations issued to it and those done, the test says when
+//! work completes ([`FakeDevice::complete`]), an event is done once its stream has done
+//! its record. A stream-ordered free ([`RawContext::mark_free_on`]) is remembered as a
+//! marker, so that [`FakeDevice::check_reuse`] can say whether a block handed to a new
+//! owner was still in use by its previous one: the simulator's race detector's rule in
+//! miniature.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::backend::{DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream};
+use crate::error::{Error, Result};
+
+const MIB: u64 = 1 << 20;
+
+/// A stream's clock: operations issued and done.
+#[derive(Debug, Default, Clone, Copy)]
+struct Clock {
+    issued: u64,
+    done: u64,
+}
+
+/// A stream-ordered free not yet handed to a new owner.
+#[derive(Debug, Clone, Copy)]
+struct Marker {
+    address: DevicePtr,
+    len: usize,
+    stream: u64,
+    /// Its place on the stream's clock.
+    at: u64,
+}
+
+/// The fake's state.
+#[derive(Debug, Default)]
+pub(super) struct FakeState {
+    capacity: usize,
+    used: usize,
+    next: DevicePtr,
+    live: BTreeMap<DevicePtr, usize>,
+    allocations: Vec<usize>,
+    streams: HashMap<u64, Clock>,
+    /// Live events: `None` until recorded, then `(stream, at)`.
+    events: HashMap<u64, Option<(u64, u64)>>,
+    next_event: u64,
+    markers: Vec<Marker>,
+    /// What happened, in order: `record e s`, `wait s e`, `mark s`, `sync e`.
+    pub(super) log: Vec<String>,
+    pub(super) queries: usize,
+    pub(super) event_waits: usize,
+    pub(super) events_created: usize,
+    /// Blocks handed to a new owner over a stream-ordered free: of the same stream (at
+    /// once), and of another stream or the synchronous API (after the free was done).
+    pub(super) same_stream_reuses: usize,
+    pub(super) cross_stream_reuses: usize,
+    /// Make `mark_free_on` fail (as the simulator's race detector does on a racy free).
+    pub(super) fail_marks: bool,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(super) struct FakeDevice {
+    state: Mutex<FakeState>,
+}
+
+/// The raw handle of fake stream `s` (any value the fake accepts).
+pub(super) fn raw_stream(s: u64) -> RawStream {
+    // SAFETY: the fake's streams are plain numbers; it accepts any.
+    unsafe { RawStream::from_raw(0x5000 + s) }
+}
+
+impl FakeDevice {
+    pub(super) fn new(capacity: usize) -> Arc<FakeDevice> {
+        Arc::new(FakeDevice {
+            state: Mutex::new(FakeState {
+                capacity,
+                next: 0x7000_0000_0000,
+                next_event: 1,
+                ..FakeState::default()
+            }),
+        })
+    }
+
+    pub(super) fn state(&self) -> MutexGuard<'_, FakeState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn used(&self) -> usize {
+        self.state().used
+    }
+
+    pub(super) fn live(&self) -> usize {
+        self.state().live.len()
+    }
+
+    /// The sizes of every allocation so far.
+    pub(super) fn allocations(&self) -> Vec<usize> {
+        self.state().allocations.clone()
+    }
+
+    /// Events alive now.
+    pub(super) fn live_events(&self) -> usize {
+        self.state().events.len()
+    }
+
+    /// Everything issued to stream `s` so far is done.
+    pub(super) fn complete(&self, s: u64) {
+        let mut st = self.state();
+        let c = st.streams.entry(raw_stream(s).as_raw()).or_default();
+        c.done = c.issued;
+    }
+
+    /// Operations issued to stream `s` so far.
+    pub(super) fn issued(&self, s: u64) -> u64 {
+        self.state()
+            .streams
+            .get(&raw_stream(s).as_raw())
+            .map_or(0, |c| c.issued)
+    }
+
+    /// The first `n` operations of stream `s` are done.
+    pub(super) fn complete_to(&self, s: u64, n: u64) {
+        let mut st = self.state();
+        let c = st.streams.entry(raw_stream(s).as_raw()).or_default();
+        c.done = c.done.max(n.min(c.issued));
+    }
+
+    /// Whether `address..address + len`, just handed to a new owner on stream `owner`
+    /// (`None`: the synchronous API), may be used by it: every stream-ordered free of
+    /// those bytes on another stream must be done (the new owner's work is not ordered
+    /// after it otherwise). The markers checked are forgotten (the bytes have a new
+    /// owner).
+    pub(super) fn check_reuse(
+        &self,
+        address: DevicePtr,
+        len: usize,
+        owner: Option<u64>,
+    ) -> std::result::Result<(), String> {
+        let mut st = self.state();
+        let end = address + len as u64;
+        let (overlapping, rest): (Vec<Marker>, Vec<Marker>) = st
+            .markers
+            .iter()
+            .partition(|m| m.address < end && address < m.address + m.len as u64);
+        st.markers = rest;
+        for m in overlapping {
+            let owner_raw = owner.map(|s| raw_stream(s).as_raw());
+            let done = st.streams.get(&m.stream).map_or(0, |c| c.done);
+            if owner_raw == Some(m.stream) {
+                st.same_stream_reuses += 1;
+            } else if done >= m.at {
+                st.cross_stream_reuses += 1;
+            } else {
+                return Err(format!(
+                    "{len} bytes at {address:#x} handed to {owner:?} while the free of \
+                     {:#x}..{:#x} on stream {:#x} (operation {}) is not done (done: {done})",
+                    m.address,
+                    m.address + m.len as u64,
+                    m.stream,
+                    m.at
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn issue(st: &mut FakeState, stream: RawStream) -> (u64, u64) {
+        let c = st.streams.entry(stream.as_raw()).or_default();
+        c.issued += 1;
+        (stream.as_raw(), c.issued)
+    }
+
+    fn recorded(st: &FakeState, event: RawEvent) -> Result<Option<(u64, u64)>> {
+        st.events
+            .get(&event.as_raw())
+            .copied()
+            .ok_or_else(|| Error::invalid_argument("fake", "not a live event"))
+    }
+}
+
+fn unsupported<T>(operation: &'static str) -> Result<T> {
+    Err(Error::unsupported(
+        operation,
+        "the fake device only allocates and orders",
+    ))
+}
+
+// SAFETY: the fake hands out no host memory (`alloc_host` fails) and touches no memory
+// (every copy fails); device addresses, streams and events are plain integers.
+unsafe impl RawContext for FakeDevice {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn device_ordinal(&self) -> usize {
+        0
+    }
+    fn handle(&self) -> u64 {
+        0xFA4E
+    }
+    fn synchronize(&self) -> Result<()> {
+        for c in self.state().streams.values_mut() {
+            c.done = c.issued;
+        }
+        Ok(())
+    }
+    fn allocate(&self, size: usize) -> Result<DevicePtr> {
+        let mut s = self.state();
+        if size > s.capacity - s.used {
+            return Err(Error::OutOfMemory {
+                device: 0,
+                requested: size,
+                detail: format!("fake: {} of {} in use", s.used, s.capacity),
+            });
+        }
+        let base = s.next;
+        // Leave a gap, so that neighbouring segments are never contiguous.
+        s.next += (size as u64).next_multiple_of(MIB) + MIB;
+        s.used += size;
+        s.live.insert(base, size);
+        s.allocations.push(size);
+        Ok(base)
+    }
+    unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
+        let mut s = self.state();
+        let size = s
+            .live
+            .remove(&ptr)
+            .expect("freeing what was allocated, once");
+        let end = ptr + size as u64;
+        // Freed memory under a stream-ordered free that is not done is a bug of the
+        // allocator (the segment must wait for its blocks' free events).
+        for m in &s.markers {
+            if m.address >= ptr && m.address < end {
+                let done = s.streams.get(&m.stream).map_or(0, |c| c.done);
+                assert!(
+                    done >= m.at,
+                    "freeing the segment at {ptr:#x} under a pending stream-ordered free"
+                );
+            }
+        }
+        s.markers.retain(|m| !(m.address >= ptr && m.address < end));
+        s.used -= size;
+        Ok(())
+    }
+    unsafe fn copy_host_to_device(&self, _: DevicePtr, _: &[u8]) -> Result<()> {
+        unsupported("copy_host_to_device")
+    }
+    unsafe fn copy_device_to_host(&self, _: &mut [u8], _: DevicePtr) -> Result<()> {
+        unsupported("copy_device_to_host")
+    }
+    unsafe fn copy_device_to_device(&self, _: DevicePtr, _: DevicePtr, _: usize) -> Result<()> {
+        unsupported("copy_device_to_device")
+    }
+    unsafe fn copy_peer(
+        &self,
+        _: DevicePtr,
+        _: &dyn RawContext,
+        _: DevicePtr,
+        _: usize,
+    ) -> Result<()> {
+        unsupported("copy_peer")
+    }
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
+        let mut st = self.state();
+        let recorded = Self::recorded(&st, event)?;
+        Self::issue(&mut st, stream);
+        st.log.push(format!(
+            "wait {:#x} {:#x}@{:?}",
+            stream.as_raw(),
+            event.as_raw(),
+            recorded
+        ));
+        Ok(())
+    }
+    fn event_create(&self, _timing: bool) -> Result<RawEvent> {
+        let mut st = self.state();
+        let id = st.next_event;
+        st.next_event += 1;
+        st.events.insert(id, None);
+        st.events_created += 1;
+        // SAFETY: the fake's events are plain numbers.
+        Ok(unsafe { RawEvent::from_raw(id) })
+    }
+    unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {
+        let removed = self.state().events.remove(&event.as_raw());
+        assert!(removed.is_some(), "destroying a live event, once");
+        Ok(())
+    }
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+        let mut st = self.state();
+        Self::recorded(&st, event)?;
+        let at = Self::issue(&mut st, stream);
+        st.events.insert(event.as_raw(), Some(at));
+        st.log.push(format!(
+            "record {:#x} {:#x}",
+            event.as_raw(),
+            stream.as_raw()
+        ));
+        Ok(())
+    }
+    unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
+        let mut st = self.state();
+        st.queries += 1;
+        Ok(match Self::recorded(&st, event)? {
+            None => true,
+            Some((s, at)) => st.streams.get(&s).map_or(0, |c| c.done) >= at,
+        })
+    }
+    unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
+        let mut st = self.state();
+        st.event_waits += 1;
+        if let Some((s, at)) = Self::recorded(&st, event)? {
+            let c = st.streams.entry(s).or_default();
+            c.done = c.done.max(at);
+        }
+        st.log.push(format!("sync {:#x}", event.as_raw()));
+        Ok(())
+    }
+    unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        let mut st = self.state();
+        if st.fail_marks {
+            return Err(Error::DataRace {
+                operation: "the fake's free".into(),
+                conflicting: "a use on another stream".into(),
+                range: format!("{len} bytes at {ptr:#x}"),
+            });
+        }
+        let inside = st
+            .live
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&base, &size)| ptr + len as u64 <= base + size as u64);
+        assert!(inside, "a stream-ordered free inside a live allocation");
+        let (s, at) = Self::issue(&mut st, stream);
+        st.markers.push(Marker {
+            address: ptr,
+            len,
+            stream: s,
+            at,
+        });
+        st.log.push(format!("mark {:#x}", stream.as_raw()));
+        Ok(())
+    }
+    fn alloc_host(&self, _: usize) -> Result<PinnedAlloc> {
+        unsupported("alloc_host")
+    }
+    unsafe fn free_host(&self, _: PinnedAlloc) -> Result<()> {
+        unsupported("free_host")
+    }
+    fn device_address(&self, _: u64) -> Result<DevicePtr> {
+        unsupported("device_address")
+    }
+    fn address_range(&self, _: DevicePtr) -> Result<(DevicePtr, usize)> {
+        unsupported("address_range")
+    }
+    fn address_device(&self, _: DevicePtr) -> Result<Option<usize>> {
+        unsupported("address_device")
+    }
+    fn ipc_export(&self, _: DevicePtr) -> Result<RawIpcHandle> {
+        unsupported("ipc_export")
+    }
+    fn ipc_open(&self, _: &RawIpcHandle) -> Result<DevicePtr> {
+        unsupported("ipc_open")
+    }
+    unsafe fn ipc_close(&self, _: DevicePtr) -> Result<()> {
+        unsupported("ipc_close")
+    }
+}
