@@ -190,6 +190,12 @@ unsafe impl RawContext for SimContext {
         self.query_event(event)
     }
 
+    /// Same answer as `event_query`; the race detector does not take it as the host
+    /// synchronizing with the event's work (cudabuf's bookkeeping, not the program's).
+    unsafe fn event_poll(&self, event: RawEvent) -> Result<bool> {
+        self.poll_event(event)
+    }
+
     unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
         self.sync_event(event)
     }
@@ -249,6 +255,11 @@ unsafe impl RawContext for SimContext {
     /// the crate docs); `ptr..ptr + len` must be device memory of this device.
     unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
         self.free_on(ptr, len, stream)
+    }
+
+    /// The race detector forgets the accesses to the range (see the crate docs).
+    fn retire_accesses(&self, address: DevicePtr, len: usize) {
+        self.retire(address, len);
     }
 
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {

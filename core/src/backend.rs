@@ -588,6 +588,22 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
         ))
     }
 
+    /// [`event_query`](Self::event_query) asked by cudabuf for its own bookkeeping (whether
+    /// what an operation held can be let go, whether a block freed in stream order is
+    /// ready), not by the user's program. Same answer; the difference is for a backend
+    /// that checks ordering (the simulator's race detector): the user's program has not
+    /// synchronized with anything, so this query orders nothing after the event's work.
+    /// The memory cudabuf then lets go is announced with
+    /// [`retire_accesses`](Self::retire_accesses). The provided implementation calls
+    /// `event_query`.
+    ///
+    /// # Safety
+    /// As [`event_query`](Self::event_query).
+    unsafe fn event_poll(&self, event: RawEvent) -> Result<bool> {
+        // SAFETY: the caller's contract is `event_query`'s.
+        unsafe { self.event_query(event) }
+    }
+
     /// Wait until the work captured by `event` is done (`cuEventSynchronize`).
     ///
     /// # Safety
@@ -723,6 +739,18 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
         let _ = (ptr, len, stream);
         Ok(())
+    }
+
+    /// Note that `address..address + len` (device memory of this context, or the device
+    /// view of pinned host memory) changes hands inside cudabuf: every access made to it
+    /// so far is complete, as cudabuf knows from [`event_poll`](Self::event_poll) or a
+    /// wait (a cached device block freed by its last buffer, a block freed in stream
+    /// order whose free event is done, a staging buffer back in its pool). Its next user
+    /// is ordered after those accesses although the user's program never synchronized
+    /// with them. A backend that checks ordering forgets them; the provided
+    /// implementation does nothing. Addresses it does not know are ignored.
+    fn retire_accesses(&self, address: DevicePtr, len: usize) {
+        let _ = (address, len);
     }
 
     /// Allocate `size` bytes of pinned host memory: page-locked, portable (usable from

@@ -399,6 +399,14 @@ impl Context {
             (None, Some((first, rest))) => Some((first, rest)),
             (None, None) => None,
         };
+        if block.is_some() {
+            // The block stays with the allocator for its next owner. Every use of it by
+            // others than the streams it is freed on is known complete (operations on
+            // other streams held the buffer until they were seen done; the synchronous
+            // API's are done when they return): nothing the user's program did orders
+            // that next owner after them.
+            self.inner.raw.retire_accesses(address, size);
+        }
         if let Some((on, after)) = ordered {
             self.release_in_stream_order(address, size, block, on, after);
         } else {
@@ -553,6 +561,11 @@ impl Context {
     /// (pinned memory of any context is usable by every context). It is freed instead when
     /// the pool is off or full, or when a device view of it still exists.
     pub fn recycle_staging_buffer(&self, buffer: HostBuffer) {
+        if let (true, Some(address)) = (buffer.is_unshared(), buffer.device_address()) {
+            // Nothing else refers to the buffer, so no operation that used it is still in
+            // flight (each held it until seen done): its next user is ordered after them.
+            self.inner.raw.retire_accesses(address, buffer.size());
+        }
         drop(self.inner.host_pool.put(buffer));
     }
 

@@ -812,7 +812,7 @@ impl Stream {
                 // SAFETY: `done` is an internal event of this context, recorded, alive
                 // (events go back to the idle list only when their operation leaves
                 // `in_flight`, and are destroyed only when the stream is dropped).
-                if unsafe { self.inner.handle.ctx.raw().event_query(done) }? {
+                if unsafe { self.inner.handle.ctx.raw().event_poll(done) }? {
                     complete.push(seq);
                 }
             }
@@ -825,7 +825,7 @@ impl Stream {
                 return Ok(());
             };
             // SAFETY: as above.
-            if !unsafe { self.inner.handle.ctx.raw().event_query(done) }? {
+            if !unsafe { self.inner.handle.ctx.raw().event_poll(done) }? {
                 return Ok(());
             }
             // Another thread may have released it (and more) meanwhile: only the

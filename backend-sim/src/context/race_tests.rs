@@ -408,8 +408,9 @@ fn a_failed_racy_call_issues_nothing() {
 /// The unit-level twin of cudabuf's stream-ordered allocation (`mark_free_on`): a block
 /// (bytes 128..256 of `d`) freed on `s1` after its owner's last write there, then written
 /// by its next owner on `s2`. Handed over before the free's event is known done (the
-/// broken policy), the write races with the free; after the allocator's lazy check
-/// (`event_query` until true), it is ordered.
+/// broken policy), the write races with the free; after the program's own check
+/// (`event_query` until true), it is ordered. (cudabuf's allocator checks with
+/// `event_poll` and then retires the block: `retired_memory_forgets_only_what_cudabuf_saw_complete`.)
 #[test]
 fn a_block_reused_on_another_stream_before_its_free_is_done() {
     flagged_every_time(
@@ -430,6 +431,66 @@ fn a_block_reused_on_another_stream_before_its_free_is_done() {
         &[
             "write by H2D copy (copy_host_to_device_on) #",
             "is not ordered after write by stream-ordered free (mark_free_on) #",
+            "bytes 128..256",
+        ],
+    );
+}
+
+/// Finding 4 of the streams review: a query cudabuf makes for its own bookkeeping
+/// (`event_poll`, seen `true`) orders nothing in the user's program: `s2` writing what
+/// `s1` wrote, with no wait, is a race however often cudabuf polled. The twin's
+/// `event_query` is the program's own query, which does order it.
+#[test]
+fn a_bookkeeping_poll_orders_nothing() {
+    flagged_every_time(
+        |f, synchronized| {
+            h2d(&*f.c, f.d, &f.p, LEN, f.s1)?;
+            let ev = f.c.event_create(false)?;
+            record(&*f.c, ev, f.s1)?;
+            // SAFETY: `ev` is a live event of this context.
+            while !unsafe { f.c.event_poll(ev) }? {}
+            if synchronized {
+                // SAFETY: as above.
+                assert!(unsafe { f.c.event_query(ev) }?, "done, as the poll said");
+            }
+            h2d(&*f.c, f.d, &f.q, LEN, f.s2)?;
+            Ok(false)
+        },
+        &[
+            "write by H2D copy (copy_host_to_device_on) #",
+            "is not ordered after write by H2D copy (copy_host_to_device_on) #",
+            "bytes 0..256",
+        ],
+    );
+}
+
+/// `retire_accesses` (memory cudabuf hands to a new owner) forgets the accesses that
+/// cudabuf saw complete (here `s1`'s write, polled), and only those: `s2`'s read of bytes
+/// 128..256, which no polled event captured (work cudabuf does not track), still races
+/// with the next owner's write. In the twin cudabuf also saw `s2`'s read complete.
+#[test]
+fn retired_memory_forgets_only_what_cudabuf_saw_complete() {
+    flagged_every_time(
+        |f, synchronized| {
+            h2d(&*f.c, f.d, &f.p, LEN, f.s1)?;
+            let (ev1, ev2) = (f.c.event_create(false)?, f.c.event_create(false)?);
+            record(&*f.c, ev1, f.s1)?;
+            wait(&*f.c, f.s2, ev1)?;
+            d2d(&*f.c, f.e + 128, f.d + 128, 128, f.s2)?;
+            // SAFETY: `ev1` is a live event of this context.
+            while !unsafe { f.c.event_poll(ev1) }? {}
+            if synchronized {
+                record(&*f.c, ev2, f.s2)?;
+                // SAFETY: as above.
+                while !unsafe { f.c.event_poll(ev2) }? {}
+            }
+            f.c.retire_accesses(f.d, LEN);
+            h2d(&*f.c, f.d, &f.q, LEN, f.s1)?;
+            Ok(false)
+        },
+        &[
+            "write by H2D copy (copy_host_to_device_on) #",
+            "is not ordered after read by D2D copy (copy_device_to_device_on) #",
             "bytes 128..256",
         ],
     );

@@ -133,6 +133,45 @@ impl SimContext {
         self.poll(&mut guard, target)
     }
 
+    /// `query_event` without learning: cudabuf's bookkeeping (`RawContext::event_poll`)
+    /// is not a synchronization of the user's program; only the memory cudabuf retires
+    /// after it is ordered after what it saw done (`retire`).
+    pub(super) fn poll_event(&self, event: RawEvent) -> Result<bool> {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let Some(target) = state
+            .streams
+            .event_target(self.device, event, "event_poll")?
+        else {
+            return Ok(true);
+        };
+        state.streams.advance(&state.table);
+        state.streams.take_deferred(self.device)?;
+        let done = state.streams.target_done(&target);
+        if done {
+            state.streams.note_seen_by_cudabuf(&target);
+        }
+        Ok(done)
+    }
+
+    /// The race detector forgets the accesses to `len` bytes at `address` that cudabuf
+    /// or the program saw complete (memory cudabuf hands to a new owner:
+    /// `RawContext::retire_accesses`). Memory the simulator does not know is ignored.
+    pub(super) fn retire(&self, address: DevicePtr, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        match state
+            .table
+            .locate("retire_accesses", self.device, address, len)
+        {
+            Ok(at) => state.streams.retire_accesses(&at, len),
+            Err(e) => log::debug!("cudabuf-sim: retire_accesses ignored: {e}"),
+        }
+    }
+
     pub(super) fn sync_event(&self, event: RawEvent) -> Result<()> {
         let guard = self.shared.lock();
         let target = guard

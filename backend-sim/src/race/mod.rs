@@ -195,6 +195,17 @@ impl RaceDetector {
         }
     }
 
+    /// Forgets the accesses to `len` bytes at `at` that `seen` knows (memory cudabuf
+    /// hands to a new owner after it saw them complete: `RawContext::retire_accesses`).
+    pub(crate) fn retire(&mut self, at: &Located, len: usize, seen: &VectorClock) {
+        if let Some(shadow) = self.shadows.get_mut(&at.region.id) {
+            shadow.prune_exactly(at.offset, at.offset.saturating_add(len), seen);
+            if shadow.is_empty() {
+                self.shadows.remove(&at.region.id);
+            }
+        }
+    }
+
     /// Forgets a freed allocation.
     pub(crate) fn forget(&mut self, region_id: u64) {
         self.shadows.remove(&region_id);

@@ -161,6 +161,14 @@ impl Shadow {
         }
     }
 
+    /// Forgets the accesses to `start..end` that `known` knows, and nothing outside the
+    /// range (unlike [`prune`](Self::prune), which drops whole overlapping segments).
+    pub(crate) fn prune_exactly(&mut self, start: usize, end: usize, known: &VectorClock) {
+        self.split(start);
+        self.split(end);
+        self.prune(start, end, known);
+    }
+
     /// Whether nothing is remembered.
     pub(crate) fn is_empty(&self) -> bool {
         self.segments.is_empty()

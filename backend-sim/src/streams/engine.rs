@@ -22,7 +22,7 @@ use super::rng::Rng;
 use super::settings::{RaceMode, Schedule, StreamSettings};
 use super::trace::{ScheduleEntry, Trace};
 use crate::race::{Access, Accessor, RaceDetector, RaceReport};
-use crate::table::{RegionInfo, Table};
+use crate::table::{Located, RegionInfo, Table};
 
 /// The priority range, as `cuCtxGetStreamPriorityRange` on recent GPUs:
 /// `(least, greatest)`.
@@ -141,6 +141,10 @@ pub(crate) struct Engine {
     /// thread (Rust's own synchronization between threads is invisible here, so what
     /// one thread has learned is taken as known to all; see the crate documentation).
     knowledge: VectorClock,
+    /// What cudabuf has seen done, for its own bookkeeping (`RawContext::event_poll`),
+    /// and everything in `knowledge`: not an ordering of the user's program, only what
+    /// memory cudabuf hands to a new owner is ordered after (`retire_accesses`).
+    seen_by_cudabuf: VectorClock,
     /// The host's simulated clock: the latest end it has synchronized with.
     host_time_ns: u64,
     next_seq: u64,
@@ -174,6 +178,7 @@ impl Engine {
             gone_events: Tombstones::default(),
             threads: HashMap::new(),
             knowledge: VectorClock::default(),
+            seen_by_cudabuf: VectorClock::default(),
             host_time_ns: 0,
             next_seq: 0,
             deferred: vec![None; devices],
@@ -867,8 +872,24 @@ impl Engine {
     /// next, and the host's clock is past its end.
     pub(crate) fn learn(&mut self, target: &Target) {
         self.knowledge.join(&target.vc);
+        self.seen_by_cudabuf.join(&target.vc);
         self.host_time_ns = self.host_time_ns.max(target.end_ns);
         self.put_away_settled_per_thread();
+    }
+
+    /// cudabuf (not the user's program) has seen `target` done: nothing is ordered after
+    /// it but the memory cudabuf retires (`retire_accesses`).
+    pub(crate) fn note_seen_by_cudabuf(&mut self, target: &Target) {
+        self.seen_by_cudabuf.join(&target.vc);
+    }
+
+    /// cudabuf hands `len` bytes at `at` to a new owner: the race detector forgets the
+    /// accesses to them that cudabuf or the program has seen complete (those of work
+    /// cudabuf does not track stay, and race with the next owner).
+    pub(crate) fn retire_accesses(&mut self, at: &Located, len: usize) {
+        let mut seen = self.seen_by_cudabuf.clone();
+        seen.join(&self.knowledge);
+        self.race.retire(at, len, &seen);
     }
 
     /// The first failure of an operation of `device` that could not run, once.

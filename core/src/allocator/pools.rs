@@ -505,6 +505,9 @@ impl Pools {
         let b = &mut self.blocks[id];
         let p = b.pending.take().expect("a pending block carries its event");
         b.stream = StreamTag::NONE;
+        // The free (and every use before it on its stream) is complete: whoever takes the
+        // block next is ordered after them by the allocator, not by the user's program.
+        p.event.ctx.retire_accesses(b.address, b.size);
         self.spare_events.push(p.event);
         self.segments[segment].events -= 1;
         self.insert_free(id, pool);

@@ -71,12 +71,13 @@ impl FreeEvent {
         })
     }
 
-    /// Whether the work the event captured is done (`cuEventQuery`); a failure to ask
-    /// counts as "not yet" (logged): the block just stays with its stream.
+    /// Whether the work the event captured is done (`cuEventQuery`, asked as
+    /// bookkeeping: `RawContext::event_poll`); a failure to ask counts as "not yet"
+    /// (logged): the block just stays with its stream.
     pub(crate) fn is_done(&self) -> bool {
         // SAFETY: the event was made by `event_create` of a context of this allocator's
         // device context, and is destroyed only when it is spare (see `destroy`).
-        match unsafe { self.ctx.event_query(self.event) } {
+        match unsafe { self.ctx.event_poll(self.event) } {
             Ok(done) => done,
             Err(e) => {
                 log::warn!("querying the allocator's free event failed: {e}");
