@@ -114,7 +114,14 @@ impl Context {
         }
     }
 
-    /// The backend context underneath.
+    /// The backend context underneath: the seam, for backends, tests and interop. Calls
+    /// made through it bypass what `Context` keeps for you: its safe methods cannot cause
+    /// undefined behaviour (the rest are `unsafe` with their contracts), but they can
+    /// break the caching allocator's bookkeeping. In particular
+    /// [`ipc_export`](backend::RawContext::ipc_export) of a buffer's address exports its
+    /// whole segment without telling the allocator, which then keeps carving new buffers
+    /// from that segment, visible to the importer: export with
+    /// [`DeviceBuffer::export_for_ipc`](crate::DeviceBuffer::export_for_ipc) instead.
     pub fn raw(&self) -> &Arc<dyn backend::RawContext> {
         &self.inner.raw
     }
