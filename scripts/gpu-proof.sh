@@ -65,6 +65,9 @@ run() {
   step "device filled with buffers (alone)" 90 sh -c \
     'cd .gpu/bin && CUDABUF_REQUIRE_CUDA=1 CUDABUF_FILL_DEVICE=1 ./"$1" --exact cuda::device_filled_with_buffers_gives_out_of_memory_and_recovers >"$2" 2>&1; rc=$?; grep -E "test result|panicked" "$2"; exit $rc' \
     sh "$conf" "$logs/fill.log"
+  step "stream-ordered out-of-memory (alone)" 60 sh -c \
+    'cd .gpu/bin && CUDABUF_REQUIRE_CUDA=1 CUDABUF_FILL_DEVICE=1 ./"$1" --exact cuda::stream_alloc_out_of_memory_waits_for_pending_frees >"$2" 2>&1; rc=$?; grep -E "test result|panicked" "$2"; exit $rc' \
+    sh "$conf" "$logs/stream_oom.log"
   step "load: 16 threads for 15 s" 45 sh -c \
     'cd .gpu/bin && CUDABUF_REQUIRE_CUDA=1 CUDABUF_STRESS_SECS=15 CUDABUF_STRESS_THREADS=16 ./"$1" --exact cuda::stress_mixed_operations_on_many_threads_lose_nothing --nocapture >"$2" 2>&1; rc=$?; grep -E "test result|panicked|operations" "$2" | head -5; exit $rc' \
     sh "$conf" "$logs/stress.log"
