@@ -28,6 +28,11 @@ pack() {
   CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p cudabuf-cli
   cp target/release/cudabuf .gpu/bin/ && strip .gpu/bin/cudabuf
   scripts/gpu-python.sh pack
+  # What cannot run there or proves nothing there: the simulator's conformance and Arrow
+  # binaries and the compile-fail tests (they need cargo). Leaving them out keeps the
+  # carried tree under the device's 64 MiB.
+  for f in $(grep -E '^(sim-|compile_fail-)' .gpu/list); do rm -f ".gpu/bin/$f"; done
+  grep -vE '^(sim-|compile_fail-)' .gpu/list > .gpu/list.new && mv .gpu/list.new .gpu/list
   du -sh .gpu .whl
 }
 
@@ -50,7 +55,8 @@ run() {
 
   # Root can force a pid for the pid-reuse case: make it fail rather than skip.
   step "test executables and quickstart (CUDABUF_REQUIRE_CUDA=1)" 260 \
-    env CUDABUF_REQUIRE_PID_REUSE=1 SKIP_SANITIZER=1 scripts/gpu-conformance.sh run "$logs/tests"
+    env CUDABUF_REQUIRE_PID_REUSE=1 CUDABUF_CONFORMANCE_WATCHDOG_SECS=30 SKIP_SANITIZER=1 \
+    scripts/gpu-conformance.sh run "$logs/tests"
   grep -E '^=== FAILED|passed: ' "$logs/tests/"*.log "$logs/tests/"*.txt 2>/dev/null | tee -a "$summary"
   grep -h -B1 -A6 'panicked at' "$logs/tests/tests.log" 2>/dev/null | head -60
 

@@ -18,6 +18,38 @@ pub const REQUIRE_CUDA_VAR: &str = "CUDABUF_REQUIRE_CUDA";
 /// Set in a re-executed test binary: the child role to play instead of running tests.
 pub const CHILD_ROLE_VAR: &str = "CUDABUF_CONFORMANCE_CHILD";
 
+/// Set to a number of seconds: every that many seconds, the cases still running (and for
+/// how long) are printed to standard error, so that a case that hangs names itself.
+pub(crate) const WATCHDOG_VAR: &str = "CUDABUF_CONFORMANCE_WATCHDOG_SECS";
+
+/// The cases running now, with when each began (for the watchdog).
+type Running = Arc<Mutex<Vec<(String, std::time::Instant)>>>;
+
+/// Starts the watchdog thread if `WATCHDOG_VAR` asks for one.
+fn start_watchdog() -> Running {
+    let running: Running = Arc::default();
+    let secs = std::env::var(WATCHDOG_VAR)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&s| s > 0);
+    if let Some(secs) = secs {
+        let running = running.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            let now = running
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            let list: Vec<String> = now
+                .iter()
+                .map(|(name, t)| format!("{name} ({} s)", t.elapsed().as_secs()))
+                .collect();
+            eprintln!("cudabuf-conformance watchdog: running: {}", list.join(", "));
+        });
+    }
+    running
+}
+
 /// A case that cannot run on this backend or machine, and why (a single device, a
 /// capability the backend lacks). Shown as "ignored" with the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,12 +239,14 @@ pub fn run_suite_with_hooks(
     }
     let fixture = Fixture::with_hooks(suite, make, hooks);
     let left_out: Arc<Mutex<Vec<String>>> = Arc::default();
+    let running = start_watchdog();
     let trials = cases
         .iter()
         .map(|&(name, case)| {
             let fixture = fixture.for_case();
             let unavailable = unavailable.clone();
             let left_out = left_out.clone();
+            let running = running.clone();
             Trial::ignorable_test(format!("{suite}::{name}"), move || {
                 if let Some(reason) = unavailable {
                     return if require_cuda() {
@@ -221,7 +255,16 @@ pub fn run_suite_with_hooks(
                         Ok(Completion::ignored_with(format!("did not run: {reason}")))
                     };
                 }
+                let started = std::time::Instant::now();
+                running
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((name.to_string(), started));
                 let outcome = catch_unwind(AssertUnwindSafe(|| case(&fixture)));
+                running
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .retain(|(n, t)| !(n == name && *t == started));
                 let notes = fixture.left_out_checks();
                 if !notes.is_empty() {
                     left_out
