@@ -245,15 +245,35 @@ def ipc_checks() -> list[Callable[[], None]]:
         shared = storage._share_cuda_()
         # PyTorch 2.x prefixes the 64-byte cudaIpcMemHandle with its own ShareableHandle
         # header (format version, handle kind, ...); the raw CUDA handle comes last.
+        # The layout of that header changes between PyTorch versions: find the raw handle
+        # in it by comparing with the one the driver gives for the same allocation.
+        import cupy
+
         torch_handle = bytes(shared[1])
-        assert len(torch_handle) >= 64, len(torch_handle)
-        raw, size, offset = torch_handle[-64:], int(shared[2]), int(shared[3])
+        size, offset = int(shared[2]), int(shared[3])
+        base = t.data_ptr() - offset
+        driver_handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(base))
+        at = torch_handle.find(driver_handle)
+        assert at >= 0, (
+            f"PyTorch's {len(torch_handle)}-byte handle ({torch_handle.hex()}) does not hold "
+            f"the cudaIpcMemHandle of its allocation ({driver_handle.hex()})"
+        )
+        raw = torch_handle[at : at + 64]
         handle = (offset + size).to_bytes(8, "little") + raw
-        seen = child(CUDABUF_OPENER, handle.hex(), str(offset), str(size))
-        assert bytes.fromhex(seen) == t.cpu().numpy().tobytes()
+        want = t.cpu().numpy().tobytes()  # before the child writes 0xA5 over it
+        seen = bytes.fromhex(child(CUDABUF_OPENER, handle.hex(), str(offset), str(size)))
+        if seen != want:
+            first = next(i for i in range(min(len(seen), len(want))) if seen[i] != want[i])
+            raise AssertionError(
+                f"read {len(seen)} bytes, expected {len(want)}; first difference at byte "
+                f"{first}: {seen[first:first + 8].hex()} != {want[first:first + 8].hex()}"
+            )
         torch.cuda.synchronize()
         assert bool((t.cpu().numpy().view(np.uint8) == 0xA5).all())
-        return f"{size} bytes at offset {offset} there and back"
+        return (
+            f"{size} bytes at offset {offset} there and back (the raw handle at byte {at} "
+            f"of PyTorch's {len(torch_handle)})"
+        )
 
     return [cudabuf_to_cupy, cupy_to_cudabuf, torch_to_cudabuf]
 

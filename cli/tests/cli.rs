@@ -23,6 +23,18 @@ fn binary() -> PathBuf {
     exe.with_file_name("cudabuf")
 }
 
+/// A scratch file path: in cargo's temporary directory for this crate's tests, or, where
+/// that does not exist (the tests were packed for another machine), the system's.
+fn scratch_file(name: &str) -> PathBuf {
+    let built = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = if built.is_dir() {
+        built.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join(format!("{}-{name}", std::process::id()))
+}
+
 fn cudabuf(args: &[&str]) -> Command {
     let mut cmd = Command::new(binary());
     cmd.args(args)
@@ -359,7 +371,7 @@ fn handle_decodes_a_live_simulator_handle_and_opens_it() {
     ] {
         assert!(text.contains(line), "{line:?} missing from:\n{text}");
     }
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-handle.bin");
+    let path = scratch_file("cli-handle.bin");
     std::fs::write(&path, handle.to_bytes()).unwrap();
     let from_file = json(&run(&[
         "handle",
@@ -367,6 +379,7 @@ fn handle_decodes_a_live_simulator_handle_and_opens_it() {
         "--file",
         path.to_str().unwrap(),
     ]));
+    let _ = std::fs::remove_file(&path);
     assert_eq!(from_file["export_id"], v["export_id"]);
     assert_eq!(from_file["offset"], 512);
 }
@@ -499,7 +512,7 @@ fn handle_refuses_bad_input_with_a_message() {
         1,
         "/nonexistent/handle.bin: No such file",
     );
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-handle.hex");
+    let path = scratch_file("cli-handle.hex");
     std::fs::write(&path, hex::encode(handle.to_bytes()) + "\n").unwrap();
     failure(
         &run(&["handle", "--file", path.to_str().unwrap()]),
@@ -511,6 +524,7 @@ fn handle_refuses_bad_input_with_a_message() {
         2,
         "cannot be used with",
     );
+    let _ = std::fs::remove_file(&path);
 }
 
 #[test]

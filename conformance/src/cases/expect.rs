@@ -95,6 +95,16 @@ pub(crate) fn device_bytes(ctx: &Context, bytes: &[u8]) -> DeviceBuffer {
     ctx.buffer_from_data(bytes).expect("buffer_from_data")
 }
 
+/// A device buffer of its own allocation (offset 0 in it, whatever the caching allocator
+/// holds: where a case needs a whole allocation) holding `bytes`.
+pub(crate) fn exclusive_device_bytes(ctx: &Context, bytes: &[u8]) -> DeviceBuffer {
+    let buf = ctx
+        .new_exclusive_buffer(bytes.len())
+        .expect("new_exclusive_buffer");
+    buf.copy_from_host(bytes, 0, None).expect("copy_from_host");
+    buf
+}
+
 /// The whole contents of `buf`.
 pub(crate) fn contents(buf: &DeviceBuffer) -> Vec<u8> {
     buf.to_vec().expect("copy_to_host of the whole buffer")

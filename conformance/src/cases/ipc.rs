@@ -3,7 +3,9 @@
 
 use cudabuf_core::{BackendKind, ErrorKind, IpcMemHandle, EXTENDED_HANDLE_LEN};
 
-use super::expect::{contents, context0, device_bytes, expect_err, pattern, require_ipc};
+use super::expect::{
+    contents, context0, device_bytes, exclusive_device_bytes, expect_err, pattern, require_ipc,
+};
 use crate::child::{EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, OPEN_DEVICE_VAR, WRITE_VAR};
 use crate::{CaseResult, Fixture};
 
@@ -72,7 +74,7 @@ pub(crate) fn ipc_handle_serde_round_trip(f: &Fixture) -> CaseResult {
 /// exported slice in its allocation.
 pub(crate) fn ipc_handle_names_backend_device_size_and_offset(f: &Fixture) -> CaseResult {
     let (backend, ctx) = context0(f);
-    let buf = device_bytes(&ctx, &pattern(1000, 2));
+    let buf = exclusive_device_bytes(&ctx, &pattern(1000, 2));
     let whole = buf.export_for_ipc().expect("export_for_ipc");
     assert_eq!(whole.backend(), Some(backend.kind()));
     assert_eq!(whole.device_number(), Some(0));

@@ -13,7 +13,8 @@ use cudabuf_core::{
 };
 
 use super::expect::{
-    contents, context0, contexts01, device_bytes, expect_err, expect_io_err, pattern,
+    contents, context0, contexts01, device_bytes, exclusive_device_bytes, expect_err,
+    expect_io_err, pattern,
 };
 use crate::{CaseResult, Fixture};
 
@@ -345,7 +346,7 @@ pub(crate) fn ipc_to_pyarrow_bytes_refuses_offsets_and_simulator_handles(
     f: &Fixture,
 ) -> CaseResult {
     let (backend, ctx) = context0(f);
-    let buf = device_bytes(&ctx, &pattern(100, 3));
+    let buf = exclusive_device_bytes(&ctx, &pattern(100, 3));
     let whole = buf.export_for_ipc().expect("export_for_ipc");
     let part = buf
         .slice(10, 20)
