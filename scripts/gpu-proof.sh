@@ -11,7 +11,8 @@
 #
 # `run` writes $OUT/proof-summary.txt and $OUT/proof.tgz (every log); each step has its own
 # time limit, a failed step is reported and the rest still run, and the whole stays under
-# PROOF_DEADLINE_S (default 560) seconds. Exit status: 1 if any step failed.
+# PROOF_DEADLINE_S (default 560) seconds (the test executables: PROOF_TESTS_S, default
+# 260). Exit status: 1 if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu-lib.sh
@@ -54,7 +55,7 @@ run() {
   note "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 
   # Root can force a pid for the pid-reuse case: make it fail rather than skip.
-  step "test executables and quickstart (CUDABUF_REQUIRE_CUDA=1)" 260 \
+  step "test executables and quickstart (CUDABUF_REQUIRE_CUDA=1)" "${PROOF_TESTS_S:-260}" \
     env CUDABUF_REQUIRE_PID_REUSE=1 CUDABUF_CONFORMANCE_WATCHDOG_SECS=30 SKIP_SANITIZER=1 \
     scripts/gpu-conformance.sh run "$logs/tests"
   grep -E '^=== FAILED|passed: ' "$logs/tests/"*.log "$logs/tests/"*.txt 2>/dev/null | tee -a "$summary"
