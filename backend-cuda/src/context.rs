@@ -20,7 +20,6 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 
 use crate::current::PushedContext;
 use crate::driver_error::{check, CuFailure};
-use crate::host_gate;
 use crate::staging::{Direction, Piece, StagingConfig, StagingEngine};
 
 /// A batch of at least this many pieces goes through the staging workers whatever its
@@ -322,11 +321,9 @@ impl CudaDriverContext {
             {
                 let copied = dtod(tmp, src, len).and_then(|()| dtod(dst, tmp, len));
                 // cuMemFree waits for the copies that use `tmp` before freeing it.
-                let gate = host_gate::freeing();
                 // SAFETY: `tmp` was just allocated here and is freed once.
-                let freed = check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(tmp) });
-                drop(gate);
-                let freed = freed.map_err(|f| self.fail(f));
+                let freed = check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(tmp) })
+                    .map_err(|f| self.fail(f));
                 return copied.and(freed);
             }
         }
@@ -444,7 +441,6 @@ unsafe impl RawContext for CudaDriverContext {
 
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
         let _pushed = self.push()?;
-        let _gate = host_gate::freeing();
         // SAFETY: our context is pushed; the caller guarantees `ptr` came from
         // `cuMemAlloc_v2` on this context and is freed once.
         check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) }).map_err(|f| self.fail(f))
@@ -455,9 +451,7 @@ unsafe impl RawContext for CudaDriverContext {
             return Ok(());
         }
         let pushed = self.push()?;
-        let engine = self.staging_engine(&pushed, src.as_ptr(), src.len());
-        let _gate = host_gate::copying();
-        if let Some(engine) = engine {
+        if let Some(engine) = self.staging_engine(&pushed, src.as_ptr(), src.len()) {
             // SAFETY: `src` is readable for its length during the call (the engine only
             // reads it); the caller guarantees the device range. The engine's streams are
             // ordered with the legacy default stream, and `copy` returns when every part
@@ -508,7 +502,6 @@ unsafe impl RawContext for CudaDriverContext {
             return Ok(());
         };
         let pushed = self.push()?;
-        let _gate = host_gate::copying();
         // Large pieces in pinned memory go straight to the driver (asynchronously, on the
         // legacy default stream, waited for below); everything else is gathered by the
         // staging workers.
@@ -573,9 +566,7 @@ unsafe impl RawContext for CudaDriverContext {
             return Ok(());
         }
         let pushed = self.push()?;
-        let engine = self.staging_engine(&pushed, dst.as_ptr(), dst.len());
-        let _gate = host_gate::copying();
-        if let Some(engine) = engine {
+        if let Some(engine) = self.staging_engine(&pushed, dst.as_ptr(), dst.len()) {
             // SAFETY: `dst` is writable for its length and exclusively ours during the
             // call; the caller guarantees the device range. The engine's streams are
             // ordered with the legacy default stream (so pending copies into the source
@@ -656,7 +647,6 @@ unsafe impl RawContext for CudaDriverContext {
             sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, host, 0)
         });
         if let Err(failure) = mapped {
-            let _gate = host_gate::freeing();
             // SAFETY: `host` came from cuMemHostAlloc above and is not used after.
             let _ = unsafe { sys::cuMemFreeHost(host) };
             return Err(self.fail(failure));
@@ -668,7 +658,6 @@ unsafe impl RawContext for CudaDriverContext {
 
     unsafe fn free_host(&self, alloc: PinnedAlloc) -> Result<()> {
         let _pushed = self.push()?;
-        let _gate = host_gate::freeing();
         // SAFETY: our context is pushed; the caller guarantees `alloc` came from
         // `alloc_host` (cuMemHostAlloc) and is freed once.
         check("cuMemFreeHost", unsafe {

@@ -100,7 +100,6 @@ mod context;
 mod current;
 mod device;
 mod driver_error;
-mod host_gate;
 mod interop;
 mod platform;
 mod staging;

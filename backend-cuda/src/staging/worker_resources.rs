@@ -62,7 +62,6 @@ impl WorkerResources {
 
     /// Free them, with the context pushed and the stream idle.
     pub(super) fn destroy(&mut self) {
-        let _gate = crate::host_gate::freeing();
         // SAFETY: each handle was created by `create` in the pushed context and is
         // destroyed once (nulled after); the stream is idle (every task synchronizes it).
         unsafe {
