@@ -22,6 +22,10 @@ pub const CHILD_ROLE_VAR: &str = "CUDABUF_CONFORMANCE_CHILD";
 /// how long) are printed to standard error, so that a case that hangs names itself.
 pub(crate) const WATCHDOG_VAR: &str = "CUDABUF_CONFORMANCE_WATCHDOG_SECS";
 
+/// Every case holds it while it runs: shared, or exclusively for the cases of
+/// [`cases::ALONE`](crate::cases::ALONE).
+static ALONE_GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// The cases running now, with when each began (for the watchdog).
 type Running = Arc<Mutex<Vec<(String, std::time::Instant)>>>;
 
@@ -255,6 +259,11 @@ pub fn run_suite_with_hooks(
                         Ok(Completion::ignored_with(format!("did not run: {reason}")))
                     };
                 }
+                let alone = crate::cases::ALONE.contains(&name);
+                let _shared =
+                    (!alone).then(|| ALONE_GATE.read().unwrap_or_else(PoisonError::into_inner));
+                let _exclusive =
+                    alone.then(|| ALONE_GATE.write().unwrap_or_else(PoisonError::into_inner));
                 let started = std::time::Instant::now();
                 running
                     .lock()
