@@ -305,15 +305,7 @@ impl Stream {
         // Operations pushed from here on may have been issued after the wait began (by
         // another thread sharing this stream): they are not covered by it.
         let covered = self.state().next_seq;
-        // SAFETY: the stream is live: owned ones until the last clone drops, default ones
-        // always, foreign ones by `wrap_stream`'s contract.
-        unsafe {
-            self.inner
-                .handle
-                .ctx
-                .raw()
-                .stream_synchronize(self.inner.handle.raw)
-        }?;
+        self.stream_synchronize()?;
         if self.is_per_thread() {
             // The calling thread's default stream is done; other threads' are not known.
             self.release_completed()
@@ -735,7 +727,14 @@ impl Stream {
         if self.is_per_thread() {
             return self.inner.handle.ctx.raw().synchronize();
         }
-        // SAFETY: as in `synchronize`.
+        self.stream_synchronize()
+    }
+
+    /// `cuStreamSynchronize` of this stream (for the per-thread default stream: the
+    /// calling thread's).
+    fn stream_synchronize(&self) -> Result<()> {
+        // SAFETY: the stream is live: owned ones until the last clone drops, default ones
+        // always, foreign ones by `wrap_stream`'s contract.
         unsafe {
             self.inner
                 .handle

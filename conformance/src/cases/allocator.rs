@@ -9,40 +9,10 @@ use std::sync::Arc;
 
 use cudabuf_core::{Backend, BackendKind, Context, DeviceBuffer, ErrorKind, RawDeviceMemory};
 
-use super::expect::{contents, context0, device_bytes, expect_err, pattern, require_ipc};
+use super::expect::{contents, context0, device_bytes, expect_err, pattern, require_ipc, CacheOn};
 use super::reliability_process::{End, Spawned};
 use crate::child::{EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, IPC_OPEN_READ_LOOP, WRITE_VAR};
 use crate::{CaseResult, Fixture};
-
-/// The limit a case sets where the cache is off (the simulator's default).
-const CASE_LIMIT: usize = 256 << 20;
-
-/// Switches the caching allocator of a context's device context on for a case, and back
-/// off at the end if it was off (on CUDA the allocator of the primary context is shared by
-/// every case of the process, so a limit already set is left alone).
-struct CacheOn<'a> {
-    ctx: &'a Context,
-    restore: Option<usize>,
-}
-
-impl<'a> CacheOn<'a> {
-    fn new(ctx: &'a Context) -> Self {
-        let before = ctx.allocator_cache_limit();
-        let restore = (before == 0).then(|| {
-            ctx.set_allocator_cache_limit(CASE_LIMIT);
-            before
-        });
-        CacheOn { ctx, restore }
-    }
-}
-
-impl Drop for CacheOn<'_> {
-    fn drop(&mut self) {
-        if let Some(limit) = self.restore {
-            self.ctx.set_allocator_cache_limit(limit);
-        }
-    }
-}
 
 /// The base address and size of the backend allocation (the segment) holding `buf`.
 fn segment_of(buf: &DeviceBuffer) -> (u64, usize) {

@@ -4,9 +4,9 @@
 use std::fmt::Debug;
 use std::io;
 
-use cudabuf_core::{Backend, Context, DeviceBuffer, Error, ErrorKind, Result};
+use cudabuf_core::{Backend, Context, DeviceBuffer, Error, ErrorKind, Result, Stream, StreamFlags};
 
-use crate::Fixture;
+use crate::{CaseResult, Fixture, Skip};
 
 /// The sizes every copy path is checked at.
 pub(crate) const SIZES: [usize; 3] = [0, 1, 1000];
@@ -147,4 +147,55 @@ pub(crate) fn expect_io_err<T: Debug>(
             e
         }
     }
+}
+
+/// The limit a case sets where the cache is off (the simulator's default).
+const CASE_CACHE_LIMIT: usize = 256 << 20;
+
+/// Switches the caching allocator of a context's device context on for a case, and back
+/// off at the end if it was off (on CUDA the allocator of the primary context is shared by
+/// every case of the process, so a limit already set is left alone).
+pub(crate) struct CacheOn<'a> {
+    ctx: &'a Context,
+    restore: Option<usize>,
+}
+
+impl<'a> CacheOn<'a> {
+    pub(crate) fn new(ctx: &'a Context) -> Self {
+        let before = ctx.allocator_cache_limit();
+        let restore = (before == 0).then(|| {
+            ctx.set_allocator_cache_limit(CASE_CACHE_LIMIT);
+            before
+        });
+        CacheOn { ctx, restore }
+    }
+}
+
+impl Drop for CacheOn<'_> {
+    fn drop(&mut self) {
+        if let Some(limit) = self.restore {
+            self.ctx.set_allocator_cache_limit(limit);
+        }
+    }
+}
+
+/// A backend without streams (or whose streams are unsupported) skips the case.
+pub(crate) fn require_streams(ctx: &Context, f: &Fixture) -> CaseResult {
+    match ctx.new_stream() {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::Unsupported => Err(Skip(format!(
+            "the {} backend has no streams: {e}",
+            f.suite()
+        ))),
+        Err(e) => panic!("new_stream: {e}"),
+    }
+}
+
+/// A new non-blocking stream of priority 0.
+pub(crate) fn non_blocking(ctx: &Context) -> Stream {
+    ctx.new_stream_with(StreamFlags {
+        non_blocking: true,
+        priority: 0,
+    })
+    .expect("a non-blocking stream")
 }

@@ -16,9 +16,11 @@
 //! its free is provably still pending (an event recorded on the stream *before* the free
 //! has not completed after the allocation).
 
-use cudabuf_core::{Backend, BackendKind, Context, DeviceBuffer, ErrorKind, Stream, StreamFlags};
+use cudabuf_core::{Backend, BackendKind, Context, DeviceBuffer, ErrorKind, Stream};
 
-use super::expect::{contents, context0, contexts01, expect_err, pattern};
+use super::expect::{
+    contents, context0, contexts01, expect_err, non_blocking, pattern, require_streams, CacheOn,
+};
 use super::reliability_leaks::hook_backend;
 use super::reliability_load::FILL_VAR;
 use crate::child::{EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, WRITE_VAR};
@@ -27,56 +29,6 @@ use crate::{CaseResult, Fixture, Skip};
 /// 12 MiB: a segment of its own with no rest, so a freed block is the only one of its
 /// segment.
 const BIG: usize = 12 << 20;
-
-/// The limit a case sets where the cache is off (the simulator's default).
-const CASE_LIMIT: usize = 256 << 20;
-
-/// Switches the caching allocator of a context's device context on for a case, and back
-/// off at the end if it was off (on CUDA, shared by the whole process, a limit already set
-/// is left alone).
-struct CacheOn<'a> {
-    ctx: &'a Context,
-    restore: Option<usize>,
-}
-
-impl<'a> CacheOn<'a> {
-    fn new(ctx: &'a Context) -> Self {
-        let before = ctx.allocator_cache_limit();
-        let restore = (before == 0).then(|| {
-            ctx.set_allocator_cache_limit(CASE_LIMIT);
-            before
-        });
-        CacheOn { ctx, restore }
-    }
-}
-
-impl Drop for CacheOn<'_> {
-    fn drop(&mut self) {
-        if let Some(limit) = self.restore {
-            self.ctx.set_allocator_cache_limit(limit);
-        }
-    }
-}
-
-/// A stream-less backend skips the case.
-fn require_streams(ctx: &Context, f: &Fixture) -> CaseResult {
-    match ctx.new_stream() {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::Unsupported => Err(Skip(format!(
-            "the {} backend has no streams: {e}",
-            f.suite()
-        ))),
-        Err(e) => panic!("new_stream: {e}"),
-    }
-}
-
-fn non_blocking(ctx: &Context) -> Stream {
-    ctx.new_stream_with(StreamFlags {
-        non_blocking: true,
-        priority: 0,
-    })
-    .expect("a non-blocking stream")
-}
 
 /// Whether this case's caching allocator is its own (see the module docs).
 fn private_allocator(backend: &Backend) -> bool {

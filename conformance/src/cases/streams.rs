@@ -9,30 +9,13 @@
 use std::sync::mpsc;
 use std::thread;
 
-use cudabuf_core::{Context, ErrorKind, HostBuffer, Stream, StreamFlags};
+use cudabuf_core::{Context, ErrorKind, HostBuffer, StreamFlags};
 
-use super::expect::{contents, context0, contexts01, device_bytes, expect_err, pattern};
+use super::expect::{
+    contents, context0, contexts01, device_bytes, expect_err, non_blocking, pattern,
+    require_streams,
+};
 use crate::{CaseResult, Fixture, Skip};
-
-/// A stream-less backend (or one whose streams are unsupported) skips every case.
-fn require_streams(ctx: &Context, f: &Fixture) -> CaseResult {
-    match ctx.new_stream() {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::Unsupported => Err(Skip(format!(
-            "the {} backend has no streams: {e}",
-            f.suite()
-        ))),
-        Err(e) => panic!("new_stream: {e}"),
-    }
-}
-
-fn non_blocking(ctx: &Context) -> Stream {
-    ctx.new_stream_with(StreamFlags {
-        non_blocking: true,
-        priority: 0,
-    })
-    .expect("a non-blocking stream")
-}
 
 fn pinned(ctx: &Context, bytes: &[u8]) -> HostBuffer {
     let mut host = ctx.new_host_buffer(bytes.len()).expect("new_host_buffer");

@@ -12,29 +12,12 @@ use std::io::Write;
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use cudabuf_core::{BufferWriter, Context, ErrorKind, Stream, StreamFlags};
+use cudabuf_core::{BufferWriter, Context, ErrorKind};
 
-use super::expect::{contents, context0, contexts01, expect_err, pattern};
+use super::expect::{
+    contents, context0, contexts01, expect_err, non_blocking, pattern, require_streams,
+};
 use crate::{CaseResult, Fixture, Skip};
-
-fn require_streams(ctx: &Context, f: &Fixture) -> CaseResult {
-    match ctx.new_stream() {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::Unsupported => Err(Skip(format!(
-            "the {} backend has no streams: {e}",
-            f.suite()
-        ))),
-        Err(e) => panic!("new_stream: {e}"),
-    }
-}
-
-fn non_blocking(ctx: &Context) -> Stream {
-    ctx.new_stream_with(StreamFlags {
-        non_blocking: true,
-        priority: 0,
-    })
-    .expect("a non-blocking stream")
-}
 
 /// Thread A uploads through the per-thread default stream; thread B synchronizes the
 /// same `Stream` (which waits only for B's own default stream) and uploads as many bytes
