@@ -321,7 +321,8 @@ fn recording_an_event_on_a_stream_of_another_context_is_invalid_argument() {
 #[test]
 fn a_race_is_flagged_whatever_core_polled_before_it() {
     let mut missed = Vec::new();
-    for seed in 0..64 {
+    let seeds = if cfg!(miri) { 4 } else { 64 };
+    for seed in 0..seeds {
         let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
         let ctx = context(&sim);
         let (s1, s2) = (non_blocking(&ctx), non_blocking(&ctx));
@@ -343,7 +344,7 @@ fn a_race_is_flagged_whatever_core_polled_before_it() {
     }
     assert!(
         missed.is_empty(),
-        "missed under {} of 64 seeds: {missed:?}",
+        "missed under {} of {seeds} seeds: {missed:?}",
         missed.len()
     );
 }
@@ -371,9 +372,11 @@ fn until_released(
 /// staging buffer (read by `s1`'s upload, back in the pool) written by `s2`'s download.
 #[test]
 fn memory_cudabuf_recycled_after_its_bookkeeping_is_not_a_race() {
+    // Under Miri (which runs this for what it checks of the unsafe code) a few seeds.
+    let seeds = if cfg!(miri) { 2 } else { 32 };
     let mut exercised = (0, 0);
     for schedule in [Schedule::Deterministic, Schedule::Threaded] {
-        for seed in 0..32 {
+        for seed in 0..seeds {
             let sim = sim(schedule, seed, RaceMode::Fail);
             let ctx = context(&sim);
             ctx.set_allocator_cache_limit(256 << 20);
@@ -420,8 +423,9 @@ fn memory_cudabuf_recycled_after_its_bookkeeping_is_not_a_race() {
     }
     // Both paths ran under most seeds (how many depends on the schedules, not on chance).
     assert!(
-        exercised.0 >= 16 && exercised.1 >= 16,
-        "exercised {exercised:?} of 64"
+        exercised.0 >= seeds / 2 && exercised.1 >= seeds / 2,
+        "exercised {exercised:?} of {}",
+        2 * seeds
     );
 }
 
