@@ -467,20 +467,14 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// The range of stream priorities: `(least, greatest)`, numerically `least >=
     /// greatest` as `cuCtxGetStreamPriorityRange` (CUDA: `(0, -5)` on recent GPUs).
     fn stream_priority_range(&self) -> Result<(i32, i32)> {
-        Err(crate::Error::unsupported(
-            "stream_priority_range",
-            "this backend has no streams",
-        ))
+        no_streams("stream_priority_range")
     }
 
     /// Create a stream (`cuStreamCreateWithPriority`); the priority is clamped into
     /// [`stream_priority_range`](Self::stream_priority_range).
     fn stream_create(&self, flags: StreamFlags) -> Result<RawStream> {
         let _ = flags;
-        Err(crate::Error::unsupported(
-            "stream_create",
-            "this backend has no streams",
-        ))
+        no_streams("stream_create")
     }
 
     /// Destroy a stream made by [`stream_create`](Self::stream_create) (work already
@@ -491,10 +485,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// after.
     unsafe fn stream_destroy(&self, stream: RawStream) -> Result<()> {
         let _ = stream;
-        Err(crate::Error::unsupported(
-            "stream_destroy",
-            "this backend has no streams",
-        ))
+        no_streams("stream_destroy")
     }
 
     /// Wait until every operation issued to `stream` so far is done
@@ -505,10 +496,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// stream the caller vouches for).
     unsafe fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
         let _ = stream;
-        Err(crate::Error::unsupported(
-            "stream_synchronize",
-            "this backend has no streams",
-        ))
+        no_streams("stream_synchronize")
     }
 
     /// Whether every operation issued to `stream` so far is done (`cuStreamQuery`).
@@ -517,10 +505,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// As [`stream_synchronize`](Self::stream_synchronize).
     unsafe fn stream_query(&self, stream: RawStream) -> Result<bool> {
         let _ = stream;
-        Err(crate::Error::unsupported(
-            "stream_query",
-            "this backend has no streams",
-        ))
+        no_streams("stream_query")
     }
 
     /// Make later work of `stream` wait for the work `event` captured at its most recent
@@ -533,20 +518,14 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// backend (or foreign ones the caller vouches for).
     unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
         let _ = (stream, event);
-        Err(crate::Error::unsupported(
-            "stream_wait_event",
-            "this backend has no streams",
-        ))
+        no_streams("stream_wait_event")
     }
 
     /// Create an event (`cuEventCreate`), with timing (`elapsed`) or without
     /// (`CU_EVENT_DISABLE_TIMING`, cheaper).
     fn event_create(&self, timing: bool) -> Result<RawEvent> {
         let _ = timing;
-        Err(crate::Error::unsupported(
-            "event_create",
-            "this backend has no streams",
-        ))
+        no_streams("event_create")
     }
 
     /// Destroy an event made by [`event_create`](Self::event_create).
@@ -556,10 +535,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// after.
     unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {
         let _ = event;
-        Err(crate::Error::unsupported(
-            "event_destroy",
-            "this backend has no streams",
-        ))
+        no_streams("event_destroy")
     }
 
     /// Capture the work issued to `stream` so far in `event` (`cuEventRecord`).
@@ -569,10 +545,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// for).
     unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
         let _ = (event, stream);
-        Err(crate::Error::unsupported(
-            "event_record",
-            "this backend has no streams",
-        ))
+        no_streams("event_record")
     }
 
     /// Whether the work captured by `event` is done; `true` for a never-recorded event
@@ -582,10 +555,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// `event` is live, of this context (or a foreign one the caller vouches for).
     unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
         let _ = event;
-        Err(crate::Error::unsupported(
-            "event_query",
-            "this backend has no streams",
-        ))
+        no_streams("event_query")
     }
 
     /// [`event_query`](Self::event_query) asked by cudabuf for its own bookkeeping (whether
@@ -610,10 +580,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// As [`event_query`](Self::event_query).
     unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
         let _ = event;
-        Err(crate::Error::unsupported(
-            "event_synchronize",
-            "this backend has no streams",
-        ))
+        no_streams("event_synchronize")
     }
 
     /// Milliseconds between two recorded, completed events made with timing
@@ -628,10 +595,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// Both events are live, of this context (or foreign ones the caller vouches for).
     unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
         let _ = (start, end);
-        Err(crate::Error::unsupported(
-            "event_elapsed_ms",
-            "this backend has no streams",
-        ))
+        no_streams("event_elapsed_ms")
     }
 
     /// Issue a copy of `len > 0` bytes from pinned host memory at `src` to the device at
@@ -651,10 +615,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
         stream: RawStream,
     ) -> Result<()> {
         let _ = (dst, src, len, stream);
-        Err(crate::Error::unsupported(
-            "copy_host_to_device_on",
-            "this backend has no streams",
-        ))
+        no_streams("copy_host_to_device_on")
     }
 
     /// Issue a copy of `len > 0` bytes from the device at `src` to pinned host memory at
@@ -671,10 +632,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
         stream: RawStream,
     ) -> Result<()> {
         let _ = (dst, src, len, stream);
-        Err(crate::Error::unsupported(
-            "copy_device_to_host_on",
-            "this backend has no streams",
-        ))
+        no_streams("copy_device_to_host_on")
     }
 
     /// Issue a copy of `len > 0` bytes between two device ranges of this context on
@@ -692,10 +650,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
         stream: RawStream,
     ) -> Result<()> {
         let _ = (dst, src, len, stream);
-        Err(crate::Error::unsupported(
-            "copy_device_to_device_on",
-            "this backend has no streams",
-        ))
+        no_streams("copy_device_to_device_on")
     }
 
     /// Issue a copy of `len > 0` bytes from `src` in `src_context` (another context of
@@ -714,10 +669,7 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
         stream: RawStream,
     ) -> Result<()> {
         let _ = (dst, src_context, src, len, stream);
-        Err(crate::Error::unsupported(
-            "copy_peer_on",
-            "this backend has no streams",
-        ))
+        no_streams("copy_peer_on")
     }
 
     /// Note that `ptr..ptr + len`, part of a live allocation of this context (from
@@ -813,4 +765,13 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// # Safety
     /// `ptr` came from `ipc_open` on this context, is closed once and not used after.
     unsafe fn ipc_close(&self, ptr: DevicePtr) -> Result<()>;
+}
+
+/// What the provided stream and event methods of [`RawContext`] return: `Unsupported`,
+/// naming the call.
+fn no_streams<T>(call: &'static str) -> Result<T> {
+    Err(crate::Error::unsupported(
+        call,
+        "this backend has no streams",
+    ))
 }
