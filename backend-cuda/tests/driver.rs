@@ -10,29 +10,10 @@ use std::sync::Arc;
 use cudabuf_core::backend::{Platform, RawContext};
 use cudabuf_core::{Error, ErrorKind};
 use cudabuf_cuda::cudarc::driver::{sys, CudaContext};
-use cudabuf_cuda::{cudarc_slice_view, CudaBackend};
+use cudabuf_cuda::cudarc_slice_view;
 
-/// The backend, or `None` (after saying so) when there is no driver and none is required.
-fn backend(test: &str) -> Option<CudaBackend> {
-    let required = std::env::var("CUDABUF_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match CudaBackend::new() {
-        Ok(backend) if backend.num_devices().unwrap() > 0 => Some(backend),
-        Ok(_) if !required => {
-            eprintln!("{test}: skipped: no CUDA device");
-            None
-        }
-        Err(e) if e.kind() == ErrorKind::NoDriver && !required => {
-            eprintln!("{test}: skipped: {e}");
-            None
-        }
-        Ok(_) => panic!("CUDABUF_REQUIRE_CUDA=1 but the driver reports no device"),
-        Err(e) => panic!("CUDABUF_REQUIRE_CUDA=1 but {e}"),
-    }
-}
-
-fn primary(backend: &CudaBackend, ordinal: usize) -> Arc<dyn RawContext> {
-    backend.device(ordinal).unwrap().primary_context().unwrap()
-}
+mod common;
+use common::{backend, primary};
 
 fn current_context() -> sys::CUcontext {
     let mut ctx: sys::CUcontext = std::ptr::null_mut();

@@ -8,39 +8,11 @@
 
 use std::io::Write;
 
-use cudabuf_core::backend::Platform;
 use cudabuf_core::{Backend, BufferWriter, ErrorKind};
-use cudabuf_cuda::{CudaBackend, StagingConfig};
+use cudabuf_cuda::StagingConfig;
 
-/// The backend, or `None` (after saying so) when there is no driver and none is required.
-fn backend(test: &str) -> Option<CudaBackend> {
-    let required = std::env::var("CUDABUF_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match CudaBackend::new() {
-        Ok(backend) if backend.num_devices().unwrap() > 0 => Some(backend),
-        Ok(_) if !required => {
-            eprintln!("{test}: skipped: no CUDA device");
-            None
-        }
-        Err(e) if e.kind() == ErrorKind::NoDriver && !required => {
-            eprintln!("{test}: skipped: {e}");
-            None
-        }
-        Ok(_) => panic!("CUDABUF_REQUIRE_CUDA=1 but the driver reports no device"),
-        Err(e) => panic!("CUDABUF_REQUIRE_CUDA=1 but {e}"),
-    }
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2654435761) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
+mod common;
+use common::{backend, pattern};
 
 #[test]
 fn staged_pageable_copies_move_the_right_bytes() {

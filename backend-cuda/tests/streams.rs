@@ -23,32 +23,13 @@ use cudabuf_core::backend::{
 };
 use cudabuf_core::{Error, ErrorKind};
 use cudabuf_cuda::cudarc::driver::sys;
-use cudabuf_cuda::{cudarc_event_view, cudarc_stream_from_raw, cudarc_stream_view, CudaBackend};
+use cudabuf_cuda::{cudarc_event_view, cudarc_stream_from_raw, cudarc_stream_view};
+
+mod common;
+use common::{backend, pattern, primary};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-/// The backend, or `None` (after saying so) when there is no driver and none is required.
-fn backend(test: &str) -> Option<CudaBackend> {
-    let required = std::env::var("CUDABUF_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match CudaBackend::new() {
-        Ok(backend) if backend.num_devices().unwrap() > 0 => Some(backend),
-        Ok(_) if !required => {
-            eprintln!("{test}: skipped: no CUDA device");
-            None
-        }
-        Err(e) if e.kind() == ErrorKind::NoDriver && !required => {
-            eprintln!("{test}: skipped: {e}");
-            None
-        }
-        Ok(_) => panic!("CUDABUF_REQUIRE_CUDA=1 but the driver reports no device"),
-        Err(e) => panic!("CUDABUF_REQUIRE_CUDA=1 but {e}"),
-    }
-}
-
-fn primary(backend: &CudaBackend, ordinal: usize) -> Arc<dyn RawContext> {
-    backend.device(ordinal).unwrap().primary_context().unwrap()
-}
 
 /// Serialises the tests that close gates (see the module doc).
 static GATE_LOCK: Mutex<()> = Mutex::new(());
@@ -142,18 +123,6 @@ const WATCH: Duration = Duration::from_millis(100);
 /// How long a condition that must turn true is given before the test fails (instead of
 /// hanging).
 const LIMIT: Duration = Duration::from_secs(20);
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2654435761) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
 
 /// Pinned host memory of a context, freed on drop.
 struct Pinned<'a> {
