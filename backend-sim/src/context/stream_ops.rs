@@ -55,17 +55,20 @@ impl SimContext {
         guard.streams.take_deferred(self.device)
     }
 
-    /// Lets the device progress as a query does, then says whether `target` is done
-    /// (and learns it if so).
-    fn poll(&self, state: &mut State, target: Option<Target>) -> Result<bool> {
+    /// Lets the device progress as a query does, then says whether `target` is done. If
+    /// so, the host learns it when the program asked (`by_program`); when cudabuf asked
+    /// for its bookkeeping, only what cudabuf has seen is noted (see `poll_event`).
+    fn poll(&self, state: &mut State, target: Option<Target>, by_program: bool) -> Result<bool> {
         let Some(target) = target else {
             return Ok(true);
         };
         state.streams.advance(&state.table);
         state.streams.take_deferred(self.device)?;
         let done = state.streams.target_done(&target);
-        if done {
+        if done && by_program {
             state.streams.learn(&target);
+        } else if done {
+            state.streams.note_seen_by_cudabuf(&target);
         }
         Ok(done)
     }
@@ -92,7 +95,7 @@ impl SimContext {
             .streams
             .resolve_stream("stream_query", self.device, stream)?;
         let target = guard.streams.stream_target(key);
-        self.poll(&mut guard, Some(target))
+        self.poll(&mut guard, Some(target), true)
     }
 
     pub(super) fn wait_event_on(&self, stream: RawStream, event: RawEvent) -> Result<()> {
@@ -130,7 +133,7 @@ impl SimContext {
         let target = guard
             .streams
             .event_target(self.device, event, "event_query")?;
-        self.poll(&mut guard, target)
+        self.poll(&mut guard, target, true)
     }
 
     /// `query_event` without learning: cudabuf's bookkeeping (`RawContext::event_poll`)
@@ -138,20 +141,10 @@ impl SimContext {
     /// after it is ordered after what it saw done (`retire`).
     pub(super) fn poll_event(&self, event: RawEvent) -> Result<bool> {
         let mut guard = self.shared.lock();
-        let state = &mut *guard;
-        let Some(target) = state
+        let target = guard
             .streams
-            .event_target(self.device, event, "event_poll")?
-        else {
-            return Ok(true);
-        };
-        state.streams.advance(&state.table);
-        state.streams.take_deferred(self.device)?;
-        let done = state.streams.target_done(&target);
-        if done {
-            state.streams.note_seen_by_cudabuf(&target);
-        }
-        Ok(done)
+            .event_target(self.device, event, "event_poll")?;
+        self.poll(&mut guard, target, false)
     }
 
     /// The race detector forgets the accesses to `len` bytes at `address` that cudabuf
