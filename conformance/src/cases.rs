@@ -69,7 +69,8 @@ macro_rules! cases {
 /// `pthread_rwlock_rdlock`; docs/gpu-runs.md, 2026-12-03). Each passes alone, and the
 /// whole suite passes one case at a time; the cause (the driver, or a pattern of cudabuf's
 /// calls) is not isolated yet. They check cudabuf's bookkeeping under thread
-/// interleavings, which running alone does not weaken.
+/// interleavings, which running alone does not weaken. `CUDABUF_CONFORMANCE_ALONE=off`
+/// runs them beside the others again (to reproduce the hang).
 pub const ALONE: &[&str] = &[
     "per_thread_stream_shared_by_threads_keeps_each_threads_staging",
     "stream_synchronized_by_another_thread_keeps_later_work",

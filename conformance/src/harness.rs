@@ -22,6 +22,10 @@ pub const CHILD_ROLE_VAR: &str = "CUDABUF_CONFORMANCE_CHILD";
 /// how long) are printed to standard error, so that a case that hangs names itself.
 pub(crate) const WATCHDOG_VAR: &str = "CUDABUF_CONFORMANCE_WATCHDOG_SECS";
 
+/// Set to `off`: the cases of [`cases::ALONE`](crate::cases::ALONE) run beside the others
+/// like every case (to reproduce what they are kept apart for).
+pub(crate) const ALONE_VAR: &str = "CUDABUF_CONFORMANCE_ALONE";
+
 /// Every case holds it while it runs: shared, or exclusively for the cases of
 /// [`cases::ALONE`](crate::cases::ALONE).
 static ALONE_GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
@@ -244,6 +248,7 @@ pub fn run_suite_with_hooks(
     let fixture = Fixture::with_hooks(suite, make, hooks);
     let left_out: Arc<Mutex<Vec<String>>> = Arc::default();
     let running = start_watchdog();
+    let alone_honoured = std::env::var(ALONE_VAR).map_or(true, |v| v.trim() != "off");
     let trials = cases
         .iter()
         .map(|&(name, case)| {
@@ -259,7 +264,7 @@ pub fn run_suite_with_hooks(
                         Ok(Completion::ignored_with(format!("did not run: {reason}")))
                     };
                 }
-                let alone = crate::cases::ALONE.contains(&name);
+                let alone = crate::cases::ALONE.contains(&name) && alone_honoured;
                 let _shared =
                     (!alone).then(|| ALONE_GATE.read().unwrap_or_else(PoisonError::into_inner));
                 let _exclusive =
