@@ -1,6 +1,7 @@
 //! [`SimBackend`]: the simulator's platform, and the state its devices and contexts share.
 
 use std::fmt;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use cudabuf_core::backend::{BackendKind, Capabilities, Device, Platform};
@@ -8,7 +9,7 @@ use cudabuf_core::{Error, Result};
 
 use crate::address::MAX_DEVICES;
 use crate::config::SimConfig;
-use crate::context::{new_context_handle, SimContext};
+use crate::context::new_context_handle;
 use crate::device::SimDevice;
 use crate::faults::{FaultOp, Faults};
 use crate::leak::LeakReport;
@@ -55,6 +56,10 @@ pub(crate) struct Shared {
     pub(crate) capacity: usize,
     /// The primary context handle of each device.
     contexts: Vec<u64>,
+    /// How many owning contexts (primary-context retains) each device has alive. At 0 the
+    /// primary context is released, which on CUDA destroys it: a non-owning context over
+    /// it (`shared_context`) is then refused.
+    pub(crate) owners: Vec<AtomicUsize>,
     pub(crate) core: Arc<Core>,
 }
 
@@ -155,6 +160,7 @@ impl SimBackend {
             name: config.name.clone(),
             capacity: config.capacity_per_device,
             contexts: contexts.clone(),
+            owners: (0..config.devices).map(|_| AtomicUsize::new(0)).collect(),
             core: Arc::new(Core {
                 state: Mutex::new(State {
                     table: Table::new(config.devices, config.capacity_per_device),
@@ -167,10 +173,7 @@ impl SimBackend {
         let devices = contexts
             .iter()
             .enumerate()
-            .map(|(ordinal, &handle)| {
-                let primary = Arc::new(SimContext::new(shared.clone(), ordinal, handle));
-                Arc::new(SimDevice::new(shared.clone(), ordinal, primary))
-            })
+            .map(|(ordinal, &handle)| Arc::new(SimDevice::new(shared.clone(), ordinal, handle)))
             .collect();
         SimBackend {
             inner: Arc::new(Inner {

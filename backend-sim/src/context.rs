@@ -30,15 +30,62 @@ pub struct SimContext {
     shared: Arc<Shared>,
     device: usize,
     handle: u64,
+    /// A retain of the device's primary context (counted in `Shared::owners`), or a
+    /// non-owning context over its handle.
+    owning: bool,
+}
+
+impl Drop for SimContext {
+    fn drop(&mut self) {
+        if self.owning {
+            self.shared.owners[self.device].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 impl SimContext {
+    /// A non-owning context over device `device`'s primary context handle.
     pub(crate) fn new(shared: Arc<Shared>, device: usize, handle: u64) -> Self {
         SimContext {
             shared,
             device,
             handle,
+            owning: false,
         }
+    }
+
+    /// A retain of device `device`'s primary context.
+    pub(crate) fn new_owning(shared: Arc<Shared>, device: usize, handle: u64) -> Self {
+        shared.owners[device].fetch_add(1, Ordering::SeqCst);
+        SimContext {
+            shared,
+            device,
+            handle,
+            owning: true,
+        }
+    }
+
+    /// A non-owning context is usable only while its primary context is retained: once
+    /// every owner has released it, CUDA has destroyed it, and a call through the handle
+    /// is a use of a destroyed context (a crash). The simulator refuses the call instead.
+    fn check_alive(&self, call: &'static str) -> Result<()> {
+        if self.owning || self.shared.owners[self.device].load(Ordering::SeqCst) > 0 {
+            return Ok(());
+        }
+        log::error!(
+            "cudabuf-sim: {call} through context {:#x} after its primary context was released",
+            self.handle
+        );
+        Err(Error::invalid_argument(
+            call,
+            format!(
+                "context {:#x} is a non-owning context over device {}'s primary context, \
+                 which every owner has released (on CUDA that destroys it, and this call \
+                 would use a destroyed context: a crash); a context from shared_context \
+                 must not outlive the contexts that keep its handle alive",
+                self.handle, self.device
+            ),
+        ))
     }
 
     /// The device of `src_context`, which must be a context of this same instance.
@@ -80,16 +127,19 @@ unsafe impl RawContext for SimContext {
 
     /// Waits for everything issued to every stream of this context's device.
     fn synchronize(&self) -> Result<()> {
+        self.check_alive("synchronize")?;
         self.sync_context()
     }
 
     fn allocate(&self, size: usize) -> Result<DevicePtr> {
+        self.check_alive("allocate")?;
         let mut state = self.shared.lock();
         state.faults.check(FaultOp::Allocate)?;
         state.table.allocate(self.device, size)
     }
 
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
+        self.check_alive("free")?;
         self.release(
             OpWhat::Free,
             |table| Self::own_base(table, ptr, RegionKind::Device, self.device),
@@ -98,12 +148,14 @@ unsafe impl RawContext for SimContext {
     }
 
     unsafe fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.check_alive("copy_host_to_device")?;
         self.sync_h2d(dst, src)
     }
 
     /// From pinned memory, an asynchronous copy on the legacy stream (as on CUDA), seen
     /// by the race detector until `wait_copy`; from pageable memory, a synchronous copy.
     unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<CopyTicket> {
+        self.check_alive("copy_host_to_device_async")?;
         match self.start_h2d(dst, src)? {
             // SAFETY: the ticket holds an event of this instance, which only `wait_copy`
             // of a context of this instance turns back into one (it checks the handle).
@@ -116,6 +168,7 @@ unsafe impl RawContext for SimContext {
     }
 
     unsafe fn wait_copy(&self, ticket: CopyTicket) -> Result<()> {
+        self.check_alive("wait_copy")?;
         if ticket.is_completed() {
             return Ok(());
         }
@@ -126,6 +179,7 @@ unsafe impl RawContext for SimContext {
     }
 
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        self.check_alive("copy_device_to_host")?;
         self.sync_d2h(dst, src)
     }
 
@@ -135,6 +189,7 @@ unsafe impl RawContext for SimContext {
         src: DevicePtr,
         len: usize,
     ) -> Result<()> {
+        self.check_alive("copy_device_to_device")?;
         self.sync_between(OpWhat::D2dSync, dst, self.device, src, len)
     }
 
@@ -146,61 +201,75 @@ unsafe impl RawContext for SimContext {
         src: DevicePtr,
         len: usize,
     ) -> Result<()> {
+        self.check_alive("copy_peer")?;
         let src_device = self.source_device("copy_peer", src_context)?;
         self.sync_between(OpWhat::PeerSync, dst, src_device, src, len)
     }
 
     fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        self.check_alive("stream_priority_range")?;
         Ok(self.priority_range())
     }
 
     fn stream_create(&self, flags: StreamFlags) -> Result<RawStream> {
+        self.check_alive("stream_create")?;
         Ok(self.create_stream(flags))
     }
 
     unsafe fn stream_destroy(&self, stream: RawStream) -> Result<()> {
+        self.check_alive("stream_destroy")?;
         self.destroy_stream(stream)
     }
 
     unsafe fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
+        self.check_alive("stream_synchronize")?;
         self.sync_stream(stream)
     }
 
     unsafe fn stream_query(&self, stream: RawStream) -> Result<bool> {
+        self.check_alive("stream_query")?;
         self.query_stream(stream)
     }
 
     unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
+        self.check_alive("stream_wait_event")?;
         self.wait_event_on(stream, event)
     }
 
     fn event_create(&self, timing: bool) -> Result<RawEvent> {
+        self.check_alive("event_create")?;
         Ok(self.create_event(timing))
     }
 
     unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {
+        self.check_alive("event_destroy")?;
         self.destroy_event(event)
     }
 
     unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+        self.check_alive("event_record")?;
         self.record_event(event, stream)
     }
 
     unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
+        self.check_alive("event_query")?;
         self.query_event(event)
     }
 
     /// Same answer as `event_query`; the race detector does not take it as the host
     /// synchronizing with the event's work (cudabuf's bookkeeping, not the program's).
     unsafe fn event_poll(&self, event: RawEvent) -> Result<bool> {
+        self.check_alive("event_poll")?;
         self.poll_event(event)
     }
 
     unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
+        self.check_alive("event_synchronize")?;
         self.sync_event(event)
     }
 
     unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        self.check_alive("event_elapsed_ms")?;
         self.elapsed(start, end)
     }
 
@@ -213,6 +282,7 @@ unsafe impl RawContext for SimContext {
         len: usize,
         stream: RawStream,
     ) -> Result<()> {
+        self.check_alive("copy_host_to_device_on")?;
         self.h2d_on(dst, src, len, stream)
     }
 
@@ -225,6 +295,7 @@ unsafe impl RawContext for SimContext {
         len: usize,
         stream: RawStream,
     ) -> Result<()> {
+        self.check_alive("copy_device_to_host_on")?;
         self.d2h_on(dst, src, len, stream)
     }
 
@@ -235,6 +306,7 @@ unsafe impl RawContext for SimContext {
         len: usize,
         stream: RawStream,
     ) -> Result<()> {
+        self.check_alive("copy_device_to_device_on")?;
         self.d2d_on(dst, src, len, stream)
     }
 
@@ -247,6 +319,7 @@ unsafe impl RawContext for SimContext {
         len: usize,
         stream: RawStream,
     ) -> Result<()> {
+        self.check_alive("copy_peer_on")?;
         let src_device = self.source_device("copy_peer_on", src_context)?;
         self.peer_on(dst, src_device, src, len, stream)
     }
@@ -254,6 +327,7 @@ unsafe impl RawContext for SimContext {
     /// A marker on `stream` that the race detector takes as a write of the range (see
     /// the crate docs); `ptr..ptr + len` must be device memory of this device.
     unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        self.check_alive("mark_free_on")?;
         self.free_on(ptr, len, stream)
     }
 
@@ -263,12 +337,14 @@ unsafe impl RawContext for SimContext {
     }
 
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
+        self.check_alive("alloc_host")?;
         let mut state = self.shared.lock();
         state.faults.check(FaultOp::AllocHost)?;
         state.table.alloc_pinned(self.device, size)
     }
 
     unsafe fn free_host(&self, alloc: PinnedAlloc) -> Result<()> {
+        self.check_alive("free_host")?;
         self.release(
             OpWhat::FreeHost,
             |table| {
@@ -294,18 +370,21 @@ unsafe impl RawContext for SimContext {
     }
 
     fn ipc_export(&self, base: DevicePtr) -> Result<RawIpcHandle> {
+        self.check_alive("ipc_export")?;
         let mut state = self.shared.lock();
         state.faults.check(FaultOp::IpcExport)?;
         state.table.export(self.device, base)
     }
 
     fn ipc_open(&self, handle: &RawIpcHandle) -> Result<DevicePtr> {
+        self.check_alive("ipc_open")?;
         let mut state = self.shared.lock();
         state.faults.check(FaultOp::IpcOpen)?;
         state.table.import(self.device, handle)
     }
 
     unsafe fn ipc_close(&self, ptr: DevicePtr) -> Result<()> {
+        self.check_alive("ipc_close")?;
         self.release(
             OpWhat::IpcClose,
             |table| Self::own_base(table, ptr, RegionKind::IpcMapping, self.device),

@@ -1,6 +1,6 @@
 //! [`SimDevice`]: one simulated device.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use cudabuf_core::backend::{Device, RawContext};
 use cudabuf_core::{Error, Result};
@@ -9,25 +9,45 @@ use crate::backend::Shared;
 use crate::context::SimContext;
 
 /// One simulated device: a name, a capacity, and one primary context.
+///
+/// The primary context is retained as CUDA's is: it lives while a context returned by
+/// [`primary_context`](Device::primary_context) (or [`sim_context`](Self::sim_context))
+/// lives, and is released when the last of them goes; a later call retains it again, with
+/// the same handle (the device's memory stays). A non-owning context over its handle
+/// ([`shared_context`](Device::shared_context)) is refused while it is released: on CUDA
+/// the release destroys the context, and a call through the dangling handle crashes.
 #[derive(Debug)]
 pub struct SimDevice {
     shared: Arc<Shared>,
     ordinal: usize,
-    primary: Arc<SimContext>,
+    handle: u64,
+    primary: Mutex<Weak<SimContext>>,
 }
 
 impl SimDevice {
-    pub(crate) fn new(shared: Arc<Shared>, ordinal: usize, primary: Arc<SimContext>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, ordinal: usize, handle: u64) -> Self {
         SimDevice {
             shared,
             ordinal,
-            primary,
+            handle,
+            primary: Mutex::new(Weak::new()),
         }
     }
 
-    /// The primary context as its concrete type (the same `Arc` every time).
+    /// The primary context as its concrete type, retained (the same `Arc` while one is
+    /// alive).
     pub fn sim_context(&self) -> Arc<SimContext> {
-        self.primary.clone()
+        let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(ctx) = primary.upgrade() {
+            return ctx;
+        }
+        let ctx = Arc::new(SimContext::new_owning(
+            self.shared.clone(),
+            self.ordinal,
+            self.handle,
+        ));
+        *primary = Arc::downgrade(&ctx);
+        ctx
     }
 }
 
@@ -45,7 +65,7 @@ impl Device for SimDevice {
     }
 
     fn primary_context(&self) -> Result<Arc<dyn RawContext>> {
-        Ok(self.primary.clone())
+        Ok(self.sim_context())
     }
 
     /// The simulator has one context per device, so `handle` must be this device's

@@ -171,6 +171,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     context::new_buffer_of_zero_bytes_has_address_zero,
     context::synchronize_succeeds,
     context::shared_context_over_primary_handle_has_its_own_counter,
+    context::shared_context_memory_is_given_back_before_the_primary_is_released,
     context::buffer_from_data_copies_the_source,
     context::buffer_from_object_is_a_view,
     context::buffer_from_object_keeps_the_object_alive,

@@ -7,7 +7,69 @@
 //! shared object in this process. The cases that would use them list what they left out
 //! at the end of the run; the device-fill case runs only alone, with
 //! `CUDABUF_FILL_DEVICE=1`.
+//!
+//! With `CUDABUF_CONFORMANCE_CRASH_TRACE=1`, a fatal signal (`SIGSEGV`, `SIGBUS`, `SIGILL`,
+//! `SIGFPE`) prints the faulting address and the crashing thread's name and backtrace
+//! before the process dies of it: the GPU machine has no debugger.
 
-cudabuf_conformance::conformance_tests!(cuda, || Ok(cudabuf_core::Backend::new(
-    cudabuf_cuda::CudaBackend::new()?
-)));
+fn main() -> std::process::ExitCode {
+    if std::env::var_os("CUDABUF_CONFORMANCE_CRASH_TRACE").is_some() {
+        crash_trace::install();
+    }
+    cudabuf_conformance::run_suite_with_hooks(
+        "cuda",
+        || Ok(cudabuf_core::Backend::new(cudabuf_cuda::CudaBackend::new()?)),
+        &cudabuf_conformance::NoHooks,
+        cudabuf_conformance::cases::ALL,
+    )
+}
+
+/// The fatal-signal report (a diagnostic: formatting and symbolizing in a signal handler
+/// is not async-signal-safe, which is acceptable for a process that is about to die).
+#[cfg(target_os = "linux")]
+mod crash_trace {
+    use std::io::Write;
+
+    const SIGNALS: [libc::c_int; 4] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
+
+    extern "C" fn on_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        // SAFETY: the kernel passes a valid `siginfo_t` to an `SA_SIGINFO` handler.
+        let addr = unsafe { (*info).si_addr() };
+        let thread = std::thread::current();
+        let report = format!(
+            "fatal signal {sig} (address {addr:p}) in thread {:?} ({:?}):\n{}\n",
+            thread.name().unwrap_or("<unnamed>"),
+            thread.id(),
+            std::backtrace::Backtrace::force_capture()
+        );
+        let _ = std::io::stderr().lock().write_all(report.as_bytes());
+        // SAFETY: restoring the default action and raising the signal again ends the
+        // process as the signal would have.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
+
+    pub(crate) fn install() {
+        for sig in SIGNALS {
+            // SAFETY: a zeroed `sigaction` is valid and the handler has the `SA_SIGINFO`
+            // signature. It runs on the crashing thread's own stack (not `SA_ONSTACK`: the
+            // small alternate stack std gives each thread is too small for a backtrace).
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    on_fatal;
+                action.sa_sigaction = handler as *const () as usize;
+                action.sa_flags = libc::SA_SIGINFO;
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(sig, &action, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod crash_trace {
+    pub(crate) fn install() {}
+}

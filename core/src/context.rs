@@ -79,6 +79,13 @@ impl Drop for ContextInner {
         // Every buffer of this context is gone (each holds a clone). The caching allocator
         // gives its segments back when the last context over the device context goes.
         drop(self.host_pool.drain());
+        // The allocator goes before `raw`: it is shared by every context over the device
+        // context, so its segments and events may have been made through a non-owning
+        // context (`Backend::shared_context`) whose driver context only this one keeps
+        // alive. Were `raw` dropped first (fields drop in declaration order), a primary
+        // context could be released before they are given back through it, and the
+        // driver would be handed a destroyed context (a crash on CUDA).
+        drop(self.allocator.take());
     }
 }
 

@@ -8,6 +8,7 @@ use cudabuf_core::{BufferReader, BufferWriter, ErrorKind, Owner, RawDeviceMemory
 use super::expect::{
     contents, context0, contexts01, device_bytes, expect_err, pattern, total_memory,
 };
+use super::reliability_leaks::hook_backend;
 use crate::{CaseResult, Fixture};
 
 /// The backend reports at least one device.
@@ -314,6 +315,77 @@ pub(crate) fn shared_context_over_primary_handle_has_its_own_counter(f: &Fixture
     assert_eq!(contents(&dst), b"shared");
     drop(buf);
     assert_eq!(shared.bytes_allocated(), 0);
+    Ok(())
+}
+
+/// A shared (non-owning) context shares the device context's caching allocator with the
+/// primary context: the segments (and stream-ordered free events) it made are given back
+/// while the primary context is still retained, whichever context goes last. Here the
+/// shared context makes the cached segment and a stream-ordered free, the primary context
+/// reuses the cached block, the shared context goes first, and the primary context last:
+/// its release must come after the allocator gave everything back (before the fix, the
+/// primary context was released first and the segment was freed through a context CUDA
+/// had destroyed: a crash on the H200, a refused free and a leak on the simulator, which
+/// releases its primary context as CUDA does). On a backend without a leak probe only the
+/// counters are checked (on CUDA the suite's other contexts keep the primary retained).
+pub(crate) fn shared_context_memory_is_given_back_before_the_primary_is_released(
+    f: &Fixture,
+) -> CaseResult {
+    let (backend, probe) = match f.hooks().leak_probed_backend() {
+        Some(made) => {
+            let probed = hook_backend(f, made, "a probed backend");
+            (probed.backend, Some(probed.probe))
+        }
+        None => (f.backend(), None),
+    };
+    let primary = backend.context(0).expect("context(0)");
+    // SAFETY: the handle is device 0's primary context, retained by `primary` (and the
+    // backend's cache of it), which are dropped after `shared` and everything allocated
+    // through it (the buffers and the stream below are dropped first).
+    let shared = unsafe { backend.shared_context(0, primary.handle()) }.expect("shared_context");
+    shared.set_allocator_cache_limit(64 << 20);
+    drop(
+        shared
+            .new_buffer(1000)
+            .expect("new_buffer through the shared context"),
+    );
+    // The primary context takes a block of the segment the shared context made.
+    let reused = primary
+        .new_buffer(1000)
+        .expect("new_buffer through the primary context");
+    reused
+        .copy_from_host(b"reused", 0, None)
+        .expect("copy_from_host");
+    assert_eq!(&contents(&reused)[..6], b"reused");
+    drop(reused);
+    let stream = match shared.new_stream() {
+        Ok(stream) => Some(stream),
+        Err(e) if e.kind() == ErrorKind::Unsupported => None,
+        Err(e) => panic!("new_stream: {e}"),
+    };
+    if let Some(stream) = stream {
+        let ordered = shared.new_buffer_on(&stream, 4000).expect("new_buffer_on");
+        stream
+            .copy_from_slice(&ordered, &pattern(4000, 7))
+            .expect("copy_from_slice");
+        drop(ordered);
+        stream.synchronize().expect("synchronize");
+    }
+    assert_eq!(shared.bytes_allocated(), 0);
+    drop(shared);
+    drop((primary, backend));
+    if let Some(probe) = probe {
+        if let Some(live) = probe.live() {
+            panic!(
+                "after the last context of the device went, the {} backend still holds: {live}",
+                f.suite()
+            );
+        }
+    } else {
+        f.left_out(
+            "nothing live once the primary context is released (no leak_probed_backend hook)",
+        );
+    }
     Ok(())
 }
 
