@@ -526,6 +526,24 @@ fn per_thread_pushed(world: Arc<World>, group: usize) {
     }
 }
 
+/// Move the uploads whose events say they are complete, in issue order, from `queue` to
+/// `done` (cudabuf's `release_completed`; the queue stays locked while it polls, so the two
+/// threads that reap never take the same upload).
+fn reap(
+    queue: &Mutex<std::collections::VecDeque<(Ev, usize)>>,
+    done: &Mutex<Vec<(Ev, usize)>>,
+    world: &World,
+    slot: &Slot,
+) {
+    let mut queue = queue.lock().unwrap();
+    while let Some(&(ev, _)) = queue.front() {
+        if !ev.poll(world, slot) {
+            break;
+        }
+        done.lock().unwrap().extend(queue.pop_front());
+    }
+}
+
 /// `Q`: one stream synchronized and queried by one thread while another issues on it, as
 /// cudabuf issues it (events, a pool of pinned buffers).
 fn syncer_pushed(world: Arc<World>, group: usize) {
@@ -573,31 +591,13 @@ fn syncer_pushed(world: Arc<World>, group: usize) {
                     });
                 }
                 // Let go of what the polls say is complete (cudabuf's `release_completed`).
-                loop {
-                    let front = queue.lock().unwrap().front().copied();
-                    match front {
-                        Some((ev, _)) if ev.poll(&w, &slot) => {
-                            let op = queue.lock().unwrap().pop_front().unwrap();
-                            finished.lock().unwrap().push(op);
-                        }
-                        _ => break,
-                    }
-                }
+                reap(&queue, &finished, &w, &slot);
             }
         });
         let mut idle: Vec<Ev> = Vec::new();
         for i in 0..ROUNDS {
             // Let go of completed uploads first, as cudabuf does before each operation.
-            loop {
-                let front = in_flight.lock().unwrap().front().copied();
-                match front {
-                    Some((ev, _)) if ev.poll(&world, &slot) => {
-                        let op = in_flight.lock().unwrap().pop_front().unwrap();
-                        done.lock().unwrap().push(op);
-                    }
-                    _ => break,
-                }
-            }
+            reap(&in_flight, &done, &world, &slot);
             for (ev, buf) in done.lock().unwrap().drain(..) {
                 idle.push(ev);
                 if pool.len() < POOL {

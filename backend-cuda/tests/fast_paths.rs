@@ -3,10 +3,16 @@
 //! through the double-buffered writer, and the caching allocator on CUDA (on by default
 //! there).
 //!
+//! The caching allocator is one per device context, shared by every test of this binary:
+//! its test runs alone (the write side of [`ALLOCATOR`]; the others hold the read side),
+//! since what it left idle could otherwise be taken by another test before it looks (on
+//! the H200, 2026-12-03, `trim_cache` once found nothing idle).
+//!
 //! Without libcuda every test here prints why it did nothing and passes, unless
 //! `CUDABUF_REQUIRE_CUDA=1`, which makes a missing driver a failure.
 
 use std::io::Write;
+use std::sync::{PoisonError, RwLock};
 
 use cudabuf_core::{Backend, BufferWriter, ErrorKind};
 use cudabuf_cuda::StagingConfig;
@@ -14,11 +20,15 @@ use cudabuf_cuda::StagingConfig;
 mod common;
 use common::{backend, pattern};
 
+/// Keeps the caching allocator's test apart from the others (see the module doc).
+static ALLOCATOR: RwLock<()> = RwLock::new(());
+
 #[test]
 fn staged_pageable_copies_move_the_right_bytes() {
     let Some(cuda) = backend("staged_pageable_copies_move_the_right_bytes") else {
         return;
     };
+    let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
     let raw = cuda
         .cuda_device(0)
         .unwrap()
@@ -70,6 +80,7 @@ fn batched_copies_gather_pageable_and_pinned_pieces() {
     let Some(cuda) = backend("batched_copies_gather_pageable_and_pinned_pieces") else {
         return;
     };
+    let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
     let raw = cuda
         .cuda_device(0)
         .unwrap()
@@ -129,6 +140,7 @@ fn staged_copies_are_ordered_with_the_default_stream() {
     let Some(cuda) = backend("staged_copies_are_ordered_with_the_default_stream") else {
         return;
     };
+    let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
     let raw = cuda
         .cuda_device(0)
         .unwrap()
@@ -159,6 +171,7 @@ fn the_double_buffered_writer_is_ordered_and_complete() {
     let Some(cuda) = backend("the_double_buffered_writer_is_ordered_and_complete") else {
         return;
     };
+    let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
     let ctx = Backend::new(cuda).context(0).unwrap();
     let size = 24 << 20;
     let dev = ctx.buffer_from_data(&vec![0u8; size]).unwrap();
@@ -198,6 +211,7 @@ fn the_caching_allocator_reuses_blocks_and_hides_them() {
     let Some(cuda) = backend("the_caching_allocator_reuses_blocks_and_hides_them") else {
         return;
     };
+    let _alone = ALLOCATOR.write().unwrap_or_else(PoisonError::into_inner);
     let ctx = Backend::new(cuda).context(0).unwrap();
     if ctx.allocator_cache_limit() == 0 {
         eprintln!("the caching allocator is off here (CUDABUF_ALLOCATOR_CACHE)");

@@ -6,16 +6,21 @@
 //!
 //! Pending work is made deterministic with a *gate*: a host function enqueued on a stream
 //! (`cuLaunchHostFunc`) that blocks until the test opens it, so that "not yet complete"
-//! is a fact and not a race with the copy engines. Tests that close a gate hold
-//! [`GATE_LOCK`], so that two gates never block each other's streams (host functions of
-//! one context may run on one driver thread) nor hold up the legacy default stream while
-//! another test expects it to progress; every gate opens when dropped, also on a panic.
+//! is a fact and not a race with the copy engines. A test that closes a gate runs alone
+//! ([`gate_lock`]: the write side of [`GATE_LOCK`]; every other test holds the read side,
+//! [`no_gate`]): a closed gate holds up every synchronous copy of the context and every
+//! call that synchronizes implicitly (`cuMemFree`, `cuMemFreeHost`), and the driver may
+//! hold its locks while such a call waits, so the gate's own test could then wait for
+//! ever in its next call (on the H200, 2026-12-03: a gate on the legacy stream beside the
+//! peer and overlapping-copy tests hung the binary). Two gates never block each other's
+//! streams (host functions of one context may run on one driver thread) either. Every gate
+//! opens when dropped, also on a panic.
 //!
 //! Without libcuda every test here prints why it did nothing and passes, unless
 //! `CUDABUF_REQUIRE_CUDA=1`, which makes a missing driver a failure.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use cudabuf_core::backend::{
@@ -31,11 +36,17 @@ use common::{backend, pattern, primary};
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-/// Serialises the tests that close gates (see the module doc).
-static GATE_LOCK: Mutex<()> = Mutex::new(());
+/// Keeps a test that closes gates apart from every other test (see the module doc).
+static GATE_LOCK: RwLock<()> = RwLock::new(());
 
-fn gate_lock() -> MutexGuard<'static, ()> {
-    GATE_LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+/// For a test that closes gates: no other test of this binary runs meanwhile.
+fn gate_lock() -> RwLockWriteGuard<'static, ()> {
+    GATE_LOCK.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// For a test that closes no gate: it runs beside the others, never beside a closed gate.
+fn no_gate() -> RwLockReadGuard<'static, ()> {
+    GATE_LOCK.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Whether a gate is open, and the condition its host function waits on.
@@ -293,6 +304,7 @@ fn streams_are_a_capability_and_priorities_are_clamped() {
     let Some(backend) = backend("streams_are_a_capability_and_priorities_are_clamped") else {
         return;
     };
+    let _shared = no_gate();
     assert!(backend.capabilities().streams);
     assert!(!backend.capabilities().race_detection);
     let ctx = primary(&backend, 0);
@@ -336,6 +348,7 @@ fn default_streams_cannot_be_destroyed() {
     let Some(backend) = backend("default_streams_cannot_be_destroyed") else {
         return;
     };
+    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     for stream in [RawStream::LEGACY, RawStream::PER_THREAD] {
         // SAFETY: refused before reaching the driver.
@@ -356,6 +369,7 @@ fn stream_methods_leave_the_current_context_alone() {
     let Some(backend) = backend("stream_methods_leave_the_current_context_alone") else {
         return;
     };
+    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     // SAFETY: the driver is initialised; null unsets the current context.
     let status = unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) };
@@ -568,6 +582,7 @@ fn async_copies_of_every_kind_with_offsets() {
     let Some(backend) = backend("async_copies_of_every_kind_with_offsets") else {
         return;
     };
+    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     let len = (1 << 20) + 4099;
     let data = pattern(len, 4);
@@ -658,6 +673,7 @@ fn overlapping_device_copies_on_a_stream_behave_as_memmove() {
     let Some(backend) = backend("overlapping_device_copies_on_a_stream_behave_as_memmove") else {
         return;
     };
+    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     let size = 8 << 20;
     let original = pattern(size, 5);
@@ -787,6 +803,7 @@ fn per_thread_stream_copies() {
     let Some(backend) = backend("per_thread_stream_copies") else {
         return;
     };
+    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     let len = 1 << 20;
     let data = pattern(len, 7);
@@ -814,6 +831,7 @@ fn cudarc_streams_and_events_are_used_and_never_destroyed() {
     let Some(backend) = backend("cudarc_streams_and_events_are_used_and_never_destroyed") else {
         return;
     };
+    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     let cudarc_ctx = backend.to_cudarc(0).unwrap();
     assert_eq!(cudarc_ctx.cu_ctx() as u64, ctx.handle());
@@ -895,6 +913,7 @@ fn cudarc_stream_of_another_context_is_refused() {
     let Some(backend) = backend(NAME) else {
         return;
     };
+    let _shared = no_gate();
     let n = backend.num_devices().unwrap();
     if n < 2 {
         eprintln!("{NAME}: skipped: needs 2 devices (two contexts), the driver reports {n}");
@@ -917,6 +936,7 @@ fn peer_copies_on_a_stream() {
     let Some(backend) = backend(NAME) else {
         return;
     };
+    let _shared = no_gate();
     let len = (4 << 20) + 3;
     let data = pattern(len, 9);
 
