@@ -213,7 +213,7 @@ unsafe impl RawContext for SimContext {
 
     fn stream_create(&self, flags: StreamFlags) -> Result<RawStream> {
         self.check_alive("stream_create")?;
-        Ok(self.create_stream(flags))
+        self.create_stream(flags)
     }
 
     unsafe fn stream_destroy(&self, stream: RawStream) -> Result<()> {
@@ -238,7 +238,7 @@ unsafe impl RawContext for SimContext {
 
     fn event_create(&self, timing: bool) -> Result<RawEvent> {
         self.check_alive("event_create")?;
-        Ok(self.create_event(timing))
+        self.create_event(timing)
     }
 
     unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {

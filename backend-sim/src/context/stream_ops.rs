@@ -31,7 +31,7 @@ impl SimContext {
         PRIORITY_RANGE
     }
 
-    pub(super) fn create_stream(&self, flags: StreamFlags) -> RawStream {
+    pub(super) fn create_stream(&self, flags: StreamFlags) -> Result<RawStream> {
         self.shared.lock().streams.create_stream(self.device, flags)
     }
 
@@ -109,7 +109,7 @@ impl SimContext {
         Ok(())
     }
 
-    pub(super) fn create_event(&self, timing: bool) -> RawEvent {
+    pub(super) fn create_event(&self, timing: bool) -> Result<RawEvent> {
         self.shared.lock().streams.create_event(self.device, timing)
     }
 
@@ -273,7 +273,7 @@ impl SimContext {
         state.faults.check(FaultOp::Copy)?;
         let to = state.table.locate(CALL, self.device, dst, len)?;
         self.issue_copy(state, RawStream::LEGACY, OpWhat::H2dStarted, to, from, len)?;
-        let event = state.streams.create_event(self.device, false);
+        let event = state.streams.create_event(self.device, false)?;
         let legacy = state.streams.legacy(self.device);
         state.streams.record_event(self.device, event, legacy)?;
         self.shared.core.kick(state);

@@ -188,7 +188,16 @@ impl Engine {
             shutdown: false,
         };
         for device in 0..devices {
-            let key = engine.add_stream(device, StreamKind::Legacy, Some(RawStream::LEGACY));
+            let key = handles::legacy_key(engine.instance, device);
+            let actor = engine.new_actor();
+            let from = Epoch { actor, tick: 0 };
+            engine.insert_stream(
+                key,
+                device,
+                StreamKind::Legacy,
+                Some(RawStream::LEGACY),
+                from,
+            );
             engine.legacy.push(key);
         }
         engine
@@ -213,9 +222,12 @@ impl Engine {
         device: usize,
         kind: StreamKind,
         special: Option<RawStream>,
-    ) -> StreamKey {
+    ) -> Result<StreamKey> {
+        let key = handles::new_handle(HandleKind::Stream, self.instance)
+            .ok_or_else(|| handles_spent(device, "stream"))?;
         let actor = self.new_actor();
-        self.add_stream_as(device, kind, special, Epoch { actor, tick: 0 })
+        self.insert_stream(key, device, kind, special, Epoch { actor, tick: 0 });
+        Ok(key)
     }
 
     /// Adds a stream that continues `from` (its actor, whose first `tick` events are
@@ -226,14 +238,27 @@ impl Engine {
         kind: StreamKind,
         special: Option<RawStream>,
         from: Epoch,
-    ) -> StreamKey {
-        let key = handles::new_handle(HandleKind::Stream, self.instance);
+    ) -> Result<StreamKey> {
+        let key = handles::new_handle(HandleKind::Stream, self.instance)
+            .ok_or_else(|| handles_spent(device, "stream"))?;
+        self.insert_stream(key, device, kind, special, from);
+        Ok(key)
+    }
+
+    /// Adds the stream `key` (a fresh handle value) continuing `from`.
+    fn insert_stream(
+        &mut self,
+        key: StreamKey,
+        device: usize,
+        kind: StreamKind,
+        special: Option<RawStream>,
+        from: Epoch,
+    ) {
         let raw = special.map_or(key, RawStream::as_raw);
         let desc = Arc::new(StreamDesc { raw, kind, device });
         let mut state = StreamState::new(desc, from.actor);
         state.vc.learn(from);
         self.streams.insert(key, state);
-        key
     }
 
     /// Puts away the per-thread default streams with no work pending whose clocks the
@@ -308,8 +333,8 @@ impl Engine {
             let kind = StreamKind::PerThread(desc);
             let special = Some(RawStream::PER_THREAD);
             let key = match self.idle_per_thread.remove(&(device, thread)) {
-                Some(from) => self.add_stream_as(device, kind, special, from),
-                None => self.add_stream(device, kind, special),
+                Some(from) => self.add_stream_as(device, kind, special, from)?,
+                None => self.add_stream(device, kind, special)?,
             };
             self.per_thread.insert((device, thread), key);
             return Ok(key);
@@ -414,16 +439,16 @@ impl Engine {
 
     // ---- Streams and events --------------------------------------------------------
 
-    pub(crate) fn create_stream(&mut self, device: usize, flags: StreamFlags) -> RawStream {
+    pub(crate) fn create_stream(&mut self, device: usize, flags: StreamFlags) -> Result<RawStream> {
         let (least, greatest) = PRIORITY_RANGE;
         let kind = StreamKind::Created {
             non_blocking: flags.non_blocking,
             priority: flags.priority.clamp(greatest, least),
         };
-        let key = self.add_stream(device, kind, None);
+        let key = self.add_stream(device, kind, None)?;
         // SAFETY: `key` is a live stream of this instance, made for a context of
         // `device`; the simulator checks every handle it is given anyway.
-        unsafe { RawStream::from_raw(key) }
+        Ok(unsafe { RawStream::from_raw(key) })
     }
 
     pub(crate) fn destroy_stream(&mut self, device: usize, raw: RawStream) -> Result<()> {
@@ -459,8 +484,9 @@ impl Engine {
         }
     }
 
-    pub(crate) fn create_event(&mut self, device: usize, timing: bool) -> RawEvent {
-        let v = handles::new_handle(HandleKind::Event, self.instance);
+    pub(crate) fn create_event(&mut self, device: usize, timing: bool) -> Result<RawEvent> {
+        let v = handles::new_handle(HandleKind::Event, self.instance)
+            .ok_or_else(|| handles_spent(device, "event"))?;
         self.events.insert(
             v,
             EventState {
@@ -471,7 +497,7 @@ impl Engine {
         );
         // SAFETY: `v` is a live event of this instance, made for a context of `device`;
         // the simulator checks every handle it is given anyway.
-        unsafe { RawEvent::from_raw(v) }
+        Ok(unsafe { RawEvent::from_raw(v) })
     }
 
     pub(crate) fn destroy_event(&mut self, device: usize, raw: RawEvent) -> Result<()> {
@@ -985,3 +1011,16 @@ mod per_thread_tests;
 #[cfg(test)]
 #[path = "handle_leak_tests.rs"]
 mod handle_leak_tests;
+
+/// The error of a stream or event creation once the process has made every handle value
+/// (they are never reused: see `handles`).
+fn handles_spent(device: usize, what: &str) -> Error {
+    Error::OutOfMemory {
+        device,
+        requested: 0,
+        detail: format!(
+            "no {what} handle left: this process has made every stream and event handle \
+             value the simulator has (about 4.3 billion), and values are never reused"
+        ),
+    }
+}
