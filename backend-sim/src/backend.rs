@@ -244,6 +244,28 @@ impl SimBackend {
         self.inner.shared.lock().faults.count(op)
     }
 
+    /// A probe of what this instance holds that does not keep its devices (and so their
+    /// primary contexts) alive, as a clone of the backend would: for checks made after
+    /// every backend handle and context is gone.
+    ///
+    /// ```
+    /// use cudabuf_core::backend::Platform;
+    /// let sim = cudabuf_sim::SimBackend::new();
+    /// let probe = sim.leak_probe();
+    /// let ctx = sim.device(0).unwrap().primary_context().unwrap();
+    /// let ptr = ctx.allocate(100).unwrap();
+    /// assert_eq!(probe.bytes_in_use(0), 100);
+    /// // SAFETY: `ptr` came from `allocate` on `ctx` and is freed once.
+    /// unsafe { ctx.free(ptr).unwrap() };
+    /// drop((ctx, sim));
+    /// assert!(probe.leak_report().is_empty());
+    /// ```
+    pub fn leak_probe(&self) -> SimLeakProbe {
+        SimLeakProbe {
+            shared: self.inner.shared.clone(),
+        }
+    }
+
     /// The live allocations of every kind on every device.
     pub fn leak_report(&self) -> LeakReport {
         self.inner
@@ -336,5 +358,24 @@ impl Platform for SimBackend {
 
     fn device(&self, ordinal: usize) -> Result<Arc<dyn Device>> {
         Ok(self.sim_device(ordinal)?)
+    }
+}
+
+/// What a simulator instance holds, readable after its backend handles are gone
+/// ([`SimBackend::leak_probe`]).
+#[derive(Debug, Clone)]
+pub struct SimLeakProbe {
+    shared: Arc<Shared>,
+}
+
+impl SimLeakProbe {
+    /// The live allocations of every kind on every device ([`SimBackend::leak_report`]).
+    pub fn leak_report(&self) -> LeakReport {
+        self.shared.lock().table.leak_report(&self.shared.name)
+    }
+
+    /// The bytes of live device allocations on `device` ([`SimBackend::bytes_in_use`]).
+    pub fn bytes_in_use(&self, device: usize) -> usize {
+        self.shared.lock().table.bytes_in_use(device)
     }
 }

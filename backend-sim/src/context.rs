@@ -358,14 +358,17 @@ unsafe impl RawContext for SimContext {
     }
 
     fn device_address(&self, address: u64) -> Result<DevicePtr> {
+        self.check_alive("device_address")?;
         self.shared.lock().table.device_address(address)
     }
 
     fn address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
+        self.check_alive("address_range")?;
         self.shared.lock().table.address_range(ptr)
     }
 
     fn address_device(&self, ptr: DevicePtr) -> Result<Option<usize>> {
+        self.check_alive("address_device")?;
         self.shared.lock().table.address_device(ptr)
     }
 

@@ -1,6 +1,6 @@
 //! [`SimDevice`]: one simulated device.
 
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudabuf_core::backend::{Device, RawContext};
 use cudabuf_core::{Error, Result};
@@ -10,18 +10,22 @@ use crate::context::SimContext;
 
 /// One simulated device: a name, a capacity, and one primary context.
 ///
-/// The primary context is retained as CUDA's is: it lives while a context returned by
-/// [`primary_context`](Device::primary_context) (or [`sim_context`](Self::sim_context))
-/// lives, and is released when the last of them goes; a later call retains it again, with
-/// the same handle (the device's memory stays). A non-owning context over its handle
-/// ([`shared_context`](Device::shared_context)) is refused while it is released: on CUDA
-/// the release destroys the context, and a call through the dangling handle crashes.
+/// The primary context is retained as the CUDA backend's is: made at the first
+/// [`primary_context`](Device::primary_context) (or [`sim_context`](Self::sim_context)),
+/// held by the device for as long as the device lives, and by every context handed out,
+/// and released when the device and the last of them are gone (CUDA destroys it then). A
+/// later call retains it again, with the same handle (the device's memory stays). Calls
+/// through a non-owning context over its handle
+/// ([`shared_context`](Device::shared_context)) are refused while it is released: on CUDA
+/// they would use a destroyed context and crash.
 #[derive(Debug)]
 pub struct SimDevice {
     shared: Arc<Shared>,
     ordinal: usize,
     handle: u64,
-    primary: Mutex<Weak<SimContext>>,
+    /// The device's own retain of its primary context, once made; a released one (the
+    /// device gone) is remade by the next `sim_context`, as CUDA's is.
+    primary: Mutex<Option<Arc<SimContext>>>,
 }
 
 impl SimDevice {
@@ -30,24 +34,22 @@ impl SimDevice {
             shared,
             ordinal,
             handle,
-            primary: Mutex::new(Weak::new()),
+            primary: Mutex::new(None),
         }
     }
 
-    /// The primary context as its concrete type, retained (the same `Arc` while one is
-    /// alive).
+    /// The primary context as its concrete type, retained (the same `Arc` every time).
     pub fn sim_context(&self) -> Arc<SimContext> {
         let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(ctx) = primary.upgrade() {
-            return ctx;
-        }
-        let ctx = Arc::new(SimContext::new_owning(
-            self.shared.clone(),
-            self.ordinal,
-            self.handle,
-        ));
-        *primary = Arc::downgrade(&ctx);
-        ctx
+        primary
+            .get_or_insert_with(|| {
+                Arc::new(SimContext::new_owning(
+                    self.shared.clone(),
+                    self.ordinal,
+                    self.handle,
+                ))
+            })
+            .clone()
     }
 }
 

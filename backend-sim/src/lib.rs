@@ -249,7 +249,7 @@ mod streams;
 mod table;
 
 pub use address::MAX_DEVICES;
-pub use backend::SimBackend;
+pub use backend::{SimBackend, SimLeakProbe};
 pub use config::SimConfig;
 pub use context::SimContext;
 pub use device::SimDevice;

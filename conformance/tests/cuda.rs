@@ -13,7 +13,7 @@
 //! before the process dies of it: the GPU machine has no debugger.
 
 fn main() -> std::process::ExitCode {
-    if std::env::var_os("CUDABUF_CONFORMANCE_CRASH_TRACE").is_some() {
+    if std::env::var("CUDABUF_CONFORMANCE_CRASH_TRACE").is_ok_and(|v| v == "1") {
         crash_trace::install();
     }
     cudabuf_conformance::run_suite_with_hooks(
@@ -24,8 +24,11 @@ fn main() -> std::process::ExitCode {
     )
 }
 
-/// The fatal-signal report (a diagnostic: formatting and symbolizing in a signal handler
-/// is not async-signal-safe, which is acceptable for a process that is about to die).
+/// The fatal-signal report, a diagnostic. Formatting and symbolizing in a signal handler
+/// is not async-signal-safe: if the fault came from inside the allocator or a lock the
+/// backtrace needs, the handler could block. So it first writes a fixed line with
+/// `write(2)` and arms `alarm(10)`: a handler that blocks is ended by `SIGALRM`. It
+/// replaces std's stack-overflow message while installed.
 #[cfg(target_os = "linux")]
 mod crash_trace {
     use std::io::Write;
@@ -33,6 +36,12 @@ mod crash_trace {
     const SIGNALS: [libc::c_int; 4] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
 
     extern "C" fn on_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        const FIRST: &[u8] = b"fatal signal: the report follows (the process ends within 10 s)\n";
+        // SAFETY: `write` and `alarm` are async-signal-safe; `FIRST` is a valid buffer.
+        unsafe {
+            libc::write(2, FIRST.as_ptr().cast(), FIRST.len());
+            libc::alarm(10);
+        }
         // SAFETY: the kernel passes a valid `siginfo_t` to an `SA_SIGINFO` handler.
         let addr = unsafe { (*info).si_addr() };
         let thread = std::thread::current();
@@ -63,7 +72,12 @@ mod crash_trace {
                 action.sa_sigaction = handler as *const () as usize;
                 action.sa_flags = libc::SA_SIGINFO;
                 libc::sigemptyset(&mut action.sa_mask);
-                libc::sigaction(sig, &action, std::ptr::null_mut());
+                if libc::sigaction(sig, &action, std::ptr::null_mut()) != 0 {
+                    eprintln!(
+                        "CUDABUF_CONFORMANCE_CRASH_TRACE: sigaction({sig}) failed: {}",
+                        std::io::Error::last_os_error()
+                    );
+                }
             }
         }
     }

@@ -11,7 +11,9 @@ struct SimHooks;
 
 /// `sim` as a backend, with a probe of its leak report and the device bytes it has in use.
 fn probed(sim: SimBackend, devices: usize) -> ProbedBackend {
-    let probe = sim.clone();
+    // Not a clone of the backend: the probe must not keep the devices (and their primary
+    // contexts) alive, so that a case can check what is left once they are gone.
+    let probe = sim.leak_probe();
     ProbedBackend {
         backend: Backend::new(sim),
         probe: Box::new(move || {

@@ -281,7 +281,8 @@ pub trait Device: Send + Sync + fmt::Debug {
     ///
     /// # Safety
     /// `handle` must be a live context of this device and must outlive the returned
-    /// context and everything allocated through it.
+    /// context and everything allocated through it (core's `Backend::shared_context`
+    /// says what that covers).
     unsafe fn shared_context(&self, handle: u64) -> Result<Arc<dyn RawContext>>;
 }
 

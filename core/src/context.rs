@@ -79,13 +79,19 @@ impl Drop for ContextInner {
         // Every buffer of this context is gone (each holds a clone). The caching allocator
         // gives its segments back when the last context over the device context goes.
         drop(self.host_pool.drain());
-        // The allocator goes before `raw`: it is shared by every context over the device
-        // context, so its segments and events may have been made through a non-owning
-        // context (`Backend::shared_context`) whose driver context only this one keeps
-        // alive. Were `raw` dropped first (fields drop in declaration order), a primary
-        // context could be released before they are given back through it, and the
-        // driver would be handed a destroyed context (a crash on CUDA).
-        drop(self.allocator.take());
+        // The allocator is emptied before `raw` goes: it is shared by every context over
+        // the device context, so its segments and events may have been made through a
+        // non-owning context (`Backend::shared_context`) whose driver context only this
+        // one keeps alive. Were `raw` dropped first (fields drop in declaration order), a
+        // primary context could be released before they are given back through it, and
+        // the driver would be handed a destroyed context (a crash on CUDA). The last
+        // context to leave empties it (another thread checking an address may hold an
+        // `Arc` of it for a moment, so its drop may come later, with nothing left).
+        if let Some(allocator) = self.allocator.take() {
+            if allocator.leave() {
+                allocator.trim();
+            }
+        }
     }
 }
 
@@ -361,11 +367,13 @@ impl Context {
     /// The allocator of this context's device context, made if there is none yet.
     fn joined_allocator(&self) -> &Arc<DeviceAllocator> {
         self.inner.allocator.get_or_init(|| {
-            registry::attach(
+            let allocator = registry::attach(
                 self.inner.kind,
                 self.handle(),
                 allocator::default_limit(self.inner.kind),
-            )
+            );
+            allocator.join();
+            allocator
         })
     }
 
@@ -378,7 +386,10 @@ impl Context {
             return None;
         }
         let found = registry::existing(self.inner.kind, self.handle())?;
-        Some(self.inner.allocator.get_or_init(|| found))
+        Some(self.inner.allocator.get_or_init(|| {
+            found.join();
+            found
+        }))
     }
 
     /// An exact backend allocation; on out-of-memory, give the caching allocator's idle

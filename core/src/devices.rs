@@ -107,7 +107,13 @@ impl Backend {
     ///
     /// # Safety
     /// `handle` must be a live context of that device, outliving the returned context and
-    /// everything allocated through it.
+    /// everything made through it (buffers, IPC buffers, pinned host buffers, streams,
+    /// events, and their clones). That is the whole rule: what the device context's
+    /// shared caching allocator and IPC mappings keep of this context's making is given
+    /// back while a `Context` over the handle is alive (the last one to go empties the
+    /// allocator; a mapping keeps every context it was handed until it is closed), so a
+    /// handle that another `Context` keeps alive (the primary context of
+    /// [`context`](Self::context)) needs nothing more.
     pub unsafe fn shared_context(&self, device_number: usize, handle: u64) -> Result<Context> {
         let device = self.device(device_number)?;
         // SAFETY: forwarded from this function's contract.

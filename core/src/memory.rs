@@ -116,6 +116,21 @@ impl Release for View {
 /// driver context in the process (see `mappings`), shared by every buffer opened from it.
 pub(crate) struct IpcMapping {
     pub(crate) key: RawIpcHandle,
+    /// The other contexts over the same driver context that were handed this mapping
+    /// (`mappings::open`): kept alive until it is closed through the context that opened
+    /// it, so that the driver context (a primary context one of them retains) outlives the
+    /// close, whichever of them the user drops first.
+    pub(crate) sharers: std::sync::Mutex<Vec<Context>>,
+}
+
+impl IpcMapping {
+    /// A mapping of `key`, not yet shared.
+    pub(crate) fn new(key: RawIpcHandle) -> Self {
+        IpcMapping {
+            key,
+            sharers: std::sync::Mutex::new(Vec::new()),
+        }
+    }
 }
 
 impl Release for IpcMapping {

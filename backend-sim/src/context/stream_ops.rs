@@ -272,8 +272,13 @@ impl SimContext {
         };
         state.faults.check(FaultOp::Copy)?;
         let to = state.table.locate(CALL, self.device, dst, len)?;
-        self.issue_copy(state, RawStream::LEGACY, OpWhat::H2dStarted, to, from, len)?;
+        // The ticket's event first: once the copy is issued, nothing may fail.
         let event = state.streams.create_event(self.device, false)?;
+        if let Err(e) = self.issue_copy(state, RawStream::LEGACY, OpWhat::H2dStarted, to, from, len)
+        {
+            let _ = state.streams.destroy_event(self.device, event);
+            return Err(e);
+        }
         let legacy = state.streams.legacy(self.device);
         state.streams.record_event(self.device, event, legacy)?;
         self.shared.core.kick(state);

@@ -332,8 +332,13 @@ impl Engine {
             let (_, _, _, desc) = self.host_thread();
             let kind = StreamKind::PerThread(desc);
             let special = Some(RawStream::PER_THREAD);
-            let key = match self.idle_per_thread.remove(&(device, thread)) {
-                Some(from) => self.add_stream_as(device, kind, special, from)?,
+            // The thread's saved clock is taken only once its stream is made.
+            let key = match self.idle_per_thread.get(&(device, thread)).copied() {
+                Some(from) => {
+                    let key = self.add_stream_as(device, kind, special, from)?;
+                    self.idle_per_thread.remove(&(device, thread));
+                    key
+                }
                 None => self.add_stream(device, kind, special)?,
             };
             self.per_thread.insert((device, thread), key);

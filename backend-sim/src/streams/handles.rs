@@ -71,7 +71,7 @@ fn mint(counter: &AtomicU32, kind: HandleKind, instance: u16) -> Option<u64> {
 
 /// The key of `instance`'s legacy stream of `device` (never a value [`new_handle`] makes).
 pub(crate) fn legacy_key(instance: u16, device: usize) -> u64 {
-    debug_assert!(device <= MAX_DEVICES);
+    debug_assert!(device < MAX_DEVICES);
     compose(HandleKind::Stream, instance, device as u32)
 }
 

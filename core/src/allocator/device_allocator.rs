@@ -29,6 +29,10 @@ pub(crate) struct DeviceAllocator {
     #[cfg(any(test, feature = "mock"))]
     unordered: AtomicBool,
     pools: Mutex<Pools>,
+    /// The core `Context`s over the device context that hold this allocator (`join`,
+    /// `leave`). Other holders of the `Arc` (a check of an address on another thread)
+    /// are not counted: when the last context leaves, it gives everything back itself.
+    contexts: AtomicUsize,
 }
 
 /// Where a stream-ordered free is issued.
@@ -51,7 +55,22 @@ impl DeviceAllocator {
             #[cfg(any(test, feature = "mock"))]
             unordered: AtomicBool::new(false),
             pools: Mutex::new(Pools::default()),
+            contexts: AtomicUsize::new(0),
         }
+    }
+
+    /// A core `Context` holds this allocator from now on.
+    pub(crate) fn join(&self) {
+        self.contexts.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A core `Context` that joined is going; whether it was the last one. The last one
+    /// gives the idle segments and spare events back at once ([`trim`](Self::trim)), while
+    /// its own backend context still keeps the driver context alive: what was made through
+    /// a non-owning context must not be freed after the owning one has released it, and a
+    /// temporary `Arc` elsewhere may otherwise outlive them all.
+    pub(crate) fn leave(&self) -> bool {
+        self.contexts.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
     /// The device context it serves.

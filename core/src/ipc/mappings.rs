@@ -39,7 +39,7 @@ pub(crate) fn open(ctx: &Context, raw: &RawIpcHandle) -> Result<Arc<Memory>> {
     let mut table = loop {
         let table = lock();
         match table.get(&key).map(Weak::upgrade) {
-            Some(Some(memory)) => return Ok(memory),
+            Some(Some(memory)) => return Ok(shared_with(memory, ctx)),
             // The last buffer of this mapping is being dropped on another thread; it
             // removes the entry once the mapping is closed. Wait for that, then open anew.
             Some(None) => {
@@ -61,6 +61,7 @@ pub(crate) fn open(ctx: &Context, raw: &RawIpcHandle) -> Result<Arc<Memory>> {
                     m.ctx.backend_kind() == ctx.backend_kind()
                         && m.ctx.device_number() == ctx.device_number()
                 })
+                .map(|memory| shared_with(memory, ctx))
                 .ok_or(e);
         }
         Err(e) => return Err(e),
@@ -78,10 +79,26 @@ pub(crate) fn open(ctx: &Context, raw: &RawIpcHandle) -> Result<Arc<Memory>> {
         ctx.clone(),
         address,
         size,
-        MemoryKind::IpcMapping(IpcMapping { key: *raw }),
+        MemoryKind::IpcMapping(IpcMapping::new(*raw)),
     ));
     table.insert(key, Arc::downgrade(&memory));
     Ok(memory)
+}
+
+/// `memory` (a live mapping) handed to `ctx`: if another context opened it, `ctx` is kept
+/// alive with it until it is closed. The close goes through the opener's context, which
+/// may be a non-owning one (`Backend::shared_context`) whose driver context only `ctx`
+/// keeps alive.
+fn shared_with(memory: Arc<Memory>, ctx: &Context) -> Arc<Memory> {
+    if let MemoryKind::IpcMapping(mapping) = &memory.kind {
+        if !memory.ctx.same_as(ctx) {
+            let mut sharers = mapping.sharers.lock().unwrap_or_else(|p| p.into_inner());
+            if !sharers.iter().any(|c| c.same_as(ctx)) {
+                sharers.push(ctx.clone());
+            }
+        }
+    }
+    memory
 }
 
 /// Removes the entry when dropped, also if closing panics, so that openers never wait
