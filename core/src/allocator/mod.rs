@@ -42,7 +42,10 @@
 //!   raw context (a backend kind and a raw context handle) shares it, found through a
 //!   process-wide map of weak references, as PyTorch has one allocator per device. Its
 //!   limit and its counters are therefore shared too, while `bytes_allocated` stays per
-//!   `Context`.
+//!   `Context`. Its segments and events may be made through any of those contexts, a
+//!   non-owning one (`Backend::shared_context`) too, so the last `Context` to go gives
+//!   them back (`DeviceAllocator::leave`, counted joins, not `Arc` counts) while its own
+//!   backend context still keeps the driver context alive.
 //! - **Off switch.** `CUDABUF_ALLOCATOR_CACHE=0` (or a limit of 0): every buffer is then
 //!   its own backend allocation of exactly its size, freed when its last buffer goes. The
 //!   default is on for the CUDA backend and off for the simulator, whose job is to report
