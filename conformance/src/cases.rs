@@ -266,6 +266,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     // reliability: process faults around IPC
     reliability_process::process_importer_crash_while_mapped_leaves_exporter_intact,
     reliability_process::process_exporter_exit_while_mapped_keeps_importer_mapping,
+    reliability_process::ipc_mapping_shared_by_two_contexts_is_closed_before_the_primary_is_released,
     reliability_process::process_handle_of_exited_exporter_is_invalid_ipc_handle,
     reliability_process::process_handle_of_exited_exporter_after_pid_reuse_is_invalid_ipc_handle,
     reliability_process::process_importer_killed_mid_copy_leaves_exporter_consistent,

@@ -23,7 +23,7 @@ use super::expect::{contents, device_bytes, expect_err, pattern, require_ipc};
 use super::pid_reuse::{pid_reuse_required, spawn_with_pid, REQUIRE_PID_REUSE_VAR};
 use super::reliability_leaks::{
     assert_no_objects_named, assert_no_objects_of_process, assert_no_shm_files,
-    exported_object_name, tracked, Tracked,
+    exported_object_name, hook_backend, tracked, Tracked,
 };
 use crate::child::{
     COPY_LOOP_VALUES, EXPECT_VAR, HANDLE_LINE, HANDLE_VAR, IPC_EXPORT_AND_EXIT,
@@ -279,6 +279,77 @@ pub(crate) fn process_importer_crash_while_mapped_leaves_exporter_intact(
         ErrorKind::InvalidIpcHandle,
         "open after the exporter freed the memory",
     );
+    Ok(())
+}
+
+/// An IPC mapping made through a shared (non-owning) context and handed to the primary
+/// context over the same handle (a second open shares the mapping) is closed through the
+/// shared context's backend context; the primary context stays alive until then, whichever
+/// the user drops first. Here the shared context and its own buffer go first, then the
+/// primary context and the backend, and the primary context's buffer last: its close must
+/// come before the primary context is released (before the fix, the close went through a
+/// context CUDA had destroyed; the simulator, which releases its primary context as CUDA
+/// does, refused it and kept the mapping). On a backend without a leak probe only the
+/// bytes are checked.
+pub(crate) fn ipc_mapping_shared_by_two_contexts_is_closed_before_the_primary_is_released(
+    f: &Fixture,
+) -> CaseResult {
+    let (backend, probe) = match f.hooks().leak_probed_backend() {
+        Some(made) => {
+            let probed = hook_backend(f, made, "a probed backend");
+            (probed.backend, Some(probed.probe))
+        }
+        None => (f.backend(), None),
+    };
+    require_ipc(f, &backend)?;
+    let data = pattern(4096, 33);
+    let mut child = Spawned::new(IPC_EXPORT_AND_WAIT, &[(EXPECT_VAR, hex::encode(&data))]);
+    let handle = parse_handle(&child.line(HANDLE_LINE));
+    let device = handle.device_number().unwrap_or(0);
+    let primary = backend
+        .context(device)
+        .expect("context of the handle's device");
+    // SAFETY: the handle is the primary context of `device`, retained by `primary` (and
+    // the backend), which are dropped after `shared` and its buffer; the mapping made
+    // through `shared` keeps `primary` alive while it is open (that is what is checked).
+    let shared =
+        unsafe { backend.shared_context(device, primary.handle()) }.expect("shared_context");
+    let through_shared = shared
+        .open_ipc_buffer(&handle)
+        .expect("open_ipc_buffer through the shared context");
+    let through_primary = primary
+        .open_ipc_buffer(&handle)
+        .expect("open_ipc_buffer through the primary context");
+    assert_eq!(
+        through_primary.address(),
+        through_shared.address(),
+        "the two contexts share one mapping"
+    );
+    assert_eq!(contents(&through_primary), data);
+    drop(through_shared);
+    drop(shared);
+    drop((primary, backend));
+    assert_eq!(
+        contents(&through_primary),
+        data,
+        "the mapping reads after every context handle is gone"
+    );
+    drop(through_primary);
+    child.release();
+    child.expect_end(End::Success);
+    match probe {
+        Some(probe) => {
+            if let Some(live) = probe.live() {
+                panic!(
+                    "after the last context of the device went, the {} backend still holds: {live}",
+                    f.suite()
+                );
+            }
+        }
+        None => f.left_out(
+            "nothing live once the primary context is released (no leak_probed_backend hook)",
+        ),
+    }
     Ok(())
 }
 
