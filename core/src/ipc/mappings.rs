@@ -53,10 +53,17 @@ pub(crate) fn open(ctx: &Context, raw: &RawIpcHandle) -> Result<Arc<Memory>> {
         Ok(address) => address,
         Err(e) if already_mapped(&e) => {
             // Mapped through another driver context of this device: share that mapping.
-            return table
+            let live: Vec<Arc<Memory>> = table
                 .iter()
                 .filter(|((_, r), _)| r == raw)
                 .filter_map(|(_, weak)| weak.upgrade())
+                .collect();
+            // Unlocked before the candidates that do not match are dropped: one may be
+            // the last reference of its mapping (another thread let go meanwhile), and
+            // closing a mapping takes the table's lock.
+            drop(table);
+            return live
+                .into_iter()
                 .find(|m| {
                     m.ctx.backend_kind() == ctx.backend_kind()
                         && m.ctx.device_number() == ctx.device_number()
