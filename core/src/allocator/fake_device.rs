@@ -8,6 +8,7 @@
 //! miniature.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::backend::{DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream};
@@ -62,6 +63,21 @@ pub(super) struct FakeState {
 #[derive(Debug)]
 pub(super) struct FakeDevice {
     state: Mutex<FakeState>,
+    handle: u64,
+    /// For the tests of who outlives whom: the driver context the fake stands on is alive
+    /// while the flag is set; an owning fake (`true`) clears it when dropped, as releasing
+    /// a primary context destroys it, and every call made through a fake after that is
+    /// counted in `calls_after_release` (a crash on CUDA).
+    life: Option<(Arc<AtomicBool>, bool)>,
+    calls_after_release: AtomicUsize,
+}
+
+impl Drop for FakeDevice {
+    fn drop(&mut self) {
+        if let Some((alive, true)) = &self.life {
+            alive.store(false, Ordering::SeqCst);
+        }
+    }
 }
 
 /// The raw handle of fake stream `s` (any value the fake accepts).
@@ -72,14 +88,54 @@ pub(super) fn raw_stream(s: u64) -> RawStream {
 
 impl FakeDevice {
     pub(super) fn new(capacity: usize) -> Arc<FakeDevice> {
+        Self::make(capacity, 0xFA4E, 0x7000_0000_0000, None)
+    }
+
+    /// A fake with raw handle `handle` standing on the driver context whose life `alive`
+    /// tells; `owner`: it owns that context (dropping it destroys the context).
+    pub(super) fn over(
+        capacity: usize,
+        handle: u64,
+        alive: &Arc<AtomicBool>,
+        owner: bool,
+    ) -> Arc<FakeDevice> {
+        // Each such fake allocates in its own range (two may share a handle).
+        static NEXT_BASE: AtomicU64 = AtomicU64::new(0x7800_0000_0000);
+        let base = NEXT_BASE.fetch_add(0x10_0000_0000, Ordering::Relaxed);
+        Self::make(capacity, handle, base, Some((Arc::clone(alive), owner)))
+    }
+
+    fn make(
+        capacity: usize,
+        handle: u64,
+        base: DevicePtr,
+        life: Option<(Arc<AtomicBool>, bool)>,
+    ) -> Arc<Self> {
         Arc::new(FakeDevice {
             state: Mutex::new(FakeState {
                 capacity,
-                next: 0x7000_0000_0000,
+                next: base,
                 next_event: 1,
                 ..FakeState::default()
             }),
+            handle,
+            life,
+            calls_after_release: AtomicUsize::new(0),
         })
+    }
+
+    /// Calls made through this fake after its driver context was destroyed.
+    pub(super) fn calls_after_release(&self) -> usize {
+        self.calls_after_release.load(Ordering::SeqCst)
+    }
+
+    /// Count a call made after the driver context was destroyed.
+    fn note_call(&self) {
+        if let Some((alive, _)) = &self.life {
+            if !alive.load(Ordering::SeqCst) {
+                self.calls_after_release.fetch_add(1, Ordering::SeqCst);
+            }
+        }
     }
 
     pub(super) fn state(&self) -> MutexGuard<'_, FakeState> {
@@ -196,7 +252,7 @@ unsafe impl RawContext for FakeDevice {
         0
     }
     fn handle(&self) -> u64 {
-        0xFA4E
+        self.handle
     }
     fn synchronize(&self) -> Result<()> {
         for c in self.state().streams.values_mut() {
@@ -205,6 +261,7 @@ unsafe impl RawContext for FakeDevice {
         Ok(())
     }
     fn allocate(&self, size: usize) -> Result<DevicePtr> {
+        self.note_call();
         let mut s = self.state();
         if size > s.capacity - s.used {
             return Err(Error::OutOfMemory {
@@ -222,6 +279,7 @@ unsafe impl RawContext for FakeDevice {
         Ok(base)
     }
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
+        self.note_call();
         let mut s = self.state();
         let size = s
             .live
@@ -274,6 +332,7 @@ unsafe impl RawContext for FakeDevice {
         Ok(())
     }
     fn event_create(&self, _timing: bool) -> Result<RawEvent> {
+        self.note_call();
         let mut st = self.state();
         let id = st.next_event;
         st.next_event += 1;
@@ -283,6 +342,7 @@ unsafe impl RawContext for FakeDevice {
         Ok(unsafe { RawEvent::from_raw(id) })
     }
     unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {
+        self.note_call();
         let removed = self.state().events.remove(&event.as_raw());
         assert!(removed.is_some(), "destroying a live event, once");
         Ok(())
@@ -300,6 +360,7 @@ unsafe impl RawContext for FakeDevice {
         Ok(())
     }
     unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
+        self.note_call();
         let mut st = self.state();
         st.queries += 1;
         Ok(match Self::recorded(&st, event)? {
@@ -308,6 +369,7 @@ unsafe impl RawContext for FakeDevice {
         })
     }
     unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
+        self.note_call();
         let mut st = self.state();
         st.event_waits += 1;
         if let Some((s, at)) = Self::recorded(&st, event)? {

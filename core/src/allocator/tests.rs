@@ -432,3 +432,47 @@ fn the_registry_shares_one_allocator_per_device_context() {
     assert_eq!(registry::find(kind, x.address + 1), None);
     drop(c);
 }
+
+/// Finding 12: what the shared allocator made through a non-owning context is given back
+/// while the owning context still keeps the driver context alive, also when another
+/// thread holds the allocator for a moment (an address check, `registry::find`) as the
+/// last context goes. Fails with the allocator merely dropped before `raw` (the first form
+/// of the fix) and without any fix: the segment is then freed through the non-owning
+/// context after the owner destroyed the driver context.
+#[test]
+fn the_last_context_empties_the_allocator_while_the_owner_is_alive() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (kind, handle) = (BackendKind::Sim, 0x5EED_0012);
+    let alive = Arc::new(AtomicBool::new(true));
+    let owner = FakeDevice::over(64 * MIB, handle, &alive, true);
+    let user = FakeDevice::over(64 * MIB, handle, &alive, false);
+    let primary = crate::Context::from_raw(owner, kind);
+    let shared = crate::Context::from_raw(user.clone(), kind);
+    shared.set_allocator_cache_limit(64 * MIB);
+    drop(
+        shared
+            .new_buffer(1000)
+            .expect("new_buffer through the non-owning context"),
+    );
+    drop(
+        primary
+            .new_buffer(1000)
+            .expect("new_buffer through the owning context"),
+    );
+    assert_eq!(
+        user.live(),
+        1,
+        "the segment the non-owning context made is cached"
+    );
+    let held = registry::existing(kind, handle).expect("the shared allocator");
+    drop(shared);
+    drop(primary);
+    assert!(!alive.load(Ordering::SeqCst), "the owner is gone");
+    assert_eq!(user.live(), 0, "the segment went back before the owner did");
+    drop(held);
+    assert_eq!(
+        user.calls_after_release(),
+        0,
+        "no call through a destroyed context"
+    );
+}
