@@ -1,7 +1,6 @@
 //! [`SimBackend`]: the simulator's platform, and the state its devices and contexts share.
 
 use std::fmt;
-use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use cudabuf_core::backend::{BackendKind, Capabilities, Device, Platform};
@@ -56,10 +55,6 @@ pub(crate) struct Shared {
     pub(crate) capacity: usize,
     /// The primary context handle of each device.
     contexts: Vec<u64>,
-    /// How many owning contexts (primary-context retains) each device has alive. At 0 the
-    /// primary context is released, which on CUDA destroys it: a non-owning context over
-    /// it (`shared_context`) is then refused.
-    pub(crate) owners: Vec<AtomicUsize>,
     pub(crate) core: Arc<Core>,
 }
 
@@ -160,7 +155,6 @@ impl SimBackend {
             name: config.name.clone(),
             capacity: config.capacity_per_device,
             contexts: contexts.clone(),
-            owners: (0..config.devices).map(|_| AtomicUsize::new(0)).collect(),
             core: Arc::new(Core {
                 state: Mutex::new(State {
                     table: Table::new(config.devices, config.capacity_per_device),

@@ -1,7 +1,7 @@
 //! [`SimContext`]: the raw memory operations of the simulator.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use cudabuf_core::backend::{
     CopyTicket, DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream, StreamFlags,
@@ -30,38 +30,35 @@ pub struct SimContext {
     shared: Arc<Shared>,
     device: usize,
     handle: u64,
-    /// A retain of the device's primary context (counted in `Shared::owners`), or a
-    /// non-owning context over its handle.
-    owning: bool,
-}
-
-impl Drop for SimContext {
-    fn drop(&mut self) {
-        if self.owning {
-            self.shared.owners[self.device].fetch_sub(1, Ordering::SeqCst);
-        }
-    }
+    /// `None`: the device's primary context itself. `Some`: a non-owning context over its
+    /// handle (`shared_context`), usable while the primary context lives.
+    over: Option<Weak<SimContext>>,
 }
 
 impl SimContext {
-    /// A non-owning context over device `device`'s primary context handle.
-    pub(crate) fn new(shared: Arc<Shared>, device: usize, handle: u64) -> Self {
+    /// Device `device`'s primary context (its device and every context handed out hold
+    /// it; see `SimDevice`).
+    pub(crate) fn primary(shared: Arc<Shared>, device: usize, handle: u64) -> Self {
         SimContext {
             shared,
             device,
             handle,
-            owning: false,
+            over: None,
         }
     }
 
-    /// A retain of device `device`'s primary context.
-    pub(crate) fn new_owning(shared: Arc<Shared>, device: usize, handle: u64) -> Self {
-        shared.owners[device].fetch_add(1, Ordering::SeqCst);
+    /// A non-owning context over device `device`'s primary context `primary`.
+    pub(crate) fn non_owning(
+        shared: Arc<Shared>,
+        device: usize,
+        handle: u64,
+        primary: Weak<SimContext>,
+    ) -> Self {
         SimContext {
             shared,
             device,
             handle,
-            owning: true,
+            over: Some(primary),
         }
     }
 
@@ -69,7 +66,11 @@ impl SimContext {
     /// every owner has released it, CUDA has destroyed it, and a call through the handle
     /// is a use of a destroyed context (a crash). The simulator refuses the call instead.
     fn check_alive(&self, call: &'static str) -> Result<()> {
-        if self.owning || self.shared.owners[self.device].load(Ordering::SeqCst) > 0 {
+        if self
+            .over
+            .as_ref()
+            .is_none_or(|primary| primary.strong_count() > 0)
+        {
             return Ok(());
         }
         log::error!(

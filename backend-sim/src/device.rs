@@ -1,6 +1,6 @@
 //! [`SimDevice`]: one simulated device.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use cudabuf_core::backend::{Device, RawContext};
 use cudabuf_core::{Error, Result};
@@ -13,9 +13,8 @@ use crate::context::SimContext;
 /// The primary context is retained as the CUDA backend's is: made at the first
 /// [`primary_context`](Device::primary_context) (or [`sim_context`](Self::sim_context)),
 /// held by the device for as long as the device lives, and by every context handed out,
-/// and released when the device and the last of them are gone (CUDA destroys it then). A
-/// later call retains it again, with the same handle (the device's memory stays). Calls
-/// through a non-owning context over its handle
+/// and released when the device and the last of them are gone (CUDA destroys it then).
+/// Calls through a non-owning context over its handle
 /// ([`shared_context`](Device::shared_context)) are refused while it is released: on CUDA
 /// they would use a destroyed context and crash.
 #[derive(Debug)]
@@ -23,8 +22,7 @@ pub struct SimDevice {
     shared: Arc<Shared>,
     ordinal: usize,
     handle: u64,
-    /// The device's own retain of its primary context, once made; a released one (the
-    /// device gone) is remade by the next `sim_context`, as CUDA's is.
+    /// The device's own retain of its primary context, once made.
     primary: Mutex<Option<Arc<SimContext>>>,
 }
 
@@ -43,7 +41,7 @@ impl SimDevice {
         let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
         primary
             .get_or_insert_with(|| {
-                Arc::new(SimContext::new_owning(
+                Arc::new(SimContext::primary(
                     self.shared.clone(),
                     self.ordinal,
                     self.handle,
@@ -74,11 +72,21 @@ impl Device for SimDevice {
     /// primary context handle; the result is a non-owning context with that handle.
     unsafe fn shared_context(&self, handle: u64) -> Result<Arc<dyn RawContext>> {
         match self.shared.context_device(handle) {
-            Some(d) if d == self.ordinal => Ok(Arc::new(SimContext::new(
-                self.shared.clone(),
-                self.ordinal,
-                handle,
-            ))),
+            Some(d) if d == self.ordinal => {
+                // Not yet retained: no primary context to stand on (every call refused).
+                let primary = self
+                    .primary
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .as_ref()
+                    .map_or_else(Weak::new, Arc::downgrade);
+                Ok(Arc::new(SimContext::non_owning(
+                    self.shared.clone(),
+                    self.ordinal,
+                    handle,
+                    primary,
+                )))
+            }
             Some(d) => Err(Error::invalid_argument(
                 "shared_context",
                 format!(

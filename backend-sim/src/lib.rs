@@ -32,10 +32,10 @@
 //!   `CUDA_ERROR_ALREADY_MAPPED`.
 //! - The synchronous copies run on the legacy default stream and return when done;
 //!   overlapping device-to-device copies behave like `memmove`.
-//! - **The primary context is retained and released as CUDA's is**: it lives while a
-//!   context from `primary_context` lives, and when the last goes it is released (on
-//!   CUDA, destroyed); a non-owning context over its handle (`shared_context`) is then
-//!   refused ([`Error::InvalidArgument`], logged as an error), where CUDA would be handed
+//! - **The primary context is retained and released as the CUDA backend's is**: it lives
+//!   while its device or a context from `primary_context` lives, and when the last goes it
+//!   is released (on CUDA, destroyed); calls through a non-owning context over its handle
+//!   (`shared_context`) are then refused ([`Error::InvalidArgument`], logged as an error), where CUDA would be handed
 //!   a destroyed context and crash.
 //!
 //! # Streams and the race detector
