@@ -8,7 +8,7 @@ use cudabuf_core::{BufferReader, BufferWriter, ErrorKind, Owner, RawDeviceMemory
 use super::expect::{
     contents, context0, contexts01, device_bytes, expect_err, pattern, total_memory,
 };
-use super::reliability_leaks::hook_backend;
+use super::reliability_leaks::tracked;
 use crate::{CaseResult, Fixture};
 
 /// The backend reports at least one device.
@@ -331,13 +331,7 @@ pub(crate) fn shared_context_over_primary_handle_has_its_own_counter(f: &Fixture
 pub(crate) fn shared_context_memory_is_given_back_before_the_primary_is_released(
     f: &Fixture,
 ) -> CaseResult {
-    let (backend, probe) = match f.hooks().leak_probed_backend() {
-        Some(made) => {
-            let probed = hook_backend(f, made, "a probed backend");
-            (probed.backend, Some(probed.probe))
-        }
-        None => (f.backend(), None),
-    };
+    let (backend, leftover) = tracked(f).into_parts();
     let primary = backend.context(0).expect("context(0)");
     // SAFETY: the handle is device 0's primary context, retained by `primary` (and the
     // backend's cache of it), which are dropped after `shared` and everything allocated
@@ -378,18 +372,7 @@ pub(crate) fn shared_context_memory_is_given_back_before_the_primary_is_released
     assert_eq!(shared.bytes_allocated(), 0);
     drop(shared);
     drop((primary, backend));
-    if let Some(probe) = probe {
-        if let Some(live) = probe.live() {
-            panic!(
-                "after the last context of the device went, the {} backend still holds: {live}",
-                f.suite()
-            );
-        }
-    } else {
-        f.left_out(
-            "nothing live once the primary context is released (no leak_probed_backend hook)",
-        );
-    }
+    leftover.assert_nothing_live("after the last context of the device went");
     Ok(())
 }
 

@@ -53,6 +53,16 @@ pub(crate) fn tracked(f: &Fixture) -> Tracked {
 }
 
 impl Tracked {
+    /// The backend, and the check of what is left once every handle of it is gone (for
+    /// cases that drop the backend itself before they look).
+    pub(crate) fn into_parts(self) -> (Backend, Leftover) {
+        let leftover = Leftover {
+            probe: self.probe,
+            fixture: self.fixture,
+        };
+        (self.backend, leftover)
+    }
+
     /// Panics if the backend's probe reports anything live (after the caches gave back
     /// what they keep); without a probe, records the check as left out.
     #[track_caller]
@@ -74,6 +84,34 @@ impl Tracked {
                 "{what}: the {} backend still holds: {live}",
                 self.fixture.suite()
             );
+        }
+    }
+}
+
+/// What [`Tracked::into_parts`] keeps to check the backend once it is gone.
+pub(crate) struct Leftover {
+    probe: Option<Box<dyn LeakProbe>>,
+    fixture: Fixture,
+}
+
+impl Leftover {
+    /// Panics if the backend's probe reports anything live (the caller has dropped every
+    /// handle of the backend and of its contexts); without a probe, records the check as
+    /// left out.
+    #[track_caller]
+    pub(crate) fn assert_nothing_live(self, what: &str) {
+        match self.probe {
+            Some(probe) => {
+                if let Some(live) = probe.live() {
+                    panic!(
+                        "{what}, the {} backend still holds: {live}",
+                        self.fixture.suite()
+                    );
+                }
+            }
+            None => self.fixture.left_out(
+                "nothing live once the primary context is released (no leak_probed_backend hook)",
+            ),
         }
     }
 }

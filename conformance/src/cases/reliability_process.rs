@@ -23,7 +23,7 @@ use super::expect::{contents, device_bytes, expect_err, pattern, require_ipc};
 use super::pid_reuse::{pid_reuse_required, spawn_with_pid, REQUIRE_PID_REUSE_VAR};
 use super::reliability_leaks::{
     assert_no_objects_named, assert_no_objects_of_process, assert_no_shm_files,
-    exported_object_name, hook_backend, tracked, Tracked,
+    exported_object_name, tracked, Tracked,
 };
 use crate::child::{
     COPY_LOOP_VALUES, EXPECT_VAR, HANDLE_LINE, HANDLE_VAR, IPC_EXPORT_AND_EXIT,
@@ -294,13 +294,7 @@ pub(crate) fn process_importer_crash_while_mapped_leaves_exporter_intact(
 pub(crate) fn ipc_mapping_shared_by_two_contexts_is_closed_before_the_primary_is_released(
     f: &Fixture,
 ) -> CaseResult {
-    let (backend, probe) = match f.hooks().leak_probed_backend() {
-        Some(made) => {
-            let probed = hook_backend(f, made, "a probed backend");
-            (probed.backend, Some(probed.probe))
-        }
-        None => (f.backend(), None),
-    };
+    let (backend, leftover) = tracked(f).into_parts();
     require_ipc(f, &backend)?;
     let data = pattern(4096, 33);
     let mut child = Spawned::new(IPC_EXPORT_AND_WAIT, &[(EXPECT_VAR, hex::encode(&data))]);
@@ -337,19 +331,7 @@ pub(crate) fn ipc_mapping_shared_by_two_contexts_is_closed_before_the_primary_is
     drop(through_primary);
     child.release();
     child.expect_end(End::Success);
-    match probe {
-        Some(probe) => {
-            if let Some(live) = probe.live() {
-                panic!(
-                    "after the last context of the device went, the {} backend still holds: {live}",
-                    f.suite()
-                );
-            }
-        }
-        None => f.left_out(
-            "nothing live once the primary context is released (no leak_probed_backend hook)",
-        ),
-    }
+    leftover.assert_nothing_live("after the last context of the device went");
     Ok(())
 }
 
