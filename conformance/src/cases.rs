@@ -35,6 +35,7 @@ mod allocator;
 mod context;
 mod copies;
 mod expect;
+pub use expect::{non_blocking, require_streams};
 mod host;
 mod ipc;
 mod pid_reuse;

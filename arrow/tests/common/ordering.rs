@@ -1,30 +1,10 @@
 //! What the cases on streams share: streams (or a skip where the backend has none), the
 //! race detector's presence, and the check of a `DataRace`.
 
-use cudabuf_conformance::{CaseResult, Fixture, Skip};
-use cudabuf_core::{Context, ErrorKind, Stream, StreamFlags};
+use cudabuf_conformance::{Fixture, Skip};
+use cudabuf_core::ErrorKind;
 
-/// `Err(Skip)` on a backend without streams.
-pub(crate) fn require_streams(ctx: &Context, f: &Fixture) -> CaseResult {
-    match ctx.new_stream() {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::Unsupported => Err(Skip(format!(
-            "the {} backend has no streams: {e}",
-            f.suite()
-        ))),
-        Err(e) => panic!("new_stream: {e}"),
-    }
-}
-
-/// A non-blocking stream: ordered with nothing but its own work and the events it waits
-/// for (not even with cudabuf's synchronous copies), so only an event orders it.
-pub(crate) fn non_blocking(ctx: &Context) -> Stream {
-    ctx.new_stream_with(StreamFlags {
-        non_blocking: true,
-        priority: 0,
-    })
-    .expect("a non-blocking stream")
-}
+pub(crate) use cudabuf_conformance::cases::{non_blocking, require_streams};
 
 /// `None` where the backend flags races (the simulator); otherwise why the racy half of
 /// a case does not run.

@@ -179,8 +179,9 @@ impl Drop for CacheOn<'_> {
     }
 }
 
-/// A backend without streams (or whose streams are unsupported) skips the case.
-pub(crate) fn require_streams(ctx: &Context, f: &Fixture) -> CaseResult {
+/// `Err(Skip)` on a backend without streams (or whose streams are unsupported): a case on
+/// streams starts with it (the suite's, and other crates' cases run by its harness).
+pub fn require_streams(ctx: &Context, f: &Fixture) -> CaseResult {
     match ctx.new_stream() {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == ErrorKind::Unsupported => Err(Skip(format!(
@@ -191,8 +192,13 @@ pub(crate) fn require_streams(ctx: &Context, f: &Fixture) -> CaseResult {
     }
 }
 
-/// A new non-blocking stream of priority 0.
-pub(crate) fn non_blocking(ctx: &Context) -> Stream {
+/// A new non-blocking stream of priority 0: ordered with nothing but its own work and the
+/// events it waits for (not even with cudabuf's synchronous copies), so only an event
+/// orders it.
+///
+/// # Panics
+/// If the stream cannot be made (call [`require_streams`] first).
+pub fn non_blocking(ctx: &Context) -> Stream {
     ctx.new_stream_with(StreamFlags {
         non_blocking: true,
         priority: 0,
