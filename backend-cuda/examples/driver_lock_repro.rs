@@ -165,6 +165,38 @@ fn pinned_free(slot: &Slot, ptr: *mut u8) {
     });
 }
 
+/// Join `threads`, published in `slot` as "thread join" meanwhile.
+fn join_all(slot: &Slot, threads: impl IntoIterator<Item = std::thread::JoinHandle<()>>) {
+    slot.call.store(CALLS.len() - 1, Ordering::Relaxed);
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    slot.call.store(0, Ordering::Relaxed);
+}
+
+/// The end of a `P` or `T` round (a context current): synchronous pageable downloads of
+/// the two device allocations, then every allocation freed.
+fn read_back_and_free(
+    slot: &Slot,
+    pageable: &mut [u8],
+    device: [sys::CUdeviceptr; 2],
+    pinned: [*mut u8; 2],
+) {
+    for src in device {
+        // SAFETY: `src` is a live allocation of at least `pageable.len()` bytes (both are
+        // the round's length).
+        call(slot, "cuMemcpyDtoH (pageable)", || unsafe {
+            sys::cuMemcpyDtoH_v2(pageable.as_mut_ptr().cast(), src, pageable.len())
+        });
+    }
+    for ptr in pinned {
+        pinned_free(slot, ptr);
+    }
+    for ptr in device {
+        device_free(slot, ptr);
+    }
+}
+
 /// `P`: the per-thread default stream from short-lived threads.
 fn per_thread(world: Arc<World>, group: usize) {
     const LEN: usize = 1 << 20;
@@ -200,24 +232,13 @@ fn per_thread(world: Arc<World>, group: usize) {
                 }
                 // Thread 0 ends with its copy possibly in flight on its per-thread stream.
             });
-            slot.call.store(CALLS.len() - 1, Ordering::Relaxed);
-            thread.join().unwrap();
-            slot.call.store(0, Ordering::Relaxed);
+            join_all(&slot, [thread]);
         }
         // SAFETY: a context is current.
         call(&slot, "cuCtxSynchronize", || unsafe {
             sys::cuCtxSynchronize()
         });
-        for src in [a, b] {
-            // SAFETY: `pageable` holds LEN bytes; `src` is a live allocation of LEN bytes.
-            call(&slot, "cuMemcpyDtoH (pageable)", || unsafe {
-                sys::cuMemcpyDtoH_v2(pageable.as_mut_ptr().cast(), src, LEN)
-            });
-        }
-        pinned_free(&slot, pa);
-        pinned_free(&slot, pb);
-        device_free(&slot, a);
-        device_free(&slot, b);
+        read_back_and_free(&slot, &mut pageable, [a, b], [pa, pb]);
         world.tick();
     }
 }
@@ -273,8 +294,7 @@ fn syncer(world: Arc<World>, group: usize) {
                 )
             });
         }
-        slot.call.store(CALLS.len() - 1, Ordering::Relaxed);
-        sync_thread.join().unwrap();
+        join_all(&slot, [sync_thread]);
         // SAFETY: the stream is live.
         call(&slot, "cuStreamSynchronize", || unsafe {
             sys::cuStreamSynchronize(stream)
@@ -352,11 +372,7 @@ fn engine(world: Arc<World>, group: usize) {
                 })
             })
             .collect();
-        slot.call.store(CALLS.len() - 1, Ordering::Relaxed);
-        for worker in workers {
-            worker.join().unwrap();
-        }
-        slot.call.store(0, Ordering::Relaxed);
+        join_all(&slot, workers);
         device_free(&slot, device);
         world.tick();
     }
@@ -489,9 +505,7 @@ fn per_thread_pushed(world: Arc<World>, group: usize) {
                 }
                 // Thread 0 ends with its copy possibly in flight on its per-thread stream.
             });
-            slot.call.store(CALLS.len() - 1, Ordering::Relaxed);
-            thread.join().unwrap();
-            slot.call.store(0, Ordering::Relaxed);
+            join_all(&slot, [thread]);
         }
         pushed(&world, &slot, || {
             // SAFETY: the context is pushed.
@@ -507,17 +521,7 @@ fn per_thread_pushed(world: Arc<World>, group: usize) {
             }
         }
         pushed(&world, &slot, || {
-            for src in [a, b] {
-                // SAFETY: `pageable` holds LEN bytes; `src` is a live allocation of LEN
-                // bytes.
-                call(&slot, "cuMemcpyDtoH (pageable)", || unsafe {
-                    sys::cuMemcpyDtoH_v2(pageable.as_mut_ptr().cast(), src, LEN)
-                });
-            }
-            pinned_free(&slot, pa);
-            pinned_free(&slot, pb);
-            device_free(&slot, a);
-            device_free(&slot, b);
+            read_back_and_free(&slot, &mut pageable, [a, b], [pa, pb]);
         });
         world.tick();
     }
@@ -626,8 +630,7 @@ fn syncer_pushed(world: Arc<World>, group: usize) {
             ev.record(&world, &slot, stream);
             in_flight.lock().unwrap().push_back((ev, buf));
         }
-        slot.call.store(CALLS.len() - 1, Ordering::Relaxed);
-        sync_thread.join().unwrap();
+        join_all(&slot, [sync_thread]);
         pushed(&world, &slot, || {
             // SAFETY: the stream is live.
             call(&slot, "cuStreamSynchronize", || unsafe {
