@@ -34,6 +34,12 @@ pack() {
   # carried tree under the device's 64 MiB.
   for f in $(grep -E '^(sim-|compile_fail-)' .gpu/list); do rm -f ".gpu/bin/$f"; done
   grep -vE '^(sim-|compile_fail-)' .gpu/list > .gpu/list.new && mv .gpu/list.new .gpu/list
+  # The binaries that the crash and hang traces (CUDABUF_CRASH_TRACE,
+  # CUDABUF_HANG_TRACE_SECS) are for keep their symbol tables (built without debug
+  # information, a few MiB more), so that their stacks name cudabuf's frames too.
+  for f in $(conformance_bin) $(grep -E '^(streams|fast_paths|driver)-' .gpu/list); do
+    cp "target/release/deps/$f" ".gpu/bin/$f"
+  done
   du -sh .gpu .whl
 }
 

@@ -1,6 +1,9 @@
 //! What the CUDA backend's test files share: the backend (or a visible skip), the
-//! primary context, and deterministic bytes. Each file uses part of it.
+//! primary context, deterministic bytes, and the crash and hang traces ([`diag`], armed by
+//! [`backend`] when the environment asks). Each file uses part of it.
 #![allow(dead_code)]
+
+pub(crate) mod diag;
 
 use std::sync::Arc;
 
@@ -10,6 +13,7 @@ use cudabuf_cuda::CudaBackend;
 
 /// The backend, or `None` (after saying so) when there is no driver and none is required.
 pub(crate) fn backend(test: &str) -> Option<CudaBackend> {
+    diag::install_from_env();
     let required = std::env::var("CUDABUF_REQUIRE_CUDA").is_ok_and(|v| v == "1");
     match CudaBackend::new() {
         Ok(backend) if backend.num_devices().unwrap() > 0 => Some(backend),
