@@ -1,7 +1,10 @@
 //! A reproduction attempt, on the bare driver API (no cudabuf code), of the hang the
-//! CUDA conformance binary met on the H200 (docs/gpu-runs.md, 2026-12-03; the conformance
-//! crate's `cases::ALONE`): the call patterns of the two cases that hang together, and of
-//! what ran beside them, each in its own threads, until a watchdog sees no progress.
+//! CUDA conformance binary met on the H200 (docs/gpu-runs.md, 2026-12-03): the call
+//! patterns of the two cases that hung together, and of what ran beside them, each in its
+//! own threads, until a watchdog sees no progress. None of its mixes hung; the hang was
+//! traced in the suite itself instead (a thread ending with work pending on its per-thread
+//! stream, `CUDABUF_HANG_TRACE_SECS`) and is avoided by the CUDA backend, which now
+//! synchronizes such a stream as the thread ends. Kept as a tool for the next driver hang.
 //!
 //! ```text
 //! driver_lock_repro PATTERNS SECONDS

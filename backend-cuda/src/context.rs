@@ -32,6 +32,7 @@ const DIRECT_PIECE_MIN: usize = 1 << 20;
 
 mod events;
 mod peer;
+mod per_thread;
 mod streams;
 
 use events::RawEvent as PooledEvent;
@@ -116,6 +117,9 @@ pub struct CudaDriverContext {
     staging: Mutex<Staging>,
     /// Idle events for asynchronous copies (`copy_host_to_device_async`).
     events: Mutex<Vec<PooledEvent>>,
+    /// How a thread that used this context's per-thread stream finds it when it ends
+    /// (`per_thread.rs`); retired first thing in `Drop`.
+    exit_token: Arc<per_thread::ExitToken>,
 }
 
 /// The staging state of a context.
@@ -142,6 +146,9 @@ impl CudaDriverContext {
                 failed: false,
             }),
             events: Mutex::new(Vec::new()),
+            // SAFETY: `ctx` is live while the wrapper is (its constructors' contracts),
+            // and `Drop` retires the token before it lets the context go.
+            exit_token: unsafe { per_thread::ExitToken::new(ctx) },
         }
     }
 
@@ -359,6 +366,8 @@ impl CudaDriverContext {
 
 impl Drop for CudaDriverContext {
     fn drop(&mut self) {
+        // No thread that ends from now on synchronizes this context's per-thread stream.
+        self.exit_token.retire();
         // Stop the staging workers (they free their streams and pinned chunks) and destroy
         // the pooled events while the context is still alive.
         let engine = self

@@ -14,7 +14,11 @@
 //! ever in its next call (on the H200, 2026-12-03: a gate on the legacy stream beside the
 //! peer and overlapping-copy tests hung the binary). Two gates never block each other's
 //! streams (host functions of one context may run on one driver thread) either. Every gate
-//! opens when dropped, also on a panic.
+//! opens when dropped, also on a panic. Each test takes its side of the lock first, before
+//! its backend, so that the lock is let go only after the backend and its context are gone:
+//! a context's teardown frees its staging workers' pinned memory (`cuMemFreeHost`, which
+//! waits for the device), and a gate test that began meanwhile hung the binary 3 times in
+//! 40 runs on the H200 (2026-12-03, its stacks printed by `CUDABUF_HANG_TRACE_SECS`).
 //!
 //! Without libcuda every test here prints why it did nothing and passes, unless
 //! `CUDABUF_REQUIRE_CUDA=1`, which makes a missing driver a failure.
@@ -301,10 +305,10 @@ fn current_context() -> sys::CUcontext {
 
 #[test]
 fn streams_are_a_capability_and_priorities_are_clamped() {
+    let _shared = no_gate();
     let Some(backend) = backend("streams_are_a_capability_and_priorities_are_clamped") else {
         return;
     };
-    let _shared = no_gate();
     assert!(backend.capabilities().streams);
     assert!(!backend.capabilities().race_detection);
     let ctx = primary(&backend, 0);
@@ -345,10 +349,10 @@ fn streams_are_a_capability_and_priorities_are_clamped() {
 
 #[test]
 fn default_streams_cannot_be_destroyed() {
+    let _shared = no_gate();
     let Some(backend) = backend("default_streams_cannot_be_destroyed") else {
         return;
     };
-    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     for stream in [RawStream::LEGACY, RawStream::PER_THREAD] {
         // SAFETY: refused before reaching the driver.
@@ -366,10 +370,10 @@ fn default_streams_cannot_be_destroyed() {
 
 #[test]
 fn stream_methods_leave_the_current_context_alone() {
+    let _shared = no_gate();
     let Some(backend) = backend("stream_methods_leave_the_current_context_alone") else {
         return;
     };
-    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     // SAFETY: the driver is initialised; null unsets the current context.
     let status = unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) };
@@ -399,10 +403,10 @@ fn stream_methods_leave_the_current_context_alone() {
 
 #[test]
 fn operations_on_one_stream_run_in_issue_order() {
+    let _lock = gate_lock();
     let Some(backend) = backend("operations_on_one_stream_run_in_issue_order") else {
         return;
     };
-    let _lock = gate_lock();
     let ctx = primary(&backend, 0);
     let len = 8 << 20;
     let (a, b) = (pattern(len, 1), pattern(len, 2));
@@ -459,10 +463,10 @@ fn operations_on_one_stream_run_in_issue_order() {
 
 #[test]
 fn an_event_orders_work_across_streams() {
+    let _lock = gate_lock();
     let Some(backend) = backend("an_event_orders_work_across_streams") else {
         return;
     };
-    let _lock = gate_lock();
     let ctx = primary(&backend, 0);
     let len = 16 << 20;
     let data = pattern(len, 3);
@@ -509,10 +513,10 @@ fn an_event_orders_work_across_streams() {
 
 #[test]
 fn event_query_before_and_after() {
+    let _lock = gate_lock();
     let Some(backend) = backend("event_query_before_and_after") else {
         return;
     };
-    let _lock = gate_lock();
     let ctx = primary(&backend, 0);
     let stream = OwnedStream::new(&*ctx, true);
     for timing in [false, true] {
@@ -535,10 +539,10 @@ fn event_query_before_and_after() {
 
 #[test]
 fn elapsed_time_between_events() {
+    let _lock = gate_lock();
     let Some(backend) = backend("elapsed_time_between_events") else {
         return;
     };
-    let _lock = gate_lock();
     let ctx = primary(&backend, 0);
     let stream = OwnedStream::new(&*ctx, true);
     let start = OwnedEvent::new(&*ctx, true);
@@ -579,10 +583,10 @@ fn elapsed_time_between_events() {
 
 #[test]
 fn async_copies_of_every_kind_with_offsets() {
+    let _shared = no_gate();
     let Some(backend) = backend("async_copies_of_every_kind_with_offsets") else {
         return;
     };
-    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     let len = (1 << 20) + 4099;
     let data = pattern(len, 4);
@@ -670,10 +674,10 @@ fn async_copies_of_every_kind_with_offsets() {
 
 #[test]
 fn overlapping_device_copies_on_a_stream_behave_as_memmove() {
+    let _shared = no_gate();
     let Some(backend) = backend("overlapping_device_copies_on_a_stream_behave_as_memmove") else {
         return;
     };
-    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     let size = 8 << 20;
     let original = pattern(size, 5);
@@ -735,12 +739,12 @@ fn overlapping_device_copies_on_a_stream_behave_as_memmove() {
 
 #[test]
 fn legacy_stream_waits_for_blocking_streams_but_not_for_non_blocking_ones() {
+    let _lock = gate_lock();
     let Some(backend) =
         backend("legacy_stream_waits_for_blocking_streams_but_not_for_non_blocking_ones")
     else {
         return;
     };
-    let _lock = gate_lock();
     let ctx = primary(&backend, 0);
     let blocking = OwnedStream::new(&*ctx, false);
     let non_blocking = OwnedStream::new(&*ctx, true);
@@ -800,10 +804,10 @@ fn legacy_stream_waits_for_blocking_streams_but_not_for_non_blocking_ones() {
 
 #[test]
 fn per_thread_stream_copies() {
+    let _shared = no_gate();
     let Some(backend) = backend("per_thread_stream_copies") else {
         return;
     };
-    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     let len = 1 << 20;
     let data = pattern(len, 7);
@@ -823,15 +827,69 @@ fn per_thread_stream_copies() {
     assert!(out.bytes() == &data[..]);
 }
 
+/// A thread that ends with work pending on its per-thread stream ends only once that work
+/// is done: the backend synchronizes the stream as the thread ends (on the H200, a thread
+/// ending with such work hung inside the driver, and every other thread with it). A gate
+/// holds the thread's copy back; the thread's `join` must not return until it opens.
+#[test]
+fn a_thread_ends_only_once_its_per_thread_stream_is_idle() {
+    const NAME: &str = "a_thread_ends_only_once_its_per_thread_stream_is_idle";
+    let _lock = gate_lock();
+    let Some(backend) = backend(NAME) else {
+        return;
+    };
+    let ctx = primary(&backend, 0);
+    let len = 1 << 20;
+    let data = pattern(len, 11);
+    let mut host = Pinned::new(&*ctx, len);
+    host.bytes().copy_from_slice(&data);
+    let dev = DeviceMem::new(&*ctx, len);
+    dev.fill(&vec![0; len]);
+    let (gate_tx, gate_rx) = std::sync::mpsc::channel();
+    let worker = {
+        let ctx = Arc::clone(&ctx);
+        let (dst, src) = (dev.ptr, host.ptr() as usize);
+        std::thread::spawn(move || {
+            // SAFETY: the per-thread stream of this thread, of a live context.
+            let gate = unsafe { Gate::close(&*ctx, RawStream::PER_THREAD) };
+            gate_tx.send(gate).unwrap();
+            // SAFETY: live ranges of `len` bytes, kept until the main thread has joined
+            // this one (and the copy is complete by then: what the test checks).
+            unsafe {
+                ctx.copy_host_to_device_on(dst, src as *const u8, len, RawStream::PER_THREAD)
+                    .unwrap();
+            }
+        })
+    };
+    let gate: Gate = gate_rx.recv().unwrap();
+    let joined = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let joiner = {
+        let joined = Arc::clone(&joined);
+        std::thread::spawn(move || {
+            worker.join().unwrap();
+            joined.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(WATCH * 3);
+    let ended_early = joined.load(std::sync::atomic::Ordering::SeqCst);
+    gate.open();
+    joiner.join().unwrap();
+    assert!(
+        !ended_early,
+        "the thread ended while its copy was pending on its per-thread stream"
+    );
+    assert!(dev.read() == data, "the copy landed");
+}
+
 // ---------------------------------------------------------------------------------------
 // cudarc interop
 
 #[test]
 fn cudarc_streams_and_events_are_used_and_never_destroyed() {
+    let _shared = no_gate();
     let Some(backend) = backend("cudarc_streams_and_events_are_used_and_never_destroyed") else {
         return;
     };
-    let _shared = no_gate();
     let ctx = primary(&backend, 0);
     let cudarc_ctx = backend.to_cudarc(0).unwrap();
     assert_eq!(cudarc_ctx.cu_ctx() as u64, ctx.handle());
@@ -910,10 +968,10 @@ fn cudarc_streams_and_events_are_used_and_never_destroyed() {
 #[test]
 fn cudarc_stream_of_another_context_is_refused() {
     const NAME: &str = "cudarc_stream_of_another_context_is_refused";
+    let _shared = no_gate();
     let Some(backend) = backend(NAME) else {
         return;
     };
-    let _shared = no_gate();
     let n = backend.num_devices().unwrap();
     if n < 2 {
         eprintln!("{NAME}: skipped: needs 2 devices (two contexts), the driver reports {n}");
@@ -933,10 +991,10 @@ fn cudarc_stream_of_another_context_is_refused() {
 #[test]
 fn peer_copies_on_a_stream() {
     const NAME: &str = "peer_copies_on_a_stream";
+    let _shared = no_gate();
     let Some(backend) = backend(NAME) else {
         return;
     };
-    let _shared = no_gate();
     let len = (4 << 20) + 3;
     let data = pattern(len, 9);
 

@@ -24,7 +24,7 @@ use crate::driver_error::{check, CuFailure};
 const MAX_OVERLAP_CHUNKS: usize = 16;
 
 /// The driver's handle for `stream` (the special streams keep CUDA's values).
-fn cu_stream(stream: RawStream) -> sys::CUstream {
+pub(super) fn cu_stream(stream: RawStream) -> sys::CUstream {
     stream.as_raw() as usize as sys::CUstream
 }
 
@@ -67,6 +67,15 @@ fn overlap_chunks(
 }
 
 impl CudaDriverContext {
+    /// The driver's handle for `stream`, for work put on it: a thread that puts work on
+    /// the per-thread stream waits for it before it ends (`per_thread.rs`).
+    fn stream_for_work(&self, stream: RawStream) -> sys::CUstream {
+        if stream == RawStream::PER_THREAD {
+            super::per_thread::note(&self.exit_token);
+        }
+        cu_stream(stream)
+    }
+
     /// `cuCtxGetStreamPriorityRange` with the context pushed.
     fn priority_range_pushed(&self, _pushed: &PushedContext) -> Result<(i32, i32)> {
         let (mut least, mut greatest): (c_int, c_int) = (0, 0);
@@ -170,7 +179,7 @@ impl CudaDriverContext {
         // SAFETY: our context is pushed; the caller guarantees both handles are live.
         check("cuStreamWaitEvent", unsafe {
             sys::cuStreamWaitEvent(
-                cu_stream(stream),
+                self.stream_for_work(stream),
                 cu_event(event),
                 sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT as c_uint,
             )
@@ -220,7 +229,7 @@ impl CudaDriverContext {
         let _pushed = self.push()?;
         // SAFETY: our context is pushed; the caller guarantees both handles are live.
         check("cuEventRecord", unsafe {
-            sys::cuEventRecord(cu_event(event), cu_stream(stream))
+            sys::cuEventRecord(cu_event(event), self.stream_for_work(stream))
         })
         .map_err(|f| self.fail(f))
     }
@@ -306,7 +315,7 @@ impl CudaDriverContext {
         // allocated (and the host bytes unwritten) until the copy is known complete, and
         // that the stream is live.
         check("cuMemcpyHtoDAsync_v2", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst, src.cast::<c_void>(), len, cu_stream(stream))
+            sys::cuMemcpyHtoDAsync_v2(dst, src.cast::<c_void>(), len, self.stream_for_work(stream))
         })
         .map_err(|f| self.fail(f))
     }
@@ -331,7 +340,7 @@ impl CudaDriverContext {
         // allocated (and the host bytes untouched) until the copy is known complete, and
         // that the stream is live.
         check("cuMemcpyDtoHAsync_v2", unsafe {
-            sys::cuMemcpyDtoHAsync_v2(dst.cast::<c_void>(), src, len, cu_stream(stream))
+            sys::cuMemcpyDtoHAsync_v2(dst.cast::<c_void>(), src, len, self.stream_for_work(stream))
         })
         .map_err(|f| self.fail(f))
     }
@@ -362,7 +371,7 @@ impl CudaDriverContext {
         // allocations reachable from this context until the copy is known complete, and
         // that the stream is live; they do not overlap (checked).
         check("cuMemcpyDtoDAsync_v2", unsafe {
-            sys::cuMemcpyDtoDAsync_v2(dst, src, len, cu_stream(stream))
+            sys::cuMemcpyDtoDAsync_v2(dst, src, len, self.stream_for_work(stream))
         })
         .map_err(|f| self.fail(f))
     }
@@ -387,7 +396,7 @@ impl CudaDriverContext {
         len: usize,
         stream: RawStream,
     ) -> Result<()> {
-        let s = cu_stream(stream);
+        let s = self.stream_for_work(stream);
         let dtod = |d: DevicePtr, from: DevicePtr, n: usize| {
             // SAFETY: our context is pushed (witnessed by `_pushed`); every call here copies
             // between disjoint ranges inside the caller's two ranges (or a temporary of
@@ -456,7 +465,14 @@ impl CudaDriverContext {
         // allocated until the copy is known complete); the caller guarantees the ranges
         // and that the stream is a live stream of this context.
         check("cuMemcpyPeerAsync", unsafe {
-            sys::cuMemcpyPeerAsync(dst, self.ctx.0, src, source.ctx.0, len, cu_stream(stream))
+            sys::cuMemcpyPeerAsync(
+                dst,
+                self.ctx.0,
+                src,
+                source.ctx.0,
+                len,
+                self.stream_for_work(stream),
+            )
         })
         .map_err(|f| self.fail(f))
     }

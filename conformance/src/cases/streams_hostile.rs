@@ -23,6 +23,10 @@ use crate::{CaseResult, Fixture, Skip};
 /// same `Stream` (which waits only for B's own default stream) and uploads as many bytes
 /// elsewhere through the pooled staging memory. A's staging buffer must not have been
 /// handed to B while A's copy could still read it.
+///
+/// Thread A ends with its copy still pending on its per-thread stream, as user code may:
+/// on the H200 this hung the driver until the CUDA backend learned to wait for such a
+/// stream as the thread ends (docs/gpu-runs.md, 2026-12-03).
 pub(crate) fn per_thread_stream_shared_by_threads_keeps_each_threads_staging(
     f: &Fixture,
 ) -> CaseResult {
