@@ -16,7 +16,7 @@ use cudabuf_core::{
     BackendKind, Context, DeviceBuffer, ErrorKind, IpcMemHandle, EXTENDED_HANDLE_LEN,
 };
 
-use super::expect::{context0, device_bytes, pattern};
+use super::expect::{context0, exclusive_device_bytes, pattern};
 use super::reliability_inputs::{fnv1a, reseal};
 use crate::{CaseResult, Fixture};
 
@@ -266,7 +266,10 @@ fn read_some(buf: &DeviceBuffer) -> Result<(), TestCaseError> {
 pub(crate) fn ipc_handle_bytes_fuzzed_are_typed_errors(f: &Fixture) -> CaseResult {
     let (_b, ctx) = context0(f);
     let data = pattern(1000, 21);
-    let buf = device_bytes(&ctx, &data);
+    // Its own backend allocation: a block of a shared segment has the segment's raw
+    // handle, whose pyarrow form (offset 0) names whichever buffer, of any case, starts
+    // the segment (and on CUDA the other cases' buffers share the segments).
+    let buf = exclusive_device_bytes(&ctx, &data);
     let part = buf.slice(100, 200).expect("slice");
     let empty = ctx.new_buffer(0).expect("new_buffer(0)");
     let whole_bytes = buf.export_for_ipc().expect("export").to_bytes();

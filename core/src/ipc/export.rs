@@ -19,20 +19,54 @@ fn exports() -> &'static Mutex<Exports> {
     EXPORTS.get_or_init(Default::default)
 }
 
-/// This process's exports: by export id, and the latest export id of each raw handle (for
-/// pyarrow-format handles, which carry no export id).
+/// This process's exports: by export id, and the export ids of each raw handle (for
+/// pyarrow-format handles, which carry no export id). With the caching allocator a raw
+/// handle names a segment, which holds the blocks of many buffers, of any context over the
+/// device context: several live exports may share one raw handle.
 #[derive(Default)]
 struct Exports {
-    by_id: HashMap<u64, (Weak<Memory>, RawIpcHandle)>,
-    by_raw: HashMap<RawIpcHandle, u64>,
+    by_id: HashMap<u64, Export>,
+    by_raw: HashMap<RawIpcHandle, Vec<u64>>,
+}
+
+/// One exported memory: what a handle must name to open it.
+struct Export {
+    memory: Weak<Memory>,
+    /// The raw handle of the backend allocation holding the memory.
+    raw: RawIpcHandle,
+    /// The allocation's base address, and the memory's range (fixed while it lives).
+    base: u64,
+    address: u64,
+    size: usize,
+}
+
+impl Export {
+    /// Where `offset..offset + size` of the allocation `raw` starts in this memory, if it
+    /// lies inside it. Decided from the registry alone: the memory is taken (upgraded)
+    /// only once the handle is known to name it, so that a handle naming other memory
+    /// (another buffer of the same segment, a forged or stale export id) never holds this
+    /// one, not even for a moment (its owner's last drop would then be released by the
+    /// opener, later, and its `bytes_allocated` would count it meanwhile).
+    fn locate(&self, raw: &RawIpcHandle, offset: u64, size: u64) -> Option<usize> {
+        if self.raw != *raw {
+            return None;
+        }
+        // Checked arithmetic: a forged (checksummed) handle may carry any offset and size.
+        let start = self.base.checked_add(offset)?.checked_sub(self.address)?;
+        let end = start.checked_add(size)?;
+        (end <= self.size as u64).then_some(start as usize)
+    }
 }
 
 /// Called when exported memory is released.
 pub(crate) fn forget_export(id: u64) {
     let mut exports = exports().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, raw)) = exports.by_id.remove(&id) {
-        if exports.by_raw.get(&raw) == Some(&id) {
-            exports.by_raw.remove(&raw);
+    if let Some(export) = exports.by_id.remove(&id) {
+        if let Some(ids) = exports.by_raw.get_mut(&export.raw) {
+            ids.retain(|&other| other != id);
+            if ids.is_empty() {
+                exports.by_raw.remove(&export.raw);
+            }
         }
     }
 }
@@ -61,8 +95,17 @@ pub(crate) fn export(buffer: &DeviceBuffer) -> Result<IpcMemHandle> {
     let export_id = *memory.export_id.get_or_init(|| {
         let id = NEXT_EXPORT_ID.fetch_add(1, Ordering::Relaxed);
         let mut exports = exports().lock().unwrap_or_else(|p| p.into_inner());
-        exports.by_id.insert(id, (Arc::downgrade(memory), raw));
-        exports.by_raw.insert(raw, id);
+        exports.by_id.insert(
+            id,
+            Export {
+                memory: Arc::downgrade(memory),
+                raw,
+                base,
+                address: memory.address,
+                size: memory.size,
+            },
+        );
+        exports.by_raw.entry(raw).or_default().push(id);
         id
     });
     Ok(IpcMemHandle {
@@ -107,34 +150,42 @@ pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer>
             .then_some((None, 0)),
     };
     if let Some((export_id, ext_offset)) = own_export {
-        let memory = {
+        let found = {
             let exports = exports().lock().unwrap_or_else(|p| p.into_inner());
-            export_id
-                .or_else(|| exports.by_raw.get(&handle.raw).copied())
-                .and_then(|id| exports.by_id.get(&id))
-                .and_then(|(weak, _)| weak.upgrade())
-        }
-        .ok_or_else(|| {
-            Error::invalid_ipc_handle(
+            // A cudabuf handle names its export; a pyarrow handle names offset 0 of its
+            // allocation, which any live export of that allocation may hold (the latest
+            // first).
+            let ids: Vec<u64> = match export_id {
+                Some(id) => vec![id],
+                None => exports
+                    .by_raw
+                    .get(&handle.raw)
+                    .map(|ids| ids.iter().rev().copied().collect())
+                    .unwrap_or_default(),
+            };
+            // The most telling refusal, should nothing open: 0 no export, 1 outside it,
+            // 2 dropped.
+            let mut refusal = 0;
+            let found = ids.iter().find_map(|id| {
+                let export = exports.by_id.get(id)?;
+                refusal = refusal.max(1);
+                let start = export.locate(&handle.raw, ext_offset, handle.size)?;
+                refusal = 2;
+                Some((export.memory.upgrade()?, start))
+            });
+            found.ok_or(refusal)
+        };
+        return match found {
+            Ok((memory, start)) => Ok(DeviceBuffer::over(memory, start, size)),
+            Err(1) => Err(Error::invalid_ipc_handle(format!(
+                "offset {offset} and size {size} of the allocation the handle names lie outside \
+                 the memory this process exported{}",
+                export_id.map_or(String::new(), |id| format!(" as export {id}"))
+            ))),
+            Err(_) => Err(Error::invalid_ipc_handle(
                 "the handle was exported by this process, and every buffer of the exported memory has been dropped",
-            )
-        })?;
-        // The registry holds the exporting memory, which may start inside the allocation.
-        let (base, _) = memory.ctx.raw().address_range(memory.address)?;
-        // Checked arithmetic: a forged (checksummed) handle may carry any offset and size.
-        let start = base
-            .checked_add(ext_offset)
-            .and_then(|a| a.checked_sub(memory.address))
-            .filter(|s| {
-                s.checked_add(handle.size)
-                    .is_some_and(|end| end <= memory.size as u64)
-            })
-            .ok_or_else(|| {
-                Error::invalid_ipc_handle(format!(
-                    "offset {offset} and size {size} lie outside the exported memory"
-                ))
-            })?;
-        return Ok(DeviceBuffer::over(memory, start as usize, size));
+            )),
+        };
     }
     let mapping = super::mappings::open(ctx, handle.raw())?;
     if offset
@@ -147,4 +198,213 @@ pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer>
         )));
     }
     Ok(DeviceBuffer::over(mapping, offset, size))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The process's export registry with several contexts over one device context and
+    //! one caching allocator, on mocks of a CUDA device context: a segment is one backend
+    //! allocation, so every buffer exported from it has the same raw handle (as
+    //! `cuIpcGetMemHandle` of the segment's base), whichever context exported it.
+
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use crate::backend::MockRawContext;
+    use crate::backend::{BackendKind, RawIpcHandle, RAW_IPC_HANDLE_LEN};
+    use crate::buffer::DeviceBuffer;
+    use crate::context::Context;
+    use crate::error::ErrorKind;
+    use crate::ipc::handle::{Extension, IpcMemHandle};
+
+    /// The mocks' segments lie at multiples of this, so that the segment of an address is
+    /// the address rounded down (`address_range` reports 1 GiB: room for any of them).
+    const SPAN: u64 = 1 << 32;
+
+    /// What a mock's `address_range` does besides answering, once armed: drop the buffer
+    /// in the slot, and record its context's `bytes_allocated` right after.
+    #[derive(Default)]
+    struct DropDuringOpen {
+        armed: AtomicBool,
+        slot: Mutex<Option<DeviceBuffer>>,
+        counted_after_drop: Mutex<Option<usize>>,
+    }
+
+    impl DropDuringOpen {
+        fn fire(&self) {
+            if !self.armed.swap(false, Ordering::SeqCst) {
+                return;
+            }
+            let buf = self.slot.lock().unwrap().take().expect("a buffer to drop");
+            let ctx = buf.context().clone();
+            drop(buf);
+            *self.counted_after_drop.lock().unwrap() = Some(ctx.bytes_allocated());
+        }
+
+        /// Drop the slot's buffer now unless the mock did during an open; the count of its
+        /// context right after the drop.
+        fn drop_now_or_then(&self) -> usize {
+            if let Some(buf) = self.slot.lock().unwrap().take() {
+                let ctx = buf.context().clone();
+                drop(buf);
+                return ctx.bytes_allocated();
+            }
+            self.counted_after_drop
+                .lock()
+                .unwrap()
+                .expect("dropped by the mock")
+        }
+    }
+
+    /// A mock CUDA context of the device context `handle`, with the caching allocator on.
+    fn mock_context(handle: u64, hook: Arc<DropDuringOpen>) -> Context {
+        static NEXT_SEGMENT: AtomicU64 = AtomicU64::new(1);
+        let mut mock = MockRawContext::new();
+        mock.expect_device_ordinal().return_const(0usize);
+        mock.expect_handle().return_const(handle);
+        mock.expect_allocate()
+            .returning(|_| Ok(NEXT_SEGMENT.fetch_add(1, Ordering::Relaxed) * SPAN));
+        mock.expect_free().returning(|_| Ok(()));
+        mock.expect_address_range().returning(move |ptr| {
+            hook.fire();
+            Ok((ptr / SPAN * SPAN, 1 << 30))
+        });
+        mock.expect_ipc_export().returning(|base| {
+            let mut raw: RawIpcHandle = [0; RAW_IPC_HANDLE_LEN];
+            raw[..8].copy_from_slice(&base.to_le_bytes());
+            Ok(raw)
+        });
+        let ctx = Context::from_raw(Arc::new(mock), BackendKind::Cuda);
+        ctx.set_allocator_cache_limit(64 << 20);
+        ctx
+    }
+
+    /// Two contexts over one mock device context (one allocator), and the hook of the
+    /// first one's mock.
+    fn two_contexts(handle: u64) -> (Context, Context, Arc<DropDuringOpen>) {
+        let hook = Arc::new(DropDuringOpen::default());
+        let a = mock_context(handle, hook.clone());
+        let b = mock_context(handle, Arc::default());
+        (a, b, hook)
+    }
+
+    /// The failure of `buffer_semantics_match_vec_model` on CUDA, deterministically:
+    /// context B exports a buffer of a segment that context A's buffers share, and opens
+    /// its handle in pyarrow's form (no extension: offset 0 of the segment), as the IPC
+    /// fuzz case does. A exported a buffer of that segment later, which is not at offset
+    /// 0, and drops it while B's open runs. The open must not hold A's memory: A's
+    /// `bytes_allocated` drops at once.
+    #[test]
+    fn pyarrow_handle_of_a_shared_segment_holds_no_other_export() {
+        let (ctx_a, ctx_b, hook) = two_contexts(0x1_0001);
+        let first = ctx_a.new_buffer(3714).unwrap();
+        assert_eq!(first.address() % SPAN, 0, "at the segment's start");
+        let theirs = ctx_b.new_buffer(1000).unwrap();
+        let mine = ctx_a.new_buffer(3714).unwrap();
+        let handle_b = theirs.export_for_ipc().unwrap();
+        let segment = |b: &DeviceBuffer| b.address() / SPAN;
+        assert_eq!(segment(&first), segment(&theirs), "one segment");
+        assert_eq!(segment(&mine), segment(&theirs), "one segment");
+        let handle_a = mine.export_for_ipc().unwrap();
+        assert_eq!(handle_a.raw(), handle_b.raw(), "one raw handle per segment");
+        assert_eq!(ctx_a.bytes_allocated(), 2 * 3714);
+
+        *hook.slot.lock().unwrap() = Some(mine);
+        hook.armed.store(true, Ordering::SeqCst);
+        let pyarrow = IpcMemHandle::from_bytes(&handle_b.to_bytes()[..72]).unwrap();
+        // Offset 0 of the segment is `first`, which was never exported.
+        let opened = ctx_b.open_ipc_buffer(&pyarrow);
+        assert_eq!(
+            opened.as_ref().err().map(crate::Error::kind),
+            Some(ErrorKind::InvalidIpcHandle),
+            "{opened:?}"
+        );
+        hook.armed.store(false, Ordering::SeqCst);
+        assert_eq!(
+            hook.drop_now_or_then(),
+            3714,
+            "A's exported buffer, dropped while B opened a handle of its segment, is still \
+             counted"
+        );
+        drop(first);
+        assert_eq!(ctx_a.bytes_allocated(), 0);
+    }
+
+    /// A cudabuf handle of this process whose export id is another export's (forged, or
+    /// garbage that passed the checksum) names the memory of its raw handle and offset,
+    /// not the other export's: it must neither open nor hold the other one.
+    #[test]
+    fn export_id_of_another_export_holds_nothing() {
+        let (ctx_a, ctx_b, hook) = two_contexts(0x1_0002);
+        let mine = ctx_a.new_buffer(3714).unwrap();
+        let theirs = ctx_b.new_buffer(1000).unwrap();
+        let handle_a = mine.export_for_ipc().unwrap();
+        let handle_b = theirs.export_for_ipc().unwrap();
+        let (ext_a, ext_b) = (handle_a.extension.unwrap(), handle_b.extension.unwrap());
+        let forged = IpcMemHandle {
+            extension: Some(Extension {
+                export_id: ext_a.export_id,
+                ..ext_b
+            }),
+            ..handle_b.clone()
+        };
+        *hook.slot.lock().unwrap() = Some(mine);
+        hook.armed.store(true, Ordering::SeqCst);
+        let opened = ctx_b.open_ipc_buffer(&forged);
+        assert_eq!(
+            opened.as_ref().err().map(crate::Error::kind),
+            Some(ErrorKind::InvalidIpcHandle),
+            "{opened:?}"
+        );
+        hook.armed.store(false, Ordering::SeqCst);
+        assert_eq!(
+            hook.drop_now_or_then(),
+            0,
+            "A's dropped buffer is still counted"
+        );
+
+        // A handle whose raw part names another allocation does not open this one.
+        let other = ctx_a.new_buffer(5 << 20).unwrap(); // a segment of its own
+        let handle_other = other.export_for_ipc().unwrap();
+        assert_ne!(handle_other.raw(), handle_b.raw());
+        let forged = IpcMemHandle {
+            extension: Some(Extension {
+                export_id: handle_other.extension.unwrap().export_id,
+                ..ext_b
+            }),
+            ..handle_b.clone()
+        };
+        let opened = ctx_b.open_ipc_buffer(&forged);
+        assert_eq!(
+            opened.as_ref().err().map(crate::Error::kind),
+            Some(ErrorKind::InvalidIpcHandle),
+            "{opened:?}"
+        );
+        // The genuine handles still open their own memory.
+        assert_eq!(
+            ctx_b.open_ipc_buffer(&handle_b).unwrap().address(),
+            theirs.address()
+        );
+        assert_eq!(
+            ctx_a.open_ipc_buffer(&handle_other).unwrap().address(),
+            other.address()
+        );
+    }
+
+    /// A pyarrow-form handle (offset 0 of the allocation) opened in the exporting process
+    /// gives a view of the export that holds the allocation's first bytes, whichever
+    /// export of the segment came last.
+    #[test]
+    fn pyarrow_handle_opens_the_export_at_the_segment_start() {
+        let (ctx_a, ctx_b, _hook) = two_contexts(0x1_0003);
+        let first = ctx_a.new_buffer(3714).unwrap();
+        let theirs = ctx_b.new_buffer(1000).unwrap();
+        assert_eq!(first.address() % SPAN, 0, "at the segment's start");
+        let handle_first = first.export_for_ipc().unwrap();
+        let _later = theirs.export_for_ipc().unwrap();
+        let pyarrow = IpcMemHandle::from_bytes(&handle_first.to_bytes()[..72]).unwrap();
+        let opened = ctx_b.open_ipc_buffer(&pyarrow).unwrap();
+        assert_eq!((opened.address(), opened.size()), (first.address(), 3714));
+        assert!(opened.context().same_as(&ctx_a), "a view of A's memory");
+    }
 }
