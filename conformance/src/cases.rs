@@ -61,20 +61,37 @@ macro_rules! cases {
     };
 }
 
-/// Cases the harness runs alone (no other case of the binary runs meanwhile), with why.
+/// Cases the harness runs alone (no other case of the binary runs meanwhile) to keep a
+/// backend fault from hanging the suite, with why; `CUDABUF_CONFORMANCE_ALONE=off` runs
+/// them beside the others (to reproduce the fault). None now.
 ///
-/// On the H200 (driver 580.159.04, CUDA 13.0), these two running beside each other and
-/// beside the other stream cases left every thread of the test binary waiting inside the
-/// driver for good (`cuMemFreeHost`, `cuEventDestroy`, `cuStreamDestroy`, a synchronous
-/// `cuMemcpyDtoH`, and `cuMemcpyHtoDAsync` calls blocked in the driver's
-/// `pthread_rwlock_rdlock`; docs/gpu-runs.md, 2026-12-03). Each passes alone, and the
-/// whole suite passes one case at a time; the cause (the driver, or a pattern of cudabuf's
-/// calls) is not isolated yet. They check cudabuf's bookkeeping under thread
-/// interleavings, which running alone does not weaken. `CUDABUF_CONFORMANCE_ALONE=off`
-/// runs them beside the others again (to reproduce the hang).
-pub const ALONE: &[&str] = &[
-    "per_thread_stream_shared_by_threads_keeps_each_threads_staging",
-    "stream_synchronized_by_another_thread_keeps_later_work",
+/// Until 2026-12-03 it held `per_thread_stream_shared_by_threads_keeps_each_threads_staging`
+/// and `stream_synchronized_by_another_thread_keeps_later_work`: beside each other and the
+/// other stream cases on the H200 they hung every thread of the binary inside the driver.
+/// The stacks (`CUDABUF_HANG_TRACE_SECS`) showed a thread ending, inside the driver's
+/// thread-exit work, after copying on its per-thread stream without waiting, and every other
+/// thread waiting for the driver's lock. The CUDA backend now synchronizes a thread's
+/// per-thread stream as the thread ends (`cudabuf-cuda`, `context/per_thread.rs`), and the
+/// two run beside the others again: 5 of 5 runs passed, where 4 of 4 had hung
+/// (docs/gpu-runs.md, 2026-12-03, night).
+pub const ALONE: &[&str] = &[];
+
+/// Cases the harness always runs alone, for what they check: the state of the device's
+/// caching allocator, which on CUDA is shared by every context over the device's primary
+/// context in the process, so the other cases allocate from it too.
+/// `cached_block_is_invalid_address_through_every_context` frees a block and checks that
+/// its address is refused: another case may be handed the block at once (on the H200,
+/// 2026-12-03, the address then belonged to another case's live buffer).
+/// `cached_block_exported_is_never_reused_while_an_importer_reads` looks for a free block
+/// in its exported buffer's segment: other cases may have taken them all (H200, 2 of 5
+/// runs in parallel). `get_device_address_of_freed_buffer_is_invalid_address` checks the
+/// addresses of a freed device buffer and of freed pinned host memory, which another
+/// case's allocation may be handed at once (H200: the pinned pointer, 1 of 8 runs).
+/// Unlike [`ALONE`], `CUDABUF_CONFORMANCE_ALONE=off` does not change these.
+pub const EXCLUSIVE: &[&str] = &[
+    "cached_block_is_invalid_address_through_every_context",
+    "cached_block_exported_is_never_reused_while_an_importer_reads",
+    "get_device_address_of_freed_buffer_is_invalid_address",
 ];
 
 /// Every case of the suite: `(name, function)`, the name being the function's name.
@@ -285,6 +302,16 @@ mod tests {
         let mut seen = HashSet::new();
         for (name, _) in super::ALL {
             assert!(seen.insert(*name), "case {name} is listed twice");
+        }
+    }
+
+    #[test]
+    fn cases_run_alone_are_cases() {
+        for name in super::ALONE.iter().chain(super::EXCLUSIVE) {
+            assert!(
+                super::ALL.iter().any(|(case, _)| case == name),
+                "{name} is not a case of ALL"
+            );
         }
     }
 }

@@ -27,7 +27,7 @@ pub(crate) const WATCHDOG_VAR: &str = "CUDABUF_CONFORMANCE_WATCHDOG_SECS";
 pub(crate) const ALONE_VAR: &str = "CUDABUF_CONFORMANCE_ALONE";
 
 /// Every case holds it while it runs: shared, or exclusively for the cases of
-/// [`cases::ALONE`](crate::cases::ALONE).
+/// [`cases::ALONE`](crate::cases::ALONE) and [`cases::EXCLUSIVE`](crate::cases::EXCLUSIVE).
 static ALONE_GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 /// The cases running now, with when each began (for the watchdog).
@@ -264,7 +264,8 @@ pub fn run_suite_with_hooks(
                         Ok(Completion::ignored_with(format!("did not run: {reason}")))
                     };
                 }
-                let alone = crate::cases::ALONE.contains(&name) && alone_honoured;
+                let alone = (crate::cases::ALONE.contains(&name) && alone_honoured)
+                    || crate::cases::EXCLUSIVE.contains(&name);
                 let _shared =
                     (!alone).then(|| ALONE_GATE.read().unwrap_or_else(PoisonError::into_inner));
                 let _exclusive =

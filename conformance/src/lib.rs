@@ -10,7 +10,8 @@
 //! with the reason; with `CUDABUF_REQUIRE_CUDA=1` a case that cannot run fails instead.
 //! With `CUDABUF_CONFORMANCE_WATCHDOG_SECS=N`, the cases still running are printed to
 //! standard error every N seconds, so that a case that hangs names itself. The cases
-//! of [`cases::ALONE`] run with no other case beside them (see there why).
+//! of [`cases::ALONE`] and [`cases::EXCLUSIVE`] run with no other case beside them (see
+//! there why).
 //!
 //! Cases that need a second process (IPC) re-execute the test binary itself
 //! ([`Fixture::run_child`]); the binary's `main` (from [`conformance_tests!`]) hands such

@@ -383,15 +383,23 @@ pub(crate) fn ipc_to_pyarrow_bytes_refuses_offsets_and_simulator_handles(
 }
 
 /// Well-formed (checksummed) handles that lie about their range are refused when
-/// opened, never read out of bounds: a size past the allocation, an offset past it, or
-/// an offset near `u64::MAX` (which once overflowed an addition) are `InvalidIpcHandle`;
-/// an `offset + size` that overflows is refused by `from_bytes`; nonzero reserved bytes
-/// are refused by `from_bytes`.
+/// opened, never read out of bounds: a size past the exported buffer, an offset past it,
+/// or an offset near `u64::MAX` (which once overflowed an addition) are
+/// `InvalidIpcHandle`; an `offset + size` that overflows is refused by `from_bytes`;
+/// nonzero reserved bytes are refused by `from_bytes`.
+///
+/// A handle's offset counts from the start of the backend allocation, and the buffer
+/// need not start there (with the caching allocator, it is a block of a shared segment,
+/// at whatever offset the other cases' blocks left): the forged offsets count from where
+/// the buffer starts.
 pub(crate) fn ipc_forged_handle_ranges_are_invalid_ipc_handle(f: &Fixture) -> CaseResult {
     let (_b, ctx) = context0(f);
     let buf = device_bytes(&ctx, &pattern(1000, 4));
     let part = buf.slice(100, 200).expect("slice");
-    let good = part.export_for_ipc().expect("export_for_ipc").to_bytes();
+    let handle = part.export_for_ipc().expect("export_for_ipc");
+    let good = handle.to_bytes();
+    // Where `buf` starts in its allocation.
+    let buf_at = handle.offset() as u64 - 100;
     let start = ctx.bytes_allocated();
     let forged = |size: u64, offset: u64| {
         let mut bytes = good.clone();
@@ -401,13 +409,13 @@ pub(crate) fn ipc_forged_handle_ranges_are_invalid_ipc_handle(f: &Fixture) -> Ca
         bytes
     };
     let opens_refused = [
-        ("size one past the allocation", forged(901, 100)),
+        ("size one past the buffer", forged(901, buf_at + 100)),
         (
-            "size of the whole allocation at offset 100",
-            forged(1000, 100),
+            "size of the whole buffer at offset 100",
+            forged(1000, buf_at + 100),
         ),
-        ("offset at the end", forged(1, 1000)),
-        ("offset far past the end", forged(1, 1 << 40)),
+        ("offset at the end", forged(1, buf_at + 1000)),
+        ("offset far past the end", forged(1, buf_at + (1 << 40))),
         ("offset near u64::MAX", forged(1, u64::MAX - 1)),
         ("offset 2^63, size 2^62", forged(1 << 62, 1 << 63)),
     ];
