@@ -2,17 +2,34 @@
 //!
 //! On the H200 (driver 580.159.04, CUDA 13.0), a thread that ended with copies still
 //! pending on its per-thread default stream (`CU_STREAM_PER_THREAD`) hung inside the
-//! driver's thread-exit destructor, and every other thread of the process then waited for
-//! ever on the driver's lock: the conformance suite with its two per-thread and
-//! cross-thread stream cases beside the others hung in 4 runs of 4; with the ending thread
-//! synchronizing its per-thread stream first, 4 runs of 4 passed (docs/gpu-runs.md,
-//! 2026-12-03). A thread that uploads on the per-thread stream and ends without waiting is
-//! ordinary code, so the backend does the waiting: the first time a thread puts work on a
-//! context's per-thread stream, a thread-local [`ExitSync`] remembers the context (by an
-//! [`ExitToken`], which does not keep it alive), and when the thread ends it synchronizes
-//! the per-thread stream of every such context still alive. Rust runs thread-local
-//! destructors before the C library runs the pthread-key destructors that the driver's
-//! thread-exit work hangs from, so the stream is idle by then.
+//! driver's thread-exit work (its stack: inside libcuda, called from glibc's thread-exit
+//! code), and every other thread of the process then waited for ever on the driver's lock:
+//! the conformance suite with its two per-thread and cross-thread stream cases beside the
+//! others hung in 4 runs of 4; with the ending thread synchronizing its per-thread stream
+//! first, 4 runs of 4 passed, and with this module 5 of 5 (docs/gpu-runs.md, 2026-12-03).
+//! A thread that uploads on the per-thread stream and ends without waiting is ordinary
+//! code, so the backend does the waiting: the first time a thread puts work on a context's
+//! per-thread stream through this backend, a thread-local [`ExitSync`] remembers the
+//! context (by an [`ExitToken`], which does not keep it alive), and when the thread ends
+//! it synchronizes the per-thread stream of every such context whose wrapper is still
+//! alive.
+//!
+//! What it rests on, and what it does not cover:
+//! - On Linux with glibc, a thread's Rust thread-locals are destroyed
+//!   (`__call_tls_dtors`) before its pthread-key values (`__nptl_deallocate_tsd`), and
+//!   `exit()` destroys the main thread's before the `atexit` handlers. The driver's
+//!   thread-exit work is taken to hang from a pthread key; the H200 runs agree (no hang
+//!   since), but the driver's internals are not documented.
+//! - A thread that ends now waits for its per-thread stream: `join` returns once that
+//!   work is done, so work there that waits on a host-side condition (a host function, an
+//!   event recorded behind one) delays the join until the condition holds.
+//! - Only work put there through this backend's `RawContext` methods is tracked; work a
+//!   thread puts on its per-thread stream through cudarc (`cudarc_stream_from_raw` of
+//!   `RawStream::PER_THREAD`) or any other library is not.
+//! - The sync is skipped once the context's wrapper (`CudaDriverContext`) is dropped,
+//!   since the context may then be gone: through `cudabuf`'s `Stream` API a pending
+//!   operation keeps the wrapper alive, but a raw wrapper of a context that someone else
+//!   keeps alive (`shared_context`, `context_from_cudarc`) may go first.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -132,31 +149,41 @@ pub(super) fn noted() -> usize {
 mod tests {
     use super::*;
 
-    /// A token that is never pushed: every test retires it before its thread ends.
-    fn token() -> Arc<ExitToken> {
-        // SAFETY: the tests retire every token before the thread that noted it ends, so
-        // the null handle never reaches the driver.
-        unsafe { ExitToken::new(std::ptr::null_mut()) }
+    /// A token that is never pushed: retired when dropped, also when a test panics, so
+    /// that the thread's `ExitSync` never pushes its null handle.
+    struct Token(Arc<ExitToken>);
+
+    impl Drop for Token {
+        fn drop(&mut self) {
+            self.0.retire();
+        }
+    }
+
+    fn token() -> Token {
+        // SAFETY: every token is retired when its `Token` drops (on return or unwind),
+        // before the thread that noted it ends, so the null handle never reaches the
+        // driver.
+        Token(unsafe { ExitToken::new(std::ptr::null_mut()) })
     }
 
     #[test]
     fn a_thread_notes_each_context_once_and_forgets_retired_ones() {
         std::thread::spawn(|| {
             let (a, b, c) = (token(), token(), token());
-            note(&a);
-            note(&a);
-            note(&b);
+            note(&a.0);
+            note(&a.0);
+            note(&b.0);
             assert_eq!(noted(), 2, "each context once");
-            a.retire();
-            note(&c);
+            a.0.retire();
+            note(&c.0);
             assert_eq!(
                 noted(),
                 2,
                 "the retired one is forgotten when another comes"
             );
-            b.retire();
-            c.retire();
-            // The thread ends: every token is retired, so nothing reaches the driver.
+            // The thread ends: every token is retired (dropped) first, so nothing reaches
+            // the driver.
+            drop((a, b, c));
         })
         .join()
         .unwrap();
@@ -165,10 +192,10 @@ mod tests {
     #[test]
     fn a_retired_context_is_not_synchronized() {
         let t = token();
-        assert!(t.is_live());
-        t.retire();
-        assert!(!t.is_live());
+        assert!(t.0.is_live());
+        t.0.retire();
+        assert!(!t.0.is_live());
         // Returns without pushing the (null) context.
-        t.synchronize_per_thread_stream();
+        t.0.synchronize_per_thread_stream();
     }
 }

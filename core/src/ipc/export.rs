@@ -58,6 +58,19 @@ impl Export {
     }
 }
 
+/// Why an in-process open found no export to open, from the least to the most telling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Refusal {
+    /// No live export has the handle's id (or, for a pyarrow handle, its raw handle).
+    NoExport,
+    /// The export of that id is of another allocation than the handle's raw handle names.
+    OtherAllocation,
+    /// The handle's range lies outside the export.
+    Outside,
+    /// The export's memory has been dropped.
+    Dropped,
+}
+
 /// Called when exported memory is released.
 pub(crate) fn forget_export(id: u64) {
     let mut exports = exports().lock().unwrap_or_else(|p| p.into_inner());
@@ -163,26 +176,32 @@ pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer>
                     .map(|ids| ids.iter().rev().copied().collect())
                     .unwrap_or_default(),
             };
-            // The most telling refusal, should nothing open: 0 no export, 1 outside it,
-            // 2 dropped.
-            let mut refusal = 0;
+            // The most telling refusal, should nothing open.
+            let mut refusal = Refusal::NoExport;
             let found = ids.iter().find_map(|id| {
                 let export = exports.by_id.get(id)?;
-                refusal = refusal.max(1);
+                if export.raw != handle.raw {
+                    refusal = refusal.max(Refusal::OtherAllocation);
+                    return None;
+                }
+                refusal = refusal.max(Refusal::Outside);
                 let start = export.locate(&handle.raw, ext_offset, handle.size)?;
-                refusal = 2;
+                refusal = Refusal::Dropped;
                 Some((export.memory.upgrade()?, start))
             });
             found.ok_or(refusal)
         };
+        let as_export = export_id.map_or(String::new(), |id| format!(" as export {id}"));
         return match found {
             Ok((memory, start)) => Ok(DeviceBuffer::over(memory, start, size)),
-            Err(1) => Err(Error::invalid_ipc_handle(format!(
-                "offset {offset} and size {size} of the allocation the handle names lie outside \
-                 the memory this process exported{}",
-                export_id.map_or(String::new(), |id| format!(" as export {id}"))
+            Err(Refusal::OtherAllocation) => Err(Error::invalid_ipc_handle(format!(
+                "the handle names another allocation than the memory this process exported{as_export}"
             ))),
-            Err(_) => Err(Error::invalid_ipc_handle(
+            Err(Refusal::Outside) => Err(Error::invalid_ipc_handle(format!(
+                "offset {offset} and size {size} of the allocation the handle names lie outside \
+                 the memory this process exported{as_export}"
+            ))),
+            Err(Refusal::NoExport | Refusal::Dropped) => Err(Error::invalid_ipc_handle(
                 "the handle was exported by this process, and every buffer of the exported memory has been dropped",
             )),
         };
@@ -292,8 +311,9 @@ mod tests {
     /// context B exports a buffer of a segment that context A's buffers share, and opens
     /// its handle in pyarrow's form (no extension: offset 0 of the segment), as the IPC
     /// fuzz case does. A exported a buffer of that segment later, which is not at offset
-    /// 0, and drops it while B's open runs. The open must not hold A's memory: A's
-    /// `bytes_allocated` drops at once.
+    /// 0, and drops it: during B's open if the open asks the backend for an address range
+    /// (as the code before the fix did, while it held A's memory), else right after. The
+    /// open must not hold A's memory: A's `bytes_allocated` drops at once.
     #[test]
     fn pyarrow_handle_of_a_shared_segment_holds_no_other_export() {
         let (ctx_a, ctx_b, hook) = two_contexts(0x1_0001);
