@@ -37,6 +37,26 @@ fn frames_are_named() -> bool {
     named
 }
 
+/// Whether this process is the child playing `role`.
+fn plays(role: &str) -> bool {
+    std::env::var(ROLE_VAR).is_ok_and(|r| r == role)
+}
+
+/// `stderr` holds each of `expected`, and `named_frame` too where frames are named.
+#[track_caller]
+fn assert_reported(stderr: &str, context: &str, expected: &[&str], named_frame: &str) {
+    let mut expected = expected.to_vec();
+    if frames_are_named() {
+        expected.push(named_frame);
+    }
+    for expected in expected {
+        assert!(
+            stderr.contains(expected),
+            "{context}{expected:?} missing from:\n{stderr}"
+        );
+    }
+}
+
 /// Blocks for good, in a frame the report must name.
 #[inline(never)]
 fn parked_in_a_named_frame(rx: &std::sync::mpsc::Receiver<()>) {
@@ -72,7 +92,7 @@ fn crashing_in_a_named_frame() {
 #[test]
 fn hang_trace_prints_every_threads_stack_and_exits_124() {
     const NAME: &str = "hang_trace_prints_every_threads_stack_and_exits_124";
-    if std::env::var(ROLE_VAR).is_ok_and(|r| r == "hang") {
+    if plays("hang") {
         diag::install_from_env();
         let (_tx, rx) = std::sync::mpsc::channel::<()>();
         std::thread::Builder::new()
@@ -93,28 +113,24 @@ fn hang_trace_prints_every_threads_stack_and_exits_124() {
         Some(124),
         "exit status; stderr:\n{stderr}"
     );
-    let mut expected = vec![
-        "still running after 1 s",
-        "(parked-probe)",
-        "stack in thread \"parked-probe\"",
-        "stack in thread \"an-ending-probe\"",
-        "cudabuf hang trace: done",
-    ];
-    if frames_are_named() {
-        expected.push("parked_in_a_named_frame");
-    }
-    for expected in expected {
-        assert!(
-            stderr.contains(expected),
-            "{expected:?} missing from:\n{stderr}"
-        );
-    }
+    assert_reported(
+        &stderr,
+        "",
+        &[
+            "still running after 1 s",
+            "(parked-probe)",
+            "stack in thread \"parked-probe\"",
+            "stack in thread \"an-ending-probe\"",
+            "cudabuf hang trace: done",
+        ],
+        "parked_in_a_named_frame",
+    );
 }
 
 #[test]
 fn crash_trace_prints_the_crashing_threads_stack() {
     const NAME: &str = "crash_trace_prints_the_crashing_threads_stack";
-    if std::env::var(ROLE_VAR).is_ok_and(|r| r == "crash") {
+    if plays("crash") {
         diag::install_from_env();
         crashing_in_a_named_frame();
         return;
@@ -128,27 +144,23 @@ fn crash_trace_prints_the_crashing_threads_stack() {
             Some(libc::SIGSEGV),
             "{var}: the child dies of the signal; stderr:\n{stderr}"
         );
-        let mut expected = vec![
-            "fatal signal 11",
-            // The kernel's name of the thread: its first 15 bytes.
-            "in thread \"crash_trace_pri\"",
-        ];
-        if frames_are_named() {
-            expected.push("crashing_in_a_named_frame");
-        }
-        for expected in expected {
-            assert!(
-                stderr.contains(expected),
-                "{var}: {expected:?} missing from:\n{stderr}"
-            );
-        }
+        assert_reported(
+            &stderr,
+            &format!("{var}: "),
+            &[
+                "fatal signal 11",
+                // The kernel's name of the thread: its first 15 bytes.
+                "in thread \"crash_trace_pri\"",
+            ],
+            "crashing_in_a_named_frame",
+        );
     }
 }
 
 #[test]
 fn nothing_is_armed_unless_asked() {
     const NAME: &str = "nothing_is_armed_unless_asked";
-    if std::env::var(ROLE_VAR).is_ok_and(|r| r == "quiet") {
+    if plays("quiet") {
         diag::install_from_env();
         eprintln!("the quiet child runs");
         std::thread::sleep(std::time::Duration::from_millis(1500));

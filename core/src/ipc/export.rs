@@ -41,16 +41,14 @@ struct Export {
 }
 
 impl Export {
-    /// Where `offset..offset + size` of the allocation `raw` starts in this memory, if it
-    /// lies inside it. Decided from the registry alone: the memory is taken (upgraded)
-    /// only once the handle is known to name it, so that a handle naming other memory
-    /// (another buffer of the same segment, a forged or stale export id) never holds this
-    /// one, not even for a moment (its owner's last drop would then be released by the
-    /// opener, later, and its `bytes_allocated` would count it meanwhile).
-    fn locate(&self, raw: &RawIpcHandle, offset: u64, size: u64) -> Option<usize> {
-        if self.raw != *raw {
-            return None;
-        }
+    /// Where `offset..offset + size` of this export's allocation starts in its memory, if
+    /// it lies inside it (the caller has checked that the handle names the allocation).
+    /// Decided from the registry alone: the memory is taken (upgraded) only once the
+    /// handle is known to name it, so that a handle naming other memory (another buffer of
+    /// the same segment, a forged or stale export id) never holds this one, not even for a
+    /// moment (its owner's last drop would then be released by the opener, later, and its
+    /// `bytes_allocated` would count it meanwhile).
+    fn locate(&self, offset: u64, size: u64) -> Option<usize> {
         // Checked arithmetic: a forged (checksummed) handle may carry any offset and size.
         let start = self.base.checked_add(offset)?.checked_sub(self.address)?;
         let end = start.checked_add(size)?;
@@ -185,7 +183,7 @@ pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer>
                     return None;
                 }
                 refusal = refusal.max(Refusal::Outside);
-                let start = export.locate(&handle.raw, ext_offset, handle.size)?;
+                let start = export.locate(ext_offset, handle.size)?;
                 refusal = Refusal::Dropped;
                 Some((export.memory.upgrade()?, start))
             });
@@ -260,6 +258,21 @@ mod tests {
             *self.counted_after_drop.lock().unwrap() = Some(ctx.bytes_allocated());
         }
 
+        /// `open`, which must be refused, with `buf` in the slot and the hook armed; then
+        /// the count of `buf`'s context right after `buf` is dropped (by the mock during
+        /// the open, or here after it).
+        fn refused_open_dropping(
+            &self,
+            buf: DeviceBuffer,
+            open: impl FnOnce() -> crate::Result<DeviceBuffer>,
+        ) -> usize {
+            *self.slot.lock().unwrap() = Some(buf);
+            self.armed.store(true, Ordering::SeqCst);
+            assert_refused(&open());
+            self.armed.store(false, Ordering::SeqCst);
+            self.drop_now_or_then()
+        }
+
         /// Drop the slot's buffer now unless the mock did during an open; the count of its
         /// context right after the drop.
         fn drop_now_or_then(&self) -> usize {
@@ -273,6 +286,16 @@ mod tests {
                 .unwrap()
                 .expect("dropped by the mock")
         }
+    }
+
+    /// The open was refused with `InvalidIpcHandle`.
+    #[track_caller]
+    fn assert_refused(opened: &crate::Result<DeviceBuffer>) {
+        assert_eq!(
+            opened.as_ref().err().map(crate::Error::kind),
+            Some(ErrorKind::InvalidIpcHandle),
+            "{opened:?}"
+        );
     }
 
     /// A mock CUDA context of the device context `handle`, with the caching allocator on.
@@ -329,19 +352,10 @@ mod tests {
         assert_eq!(handle_a.raw(), handle_b.raw(), "one raw handle per segment");
         assert_eq!(ctx_a.bytes_allocated(), 2 * 3714);
 
-        *hook.slot.lock().unwrap() = Some(mine);
-        hook.armed.store(true, Ordering::SeqCst);
         let pyarrow = IpcMemHandle::from_bytes(&handle_b.to_bytes()[..72]).unwrap();
         // Offset 0 of the segment is `first`, which was never exported.
-        let opened = ctx_b.open_ipc_buffer(&pyarrow);
         assert_eq!(
-            opened.as_ref().err().map(crate::Error::kind),
-            Some(ErrorKind::InvalidIpcHandle),
-            "{opened:?}"
-        );
-        hook.armed.store(false, Ordering::SeqCst);
-        assert_eq!(
-            hook.drop_now_or_then(),
+            hook.refused_open_dropping(mine, || ctx_b.open_ipc_buffer(&pyarrow)),
             3714,
             "A's exported buffer, dropped while B opened a handle of its segment, is still \
              counted"
@@ -368,17 +382,8 @@ mod tests {
             }),
             ..handle_b.clone()
         };
-        *hook.slot.lock().unwrap() = Some(mine);
-        hook.armed.store(true, Ordering::SeqCst);
-        let opened = ctx_b.open_ipc_buffer(&forged);
         assert_eq!(
-            opened.as_ref().err().map(crate::Error::kind),
-            Some(ErrorKind::InvalidIpcHandle),
-            "{opened:?}"
-        );
-        hook.armed.store(false, Ordering::SeqCst);
-        assert_eq!(
-            hook.drop_now_or_then(),
+            hook.refused_open_dropping(mine, || ctx_b.open_ipc_buffer(&forged)),
             0,
             "A's dropped buffer is still counted"
         );
@@ -394,12 +399,7 @@ mod tests {
             }),
             ..handle_b.clone()
         };
-        let opened = ctx_b.open_ipc_buffer(&forged);
-        assert_eq!(
-            opened.as_ref().err().map(crate::Error::kind),
-            Some(ErrorKind::InvalidIpcHandle),
-            "{opened:?}"
-        );
+        assert_refused(&ctx_b.open_ipc_buffer(&forged));
         // The genuine handles still open their own memory.
         assert_eq!(
             ctx_b.open_ipc_buffer(&handle_b).unwrap().address(),
