@@ -11,6 +11,7 @@ use crate::config::SimConfig;
 use crate::context::new_context_handle;
 use crate::device::SimDevice;
 use crate::faults::{FaultOp, Faults};
+use crate::hook::{HookSlot, RecordHook};
 use crate::leak::LeakReport;
 use crate::race::RaceReport;
 use crate::streams::engine::Engine;
@@ -56,6 +57,8 @@ pub(crate) struct Shared {
     /// The primary context handle of each device.
     contexts: Vec<u64>,
     pub(crate) core: Arc<Core>,
+    /// The test hook run after each event record ([`SimBackend::set_record_hook`]).
+    pub(crate) record_hook: HookSlot,
 }
 
 impl Shared {
@@ -155,6 +158,7 @@ impl SimBackend {
             name: config.name.clone(),
             capacity: config.capacity_per_device,
             contexts: contexts.clone(),
+            record_hook: HookSlot::default(),
             core: Arc::new(Core {
                 state: Mutex::new(State {
                     table: Table::new(config.devices, config.capacity_per_device),
@@ -300,6 +304,33 @@ impl SimBackend {
     /// The data races detected so far (in [`RaceMode::Fail`] and [`RaceMode::Log`]).
     pub fn race_report(&self) -> RaceReport {
         self.inner.shared.lock().streams.race_report()
+    }
+
+    /// Sets (or with `None`, removes) a hook that runs on the recording thread right
+    /// after every event record of this instance (cudabuf records an internal event
+    /// after each operation it tracks on a stream), outside the instance's lock. A test
+    /// holds a thread there to force an interleaving of host threads, deterministically:
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// use cudabuf_sim::SimBackend;
+    ///
+    /// let sim = SimBackend::new();
+    /// let records = Arc::new(AtomicUsize::new(0));
+    /// let seen = records.clone();
+    /// sim.set_record_hook(Some(Arc::new(move |_| {
+    ///     seen.fetch_add(1, Ordering::SeqCst);
+    /// })));
+    /// let ctx = cudabuf_core::Backend::new(sim.clone()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// stream.copy_from_slice(&ctx.new_buffer(4)?, b"four")?; // the copy, then its event
+    /// assert_eq!(records.load(Ordering::SeqCst), 1);
+    /// sim.set_record_hook(None);
+    /// # Ok::<(), cudabuf_core::Error>(())
+    /// ```
+    pub fn set_record_hook(&self, hook: Option<RecordHook>) {
+        self.inner.shared.record_hook.set(hook);
     }
 
     /// Empties the [`race_report`](Self::race_report).

@@ -249,7 +249,13 @@ unsafe impl RawContext for SimContext {
 
     unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
         self.check_alive("event_record")?;
-        self.record_event(event, stream)
+        self.record_event(event, stream)?;
+        self.shared.record_hook.call(&crate::hook::Recorded {
+            event: event.as_raw(),
+            stream: stream.as_raw(),
+            device: self.device,
+        });
+        Ok(())
     }
 
     unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {

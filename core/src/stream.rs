@@ -7,6 +7,7 @@ use std::fmt;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::thread::ThreadId;
 
 use crate::allocator::StreamTag;
 use crate::backend::{same_implementation, RawEvent, RawStream, StreamFlags};
@@ -37,11 +38,22 @@ enum Held {
 /// An operation issued to the stream and the memory it uses.
 struct InFlight {
     /// Its place among the operations tracked by this `Stream` (given when it is pushed,
-    /// after it was issued): a synchronization that began after it was pushed covers it.
+    /// right after it was issued, under the stream's issue lock): a synchronization that
+    /// began after it was pushed covers it, and on one backend stream `seq` order is issue
+    /// order.
     seq: u64,
     /// Recorded on the stream right after the operation.
     done: RawEvent,
     held: Vec<Held>,
+    /// The issuing thread (what orders the per-thread default stream's operations: each
+    /// thread's go to a backend stream of its own).
+    thread: ThreadId,
+    /// Seen complete by cudabuf's bookkeeping and its memory let go, but kept as the
+    /// newest tracked operation (of its thread, on the per-thread default stream), so
+    /// that dropping the stream still waits for it. The drop is then a synchronization
+    /// with every operation tracked on the stream, whatever the bookkeeping happened to
+    /// see before (which depends on timing): a program's ordering never does.
+    settled: bool,
 }
 
 /// The stream itself: its handle, and its destruction once nothing can issue to it any
@@ -86,6 +98,14 @@ impl Drop for StreamHandle {
 struct StreamInner {
     handle: Arc<StreamHandle>,
     state: Mutex<StreamState>,
+    /// Held from issuing a tracked operation until it is in the in-flight list, so that
+    /// the list is in issue order: the drop waits for the newest operation only, which
+    /// covers the others only if it was issued last. (Without it, two threads sharing a
+    /// stream could push in the other order than they issued, and the drop would return
+    /// with the other thread's copy still queued, its staging buffer recycled or freed
+    /// under it.) Not taken on the per-thread default stream, where each thread's
+    /// operations go to a backend stream of its own.
+    issue: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -251,6 +271,7 @@ impl Stream {
             inner: Arc::new(StreamInner {
                 handle,
                 state: Mutex::new(StreamState::default()),
+                issue: Mutex::new(()),
             }),
         }
     }
@@ -481,6 +502,7 @@ impl Stream {
         }
         let mut staging = self.context().staging_buffer(src.len())?;
         staging.copy_from_slice(src);
+        let _issuing = self.issuing();
         let done = self.take_event()?;
         // SAFETY: `staging` is pinned and filled; the stream holds it (and `dst`) until
         // the copy is known complete, and nothing else references it.
@@ -545,6 +567,7 @@ impl Stream {
             self.context().recycle_staging_buffer(src.buffer);
             return Ok(());
         }
+        let _issuing = self.issuing();
         let done = match self.take_event() {
             Ok(done) => done,
             Err(e) => {
@@ -609,6 +632,7 @@ impl Stream {
         if src.is_empty() {
             return Ok(());
         }
+        let _issuing = self.issuing();
         let done = self.take_event()?;
         let raw = self.inner.handle.ctx.raw();
         let issued = if src_ctx.handle() == self.context().handle() {
@@ -672,6 +696,17 @@ impl Stream {
             .ordered_on()
             .is_some_and(|owner| Arc::ptr_eq(owner, &self.inner.handle));
         (!ours).then(|| Held::Device(buffer.clone()))
+    }
+
+    /// The issue lock (see `StreamInner::issue`), for issuing a tracked operation; none on
+    /// the per-thread default stream.
+    fn issuing(&self) -> Option<MutexGuard<'_, ()>> {
+        (!self.is_per_thread()).then(|| {
+            self.inner
+                .issue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        })
     }
 
     /// An internal event for tracking an operation: an idle one, or a new one.
@@ -747,10 +782,30 @@ impl Stream {
     fn finish_tracked(&self, issued: Result<()>, done: RawEvent, held: Vec<Held>) -> Result<()> {
         match self.record_done(issued, done) {
             Ok(()) => {
+                let thread = std::thread::current().id();
                 let mut state = self.state();
+                // A settled operation was kept only as the newest of its stream (or its
+                // thread's): this one, issued after it on the same backend stream, takes
+                // its place.
+                let per_thread = self.is_per_thread();
+                let mut freed = Vec::new();
+                state.in_flight.retain(|op| {
+                    let replaced = op.settled && (!per_thread || op.thread == thread);
+                    if replaced {
+                        freed.push(op.done);
+                    }
+                    !replaced
+                });
+                state.idle_events.extend(freed);
                 let seq = state.next_seq;
                 state.next_seq += 1;
-                state.in_flight.push_back(InFlight { seq, done, held });
+                state.in_flight.push_back(InFlight {
+                    seq,
+                    done,
+                    held,
+                    thread,
+                    settled: false,
+                });
                 Ok(())
             }
             Err(Untracked::Settled(e)) => {
@@ -794,16 +849,19 @@ impl Stream {
         }
     }
 
-    /// Let go of what completed operations held. Operations of one backend stream
-    /// complete in order, so the scan stops at the first one still running; those of
-    /// the per-thread default stream (one backend stream per issuing thread) do not, so
-    /// each is asked.
+    /// Let go of what completed operations held (cudabuf's bookkeeping: the user's
+    /// program learns nothing from it). Operations of one backend stream complete in
+    /// order, so the scan stops at the first one still running; those of the per-thread
+    /// default stream (one backend stream per issuing thread) do not, so each is asked.
+    /// The newest operation (of each thread, on the per-thread stream) keeps its place
+    /// in the list, settled, for the drop to wait for (see `InFlight::settled`).
     fn release_completed(&self) -> Result<()> {
         if self.is_per_thread() {
             let pending: Vec<(u64, RawEvent)> = self
                 .state()
                 .in_flight
                 .iter()
+                .filter(|op| !op.settled)
                 .map(|op| (op.seq, op.done))
                 .collect();
             let mut complete = Vec::new();
@@ -815,11 +873,34 @@ impl Stream {
                     complete.push(seq);
                 }
             }
-            self.release_where(|op| complete.contains(&op.seq));
+            let held = {
+                let mut state = self.state();
+                let newest: Vec<u64> = {
+                    let mut newest: Vec<(ThreadId, u64)> = Vec::new();
+                    for op in &state.in_flight {
+                        match newest.iter_mut().find(|(t, _)| *t == op.thread) {
+                            Some(n) => n.1 = n.1.max(op.seq),
+                            None => newest.push((op.thread, op.seq)),
+                        }
+                    }
+                    newest.into_iter().map(|(_, seq)| seq).collect()
+                };
+                settle(
+                    &mut state,
+                    |op| complete.contains(&op.seq),
+                    |op| newest.contains(&op.seq),
+                )
+            };
+            self.release(held);
             return Ok(());
         }
         loop {
-            let front = self.state().in_flight.front().map(|op| (op.seq, op.done));
+            let front = self
+                .state()
+                .in_flight
+                .front()
+                .filter(|op| !op.settled)
+                .map(|op| (op.seq, op.done));
             let Some((seq, done)) = front else {
                 return Ok(());
             };
@@ -830,19 +911,12 @@ impl Stream {
             // Another thread may have released it (and more) meanwhile: only the
             // operation that was asked about goes. The list is in `seq` order and loses
             // only prefixes on this path, so it is the front or gone.
-            let op = {
+            let held = {
                 let mut state = self.state();
-                if state.in_flight.front().is_some_and(|op| op.seq == seq) {
-                    let op = state.in_flight.pop_front();
-                    state.idle_events.extend(op.as_ref().map(|op| op.done));
-                    op
-                } else {
-                    None
-                }
+                let last = state.in_flight.len() == 1;
+                settle(&mut state, |op| op.seq == seq, |_| last)
             };
-            if let Some(op) = op {
-                self.release(op.held);
-            }
+            self.release(held);
         }
     }
 
@@ -883,6 +957,32 @@ impl Stream {
             }
         }
     }
+}
+
+/// Take the in-flight operations that `complete` says are done out of `state` (their
+/// events back to the idle list), except those that `keep` says are the newest, which stay
+/// settled; returns what they all held, to be let go outside the lock.
+fn settle(
+    state: &mut StreamState,
+    mut complete: impl FnMut(&InFlight) -> bool,
+    mut keep: impl FnMut(&InFlight) -> bool,
+) -> Vec<Held> {
+    let mut held = Vec::new();
+    let mut kept = VecDeque::with_capacity(state.in_flight.len());
+    for mut op in state.in_flight.drain(..) {
+        if op.settled || !complete(&op) {
+            kept.push_back(op);
+        } else if keep(&op) {
+            held.append(&mut op.held);
+            op.settled = true;
+            kept.push_back(op);
+        } else {
+            held.append(&mut op.held);
+            state.idle_events.push(op.done);
+        }
+    }
+    state.in_flight = kept;
+    held
 }
 
 impl Drop for StreamInner {
