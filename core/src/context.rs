@@ -424,14 +424,13 @@ impl Context {
             (None, Some((first, rest))) => Some((first, rest)),
             (None, None) => None,
         };
-        if block.is_some() {
-            // The block stays with the allocator for its next owner. Every use of it by
-            // others than the streams it is freed on is known complete (operations on
-            // other streams held the buffer until they were seen done; the synchronous
-            // API's are done when they return): nothing the user's program did orders
-            // that next owner after them.
-            self.inner.raw.retire_accesses(address, size);
-        }
+        // Every use of the memory by others than the streams it is freed on is known
+        // complete (operations on other streams held the buffer until cudabuf saw them
+        // done; the synchronous API's are done when they return), but nothing the user's
+        // program did orders what comes next after them: a cached block's next owner, or
+        // the free of an exact allocation (a write of all of it, to a race detector).
+        // Work cudabuf does not track is not retired, and still races.
+        self.inner.raw.retire_accesses(address, size);
         if let Some((on, after)) = ordered {
             self.release_in_stream_order(address, size, block, on, after);
         } else {

@@ -52,7 +52,8 @@ impl SimContext {
             .core
             .progress_until(guard, |e| e.target_done(&target))?;
         guard.streams.learn(&target);
-        guard.streams.take_deferred(self.device)
+        guard.streams.take_deferred(self.device)?;
+        guard.streams.take_unreported_race(self.device)
     }
 
     /// Lets the device progress as a query does, then says whether `target` is done. If
@@ -64,6 +65,9 @@ impl SimContext {
         };
         state.streams.advance(&state.table);
         state.streams.take_deferred(self.device)?;
+        if by_program {
+            state.streams.take_unreported_race(self.device)?;
+        }
         let done = state.streams.target_done(&target);
         if done && by_program {
             state.streams.learn(&target);
@@ -331,9 +335,13 @@ impl SimContext {
         }
         let key = state.streams.resolve_stream(CALL, self.device, stream)?;
         let accesses = [Access::write(at, len)];
-        state
-            .streams
-            .issue(key, OpWhat::FreeOnStream, Work::Marker, &accesses, 0, None)?;
+        if let Err(e) =
+            state
+                .streams
+                .issue(key, OpWhat::FreeOnStream, Work::Marker, &accesses, 0, None)
+        {
+            return Err(state.streams.defer_race(self.device, e));
+        }
         self.shared.core.kick(state);
         Ok(())
     }
@@ -447,7 +455,9 @@ impl SimContext {
         let state = &mut *guard;
         let region = find(&state.table);
         if let Some(r) = region {
-            state.streams.check_release(r, what)?;
+            if let Err(e) = state.streams.check_release(r, what) {
+                return Err(state.streams.defer_race(self.device, e));
+            }
         }
         release(&mut state.table)?;
         if let Some(r) = region {

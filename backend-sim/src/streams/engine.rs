@@ -133,6 +133,10 @@ pub(crate) struct Engine {
     /// order.
     idle_per_thread: HashMap<(usize, ThreadId), Epoch>,
     retired: Vec<Retired>,
+    /// Per device: what every stream that is gone (destroyed and drained), blocking or
+    /// not, leaves behind: a context synchronization is ordered after its work, as
+    /// `cuCtxSynchronize` waits for all of it.
+    drained: Vec<Retired>,
     events: HashMap<u64, EventState>,
     gone_streams: Tombstones,
     gone_events: Tombstones,
@@ -151,6 +155,12 @@ pub(crate) struct Engine {
     /// Per device: the first failure of an operation that could not run, reported by
     /// the next synchronization or query.
     deferred: Vec<Option<Error>>,
+    /// Per device, in [`RaceMode::Fail`]: the first race found in a call whose error
+    /// nobody sees (a release: `free`, `free_host`, `ipc_close`, `mark_free_on`, which
+    /// cudabuf makes from a `Drop`), failing the next call of the program on that device
+    /// that can return an error (an operation issued to a stream, a synchronization, a
+    /// query), so that a test in `fail` mode cannot pass although a race was found.
+    unreported_races: Vec<Option<Error>>,
     trace: Trace,
     pub(crate) race: RaceDetector,
     pub(crate) worker: Worker,
@@ -173,6 +183,7 @@ impl Engine {
             per_thread: HashMap::new(),
             idle_per_thread: HashMap::new(),
             retired: (0..devices).map(|_| Retired::default()).collect(),
+            drained: (0..devices).map(|_| Retired::default()).collect(),
             events: HashMap::new(),
             gone_streams: Tombstones::default(),
             gone_events: Tombstones::default(),
@@ -182,6 +193,7 @@ impl Engine {
             host_time_ns: 0,
             next_seq: 0,
             deferred: vec![None; devices],
+            unreported_races: vec![None; devices],
             trace: Trace::default(),
             race: RaceDetector::new(settings.races),
             worker: Worker::Idle,
@@ -481,11 +493,15 @@ impl Engine {
     /// Removes a destroyed, drained stream (its operations are all done).
     fn retire(&mut self, key: StreamKey) {
         if let Some(s) = self.streams.remove(&key) {
-            if s.desc.blocking() {
-                let r = &mut self.retired[s.desc.device];
+            let device = s.desc.device;
+            let into = |r: &mut Retired| {
                 r.vc.join(&s.vc);
                 r.end_ns = r.end_ns.max(s.last_end_ns);
+            };
+            if s.desc.blocking() {
+                into(&mut self.retired[device]);
             }
+            into(&mut self.drained[device]);
         }
     }
 
@@ -565,6 +581,10 @@ impl Engine {
         cost_ns: u64,
         wait: Option<&Recorded>,
     ) -> Result<Issued> {
+        if what != OpWhat::FreeOnStream {
+            let device = self.streams[&stream].desc.device;
+            self.take_unreported_race(device)?;
+        }
         let (thread, thread_actor, thread_tick, thread_desc) = self.host_thread();
         let s = &self.streams[&stream];
         let device = s.desc.device;
@@ -879,7 +899,7 @@ impl Engine {
 
     /// Everything issued to every stream of `device` so far.
     pub(crate) fn device_target(&self, device: usize) -> Target {
-        let r = &self.retired[device];
+        let r = &self.drained[device];
         let mut target = Target {
             ops: Vec::new(),
             vc: r.vc.clone(),
@@ -926,6 +946,41 @@ impl Engine {
     /// The first failure of an operation of `device` that could not run, once.
     pub(crate) fn take_deferred(&mut self, device: usize) -> Result<()> {
         self.deferred[device].take().map_or(Ok(()), Err)
+    }
+
+    /// Keeps `error` (from a release on `device`) if it is a race found in
+    /// [`RaceMode::Fail`], for the next call of the program on that device
+    /// (`take_unreported_race`); returns it.
+    pub(crate) fn defer_race(&mut self, device: usize, error: Error) -> Error {
+        if self.race.mode() != RaceMode::Fail {
+            return error;
+        }
+        if let Error::DataRace {
+            operation,
+            conflicting,
+            range,
+        } = &error
+        {
+            if let Some(slot @ None) = self.unreported_races.get_mut(device) {
+                *slot = Some(Error::DataRace {
+                    operation: format!(
+                        "{operation} (found when cudabuf released the memory, where no caller \
+                         sees an error; reported by the next call on this device)"
+                    ),
+                    conflicting: conflicting.clone(),
+                    range: range.clone(),
+                });
+            }
+        }
+        error
+    }
+
+    /// The race found in a release on `device` that no call has reported yet, once.
+    pub(crate) fn take_unreported_race(&mut self, device: usize) -> Result<()> {
+        self.unreported_races
+            .get_mut(device)
+            .and_then(Option::take)
+            .map_or(Ok(()), Err)
     }
 
     /// `cuEventElapsedTime` (after letting the device progress as a query does).
