@@ -26,10 +26,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 
+mod call;
 mod handles;
 #[cfg(feature = "mock")]
 mod mock;
 
+pub(crate) use call::enter as enter_call;
+pub use call::{current_call, ApiCall};
 pub use handles::{RawEvent, RawStream, StreamFlags};
 #[cfg(feature = "mock")]
 pub use mock::{MockExpectations, MockRawContext, MOCK_HANDLE_TAG};

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::backend::{enter_call, ApiCall};
 use crate::backend::{same_implementation, DevicePtr};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -242,7 +243,11 @@ impl DeviceBuffer {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if `position > size` or `position + nbytes > size`.
+    #[track_caller]
     pub fn copy_to_host(&self, position: usize, nbytes: Option<usize>) -> Result<Vec<u8>> {
+        let _call = enter_call(
+            ApiCall::here("DeviceBuffer::copy_to_host").with_buffer(self.address(), self.size()),
+        );
         self.check_range("copy_to_host", position, 0)?;
         let nbytes = nbytes.unwrap_or(self.size - position);
         self.check_range("copy_to_host", position, nbytes)?;
@@ -261,12 +266,17 @@ impl DeviceBuffer {
     /// # Errors
     /// [`Error::OutOfRange`] if `position > size`, if `position + nbytes > size`
     /// ("device buffer"), or if `nbytes > dst.len()` ("host buffer").
+    #[track_caller]
     pub fn copy_to_host_into(
         &self,
         position: usize,
         dst: &mut [u8],
         nbytes: Option<usize>,
     ) -> Result<usize> {
+        let _call = enter_call(
+            ApiCall::here("DeviceBuffer::copy_to_host_into")
+                .with_buffer(self.address(), self.size()),
+        );
         self.check_range("copy_to_host", position, 0)?;
         let available = self.size - position;
         let nbytes = match nbytes {
@@ -288,7 +298,11 @@ impl DeviceBuffer {
     }
 
     /// The whole buffer as a host vector.
+    #[track_caller]
     pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let _call = enter_call(
+            ApiCall::here("DeviceBuffer::to_vec").with_buffer(self.address(), self.size()),
+        );
         self.copy_to_host(0, None)
     }
 
@@ -313,12 +327,16 @@ impl DeviceBuffer {
     /// # Errors
     /// [`Error::SourceTooShort`] if `nbytes > data.len()` ("available from host buffer");
     /// [`Error::OutOfRange`] if `position + nbytes > size` ("available in device buffer").
+    #[track_caller]
     pub fn copy_from_host(
         &self,
         data: &[u8],
         position: usize,
         nbytes: Option<usize>,
     ) -> Result<usize> {
+        let _call = enter_call(
+            ApiCall::here("DeviceBuffer::copy_from_host").with_buffer(self.address(), self.size()),
+        );
         let nbytes = nbytes.unwrap_or(data.len());
         if nbytes > data.len() {
             return Err(Error::SourceTooShort {
@@ -355,12 +373,17 @@ impl DeviceBuffer {
     /// [`Error::SourceTooShort`] if `nbytes > src.size()` ("available from device buffer");
     /// [`Error::OutOfRange`] if `position + nbytes > size` ("available in device buffer");
     /// [`Error::InvalidArgument`] if `src` belongs to another backend.
+    #[track_caller]
     pub fn copy_from_device(
         &self,
         src: &DeviceBuffer,
         position: usize,
         nbytes: Option<usize>,
     ) -> Result<usize> {
+        let _call = enter_call(
+            ApiCall::here("DeviceBuffer::copy_from_device")
+                .with_buffer(self.address(), self.size()),
+        );
         let nbytes = nbytes.unwrap_or(src.size);
         if nbytes > src.size {
             return Err(Error::SourceTooShort {

@@ -120,14 +120,17 @@ pub enum Error {
     /// stream order, event wait or host synchronization between them), at least one of
     /// them writing: a data race, found by the simulator's race detector at the moment
     /// the second operation is issued.
-    #[error("data race on {range}: {operation} is not ordered after {conflicting}")]
+    #[error("data race on {range}: {operation} is not ordered after {conflicting}. {hint}")]
     DataRace {
-        /// The operation being issued: what it does, on which stream, from which thread.
+        /// The operation being issued: the public call and where it was made, what it
+        /// does, on which stream, from which thread.
         operation: String,
         /// The earlier operation it conflicts with, not known to be complete.
         conflicting: String,
         /// The bytes both touch: which buffer, which range.
         range: String,
+        /// What would order the two (a wait for an event, a synchronization).
+        hint: String,
     },
     /// Asked for a result that is not available yet (the elapsed time between events
     /// that have not both completed).

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::{enter_call, ApiCall};
 use crate::backend::{same_implementation, RawEvent};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -157,7 +158,9 @@ impl Event {
     /// # Errors
     /// [`Error::InvalidArgument`] for a stream of another backend or another context
     /// (record an event made by the stream's own context); the driver's failure.
+    #[track_caller]
     pub fn record(&self, stream: &Stream) -> Result<()> {
+        let _call = enter_call(ApiCall::here("Event::record"));
         self.check_context(stream.context(), "Event::record")?;
         // SAFETY: the event is alive (owned, or by `wrap_event`'s contract); the stream
         // is live (a `Stream` keeps its own alive; default and foreign streams are live by
@@ -175,7 +178,9 @@ impl Event {
     ///
     /// # Errors
     /// The driver's failure.
+    #[track_caller]
     pub fn query(&self) -> Result<bool> {
+        let _call = enter_call(ApiCall::here("Event::query"));
         // SAFETY: the event is alive (see `record`).
         unsafe { self.inner.ctx.raw().event_query(self.inner.raw) }
     }
@@ -185,7 +190,9 @@ impl Event {
     ///
     /// # Errors
     /// The driver's failure (an asynchronous copy's error shows here).
+    #[track_caller]
     pub fn synchronize(&self) -> Result<()> {
+        let _call = enter_call(ApiCall::here("Event::synchronize"));
         // SAFETY: the event is alive (see `record`).
         unsafe { self.inner.ctx.raw().event_synchronize(self.inner.raw) }
     }

@@ -224,6 +224,10 @@ impl Drop for Memory {
             crate::ipc::forget_export(*id);
         }
         let (ctx, address, size) = (self.ctx.clone(), self.address, self.size);
+        let _call = crate::backend::enter_call(
+            crate::backend::ApiCall::dropping("dropping the last handle of a DeviceBuffer")
+                .with_buffer(address, size),
+        );
         self.kind.release(&ctx, address, size);
     }
 }

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::ThreadId;
 
 use crate::allocator::StreamTag;
+use crate::backend::{enter_call, ApiCall};
 use crate::backend::{same_implementation, RawEvent, RawStream, StreamFlags};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
@@ -190,7 +191,9 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::Unsupported`] on a backend without streams; the driver's failure.
+    #[track_caller]
     pub fn new_stream(&self) -> Result<Stream> {
+        let _call = enter_call(ApiCall::here("Context::new_stream"));
         self.new_stream_with(StreamFlags::default())
     }
 
@@ -200,7 +203,9 @@ impl Context {
     ///
     /// # Errors
     /// As [`new_stream`](Self::new_stream).
+    #[track_caller]
     pub fn new_stream_with(&self, flags: StreamFlags) -> Result<Stream> {
+        let _call = enter_call(ApiCall::here("Context::new_stream_with"));
         let raw = self.raw().stream_create(flags)?;
         Ok(Stream::from_parts(self, raw, flags, StreamKind::Owned))
     }
@@ -322,7 +327,9 @@ impl Stream {
     ///
     /// # Errors
     /// The driver's failure (an asynchronous copy's error shows here).
+    #[track_caller]
     pub fn synchronize(&self) -> Result<()> {
+        let _call = enter_call(ApiCall::here("Stream::synchronize"));
         // Operations pushed from here on may have been issued after the wait began (by
         // another thread sharing this stream): they are not covered by it.
         let covered = self.state().next_seq;
@@ -340,7 +347,9 @@ impl Stream {
     ///
     /// # Errors
     /// The driver's failure.
+    #[track_caller]
     pub fn query(&self) -> Result<bool> {
+        let _call = enter_call(ApiCall::here("Stream::query"));
         let covered = self.state().next_seq;
         // SAFETY: as in `synchronize`.
         let done = unsafe {
@@ -372,7 +381,9 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an event of another backend; the driver's failure.
+    #[track_caller]
     pub fn wait_event(&self, event: &Event) -> Result<()> {
+        let _call = enter_call(ApiCall::here("Stream::wait_event"));
         event.check_backend(self.context(), "Stream::wait_event")?;
         // SAFETY: the stream is live (see `synchronize`) and so is the event (`Event`
         // keeps it alive, or `wrap_event`'s contract does).
@@ -389,7 +400,9 @@ impl Stream {
     ///
     /// # Errors
     /// As [`Context::new_event`] and [`Event::record`].
+    #[track_caller]
     pub fn record_event(&self) -> Result<Event> {
+        let _call = enter_call(ApiCall::here("Stream::record_event"));
         let event = self.context().new_event()?;
         event.record(self)?;
         Ok(event)
@@ -404,11 +417,15 @@ impl Stream {
     /// [`Error::OutOfRange`] if `dst` is smaller than `src`;
     /// [`Error::InvalidArgument`] if `dst` is not memory of this stream's context; the
     /// driver's failure. On error the host buffer is dropped.
+    #[track_caller]
     pub fn copy_from_host(
         &self,
         dst: &DeviceBuffer,
         src: impl Into<HostRange>,
     ) -> Result<Transfer> {
+        let _call = enter_call(
+            ApiCall::here("Stream::copy_from_host").with_buffer(dst.address(), dst.size()),
+        );
         let src = src.into();
         self.check_buffer(dst, "Stream::copy_from_host")?;
         if src.len > dst.size() {
@@ -448,7 +465,11 @@ impl Stream {
     /// # Errors
     /// [`Error::OutOfRange`] if `dst` is smaller than `src`; as
     /// [`copy_from_host`](Self::copy_from_host).
+    #[track_caller]
     pub fn copy_to_host(&self, src: &DeviceBuffer, dst: impl Into<HostRange>) -> Result<Transfer> {
+        let _call = enter_call(
+            ApiCall::here("Stream::copy_to_host").with_buffer(src.address(), src.size()),
+        );
         let dst = dst.into();
         self.check_buffer(src, "Stream::copy_to_host")?;
         if src.size() > dst.len {
@@ -485,7 +506,11 @@ impl Stream {
     /// # Errors
     /// [`Error::OutOfRange`] if `dst` is smaller than `src`; as
     /// [`copy_from_host`](Self::copy_from_host), and the pinned allocation.
+    #[track_caller]
     pub fn copy_from_slice(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<()> {
+        let _call = enter_call(
+            ApiCall::here("Stream::copy_from_slice").with_buffer(dst.address(), dst.size()),
+        );
         self.check_buffer(dst, "Stream::copy_from_slice")?;
         if src.len() > dst.size() {
             return Err(Error::out_of_range(
@@ -543,7 +568,11 @@ impl Stream {
     ///
     /// # Errors
     /// As [`copy_from_host`](Self::copy_from_host). On error the buffer is recycled.
+    #[track_caller]
     pub fn copy_from_staging(&self, dst: &DeviceBuffer, src: impl Into<HostRange>) -> Result<()> {
+        let _call = enter_call(
+            ApiCall::here("Stream::copy_from_staging").with_buffer(dst.address(), dst.size()),
+        );
         let src = src.into();
         let checked = self
             .check_buffer(dst, "Stream::copy_from_staging")
@@ -603,7 +632,13 @@ impl Stream {
     /// [`Error::OutOfRange`] if `dst` is smaller than `src`; [`Error::InvalidArgument`]
     /// if `dst` is not memory of this stream's context or `src` is of another backend;
     /// the driver's failure.
+    #[track_caller]
     pub fn copy_device(&self, dst: &DeviceBuffer, src: &DeviceBuffer) -> Result<()> {
+        let _call = enter_call(
+            ApiCall::here("Stream::copy_device")
+                .with_buffer(dst.address(), dst.size())
+                .with_buffer(src.address(), src.size()),
+        );
         self.check_buffer(dst, "Stream::copy_device")?;
         let src_ctx = src.context();
         if src_ctx.backend_kind() != self.context().backend_kind()

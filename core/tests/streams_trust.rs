@@ -398,3 +398,41 @@ fn a_race_found_at_a_free_fails_the_next_synchronize() {
         stream.synchronize().unwrap();
     }
 }
+
+// ---- Reports in the user's words ------------------------------------------------------
+
+/// A race report names the public calls and where they were made, the stream as the
+/// user made it, the bytes in the user's buffer (a block inside a cached segment here,
+/// not the segment), and what would order the two.
+#[test]
+fn a_race_report_names_the_calls_their_sites_the_users_buffer_and_a_fix() {
+    let sim = sim(Schedule::Deterministic, 0);
+    let ctx = context(&sim);
+    ctx.set_allocator_cache_limit(64 << 20);
+    let _before = ctx.new_buffer(1024).unwrap();
+    let buf = ctx.new_buffer(256).unwrap();
+    let file = file!();
+    let (stream, made) = (non_blocking(&ctx), line!());
+    let (issued, copy) = (stream.copy_from_slice(&buf, &[1; 256]), line!());
+    issued.unwrap();
+    let (read, read_at) = (buf.to_vec(), line!());
+    let text = read.unwrap_err().to_string();
+    let _ = made;
+    for words in [
+        format!("`DeviceBuffer::to_vec` at {file}:{read_at}:"),
+        format!("`Stream::copy_from_slice` at {file}:{copy}:"),
+        format!(
+            "bytes 0..256 of the 256-byte buffer at {:#x}",
+            buf.address()
+        ),
+        "made at ".to_string(),
+        "To fix: synchronize non-blocking stream".to_string(),
+        "Stream::synchronize".to_string(),
+    ] {
+        assert!(
+            text.contains(&words),
+            "the report should say {words:?}:\n{text}"
+        );
+    }
+    stream.synchronize().unwrap();
+}

@@ -105,6 +105,7 @@ fn parts(e: &Error) -> (&str, &str, &str) {
             operation,
             conflicting,
             range,
+            ..
         } => (operation, conflicting, range),
         other => panic!("not a data race: {other}"),
     }

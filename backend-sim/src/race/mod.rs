@@ -24,7 +24,7 @@ pub(crate) use shadow::Accessor;
 
 use crate::region::RegionKind;
 use crate::streams::clock::VectorClock;
-use crate::streams::label::OpLabel;
+use crate::streams::label::{OpLabel, OpWhat};
 use crate::streams::settings::RaceMode;
 use crate::table::{Located, RegionInfo};
 use shadow::{Conflict, Shadow};
@@ -77,8 +77,30 @@ pub(crate) struct RaceDetector {
     report: RaceReport,
 }
 
-/// Words for `start..end` of `region`.
-fn describe_range(region: &RegionInfo, start: usize, end: usize) -> String {
+/// Words for `start..end` of `region`, in the user's buffer named by `buffer` (the
+/// buffer of a public call that holds the range) when it is not the whole allocation (a
+/// block of the caching allocator's segment, a slice).
+fn describe_range(
+    region: &RegionInfo,
+    start: usize,
+    end: usize,
+    buffer: Option<(u64, usize)>,
+) -> String {
+    let whole = describe_allocation_range(region, start, end);
+    match buffer {
+        Some((base, size)) if (base, size) != (region.base, region.size) => {
+            let at = region.base + start as u64 - base;
+            format!(
+                "bytes {at}..{} of the {size}-byte buffer at {base:#x} ({whole})",
+                at + (end - start) as u64
+            )
+        }
+        _ => whole,
+    }
+}
+
+/// Words for `start..end` of `region` itself.
+fn describe_allocation_range(region: &RegionInfo, start: usize, end: usize) -> String {
     let bytes = format!(
         "bytes {start}..{end} (device addresses {:#x}..{:#x})",
         region.base + start as u64,
@@ -97,6 +119,50 @@ fn describe_range(region: &RegionInfo, start: usize, end: usize) -> String {
         RegionKind::IpcMapping => format!(
             "{bytes} of the {}-byte IPC mapping at {:#x} on device {}",
             region.size, region.base, region.device
+        ),
+    }
+}
+
+/// What would order `later` after `earlier`, in the words of cudabuf's public API.
+fn hint(later: &OpLabel, earlier: &OpLabel) -> String {
+    let Some(theirs) = &earlier.stream else {
+        return "Order the two: the earlier host action must be done before the later \
+                operation is issued."
+            .into();
+    };
+    let non_blocking = if theirs.blocking() || theirs.is_legacy() {
+        ""
+    } else {
+        " (a non-blocking stream is not ordered with the legacy default stream, where the \
+         synchronous API runs)"
+    };
+    if earlier.what == OpWhat::FreeOnStream {
+        return format!(
+            "The memory was freed in stream order on {theirs}: use it again only on that \
+             stream, or after an event recorded there after the free (Stream::record_event, \
+             then Stream::wait_event on the stream that uses it)."
+        );
+    }
+    match &later.stream {
+        Some(ours) if !ours.is_legacy() => format!(
+            "To fix: record an event on {theirs} after the earlier operation \
+             (Stream::record_event) and make {ours} wait for it (Stream::wait_event) before \
+             this call, or synchronize {theirs} (Stream::synchronize) first."
+        ),
+        _ if matches!(
+            later.what,
+            OpWhat::Free | OpWhat::FreeHost | OpWhat::IpcClose
+        ) =>
+        {
+            format!(
+                "To fix: keep the memory until the work on {theirs} is done: synchronize it \
+                 (Stream::synchronize, or Event::synchronize on an event recorded after the \
+                 operation) before the last handle goes{non_blocking}."
+            )
+        }
+        _ => format!(
+            "To fix: synchronize {theirs} (Stream::synchronize, or Event::synchronize on an \
+             event recorded after the earlier operation) before this call{non_blocking}."
         ),
     }
 }
@@ -140,10 +206,16 @@ impl RaceDetector {
                 start,
                 end,
             } = shadow.conflict(a.at.offset, a.end(), a.write, vc)?;
+            let address = a.at.region.base + start as u64;
+            let buffer = [label.api, earlier.label.api]
+                .iter()
+                .flatten()
+                .find_map(|api| api.buffer_holding(address, end - start));
             Some(RaceRecord {
                 operation: format!("{} by {label}", verb(a.write)),
                 conflicting: format!("{} by {}", verb(earlier_wrote), earlier.label),
-                range: describe_range(&a.at.region, start, end),
+                range: describe_range(&a.at.region, start, end, buffer),
+                hint: hint(label, &earlier.label),
             })
         })
     }

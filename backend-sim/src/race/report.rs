@@ -13,8 +13,11 @@ pub struct RaceRecord {
     pub operation: String,
     /// The earlier operation it is not ordered after.
     pub conflicting: String,
-    /// The bytes: which allocation (device, base, size) and which range.
+    /// The bytes: which buffer and which range of it, and the allocation it lies in.
     pub range: String,
+    /// What would order the two operations.
+    #[serde(default)]
+    pub hint: String,
 }
 
 impl RaceRecord {
@@ -24,6 +27,7 @@ impl RaceRecord {
             operation: self.operation.clone(),
             conflicting: self.conflicting.clone(),
             range: self.range.clone(),
+            hint: self.hint.clone(),
         }
     }
 }
@@ -100,6 +104,7 @@ mod tests {
             operation: "read by B".into(),
             conflicting: "write by A".into(),
             range: "bytes 0..4".into(),
+            hint: "Wait.".into(),
         };
         assert_eq!(record.to_error().kind(), ErrorKind::DataRace);
         for _ in 0..RaceReport::CAPACITY + 2 {

@@ -203,6 +203,7 @@ mod tests {
                 what: OpWhat::D2dAsync,
                 stream: None,
                 thread: Arc::new(ThreadDesc::current()),
+                api: None,
             }),
         }
     }

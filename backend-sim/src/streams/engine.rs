@@ -267,7 +267,18 @@ impl Engine {
         from: Epoch,
     ) {
         let raw = special.map_or(key, RawStream::as_raw);
-        let desc = Arc::new(StreamDesc { raw, kind, device });
+        let created = match kind {
+            StreamKind::Created { .. } => {
+                cudabuf_core::backend::current_call().and_then(|c| c.location)
+            }
+            _ => None,
+        };
+        let desc = Arc::new(StreamDesc {
+            raw,
+            kind,
+            device,
+            created,
+        });
         let mut state = StreamState::new(desc, from.actor);
         state.vc.learn(from);
         self.streams.insert(key, state);
@@ -627,6 +638,7 @@ impl Engine {
             what,
             stream: Some(s.desc.clone()),
             thread: thread_desc,
+            api: cudabuf_core::backend::current_call(),
         });
         if let Some(race) = self.race.check(accesses, &vc, &label) {
             self.race.judge(race)?;
@@ -687,6 +699,7 @@ impl Engine {
             what,
             stream: None,
             thread: desc,
+            api: cudabuf_core::backend::current_call(),
         };
         if let Some(race) = self.race.check(&[Access::whole(region)], &vc, &label) {
             self.race.judge(race)?;
@@ -959,6 +972,7 @@ impl Engine {
             operation,
             conflicting,
             range,
+            hint,
         } = &error
         {
             if let Some(slot @ None) = self.unreported_races.get_mut(device) {
@@ -969,6 +983,7 @@ impl Engine {
                     ),
                     conflicting: conflicting.clone(),
                     range: range.clone(),
+                    hint: hint.clone(),
                 });
             }
         }

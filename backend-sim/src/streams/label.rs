@@ -1,10 +1,11 @@
 //! Words for operations, streams and threads, as race reports and traces name them.
 
 use std::fmt;
+use std::panic::Location;
 use std::sync::Arc;
 use std::thread::ThreadId;
 
-use cudabuf_core::backend::RawStream;
+use cudabuf_core::backend::{ApiCall, RawStream};
 
 /// A host thread, as messages name it.
 #[derive(Debug)]
@@ -51,6 +52,8 @@ pub(crate) struct StreamDesc {
     pub(crate) raw: u64,
     pub(crate) kind: StreamKind,
     pub(crate) device: usize,
+    /// Where the user made it (`Context::new_stream` and friends), if through cudabuf.
+    pub(crate) created: Option<&'static Location<'static>>,
 }
 
 impl StreamDesc {
@@ -93,17 +96,22 @@ impl fmt::Display for StreamDesc {
             StreamKind::Created {
                 non_blocking,
                 priority,
-            } => write!(
-                f,
-                "{} stream {:#x} (priority {priority}) of device {}",
-                if *non_blocking {
-                    "non-blocking"
-                } else {
-                    "blocking"
-                },
-                self.raw,
-                self.device
-            ),
+            } => {
+                write!(
+                    f,
+                    "{} stream {:#x} (priority {priority}",
+                    if *non_blocking {
+                        "non-blocking"
+                    } else {
+                        "blocking"
+                    },
+                    self.raw,
+                )?;
+                if let Some(at) = self.created {
+                    write!(f, ", made at {at}")?;
+                }
+                write!(f, ") of device {}", self.device)
+            }
         }
     }
 }
@@ -186,10 +194,15 @@ pub(crate) struct OpLabel {
     /// The stream it was issued to; `None` for host actions.
     pub(crate) stream: Option<Arc<StreamDesc>>,
     pub(crate) thread: Arc<ThreadDesc>,
+    /// The public call of cudabuf it comes from (`cudabuf_core::backend::current_call`).
+    pub(crate) api: Option<ApiCall>,
 }
 
 impl fmt::Display for OpLabel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(api) = &self.api {
+            write!(f, "{api}: ")?;
+        }
         write!(f, "{} #{}", self.what.words(), self.seq)?;
         match &self.stream {
             Some(stream) => write!(f, " on {stream}, issued by {}", self.thread),
@@ -215,6 +228,7 @@ mod tests {
                 priority: -2,
             },
             device: 1,
+            created: None,
         });
         assert!(!stream.blocking());
         let label = OpLabel {
@@ -222,6 +236,7 @@ mod tests {
             what: OpWhat::H2dAsync,
             stream: Some(stream),
             thread: thread.clone(),
+            api: None,
         };
         let text = label.to_string();
         assert!(
@@ -235,6 +250,7 @@ mod tests {
             raw: 1,
             kind: StreamKind::Legacy,
             device: 0,
+            created: None,
         };
         assert!(legacy.is_legacy() && !legacy.blocking());
         assert_eq!(
@@ -246,6 +262,7 @@ mod tests {
             what: OpWhat::Free,
             stream: None,
             thread,
+            api: None,
         };
         assert!(free.to_string().starts_with("free #9 by thread 'main'"));
     }

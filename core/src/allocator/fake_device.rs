@@ -386,6 +386,7 @@ unsafe impl RawContext for FakeDevice {
                 operation: "the fake's free".into(),
                 conflicting: "a use on another stream".into(),
                 range: format!("{len} bytes at {ptr:#x}"),
+                hint: "(the fake refuses every stream-ordered free)".into(),
             });
         }
         let inside = st
