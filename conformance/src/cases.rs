@@ -118,6 +118,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     // streams under hostile use
     streams_hostile::per_thread_stream_shared_by_threads_keeps_each_threads_staging,
     streams_hostile::stream_synchronized_by_another_thread_keeps_later_work,
+    streams_hostile::stream_shared_by_threads_last_drop_waits_for_every_upload,
     streams_hostile::transfer_outlives_its_stream,
     streams_hostile::forgotten_transfer_leaks_only_what_it_owns,
     streams_hostile::stream_waits_for_an_event_of_another_device,

@@ -108,6 +108,83 @@ pub(crate) fn stream_synchronized_by_another_thread_keeps_later_work(f: &Fixture
     Ok(())
 }
 
+/// Threads share one stream: each uploads (pageable, through pooled staging memory) and
+/// drops its clone, at once; whichever clone goes last waits for the work issued
+/// through the stream, so when every thread is done no upload may still be queued. The
+/// pooled staging buffers are then written over (what their next owner does): an upload
+/// still queued would land those bytes. Round after round
+/// (`CUDABUF_STRESS_ROUNDS`, default 200), with the staging pool on and off (then a
+/// staging buffer freed under a queued copy is a free under a DMA on CUDA, a race on the
+/// simulator).
+pub(crate) fn stream_shared_by_threads_last_drop_waits_for_every_upload(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    require_streams(&ctx, f)?;
+    const THREADS: usize = 4;
+    const LEN: usize = 256 << 10;
+    let rounds: usize = std::env::var("CUDABUF_STRESS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let buffers: Vec<_> = (0..THREADS).map(|_| ctx.new_buffer(LEN).unwrap()).collect();
+    let start = Arc::new(Barrier::new(THREADS + 1));
+    let end = Arc::new(Barrier::new(THREADS + 1));
+    let inboxes: Vec<_> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, buf)| {
+            let (tx, rx) = std::sync::mpsc::channel::<Option<(cudabuf_core::Stream, u8)>>();
+            let (buf, start, end) = (buf.clone(), start.clone(), end.clone());
+            let worker = thread::spawn(move || {
+                while let Ok(Some((stream, round))) = rx.recv() {
+                    start.wait();
+                    let bytes = pattern(LEN, round.wrapping_add(i as u8 * 61));
+                    stream.copy_from_slice(&buf, &bytes).expect("upload");
+                    drop(stream);
+                    end.wait();
+                }
+            });
+            (tx, worker)
+        })
+        .collect();
+    for pooled in [true, false] {
+        ctx.set_staging_pool_limit(if pooled { 64 << 20 } else { 0 });
+        for round in 0..rounds {
+            let stream = non_blocking(&ctx);
+            for (tx, _) in &inboxes {
+                tx.send(Some((stream.clone(), round as u8))).unwrap();
+            }
+            drop(stream);
+            start.wait();
+            end.wait();
+            // Every clone is gone. Whatever the pool holds is anybody's now.
+            let taken: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    let mut s = ctx.staging_buffer(LEN).expect("staging buffer");
+                    s[..LEN].fill(0xEE);
+                    s
+                })
+                .collect();
+            taken
+                .into_iter()
+                .for_each(|s| ctx.recycle_staging_buffer(s));
+            ctx.synchronize().expect("synchronize");
+            for (i, buf) in buffers.iter().enumerate() {
+                assert!(
+                    contents(buf) == pattern(LEN, (round as u8).wrapping_add(i as u8 * 61)),
+                    "round {round} (staging pool {}): thread {i}'s upload was still queued \
+                     when the stream's last clone went",
+                    if pooled { "on" } else { "off" }
+                );
+            }
+        }
+    }
+    for (tx, worker) in inboxes {
+        tx.send(None).unwrap();
+        worker.join().unwrap();
+    }
+    Ok(())
+}
+
 /// A transfer may outlive every clone of its stream: it still waits and gives the bytes
 /// back, and nothing stays allocated.
 pub(crate) fn transfer_outlives_its_stream(f: &Fixture) -> CaseResult {
