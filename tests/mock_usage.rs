@@ -63,7 +63,8 @@ fn results_are_read_only_after_synchronize() {
         .in_sequence(&mut seq)
         .returning(|_| Ok(()));
 
-    let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+    // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
     let buf = ctx.new_buffer(4).unwrap();
     assert_eq!(fetch_results(&ctx, &buf).unwrap(), b"done");
     drop(buf);
@@ -86,7 +87,8 @@ fn a_failed_synchronize_reads_nothing() {
     mock.expect_copy_device_to_host().never();
     mock.expect_free().times(1).returning(|_| Ok(()));
 
-    let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+    // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
     let buf = ctx.new_buffer(8).unwrap();
     let e = fetch_results(&ctx, &buf).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Driver);
@@ -107,7 +109,8 @@ fn scratch_allocation_halves_on_out_of_memory() {
         .returning(|_| Ok(0x3000));
     mock.expect_free().times(1).returning(|_| Ok(()));
 
-    let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+    // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
     let buf = allocate_scratch(&ctx, 1024, 128).unwrap();
     assert_eq!(buf.size(), 256);
     assert_eq!(ctx.bytes_allocated(), 256);
@@ -119,7 +122,8 @@ fn scratch_allocation_gives_up_at_the_minimum() {
     mock.expect_device_ordinal().return_const(0usize);
     mock.expect_allocate().times(3).returning(|n| Err(oom(n)));
 
-    let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+    // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
     let e = allocate_scratch(&ctx, 4096, 1024).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::OutOfMemory);
     assert_eq!(ctx.bytes_allocated(), 0);
@@ -186,7 +190,8 @@ fn stream_downloads_are_read_only_after_the_copy_completes() {
     mock.expect_free().returning(|_| Ok(()));
     mock.expect_free_host().returning(|_, _| Ok(()));
 
-    let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+    // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
     let buf = ctx.new_buffer(4).unwrap();
     let stream = ctx.new_stream().unwrap();
     let host = ctx.new_host_buffer(4).unwrap();

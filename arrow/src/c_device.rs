@@ -15,6 +15,13 @@
 //!   know the simulator refuses the array instead of crashing on it. cudabuf imports
 //!   such arrays into simulator contexts only.
 //!
+//! The device type follows the context's [`BackendKind`]
+//! ([`Context::backend_kind`](cudabuf_core::Context::backend_kind)), which only `unsafe`
+//! code sets (the `unsafe fn` [`Context::from_raw`](cudabuf_core::Context::from_raw), whose
+//! caller promises it names the backend that made the context, and `unsafe trait`
+//! [`Platform`](cudabuf_core::backend::Platform) implementations): safe code cannot make
+//! simulator or mock memory go out as [`ARROW_DEVICE_CUDA`].
+//!
 //! # `sync_event`: ordering with the producer's stream
 //! The interface's `sync_event` is how a producer whose data is still being written on a
 //! stream tells the consumer what to wait for. As Arrow's specification says for CUDA, it

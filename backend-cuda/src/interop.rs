@@ -54,10 +54,10 @@ impl CudaBackend {
     /// # Errors
     /// As [`context_from_cudarc`](Self::context_from_cudarc).
     pub fn from_cudarc(&self, ctx: &Arc<CudaContext>) -> Result<cudabuf_core::Context> {
-        Ok(cudabuf_core::Context::from_raw(
-            self.context_from_cudarc(ctx)?,
-            cudabuf_core::BackendKind::Cuda,
-        ))
+        let raw = self.context_from_cudarc(ctx)?;
+        // SAFETY: `raw` is a `CudaDriverContext` over cudarc's `CUcontext`: a context of
+        // the CUDA backend, labelled `Cuda`.
+        Ok(unsafe { cudabuf_core::Context::from_raw(raw, cudabuf_core::BackendKind::Cuda) })
     }
 
     /// cudarc's context for device `ordinal`: `CudaContext::new`, which retains the

@@ -85,7 +85,9 @@ pub(crate) fn driver_library_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
-impl Platform for CudaBackend {
+// SAFETY: every raw context this platform's devices return is a `CudaDriverContext` over
+// a `CUcontext` of the driver, and `kind` says `Cuda`.
+unsafe impl Platform for CudaBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Cuda
     }

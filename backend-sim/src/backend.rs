@@ -365,7 +365,9 @@ impl fmt::Debug for SimBackend {
     }
 }
 
-impl Platform for SimBackend {
+// SAFETY: every raw context this platform's devices return is a `SimContext`, made by the
+// simulator, and `kind` says `Sim`.
+unsafe impl Platform for SimBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Sim
     }

@@ -14,9 +14,10 @@
 //! but should still check what is cheap to check: the simulator checks everything, to
 //! catch bugs in the layer above.
 //!
-//! With the `mock` feature, `mockall` generates `MockPlatform` and `MockDevice`, and
-//! `MockRawContext` (written so that a mock cannot break what core trusts) stands in for
-//! a backend context when unit-testing code that drives one.
+//! With the `mock` feature, `mockall` generates `MockDevice`, and `MockRawContext` (written
+//! so that a mock cannot break what core trusts) stands in for a backend context when
+//! unit-testing code that drives one. [`Platform`] has no generated mock: it is an
+//! `unsafe trait`, trusted to name the backend of its contexts.
 
 use std::any::Any;
 use std::fmt;
@@ -39,8 +40,10 @@ pub use mock::{MockExpectations, MockRawContext, MOCK_HANDLE_TAG};
 
 /// Whether two backend contexts are of one implementation (the same concrete type, by
 /// [`RawContext::as_any`]): what makes their handles comparable and their memory each
-/// other's. A [`BackendKind`] is what a `Context` was told (`Context::from_raw`), not
-/// proof.
+/// other's. A [`BackendKind`] is what a `Context` was told (the `unsafe`
+/// `Context::from_raw`, whose caller promises it names the backend of the raw context):
+/// core trusts it for what it hands outside cudabuf (Arrow C Device arrays, IPC handles),
+/// but not to tell contexts apart, since test doubles are labelled `Sim` too.
 pub(crate) fn same_implementation(a: &dyn RawContext, b: &dyn RawContext) -> bool {
     a.as_any().type_id() == b.as_any().type_id()
 }
@@ -237,8 +240,16 @@ impl CopyTicket {
 /// - `device(n)` for `n >= num_devices()` is [`Error::InvalidDevice`](crate::Error).
 /// - When the backend cannot run at all (CUDA with no driver), every method that
 ///   returns a `Result` returns [`Error::NoDriver`](crate::Error) and nothing panics.
-#[cfg_attr(feature = "mock", mockall::automock)]
-pub trait Platform: Send + Sync + fmt::Debug {
+///
+/// # Safety
+/// [`kind`](Self::kind) names the backend that made every raw context the platform's
+/// devices return ([`Device::primary_context`], [`Device::shared_context`]):
+/// [`Backend`](crate::Backend) labels its contexts with it, as the `unsafe`
+/// [`Context::from_raw`](crate::Context::from_raw) does, and a
+/// [`BackendKind::Cuda`] context's addresses, streams and events are handed to code outside
+/// cudabuf as CUDA driver handles. Implementing it is therefore `unsafe`; there is no
+/// generated mock of it (a test double would be a safe way to label a mock `Cuda`).
+pub unsafe trait Platform: Send + Sync + fmt::Debug {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
 

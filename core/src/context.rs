@@ -108,7 +108,18 @@ fn free_block(raw: &Arc<dyn backend::RawContext>, address: DevicePtr, size: usiz
 impl Context {
     /// Wrap a backend context. Backends and tests with mocks use this; applications get
     /// contexts from a [`Backend`](crate::Backend).
-    pub fn from_raw(raw: Arc<dyn backend::RawContext>, kind: BackendKind) -> Self {
+    ///
+    /// # Safety
+    /// `kind` must name the backend that made `raw`: [`BackendKind::Sim`] for a simulator
+    /// context (and for test doubles such as `MockRawContext`), [`BackendKind::Cuda`] only
+    /// for a context of the CUDA backend. cudabuf trusts the kind where it hands what the
+    /// context made to code outside it: a `Cuda` context's device addresses, streams and
+    /// events go out as CUDA driver handles (an Arrow C Device array's `device_type` and
+    /// `sync_event`, which a consumer passes to `cuStreamWaitEvent`; the backend recorded
+    /// in an IPC handle, which a peer hands to `cuIpcOpenMemHandle`). A simulator context
+    /// labelled `Cuda` would have those consumers dereference simulator values as driver
+    /// handles.
+    pub unsafe fn from_raw(raw: Arc<dyn backend::RawContext>, kind: BackendKind) -> Self {
         let device_number = raw.device_ordinal();
         let pool_limit = if allocator::default_limit(kind) > 0 {
             DEFAULT_STAGING_POOL_LIMIT

@@ -92,7 +92,9 @@ impl Backend {
             return Ok(ctx.clone());
         }
         let raw = self.device(device_number)?.primary_context()?;
-        let ctx = Context::from_raw(raw, self.kind());
+        // SAFETY: `raw` is the primary context of one of the platform's devices, and an
+        // `unsafe impl Platform` promises that its `kind` names the backend of those.
+        let ctx = unsafe { Context::from_raw(raw, self.kind()) };
         contexts.insert(device_number, ctx.clone());
         Ok(ctx)
     }
@@ -118,7 +120,9 @@ impl Backend {
         let device = self.device(device_number)?;
         // SAFETY: forwarded from this function's contract.
         let raw = unsafe { device.shared_context(handle)? };
-        Ok(Context::from_raw(raw, self.kind()))
+        // SAFETY: as in `context`: a raw context of one of the platform's devices, whose
+        // backend the platform's `kind` names (`Platform`'s contract).
+        Ok(unsafe { Context::from_raw(raw, self.kind()) })
     }
 
     /// A pinned host buffer of `size` bytes, allocated through device `device_number`'s

@@ -33,7 +33,8 @@ fn mock_context_pinned_memory_is_real_and_safe_to_use() {
         .withf(|&device_ptr, &size| device_ptr == 0x9000 && size == 4096)
         .times(1)
         .returning(|_, _| Ok(()));
-    let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+    // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
     let mut host = ctx.new_host_buffer(4096).expect("pinned memory");
     assert_eq!(host.device_address(), Some(0x9000));
     assert!(host.iter().all(|&b| b == 0), "zero-filled");

@@ -498,7 +498,8 @@ fn an_infinite_or_nan_elapsed_time_is_a_typed_error_not_a_panic() {
         mock.expect_event_destroy().returning(|_| Ok(()));
         mock.expect_event_elapsed_ms()
             .returning(move |_, _| Ok(reported));
-        let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+        // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
+        let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
         let (start, end) = (
             ctx.new_timing_event().unwrap(),
             ctx.new_timing_event().unwrap(),
@@ -525,8 +526,8 @@ fn an_infinite_or_nan_elapsed_time_is_a_typed_error_not_a_panic() {
 //
 // Core treats two contexts as one device context when their backend kinds and raw
 // handles are equal, and a `DeviceBuffer` as device memory that no Rust reference
-// aliases. Both came from values safe code chooses: `Context::from_raw`'s `kind`, and
-// `MockRawContext`'s `handle` and `allocate` expectations. A mock that claims a real
+// aliases. Both came from values safe code chose: `Context::from_raw`'s `kind` (since
+// made `unsafe`), and `MockRawContext`'s `handle` and `allocate` expectations. A mock that claims a real
 // context's handle and "allocates" the device address of a live pinned `HostBuffer`
 // got real device copies to write into that host memory while a `&[u8]` of it lived.
 
@@ -545,7 +546,9 @@ fn impostor(real: &Context, target: u64) -> Context {
     mock.expect_address_range()
         .returning(move |_| Ok((target, 8)));
     mock.expect_synchronize().returning(|| Ok(()));
-    Context::from_raw(Arc::new(mock), BackendKind::Sim)
+    // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles (it poses
+    // as `real` by its handle, which is what this test shows core no longer trusts).
+    unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) }
 }
 
 /// Neither a stream copy nor a view may write real memory named by a mock's buffer.

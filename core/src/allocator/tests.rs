@@ -446,8 +446,11 @@ fn the_last_context_empties_the_allocator_while_the_owner_is_alive() {
     let alive = Arc::new(AtomicBool::new(true));
     let owner = FakeDevice::over(64 * MIB, handle, &alive, true);
     let user = FakeDevice::over(64 * MIB, handle, &alive, false);
-    let primary = crate::Context::from_raw(owner, kind);
-    let shared = crate::Context::from_raw(user.clone(), kind);
+    // SAFETY: test doubles of a device context, labelled `Sim` (the simulator is a host
+    // backend: nothing reads their values as CUDA driver handles).
+    let primary = unsafe { crate::Context::from_raw(owner, kind) };
+    // SAFETY: as above.
+    let shared = unsafe { crate::Context::from_raw(user.clone(), kind) };
     shared.set_allocator_cache_limit(64 * MIB);
     drop(
         shared

@@ -106,7 +106,9 @@ const MOCK_HANDLE_MASK: u64 = 0xFFFF << 48;
 
 /// A mock [`RawContext`] for unit-testing code that drives a context (the `mock`
 /// feature): set expectations on it as on any `mockall` mock, then wrap it with
-/// [`Context::from_raw`](crate::Context::from_raw).
+/// [`Context::from_raw`](crate::Context::from_raw), labelled
+/// [`BackendKind::Sim`](crate::BackendKind::Sim) (`from_raw`'s contract: a `Cuda` label
+/// promises CUDA driver handles).
 ///
 /// Its [`handle`](RawContext::handle) is the `handle` expectation's low 48 bits under
 /// [`MOCK_HANDLE_TAG`], and its type is never a real backend's: memory a mock "allocates"
@@ -130,7 +132,9 @@ const MOCK_HANDLE_MASK: u64 = 0xFFFF << 48;
 /// mock.expect_device_ordinal().return_const(0usize);
 /// mock.expect_alloc_host().returning(|_| Ok(0x9000));
 /// mock.expect_free_host().returning(|_, _| Ok(()));
-/// let ctx = Context::from_raw(Arc::new(mock), BackendKind::Sim);
+/// // SAFETY: a mock is labelled `Sim`, never `Cuda`: nothing outside cudabuf may take its
+/// // addresses, streams or events for CUDA driver handles.
+/// let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
 /// let mut host = ctx.new_host_buffer(16)?;     // real memory: safe to write
 /// host[0] = 7;
 /// assert_eq!(host.device_address(), Some(0x9000));

@@ -316,7 +316,12 @@ mod tests {
             raw[..8].copy_from_slice(&base.to_le_bytes());
             Ok(raw)
         });
-        let ctx = Context::from_raw(Arc::new(mock), BackendKind::Cuda);
+        // SAFETY: a mock labelled `Cuda` on purpose, against `from_raw`'s rule: a
+        // pyarrow-form handle (no extension) is a CUDA handle, and these tests open such
+        // handles. Nothing of the mock leaves cudabuf as a CUDA handle: no Arrow export,
+        // and its IPC handles are opened in this process only (by the export registry,
+        // never by a driver).
+        let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Cuda) };
         ctx.set_allocator_cache_limit(64 << 20);
         ctx
     }
