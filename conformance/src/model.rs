@@ -14,7 +14,8 @@
 //!   buffers (also of two devices when the backend has two; overlapping ranges of one
 //!   allocation behave as if copied through a temporary), `export_for_ipc` (the handle's
 //!   size and offset, and its bytes round trip) and `open_ipc_buffer` in the same process
-//!   (a view of the exporter's memory, or `InvalidIpcHandle` once every buffer of the
+//!   (a view of the exporter's memory through a context of its device, or
+//!   `InvalidIpcHandle` through another device's context or once every buffer of the
 //!   allocation is gone; a zero-size handle opens an empty buffer), and drop of any
 //!   handle. Positions and lengths are drawn in range, at both ends, just past the end
 //!   and at `usize::MAX`. A refused operation must give the error kind the model gives

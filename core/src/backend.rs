@@ -45,7 +45,14 @@ pub use mock::{MockExpectations, MockRawContext, MOCK_HANDLE_TAG};
 /// core trusts it for what it hands outside cudabuf (Arrow C Device arrays, IPC handles),
 /// but not to tell contexts apart, since test doubles are labelled `Sim` too.
 pub(crate) fn same_implementation(a: &dyn RawContext, b: &dyn RawContext) -> bool {
-    a.as_any().type_id() == b.as_any().type_id()
+    implementation(a) == implementation(b)
+}
+
+/// The implementation of a backend context (its concrete type, by
+/// [`RawContext::as_any`]), for records that outlive the context (the IPC export
+/// registry, the mapping cache) and are compared as [`same_implementation`] compares.
+pub(crate) fn implementation(raw: &dyn RawContext) -> std::any::TypeId {
+    raw.as_any().type_id()
 }
 
 /// A device address (a `CUdeviceptr` on CUDA; a key into the simulator's allocation

@@ -510,8 +510,16 @@ impl Context {
     /// at once, without waiting for their free events. It exists so that a test can show
     /// that the simulator's race detector catches exactly that bug (the reuse races with
     /// the free); never switch it on otherwise.
+    ///
+    /// # Safety
+    /// While it is on, a new buffer may be memory that work still queued on another stream
+    /// reads or writes: its bytes change under the new owner, and a device copy into it
+    /// can land in memory already handed out again. Switch it on only on the simulator
+    /// (whose device memory is never host memory that Rust references reach), for a test
+    /// that expects exactly that race, and off again before any other use of the device
+    /// context's allocator.
     #[cfg(feature = "mock")]
-    pub fn set_unordered_stream_reuse_for_tests(&self, on: bool) {
+    pub unsafe fn set_unordered_stream_reuse_for_tests(&self, on: bool) {
         self.joined_allocator().set_unordered_stream_reuse(on);
     }
 
@@ -817,6 +825,10 @@ impl Context {
     /// - opening a handle in the process that exported it gives a view of the exporter's
     ///   own allocation instead of failing with `CUDA_ERROR_INVALID_CONTEXT` (also for a
     ///   pyarrow-format handle of a live export); that buffer's context is the exporter's.
+    ///   Such an open goes through a context of the exporter's backend, implementation and
+    ///   device only: found by the handle's raw bytes and export id alone, another
+    ///   backend's memory (a pyarrow-format handle reads as CUDA's) or another device's
+    ///   could pass for the memory asked for.
     ///
     /// The mapping is closed when the last buffer opened from it is dropped. The exporter
     /// must keep its buffer alive while importers use the memory (as with CUDA).
@@ -828,7 +840,9 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::InvalidIpcHandle`] for a handle of another backend, one whose exporter has
-    /// exited or dropped the buffer, or one whose offset and size do not fit the mapping.
+    /// exited or dropped the buffer, or one whose offset and size do not fit the mapping;
+    /// in the exporting process, also for one whose memory was exported through a context
+    /// of another backend, implementation or device than this one (the error says which).
     pub fn open_ipc_buffer(&self, handle: &IpcMemHandle) -> Result<DeviceBuffer> {
         ipc::open(self, handle)
     }

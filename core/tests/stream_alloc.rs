@@ -80,7 +80,10 @@ fn the_race_detector_catches_the_broken_policy_every_time() {
         // a's free.
         let (sim_broken, ctx) = sim(seed, schedule);
         ctx.set_allocator_cache_limit(256 * MIB);
-        ctx.set_unordered_stream_reuse_for_tests(true);
+        // SAFETY: a simulator context (its device memory is no host memory a Rust
+        // reference reaches), in a test that expects exactly the race this switch makes;
+        // it is switched off again below before the allocator is used for anything else.
+        unsafe { ctx.set_unordered_stream_reuse_for_tests(true) };
         let (a, b) = (non_blocking(&ctx), non_blocking(&ctx));
         let (same, written) = reuse_on_another_stream(&ctx, &a, &b);
         assert!(
@@ -99,7 +102,8 @@ fn the_race_detector_catches_the_broken_policy_every_time() {
                 && report.races[0].conflicting.contains("stream-ordered free"),
             "{what}: the first race is b's write against a's free: {report}"
         );
-        ctx.set_unordered_stream_reuse_for_tests(false);
+        // SAFETY: switching the rule back on breaks nothing.
+        unsafe { ctx.set_unordered_stream_reuse_for_tests(false) };
         a.synchronize().unwrap();
         b.synchronize().unwrap();
 

@@ -565,13 +565,16 @@ impl State {
                 let name = self.name();
                 let e = &self.exports[x];
                 let alive = self.alive()[e.alloc];
+                let on = self.allocs[e.alloc].device;
                 self.trace.step(format!(
-                    "b{name} = ctx{d}.open_ipc_buffer(h{x}) [{} bytes exported by b{}; allocation {}]",
+                    "b{name} = ctx{d}.open_ipc_buffer(h{x}) [{} bytes exported by b{} on device {on}; allocation {}]",
                     e.len,
                     e.exporter,
                     if alive { "alive" } else { "gone" }
                 ));
-                let expected = if e.len == 0 || alive {
+                // In the exporting process a handle opens as a view of the exporter's
+                // memory, through a context of the exporter's device only.
+                let expected = if e.len == 0 || (alive && d == on) {
                     Ok(())
                 } else {
                     Err(ErrorKind::InvalidIpcHandle)

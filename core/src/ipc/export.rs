@@ -1,12 +1,13 @@
 //! Exporting a buffer and opening a handle: this process's exports (so that opening its
 //! own handle gives a view, which CUDA refuses), and the mapping of other processes'.
 
+use std::any::TypeId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::handle::{this_process, Extension, IpcMemHandle};
-use crate::backend::{BackendKind, RawIpcHandle, RAW_IPC_HANDLE_LEN};
+use crate::backend::{self, BackendKind, RawIpcHandle, RAW_IPC_HANDLE_LEN};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -29,11 +30,16 @@ struct Exports {
     by_raw: HashMap<RawIpcHandle, Vec<u64>>,
 }
 
-/// One exported memory: what a handle must name to open it.
+/// One exported memory: what a handle must name to open it, and whose it is.
 struct Export {
     memory: Weak<Memory>,
     /// The raw handle of the backend allocation holding the memory.
     raw: RawIpcHandle,
+    /// Whose memory it is: an open through a context of another backend, another
+    /// implementation or another device is refused (raw handle bytes are the backend's
+    /// own, and another backend's may be equal; a view would hand the opener memory of
+    /// a device context it did not ask for).
+    owner: Identity,
     /// The allocation's base address, and the memory's range (fixed while it lives).
     base: u64,
     address: u64,
@@ -56,6 +62,50 @@ impl Export {
     }
 }
 
+/// The backend kind, implementation and device of a context: what an export's opener
+/// must share with its exporter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Identity {
+    kind: BackendKind,
+    implementation: TypeId,
+    device: usize,
+}
+
+impl Identity {
+    fn of(ctx: &Context) -> Self {
+        Identity {
+            kind: ctx.backend_kind(),
+            implementation: backend::implementation(ctx.raw().as_ref()),
+            device: ctx.device_number(),
+        }
+    }
+
+    /// Why a context of identity `opener` may not open memory of `self`, if it may not.
+    fn mismatch(&self, opener: &Identity) -> Option<String> {
+        if self.kind != opener.kind {
+            Some(format!(
+                "the handle names memory this process exported through a {} context; this \
+                 context is {}",
+                self.kind, opener.kind
+            ))
+        } else if self.implementation != opener.implementation {
+            Some(format!(
+                "the handle names memory this process exported through another \
+                 implementation of the {} backend than this context's",
+                self.kind
+            ))
+        } else if self.device != opener.device {
+            Some(format!(
+                "the handle names memory this process exported on device {}; this context \
+                 is on device {}",
+                self.device, opener.device
+            ))
+        } else {
+            None
+        }
+    }
+}
+
 /// Why an in-process open found no export to open, from the least to the most telling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Refusal {
@@ -63,6 +113,8 @@ enum Refusal {
     NoExport,
     /// The export of that id is of another allocation than the handle's raw handle names.
     OtherAllocation,
+    /// The export is of another backend, implementation or device than the opener.
+    NotOpenersMemory,
     /// The handle's range lies outside the export.
     Outside,
     /// The export's memory has been dropped.
@@ -111,6 +163,7 @@ pub(crate) fn export(buffer: &DeviceBuffer) -> Result<IpcMemHandle> {
             Export {
                 memory: Arc::downgrade(memory),
                 raw,
+                owner: Identity::of(ctx),
                 base,
                 address: memory.address,
                 size: memory.size,
@@ -174,12 +227,20 @@ pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer>
                     .map(|ids| ids.iter().rev().copied().collect())
                     .unwrap_or_default(),
             };
-            // The most telling refusal, should nothing open.
+            // The most telling refusal, should nothing open (and the first identity
+            // mismatch, to name it).
             let mut refusal = Refusal::NoExport;
+            let mut mismatch = None;
+            let opener = Identity::of(ctx);
             let found = ids.iter().find_map(|id| {
                 let export = exports.by_id.get(id)?;
                 if export.raw != handle.raw {
                     refusal = refusal.max(Refusal::OtherAllocation);
+                    return None;
+                }
+                if let Some(why) = export.owner.mismatch(&opener) {
+                    refusal = refusal.max(Refusal::NotOpenersMemory);
+                    mismatch.get_or_insert(why);
                     return None;
                 }
                 refusal = refusal.max(Refusal::Outside);
@@ -187,19 +248,23 @@ pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer>
                 refusal = Refusal::Dropped;
                 Some((export.memory.upgrade()?, start))
             });
-            found.ok_or(refusal)
+            found.ok_or((refusal, mismatch))
         };
         let as_export = export_id.map_or(String::new(), |id| format!(" as export {id}"));
         return match found {
             Ok((memory, start)) => Ok(DeviceBuffer::over(memory, start, size)),
-            Err(Refusal::OtherAllocation) => Err(Error::invalid_ipc_handle(format!(
+            Err((Refusal::OtherAllocation, _)) => Err(Error::invalid_ipc_handle(format!(
                 "the handle names another allocation than the memory this process exported{as_export}"
             ))),
-            Err(Refusal::Outside) => Err(Error::invalid_ipc_handle(format!(
+            Err((Refusal::NotOpenersMemory, why)) => Err(Error::invalid_ipc_handle(format!(
+                "{}{as_export}",
+                why.unwrap_or_default()
+            ))),
+            Err((Refusal::Outside, _)) => Err(Error::invalid_ipc_handle(format!(
                 "offset {offset} and size {size} of the allocation the handle names lie outside \
                  the memory this process exported{as_export}"
             ))),
-            Err(Refusal::NoExport | Refusal::Dropped) => Err(Error::invalid_ipc_handle(
+            Err((Refusal::NoExport | Refusal::Dropped, _)) => Err(Error::invalid_ipc_handle(
                 "the handle was exported by this process, and every buffer of the exported memory has been dropped",
             )),
         };

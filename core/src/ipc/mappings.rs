@@ -6,18 +6,21 @@
 //! context (`Backend::context`, `shared_context`, a second `Backend`, cudarc interop), so
 //! the cache is keyed by the raw context handle, not by the wrapper; and when the driver
 //! still reports the handle as mapped (another driver context of the same device), the
-//! live mapping of that device is shared.
+//! live mapping of that device is shared. A context's handle names a device context only
+//! within its backend and implementation, so both are part of the key, and a mapping is
+//! shared only with a context of its own backend, implementation and device.
 
+use std::any::TypeId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
-use crate::backend::{DevicePtr, RawIpcHandle};
+use crate::backend::{self, BackendKind, DevicePtr, RawIpcHandle};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::memory::{IpcMapping, Memory, MemoryKind};
 
-/// (raw context handle, raw IPC handle).
-type Key = (u64, RawIpcHandle);
+/// (backend, implementation, raw context handle, raw IPC handle).
+type Key = (BackendKind, TypeId, u64, RawIpcHandle);
 type Table = HashMap<Key, Weak<Memory>>;
 
 fn table() -> &'static Mutex<Table> {
@@ -33,9 +36,15 @@ fn already_mapped(e: &Error) -> bool {
     matches!(e, Error::Driver { name, .. } if name == "CUDA_ERROR_ALREADY_MAPPED")
 }
 
+/// The key of `ctx`'s mapping of `raw`.
+fn key(ctx: &Context, raw: &RawIpcHandle) -> Key {
+    let implementation = backend::implementation(ctx.raw().as_ref());
+    (ctx.backend_kind(), implementation, ctx.handle(), *raw)
+}
+
 /// The mapping of `raw` for `ctx`: the live one if any, else a new one.
 pub(crate) fn open(ctx: &Context, raw: &RawIpcHandle) -> Result<Arc<Memory>> {
-    let key = (ctx.handle(), *raw);
+    let key = key(ctx, raw);
     let mut table = loop {
         let table = lock();
         match table.get(&key).map(Weak::upgrade) {
@@ -55,7 +64,9 @@ pub(crate) fn open(ctx: &Context, raw: &RawIpcHandle) -> Result<Arc<Memory>> {
             // Mapped through another driver context of this device: share that mapping.
             let live: Vec<Arc<Memory>> = table
                 .iter()
-                .filter(|((_, r), _)| r == raw)
+                .filter(|((kind, implementation, _, r), _)| {
+                    r == raw && *kind == key.0 && *implementation == key.1
+                })
                 .filter_map(|(_, weak)| weak.upgrade())
                 .collect();
             // Unlocked before the candidates that do not match are dropped: one may be
@@ -127,7 +138,7 @@ pub(crate) fn close(ctx: &Context, raw: &RawIpcHandle, address: DevicePtr) {
     // either finds this mapping alive or opens a new one after it is closed.
     let _entry = RemoveEntry {
         table: lock(),
-        key: (ctx.handle(), *raw),
+        key: key(ctx, raw),
     };
     // SAFETY: `address` came from `ipc_open` on this context (only `open` above makes
     // `IpcMapping` memory) and this is its one close: the last buffer is gone.
