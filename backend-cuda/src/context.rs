@@ -296,6 +296,29 @@ impl CudaDriverContext {
         failure.into_error(self.ordinal)
     }
 
+    /// The error of a failed copy whose device ranges start at `addresses`. The driver
+    /// refuses a copy from or to memory that was freed under a view of it (a
+    /// `foreign_buffer` or `buffer_from_object` whose owner freed the memory) with
+    /// `CUDA_ERROR_INVALID_VALUE`, as it refuses looking such an address up: when one of
+    /// `addresses` is no longer known to the driver, the failure is
+    /// [`Error::InvalidAddress`] naming it, the kind the simulator reports (and this
+    /// backend's own look-ups: `address_range`, `device_address`). Anything else is the
+    /// general mapping.
+    pub(crate) fn fail_copy(&self, failure: CuFailure, addresses: &[DevicePtr]) -> Error {
+        if failure.code == CUresult::CUDA_ERROR_INVALID_VALUE {
+            if let Some(&gone) = addresses.iter().find(|&&a| self.address_range(a).is_err()) {
+                return Error::invalid_address(
+                    gone,
+                    format!(
+                        "the copy's memory is freed or unknown: {}",
+                        failure.reason()
+                    ),
+                );
+            }
+        }
+        self.fail(failure)
+    }
+
     /// Wait for the legacy default stream of the pushed context, which is where the
     /// synchronous-looking `cuMemcpy*` calls run: they may return before the copy is
     /// complete (device to device always; host to device from pageable memory), and our
@@ -475,7 +498,7 @@ unsafe impl RawContext for CudaDriverContext {
                     }],
                 )
             }
-            .map_err(|f| self.fail(f));
+            .map_err(|f| self.fail_copy(f, &[dst]));
         }
         // SAFETY: our context is pushed; `src` is readable for `src.len()` bytes; the
         // caller guarantees `dst..dst + src.len()` is in a live allocation reachable from
@@ -483,7 +506,7 @@ unsafe impl RawContext for CudaDriverContext {
         check("cuMemcpyHtoD_v2", unsafe {
             sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast::<c_void>(), src.len())
         })
-        .map_err(|f| self.fail(f))?;
+        .map_err(|f| self.fail_copy(f, &[dst]))?;
         self.wait_default_stream(&pushed)
     }
 
@@ -514,6 +537,7 @@ unsafe impl RawContext for CudaDriverContext {
         // Large pieces in pinned memory go straight to the driver (asynchronously, on the
         // legacy default stream, waited for below); everything else is gathered by the
         // staging workers.
+        let destinations: Vec<DevicePtr> = copies.iter().map(|&(dst, _)| dst).collect();
         let mut staged = Vec::with_capacity(copies.len());
         let mut direct = Ok(false);
         for (dst, src) in copies {
@@ -547,7 +571,7 @@ unsafe impl RawContext for CudaDriverContext {
             // the caller guarantees the device ranges; `copy` returns when every step is
             // done.
             let copied = unsafe { engine.copy(Direction::HostToDevice, staged) };
-            copied.map_err(|f| self.fail(f))
+            copied.map_err(|f| self.fail_copy(f, &destinations))
         } else {
             Ok(())
         };
@@ -555,7 +579,7 @@ unsafe impl RawContext for CudaDriverContext {
             Ok(false) => Ok(()),
             _ => self.wait_default_stream(&pushed),
         };
-        direct.map_err(|f| self.fail(f))?;
+        direct.map_err(|f| self.fail_copy(f, &destinations))?;
         gathered?;
         waited
     }
@@ -590,7 +614,7 @@ unsafe impl RawContext for CudaDriverContext {
                     }],
                 )
             }
-            .map_err(|f| self.fail(f));
+            .map_err(|f| self.fail_copy(f, &[src]));
         }
         // SAFETY: our context is pushed; `dst` is writable for `dst.len()` bytes; the
         // caller guarantees `src..src + dst.len()` is in a live allocation reachable from
@@ -598,7 +622,7 @@ unsafe impl RawContext for CudaDriverContext {
         check("cuMemcpyDtoH_v2", unsafe {
             sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len())
         })
-        .map_err(|f| self.fail(f))
+        .map_err(|f| self.fail_copy(f, &[src]))
     }
 
     unsafe fn copy_device_to_device(
@@ -618,7 +642,7 @@ unsafe impl RawContext for CudaDriverContext {
             check("cuMemcpyDtoD_v2", unsafe {
                 sys::cuMemcpyDtoD_v2(dst, src, len)
             })
-            .map_err(|f| self.fail(f))?;
+            .map_err(|f| self.fail_copy(f, &[dst, src]))?;
         } else {
             // cuMemcpy does not promise memmove semantics for overlapping ranges (on the
             // H200 a multi-threaded stress test saw corrupted bytes), but the trait does.

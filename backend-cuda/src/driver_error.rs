@@ -10,8 +10,8 @@
 //!   `cuGetErrorName`), the numeric code and the driver's message (`cuGetErrorString`).
 //!
 //! Call sites that give some codes a more precise meaning (an invalid IPC handle, an
-//! address that is not device memory) test [`CuFailure::code`] first and fall back to
-//! these rules.
+//! address that is not device memory, a copy over memory freed under a view) test
+//! [`CuFailure::code`] first and fall back to these rules.
 
 use std::ffi::CStr;
 

@@ -86,12 +86,16 @@ pub const ALONE: &[&str] = &[];
 /// in its exported buffer's segment: other cases may have taken them all (H200, 2 of 5
 /// runs in parallel). `get_device_address_of_freed_buffer_is_invalid_address` checks the
 /// addresses of a freed device buffer and of freed pinned host memory, which another
-/// case's allocation may be handed at once (H200: the pinned pointer, 1 of 8 runs).
+/// case's allocation may be handed at once (H200: the pinned pointer, 1 of 8 runs);
+/// `foreign_buffer_of_freed_pinned_memory_is_invalid_address` and
+/// `copy_through_a_view_of_freed_pinned_memory_is_invalid_address` likewise.
 /// Unlike [`ALONE`], `CUDABUF_CONFORMANCE_ALONE=off` does not change these.
 pub const EXCLUSIVE: &[&str] = &[
     "cached_block_is_invalid_address_through_every_context",
     "cached_block_exported_is_never_reused_while_an_importer_reads",
     "get_device_address_of_freed_buffer_is_invalid_address",
+    "foreign_buffer_of_freed_pinned_memory_is_invalid_address",
+    "copy_through_a_view_of_freed_pinned_memory_is_invalid_address",
 ];
 
 /// Every case of the suite: `(name, function)`, the name being the function's name.
@@ -256,6 +260,7 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     ipc::ipc_open_in_child_process_whole_buffer,
     ipc::ipc_open_in_child_process_slice_at_offset,
     ipc::ipc_open_in_child_process_on_other_device,
+    ipc::ipc_handle_grants_its_whole_allocation_and_an_exclusive_one_no_more,
     // allocator
     allocator::cached_block_is_invalid_address_through_every_context,
     allocator::cached_block_is_bounded_by_its_request,
@@ -272,6 +277,8 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     reliability_inputs::writer_set_buffer_size_impossible_is_out_of_memory_and_keeps_writer,
     reliability_inputs::get_device_address_of_unmapped_addresses_is_invalid_address,
     reliability_inputs::foreign_buffer_of_freed_pageable_or_unmapped_memory_is_invalid_address,
+    reliability_inputs::foreign_buffer_of_freed_pinned_memory_is_invalid_address,
+    reliability_inputs::copy_through_a_view_of_freed_pinned_memory_is_invalid_address,
     reliability_inputs::buffer_from_object_of_freed_pageable_or_unmapped_memory_is_invalid_address,
     reliability_inputs::buffer_of_another_backend_instance_is_refused_or_shared_by_kind,
     reliability_inputs::buffers_of_5000_backend_instances_never_share_an_address,

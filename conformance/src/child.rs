@@ -34,11 +34,15 @@
 //!   `reads <count>` and exit successfully. Bytes that change fail it at once, naming the
 //!   read and the first differing position (an importer whose memory was handed to
 //!   another owner).
+//! - [`IPC_OPEN_REFUSED`]: open [`HANDLE_VAR`] in the primary context of the device it
+//!   names, which must be refused with `InvalidIpcHandle` and leave `bytes_allocated`
+//!   alone; print `refused <reason>`. An open that succeeds fails the role, naming what
+//!   it opened.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::ExitCode;
 
-use cudabuf_core::{Backend, IpcMemHandle, Result};
+use cudabuf_core::{Backend, ErrorKind, IpcMemHandle, Result};
 
 /// Role: open an IPC handle, check its bytes, double-open it, write into it.
 pub const IPC_OPEN_AND_CHECK: &str = "ipc_open_and_check";
@@ -57,6 +61,9 @@ pub const IPC_OPEN_COPY_LOOP: &str = "ipc_open_copy_loop";
 
 /// Role: open [`HANDLE_VAR`] and check it holds [`EXPECT_VAR`]'s bytes until told to stop.
 pub const IPC_OPEN_READ_LOOP: &str = "ipc_open_read_loop";
+
+/// Role: open [`HANDLE_VAR`], which must be refused with `InvalidIpcHandle`.
+pub const IPC_OPEN_REFUSED: &str = "ipc_open_refused";
 
 /// The values [`IPC_OPEN_COPY_LOOP`] fills the buffer with: `1..=COPY_LOOP_VALUES`.
 pub const COPY_LOOP_VALUES: u8 = 7;
@@ -88,10 +95,11 @@ pub fn run(role: &str, make: fn() -> Result<Backend>) -> ExitCode {
         IPC_OPEN_WRITE_ABORT => ipc_open_write_abort(make),
         IPC_OPEN_COPY_LOOP => ipc_open_copy_loop(make),
         IPC_OPEN_READ_LOOP => ipc_open_read_loop(make),
+        IPC_OPEN_REFUSED => ipc_open_refused(make),
         other => Err(format!(
             "unknown child role '{other}' (known roles: {IPC_OPEN_AND_CHECK}, \
              {IPC_EXPORT_AND_WAIT}, {IPC_EXPORT_AND_EXIT}, {IPC_OPEN_WRITE_ABORT}, \
-             {IPC_OPEN_COPY_LOOP}, {IPC_OPEN_READ_LOOP})"
+             {IPC_OPEN_COPY_LOOP}, {IPC_OPEN_READ_LOOP}, {IPC_OPEN_REFUSED})"
         )),
     }));
     let message = match outcome {
@@ -278,6 +286,42 @@ fn ipc_open_and_check(make: fn() -> Result<Backend>) -> std::result::Result<(), 
     drop(third);
     ctx.synchronize().map_err(|e| format!("synchronize: {e}"))?;
     Ok(())
+}
+
+fn ipc_open_refused(make: fn() -> Result<Backend>) -> std::result::Result<(), String> {
+    let handle_bytes = env_bytes(HANDLE_VAR)?;
+    let handle = IpcMemHandle::from_bytes(&handle_bytes)
+        .map_err(|e| format!("IpcMemHandle::from_bytes({}): {e}", preview(&handle_bytes)))?;
+    let backend = make().map_err(|e| format!("making the backend: {e}"))?;
+    let device = handle.device_number().unwrap_or(0);
+    let ctx = backend
+        .context(device)
+        .map_err(|e| format!("context({device}): {e}"))?;
+    let start = ctx.bytes_allocated();
+    match ctx.open_ipc_buffer(&handle) {
+        Ok(opened) => Err(format!(
+            "open_ipc_buffer ({handle:?}) opened {} bytes at {:#x}, holding {}; expected \
+             InvalidIpcHandle",
+            opened.size(),
+            opened.address(),
+            opened
+                .to_vec()
+                .map_or_else(|e| format!("unreadable bytes ({e})"), |b| preview(&b))
+        )),
+        Err(e) if e.kind() == ErrorKind::InvalidIpcHandle => {
+            check(ctx.bytes_allocated() == start, || {
+                format!(
+                    "a refused open changed bytes_allocated from {start} to {}",
+                    ctx.bytes_allocated()
+                )
+            })?;
+            say(&format!("refused {e}"))
+        }
+        Err(e) => Err(format!(
+            "open_ipc_buffer ({handle:?}) failed with {} ({e}); expected InvalidIpcHandle",
+            e.kind()
+        )),
+    }
 }
 
 /// Prints `line` on stdout and flushes it, so that a parent reading a pipe sees it now.

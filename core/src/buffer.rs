@@ -443,6 +443,25 @@ impl DeviceBuffer {
     ///
     /// A zero-size buffer exports the 8-byte handle of pyarrow's format.
     ///
+    /// # Security: the handle grants the whole allocation
+    /// The handle names the backend allocation this buffer lies in (as a
+    /// `CUipcMemHandle` does) plus this buffer's offset and size, and a peer holding it
+    /// can open any range of that allocation: the offset and size choose what the
+    /// peer's `open_ipc_buffer` returns, they do not limit what it may ask for (a peer
+    /// can edit them; the checksum catches corruption, not editing). With the caching
+    /// allocator on (CUDA's default; see [`Context`](crate::Context)'s caching allocator
+    /// rules), a buffer from [`new_buffer`](crate::Context::new_buffer) is a block of a
+    /// segment that other live buffers share, so the peer can reach them too (PyTorch's
+    /// handles are the same: segment plus offset). The exported segment never serves a
+    /// *new* buffer, but the ones already in it stay reachable.
+    ///
+    /// To export to a peer that must reach nothing else, export a buffer from
+    /// [`new_exclusive_buffer`](crate::Context::new_exclusive_buffer): its own allocation
+    /// of exactly its size. On CUDA, make its size a multiple of 2 MiB when the peer is
+    /// untrusted: CUDA's programming guide warns that the driver may place small
+    /// allocations together in one larger block, which IPC may share whole with a peer
+    /// using the driver directly.
+    ///
     /// # Errors
     /// [`Error::Unsupported`] for memory that cannot be exported (a view of pinned host
     /// memory, an IPC mapping opened from another process).

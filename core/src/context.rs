@@ -295,10 +295,13 @@ impl Context {
     /// and freed when its last buffer goes.
     ///
     /// For memory to export to a process that must reach nothing else of this one: an
-    /// importer maps a whole allocation, and a buffer from [`new_buffer`](Self::new_buffer)
-    /// may share its segment with other buffers (see the IPC rule under
-    /// [Caching allocator](Self#caching-allocator)). It costs a `cuMemAlloc` and a
-    /// `cuMemFree`.
+    /// exported handle grants the importer the whole allocation the buffer lies in (see
+    /// [`export_for_ipc`](DeviceBuffer::export_for_ipc)), and a buffer from
+    /// [`new_buffer`](Self::new_buffer) may share its segment with other buffers (see the
+    /// IPC rule under [Caching allocator](Self#caching-allocator)). On CUDA, for an
+    /// untrusted importer, ask for a multiple of 2 MiB: the driver may place smaller
+    /// allocations together in one block, which IPC may share whole (CUDA's programming
+    /// guide). It costs a `cuMemAlloc` and a `cuMemFree`.
     ///
     /// ```
     /// # fn main() -> cudabuf_core::Result<()> {

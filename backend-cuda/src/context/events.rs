@@ -81,7 +81,7 @@ impl CudaDriverContext {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .push(event);
-                Err(self.fail(failure))
+                Err(self.fail_copy(failure, &[dst]))
             }
         }
     }

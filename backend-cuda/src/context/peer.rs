@@ -8,7 +8,7 @@ use cudabuf_core::{Error, Result};
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 
 use super::CudaDriverContext;
-use crate::driver_error::check;
+use crate::driver_error::{check, CuFailure};
 
 /// The environment variable that keeps peer copies from enabling peer access: `0`, `off`,
 /// `false` or `no` (any case). Read once per process, on the first peer copy between
@@ -45,6 +45,21 @@ pub fn peer_access_allowed() -> bool {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] if `src_context` is of another backend.
+/// The error of a failed copy from `src` of `source` to `dst` of `ctx`: `InvalidAddress`
+/// naming a side the driver no longer knows (see `CudaDriverContext::fail_copy`).
+pub(super) fn fail_peer_copy(
+    ctx: &CudaDriverContext,
+    failure: CuFailure,
+    dst: DevicePtr,
+    source: &CudaDriverContext,
+    src: DevicePtr,
+) -> Error {
+    match ctx.fail_copy(failure, &[dst]) {
+        e @ Error::InvalidAddress { .. } => e,
+        _ => source.fail_copy(failure, &[src]),
+    }
+}
+
 pub(super) fn cuda_source<'a>(
     operation: &'static str,
     src_context: &'a dyn RawContext,
@@ -160,7 +175,7 @@ impl CudaDriverContext {
         check("cuMemcpyPeer", unsafe {
             sys::cuMemcpyPeer(dst, self.ctx.0, src, src_ctx, len)
         })
-        .map_err(|f| self.fail(f))?;
+        .map_err(|f| fail_peer_copy(self, f, dst, source, src))?;
         // cuMemcpyPeer is asynchronous with respect to the host but serialised with all
         // work in both contexts: wait for this context to finish it.
         // SAFETY: our context is pushed.

@@ -317,7 +317,7 @@ impl CudaDriverContext {
         check("cuMemcpyHtoDAsync_v2", unsafe {
             sys::cuMemcpyHtoDAsync_v2(dst, src.cast::<c_void>(), len, self.stream_for_work(stream))
         })
-        .map_err(|f| self.fail(f))
+        .map_err(|f| self.fail_copy(f, &[dst]))
     }
 
     /// `RawContext::copy_device_to_host_on`: `cuMemcpyDtoHAsync_v2`.
@@ -342,7 +342,7 @@ impl CudaDriverContext {
         check("cuMemcpyDtoHAsync_v2", unsafe {
             sys::cuMemcpyDtoHAsync_v2(dst.cast::<c_void>(), src, len, self.stream_for_work(stream))
         })
-        .map_err(|f| self.fail(f))
+        .map_err(|f| self.fail_copy(f, &[src]))
     }
 
     /// `RawContext::copy_device_to_device_on`: `cuMemcpyDtoDAsync_v2`, or, for
@@ -373,7 +373,7 @@ impl CudaDriverContext {
         check("cuMemcpyDtoDAsync_v2", unsafe {
             sys::cuMemcpyDtoDAsync_v2(dst, src, len, self.stream_for_work(stream))
         })
-        .map_err(|f| self.fail(f))
+        .map_err(|f| self.fail_copy(f, &[dst, src]))
     }
 
     /// Issue an overlapping device-to-device copy on `stream` as a memmove.
@@ -474,7 +474,7 @@ impl CudaDriverContext {
                 self.stream_for_work(stream),
             )
         })
-        .map_err(|f| self.fail(f))
+        .map_err(|f| super::peer::fail_peer_copy(self, f, dst, source, src))
     }
 }
 

@@ -1,12 +1,15 @@
 //! IPC handles: the wire format, opening in the exporting process, in a child process,
 //! and the exporter's lifetime.
 
-use cudabuf_core::{BackendKind, ErrorKind, IpcMemHandle, EXTENDED_HANDLE_LEN};
+use cudabuf_core::{BackendKind, DeviceBuffer, ErrorKind, IpcMemHandle, EXTENDED_HANDLE_LEN};
 
 use super::expect::{
     contents, context0, device_bytes, exclusive_device_bytes, expect_err, pattern, require_ipc,
+    CacheOn,
 };
-use crate::child::{EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, OPEN_DEVICE_VAR, WRITE_VAR};
+use crate::child::{
+    EXPECT_VAR, HANDLE_VAR, IPC_OPEN_AND_CHECK, IPC_OPEN_REFUSED, OPEN_DEVICE_VAR, WRITE_VAR,
+};
 use crate::{CaseResult, Fixture};
 
 /// pyarrow's part of a handle: 8 bytes of size, 64 of raw handle.
@@ -465,5 +468,135 @@ pub(crate) fn ipc_open_in_child_process_on_other_device(f: &Fixture) -> CaseResu
             open_in_child(f, whole, on, Some(open_on))?;
         }
     }
+    Ok(())
+}
+
+/// The allocation (base, size) that holds `buf`: with the caching allocator on, the
+/// segment its block was carved from.
+fn allocation_of(buf: &DeviceBuffer) -> (u64, usize) {
+    buf.context()
+        .raw()
+        .address_range(buf.address())
+        .expect("address_range of a live buffer")
+}
+
+/// `handle`'s bytes with its offset and size replaced, checksum recomputed: what a peer
+/// that edits a handle it was given hands to `open_ipc_buffer`.
+fn forged(handle: &IpcMemHandle, offset: u64, size: u64) -> String {
+    let mut bytes = handle.to_bytes();
+    bytes[0..8].copy_from_slice(&size.to_le_bytes());
+    bytes[88..96].copy_from_slice(&offset.to_le_bytes());
+    super::reliability_inputs::reseal(&mut bytes);
+    hex::encode(bytes)
+}
+
+/// What an exported handle grants a peer, with the caching allocator on (CUDA's default):
+/// the whole backend allocation it lies in. A buffer of `new_buffer` is a block of a
+/// segment, and the handle names the segment plus an offset (as PyTorch's do); a peer
+/// that edits the offset and size opens another live buffer of that segment, on every
+/// backend alike (here it reads the neighbour's bytes and writes over them). A range that
+/// leaves the segment is refused in the peer. A buffer of `new_exclusive_buffer` is its
+/// own allocation: no edited range of its handle reaches past it. In the exporting process
+/// the registry knows each export's range, so the forged handle is refused there.
+pub(crate) fn ipc_handle_grants_its_whole_allocation_and_an_exclusive_one_no_more(
+    f: &Fixture,
+) -> CaseResult {
+    let (backend, ctx) = context0(f);
+    require_ipc(f, &backend)?;
+    let _cache = CacheOn::new(&ctx);
+    // Two buffers of one segment (another case may be carving the same allocator's
+    // segments meanwhile: try again until two land together).
+    let mut discarded = Vec::new();
+    let (exported, neighbour) = loop {
+        let a = device_bytes(&ctx, &pattern(1000, 81));
+        let b = device_bytes(&ctx, &pattern(1000, 82));
+        if allocation_of(&a).0 == allocation_of(&b).0 {
+            break (a, b);
+        }
+        discarded.push((a, b));
+        assert!(discarded.len() < 1000, "no two buffers share a segment");
+    };
+    drop(discarded);
+    let (base, len) = allocation_of(&exported);
+    assert!(
+        len > 2000,
+        "a {len}-byte allocation at {base:#x}: the caching allocator is off"
+    );
+    let handle = exported.export_for_ipc().expect("export_for_ipc");
+    assert_eq!(handle.offset() as u64, exported.address() - base);
+    let at_neighbour = neighbour.address() - base;
+
+    // The peer edits the handle to name the neighbour: it opens, sees the neighbour's
+    // bytes, and its write lands in the neighbour.
+    let write = b"written through an edited handle".to_vec();
+    f.run_child_ok(
+        IPC_OPEN_AND_CHECK,
+        &[
+            (HANDLE_VAR, forged(&handle, at_neighbour, 1000)),
+            (EXPECT_VAR, hex::encode(pattern(1000, 82))),
+            (WRITE_VAR, hex::encode(&write)),
+        ],
+    );
+    let mut expected = pattern(1000, 82);
+    expected[..write.len()].copy_from_slice(&write);
+    assert_eq!(
+        contents(&neighbour),
+        expected,
+        "the peer's write through the edited handle lands in the neighbour"
+    );
+    assert_eq!(
+        contents(&exported),
+        pattern(1000, 81),
+        "the export is untouched"
+    );
+    // In this process the registry refuses it: the export is 1000 bytes elsewhere.
+    let here = IpcMemHandle::from_bytes(&hex::decode(forged(&handle, at_neighbour, 1000)).unwrap())
+        .expect("from_bytes of the edited handle");
+    expect_err(
+        ctx.open_ipc_buffer(&here),
+        ErrorKind::InvalidIpcHandle,
+        "the edited handle opened in the exporting process",
+    );
+
+    // Ranges that leave the segment are refused in the peer.
+    let len = len as u64;
+    for (what, offset, size) in [
+        ("straddling the segment's end", len - 10, 20),
+        ("at the segment's end", len, 1),
+    ] {
+        let out = f.run_child_ok(
+            IPC_OPEN_REFUSED,
+            &[(HANDLE_VAR, forged(&handle, offset, size))],
+        );
+        assert!(out.contains("refused"), "{what}: {out}");
+    }
+
+    // An exclusive buffer is its own allocation: its handle reaches nothing past it.
+    let own = exclusive_device_bytes(&ctx, &pattern(1000, 83));
+    assert_eq!(allocation_of(&own), (own.address(), 1000));
+    let own_handle = own
+        .export_for_ipc()
+        .expect("export_for_ipc of the exclusive buffer");
+    assert_eq!(own_handle.offset(), 0);
+    for (what, offset, size) in [
+        ("990..1010", 990, 20),
+        ("just past it", 1000, 1),
+        ("a neighbour's distance on", at_neighbour.max(1024), 1000),
+    ] {
+        let out = f.run_child_ok(
+            IPC_OPEN_REFUSED,
+            &[(HANDLE_VAR, forged(&own_handle, offset, size))],
+        );
+        assert!(out.contains("refused"), "exclusive, {what}: {out}");
+    }
+    // And its honest handle opens in the peer, exactly.
+    f.run_child_ok(
+        IPC_OPEN_AND_CHECK,
+        &[
+            (HANDLE_VAR, hex::encode(own_handle.to_bytes())),
+            (EXPECT_VAR, hex::encode(pattern(1000, 83))),
+            (WRITE_VAR, hex::encode(b"ok")),
+        ],
+    );
     Ok(())
 }

@@ -211,6 +211,93 @@ pub(crate) fn foreign_buffer_of_freed_pageable_or_unmapped_memory_is_invalid_add
     Ok(())
 }
 
+/// Pinned host memory that has been freed, viewed from the device: `foreign_buffer` (by
+/// its host pointer or its device address, as pyarrow's `foreign_buffer(hbuf.address,
+/// ..)`), `buffer_from_object` of a raw description of it and `get_device_address` are
+/// `InvalidAddress` on every backend (the CUDA driver's answer for such a pointer is
+/// mapped to it), and nothing is counted. Runs alone ([`EXCLUSIVE`](crate::cases::EXCLUSIVE)):
+/// another case's pinned allocation may be handed the freed pointer at once.
+pub(crate) fn foreign_buffer_of_freed_pinned_memory_is_invalid_address(f: &Fixture) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let start = ctx.bytes_allocated();
+    let host = ctx.new_host_buffer(FREED_SIZE).expect("new_host_buffer");
+    let host_ptr = host.as_ptr() as u64;
+    let device_address = host
+        .device_address()
+        .expect("pinned memory is device-mapped");
+    // SAFETY: the view is dropped at once, and no copy runs through it while `host`'s
+    // bytes are referenced.
+    let live = unsafe { ctx.foreign_buffer(host_ptr, 16, None) }.expect("live pinned memory");
+    drop(live);
+    drop(host);
+    for (what, address) in [
+        ("its host pointer", host_ptr),
+        ("its device address", device_address),
+        ("inside it", device_address + 4096),
+    ] {
+        expect_err(
+            // SAFETY: the range is refused before any use.
+            unsafe { ctx.foreign_buffer(address, 16, None) },
+            ErrorKind::InvalidAddress,
+            &format!("foreign_buffer of freed pinned memory by {what}"),
+        );
+        // SAFETY: the description is refused by `buffer_from_object` before any use.
+        let raw = unsafe { RawDeviceMemory::new(address, 16, None) };
+        expect_err(
+            ctx.buffer_from_object(&raw),
+            ErrorKind::InvalidAddress,
+            &format!("buffer_from_object of freed pinned memory by {what}"),
+        );
+        expect_err(
+            ctx.get_device_address(address),
+            ErrorKind::InvalidAddress,
+            &format!("get_device_address of freed pinned memory by {what}"),
+        );
+    }
+    assert_eq!(ctx.bytes_allocated(), start);
+    Ok(())
+}
+
+/// A view of pinned host memory that is freed while the view lives (what `foreign_buffer`'s
+/// contract forbids: the case breaks it on purpose, and only reads through the view, with
+/// nothing allocated in between): a copy out of it, to the host or into a live device
+/// buffer, is refused with `InvalidAddress` on every backend (the simulator checks every
+/// address; the CUDA driver refuses the copy with `CUDA_ERROR_INVALID_VALUE`, which the
+/// CUDA backend maps to `InvalidAddress` once the driver no longer knows the address).
+/// Runs alone ([`EXCLUSIVE`](crate::cases::EXCLUSIVE)): another case's pinned allocation
+/// may be handed the freed memory at once.
+pub(crate) fn copy_through_a_view_of_freed_pinned_memory_is_invalid_address(
+    f: &Fixture,
+) -> CaseResult {
+    let (_b, ctx) = context0(f);
+    let target = ctx.new_buffer(16).expect("new_buffer");
+    let host = ctx.new_host_buffer(FREED_SIZE).expect("new_host_buffer");
+    // SAFETY: not upheld on purpose: `host` is freed below while the view lives. The view
+    // is only read from after that, and the backends refuse the address before touching
+    // it (nothing is allocated between the free and the reads).
+    let view = unsafe { ctx.foreign_buffer(host.as_ptr() as u64, FREED_SIZE, None) }
+        .expect("a view of live pinned memory");
+    drop(host);
+    expect_err(
+        view.copy_to_host(0, Some(16)),
+        ErrorKind::InvalidAddress,
+        "copy_to_host from a view of freed pinned memory",
+    );
+    let mut into = [7u8; 16];
+    expect_err(
+        view.copy_to_host_into(0, &mut into, None),
+        ErrorKind::InvalidAddress,
+        "copy_to_host_into from a view of freed pinned memory",
+    );
+    assert_eq!(into, [7; 16], "nothing was written");
+    expect_err(
+        target.copy_from_device(&view.slice(0, 16).expect("slice"), 0, None),
+        ErrorKind::InvalidAddress,
+        "copy_from_device out of a view of freed pinned memory",
+    );
+    Ok(())
+}
+
 /// `buffer_from_object` of a raw description of freed, pageable or unmapped memory is
 /// `InvalidAddress`.
 pub(crate) fn buffer_from_object_of_freed_pageable_or_unmapped_memory_is_invalid_address(
