@@ -335,7 +335,19 @@ unsafe impl RawContext for SimContext {
     /// the crate docs); `ptr..ptr + len` must be device memory of this device.
     unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
         self.check_alive("mark_free_on")?;
-        self.free_on(ptr, len, stream)
+        self.mark_on(ptr, len, stream, OpWhat::FreeOnStream)
+    }
+
+    /// A write of the range by `stream`: its use elsewhere must be ordered after it.
+    unsafe fn mark_alloc_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        self.check_alive("mark_alloc_on")?;
+        self.mark_on(ptr, len, stream, OpWhat::AllocOnStream)
+    }
+
+    /// `stream_synchronize` that teaches the host nothing (cudabuf's bookkeeping).
+    unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()> {
+        self.check_alive("stream_wait_bookkeeping")?;
+        self.wait_stream_for_bookkeeping(stream)
     }
 
     /// The race detector forgets the accesses to the range (see the crate docs).

@@ -715,6 +715,43 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// Note that `ptr..ptr + len`, part of a live allocation of this context, was just
+    /// allocated in stream order on `stream` ([`Context::new_buffer_on`], as
+    /// `cuMemAllocAsync` allocates): work issued to `stream` afterwards may use it at
+    /// once, other streams and the host only once ordered after `stream`'s work so far
+    /// (an event recorded on it after this call, or a synchronization). That is the rule
+    /// whether or not the memory was used before (a block the caching allocator reuses on
+    /// the same stream at once may still be in use by the stream's earlier work).
+    ///
+    /// A backend that checks ordering takes it as a write of the range by `stream`, so
+    /// that a use on another stream that is not ordered after the allocation is a race
+    /// under every schedule, with the cache on or off. The provided implementation does
+    /// nothing.
+    ///
+    /// # Safety
+    /// As [`mark_free_on`](Self::mark_free_on).
+    ///
+    /// [`Context::new_buffer_on`]: crate::Context::new_buffer_on
+    unsafe fn mark_alloc_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        let _ = (ptr, len, stream);
+        Ok(())
+    }
+
+    /// Wait until the work issued to `stream` so far is done, for cudabuf's own
+    /// bookkeeping (before it frees memory the stream may still use): a
+    /// [`stream_synchronize`](Self::stream_synchronize) that is not a synchronization of
+    /// the user's program. A backend that checks ordering orders nothing of the program
+    /// after it (only the memory cudabuf then retires, see
+    /// [`retire_accesses`](Self::retire_accesses)); the provided implementation is
+    /// `stream_synchronize`.
+    ///
+    /// # Safety
+    /// As [`stream_synchronize`](Self::stream_synchronize).
+    unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()> {
+        // SAFETY: the caller upholds `stream_synchronize`'s contract.
+        unsafe { self.stream_synchronize(stream) }
+    }
+
     /// Note that `address..address + len` (device memory of this context, or the device
     /// view of pinned host memory) changes hands inside cudabuf: every access made to it
     /// so far is complete, as cudabuf knows from [`event_poll`](Self::event_poll) or a

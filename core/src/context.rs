@@ -253,9 +253,22 @@ impl Context {
     /// backend, or is the per-thread default stream (it names a different stream on each
     /// thread, and the buffer may be dropped on another one: use a stream of your own);
     /// [`Error::OutOfMemory`] when the device cannot hold it.
+    #[track_caller]
     pub fn new_buffer_on(&self, stream: &Stream, nbytes: usize) -> Result<DeviceBuffer> {
+        let _call =
+            crate::backend::enter_call(crate::backend::ApiCall::here("Context::new_buffer_on"));
         self.check_order_stream("new_buffer_on", stream)?;
-        self.new_owned_buffer(nbytes, false, Some(stream.handle()))
+        let buffer = self.new_owned_buffer(nbytes, false, Some(stream.handle()))?;
+        if !buffer.is_empty() {
+            // SAFETY: the buffer's range lies in its live allocation of this context; the
+            // stream is live (the buffer holds it) and of this context (checked above).
+            unsafe {
+                self.inner
+                    .raw
+                    .mark_alloc_on(buffer.address(), buffer.size(), stream.raw())
+            }?;
+        }
+        Ok(buffer)
     }
 
     /// `stream` can order memory of this context: a stream of this device context, and
@@ -443,8 +456,11 @@ impl Context {
         // done; the synchronous API's are done when they return), but nothing the user's
         // program did orders what comes next after them: a cached block's next owner, or
         // the free of an exact allocation (a write of all of it, to a race detector).
-        // Work cudabuf does not track is not retired, and still races.
-        self.inner.raw.retire_accesses(address, size);
+        // Work cudabuf does not track is not retired, and still races. (An exact
+        // allocation ordered on streams is retired after cudabuf has waited for them.)
+        if block.is_some() || ordered.is_none() {
+            self.inner.raw.retire_accesses(address, size);
+        }
         if let Some((on, after)) = ordered {
             self.release_in_stream_order(address, size, block, on, after);
         } else {
@@ -490,14 +506,19 @@ impl Context {
             (None, _) => {
                 // An exact allocation is freed by `cuMemFree`, which must not run under
                 // work that may still use the memory: wait for the streams it is ordered
-                // on first (as `cuMemFree` itself waits for the device).
+                // on first (as `cuMemFree` itself waits for the device). The wait is
+                // cudabuf's, not the program's: the program learns nothing from it (with
+                // the cache on, the free would not wait at all).
                 let waited = std::iter::once(on)
                     .chain(after)
                     // SAFETY: the streams are live (the memory holds their handles) and of
                     // this device context (`check_order_stream`, `record_stream`).
-                    .try_for_each(|s| unsafe { self.inner.raw.stream_synchronize(s.raw()) });
+                    .try_for_each(|s| unsafe { self.inner.raw.stream_wait_bookkeeping(s.raw()) });
                 match waited.or_else(|_| self.inner.raw.synchronize()) {
-                    Ok(()) => free_block(&self.inner.raw, address, size),
+                    Ok(()) => {
+                        self.inner.raw.retire_accesses(address, size);
+                        free_block(&self.inner.raw, address, size)
+                    }
                     Err(e) => log::error!(
                         "waiting for the streams of a {size}-byte allocation at {address:#x} \
                          failed ({e}); it is leaked rather than freed under work that may \

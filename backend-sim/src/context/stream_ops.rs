@@ -42,6 +42,22 @@ impl SimContext {
             .destroy_stream(self.device, stream)
     }
 
+    /// `sync_stream` for cudabuf's bookkeeping: waits for the stream's work so far, and
+    /// notes it as seen by cudabuf only (the program learns nothing; see `poll_event`).
+    pub(super) fn wait_stream_for_bookkeeping(&self, stream: RawStream) -> Result<()> {
+        let mut guard = self.shared.lock();
+        let key = guard
+            .streams
+            .resolve_stream("stream_wait_bookkeeping", self.device, stream)?;
+        let target = guard.streams.stream_target(key);
+        let mut guard = self
+            .shared
+            .core
+            .progress_until(guard, |e| e.target_done(&target))?;
+        guard.streams.note_seen_by_cudabuf(&target);
+        Ok(())
+    }
+
     /// Waits until `target` is done, then learns it and reports what failed meanwhile.
     fn wait_for(&self, guard: MutexGuard<'_, State>, target: Option<Target>) -> Result<()> {
         let Some(target) = target else {
@@ -314,31 +330,37 @@ impl SimContext {
         self.issue_copy(state, stream, OpWhat::PeerAsync, to, from, len)
     }
 
-    /// A stream-ordered free of `len` bytes at `ptr` (part of a live device allocation of
-    /// this device) on `stream`: a marker that writes the range, so that the memory's
-    /// next owner races with it unless ordered after it (the same stream, or an event
-    /// recorded after it), and that races itself with earlier accesses it is not ordered
-    /// after.
-    pub(super) fn free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
-        const CALL: &str = "mark_free_on";
+    /// A stream-ordered free (`what` = `FreeOnStream`) or allocation (`AllocOnStream`) of
+    /// `len` bytes at `ptr` (part of a live device allocation of this device) on
+    /// `stream`: a marker that writes the range, so that a use elsewhere (the memory's
+    /// next owner, or another stream) races with it unless ordered after it (the same
+    /// stream, or an event recorded after it), and that races itself with earlier
+    /// accesses it is not ordered after.
+    pub(super) fn mark_on(
+        &self,
+        ptr: DevicePtr,
+        len: usize,
+        stream: RawStream,
+        what: OpWhat,
+    ) -> Result<()> {
+        let call = call_of(what);
         let mut guard = self.shared.lock();
         let state = &mut *guard;
-        let at = state.table.locate(CALL, self.device, ptr, len)?;
+        let at = state.table.locate(call, self.device, ptr, len)?;
         if at.region.kind != RegionKind::Device {
             return Err(cudabuf_core::Error::invalid_address(
                 ptr,
                 format!(
-                    "{CALL}: not a device allocation of this context (it is {} memory)",
+                    "{call}: not a device allocation of this context (it is {} memory)",
                     at.region.kind
                 ),
             ));
         }
-        let key = state.streams.resolve_stream(CALL, self.device, stream)?;
+        let key = state.streams.resolve_stream(call, self.device, stream)?;
         let accesses = [Access::write(at, len)];
-        if let Err(e) =
-            state
-                .streams
-                .issue(key, OpWhat::FreeOnStream, Work::Marker, &accesses, 0, None)
+        if let Err(e) = state
+            .streams
+            .issue(key, what, Work::Marker, &accesses, 0, None)
         {
             return Err(state.streams.defer_race(self.device, e));
         }
@@ -497,5 +519,6 @@ fn call_of(what: OpWhat) -> &'static str {
         OpWhat::FreeHost => "free_host",
         OpWhat::IpcClose => "ipc_close",
         OpWhat::FreeOnStream => "mark_free_on",
+        OpWhat::AllocOnStream => "mark_alloc_on",
     }
 }

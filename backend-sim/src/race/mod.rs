@@ -136,6 +136,14 @@ fn hint(later: &OpLabel, earlier: &OpLabel) -> String {
         " (a non-blocking stream is not ordered with the legacy default stream, where the \
          synchronous API runs)"
     };
+    if earlier.what == OpWhat::AllocOnStream {
+        return format!(
+            "The memory was allocated in stream order on {theirs} (Context::new_buffer_on): \
+             use it elsewhere only after an event recorded there after the allocation \
+             (Stream::record_event, then Stream::wait_event on the stream that uses it, or \
+             Event::synchronize on the host), or after synchronizing that stream."
+        );
+    }
     if earlier.what == OpWhat::FreeOnStream {
         return format!(
             "The memory was freed in stream order on {theirs}: use it again only on that \

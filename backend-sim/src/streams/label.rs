@@ -135,6 +135,7 @@ pub(crate) enum OpWhat {
     FreeHost,
     IpcClose,
     FreeOnStream,
+    AllocOnStream,
 }
 
 impl OpWhat {
@@ -159,6 +160,7 @@ impl OpWhat {
             OpWhat::FreeHost => "free_host",
             OpWhat::IpcClose => "ipc_close",
             OpWhat::FreeOnStream => "stream-ordered free (mark_free_on)",
+            OpWhat::AllocOnStream => "stream-ordered allocation (mark_alloc_on)",
         }
     }
 
@@ -180,6 +182,7 @@ impl OpWhat {
             OpWhat::FreeHost => "free_host",
             OpWhat::IpcClose => "ipc_close",
             OpWhat::FreeOnStream => "free on stream",
+            OpWhat::AllocOnStream => "alloc on stream",
         }
     }
 }
