@@ -314,7 +314,11 @@ impl Op {
     fn is_sync(&self) -> bool {
         matches!(
             self,
-            Op::Wait { .. } | Op::StreamSync { .. } | Op::EventSync { .. } | Op::ContextSync
+            Op::Wait { .. }
+                | Op::StreamSync { .. }
+                | Op::EventSync { .. }
+                | Op::ContextSync
+                | Op::DropStream { .. }
         )
     }
 }
@@ -1214,6 +1218,12 @@ impl Model {
             return vec![Op::ContextSync];
         };
         let target = op.stream().unwrap_or(S::Legacy);
+        if choice % 5 == 4 && src != target {
+            // Dropping the stream's last handle waits for the copies it tracks (after a
+            // query, whose bookkeeping may already have seen them done): a
+            // synchronization when `n` is one of them; otherwise the repair goes on.
+            return vec![Op::StreamQuery { s: src }, Op::DropStream { s: src }];
+        }
         match choice % 4 {
             0 => vec![
                 Op::Record {
@@ -2010,4 +2020,29 @@ fn the_generator_makes_racy_and_correct_programs() {
         random.0 * 2 >= random.1 && mutant.0 >= 3 * mutant.1 && repaired.1 >= 120,
         "(racy, correct): random {random:?}, repaired {repaired:?}, mutant {mutant:?}"
     );
+}
+
+/// Dropping a stream after a query that said "not done" is a synchronization with the
+/// copies it tracks: another stream's copy to the same bytes is ordered after them
+/// (however much cudabuf's bookkeeping saw complete before the drop).
+#[test]
+fn dropping_a_queried_stream_orders_its_copies_before_another_streams() {
+    for s in [S::Legacy, S::Nb2] {
+        assert_contract(&[
+            Op::Upload {
+                s: S::Nb1,
+                buf: 2,
+                range: 0,
+                byte: 0,
+            },
+            Op::StreamQuery { s: S::Nb1 },
+            Op::DropStream { s: S::Nb1 },
+            Op::Upload {
+                s,
+                buf: 2,
+                range: 0,
+                byte: 1,
+            },
+        ]);
+    }
 }

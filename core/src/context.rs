@@ -221,15 +221,19 @@ impl Context {
     /// launched on another stream through cudarc or PyTorch) must be declared with
     /// [`DeviceBuffer::record_stream`]. To use the buffer on another stream, or through
     /// the synchronous API while `stream` is [non-blocking](crate::StreamFlags), order
-    /// that work after `stream`'s (an [`Event`](crate::Event) wait, or a synchronize), as
-    /// for any memory `stream` writes.
+    /// that work after the allocation (an [`Event`](crate::Event) recorded on `stream`
+    /// after it and waited for, or a synchronize), as `cuMemAllocAsync` requires: the
+    /// allocation counts as a write of the buffer by `stream` (the block may be one
+    /// `stream`'s earlier work still uses), and the simulator reports a use that is not
+    /// ordered after it as [`Error::DataRace`], with the cache on or off.
     ///
     /// The block comes from the same caching allocator as [`new_buffer`](Self::new_buffer)
     /// (see [Caching allocator](Self#caching-allocator)): a plain backend allocation, so
     /// the buffer can be exported for IPC, under the same rule. With the cache off (the
     /// simulator's default), the buffer is its own exact allocation, and its free waits
     /// for `stream`'s work issued before it (as `cuMemFree` waits for the device) before
-    /// freeing it.
+    /// freeing it; that wait is cudabuf's, and orders nothing of the program (with the
+    /// cache on there is none).
     ///
     /// ```
     /// # fn main() -> cudabuf_core::Result<()> {

@@ -130,8 +130,13 @@ enum Untracked {
 /// A stream: device work issued to it runs in order, asynchronously from the host (Arrow
 /// C++'s `CudaDevice::Stream`, cudarc's `CudaStream`, `torch.cuda.Stream`).
 ///
-/// Cheap to clone: clones are handles to one stream, destroyed (if cudabuf made it) when
-/// the last clone goes, after the work issued through cudabuf has completed.
+/// Cheap to clone, `Send` and `Sync`: clones are handles to one stream, which threads may
+/// share. It is destroyed (if cudabuf made it) when the last clone goes, and that drop
+/// first waits for the operations the stream tracks (every copy issued through any clone
+/// except a [`Transfer`]'s, which waits for itself), whichever thread issued them and in
+/// whatever order: the drop is a synchronization of the program with them, as
+/// [`synchronize`](Self::synchronize) is, so bytes they wrote may be read afterwards. On
+/// the per-thread default stream it waits for each issuing thread's.
 ///
 /// # Why the copies take the host buffer
 /// An asynchronous copy reads (host to device) or writes (device to host) host memory
