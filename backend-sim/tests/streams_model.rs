@@ -32,31 +32,9 @@ use proptest::strategy::ValueTree;
 
 // ---- The reference model --------------------------------------------------------------
 
-/// A set of operation numbers.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Bits(Vec<u64>);
-
-impl Bits {
-    fn insert(&mut self, i: usize) {
-        if self.0.len() <= i / 64 {
-            self.0.resize(i / 64 + 1, 0);
-        }
-        self.0[i / 64] |= 1 << (i % 64);
-    }
-
-    fn contains(&self, i: usize) -> bool {
-        self.0.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
-    }
-
-    fn union(&mut self, other: &Bits) {
-        if self.0.len() < other.0.len() {
-            self.0.resize(other.0.len(), 0);
-        }
-        for (a, b) in self.0.iter_mut().zip(&other.0) {
-            *a |= b;
-        }
-    }
-}
+#[path = "common/bits.rs"]
+mod bits;
+use bits::Bits;
 
 /// Which stream (the model's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
