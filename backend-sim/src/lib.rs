@@ -88,8 +88,10 @@
 //! is plausible and the same under every schedule.
 //!
 //! **The race detector** checks every operation that touches memory when it is issued
-//! (an operation's ordering is fixed then, so every racy program is flagged whatever the
-//! schedule): device bytes and pinned host bytes (pinned memory reached through its host
+//! (an operation's ordering is fixed then, so the verdict does not depend on the schedule;
+//! `tests/race_contract.rs` holds it to that over generated programs, against an
+//! independent oracle, under 64 seeds of both schedules): device bytes and pinned host
+//! bytes (pinned memory reached through its host
 //! address or its device address is the same bytes). It keeps vector clocks per stream
 //! and per host thread, and per byte range the last writer and the readers since.
 //! Happens-before comes from stream order, event record and wait, the legacy stream's
@@ -110,10 +112,18 @@
 //! (`mark_free_on`: cudabuf's caching allocator freeing a block on a stream, which stays
 //! allocated) is a write of that part by the stream, so the block's next owner races
 //! with it unless its work is ordered after the free (the same stream, or an event
-//! recorded after the free that is known complete or waited for). Modes ([`RaceMode`], from [`SimConfig::races`] or
-//! `CUDABUF_SIM_RACES`): `fail` (default: the racing call returns the error and issues
-//! nothing), `log` (`log::warn!`, and the operation proceeds), `off`; in `fail` and
-//! `log`, races are listed by [`SimBackend::race_report`].
+//! recorded after the free that is known complete or waited for). A stream-ordered
+//! allocation (`mark_alloc_on`: `Context::new_buffer_on`) is likewise a write of the
+//! block by its stream, so a use elsewhere must be ordered after it. Races are reported
+//! in the words of cudabuf's public API when the call came through it
+//! (`cudabuf_core::backend::current_call`): the public method and where it was called,
+//! the stream and where it was made, the bytes of the user's buffer, and a fix. Modes
+//! ([`RaceMode`], from [`SimConfig::races`] or `CUDABUF_SIM_RACES`): `fail` (default: the
+//! racing call returns the error and issues nothing; a race found in a release, which
+//! cudabuf makes from a `Drop` where nobody sees the error, also fails the next call of
+//! the program on that device that returns a `Result`), `log` (`log::warn!`, and the
+//! operation proceeds), `off`; in `fail` and `log`, races are listed by
+//! [`SimBackend::race_report`].
 //!
 //! What it does not see:
 //! - host accesses to pinned memory through Rust references or raw pointers (reading a

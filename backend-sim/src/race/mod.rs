@@ -7,7 +7,8 @@
 //! readers since; an access that does not know (in happens-before) a conflicting earlier
 //! access (write/write, write/read, read/write) is a race. Because an operation's
 //! ordering is fixed when it is issued, the verdict does not depend on the schedule:
-//! a racy program is flagged under every seed, in every mode.
+//! a racy program is flagged under every seed and both schedules (in the `fail` and `log`
+//! modes), and a correct one never is (`tests/race_contract.rs`).
 //!
 //! Pinned memory is tracked by its device address, whichever address (host or device)
 //! the operation used, so both reach the same shadow bytes.
