@@ -203,7 +203,9 @@ impl SimBackend {
     }
 
     /// Makes the `n`th call (1-based, counting from now) of `op` fail with `error`,
-    /// changing nothing.
+    /// changing nothing. An [`Error::OutOfMemory`] given with `requested: 0` for an
+    /// allocation (`FaultOp::Allocate`, `FaultOp::AllocHost`) comes back naming the
+    /// device and the size of the request that failed.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `n` is 0 (or names a call past `u64::MAX`); nothing

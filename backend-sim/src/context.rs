@@ -135,7 +135,10 @@ unsafe impl RawContext for SimContext {
     fn allocate(&self, size: usize) -> Result<DevicePtr> {
         self.check_alive("allocate")?;
         let mut state = self.shared.lock();
-        state.faults.check(FaultOp::Allocate)?;
+        state
+            .faults
+            .check(FaultOp::Allocate)
+            .map_err(|e| crate::faults::for_request(e, self.device, size))?;
         state.table.allocate(self.device, size)
     }
 
@@ -358,7 +361,10 @@ unsafe impl RawContext for SimContext {
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
         self.check_alive("alloc_host")?;
         let mut state = self.shared.lock();
-        state.faults.check(FaultOp::AllocHost)?;
+        state
+            .faults
+            .check(FaultOp::AllocHost)
+            .map_err(|e| crate::faults::for_request(e, self.device, size))?;
         state.table.alloc_pinned(self.device, size)
     }
 

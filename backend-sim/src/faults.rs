@@ -154,6 +154,24 @@ impl Faults {
     }
 }
 
+/// An injected error of an allocation of `size` bytes on `device`: an `OutOfMemory` made
+/// without a size (`requested: 0`, as a test writes it once for every call) names the
+/// request that failed, so that the message says what was asked for.
+pub(crate) fn for_request(error: Error, device: usize, size: usize) -> Error {
+    match error {
+        Error::OutOfMemory {
+            requested: 0,
+            detail,
+            ..
+        } if size > 0 => Error::OutOfMemory {
+            device,
+            requested: size,
+            detail,
+        },
+        other => other,
+    }
+}
+
 /// SplitMix64, as a uniform number in `0..1`.
 fn next_unit(state: &mut u64) -> f64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -171,6 +189,23 @@ mod tests {
 
     fn boom() -> Error {
         Error::unsupported("test", "injected")
+    }
+
+    #[test]
+    fn an_injected_out_of_memory_names_the_request() {
+        let oom = |requested| Error::OutOfMemory {
+            device: 0,
+            requested,
+            detail: "injected".into(),
+        };
+        let e = for_request(oom(0), 1, 300);
+        assert_eq!(
+            e.to_string(),
+            "out of memory on device 1: cannot allocate 300 bytes (injected)"
+        );
+        // A size the test chose stays, and other errors are left alone.
+        assert_eq!(for_request(oom(7), 1, 300), oom(7));
+        assert_eq!(for_request(boom(), 1, 300), boom());
     }
 
     #[test]
