@@ -72,5 +72,5 @@ pub use memory::Owner;
 pub use object::{DataSource, DeviceAccessible, DeviceView, RawDeviceMemory};
 pub use pinned_pool::DEFAULT_STAGING_POOL_LIMIT;
 pub use reader::BufferReader;
-pub use stream::{HostRange, Stream, Transfer};
+pub use stream::{HostRange, IntoHostRange, Stream, Transfer};
 pub use writer::BufferWriter;

@@ -423,15 +423,11 @@ impl Stream {
     /// [`Error::InvalidArgument`] if `dst` is not memory of this stream's context; the
     /// driver's failure. On error the host buffer is dropped.
     #[track_caller]
-    pub fn copy_from_host(
-        &self,
-        dst: &DeviceBuffer,
-        src: impl Into<HostRange>,
-    ) -> Result<Transfer> {
+    pub fn copy_from_host(&self, dst: &DeviceBuffer, src: impl IntoHostRange) -> Result<Transfer> {
         let _call = enter_call(
             ApiCall::here("Stream::copy_from_host").with_buffer(dst.address(), dst.size()),
         );
-        let src = src.into();
+        let src = src.into_host_range();
         self.check_buffer(dst, "Stream::copy_from_host")?;
         if src.len > dst.size() {
             return Err(Error::out_of_range(
@@ -471,11 +467,11 @@ impl Stream {
     /// [`Error::OutOfRange`] if `dst` is smaller than `src`; as
     /// [`copy_from_host`](Self::copy_from_host).
     #[track_caller]
-    pub fn copy_to_host(&self, src: &DeviceBuffer, dst: impl Into<HostRange>) -> Result<Transfer> {
+    pub fn copy_to_host(&self, src: &DeviceBuffer, dst: impl IntoHostRange) -> Result<Transfer> {
         let _call = enter_call(
             ApiCall::here("Stream::copy_to_host").with_buffer(src.address(), src.size()),
         );
-        let dst = dst.into();
+        let dst = dst.into_host_range();
         self.check_buffer(src, "Stream::copy_to_host")?;
         if src.size() > dst.len {
             return Err(Error::out_of_range(
@@ -574,11 +570,11 @@ impl Stream {
     /// # Errors
     /// As [`copy_from_host`](Self::copy_from_host). On error the buffer is recycled.
     #[track_caller]
-    pub fn copy_from_staging(&self, dst: &DeviceBuffer, src: impl Into<HostRange>) -> Result<()> {
+    pub fn copy_from_staging(&self, dst: &DeviceBuffer, src: impl IntoHostRange) -> Result<()> {
         let _call = enter_call(
             ApiCall::here("Stream::copy_from_staging").with_buffer(dst.address(), dst.size()),
         );
-        let src = src.into();
+        let src = src.into_host_range();
         let checked = self
             .check_buffer(dst, "Stream::copy_from_staging")
             .and_then(|()| {
@@ -1132,6 +1128,34 @@ impl HostRange {
     /// The whole buffer back.
     pub fn into_buffer(self) -> HostBuffer {
         self.buffer
+    }
+}
+
+/// What an asynchronous copy reads from or writes into: pinned host memory, owned (a
+/// [`HostBuffer`], or a [`HostRange`] of one), so that no Rust reference can touch it
+/// while the copy runs. Pageable bytes (`&[u8]`, `Vec<u8>`) have their own calls.
+#[diagnostic::on_unimplemented(
+    message = "an asynchronous copy needs pinned host memory it can own, not `{Self}`",
+    label = "not a `HostBuffer` or a `HostRange`",
+    note = "to upload pageable bytes (`&[u8]`, `Vec<u8>`) use `Stream::copy_from_slice` (staged \
+            through pinned memory at once), or `DeviceBuffer::copy_from_host` (synchronous)",
+    note = "for pinned memory: `ctx.new_host_buffer(n)?` (or `ctx.staging_buffer(n)?`), then \
+            pass the buffer itself, or `buffer.into_range(a..b)?`; the copy gives it back"
+)]
+pub trait IntoHostRange {
+    /// The range the copy uses.
+    fn into_host_range(self) -> HostRange;
+}
+
+impl IntoHostRange for HostBuffer {
+    fn into_host_range(self) -> HostRange {
+        self.into()
+    }
+}
+
+impl IntoHostRange for HostRange {
+    fn into_host_range(self) -> HostRange {
+        self
     }
 }
 
