@@ -39,7 +39,6 @@ fn oom(requested: usize) -> Error {
 fn results_are_read_only_after_synchronize() {
     let mut mock = MockRawContext::new();
     let mut seq = Sequence::new();
-    mock.expect_device_ordinal().return_const(0usize);
     mock.expect_allocate()
         .with(predicate::eq(4))
         .times(1)
@@ -74,7 +73,6 @@ fn results_are_read_only_after_synchronize() {
 #[test]
 fn a_failed_synchronize_reads_nothing() {
     let mut mock = MockRawContext::new();
-    mock.expect_device_ordinal().return_const(0usize);
     mock.expect_allocate().returning(|_| Ok(0x2000));
     mock.expect_synchronize().returning(|| {
         Err(Error::Driver {
@@ -98,7 +96,6 @@ fn a_failed_synchronize_reads_nothing() {
 #[test]
 fn scratch_allocation_halves_on_out_of_memory() {
     let mut mock = MockRawContext::new();
-    mock.expect_device_ordinal().return_const(0usize);
     mock.expect_allocate()
         .with(predicate::ge(512))
         .times(2)
@@ -119,7 +116,6 @@ fn scratch_allocation_halves_on_out_of_memory() {
 #[test]
 fn scratch_allocation_gives_up_at_the_minimum() {
     let mut mock = MockRawContext::new();
-    mock.expect_device_ordinal().return_const(0usize);
     mock.expect_allocate().times(3).returning(|n| Err(oom(n)));
 
     // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
@@ -145,7 +141,6 @@ fn download_on_stream(
 fn stream_downloads_are_read_only_after_the_copy_completes() {
     let mut mock = MockRawContext::new();
     let mut seq = Sequence::new();
-    mock.expect_device_ordinal().return_const(0usize);
     mock.expect_handle().return_const(0x51u64);
     mock.expect_allocate().returning(|_| Ok(0x1000));
     mock.expect_alloc_host().returning(|_| Ok(0x9000));

@@ -27,7 +27,6 @@ fn backend_seam_misuse_does_not_compile() {
 #[test]
 fn mock_context_pinned_memory_is_real_and_safe_to_use() {
     let mut mock = MockRawContext::new();
-    mock.expect_device_ordinal().return_const(0usize);
     mock.expect_alloc_host().times(1).returning(|_| Ok(0x9000));
     mock.expect_free_host()
         .withf(|&device_ptr, &size| device_ptr == 0x9000 && size == 4096)

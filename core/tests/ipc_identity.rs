@@ -28,7 +28,6 @@ fn exported(backend: &Backend, device: usize, len: usize) -> (DeviceBuffer, IpcM
 /// A mock context on device 0, labelled `kind`.
 fn mock_context(kind: BackendKind) -> Context {
     let mut mock = MockRawContext::new();
-    mock.expect_device_ordinal().return_const(0usize);
     mock.expect_handle().return_const(0x1D_0026u64);
     // SAFETY: a `Sim` label is a mock's right one. A `Cuda` one is against `from_raw`'s
     // rule, on purpose: the test needs a context that says CUDA in a process where the

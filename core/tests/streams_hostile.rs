@@ -491,7 +491,6 @@ fn an_infinite_or_nan_elapsed_time_is_a_typed_error_not_a_panic() {
     use cudabuf_core::BackendKind;
     for reported in [f32::INFINITY, f32::NAN, f32::MAX, 1.5, -0.25] {
         let mut mock = MockRawContext::new();
-        mock.expect_device_ordinal().return_const(0usize);
         mock.expect_handle().return_const(7u64);
         mock.expect_event_create().returning(|_| Ok(0x51));
         mock.expect_event_record().returning(|_, _| Ok(()));
@@ -536,9 +535,7 @@ fn an_infinite_or_nan_elapsed_time_is_a_typed_error_not_a_panic() {
 fn impostor(real: &Context, target: u64) -> Context {
     use cudabuf_core::backend::MockRawContext;
     use cudabuf_core::BackendKind;
-    let mut mock = MockRawContext::new();
-    mock.expect_device_ordinal()
-        .return_const(real.device_number());
+    let mut mock = MockRawContext::on_device(real.device_number());
     mock.expect_handle().return_const(real.handle());
     mock.expect_allocate().returning(move |_| Ok(target));
     mock.expect_free().returning(|_| Ok(()));

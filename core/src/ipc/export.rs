@@ -367,7 +367,6 @@ mod tests {
     fn mock_context(handle: u64, hook: Arc<DropDuringOpen>) -> Context {
         static NEXT_SEGMENT: AtomicU64 = AtomicU64::new(1);
         let mut mock = MockRawContext::new();
-        mock.expect_device_ordinal().return_const(0usize);
         mock.expect_handle().return_const(handle);
         mock.expect_allocate()
             .returning(|_| Ok(NEXT_SEGMENT.fetch_add(1, Ordering::Relaxed) * SPAN));

@@ -8,7 +8,6 @@ use cudabuf_core::backend::MockRawContext;
 use cudabuf_core::{BackendKind, Context};
 
 fn main() {
-    let mut mock = MockRawContext::new();
-    mock.expect_device_ordinal().return_const(0usize);
+    let mock = MockRawContext::new();
     let _lying = Context::from_raw(Arc::new(mock), BackendKind::Cuda);
 }
