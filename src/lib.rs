@@ -42,7 +42,8 @@ pub use cudabuf_cuda as cuda;
 #[cfg(feature = "arrow")]
 pub use cudabuf_arrow as device_arrow;
 
-/// pyarrow.cuda's record-batch functions, at the top level as in pyarrow (`arrow` feature).
+// pyarrow.cuda's record-batch functions, at the top level as in pyarrow (`arrow` feature).
+// (A plain comment: a doc comment here would be prepended to each item's own summary.)
 #[cfg(feature = "arrow")]
 pub use cudabuf_arrow::{
     read_message, read_record_batch, serialize_record_batch, DeviceMessage, DeviceRecordBatch,

@@ -266,6 +266,44 @@ impl SimBackend {
         }
     }
 
+    /// Panics, naming each one, if this instance has detected a data race (in
+    /// [`RaceMode::Log`] as in [`RaceMode::Fail`]) or still holds allocations: the end of
+    /// a test, once its buffers are dropped. Both reports are also returned by
+    /// [`race_report`](Self::race_report) and [`leak_report`](Self::leak_report); this
+    /// is the way to see them without installing a logger (the simulator logs races in
+    /// `log` mode, and the leaks it finds when its last handle goes, through `log` only).
+    ///
+    /// ```should_panic
+    /// use cudabuf_sim::SimBackend;
+    ///
+    /// let sim = SimBackend::new();
+    /// let ctx = cudabuf_core::Backend::new(sim.clone()).context(0)?;
+    /// let kept = ctx.new_buffer(64)?;
+    /// sim.assert_clean(); // panics: the 64-byte buffer is still allocated
+    /// # drop(kept);
+    /// # Ok::<(), cudabuf_core::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn assert_clean(&self) {
+        let races = self.race_report();
+        let leaks = self.leak_report();
+        if !races.is_empty() || !leaks.is_empty() {
+            panic!(
+                "the simulator is not clean:\n{}\n{}",
+                if races.is_empty() {
+                    "no data races".to_string()
+                } else {
+                    races.to_string()
+                },
+                if leaks.is_empty() {
+                    "no allocations held".to_string()
+                } else {
+                    leaks.to_string()
+                }
+            );
+        }
+    }
+
     /// The live allocations of every kind on every device.
     pub fn leak_report(&self) -> LeakReport {
         self.inner

@@ -436,3 +436,36 @@ fn a_race_report_names_the_calls_their_sites_the_users_buffer_and_a_fix() {
     }
     stream.synchronize().unwrap();
 }
+
+/// `SimBackend::assert_clean` shows what `log` mode only logs: a race the program went
+/// past, and allocations still held; a clean program passes it.
+#[test]
+fn assert_clean_names_a_log_mode_race_and_a_held_allocation() {
+    let sim = SimBackend::with_config(SimConfig {
+        races: Some(RaceMode::Log),
+        ..SimConfig::default()
+    })
+    .unwrap();
+    let ctx = context(&sim);
+    {
+        let buf = ctx.new_buffer(16).unwrap();
+        let stream = non_blocking(&ctx);
+        stream.copy_from_slice(&buf, &[1; 16]).unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(buf.to_vec().unwrap(), vec![1; 16]);
+    }
+    sim.assert_clean();
+
+    let buf = ctx.new_buffer(16).unwrap();
+    let stream = non_blocking(&ctx);
+    stream.copy_from_slice(&buf, &[2; 16]).unwrap();
+    let _ = buf.to_vec().unwrap(); // a race: log mode lets it through
+    let sim2 = sim.clone();
+    let panic = std::panic::catch_unwind(move || sim2.assert_clean())
+        .expect_err("a race and a held buffer are not clean");
+    let text = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(text.contains("1 data race(s) detected"), "{text}");
+    assert!(text.contains("DeviceBuffer::to_vec"), "{text}");
+    assert!(text.contains("16"), "the held buffer is listed: {text}");
+    stream.synchronize().unwrap();
+}

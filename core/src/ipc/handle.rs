@@ -164,7 +164,8 @@ impl IpcMemHandle {
         &self.raw
     }
 
-    /// The handle as bytes, in cudabuf's extended format (see the module docs).
+    /// The handle as bytes, in cudabuf's extended format ([`HandleFormat::Extended`]:
+    /// pyarrow's 72 bytes, then the backend, device, offset, exporter and a checksum).
     ///
     /// pyarrow reads only the first 72 bytes, which name the whole allocation: for an
     /// exported slice at a nonzero offset, pyarrow would open the start of the allocation.
