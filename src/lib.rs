@@ -42,6 +42,12 @@ pub use cudabuf_cuda as cuda;
 #[cfg(feature = "arrow")]
 pub use cudabuf_arrow as device_arrow;
 
+/// arrow-rs, the version cudabuf is built on (60), with the `arrow` feature: take
+/// `RecordBatch` and the other Arrow types from here, so that they are the ones
+/// `cudabuf::device_arrow` takes.
+#[cfg(feature = "arrow")]
+pub use cudabuf_arrow::arrow;
+
 // pyarrow.cuda's record-batch functions, at the top level as in pyarrow (`arrow` feature).
 // (A plain comment: a doc comment here would be prepended to each item's own summary.)
 #[cfg(feature = "arrow")]

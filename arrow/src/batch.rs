@@ -38,6 +38,35 @@ pub struct DeviceRecordBatch {
 }
 
 impl DeviceRecordBatch {
+    /// Upload `batch` to the device of `ctx` in one call: [`serialize_record_batch`]
+    /// (one IPC message in one device buffer), then [`read_record_batch`] over it (column
+    /// buffers are zero-copy slices of that message's body). pyarrow's two calls stay
+    /// for code that keeps the message.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// use cudabuf_arrow::DeviceRecordBatch;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])?;
+    /// let on_device = DeviceRecordBatch::from_host(&batch, &ctx)?;
+    /// assert_eq!(on_device.num_rows(), 3);
+    /// assert_eq!(on_device.to_host()?, batch);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`serialize_record_batch`] (dictionary-encoded columns need
+    /// [`DeviceStreamWriter`](crate::DeviceStreamWriter)) and [`read_record_batch`].
+    ///
+    /// [`serialize_record_batch`]: crate::serialize_record_batch
+    pub fn from_host(batch: &RecordBatch, ctx: &Context) -> Result<Self> {
+        let message = crate::serialize_record_batch(batch, ctx)?;
+        read_record_batch(&message, batch.schema_ref())
+    }
+
     /// Build a batch from a record batch message (pyarrow's `read_record_batch` on a
     /// message). The message must be a record batch without dictionary-encoded columns;
     /// read streams with dictionaries through

@@ -100,6 +100,13 @@ mod ordering;
 mod serialize;
 mod stream;
 
+/// The arrow-rs crate cudabuf-arrow is built on (version 60): use its types through this
+/// path (`cudabuf_arrow::arrow::record_batch::RecordBatch`, or `cudabuf::arrow` with the
+/// facade's `arrow` feature), so that they are the ones cudabuf's functions take. Another
+/// major version of `arrow` in your `Cargo.toml` gives two `RecordBatch` types and the
+/// error "expected `RecordBatch`, found `RecordBatch`".
+pub use arrow;
+
 pub use array::DeviceArray;
 pub use batch::{read_record_batch, DeviceRecordBatch};
 pub use c_device::{
