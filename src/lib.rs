@@ -31,15 +31,18 @@
 pub use cudabuf_core::*;
 
 /// The simulator backend (`cudabuf-sim`): [`sim::SimBackend`], fault injection, leak reports.
+#[doc(inline)]
 pub use cudabuf_sim as sim;
 
 /// The CUDA backend (`cudabuf-cuda`), with the `cuda` feature.
 #[cfg(feature = "cuda")]
+#[doc(inline)]
 pub use cudabuf_cuda as cuda;
 
 /// Arrow on the device (`cudabuf-arrow`), with the `arrow` feature: record batches and
 /// IPC streams in device memory, and the Arrow C Device Data Interface.
 #[cfg(feature = "arrow")]
+#[doc(inline)]
 pub use cudabuf_arrow as device_arrow;
 
 /// arrow-rs, the version cudabuf is built on (60), with the `arrow` feature: take
