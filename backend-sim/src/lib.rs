@@ -3,7 +3,7 @@
 //! them.
 //!
 //! [`SimBackend`] implements cudabuf's backend traits ([`Platform`], [`Device`],
-//! [`Context`]) with several devices of a configured capacity (default: 2 devices of
+//! [`RawContext`]) with several devices of a configured capacity (default: 2 devices of
 //! 1 GiB).
 //!
 //! # The rules it enforces
@@ -143,11 +143,10 @@
 //! one); handles of other instances, destroyed handles and double destroys are
 //! [`Error::InvalidArgument`].
 //!
-//! A racy program, caught, and its synchronized twin:
+//! A racy program, caught, and its synchronized twin, through cudabuf's public API:
 //!
 //! ```
-//! use cudabuf_core::backend::{Platform, StreamFlags};
-//! use cudabuf_core::ErrorKind;
+//! use cudabuf_core::{Backend, ErrorKind, StreamFlags};
 //! use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
 //!
 //! let sim = SimBackend::with_config(SimConfig {
@@ -155,31 +154,25 @@
 //!     races: Some(RaceMode::Fail),
 //!     ..SimConfig::default()
 //! })?;
-//! let ctx = sim.device(0)?.primary_context()?;
-//! let dev = ctx.allocate(64)?;
-//! let host = ctx.alloc_host(64)?;
-//! let stream = ctx.stream_create(StreamFlags { non_blocking: true, priority: 0 })?;
-//! // SAFETY: pinned memory and a device allocation of this context, both alive (and the
-//! // host bytes untouched) until the stream is synchronized below.
-//! unsafe { ctx.copy_host_to_device_on(dev, host.host_ptr(), 64, stream)? };
+//! let ctx = Backend::new(sim.clone()).context(0)?;
+//! let buf = ctx.new_buffer(64)?;
+//! let stream = ctx.new_stream_with(StreamFlags { non_blocking: true, priority: 0 })?;
+//! stream.copy_from_slice(&buf, &[7; 64])?;
 //! // A synchronous read runs on the legacy stream, which a non-blocking stream is not
-//! // ordered with: a race, whatever the schedule.
-//! let mut out = [0u8; 64];
-//! // SAFETY: a live 64-byte allocation of this context.
-//! let err = unsafe { ctx.copy_device_to_host(&mut out, dev) }.unwrap_err();
+//! // ordered with: a race, under every seed and schedule. The error names both calls,
+//! // the lines they were made on, the bytes, and what would order them.
+//! let err = buf.to_vec().unwrap_err();
 //! assert_eq!(err.kind(), ErrorKind::DataRace);
+//! assert!(err.to_string().contains("Stream::synchronize"));
 //! assert_eq!(sim.race_report().len(), 1);
-//! // SAFETY: as above; everything is freed once, after the last use.
-//! unsafe {
-//!     ctx.stream_synchronize(stream)?;
-//!     ctx.copy_device_to_host(&mut out, dev)?;
-//!     ctx.stream_destroy(stream)?;
-//!     ctx.free(dev)?;
-//!     ctx.free_host(host)?;
-//! }
-//! assert_eq!(out, [0; 64]);
+//! // The twin: wait for the stream first.
+//! stream.synchronize()?;
+//! assert_eq!(buf.to_vec()?, [7; 64]);
 //! # Ok::<(), cudabuf_core::Error>(())
 //! ```
+//!
+//! The backend traits ([`Platform`], [`Device`], [`RawContext`]) are what cudabuf's core
+//! drives; tests of a backend call them directly (`sim.device(0)?.primary_context()?`).
 //!
 //! # IPC across processes
 //! Allocations live in plain heap memory until their first export, when their bytes move
@@ -234,7 +227,7 @@
 //!
 //! [`Platform`]: cudabuf_core::backend::Platform
 //! [`Device`]: cudabuf_core::backend::Device
-//! [`Context`]: cudabuf_core::backend::RawContext
+//! [`RawContext`]: cudabuf_core::backend::RawContext
 //! [`Context::device_address`]: cudabuf_core::backend::RawContext::device_address
 //! [`Error::InvalidAddress`]: cudabuf_core::Error::InvalidAddress
 //! [`Error::OutOfMemory`]: cudabuf_core::Error::OutOfMemory
