@@ -17,7 +17,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cudabuf::{Event, StreamFlags, Transfer};
+use cudabuf::{Event, HostRange, StreamFlags, Transfer};
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -72,7 +72,7 @@ fn run() -> AnyResult<()> {
         Some(ctx.new_host_buffer(chunk)?),
         Some(ctx.new_host_buffer(chunk)?),
     ];
-    let mut transfers: [Option<Transfer>; 2] = [None, None];
+    let mut transfers: [Option<Transfer<HostRange>>; 2] = [None, None];
     let mut consumed: [Option<Event>; 2] = [None, None];
 
     let start = Instant::now();
@@ -81,7 +81,10 @@ fn run() -> AnyResult<()> {
         let len = chunk.min(total - at);
         // The slot's previous upload must be done before the host writes its buffer.
         let mut host = match transfers[slot].take() {
-            Some(transfer) => transfer.wait()?,
+            Some(transfer) => transfer
+                .wait()?
+                .into_buffer()
+                .map_err(|_| "a window from into_range gives its whole buffer back")?,
             None => hosts[slot]
                 .take()
                 .ok_or("a slot holds its buffer or a transfer")?,

@@ -92,7 +92,8 @@
 use std::fmt;
 
 use cudabuf_core::{
-    Backend, Context, DeviceBuffer, ErrorKind, Event, HostBuffer, Stream, StreamFlags, Transfer,
+    Backend, Context, DeviceBuffer, ErrorKind, Event, HostBuffer, HostRange, Stream, StreamFlags,
+    Transfer,
 };
 use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
 use proptest::prelude::*;
@@ -1375,7 +1376,7 @@ fn program_strategy() -> impl Strategy<Value = Program> {
 enum HostR {
     Empty,
     Idle(HostBuffer),
-    InFlight(Transfer),
+    InFlight(Transfer<HostRange>),
 }
 
 /// The program's objects.
@@ -1572,7 +1573,10 @@ impl Real {
                 else {
                     unreachable!("runnable")
                 };
-                let h = t.wait()?;
+                let h = t
+                    .wait()?
+                    .into_buffer()
+                    .expect("a window from into_range gives its whole buffer back");
                 let bytes = h.to_vec();
                 self.hosts[host] = HostR::Idle(h);
                 return Ok(Outcome::Bytes(bytes));

@@ -136,6 +136,19 @@ impl HostBuffer {
     }
 
     /// Whether no device view (or other owner) of this memory exists.
+    /// Whether `self` and `other` are handles of one allocation.
+    pub(crate) fn same_memory(&self, other: &HostBuffer) -> bool {
+        Arc::ptr_eq(&self.memory, &other.memory)
+    }
+
+    /// Another handle of this allocation, for the ranges split from it (`HostRange`),
+    /// which never read or write it as a whole.
+    pub(crate) fn share_for_split(&self) -> HostBuffer {
+        HostBuffer {
+            memory: self.memory.clone(),
+        }
+    }
+
     pub(crate) fn is_unshared(&self) -> bool {
         Arc::strong_count(&self.memory) == 1
     }

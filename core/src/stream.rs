@@ -4,7 +4,6 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::ThreadId;
@@ -17,6 +16,8 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::host::HostBuffer;
+use crate::host_range::{sealed::Token, GiveBack, HostRange, IntoHostRange};
+use std::marker::PhantomData;
 
 /// What a stream is, for its drop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +33,9 @@ enum StreamKind {
 /// Something an operation in flight uses, held until it is known complete.
 enum Held {
     Device(DeviceBuffer),
-    /// A pooled pinned staging buffer: back to the context's pool when done.
-    Staging(HostBuffer),
+    /// Pinned staging memory (a pooled buffer, or a range of one): back to the context's
+    /// pool when done, if nothing else shares its buffer.
+    Staging(HostRange),
 }
 
 /// An operation issued to the stream and the memory it uses.
@@ -423,24 +425,28 @@ impl Stream {
     /// [`Error::InvalidArgument`] if `dst` is not memory of this stream's context; the
     /// driver's failure. On error the host buffer is dropped.
     #[track_caller]
-    pub fn copy_from_host(&self, dst: &DeviceBuffer, src: impl IntoHostRange) -> Result<Transfer> {
+    pub fn copy_from_host<S: IntoHostRange>(
+        &self,
+        dst: &DeviceBuffer,
+        src: S,
+    ) -> Result<Transfer<S::Output>> {
         let _call = enter_call(
             ApiCall::here("Stream::copy_from_host").with_buffer(dst.address(), dst.size()),
         );
         let src = src.into_host_range();
         self.check_buffer(dst, "Stream::copy_from_host")?;
-        if src.len > dst.size() {
+        if src.len() > dst.size() {
             return Err(Error::out_of_range(
                 "Stream::copy_from_host",
                 "device buffer",
                 0,
-                src.len,
+                src.len(),
                 dst.size(),
             ));
         }
         self.release_completed()?;
-        if src.len == 0 {
-            return Ok(Transfer::completed(src.buffer));
+        if src.is_empty() {
+            return Ok(Transfer::completed(src));
         }
         let done = self.take_event()?;
         // SAFETY: `src` is pinned memory (`HostBuffer` comes from `alloc_host`) and its range
@@ -450,12 +456,12 @@ impl Stream {
         let issued = unsafe {
             self.inner.handle.ctx.raw().copy_host_to_device_on(
                 dst.address(),
-                src.buffer.host_ptr().add(src.offset),
-                src.len,
+                src.host_ptr(),
+                src.len(),
                 self.inner.handle.raw,
             )
         };
-        self.finish_transfer(issued, done, src.buffer, dst)
+        self.finish_transfer(issued, done, src, dst)
     }
 
     /// Copy all of `src` (device memory) into the start of the pinned host bytes `dst` (a
@@ -467,37 +473,41 @@ impl Stream {
     /// [`Error::OutOfRange`] if `dst` is smaller than `src`; as
     /// [`copy_from_host`](Self::copy_from_host).
     #[track_caller]
-    pub fn copy_to_host(&self, src: &DeviceBuffer, dst: impl IntoHostRange) -> Result<Transfer> {
+    pub fn copy_to_host<D: IntoHostRange>(
+        &self,
+        src: &DeviceBuffer,
+        dst: D,
+    ) -> Result<Transfer<D::Output>> {
         let _call = enter_call(
             ApiCall::here("Stream::copy_to_host").with_buffer(src.address(), src.size()),
         );
         let dst = dst.into_host_range();
         self.check_buffer(src, "Stream::copy_to_host")?;
-        if src.size() > dst.len {
+        if src.size() > dst.len() {
             return Err(Error::out_of_range(
                 "Stream::copy_to_host",
                 "host buffer",
-                dst.offset,
+                dst.offset(),
                 src.size(),
-                dst.offset + dst.len,
+                dst.offset() + dst.len(),
             ));
         }
         self.release_completed()?;
         if src.is_empty() {
-            return Ok(Transfer::completed(dst.buffer));
+            return Ok(Transfer::completed(dst));
         }
         let done = self.take_event()?;
         // SAFETY: as in `copy_from_host`: the transfer owns the pinned destination until
         // the copy is known complete, so no Rust reference to it exists meanwhile.
         let issued = unsafe {
             self.inner.handle.ctx.raw().copy_device_to_host_on(
-                dst.buffer.host_ptr().add(dst.offset),
+                dst.host_ptr(),
                 src.address(),
                 src.size(),
                 self.inner.handle.raw,
             )
         };
-        self.finish_transfer(issued, done, dst.buffer, src)
+        self.finish_transfer(issued, done, dst, src)
     }
 
     /// Copy all of `src` (pageable host memory) to the start of `dst` on this stream: the
@@ -540,7 +550,7 @@ impl Stream {
                 self.inner.handle.raw,
             )
         };
-        let mut held = vec![Held::Staging(staging)];
+        let mut held = vec![Held::Staging(HostRange::from(staging))];
         held.extend(self.hold(dst));
         self.finish_tracked(issued, done, held)
     }
@@ -578,30 +588,30 @@ impl Stream {
         let checked = self
             .check_buffer(dst, "Stream::copy_from_staging")
             .and_then(|()| {
-                if src.len > dst.size() {
+                if src.len() > dst.size() {
                     return Err(Error::out_of_range(
                         "Stream::copy_from_staging",
                         "device buffer",
                         0,
-                        src.len,
+                        src.len(),
                         dst.size(),
                     ));
                 }
                 self.release_completed()
             });
         if let Err(e) = checked {
-            self.context().recycle_staging_buffer(src.buffer);
+            recycle_range(self.context(), src);
             return Err(e);
         }
-        if src.len == 0 {
-            self.context().recycle_staging_buffer(src.buffer);
+        if src.is_empty() {
+            recycle_range(self.context(), src);
             return Ok(());
         }
         let _issuing = self.issuing();
         let done = match self.take_event() {
             Ok(done) => done,
             Err(e) => {
-                self.context().recycle_staging_buffer(src.buffer);
+                recycle_range(self.context(), src);
                 return Err(e);
             }
         };
@@ -612,14 +622,14 @@ impl Stream {
         let issued = unsafe {
             self.inner.handle.ctx.raw().copy_host_to_device_on(
                 dst.address(),
-                src.buffer.host_ptr().add(src.offset),
-                src.len,
+                src.host_ptr(),
+                src.len(),
                 self.inner.handle.raw,
             )
         };
         // On error `finish_tracked` has either not issued the copy or waited for it, and
         // drops what it was given: the staging buffer is freed, not recycled.
-        let mut held = vec![Held::Staging(src.buffer)];
+        let mut held = vec![Held::Staging(src)];
         held.extend(self.hold(dst));
         self.finish_tracked(issued, done, held)
     }
@@ -855,13 +865,13 @@ impl Stream {
         }
     }
 
-    fn finish_transfer(
+    fn finish_transfer<H: GiveBack>(
         &self,
         issued: Result<()>,
         done: RawEvent,
-        host: HostBuffer,
+        host: HostRange,
         device: &DeviceBuffer,
-    ) -> Result<Transfer> {
+    ) -> Result<Transfer<H>> {
         match self.record_done(issued, done) {
             Ok(()) => Ok(Transfer {
                 pending: Some(TransferCopy {
@@ -871,6 +881,7 @@ impl Stream {
                 }),
                 host: Some(host),
                 _device: Some(device.clone()),
+                gives_back: PhantomData,
             }),
             Err(Untracked::Settled(e)) => {
                 // Not issued, or issued and synchronized: the host buffer is free.
@@ -989,9 +1000,18 @@ impl Stream {
         for h in held {
             match h {
                 Held::Device(buffer) => drop(buffer),
-                Held::Staging(host) => self.context().recycle_staging_buffer(host),
+                Held::Staging(range) => recycle_range(self.context(), range),
             }
         }
+    }
+}
+
+/// Give staging memory back to `ctx`'s pool once a copy is done with it: the whole
+/// buffer, if no other range of it is left (otherwise this range just goes, and the
+/// memory with its last range).
+fn recycle_range(ctx: &Context, range: HostRange) {
+    if let Some(buffer) = range.into_unshared_buffer() {
+        ctx.recycle_staging_buffer(buffer);
     }
 }
 
@@ -1079,7 +1099,7 @@ impl Drop for StreamInner {
             for h in op.held {
                 match h {
                     Held::Device(buffer) => drop(buffer),
-                    Held::Staging(host) => self.handle.ctx.recycle_staging_buffer(host),
+                    Held::Staging(range) => recycle_range(&self.handle.ctx, range),
                 }
             }
         }
@@ -1099,126 +1119,21 @@ impl fmt::Debug for Stream {
     }
 }
 
-/// A range of a pinned [`HostBuffer`], owned: what an asynchronous copy reads from or
-/// writes into. Made with [`HostBuffer::into_range`]; a whole `HostBuffer` converts into
-/// one.
-#[derive(Debug)]
-pub struct HostRange {
-    buffer: HostBuffer,
-    offset: usize,
-    len: usize,
-}
-
-impl HostRange {
-    /// The offset of the range in its buffer.
-    pub fn offset(&self) -> usize {
-        self.offset
-    }
-
-    /// The length of the range.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the range is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The whole buffer back.
-    pub fn into_buffer(self) -> HostBuffer {
-        self.buffer
-    }
-}
-
-/// What an asynchronous copy reads from or writes into: pinned host memory, owned (a
-/// [`HostBuffer`], or a [`HostRange`] of one), so that no Rust reference can touch it
-/// while the copy runs. Pageable bytes (`&[u8]`, `Vec<u8>`) have their own calls.
-#[diagnostic::on_unimplemented(
-    message = "an asynchronous copy needs pinned host memory it can own, not `{Self}`",
-    label = "not a `HostBuffer` or a `HostRange`",
-    note = "to upload pageable bytes (`&[u8]`, `Vec<u8>`) use `Stream::copy_from_slice` (staged \
-            through pinned memory at once), or `DeviceBuffer::copy_from_host` (synchronous)",
-    note = "for pinned memory: `ctx.new_host_buffer(n)?` (or `ctx.staging_buffer(n)?`), then \
-            pass the buffer itself, or `buffer.into_range(a..b)?`; the copy gives it back"
-)]
-pub trait IntoHostRange {
-    /// The range the copy uses.
-    fn into_host_range(self) -> HostRange;
-}
-
-impl IntoHostRange for HostBuffer {
-    fn into_host_range(self) -> HostRange {
-        self.into()
-    }
-}
-
-impl IntoHostRange for HostRange {
-    fn into_host_range(self) -> HostRange {
-        self
-    }
-}
-
-impl From<HostBuffer> for HostRange {
-    fn from(buffer: HostBuffer) -> Self {
-        let len = buffer.size();
-        HostRange {
-            buffer,
-            offset: 0,
-            len,
-        }
-    }
-}
-
-impl HostBuffer {
-    /// This buffer, owned, with a range of it chosen for an asynchronous copy
-    /// ([`Stream::copy_from_host`], [`Stream::copy_to_host`]).
-    ///
-    /// # Errors
-    /// [`Error::OutOfRange`] if the range does not lie in the buffer (the buffer is
-    /// dropped: check first with [`size`](Self::size) if it must survive).
-    pub fn into_range(self, range: impl RangeBounds<usize>) -> Result<HostRange> {
-        let size = self.size();
-        let start = match range.start_bound() {
-            Bound::Included(&s) => s,
-            Bound::Excluded(&s) => s.saturating_add(1),
-            Bound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&e) => e.saturating_add(1),
-            Bound::Excluded(&e) => e,
-            Bound::Unbounded => size,
-        };
-        if start > end || end > size {
-            return Err(Error::out_of_range(
-                "HostBuffer::into_range",
-                "host buffer",
-                start,
-                end.saturating_sub(start),
-                size,
-            ));
-        }
-        Ok(HostRange {
-            buffer: self,
-            offset: start,
-            len: end - start,
-        })
-    }
-}
-
-/// An asynchronous copy between the device and a pinned [`HostBuffer`], in flight: it
-/// owns the host buffer (and keeps the device memory alive) until the copy is done.
+/// An asynchronous copy between the device and pinned host memory, in flight: it owns
+/// the host memory (and keeps the device memory alive) until the copy is done.
 ///
-/// [`wait`](Self::wait) gives the buffer back; dropping a transfer without waiting waits
-/// (a copy never outlives its memory). Forgetting one (`std::mem::forget`) leaks what it
-/// owns (the host buffer, the device buffer it keeps alive and one internal event), which
-/// is safe; the stream is not kept alive by a transfer (dropping every clone of it first
-/// is fine).
+/// [`wait`](Self::wait) gives the host memory back as it was given: a [`HostBuffer`] for
+/// a buffer (`Transfer<HostBuffer>`, the default), a [`HostRange`] for a range
+/// (`Transfer<HostRange>`). Dropping a transfer without waiting waits (a copy never
+/// outlives its memory). Forgetting one (`std::mem::forget`) leaks what it owns (the host
+/// memory, the device buffer it keeps alive and one internal event), which is safe; the
+/// stream is not kept alive by a transfer (dropping every clone of it first is fine).
 #[must_use = "a transfer gives its host buffer back from `wait`; dropping it waits for the copy"]
-pub struct Transfer {
+pub struct Transfer<H: GiveBack = HostBuffer> {
     pending: Option<TransferCopy>,
-    host: Option<HostBuffer>,
+    host: Option<HostRange>,
     _device: Option<DeviceBuffer>,
+    gives_back: PhantomData<fn() -> H>,
 }
 
 /// The copy a [`Transfer`] waits for.
@@ -1256,12 +1171,13 @@ impl TransferCopy {
     }
 }
 
-impl Transfer {
-    fn completed(host: HostBuffer) -> Self {
+impl<H: GiveBack> Transfer<H> {
+    fn completed(host: HostRange) -> Self {
         Transfer {
             pending: None,
             host: Some(host),
             _device: None,
+            gives_back: PhantomData,
         }
     }
 
@@ -1278,17 +1194,19 @@ impl Transfer {
         }
     }
 
-    /// Wait until the copy is done and take the host buffer back.
+    /// Wait until the copy is done and take the host memory back: the [`HostBuffer`] or
+    /// the [`HostRange`] that was given to the copy.
     ///
     /// # Errors
     /// The copy's failure. If even the stream cannot be synchronized, the buffer is
     /// leaked rather than handed back (the copy might still be writing it).
-    pub fn wait(mut self) -> Result<HostBuffer> {
+    pub fn wait(mut self) -> Result<H> {
         self.finish()?;
-        Ok(self
+        let range = self
             .host
             .take()
-            .expect("a transfer holds its host buffer until it is waited for"))
+            .expect("a transfer holds its host memory until it is waited for");
+        Ok(H::give_back(range, Token::new()))
     }
 
     /// Wait for the copy (once).
@@ -1319,7 +1237,7 @@ impl Transfer {
     }
 }
 
-impl Drop for Transfer {
+impl<H: GiveBack> Drop for Transfer<H> {
     fn drop(&mut self) {
         if let Err(e) = self.finish() {
             log::warn!("waiting for a dropped transfer failed: {e}");
@@ -1327,7 +1245,7 @@ impl Drop for Transfer {
     }
 }
 
-impl fmt::Debug for Transfer {
+impl<H: GiveBack> fmt::Debug for Transfer<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Transfer")
             .field("pending", &self.pending.is_some())

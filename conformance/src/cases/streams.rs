@@ -257,7 +257,15 @@ pub(crate) fn stream_copies_of_slices_land_in_place(f: &Fixture) -> CaseResult {
         .expect("upload a host range into a slice")
         .wait()
         .expect("wait");
-    assert_eq!(host.size(), 1000, "the whole buffer comes back");
+    assert_eq!(
+        (host.offset(), host.len()),
+        (100, 200),
+        "the range comes back"
+    );
+    let host = host
+        .into_buffer()
+        .expect("a window from into_range gives its whole buffer back");
+    assert_eq!(host.size(), 1000);
     let mut want = vec![0u8; 1000];
     want[500..700].copy_from_slice(&data[100..300]);
     assert_eq!(contents(&buf), want);
