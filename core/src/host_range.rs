@@ -402,6 +402,41 @@ mod tests {
         assert_eq!(&buf[..], b"01234567XY");
     }
 
+    /// Ranges written on other threads and dropped there: the last range left joins the
+    /// buffer and reads every thread's bytes (Miri checks the hand-over for data races).
+    #[test]
+    fn ranges_written_and_dropped_on_other_threads_join_back() {
+        let ctx = context();
+        let mut parts = ctx.new_host_buffer(16).unwrap().split(4).unwrap();
+        let last = parts.pop().unwrap();
+        let threads: Vec<_> = parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut part)| {
+                std::thread::spawn(move || {
+                    part.fill(b'a' + i as u8);
+                    drop(part);
+                })
+            })
+            .collect();
+        // Not joined first: `into_buffer` itself must order the threads' writes before
+        // the whole buffer is read.
+        let mut last = last;
+        let buf = loop {
+            match last.into_buffer() {
+                Ok(buf) => break buf,
+                Err(range) => {
+                    last = range;
+                    std::thread::yield_now();
+                }
+            }
+        };
+        assert_eq!(&buf[..12], b"aaaabbbbcccc");
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
     #[test]
     fn bad_splits_are_typed_errors() {
         let ctx = context();
