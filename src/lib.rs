@@ -26,6 +26,76 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Where to start
+//!
+//! | type | what it is | start with |
+//! |---|---|---|
+//! | [`Backend`] | a backend (simulator or CUDA) and its devices | [`backend_from_env`], [`sim_backend`] |
+//! | [`Context`] | a device's context: allocation, pinned memory, streams, IPC opens | [`Backend::context`] |
+//! | [`DeviceBuffer`] | device memory: checked synchronous copies, zero-copy slices | [`Context::new_buffer`], [`Context::buffer_from_data`] |
+//! | [`HostBuffer`] | pinned host memory (fast DMA), split into [`HostRange`]s for copies in flight | [`Context::new_host_buffer`] |
+//! | [`Stream`], [`Event`], [`Transfer`] | ordered asynchronous work, its synchronization, a copy in flight | [`Context::new_stream`], [`Stream::copy_from_host`] |
+//! | [`IpcMemHandle`] | device memory shared with another process | [`DeviceBuffer::export_for_ipc`], [`Context::open_ipc_buffer`] |
+//! | `device_arrow::DeviceRecordBatch` (`arrow` feature) | an Arrow record batch in device memory | `DeviceRecordBatch::from_host(&batch, &ctx)` |
+//!
+//! Device buffers and slices:
+//!
+//! ```
+//! # fn main() -> cudabuf::Result<()> {
+//! let ctx = cudabuf::sim_backend().context(0)?;
+//! let buf = ctx.new_buffer(16)?;
+//! buf.copy_from_host(b"0123456789abcdef", 0, None)?; // (data, position, nbytes)
+//! let tail = buf.slice(10, 6)?;                       // aliases `buf`, no copy
+//! assert_eq!(tail.to_vec()?, b"abcdef");
+//! assert_eq!(ctx.bytes_allocated(), 16);               // slices are not counted
+//! # Ok(()) }
+//! ```
+//!
+//! Pinned memory, a stream, an event and transfers in flight (the copies own their host
+//! memory until [`Transfer::wait`] gives it back, so safe code cannot touch it early):
+//!
+//! ```
+//! # fn main() -> cudabuf::Result<()> {
+//! let ctx = cudabuf::sim_backend().context(0)?;
+//! let (upload, work) = (ctx.new_stream()?, ctx.new_stream()?);
+//! let (a, b) = (ctx.new_buffer(8)?, ctx.new_buffer(8)?);
+//! let mut pinned = ctx.new_host_buffer(8)?;
+//! pinned.copy_from_slice(b"pingpong");
+//! let mut halves = pinned.split(4)?.into_iter();         // two owned ranges
+//! let (first, second) = (halves.next().unwrap(), halves.next().unwrap());
+//! let t1 = upload.copy_from_host(&a.slice(0, 4)?, first)?;  // both in flight
+//! let t2 = upload.copy_from_host(&a.slice(4, 4)?, second)?;
+//! work.wait_event(&upload.record_event()?)?;             // `work` runs after both
+//! work.copy_device(&b, &a)?;
+//! let (first, second) = (t1.wait()?, t2.wait()?);        // the ranges come back
+//! drop(first);
+//! let pinned = second.into_buffer().expect("the other range is gone");
+//! work.synchronize()?;
+//! assert_eq!(b.to_vec()?, b"pingpong");
+//! assert_eq!(pinned.size(), 8);
+//! # Ok(()) }
+//! ```
+//!
+//! IPC: a handle is bytes (or serde) that another process opens; in the exporting process
+//! an open gives a view of the same memory:
+//!
+//! ```
+//! # fn main() -> cudabuf::Result<()> {
+//! use cudabuf::IpcMemHandle;
+//! let ctx = cudabuf::sim_backend().context(0)?;
+//! let buf = ctx.buffer_from_data(b"shared")?;
+//! let bytes = buf.export_for_ipc()?.to_bytes();
+//! let opened = ctx.open_ipc_buffer(&IpcMemHandle::from_bytes(&bytes)?)?;
+//! assert_eq!(opened.to_vec()?, b"shared");
+//! # Ok(()) }
+//! ```
+//!
+//! Testing on the simulator: [`sim::SimBackend`] (devices, capacity, fault injection,
+//! the seeded stream scheduler and the race detector, whose reports name your calls;
+//! [`sim::SimBackend::assert_clean`] at the end of a test). The mocks of the backend
+//! traits are in [`backend`] with the `mock` feature. Arrow on the device is
+//! `device_arrow` with the `arrow` feature (arrow-rs 60, re-exported as `arrow`).
+//!
 //! See the crate README for a tour and a pyarrow -> cudabuf name table.
 
 pub use cudabuf_core::*;
