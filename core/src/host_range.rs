@@ -125,13 +125,6 @@ impl HostRange {
         // range is made), so the pointer stays inside the allocation or one past it.
         unsafe { self.buffer.host_ptr().add(self.offset) }
     }
-
-    /// The buffer, for code that recycles a range's memory as a whole (a staging buffer
-    /// going back to its pool): only when no sibling is left; otherwise the range is
-    /// dropped (its memory goes with the last sibling).
-    pub(crate) fn into_unshared_buffer(self) -> Option<HostBuffer> {
-        self.into_buffer().ok()
-    }
 }
 
 impl Deref for HostRange {

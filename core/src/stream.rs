@@ -4,20 +4,19 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::ThreadId;
 
 use crate::allocator::StreamTag;
-use crate::backend::{enter_call, ApiCall};
-use crate::backend::{same_implementation, RawEvent, RawStream, StreamFlags};
+use crate::backend::{enter_call, same_implementation, ApiCall, RawEvent, RawStream, StreamFlags};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::host::HostBuffer;
 use crate::host_range::{sealed::Token, GiveBack, HostRange, IntoHostRange};
-use std::marker::PhantomData;
 
 /// What a stream is, for its drop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -922,16 +921,20 @@ impl Stream {
             }
             let held = {
                 let mut state = self.state();
-                let newest: Vec<u64> = {
-                    let mut newest: Vec<(ThreadId, u64)> = Vec::new();
-                    for op in &state.in_flight {
-                        match newest.iter_mut().find(|(t, _)| *t == op.thread) {
-                            Some(n) => n.1 = n.1.max(op.seq),
-                            None => newest.push((op.thread, op.seq)),
-                        }
-                    }
-                    newest.into_iter().map(|(_, seq)| seq).collect()
-                };
+                // Each thread's newest operation is its last in the list (a thread pushes
+                // its own operations in order).
+                let mut threads: Vec<ThreadId> = Vec::new();
+                let newest: Vec<u64> = state
+                    .in_flight
+                    .iter()
+                    .rev()
+                    .filter(|op| {
+                        let first = !threads.contains(&op.thread);
+                        threads.push(op.thread);
+                        first
+                    })
+                    .map(|op| op.seq)
+                    .collect();
                 settle(
                     &mut state,
                     |op| complete.contains(&op.seq),
@@ -975,33 +978,22 @@ impl Stream {
 
     /// Take the in-flight operations that `complete` says are done out of the list (their
     /// events back to the idle list), and let go of what they held, outside the lock.
-    fn release_where(&self, mut complete: impl FnMut(&InFlight) -> bool) {
-        let done: Vec<InFlight> = {
-            let mut state = self.state();
-            let mut done = Vec::new();
-            let mut kept = VecDeque::with_capacity(state.in_flight.len());
-            for op in state.in_flight.drain(..) {
-                if complete(&op) {
-                    done.push(op);
-                } else {
-                    kept.push_back(op);
-                }
-            }
-            state.in_flight = kept;
-            state.idle_events.extend(done.iter().map(|op| op.done));
-            done
-        };
-        for op in done {
-            self.release(op.held);
-        }
+    fn release_where(&self, complete: impl FnMut(&InFlight) -> bool) {
+        let held = settle(&mut self.state(), complete, |_| false);
+        self.release(held);
     }
 
     fn release(&self, held: Vec<Held>) {
-        for h in held {
-            match h {
-                Held::Device(buffer) => drop(buffer),
-                Held::Staging(range) => recycle_range(self.context(), range),
-            }
+        let_go(self.context(), held);
+    }
+}
+
+/// Let go of what operations held, once they are known complete.
+fn let_go(ctx: &Context, held: Vec<Held>) {
+    for h in held {
+        match h {
+            Held::Device(buffer) => drop(buffer),
+            Held::Staging(range) => recycle_range(ctx, range),
         }
     }
 }
@@ -1010,14 +1002,15 @@ impl Stream {
 /// buffer, if no other range of it is left (otherwise this range just goes, and the
 /// memory with its last range).
 fn recycle_range(ctx: &Context, range: HostRange) {
-    if let Some(buffer) = range.into_unshared_buffer() {
+    if let Ok(buffer) = range.into_buffer() {
         ctx.recycle_staging_buffer(buffer);
     }
 }
 
 /// Take the in-flight operations that `complete` says are done out of `state` (their
 /// events back to the idle list), except those that `keep` says are the newest, which stay
-/// settled; returns what they all held, to be let go outside the lock.
+/// settled; returns what they all held, to be let go outside the lock. (Bookkeeping asks
+/// only about unsettled operations; a synchronization completes settled ones too.)
 fn settle(
     state: &mut StreamState,
     mut complete: impl FnMut(&InFlight) -> bool,
@@ -1026,7 +1019,7 @@ fn settle(
     let mut held = Vec::new();
     let mut kept = VecDeque::with_capacity(state.in_flight.len());
     for mut op in state.in_flight.drain(..) {
-        if op.settled || !complete(&op) {
+        if !complete(&op) {
             kept.push_back(op);
         } else if keep(&op) {
             held.append(&mut op.held);
@@ -1096,12 +1089,7 @@ impl Drop for StreamInner {
             }
         }
         for op in state.in_flight {
-            for h in op.held {
-                match h {
-                    Held::Device(buffer) => drop(buffer),
-                    Held::Staging(range) => recycle_range(&self.handle.ctx, range),
-                }
-            }
+            let_go(&self.handle.ctx, op.held);
         }
         // The stream itself is destroyed with `self.handle`'s last holder (this, or a
         // buffer ordered on it).
