@@ -227,7 +227,7 @@ unsafe impl RawContext for SimContext {
 
     unsafe fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
         self.check_alive("stream_synchronize")?;
-        self.sync_stream(stream)
+        self.sync_stream(stream, true)
     }
 
     unsafe fn stream_query(&self, stream: RawStream) -> Result<bool> {
@@ -350,7 +350,7 @@ unsafe impl RawContext for SimContext {
     /// `stream_synchronize` that teaches the host nothing (cudabuf's bookkeeping).
     unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()> {
         self.check_alive("stream_wait_bookkeeping")?;
-        self.wait_stream_for_bookkeeping(stream)
+        self.sync_stream(stream, false)
     }
 
     /// The race detector forgets the accesses to the range (see the crate docs).

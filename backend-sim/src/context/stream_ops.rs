@@ -42,24 +42,15 @@ impl SimContext {
             .destroy_stream(self.device, stream)
     }
 
-    /// `sync_stream` for cudabuf's bookkeeping: waits for the stream's work so far, and
-    /// notes it as seen by cudabuf only (the program learns nothing; see `poll_event`).
-    pub(super) fn wait_stream_for_bookkeeping(&self, stream: RawStream) -> Result<()> {
-        let mut guard = self.shared.lock();
-        let key = guard
-            .streams
-            .resolve_stream("stream_wait_bookkeeping", self.device, stream)?;
-        let target = guard.streams.stream_target(key);
-        let mut guard = self
-            .shared
-            .core
-            .progress_until(guard, |e| e.target_done(&target))?;
-        guard.streams.note_seen_by_cudabuf(&target);
-        Ok(())
-    }
-
-    /// Waits until `target` is done, then learns it and reports what failed meanwhile.
-    fn wait_for(&self, guard: MutexGuard<'_, State>, target: Option<Target>) -> Result<()> {
+    /// Waits until `target` is done. When the program asked (`by_program`), the host
+    /// learns it and what failed meanwhile is reported; when cudabuf waited for its
+    /// bookkeeping, only what cudabuf has seen is noted (see `poll_event`).
+    fn wait_for(
+        &self,
+        guard: MutexGuard<'_, State>,
+        target: Option<Target>,
+        by_program: bool,
+    ) -> Result<()> {
         let Some(target) = target else {
             return Ok(());
         };
@@ -67,6 +58,10 @@ impl SimContext {
             .shared
             .core
             .progress_until(guard, |e| e.target_done(&target))?;
+        if !by_program {
+            guard.streams.note_seen_by_cudabuf(&target);
+            return Ok(());
+        }
         guard.streams.learn(&target);
         guard.streams.take_deferred(self.device)?;
         guard.streams.take_unreported_race(self.device)
@@ -97,16 +92,20 @@ impl SimContext {
         let mut guard = self.shared.lock();
         guard.faults.check(FaultOp::Synchronize)?;
         let target = guard.streams.device_target(self.device);
-        self.wait_for(guard, Some(target))
+        self.wait_for(guard, Some(target), true)
     }
 
-    pub(super) fn sync_stream(&self, stream: RawStream) -> Result<()> {
+    /// `stream_synchronize` (`by_program`), or `stream_wait_bookkeeping`.
+    pub(super) fn sync_stream(&self, stream: RawStream, by_program: bool) -> Result<()> {
+        let call = if by_program {
+            "stream_synchronize"
+        } else {
+            "stream_wait_bookkeeping"
+        };
         let mut guard = self.shared.lock();
-        let key = guard
-            .streams
-            .resolve_stream("stream_synchronize", self.device, stream)?;
+        let key = guard.streams.resolve_stream(call, self.device, stream)?;
         let target = guard.streams.stream_target(key);
-        self.wait_for(guard, Some(target))
+        self.wait_for(guard, Some(target), by_program)
     }
 
     pub(super) fn query_stream(&self, stream: RawStream) -> Result<bool> {
@@ -190,7 +189,7 @@ impl SimContext {
         let target = guard
             .streams
             .event_target(self.device, event, "event_synchronize")?;
-        self.wait_for(guard, target)
+        self.wait_for(guard, target, true)
     }
 
     pub(super) fn elapsed(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
