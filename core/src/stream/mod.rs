@@ -4,9 +4,8 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::ThreadId;
 
 use crate::allocator::StreamTag;
@@ -15,8 +14,13 @@ use crate::buffer::DeviceBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::host::HostBuffer;
-use crate::host_range::{sealed::Token, GiveBack, HostRange, IntoHostRange};
+use crate::host_range::{HostRange, IntoHostRange};
+
+mod in_flight;
+mod transfer;
+
+use in_flight::recycle_range;
+pub use transfer::Transfer;
 
 /// What a stream is, for its drop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +147,7 @@ enum Untracked {
 /// An asynchronous copy reads (host to device) or writes (device to host) host memory
 /// after the call returns. Safe Rust must not be able to touch those bytes until the copy
 /// is known complete, nor free them. [`Stream::copy_from_host`] and
-/// [`Stream::copy_to_host`] therefore *take* the pinned [`HostBuffer`] and give it back
+/// [`Stream::copy_to_host`] therefore *take* the pinned [`HostBuffer`](crate::HostBuffer) and give it back
 /// from [`Transfer::wait`]: while the copy runs, no `&[u8]` or `&mut [u8]` to it can
 /// exist. A guard that borrows the buffer and waits on drop would read as nicely, but
 /// `std::mem::forget` on the guard would end the borrow with the copy still running
@@ -162,7 +166,7 @@ enum Untracked {
 /// [`Stream::copy_from_slice`]: the bytes are copied now into pooled pinned memory and
 /// the DMA runs later, so the slice is free when the call returns. There is no
 /// asynchronous download into pageable memory (the bytes would arrive after the call
-/// returns, into memory Rust lends only for the call): download into a [`HostBuffer`],
+/// returns, into memory Rust lends only for the call): download into a [`HostBuffer`](crate::HostBuffer),
 /// or use the synchronous [`DeviceBuffer::copy_to_host`].
 ///
 /// # Ordering with cudabuf's synchronous API
@@ -414,7 +418,7 @@ impl Stream {
         Ok(event)
     }
 
-    /// Copy all of the pinned host bytes `src` (a [`HostBuffer`] or a [`HostRange`] of
+    /// Copy all of the pinned host bytes `src` (a [`HostBuffer`](crate::HostBuffer) or a [`HostRange`] of
     /// one) to the start of `dst` on this stream (`cuMemcpyHtoDAsync`); returns once the
     /// copy is issued. The host buffer comes back from [`Transfer::wait`], when it may be
     /// written again.
@@ -464,7 +468,7 @@ impl Stream {
     }
 
     /// Copy all of `src` (device memory) into the start of the pinned host bytes `dst` (a
-    /// [`HostBuffer`] or a [`HostRange`] of one) on this stream (`cuMemcpyDtoHAsync`);
+    /// [`HostBuffer`](crate::HostBuffer) or a [`HostRange`] of one) on this stream (`cuMemcpyDtoHAsync`);
     /// returns once the copy is issued. The host buffer comes back from
     /// [`Transfer::wait`], holding the bytes.
     ///
@@ -554,7 +558,7 @@ impl Stream {
         self.finish_tracked(issued, done, held)
     }
 
-    /// Copy all of the pinned host bytes `src` (a [`HostBuffer`] or a [`HostRange`] of
+    /// Copy all of the pinned host bytes `src` (a [`HostBuffer`](crate::HostBuffer) or a [`HostRange`] of
     /// one, typically a [staging buffer](Context::staging_buffer) the caller filled) to the
     /// start of `dst` on this stream, and hand the buffer to the context's staging pool
     /// ([`Context::recycle_staging_buffer`]) once the copy is known complete: the
@@ -706,394 +710,6 @@ impl Stream {
         let held = self.hold(dst).into_iter().chain(self.hold(src)).collect();
         self.finish_tracked(issued, done, held)
     }
-
-    /// `buffer` must be memory this stream's context reaches as its own.
-    fn check_buffer(&self, buffer: &DeviceBuffer, operation: &'static str) -> Result<()> {
-        let (ours, theirs) = (self.context(), buffer.context());
-        if theirs.backend_kind() != ours.backend_kind()
-            || !same_implementation(theirs.raw().as_ref(), ours.raw().as_ref())
-            || theirs.handle() != ours.handle()
-        {
-            return Err(Error::invalid_argument(
-                operation,
-                format!(
-                    "the buffer is memory of a {} context on device {}, the stream belongs to a \
-                     {} context on device {}: issue the copy on a stream of the buffer's \
-                     context (Stream::copy_device copies between contexts)",
-                    theirs.backend_kind(),
-                    theirs.device_number(),
-                    ours.backend_kind(),
-                    ours.device_number()
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// What keeps `buffer` alive until an operation on this stream is known complete:
-    /// nothing for a buffer ordered on this very stream ([`Context::new_buffer_on`]),
-    /// whose free is issued on the stream after the operation (so its block is reused
-    /// only by later work of the stream, or by others after an event that follows the
-    /// operation); a clone of it otherwise.
-    fn hold(&self, buffer: &DeviceBuffer) -> Option<Held> {
-        let ours = buffer
-            .memory()
-            .ordered_on()
-            .is_some_and(|owner| Arc::ptr_eq(owner, &self.inner.handle));
-        (!ours).then(|| Held::Device(buffer.clone()))
-    }
-
-    /// The issue lock (see `StreamInner::issue`), for issuing a tracked operation; none on
-    /// the per-thread default stream.
-    fn issuing(&self) -> Option<MutexGuard<'_, ()>> {
-        (!self.is_per_thread()).then(|| {
-            self.inner
-                .issue
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-        })
-    }
-
-    /// An internal event for tracking an operation: an idle one, or a new one.
-    fn take_event(&self) -> Result<RawEvent> {
-        if let Some(event) = self.state().idle_events.pop() {
-            return Ok(event);
-        }
-        self.inner.handle.ctx.raw().event_create(false)
-    }
-
-    fn give_back_event(&self, event: RawEvent) {
-        self.state().idle_events.push(event);
-    }
-
-    /// Record `done` after the operation just issued (or give it back if the issue
-    /// failed).
-    fn record_done(&self, issued: Result<()>, done: RawEvent) -> Result<(), Untracked> {
-        if let Err(e) = issued {
-            self.give_back_event(done);
-            return Err(Untracked::Settled(e));
-        }
-        // SAFETY: `done` is an internal event of this context (made by `event_create`,
-        // idle) and the stream is live.
-        let recorded = unsafe {
-            self.inner
-                .handle
-                .ctx
-                .raw()
-                .event_record(done, self.inner.handle.raw)
-        };
-        if let Err(e) = recorded {
-            // The operation was issued but cannot be tracked: wait for it here (it went
-            // to the calling thread's stream, which is what `synchronize_raw` waits
-            // for), so that nothing it uses is let go too early.
-            self.give_back_event(done);
-            return match self.synchronize_raw() {
-                Ok(()) => Err(Untracked::Settled(e)),
-                Err(sync) => {
-                    log::warn!(
-                        "an operation issued to a stream could be neither tracked ({e}) nor \
-                         waited for ({sync}): the memory it uses is leaked"
-                    );
-                    Err(Untracked::MayRun(e))
-                }
-            };
-        }
-        Ok(())
-    }
-
-    /// `cuStreamSynchronize` alone (no release of held memory); for the per-thread
-    /// default stream, whose work may be on several threads' streams, the whole context.
-    fn synchronize_raw(&self) -> Result<()> {
-        if self.is_per_thread() {
-            return self.inner.handle.ctx.raw().synchronize();
-        }
-        self.stream_synchronize()
-    }
-
-    /// `cuStreamSynchronize` of this stream (for the per-thread default stream: the
-    /// calling thread's).
-    fn stream_synchronize(&self) -> Result<()> {
-        // SAFETY: the stream is live: owned ones until the last clone drops, default ones
-        // always, foreign ones by `wrap_stream`'s contract.
-        unsafe {
-            self.inner
-                .handle
-                .ctx
-                .raw()
-                .stream_synchronize(self.inner.handle.raw)
-        }
-    }
-
-    fn finish_tracked(&self, issued: Result<()>, done: RawEvent, held: Vec<Held>) -> Result<()> {
-        match self.record_done(issued, done) {
-            Ok(()) => {
-                let thread = std::thread::current().id();
-                let mut state = self.state();
-                // A settled operation was kept only as the newest of its stream (or its
-                // thread's): this one, issued after it on the same backend stream, takes
-                // its place.
-                let per_thread = self.is_per_thread();
-                let mut freed = Vec::new();
-                state.in_flight.retain(|op| {
-                    let replaced = op.settled && (!per_thread || op.thread == thread);
-                    if replaced {
-                        freed.push(op.done);
-                    }
-                    !replaced
-                });
-                state.idle_events.extend(freed);
-                let seq = state.next_seq;
-                state.next_seq += 1;
-                state.in_flight.push_back(InFlight {
-                    seq,
-                    done,
-                    held,
-                    thread,
-                    settled: false,
-                });
-                Ok(())
-            }
-            Err(Untracked::Settled(e)) => {
-                self.release(held);
-                Err(e)
-            }
-            Err(Untracked::MayRun(e)) => {
-                std::mem::forget(held);
-                Err(e)
-            }
-        }
-    }
-
-    fn finish_transfer<H: GiveBack>(
-        &self,
-        issued: Result<()>,
-        done: RawEvent,
-        host: HostRange,
-        device: &DeviceBuffer,
-    ) -> Result<Transfer<H>> {
-        match self.record_done(issued, done) {
-            Ok(()) => Ok(Transfer {
-                pending: Some(TransferCopy {
-                    ctx: self.inner.handle.ctx.clone(),
-                    stream: Arc::downgrade(&self.inner),
-                    done,
-                }),
-                host: Some(host),
-                _device: Some(device.clone()),
-                gives_back: PhantomData,
-            }),
-            Err(Untracked::Settled(e)) => {
-                // Not issued, or issued and synchronized: the host buffer is free.
-                drop(host);
-                Err(e)
-            }
-            Err(Untracked::MayRun(e)) => {
-                // The copy may still run: its host buffer must never be freed or reused.
-                std::mem::forget(host);
-                Err(e)
-            }
-        }
-    }
-
-    /// Let go of what completed operations held (cudabuf's bookkeeping: the user's
-    /// program learns nothing from it). Operations of one backend stream complete in
-    /// order, so the scan stops at the first one still running; those of the per-thread
-    /// default stream (one backend stream per issuing thread) do not, so each is asked.
-    /// The newest operation (of each thread, on the per-thread stream) keeps its place
-    /// in the list, settled, for the drop to wait for (see `InFlight::settled`).
-    fn release_completed(&self) -> Result<()> {
-        if self.is_per_thread() {
-            let pending: Vec<(u64, RawEvent)> = self
-                .state()
-                .in_flight
-                .iter()
-                .filter(|op| !op.settled)
-                .map(|op| (op.seq, op.done))
-                .collect();
-            let mut complete = Vec::new();
-            for (seq, done) in pending {
-                // SAFETY: `done` is an internal event of this context, recorded, alive
-                // (events go back to the idle list only when their operation leaves
-                // `in_flight`, and are destroyed only when the stream is dropped).
-                if unsafe { self.inner.handle.ctx.raw().event_poll(done) }? {
-                    complete.push(seq);
-                }
-            }
-            let held = {
-                let mut state = self.state();
-                // Each thread's newest operation is its last in the list (a thread pushes
-                // its own operations in order).
-                let mut threads: Vec<ThreadId> = Vec::new();
-                let newest: Vec<u64> = state
-                    .in_flight
-                    .iter()
-                    .rev()
-                    .filter(|op| {
-                        let first = !threads.contains(&op.thread);
-                        threads.push(op.thread);
-                        first
-                    })
-                    .map(|op| op.seq)
-                    .collect();
-                settle(
-                    &mut state,
-                    |op| complete.contains(&op.seq),
-                    |op| newest.contains(&op.seq),
-                )
-            };
-            self.release(held);
-            return Ok(());
-        }
-        loop {
-            let front = self
-                .state()
-                .in_flight
-                .front()
-                .filter(|op| !op.settled)
-                .map(|op| (op.seq, op.done));
-            let Some((seq, done)) = front else {
-                return Ok(());
-            };
-            // SAFETY: as above.
-            if !unsafe { self.inner.handle.ctx.raw().event_poll(done) }? {
-                return Ok(());
-            }
-            // Another thread may have released it (and more) meanwhile: only the
-            // operation that was asked about goes. The list is in `seq` order and loses
-            // only prefixes on this path, so it is the front or gone.
-            let held = {
-                let mut state = self.state();
-                let last = state.in_flight.len() == 1;
-                settle(&mut state, |op| op.seq == seq, |_| last)
-            };
-            self.release(held);
-        }
-    }
-
-    /// Let go of the operations pushed before `covered` (a synchronization of the whole
-    /// stream that began when `next_seq` was `covered` has completed them).
-    fn release_before(&self, covered: u64) {
-        self.release_where(|op| op.seq < covered);
-    }
-
-    /// Take the in-flight operations that `complete` says are done out of the list (their
-    /// events back to the idle list), and let go of what they held, outside the lock.
-    fn release_where(&self, complete: impl FnMut(&InFlight) -> bool) {
-        let held = settle(&mut self.state(), complete, |_| false);
-        self.release(held);
-    }
-
-    fn release(&self, held: Vec<Held>) {
-        let_go(self.context(), held);
-    }
-}
-
-/// Let go of what operations held, once they are known complete.
-fn let_go(ctx: &Context, held: Vec<Held>) {
-    for h in held {
-        match h {
-            Held::Device(buffer) => drop(buffer),
-            Held::Staging(range) => recycle_range(ctx, range),
-        }
-    }
-}
-
-/// Give staging memory back to `ctx`'s pool once a copy is done with it: the whole
-/// buffer, if no other range of it is left (otherwise this range just goes, and the
-/// memory with its last range).
-fn recycle_range(ctx: &Context, range: HostRange) {
-    if let Ok(buffer) = range.into_buffer() {
-        ctx.recycle_staging_buffer(buffer);
-    }
-}
-
-/// Take the in-flight operations that `complete` says are done out of `state` (their
-/// events back to the idle list), except those that `keep` says are the newest, which stay
-/// settled; returns what they all held, to be let go outside the lock. (Bookkeeping asks
-/// only about unsettled operations; a synchronization completes settled ones too.)
-fn settle(
-    state: &mut StreamState,
-    mut complete: impl FnMut(&InFlight) -> bool,
-    mut keep: impl FnMut(&InFlight) -> bool,
-) -> Vec<Held> {
-    let mut held = Vec::new();
-    let mut kept = VecDeque::with_capacity(state.in_flight.len());
-    for mut op in state.in_flight.drain(..) {
-        if !complete(&op) {
-            kept.push_back(op);
-        } else if keep(&op) {
-            held.append(&mut op.held);
-            op.settled = true;
-            kept.push_back(op);
-        } else {
-            held.append(&mut op.held);
-            state.idle_events.push(op.done);
-        }
-    }
-    state.in_flight = kept;
-    held
-}
-
-impl Drop for StreamInner {
-    fn drop(&mut self) {
-        let state = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
-        let raw = self.handle.ctx.raw().clone();
-        // Wait for the operations issued through cudabuf: then everything they held may
-        // go. On one backend stream the last one completes after the others; the
-        // per-thread default stream is one backend stream per issuing thread, so each of
-        // its operations is waited for.
-        let per_thread = self.handle.raw == RawStream::PER_THREAD;
-        let waits: Vec<RawEvent> = if per_thread {
-            state.in_flight.iter().map(|op| op.done).collect()
-        } else {
-            state
-                .in_flight
-                .back()
-                .map(|op| op.done)
-                .into_iter()
-                .collect()
-        };
-        let waited = waits.into_iter().try_for_each(|done| {
-            // SAFETY: an internal event of this context, recorded and alive.
-            unsafe { raw.event_synchronize(done) }
-        });
-        if let Err(e) = waited {
-            log::warn!("waiting for a stream's work before dropping it failed: {e}");
-            let fallback = if per_thread {
-                // Every thread's default stream: the whole context.
-                raw.synchronize()
-            } else {
-                // SAFETY: the stream is live (`self.handle` destroys it, after this).
-                unsafe { raw.stream_synchronize(self.handle.raw) }
-            };
-            if let Err(e) = fallback {
-                // Nothing is known complete: keep the memory rather than free it under a
-                // copy that may still run.
-                log::warn!(
-                    "synchronizing a dropped stream failed ({e}); its in-flight memory is leaked"
-                );
-                std::mem::forget(state);
-                return;
-            }
-        }
-        for event in state
-            .in_flight
-            .iter()
-            .map(|op| op.done)
-            .chain(state.idle_events.iter().copied())
-        {
-            // SAFETY: internal events made by `event_create` of this context, destroyed
-            // once (each is in exactly one of the two lists), not used after.
-            if let Err(e) = unsafe { raw.event_destroy(event) } {
-                log::warn!("destroying an internal event failed: {e}");
-            }
-        }
-        for op in state.in_flight {
-            let_go(&self.handle.ctx, op.held);
-        }
-        // The stream itself is destroyed with `self.handle`'s last holder (this, or a
-        // buffer ordered on it).
-    }
 }
 
 impl fmt::Debug for Stream {
@@ -1103,141 +719,6 @@ impl fmt::Debug for Stream {
             .field("kind", &self.inner.handle.kind)
             .field("flags", &self.inner.handle.flags)
             .field("device", &self.context().device_number())
-            .finish()
-    }
-}
-
-/// An asynchronous copy between the device and pinned host memory, in flight: it owns
-/// the host memory (and keeps the device memory alive) until the copy is done.
-///
-/// [`wait`](Self::wait) gives the host memory back as it was given: a [`HostBuffer`] for
-/// a buffer (`Transfer<HostBuffer>`, the default), a [`HostRange`] for a range
-/// (`Transfer<HostRange>`). Dropping a transfer without waiting waits (a copy never
-/// outlives its memory). Forgetting one (`std::mem::forget`) leaks what it owns (the host
-/// memory, the device buffer it keeps alive and one internal event), which is safe; the
-/// stream is not kept alive by a transfer (dropping every clone of it first is fine).
-#[must_use = "a transfer gives its host buffer back from `wait`; dropping it waits for the copy"]
-pub struct Transfer<H: GiveBack = HostBuffer> {
-    pending: Option<TransferCopy>,
-    host: Option<HostRange>,
-    _device: Option<DeviceBuffer>,
-    gives_back: PhantomData<fn() -> H>,
-}
-
-/// The copy a [`Transfer`] waits for.
-struct TransferCopy {
-    ctx: Context,
-    /// The stream it was issued to, for giving the event back to its idle list (or, if
-    /// the stream is gone, destroying it here).
-    stream: Weak<StreamInner>,
-    /// An internal event of `ctx`, recorded right after the copy: owned by the transfer
-    /// until it is given back.
-    done: RawEvent,
-}
-
-impl TransferCopy {
-    /// The event is no longer needed: back to the stream's idle list, or destroyed.
-    fn give_back(self) {
-        match self.stream.upgrade() {
-            Some(inner) => Stream { inner }.give_back_event(self.done),
-            None => {
-                // SAFETY: an internal event made by `event_create` of `ctx`, owned by this
-                // transfer (in no stream's lists), destroyed once, here.
-                if let Err(e) = unsafe { self.ctx.raw().event_destroy(self.done) } {
-                    log::warn!("destroying an internal event failed: {e}");
-                }
-            }
-        }
-    }
-
-    /// Wait for the stream (or, if it is gone or the per-thread stream, the context).
-    fn synchronize_stream(&self) -> Result<()> {
-        match self.stream.upgrade() {
-            Some(inner) => Stream { inner }.synchronize_raw(),
-            None => self.ctx.raw().synchronize(),
-        }
-    }
-}
-
-impl<H: GiveBack> Transfer<H> {
-    fn completed(host: HostRange) -> Self {
-        Transfer {
-            pending: None,
-            host: Some(host),
-            _device: None,
-            gives_back: PhantomData,
-        }
-    }
-
-    /// Whether the copy is done (`cuEventQuery` on the event recorded after it).
-    ///
-    /// # Errors
-    /// The driver's failure.
-    pub fn is_complete(&self) -> Result<bool> {
-        match &self.pending {
-            // SAFETY: an internal event of the context, recorded, alive while the
-            // transfer holds it.
-            Some(p) => unsafe { p.ctx.raw().event_query(p.done) },
-            None => Ok(true),
-        }
-    }
-
-    /// Wait until the copy is done and take the host memory back: the [`HostBuffer`] or
-    /// the [`HostRange`] that was given to the copy.
-    ///
-    /// # Errors
-    /// The copy's failure. If even the stream cannot be synchronized, the buffer is
-    /// leaked rather than handed back (the copy might still be writing it).
-    pub fn wait(mut self) -> Result<H> {
-        self.finish()?;
-        let range = self
-            .host
-            .take()
-            .expect("a transfer holds its host memory until it is waited for");
-        Ok(H::give_back(range, Token::new()))
-    }
-
-    /// Wait for the copy (once).
-    fn finish(&mut self) -> Result<()> {
-        let Some(pending) = self.pending.take() else {
-            return Ok(());
-        };
-        // SAFETY: an internal event of the context, recorded, alive.
-        let waited = unsafe { pending.ctx.raw().event_synchronize(pending.done) };
-        match waited {
-            Ok(()) => {
-                pending.give_back();
-                Ok(())
-            }
-            Err(e) => match pending.synchronize_stream() {
-                Ok(()) => {
-                    pending.give_back();
-                    Err(e)
-                }
-                Err(_) => {
-                    // The copy may still run: keep its memory (and event) forever.
-                    std::mem::forget(self.host.take());
-                    std::mem::forget(self._device.take());
-                    Err(e)
-                }
-            },
-        }
-    }
-}
-
-impl<H: GiveBack> Drop for Transfer<H> {
-    fn drop(&mut self) {
-        if let Err(e) = self.finish() {
-            log::warn!("waiting for a dropped transfer failed: {e}");
-        }
-    }
-}
-
-impl<H: GiveBack> fmt::Debug for Transfer<H> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Transfer")
-            .field("pending", &self.pending.is_some())
-            .field("host", &self.host)
             .finish()
     }
 }

@@ -1,0 +1,148 @@
+//! [`Transfer`]: an asynchronous copy in flight that owns its host memory.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Weak;
+
+use super::{Stream, StreamInner};
+use crate::backend::RawEvent;
+use crate::buffer::DeviceBuffer;
+use crate::context::Context;
+use crate::error::Result;
+use crate::host::HostBuffer;
+use crate::host_range::{sealed::Token, GiveBack, HostRange};
+
+/// An asynchronous copy between the device and pinned host memory, in flight: it owns
+/// the host memory (and keeps the device memory alive) until the copy is done.
+///
+/// [`wait`](Self::wait) gives the host memory back as it was given: a [`HostBuffer`] for
+/// a buffer (`Transfer<HostBuffer>`, the default), a [`HostRange`] for a range
+/// (`Transfer<HostRange>`). Dropping a transfer without waiting waits (a copy never
+/// outlives its memory). Forgetting one (`std::mem::forget`) leaks what it owns (the host
+/// memory, the device buffer it keeps alive and one internal event), which is safe; the
+/// stream is not kept alive by a transfer (dropping every clone of it first is fine).
+#[must_use = "a transfer gives its host buffer back from `wait`; dropping it waits for the copy"]
+pub struct Transfer<H: GiveBack = HostBuffer> {
+    pub(super) pending: Option<TransferCopy>,
+    pub(super) host: Option<HostRange>,
+    pub(super) _device: Option<DeviceBuffer>,
+    pub(super) gives_back: PhantomData<fn() -> H>,
+}
+
+/// The copy a [`Transfer`] waits for.
+pub(super) struct TransferCopy {
+    pub(super) ctx: Context,
+    /// The stream it was issued to, for giving the event back to its idle list (or, if
+    /// the stream is gone, destroying it here).
+    pub(super) stream: Weak<StreamInner>,
+    /// An internal event of `ctx`, recorded right after the copy: owned by the transfer
+    /// until it is given back.
+    pub(super) done: RawEvent,
+}
+
+impl TransferCopy {
+    /// The event is no longer needed: back to the stream's idle list, or destroyed.
+    fn give_back(self) {
+        match self.stream.upgrade() {
+            Some(inner) => Stream { inner }.give_back_event(self.done),
+            None => {
+                // SAFETY: an internal event made by `event_create` of `ctx`, owned by this
+                // transfer (in no stream's lists), destroyed once, here.
+                if let Err(e) = unsafe { self.ctx.raw().event_destroy(self.done) } {
+                    log::warn!("destroying an internal event failed: {e}");
+                }
+            }
+        }
+    }
+
+    /// Wait for the stream (or, if it is gone or the per-thread stream, the context).
+    fn synchronize_stream(&self) -> Result<()> {
+        match self.stream.upgrade() {
+            Some(inner) => Stream { inner }.synchronize_raw(),
+            None => self.ctx.raw().synchronize(),
+        }
+    }
+}
+
+impl<H: GiveBack> Transfer<H> {
+    pub(super) fn completed(host: HostRange) -> Self {
+        Transfer {
+            pending: None,
+            host: Some(host),
+            _device: None,
+            gives_back: PhantomData,
+        }
+    }
+
+    /// Whether the copy is done (`cuEventQuery` on the event recorded after it).
+    ///
+    /// # Errors
+    /// The driver's failure.
+    pub fn is_complete(&self) -> Result<bool> {
+        match &self.pending {
+            // SAFETY: an internal event of the context, recorded, alive while the
+            // transfer holds it.
+            Some(p) => unsafe { p.ctx.raw().event_query(p.done) },
+            None => Ok(true),
+        }
+    }
+
+    /// Wait until the copy is done and take the host memory back: the [`HostBuffer`] or
+    /// the [`HostRange`] that was given to the copy.
+    ///
+    /// # Errors
+    /// The copy's failure. If even the stream cannot be synchronized, the buffer is
+    /// leaked rather than handed back (the copy might still be writing it).
+    pub fn wait(mut self) -> Result<H> {
+        self.finish()?;
+        let range = self
+            .host
+            .take()
+            .expect("a transfer holds its host memory until it is waited for");
+        Ok(H::give_back(range, Token::new()))
+    }
+
+    /// Wait for the copy (once).
+    fn finish(&mut self) -> Result<()> {
+        let Some(pending) = self.pending.take() else {
+            return Ok(());
+        };
+        // SAFETY: an internal event of the context, recorded, alive.
+        let waited = unsafe { pending.ctx.raw().event_synchronize(pending.done) };
+        match waited {
+            Ok(()) => {
+                pending.give_back();
+                Ok(())
+            }
+            Err(e) => match pending.synchronize_stream() {
+                Ok(()) => {
+                    pending.give_back();
+                    Err(e)
+                }
+                Err(_) => {
+                    // The copy may still run: keep its memory (and event) forever.
+                    std::mem::forget(self.host.take());
+                    std::mem::forget(self._device.take());
+                    Err(e)
+                }
+            },
+        }
+    }
+}
+
+impl<H: GiveBack> Drop for Transfer<H> {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            log::warn!("waiting for a dropped transfer failed: {e}");
+        }
+    }
+}
+
+impl<H: GiveBack> fmt::Debug for Transfer<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transfer")
+            .field("pending", &self.pending.is_some())
+            .field("host", &self.host)
+            .finish()
+    }
+}
