@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import glob
 import itertools
+import os
 import re
 import sys
 from pathlib import Path
@@ -69,9 +70,13 @@ def expand_braces(text: str) -> list[str]:
 
 
 def exists(rel: str, base: Path) -> bool:
-    if rel in NOT_YET_CREATED or rel.rstrip("/") + "/" in NOT_YET_CREATED:
-        return True
     target = base / rel
+    try:
+        from_root = Path(os.path.normpath(target)).relative_to(ROOT).as_posix()
+    except ValueError:
+        from_root = rel  # outside the repository: checked as it is
+    if from_root in NOT_YET_CREATED or from_root + "/" in NOT_YET_CREATED:
+        return True
     if "*" in rel:
         return bool(glob.glob(str(target)))
     if rel.endswith("/"):
