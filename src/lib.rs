@@ -189,8 +189,8 @@ mod tests {
 
     #[test]
     fn backend_names() {
-        assert_eq!(backend_named("sim").unwrap().kind(), BackendKind::Sim);
-        assert_eq!(backend_named("").unwrap().kind(), BackendKind::Sim);
+        assert_eq!(backend_named("sim").unwrap().kind(), BackendKind::SIM);
+        assert_eq!(backend_named("").unwrap().kind(), BackendKind::SIM);
         assert_eq!(
             backend_named("gpu").unwrap_err().kind(),
             ErrorKind::InvalidArgument

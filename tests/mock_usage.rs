@@ -63,7 +63,7 @@ fn results_are_read_only_after_synchronize() {
         .returning(|_| Ok(()));
 
     // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
-    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::SIM) };
     let buf = ctx.new_buffer(4).unwrap();
     assert_eq!(fetch_results(&ctx, &buf).unwrap(), b"done");
     drop(buf);
@@ -86,7 +86,7 @@ fn a_failed_synchronize_reads_nothing() {
     mock.expect_free().times(1).returning(|_| Ok(()));
 
     // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
-    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::SIM) };
     let buf = ctx.new_buffer(8).unwrap();
     let e = fetch_results(&ctx, &buf).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Driver);
@@ -107,7 +107,7 @@ fn scratch_allocation_halves_on_out_of_memory() {
     mock.expect_free().times(1).returning(|_| Ok(()));
 
     // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
-    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::SIM) };
     let buf = allocate_scratch(&ctx, 1024, 128).unwrap();
     assert_eq!(buf.size(), 256);
     assert_eq!(ctx.bytes_allocated(), 256);
@@ -119,7 +119,7 @@ fn scratch_allocation_gives_up_at_the_minimum() {
     mock.expect_allocate().times(3).returning(|n| Err(oom(n)));
 
     // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
-    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::SIM) };
     let e = allocate_scratch(&ctx, 4096, 1024).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::OutOfMemory);
     assert_eq!(ctx.bytes_allocated(), 0);
@@ -134,7 +134,7 @@ fn download_on_stream(
 ) -> Result<cudabuf::HostBuffer> {
     let transfer = stream.copy_to_host(buf, host)?;
     // ... other work overlaps the copy here ...
-    transfer.wait()
+    Ok(transfer.wait()?)
 }
 
 #[test]
@@ -186,7 +186,7 @@ fn stream_downloads_are_read_only_after_the_copy_completes() {
     mock.expect_free_host().returning(|_, _| Ok(()));
 
     // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
-    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::SIM) };
     let buf = ctx.new_buffer(4).unwrap();
     let stream = ctx.new_stream().unwrap();
     let host = ctx.new_host_buffer(4).unwrap();

@@ -159,9 +159,11 @@ pub const ARROW_DEVICE_EXT_DEV: ArrowDeviceType = 12;
 /// CUDA backend, [`ARROW_DEVICE_EXT_DEV`] for the simulator (see the [module
 /// docs](self)).
 pub fn device_type_for(kind: BackendKind) -> Option<ArrowDeviceType> {
-    match kind {
-        BackendKind::Cuda => Some(ARROW_DEVICE_CUDA),
-        BackendKind::Sim => Some(ARROW_DEVICE_EXT_DEV),
-        _ => None,
+    if kind == BackendKind::CUDA {
+        Some(ARROW_DEVICE_CUDA)
+    } else if kind == BackendKind::SIM {
+        Some(ARROW_DEVICE_EXT_DEV)
+    } else {
+        None
     }
 }

@@ -301,7 +301,7 @@ struct Stream {
 
 impl Stream {
     fn non_blocking(ctx: &Arc<dyn RawContext>) -> AnyResult<Self> {
-        let raw = ctx.stream_create(StreamFlags {
+        let raw = sx(&**ctx).stream_create(StreamFlags {
             non_blocking: true,
             priority: 0,
         })?;
@@ -313,7 +313,7 @@ impl Stream {
 
     fn sync(&self) -> AnyResult<()> {
         // SAFETY: a live stream of `ctx`.
-        unsafe { self.ctx.stream_synchronize(self.raw)? };
+        unsafe { sx(&*self.ctx).stream_synchronize(self.raw)? };
         Ok(())
     }
 }
@@ -321,7 +321,7 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: made by `stream_create` of `ctx`, destroyed once.
-        if let Err(e) = unsafe { self.ctx.stream_destroy(self.raw) } {
+        if let Err(e) = unsafe { sx(&*self.ctx).stream_destroy(self.raw) } {
             eprintln!("streams_overlap: stream_destroy: {e}");
         }
     }
@@ -336,7 +336,7 @@ impl Event {
     fn new(ctx: &Arc<dyn RawContext>) -> AnyResult<Self> {
         Ok(Event {
             ctx: Arc::clone(ctx),
-            raw: ctx.event_create(false)?,
+            raw: sx(&**ctx).event_create(false)?,
         })
     }
 }
@@ -344,7 +344,7 @@ impl Event {
 impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: made by `event_create` of `ctx`, destroyed once.
-        if let Err(e) = unsafe { self.ctx.event_destroy(self.raw) } {
+        if let Err(e) = unsafe { sx(&*self.ctx).event_destroy(self.raw) } {
             eprintln!("streams_overlap: event_destroy: {e}");
         }
     }
@@ -444,12 +444,12 @@ fn copies(ctx: &Arc<dyn RawContext>, opts: &Options, records: &mut Records) -> A
         let h2d = |stream: &Stream| -> AnyResult<()> {
             // SAFETY: pinned memory and a device buffer of `size` bytes, both alive and
             // left alone until the stream is synchronized (every caller does).
-            unsafe { ctx.copy_host_to_device_on(dev_in.ptr, in_ptr, size, stream.raw)? };
+            unsafe { sx(&**ctx).copy_host_to_device_on(dev_in.ptr, in_ptr, size, stream.raw)? };
             Ok(())
         };
         let d2h = |stream: &Stream| -> AnyResult<()> {
             // SAFETY: as `h2d`.
-            unsafe { ctx.copy_device_to_host_on(out_ptr, dev_out.ptr, size, stream.raw)? };
+            unsafe { sx(&**ctx).copy_device_to_host_on(out_ptr, dev_out.ptr, size, stream.raw)? };
             Ok(())
         };
 
@@ -538,19 +538,19 @@ fn upload(ctx: &Arc<dyn RawContext>, opts: &Options, records: &mut Records) -> A
             // allocation (`n <= chunk`, `i * chunk + n <= total`).
             unsafe {
                 if i >= 2 {
-                    ctx.event_synchronize(copied[k].raw)?;
-                    ctx.stream_wait_event(copy.raw, placed[k].raw)?;
+                    sx(&**ctx).event_synchronize(copied[k].raw)?;
+                    sx(&**ctx).stream_wait_event(copy.raw, placed[k].raw)?;
                 }
-                ctx.copy_host_to_device_on(dev_stage[k].ptr, stage[k].ptr(), n, copy.raw)?;
-                ctx.event_record(copied[k].raw, copy.raw)?;
-                ctx.stream_wait_event(place.raw, copied[k].raw)?;
-                ctx.copy_device_to_device_on(
+                sx(&**ctx).copy_host_to_device_on(dev_stage[k].ptr, stage[k].ptr(), n, copy.raw)?;
+                sx(&**ctx).event_record(copied[k].raw, copy.raw)?;
+                sx(&**ctx).stream_wait_event(place.raw, copied[k].raw)?;
+                sx(&**ctx).copy_device_to_device_on(
                     target.ptr + (i * chunk) as u64,
                     dev_stage[k].ptr,
                     n,
                     place.raw,
                 )?;
-                ctx.event_record(placed[k].raw, place.raw)?;
+                sx(&**ctx).event_record(placed[k].raw, place.raw)?;
             }
         }
         place.sync()?;
@@ -638,4 +638,10 @@ fn print_table(records: &Records, summary: &Value) {
             "MISSED"
         }
     );
+}
+
+/// The CUDA context's streams (it always has them).
+#[allow(dead_code)]
+fn sx(c: &dyn cudabuf_core::backend::RawContext) -> &dyn cudabuf_core::backend::RawStreams {
+    c.streams().expect("CUDA contexts have streams")
 }

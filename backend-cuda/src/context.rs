@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudabuf_core::backend::{
-    CopyTicket, DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream, StreamFlags,
+    DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream, RawStreams, StreamFlags,
     RAW_IPC_HANDLE_LEN,
 };
 use cudabuf_core::{Error, Result};
@@ -30,12 +30,10 @@ const BATCH_STAGED_PIECES: usize = 4;
 /// directly (at link speed) instead of gathered by the staging workers.
 const DIRECT_PIECE_MIN: usize = 1 << 20;
 
-mod events;
 mod peer;
 mod per_thread;
 mod streams;
 
-use events::RawEvent as PooledEvent;
 pub use peer::{peer_access_allowed, PEER_ACCESS_VAR};
 
 /// A raw `CUcontext` that may be used from any thread.
@@ -77,12 +75,9 @@ impl fmt::Debug for Ownership {
 ///   context, by a pool of worker threads that overlap the CPU copy with the DMA (see
 ///   [`set_staging_config`](Self::set_staging_config); `CUDABUF_STAGING=0` turns it off).
 ///   Pinned host memory (ours, or registered by anyone) is copied directly.
-/// - [`RawContext::copy_host_to_device_async`] runs on the legacy default stream and is
-///   tracked with a pooled event, so that a writer can fill one staging buffer while the
-///   previous one is copied.
 ///
 /// # Streams and events
-/// The stream methods of [`RawContext`] are the driver's (`cuStreamCreateWithPriority`,
+/// The [`RawStreams`] methods are the driver's (`cuStreamCreateWithPriority`,
 /// `cuEvent*`, `cuStreamWaitEvent`, `cuMemcpy*Async`, `cuMemcpyPeerAsync`), each with the
 /// context pushed; overlapping device copies on a stream behave as a memmove (disjoint
 /// pieces, or a stream-ordered temporary). See the crate documentation.
@@ -115,8 +110,6 @@ pub struct CudaDriverContext {
     peers: Mutex<HashMap<u64, bool>>,
     /// How pageable copies are staged, and the engine once started.
     staging: Mutex<Staging>,
-    /// Idle events for asynchronous copies (`copy_host_to_device_async`).
-    events: Mutex<Vec<PooledEvent>>,
     /// How a thread that used this context's per-thread stream finds it when it ends
     /// (`per_thread.rs`); retired first thing in `Drop`.
     exit_token: Arc<per_thread::ExitToken>,
@@ -145,7 +138,6 @@ impl CudaDriverContext {
                 engine: None,
                 failed: false,
             }),
-            events: Mutex::new(Vec::new()),
             // SAFETY: `ctx` is live while the wrapper is (its constructors' contracts),
             // and `Drop` retires the token before it lets the context go.
             exit_token: unsafe { per_thread::ExitToken::new(ctx) },
@@ -400,7 +392,6 @@ impl Drop for CudaDriverContext {
             .engine
             .take();
         drop(engine);
-        self.destroy_pooled_events();
         match std::mem::replace(&mut self.ownership, Ownership::Shared) {
             Ownership::Primary => {
                 // SAFETY: this wrapper retained the primary context of `self.device` once
@@ -582,16 +573,6 @@ unsafe impl RawContext for CudaDriverContext {
         direct.map_err(|f| self.fail_copy(f, &destinations))?;
         gathered?;
         waited
-    }
-
-    unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<CopyTicket> {
-        // SAFETY: forwarded from this method's contract.
-        unsafe { self.start_async_copy(dst, src) }
-    }
-
-    unsafe fn wait_copy(&self, ticket: CopyTicket) -> Result<()> {
-        // SAFETY: forwarded from this method's contract.
-        unsafe { self.wait_async_copy(ticket) }
     }
 
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
@@ -863,6 +844,14 @@ unsafe impl RawContext for CudaDriverContext {
         .map_err(|f| self.fail(f))
     }
 
+    fn streams(&self) -> Option<&dyn RawStreams> {
+        Some(self)
+    }
+}
+
+// SAFETY: as for `RawContext` above: the same context, whose copies on streams touch
+// only the ranges they are given and whose handles name what it made.
+unsafe impl RawStreams for CudaDriverContext {
     // Streams and events: see `streams.rs`.
 
     fn stream_priority_range(&self) -> Result<(i32, i32)> {

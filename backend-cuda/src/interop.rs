@@ -9,7 +9,7 @@
 //!   [`CudaEvent`] as the backend's [`RawStream`] / [`RawEvent`], kept alive by the view
 //!   (never destroyed by cudabuf);
 //! - [`cudarc_stream_from_raw`]: cudarc's non-owning [`CudaStream`] over a stream of this
-//!   backend (one made by [`RawContext::stream_create`], or a default stream).
+//!   backend (one made by [`RawStreams::stream_create`], or a default stream).
 //!
 //! cudarc's safe layer makes its context current with `cuCtxSetCurrent` and leaves it so;
 //! the calls into it here restore the thread's previous current context afterwards.
@@ -57,7 +57,7 @@ impl CudaBackend {
         let raw = self.context_from_cudarc(ctx)?;
         // SAFETY: `raw` is a `CudaDriverContext` over cudarc's `CUcontext`: a context of
         // the CUDA backend, labelled `Cuda`.
-        Ok(unsafe { cudabuf_core::Context::from_raw(raw, cudabuf_core::BackendKind::Cuda) })
+        Ok(unsafe { cudabuf_core::Context::from_raw(raw, cudabuf_core::BackendKind::CUDA) })
     }
 
     /// cudarc's context for device `ordinal`: `CudaContext::new`, which retains the
@@ -138,7 +138,7 @@ impl fmt::Debug for CudarcSliceView {
 // `CudaSlice`, which `owner` keeps alive; Rust code holds no references into device memory.
 unsafe impl cudabuf_core::DeviceAccessible for CudarcSliceView {
     fn device_view(&self, ctx: &cudabuf_core::Context) -> Result<cudabuf_core::DeviceView> {
-        if ctx.backend_kind() != cudabuf_core::BackendKind::Cuda
+        if ctx.backend_kind() != cudabuf_core::BackendKind::CUDA
             || ctx.device_number() != self.device_ordinal
         {
             return Err(Error::invalid_argument(
@@ -256,12 +256,13 @@ pub fn cudarc_slice_view<T: 'static>(
 /// let cudarc_stream = cudarc_ctx.new_stream().expect("cudarc stream");
 /// let view = cudarc_stream_view(&cudarc_stream)?;
 /// let ctx = backend.device(0)?.primary_context()?; // cudarc's context is the same one
-/// let event = ctx.event_create(false)?;
+/// let streams = ctx.streams().expect("CUDA contexts have streams");
+/// let event = streams.event_create(false)?;
 /// // SAFETY: `view` keeps the stream alive; the event was just made by `ctx`.
 /// unsafe {
-///     ctx.event_record(event, view.raw())?; // capture what cudarc issued so far
-///     ctx.event_synchronize(event)?;
-///     ctx.event_destroy(event)?;
+///     streams.event_record(event, view.raw())?; // capture what cudarc issued so far
+///     streams.event_synchronize(event)?;
+///     streams.event_destroy(event)?;
 /// }
 /// # Ok(()) }
 /// # use cudabuf_core::backend::{Device as _, Platform as _, RawContext as _};
@@ -434,9 +435,9 @@ impl fmt::Debug for CudarcEventView {
 }
 
 /// Describe cudarc's `event` as an event of the CUDA backend, with an owner that keeps it
-/// alive: record it on a cudabuf stream (`RawContext::event_record`) and cudarc's streams
+/// alive: record it on a cudabuf stream (`RawStreams::event_record`) and cudarc's streams
 /// can wait for it (`CudaStream::wait`); record it with cudarc and cudabuf's streams can
-/// wait for it (`RawContext::stream_wait_event`).
+/// wait for it (`RawStreams::stream_wait_event`).
 ///
 /// (The other direction, a cudarc `CudaEvent` over an event cudabuf made, does not exist:
 /// cudarc can only own its events. Make the event with cudarc and view it here.)

@@ -35,9 +35,9 @@
 //!   `CUDABUF_STAGING=0` (or [`CudaDriverContext::set_staging_config`]) turns it off;
 //!   [`StagingConfig`] has the other switches and the defaults, and the engine's design is
 //!   described in the module docs of `src/staging.rs`.
-//! - **Asynchronous copies** (`RawContext::copy_host_to_device_async`, used by the
-//!   double-buffered `BufferWriter`) run on the legacy default stream and are tracked by
-//!   pooled events.
+//! - **Streams and events** (`RawStreams`, offered by `RawContext::streams`) are the
+//!   driver's; the double-buffered `BufferWriter` sends its staging buffers on the legacy
+//!   default stream through them.
 //! - **Peer access** is enabled once per (destination context, source context) pair on
 //!   different devices that allow it (`cuDeviceCanAccessPeer`, then
 //!   `cuCtxEnablePeerAccess`), so that peer copies (`copy_from_device` between buffers of
@@ -85,8 +85,8 @@
 //!   (non-owning) `CudaStream` through the `unsafe` [`cudarc_stream_from_raw`]. cudarc
 //!   cannot wrap an event it does not own: make events with cudarc and view them here.
 //!
-//! [`Capabilities::streams`](cudabuf_core::backend::Capabilities::streams) is on;
-//! race detection is the simulator's.
+//! Every context offers [`RawStreams`](cudabuf_core::backend::RawStreams) through
+//! `RawContext::streams`, and no ordering hooks: race detection is the simulator's.
 //!
 //! # Without a driver
 //! cudarc loads libcuda lazily and *panics* if it is missing. [`CudaBackend::new`] checks

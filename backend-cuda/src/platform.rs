@@ -89,7 +89,7 @@ pub(crate) fn driver_library_present() -> bool {
 // a `CUcontext` of the driver, and `kind` says `Cuda`.
 unsafe impl Platform for CudaBackend {
     fn kind(&self) -> BackendKind {
-        BackendKind::Cuda
+        BackendKind::CUDA
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -98,8 +98,8 @@ unsafe impl Platform for CudaBackend {
         capabilities.peer_copy = self.devices.len() > 1;
         capabilities.mapped_host_memory = true;
         capabilities.fault_injection = false;
-        capabilities.streams = true;
         capabilities.race_detection = false;
+        capabilities.isolated_instances = false;
         capabilities
     }
 
@@ -139,11 +139,10 @@ mod tests {
             let backend = result.unwrap_or_else(|e| {
                 panic!("libcuda is present, so CudaBackend::new must succeed: {e}")
             });
-            assert_eq!(backend.kind(), BackendKind::Cuda);
+            assert_eq!(backend.kind(), BackendKind::CUDA);
             let n = backend.num_devices().unwrap();
             assert_eq!(backend.capabilities().peer_copy, n > 1);
             assert!(!backend.capabilities().fault_injection);
-            assert!(backend.capabilities().streams);
             assert!(!backend.capabilities().race_detection);
             assert_eq!(
                 backend.device(n).unwrap_err().kind(),

@@ -228,7 +228,7 @@ struct OwnedStream<'a> {
 
 impl<'a> OwnedStream<'a> {
     fn new(ctx: &'a dyn RawContext, non_blocking: bool) -> Self {
-        let raw = ctx
+        let raw = sx(ctx)
             .stream_create(StreamFlags {
                 non_blocking,
                 priority: 0,
@@ -239,19 +239,19 @@ impl<'a> OwnedStream<'a> {
 
     fn sync(&self) {
         // SAFETY: a live stream of `ctx`.
-        unsafe { self.ctx.stream_synchronize(self.raw).unwrap() };
+        unsafe { sx(self.ctx).stream_synchronize(self.raw).unwrap() };
     }
 
     fn is_idle(&self) -> bool {
         // SAFETY: a live stream of `ctx`.
-        unsafe { self.ctx.stream_query(self.raw).unwrap() }
+        unsafe { sx(self.ctx).stream_query(self.raw).unwrap() }
     }
 }
 
 impl Drop for OwnedStream<'_> {
     fn drop(&mut self) {
         // SAFETY: made by `stream_create` of `ctx`, destroyed once.
-        unsafe { self.ctx.stream_destroy(self.raw).unwrap() };
+        unsafe { sx(self.ctx).stream_destroy(self.raw).unwrap() };
     }
 }
 
@@ -265,30 +265,30 @@ impl<'a> OwnedEvent<'a> {
     fn new(ctx: &'a dyn RawContext, timing: bool) -> Self {
         OwnedEvent {
             ctx,
-            raw: ctx.event_create(timing).unwrap(),
+            raw: sx(ctx).event_create(timing).unwrap(),
         }
     }
 
     fn record(&self, stream: RawStream) {
         // SAFETY: a live event and a live stream of `ctx`.
-        unsafe { self.ctx.event_record(self.raw, stream).unwrap() };
+        unsafe { sx(self.ctx).event_record(self.raw, stream).unwrap() };
     }
 
     fn is_done(&self) -> bool {
         // SAFETY: a live event of `ctx`.
-        unsafe { self.ctx.event_query(self.raw).unwrap() }
+        unsafe { sx(self.ctx).event_query(self.raw).unwrap() }
     }
 
     fn sync(&self) {
         // SAFETY: a live event of `ctx`.
-        unsafe { self.ctx.event_synchronize(self.raw).unwrap() };
+        unsafe { sx(self.ctx).event_synchronize(self.raw).unwrap() };
     }
 }
 
 impl Drop for OwnedEvent<'_> {
     fn drop(&mut self) {
         // SAFETY: made by `event_create` of `ctx`, destroyed once.
-        unsafe { self.ctx.event_destroy(self.raw).unwrap() };
+        unsafe { sx(self.ctx).event_destroy(self.raw).unwrap() };
     }
 }
 
@@ -309,10 +309,11 @@ fn streams_are_a_capability_and_priorities_are_clamped() {
     let Some(backend) = backend("streams_are_a_capability_and_priorities_are_clamped") else {
         return;
     };
-    assert!(backend.capabilities().streams);
     assert!(!backend.capabilities().race_detection);
     let ctx = primary(&backend, 0);
-    let (least, greatest) = ctx.stream_priority_range().unwrap();
+    assert!(ctx.streams().is_some(), "CUDA contexts have streams");
+    assert!(sx(&*ctx).ordering().is_none(), "and no ordering hooks");
+    let (least, greatest) = sx(&*ctx).stream_priority_range().unwrap();
     assert!(least >= greatest, "({least}, {greatest})");
     for (asked, expected, non_blocking) in [
         (0, 0.clamp(greatest, least), false),
@@ -320,7 +321,7 @@ fn streams_are_a_capability_and_priorities_are_clamped() {
         (least + 100, least, false),
         (greatest, greatest, true),
     ] {
-        let stream = ctx
+        let stream = sx(&*ctx)
             .stream_create(StreamFlags {
                 non_blocking,
                 priority: asked,
@@ -343,7 +344,7 @@ fn streams_are_a_capability_and_priorities_are_clamped() {
         assert_eq!(priority, expected, "asked for {asked}");
         assert_eq!(flags & 1 != 0, non_blocking, "CU_STREAM_NON_BLOCKING");
         // SAFETY: made above, destroyed once.
-        unsafe { ctx.stream_destroy(stream).unwrap() };
+        unsafe { sx(&*ctx).stream_destroy(stream).unwrap() };
     }
 }
 
@@ -356,14 +357,14 @@ fn default_streams_cannot_be_destroyed() {
     let ctx = primary(&backend, 0);
     for stream in [RawStream::LEGACY, RawStream::PER_THREAD] {
         // SAFETY: refused before reaching the driver.
-        let e = unsafe { ctx.stream_destroy(stream) }.unwrap_err();
+        let e = unsafe { sx(&*ctx).stream_destroy(stream) }.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
         // Still usable. (Not checked to be idle after: other tests of this process copy
         // on the same context's legacy stream at the same time.)
         // SAFETY: special streams of a live context.
         unsafe {
-            ctx.stream_synchronize(stream).unwrap();
-            ctx.stream_query(stream).unwrap();
+            sx(&*ctx).stream_synchronize(stream).unwrap();
+            sx(&*ctx).stream_query(stream).unwrap();
         }
     }
 }
@@ -386,17 +387,19 @@ fn stream_methods_leave_the_current_context_alone() {
         let dev = DeviceMem::new(&*ctx, 64);
         // SAFETY: live ranges of `ctx`; the stream is synchronized before they drop.
         unsafe {
-            ctx.copy_host_to_device_on(dev.ptr, host.ptr(), 64, stream.raw)
+            sx(&*ctx)
+                .copy_host_to_device_on(dev.ptr, host.ptr(), 64, stream.raw)
                 .unwrap();
-            ctx.copy_device_to_device_on(dev.ptr + 1, dev.ptr, 32, stream.raw)
+            sx(&*ctx)
+                .copy_device_to_device_on(dev.ptr + 1, dev.ptr, 32, stream.raw)
                 .unwrap();
-            ctx.stream_wait_event(stream.raw, event.raw).unwrap();
+            sx(&*ctx).stream_wait_event(stream.raw, event.raw).unwrap();
         }
         event.record(stream.raw);
         stream.sync();
         assert!(event.is_done());
         let _ = stream.is_idle();
-        let _ = ctx.stream_priority_range().unwrap();
+        let _ = sx(&*ctx).stream_priority_range().unwrap();
     }
     assert!(current_context().is_null(), "a context was left current");
 }
@@ -431,15 +434,20 @@ fn operations_on_one_stream_run_in_issue_order() {
         // SAFETY: live ranges of `ctx` and pinned memory, left alone until the stream is
         // synchronized below.
         unsafe {
-            ctx.copy_host_to_device_on(d1.ptr, host_a.ptr(), len, stream.raw)
+            sx(&*ctx)
+                .copy_host_to_device_on(d1.ptr, host_a.ptr(), len, stream.raw)
                 .unwrap();
-            ctx.copy_device_to_device_on(d2.ptr, d1.ptr, len, stream.raw)
+            sx(&*ctx)
+                .copy_device_to_device_on(d2.ptr, d1.ptr, len, stream.raw)
                 .unwrap();
-            ctx.copy_host_to_device_on(d1.ptr, host_b.ptr(), len, stream.raw)
+            sx(&*ctx)
+                .copy_host_to_device_on(d1.ptr, host_b.ptr(), len, stream.raw)
                 .unwrap();
-            ctx.copy_device_to_host_on(out_1.ptr(), d2.ptr, len, stream.raw)
+            sx(&*ctx)
+                .copy_device_to_host_on(out_1.ptr(), d2.ptr, len, stream.raw)
                 .unwrap();
-            ctx.copy_device_to_host_on(out_2.ptr(), d1.ptr, len, stream.raw)
+            sx(&*ctx)
+                .copy_device_to_host_on(out_2.ptr(), d1.ptr, len, stream.raw)
                 .unwrap();
         }
         // Issued, not done: the gate holds them all.
@@ -484,16 +492,21 @@ fn an_event_orders_work_across_streams() {
     let gate = unsafe { Gate::close(&*ctx, producer.raw) };
     // SAFETY: live ranges of `ctx` and pinned memory, left alone until synchronized.
     unsafe {
-        ctx.copy_host_to_device_on(d1.ptr, host.ptr(), len, producer.raw)
+        sx(&*ctx)
+            .copy_host_to_device_on(d1.ptr, host.ptr(), len, producer.raw)
             .unwrap();
     }
     written.record(producer.raw);
     // SAFETY: live stream and event of `ctx`; live ranges as above.
     unsafe {
-        ctx.stream_wait_event(consumer.raw, written.raw).unwrap();
-        ctx.copy_device_to_device_on(d2.ptr, d1.ptr, len, consumer.raw)
+        sx(&*ctx)
+            .stream_wait_event(consumer.raw, written.raw)
             .unwrap();
-        ctx.copy_device_to_host_on(out.ptr(), d2.ptr, len, consumer.raw)
+        sx(&*ctx)
+            .copy_device_to_device_on(d2.ptr, d1.ptr, len, consumer.raw)
+            .unwrap();
+        sx(&*ctx)
+            .copy_device_to_host_on(out.ptr(), d2.ptr, len, consumer.raw)
             .unwrap();
     }
     consumed.record(consumer.raw);
@@ -550,7 +563,7 @@ fn elapsed_time_between_events() {
     let untimed = OwnedEvent::new(&*ctx, false);
     // Never recorded: invalid.
     // SAFETY: live events of `ctx`.
-    let e = unsafe { ctx.event_elapsed_ms(start.raw, end.raw) }.unwrap_err();
+    let e = unsafe { sx(&*ctx).event_elapsed_ms(start.raw, end.raw) }.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
 
     start.record(stream.raw);
@@ -560,7 +573,7 @@ fn elapsed_time_between_events() {
     untimed.record(stream.raw);
     assert!(becomes_true(LIMIT, || start.is_done()));
     // SAFETY: live events of `ctx`.
-    match unsafe { ctx.event_elapsed_ms(start.raw, end.raw) } {
+    match unsafe { sx(&*ctx).event_elapsed_ms(start.raw, end.raw) } {
         Err(Error::NotReady { operation, .. }) => assert_eq!(operation, "event_elapsed_ms"),
         other => panic!("expected NotReady while the end is held back, got {other:?}"),
     }
@@ -571,12 +584,12 @@ fn elapsed_time_between_events() {
     end.sync();
     untimed.sync();
     // SAFETY: live events of `ctx`.
-    let ms = unsafe { ctx.event_elapsed_ms(start.raw, end.raw) }.unwrap();
+    let ms = unsafe { sx(&*ctx).event_elapsed_ms(start.raw, end.raw) }.unwrap();
     assert!((45.0..20_000.0).contains(&ms), "{ms} ms");
     // Without timing: invalid, in either position.
     for (a, b) in [(start.raw, untimed.raw), (untimed.raw, end.raw)] {
         // SAFETY: live events of `ctx`.
-        let e = unsafe { ctx.event_elapsed_ms(a, b) }.unwrap_err();
+        let e = unsafe { sx(&*ctx).event_elapsed_ms(a, b) }.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
     }
 }
@@ -617,27 +630,30 @@ fn async_copies_of_every_kind_with_offsets() {
         // SAFETY: every range lies inside its allocation (offsets chosen so); nothing
         // touches the pinned memory until the stream is synchronized.
         unsafe {
-            ctx.copy_host_to_device_on(
-                dev.ptr + dev_off as u64,
-                host.ptr().add(offset),
-                n,
-                stream.raw,
-            )
-            .unwrap();
-            ctx.copy_device_to_device_on(
-                other.ptr + other_off as u64,
-                dev.ptr + dev_off as u64,
-                n,
-                stream.raw,
-            )
-            .unwrap();
-            ctx.copy_device_to_host_on(
-                out.ptr().add(len - n),
-                other.ptr + other_off as u64,
-                n,
-                stream.raw,
-            )
-            .unwrap();
+            sx(&*ctx)
+                .copy_host_to_device_on(
+                    dev.ptr + dev_off as u64,
+                    host.ptr().add(offset),
+                    n,
+                    stream.raw,
+                )
+                .unwrap();
+            sx(&*ctx)
+                .copy_device_to_device_on(
+                    other.ptr + other_off as u64,
+                    dev.ptr + dev_off as u64,
+                    n,
+                    stream.raw,
+                )
+                .unwrap();
+            sx(&*ctx)
+                .copy_device_to_host_on(
+                    out.ptr().add(len - n),
+                    other.ptr + other_off as u64,
+                    n,
+                    stream.raw,
+                )
+                .unwrap();
         }
         stream.sync();
         let moved = &data[offset..offset + n];
@@ -702,13 +718,14 @@ fn overlapping_device_copies_on_a_stream_behave_as_memmove() {
         // SAFETY: both ranges lie inside the allocation; the stream is synchronized before
         // the memory is read or freed.
         unsafe {
-            ctx.copy_device_to_device_on(
-                dev.ptr + dst as u64,
-                dev.ptr + src as u64,
-                len,
-                stream.raw,
-            )
-            .unwrap();
+            sx(&*ctx)
+                .copy_device_to_device_on(
+                    dev.ptr + dst as u64,
+                    dev.ptr + src as u64,
+                    len,
+                    stream.raw,
+                )
+                .unwrap();
         }
         stream.sync();
         let mut expected = original.clone();
@@ -723,13 +740,14 @@ fn overlapping_device_copies_on_a_stream_behave_as_memmove() {
         let (dst, src, len) = (step * 3 + 1, step * 3, 1 << 20);
         // SAFETY: inside the allocation; synchronized below.
         unsafe {
-            ctx.copy_device_to_device_on(
-                dev.ptr + dst as u64,
-                dev.ptr + src as u64,
-                len,
-                stream.raw,
-            )
-            .unwrap();
+            sx(&*ctx)
+                .copy_device_to_device_on(
+                    dev.ptr + dst as u64,
+                    dev.ptr + src as u64,
+                    len,
+                    stream.raw,
+                )
+                .unwrap();
         }
         expected.copy_within(src..src + len, dst);
     }
@@ -778,7 +796,7 @@ fn legacy_stream_waits_for_blocking_streams_but_not_for_non_blocking_ones() {
         gate.open();
         on_legacy.sync();
         // SAFETY: as above.
-        unsafe { ctx.stream_synchronize(held).unwrap() };
+        unsafe { sx(&*ctx).stream_synchronize(held).unwrap() };
     }
 
     // The other way: a blocking stream's later work waits for the legacy stream, a
@@ -818,11 +836,13 @@ fn per_thread_stream_copies() {
     let dev = DeviceMem::new(&*ctx, len);
     // SAFETY: live ranges; the per-thread stream is synchronized before they are touched.
     unsafe {
-        ctx.copy_host_to_device_on(dev.ptr, host.ptr(), len, RawStream::PER_THREAD)
+        sx(&*ctx)
+            .copy_host_to_device_on(dev.ptr, host.ptr(), len, RawStream::PER_THREAD)
             .unwrap();
-        ctx.copy_device_to_host_on(out.ptr(), dev.ptr, len, RawStream::PER_THREAD)
+        sx(&*ctx)
+            .copy_device_to_host_on(out.ptr(), dev.ptr, len, RawStream::PER_THREAD)
             .unwrap();
-        ctx.stream_synchronize(RawStream::PER_THREAD).unwrap();
+        sx(&*ctx).stream_synchronize(RawStream::PER_THREAD).unwrap();
     }
     assert!(out.bytes() == &data[..]);
 }
@@ -856,7 +876,8 @@ fn a_thread_ends_only_once_its_per_thread_stream_is_idle() {
             // SAFETY: live ranges of `len` bytes, kept until the main thread has joined
             // this one (and the copy is complete by then: what the test checks).
             unsafe {
-                ctx.copy_host_to_device_on(dst, src as *const u8, len, RawStream::PER_THREAD)
+                sx(&*ctx)
+                    .copy_host_to_device_on(dst, src as *const u8, len, RawStream::PER_THREAD)
                     .unwrap();
             }
         })
@@ -928,11 +949,17 @@ fn cudarc_streams_and_events_are_used_and_never_destroyed() {
     // SAFETY: the views keep cudarc's stream and event alive; the ranges are live and
     // left alone until `ours` is synchronized (which waits for cudarc's stream's copy).
     unsafe {
-        ctx.copy_host_to_device_on(dev.ptr, host.ptr(), len, view.raw())
+        sx(&*ctx)
+            .copy_host_to_device_on(dev.ptr, host.ptr(), len, view.raw())
             .unwrap();
-        ctx.event_record(event_view.raw(), view.raw()).unwrap();
-        ctx.stream_wait_event(ours.raw, event_view.raw()).unwrap();
-        ctx.copy_device_to_host_on(out.ptr(), dev.ptr, len, ours.raw)
+        sx(&*ctx)
+            .event_record(event_view.raw(), view.raw())
+            .unwrap();
+        sx(&*ctx)
+            .stream_wait_event(ours.raw, event_view.raw())
+            .unwrap();
+        sx(&*ctx)
+            .copy_device_to_host_on(out.ptr(), dev.ptr, len, ours.raw)
             .unwrap();
     }
     ours.sync();
@@ -1006,7 +1033,8 @@ fn peer_copies_on_a_stream() {
     let stream = OwnedStream::new(&*ctx, true);
     // SAFETY: live ranges of `ctx`; synchronized before reading.
     unsafe {
-        ctx.copy_peer_on(dst.ptr, &*ctx, src.ptr, len, stream.raw)
+        sx(&*ctx)
+            .copy_peer_on(dst.ptr, &*ctx, src.ptr, len, stream.raw)
             .unwrap();
     }
     stream.sync();
@@ -1030,7 +1058,7 @@ fn peer_copies_on_a_stream() {
         let done = OwnedEvent::new(&**dst_ctx, false);
         // SAFETY: live ranges of their contexts; synchronized before reading or freeing.
         unsafe {
-            dst_ctx
+            sx(&**dst_ctx)
                 .copy_peer_on(dst.ptr + 1, &**src_ctx, src.ptr, len - 1, stream.raw)
                 .unwrap();
         }
@@ -1045,4 +1073,10 @@ fn peer_copies_on_a_stream() {
             dst_ctx.device_ordinal()
         );
     }
+}
+
+/// The CUDA context's streams (it always has them).
+#[allow(dead_code)]
+fn sx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::RawStreams {
+    c.streams().expect("CUDA contexts have streams")
 }

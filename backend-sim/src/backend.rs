@@ -409,7 +409,7 @@ impl fmt::Debug for SimBackend {
 // simulator, and `kind` says `Sim`.
 unsafe impl Platform for SimBackend {
     fn kind(&self) -> BackendKind {
-        BackendKind::Sim
+        BackendKind::SIM
     }
 
     fn capabilities(&self) -> Capabilities {

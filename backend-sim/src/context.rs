@@ -4,7 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use cudabuf_core::backend::{
-    CopyTicket, DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream, StreamFlags,
+    DevicePtr, OrderingHooks, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream,
+    RawStreams, StreamFlags,
 };
 use cudabuf_core::{Error, Result};
 
@@ -156,32 +157,6 @@ unsafe impl RawContext for SimContext {
         self.sync_h2d(dst, src)
     }
 
-    /// From pinned memory, an asynchronous copy on the legacy stream (as on CUDA), seen
-    /// by the race detector until `wait_copy`; from pageable memory, a synchronous copy.
-    unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<CopyTicket> {
-        self.check_alive("copy_host_to_device_async")?;
-        match self.start_h2d(dst, src)? {
-            // SAFETY: the ticket holds an event of this instance, which only `wait_copy`
-            // of a context of this instance turns back into one (it checks the handle).
-            Some(event) => Ok(unsafe { CopyTicket::from_raw(event.as_raw()) }),
-            None => {
-                self.sync_h2d(dst, src)?;
-                Ok(CopyTicket::completed())
-            }
-        }
-    }
-
-    unsafe fn wait_copy(&self, ticket: CopyTicket) -> Result<()> {
-        self.check_alive("wait_copy")?;
-        if ticket.is_completed() {
-            return Ok(());
-        }
-        // SAFETY: the simulator checks event handles (a value that names no live event of
-        // this context is an error).
-        let event = unsafe { RawEvent::from_raw(ticket.into_raw()) };
-        self.wait_started(event)
-    }
-
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         self.check_alive("copy_device_to_host")?;
         self.sync_d2h(dst, src)
@@ -210,6 +185,76 @@ unsafe impl RawContext for SimContext {
         self.sync_between(OpWhat::PeerSync, dst, src_device, src, len)
     }
 
+    fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
+        self.check_alive("alloc_host")?;
+        let mut state = self.shared.lock();
+        state
+            .faults
+            .check(FaultOp::AllocHost)
+            .map_err(|e| crate::faults::for_request(e, self.device, size))?;
+        state.table.alloc_pinned(self.device, size)
+    }
+
+    unsafe fn free_host(&self, alloc: PinnedAlloc) -> Result<()> {
+        self.check_alive("free_host")?;
+        self.release(
+            OpWhat::FreeHost,
+            |table| {
+                table
+                    .pinned_host(alloc.host_ptr() as usize, alloc.size())
+                    .filter(|l| l.offset == 0 && l.region.base == alloc.device_ptr())
+                    .map(|l| l.region)
+            },
+            |table| table.free_pinned(alloc),
+        )
+    }
+
+    fn device_address(&self, address: u64) -> Result<DevicePtr> {
+        self.check_alive("device_address")?;
+        self.shared.lock().table.device_address(address)
+    }
+
+    fn address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
+        self.check_alive("address_range")?;
+        self.shared.lock().table.address_range(ptr)
+    }
+
+    fn address_device(&self, ptr: DevicePtr) -> Result<Option<usize>> {
+        self.check_alive("address_device")?;
+        self.shared.lock().table.address_device(ptr)
+    }
+
+    fn ipc_export(&self, base: DevicePtr) -> Result<RawIpcHandle> {
+        self.check_alive("ipc_export")?;
+        let mut state = self.shared.lock();
+        state.faults.check(FaultOp::IpcExport)?;
+        state.table.export(self.device, base)
+    }
+
+    fn ipc_open(&self, handle: &RawIpcHandle) -> Result<DevicePtr> {
+        self.check_alive("ipc_open")?;
+        let mut state = self.shared.lock();
+        state.faults.check(FaultOp::IpcOpen)?;
+        state.table.import(self.device, handle)
+    }
+
+    unsafe fn ipc_close(&self, ptr: DevicePtr) -> Result<()> {
+        self.check_alive("ipc_close")?;
+        self.release(
+            OpWhat::IpcClose,
+            |table| Self::own_base(table, ptr, RegionKind::IpcMapping, self.device),
+            |table| table.close_import(self.device, ptr),
+        )
+    }
+
+    fn streams(&self) -> Option<&dyn RawStreams> {
+        Some(self)
+    }
+}
+
+// SAFETY: as for `RawContext` above: the same context, whose copies on streams touch
+// only the ranges they are given and whose handles name what it made.
+unsafe impl RawStreams for SimContext {
     fn stream_priority_range(&self) -> Result<(i32, i32)> {
         self.check_alive("stream_priority_range")?;
         Ok(self.priority_range())
@@ -264,13 +309,6 @@ unsafe impl RawContext for SimContext {
     unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
         self.check_alive("event_query")?;
         self.query_event(event)
-    }
-
-    /// Same answer as `event_query`; the race detector does not take it as the host
-    /// synchronizing with the event's work (cudabuf's bookkeeping, not the program's).
-    unsafe fn event_poll(&self, event: RawEvent) -> Result<bool> {
-        self.check_alive("event_poll")?;
-        self.poll_event(event)
     }
 
     unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
@@ -334,6 +372,20 @@ unsafe impl RawContext for SimContext {
         self.peer_on(dst, src_device, src, len, stream)
     }
 
+    fn ordering(&self) -> Option<&dyn OrderingHooks> {
+        Some(self)
+    }
+}
+
+// SAFETY: the hooks only update the ordering records; they touch no memory.
+unsafe impl OrderingHooks for SimContext {
+    /// Same answer as `event_query`; the race detector does not take it as the host
+    /// synchronizing with the event's work (cudabuf's bookkeeping, not the program's).
+    unsafe fn event_poll(&self, event: RawEvent) -> Result<bool> {
+        self.check_alive("event_poll")?;
+        self.poll_event(event)
+    }
+
     /// A marker on `stream` that the race detector takes as a write of the range (see
     /// the crate docs); `ptr..ptr + len` must be device memory of this device.
     unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
@@ -356,68 +408,6 @@ unsafe impl RawContext for SimContext {
     /// The race detector forgets the accesses to the range (see the crate docs).
     fn retire_accesses(&self, address: DevicePtr, len: usize) {
         self.retire(address, len);
-    }
-
-    fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
-        self.check_alive("alloc_host")?;
-        let mut state = self.shared.lock();
-        state
-            .faults
-            .check(FaultOp::AllocHost)
-            .map_err(|e| crate::faults::for_request(e, self.device, size))?;
-        state.table.alloc_pinned(self.device, size)
-    }
-
-    unsafe fn free_host(&self, alloc: PinnedAlloc) -> Result<()> {
-        self.check_alive("free_host")?;
-        self.release(
-            OpWhat::FreeHost,
-            |table| {
-                table
-                    .pinned_host(alloc.host_ptr() as usize, alloc.size())
-                    .filter(|l| l.offset == 0 && l.region.base == alloc.device_ptr())
-                    .map(|l| l.region)
-            },
-            |table| table.free_pinned(alloc),
-        )
-    }
-
-    fn device_address(&self, address: u64) -> Result<DevicePtr> {
-        self.check_alive("device_address")?;
-        self.shared.lock().table.device_address(address)
-    }
-
-    fn address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
-        self.check_alive("address_range")?;
-        self.shared.lock().table.address_range(ptr)
-    }
-
-    fn address_device(&self, ptr: DevicePtr) -> Result<Option<usize>> {
-        self.check_alive("address_device")?;
-        self.shared.lock().table.address_device(ptr)
-    }
-
-    fn ipc_export(&self, base: DevicePtr) -> Result<RawIpcHandle> {
-        self.check_alive("ipc_export")?;
-        let mut state = self.shared.lock();
-        state.faults.check(FaultOp::IpcExport)?;
-        state.table.export(self.device, base)
-    }
-
-    fn ipc_open(&self, handle: &RawIpcHandle) -> Result<DevicePtr> {
-        self.check_alive("ipc_open")?;
-        let mut state = self.shared.lock();
-        state.faults.check(FaultOp::IpcOpen)?;
-        state.table.import(self.device, handle)
-    }
-
-    unsafe fn ipc_close(&self, ptr: DevicePtr) -> Result<()> {
-        self.check_alive("ipc_close")?;
-        self.release(
-            OpWhat::IpcClose,
-            |table| Self::own_base(table, ptr, RegionKind::IpcMapping, self.device),
-            |table| table.close_import(self.device, ptr),
-        )
     }
 }
 

@@ -98,10 +98,10 @@
 //! implicit synchronization, host synchronization (stream, event and context
 //! synchronize, a query that returns true, the completion of a synchronous copy) and
 //! issue (what the issuing host knew happens before what it issues). Queries cudabuf
-//! makes for its own bookkeeping (`RawContext::event_poll`: may what an operation held be
+//! makes for its own bookkeeping (`OrderingHooks::event_poll`: may what an operation held be
 //! let go, is a block freed in stream order ready) are not the program's and order
 //! nothing; the memory cudabuf then hands to a new owner (a cached block, a staging
-//! buffer: `RawContext::retire_accesses`) forgets the accesses cudabuf or the program
+//! buffer: `OrderingHooks::retire_accesses`) forgets the accesses cudabuf or the program
 //! saw complete, so its next owner does not race with them, while work cudabuf does
 //! not track (a raw copy, another library's kernel) still does. An access not
 //! ordered after a conflicting earlier one (write/write, write/read, read/write) is

@@ -565,12 +565,18 @@ impl Raw {
         let streams = HashMap::from([
             (S::Legacy, RawStream::LEGACY),
             (S::PerThread, RawStream::PER_THREAD),
-            (S::Blocking, ctx.stream_create(flags(false)).unwrap()),
-            (S::NonBlocking1, ctx.stream_create(flags(true)).unwrap()),
-            (S::NonBlocking2, ctx.stream_create(flags(true)).unwrap()),
+            (S::Blocking, sx(&*ctx).stream_create(flags(false)).unwrap()),
+            (
+                S::NonBlocking1,
+                sx(&*ctx).stream_create(flags(true)).unwrap(),
+            ),
+            (
+                S::NonBlocking2,
+                sx(&*ctx).stream_create(flags(true)).unwrap(),
+            ),
         ]);
         let events = (0..=EVENTS)
-            .map(|_| ctx.event_create(false).unwrap())
+            .map(|_| sx(&*ctx).event_create(false).unwrap())
             .collect();
         let buffers: Vec<u64> = (0..BUFFERS).map(|_| ctx.allocate(SIZE).unwrap()).collect();
         for (b, bytes) in buffers.iter().zip(&start.device) {
@@ -601,7 +607,7 @@ impl Raw {
             match *op {
                 Op::H2d { s, dst, range, .. } => {
                     let (a, b) = RANGES[range];
-                    c.copy_host_to_device_on(
+                    sx(c).copy_host_to_device_on(
                         at(dst, a),
                         self.pinned.host_ptr().add(a),
                         b - a,
@@ -610,7 +616,7 @@ impl Raw {
                 }
                 Op::D2h { s, src, range } => {
                     let (a, b) = RANGES[range];
-                    c.copy_device_to_host_on(
+                    sx(c).copy_device_to_host_on(
                         self.pinned.host_ptr().add(a),
                         at(src, a),
                         b - a,
@@ -624,15 +630,15 @@ impl Raw {
                     src,
                     from,
                     len,
-                } => c.copy_device_to_device_on(at(dst, to), at(src, from), len, st(s))?,
-                Op::Record { s, event } => c.event_record(self.events[event], st(s))?,
-                Op::Wait { s, event } => c.stream_wait_event(st(s), self.events[event])?,
-                Op::StreamSync { s } => c.stream_synchronize(st(s))?,
-                Op::EventSync { event } => c.event_synchronize(self.events[event])?,
+                } => sx(c).copy_device_to_device_on(at(dst, to), at(src, from), len, st(s))?,
+                Op::Record { s, event } => sx(c).event_record(self.events[event], st(s))?,
+                Op::Wait { s, event } => sx(c).stream_wait_event(st(s), self.events[event])?,
+                Op::StreamSync { s } => sx(c).stream_synchronize(st(s))?,
+                Op::EventSync { event } => sx(c).event_synchronize(self.events[event])?,
                 Op::ContextSync => c.synchronize()?,
-                Op::StreamQuery { s } => return c.stream_query(st(s)).map(Outcome::Answer),
+                Op::StreamQuery { s } => return sx(c).stream_query(st(s)).map(Outcome::Answer),
                 Op::EventQuery { event } => {
-                    return c.event_query(self.events[event]).map(Outcome::Answer)
+                    return sx(c).event_query(self.events[event]).map(Outcome::Answer)
                 }
                 Op::SyncWrite { dst, range, byte } => {
                     let (a, b) = RANGES[range];
@@ -673,11 +679,11 @@ impl Raw {
         unsafe { self.ctx.free_host(self.pinned) }.unwrap();
         for e in self.events {
             // SAFETY: made above, destroyed once.
-            unsafe { self.ctx.event_destroy(e) }.unwrap();
+            unsafe { sx(&*self.ctx).event_destroy(e) }.unwrap();
         }
         for s in [S::Blocking, S::NonBlocking1, S::NonBlocking2] {
             // SAFETY: made above, destroyed once.
-            unsafe { self.ctx.stream_destroy(self.streams[&s]) }.unwrap();
+            unsafe { sx(&*self.ctx).stream_destroy(self.streams[&s]) }.unwrap();
         }
         Bytes { device, pinned }
     }
@@ -1105,4 +1111,16 @@ proptest! {
             prop_assert!(sim.leak_report().is_empty(), "leaked: {:?}", sim.leak_report());
         }
     }
+}
+
+/// The simulator context's streams (it always has them).
+#[allow(dead_code)]
+fn sx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::RawStreams {
+    c.streams().expect("the simulator has streams")
+}
+
+/// The simulator context's ordering hooks (its race detector's).
+#[allow(dead_code)]
+fn hx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::OrderingHooks {
+    sx(c).ordering().expect("the simulator checks ordering")
 }

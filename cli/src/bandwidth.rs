@@ -118,7 +118,7 @@ pub(crate) fn run(args: &BandwidthArgs) -> CliResult<String> {
             .split(',')
             .map(|text| parse_copy_size(text).map_err(|e| format!("{SIZES_VAR}: {text:?}: {e}")))
             .collect::<Result<_, _>>()?
-    } else if backend.kind() == BackendKind::Sim {
+    } else if backend.kind() == BackendKind::SIM {
         // Quick on the simulator (host memory, 1 GiB devices); larger on a GPU.
         vec![1 << 20, 16 << 20, 64 << 20]
     } else {

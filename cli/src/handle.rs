@@ -223,7 +223,7 @@ fn decode(handle: &IpcMemHandle, length: usize) -> HandleReport {
     let raw = handle.raw();
     let mut simulator = None;
     match backend {
-        Some(BackendKind::Sim) => match SimIpcHandle::from_raw(raw) {
+        Some(k) if k == BackendKind::SIM => match SimIpcHandle::from_raw(raw) {
             Ok(sim) => {
                 problems.extend(sim_mismatches(handle, &sim));
                 simulator = Some(SimRaw {
@@ -236,7 +236,7 @@ fn decode(handle: &IpcMemHandle, length: usize) -> HandleReport {
             }
             Err(e) => problems.push(format!("the raw bytes: {e}")),
         },
-        Some(BackendKind::Cuda) if raw[..8] == SimIpcHandle::MAGIC => problems
+        Some(k) if k == BackendKind::CUDA && raw[..8] == SimIpcHandle::MAGIC => problems
             .push("the raw bytes are a simulator handle's, but the handle says CUDA".to_owned()),
         _ => {}
     }
@@ -286,7 +286,7 @@ fn sim_mismatches(handle: &IpcMemHandle, sim: &SimIpcHandle) -> Vec<String> {
 
 /// Open the handle in this process, on a simulator with enough devices.
 fn open(handle: &IpcMemHandle) -> OpenOutcome {
-    if handle.backend() == Some(BackendKind::Cuda) {
+    if handle.backend() == Some(BackendKind::CUDA) {
         return OpenOutcome::NotAttempted {
             reason: "a CUDA handle: the driver cannot validate its raw bytes, and forged \
                      ones can crash the process that opens them; open it in your program",

@@ -48,7 +48,7 @@ impl SuiteHooks for SimHooks {
     }
 
     fn exported_object_name(&self, handle: &IpcMemHandle) -> Option<String> {
-        if handle.size() == 0 || handle.backend() != Some(BackendKind::Sim) {
+        if handle.size() == 0 || handle.backend() != Some(BackendKind::SIM) {
             return None;
         }
         SimIpcHandle::from_raw(handle.raw())

@@ -1,18 +1,28 @@
 //! The backend traits: the narrow waist between cudabuf's API and a device.
 //!
-//! A backend implements three small, object-safe traits and nothing else:
+//! A backend implements these object-safe traits and nothing else:
 //!
 //! - [`Platform`]: how many devices there are and a handle to each;
 //! - [`Device`]: one device's properties and its contexts;
-//! - [`RawContext`]: raw memory operations on device addresses (allocate, free, copy,
-//!   pinned host memory, pointer queries, IPC).
+//! - [`RawContext`]: what every backend must do: raw memory operations on device
+//!   addresses (allocate, free, synchronous copies, pinned host memory, pointer queries,
+//!   IPC) and its identity;
+//! - [`RawStreams`], optional: streams, events and copies on streams, offered through
+//!   [`RawContext::streams`] (a backend without them returns `None`, and cudabuf's
+//!   `Stream` and `Event` calls are `Unsupported` there);
+//! - [`OrderingHooks`], optional: what a backend that checks ordering (the simulator's
+//!   race detector) hears of cudabuf's own bookkeeping, offered through
+//!   [`RawStreams::ordering`].
 //!
 //! Everything a user sees (bounds checks, accounting, zero-size rules, slices, the IPC
-//! handle format with offsets, the mapping cache, readers and writers) is written once in
-//! this crate on top of these traits, so that backends cannot drift apart. Backends are
-//! therefore allowed to assume what this crate guarantees (see each method's `# Contract`)
-//! but should still check what is cheap to check: the simulator checks everything, to
-//! catch bugs in the layer above.
+//! handle format with offsets, the mapping cache, readers and writers, stream
+//! bookkeeping) is written once in this crate on top of these traits, so that backends
+//! cannot drift apart. Backends are therefore allowed to assume what this crate
+//! guarantees (see each method's `# Contract` and `# Safety`) but should still check what
+//! is cheap to check: the simulator checks everything, to catch bugs in the layer above.
+//! A backend is named by a [`BackendKind`], which any crate can make
+//! ([`BackendKind::new`]), so a backend can live outside this repository; the
+//! conformance suite (`cudabuf-conformance`) is how it shows that it behaves.
 //!
 //! With the `mock` feature, `mockall` generates `MockDevice`, and `MockRawContext` (written
 //! so that a mock cannot break what core trusts) stands in for a backend context when
@@ -28,12 +38,14 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 
 mod call;
+mod ext;
 mod handles;
 #[cfg(feature = "mock")]
 mod mock;
 
 pub(crate) use call::enter as enter_call;
 pub use call::{current_call, ApiCall};
+pub(crate) use ext::StreamsExt;
 pub use handles::{RawEvent, RawStream, StreamFlags};
 #[cfg(feature = "mock")]
 pub use mock::{MockExpectations, MockRawContext, MOCK_HANDLE_TAG};
@@ -65,41 +77,92 @@ pub const RAW_IPC_HANDLE_LEN: usize = 64;
 /// The backend-specific part of an IPC handle: 64 opaque bytes, as `CUipcMemHandle`.
 pub type RawIpcHandle = [u8; RAW_IPC_HANDLE_LEN];
 
-/// Which backend made something (written into IPC handles, so that a simulator handle is
-/// never handed to the CUDA driver and the reverse).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[non_exhaustive]
-pub enum BackendKind {
-    /// The host-memory simulator (`cudabuf-sim`).
-    Sim,
-    /// The CUDA driver (`cudabuf-cuda`).
-    Cuda,
+/// Which backend made something: written into IPC handles (so that a simulator handle is
+/// never handed to the CUDA driver and the reverse), kept by every [`Context`], and
+/// labelling the Arrow C Device Data Interface's device type.
+///
+/// Open: a backend outside this repository makes its own with [`new`](Self::new). Two
+/// kinds are the same backend when their wire [`code`](Self::code)s are equal; the name
+/// is for people. Codes 1 ([`SIM`](Self::SIM)) and 2 ([`CUDA`](Self::CUDA)) are taken;
+/// a backend outside this repository picks one of 128..=255.
+///
+/// ```
+/// use cudabuf_core::BackendKind;
+///
+/// const COUNTING: BackendKind = BackendKind::new("counting", 200);
+/// assert_eq!(COUNTING.name(), "counting");
+/// assert_ne!(COUNTING, BackendKind::SIM);
+/// assert_eq!(BackendKind::from_code(1), BackendKind::SIM);
+/// assert_eq!(BackendKind::SIM.to_string(), "sim");
+/// ```
+///
+/// [`Context`]: crate::Context
+#[derive(Debug, Clone, Copy)]
+pub struct BackendKind {
+    name: &'static str,
+    code: u8,
 }
 
 impl BackendKind {
+    /// The host-memory simulator (`cudabuf-sim`).
+    pub const SIM: BackendKind = BackendKind::new("sim", 1);
+    /// The CUDA driver (`cudabuf-cuda`).
+    pub const CUDA: BackendKind = BackendKind::new("cuda", 2);
+
+    /// A backend named `name` with wire code `code` (see the type's docs for the codes
+    /// that are taken).
+    pub const fn new(name: &'static str, code: u8) -> Self {
+        BackendKind { name, code }
+    }
+
     /// The wire code of this kind in the extended IPC handle format.
     pub fn code(self) -> u8 {
-        match self {
-            BackendKind::Sim => 1,
-            BackendKind::Cuda => 2,
-        }
+        self.code
     }
 
-    /// The kind with this wire code.
-    pub fn from_code(code: u8) -> Option<Self> {
+    /// The kind with this wire code: [`SIM`](Self::SIM) and [`CUDA`](Self::CUDA) by
+    /// name, any other code as a kind named `"other"` (equal to the backend that uses
+    /// it, since kinds compare by code).
+    pub fn from_code(code: u8) -> Self {
         match code {
-            1 => Some(BackendKind::Sim),
-            2 => Some(BackendKind::Cuda),
-            _ => None,
+            1 => BackendKind::SIM,
+            2 => BackendKind::CUDA,
+            _ => BackendKind::new("other", code),
         }
     }
 
-    /// A short lower-case name: `"sim"` or `"cuda"`.
+    /// A short lower-case name, such as `"sim"` or `"cuda"`.
     pub fn name(self) -> &'static str {
-        match self {
-            BackendKind::Sim => "sim",
-            BackendKind::Cuda => "cuda",
-        }
+        self.name
+    }
+
+    /// Whether this is the CUDA driver backend, whose addresses, streams and events are
+    /// CUDA driver handles that code outside cudabuf may use.
+    pub fn is_cuda(self) -> bool {
+        self == BackendKind::CUDA
+    }
+}
+
+impl PartialEq for BackendKind {
+    fn eq(&self, other: &Self) -> bool {
+        self.code == other.code
+    }
+}
+
+impl Eq for BackendKind {}
+
+impl std::hash::Hash for BackendKind {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.code.hash(state);
+    }
+}
+
+impl Serialize for BackendKind {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name)
     }
 }
 
@@ -121,10 +184,13 @@ pub struct Capabilities {
     pub mapped_host_memory: bool,
     /// Faults can be injected (the simulator).
     pub fault_injection: bool,
-    /// Streams, events and asynchronous copies on streams.
-    pub streams: bool,
     /// Races between streams are detected (the simulator's race detector is on).
     pub race_detection: bool,
+    /// Each platform instance is a machine of its own: the memory, contexts and caching
+    /// allocators of one instance are unknown to another, so nothing else allocates on
+    /// a fresh instance (the simulator). `false` where instances share the hardware (two
+    /// CUDA backends reach the same devices, contexts and allocators).
+    pub isolated_instances: bool,
 }
 
 impl Capabilities {
@@ -135,8 +201,8 @@ impl Capabilities {
             peer_copy: true,
             mapped_host_memory: true,
             fault_injection: true,
-            streams: true,
             race_detection: true,
+            isolated_instances: true,
         }
     }
 
@@ -147,8 +213,8 @@ impl Capabilities {
             peer_copy: false,
             mapped_host_memory: false,
             fault_injection: false,
-            streams: false,
             race_detection: false,
+            isolated_instances: false,
         }
     }
 }
@@ -204,42 +270,6 @@ unsafe impl Send for PinnedAlloc {}
 // SAFETY: as for `Send`: the struct holds no thread-bound state.
 unsafe impl Sync for PinnedAlloc {}
 
-/// A copy started by [`RawContext::copy_host_to_device_async`], to be waited for exactly
-/// once with [`RawContext::wait_copy`].
-///
-/// Opaque on purpose: a backend may keep a driver handle in it (a `CUevent` on CUDA), so
-/// only a backend makes one, with the `unsafe` [`from_raw`](Self::from_raw); safe code
-/// cannot turn an integer into a ticket, and a ticket cannot be copied or waited twice.
-#[derive(Debug, PartialEq, Eq)]
-#[must_use = "a started copy must be waited for with `wait_copy`"]
-pub struct CopyTicket(u64);
-
-impl CopyTicket {
-    /// The ticket of a copy that has already completed (what synchronous backends return).
-    pub const fn completed() -> Self {
-        CopyTicket(0)
-    }
-
-    /// A ticket holding a backend's value (0 means "already complete").
-    ///
-    /// # Safety
-    /// `raw` is 0 or what the backend's own [`RawContext::wait_copy`] expects for a copy it
-    /// started; the ticket is handed to that backend context's `wait_copy` only.
-    pub const unsafe fn from_raw(raw: u64) -> Self {
-        CopyTicket(raw)
-    }
-
-    /// The backend's value, for the backend that made the ticket.
-    pub fn into_raw(self) -> u64 {
-        self.0
-    }
-
-    /// Whether the copy is known to be complete already.
-    pub fn is_completed(&self) -> bool {
-        self.0 == 0
-    }
-}
-
 /// A backend: the entry point that enumerates devices.
 ///
 /// # Contract
@@ -253,7 +283,7 @@ impl CopyTicket {
 /// devices return ([`Device::primary_context`], [`Device::shared_context`]):
 /// [`Backend`](crate::Backend) labels its contexts with it, as the `unsafe`
 /// [`Context::from_raw`](crate::Context::from_raw) does, and a
-/// [`BackendKind::Cuda`] context's addresses, streams and events are handed to code outside
+/// [`BackendKind::CUDA`] context's addresses, streams and events are handed to code outside
 /// cudabuf as CUDA driver handles. Implementing it is therefore `unsafe`; there is no
 /// generated mock of it (a test double would be a safe way to label a mock `Cuda`).
 pub unsafe trait Platform: Send + Sync + fmt::Debug {
@@ -375,44 +405,6 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// `dst..dst + src.len()` lies inside a live allocation reachable from this context.
     unsafe fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
 
-    /// Start copying `src` (pinned host memory) to the device at `dst` and return a ticket
-    /// for [`wait_copy`](Self::wait_copy), possibly before the copy is done.
-    ///
-    /// The copy is ordered before every later copy and `synchronize` of this context (on
-    /// CUDA: it runs on the context's legacy default stream, with which every other copy
-    /// of the backend is ordered), so later reads of the memory through this backend see
-    /// its bytes. cudabuf's core uses it to overlap the flush of one staging buffer with
-    /// filling the next ([`BufferWriter`](crate::BufferWriter)).
-    ///
-    /// The provided implementation copies synchronously and returns
-    /// [`CopyTicket::completed`]; backends without asynchronous copies need not override
-    /// either method.
-    ///
-    /// # Safety
-    /// As [`copy_host_to_device`](Self::copy_host_to_device), and: `src` and the device
-    /// range stay alive, and `src` unmodified, until `wait_copy` with the returned ticket
-    /// returns; `wait_copy` is called exactly once per ticket.
-    unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<CopyTicket> {
-        // SAFETY: forwarded from this method's contract.
-        unsafe { self.copy_host_to_device(dst, src)? };
-        Ok(CopyTicket::completed())
-    }
-
-    /// Wait for a copy started by [`copy_host_to_device_async`](Self::copy_host_to_device_async).
-    ///
-    /// The provided implementation does nothing (the provided
-    /// `copy_host_to_device_async` is synchronous).
-    ///
-    /// # Errors
-    /// The copy's failure, mapped as any copy's.
-    ///
-    /// # Safety
-    /// `ticket` came from `copy_host_to_device_async` on this same context.
-    unsafe fn wait_copy(&self, ticket: CopyTicket) -> Result<()> {
-        let _ = ticket;
-        Ok(())
-    }
-
     /// Copy several host byte ranges to the device, each `src` to its `dst`, as one
     /// operation: when it returns, every destination holds its bytes.
     ///
@@ -474,296 +466,6 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
         len: usize,
     ) -> Result<()>;
 
-    // ---- Streams and events -------------------------------------------------------
-    //
-    // Every stream and event method is `unsafe` where it takes a handle (an integer must
-    // never become a driver handle in safe code). The provided implementations say
-    // `Unsupported`, for backends without streams (`Capabilities::streams` false).
-    //
-    // Ordering is CUDA's: operations on one stream run in issue order; an operation on
-    // `RawStream::LEGACY` runs after all earlier work of the context's blocking streams
-    // and before their later work; non-blocking streams are ordered with nothing but
-    // their own operations and the events they wait for. The synchronous copies above run
-    // on the legacy default stream and return when done.
-
-    /// The range of stream priorities: `(least, greatest)`, numerically `least >=
-    /// greatest` as `cuCtxGetStreamPriorityRange` (CUDA: `(0, -5)` on recent GPUs).
-    fn stream_priority_range(&self) -> Result<(i32, i32)> {
-        no_streams("stream_priority_range")
-    }
-
-    /// Create a stream (`cuStreamCreateWithPriority`); the priority is clamped into
-    /// [`stream_priority_range`](Self::stream_priority_range).
-    fn stream_create(&self, flags: StreamFlags) -> Result<RawStream> {
-        let _ = flags;
-        no_streams("stream_create")
-    }
-
-    /// Destroy a stream made by [`stream_create`](Self::stream_create) (work already
-    /// issued to it still completes, as with `cuStreamDestroy`).
-    ///
-    /// # Safety
-    /// `stream` came from `stream_create` of this context, is destroyed once and not used
-    /// after.
-    unsafe fn stream_destroy(&self, stream: RawStream) -> Result<()> {
-        let _ = stream;
-        no_streams("stream_destroy")
-    }
-
-    /// Wait until every operation issued to `stream` so far is done
-    /// (`cuStreamSynchronize`).
-    ///
-    /// # Safety
-    /// `stream` is a live stream of this context (its own, a special one, or a foreign
-    /// stream the caller vouches for).
-    unsafe fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
-        let _ = stream;
-        no_streams("stream_synchronize")
-    }
-
-    /// Whether every operation issued to `stream` so far is done (`cuStreamQuery`).
-    ///
-    /// # Safety
-    /// As [`stream_synchronize`](Self::stream_synchronize).
-    unsafe fn stream_query(&self, stream: RawStream) -> Result<bool> {
-        let _ = stream;
-        no_streams("stream_query")
-    }
-
-    /// Make later work of `stream` wait for the work `event` captured at its most recent
-    /// record (`cuStreamWaitEvent`); a never-recorded event is no wait. As in CUDA, the
-    /// event may belong to any context of this backend, also of another device (how work
-    /// on two devices is ordered).
-    ///
-    /// # Safety
-    /// `stream` is live, of this context; `event` is live, of any context of this
-    /// backend (or foreign ones the caller vouches for).
-    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
-        let _ = (stream, event);
-        no_streams("stream_wait_event")
-    }
-
-    /// Create an event (`cuEventCreate`), with timing (`elapsed`) or without
-    /// (`CU_EVENT_DISABLE_TIMING`, cheaper).
-    fn event_create(&self, timing: bool) -> Result<RawEvent> {
-        let _ = timing;
-        no_streams("event_create")
-    }
-
-    /// Destroy an event made by [`event_create`](Self::event_create).
-    ///
-    /// # Safety
-    /// `event` came from `event_create` of this context, is destroyed once and not used
-    /// after.
-    unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {
-        let _ = event;
-        no_streams("event_destroy")
-    }
-
-    /// Capture the work issued to `stream` so far in `event` (`cuEventRecord`).
-    ///
-    /// # Safety
-    /// `event` and `stream` are live, of this context (or foreign ones the caller vouches
-    /// for).
-    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
-        let _ = (event, stream);
-        no_streams("event_record")
-    }
-
-    /// Whether the work captured by `event` is done; `true` for a never-recorded event
-    /// (`cuEventQuery`).
-    ///
-    /// # Safety
-    /// `event` is live, of this context (or a foreign one the caller vouches for).
-    unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
-        let _ = event;
-        no_streams("event_query")
-    }
-
-    /// [`event_query`](Self::event_query) asked by cudabuf for its own bookkeeping (whether
-    /// what an operation held can be let go, whether a block freed in stream order is
-    /// ready), not by the user's program. Same answer; the difference is for a backend
-    /// that checks ordering (the simulator's race detector): the user's program has not
-    /// synchronized with anything, so this query orders nothing after the event's work.
-    /// The memory cudabuf then lets go is announced with
-    /// [`retire_accesses`](Self::retire_accesses). The provided implementation calls
-    /// `event_query`.
-    ///
-    /// # Safety
-    /// As [`event_query`](Self::event_query).
-    unsafe fn event_poll(&self, event: RawEvent) -> Result<bool> {
-        // SAFETY: the caller's contract is `event_query`'s.
-        unsafe { self.event_query(event) }
-    }
-
-    /// Wait until the work captured by `event` is done (`cuEventSynchronize`).
-    ///
-    /// # Safety
-    /// As [`event_query`](Self::event_query).
-    unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
-        let _ = event;
-        no_streams("event_synchronize")
-    }
-
-    /// Milliseconds between two recorded, completed events made with timing
-    /// (`cuEventElapsedTime`).
-    ///
-    /// # Errors
-    /// [`Error::NotReady`](crate::Error::NotReady) if either has not completed;
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if either was made
-    /// without timing or never recorded.
-    ///
-    /// # Safety
-    /// Both events are live, of this context (or foreign ones the caller vouches for).
-    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
-        let _ = (start, end);
-        no_streams("event_elapsed_ms")
-    }
-
-    /// Issue a copy of `len > 0` bytes from pinned host memory at `src` to the device at
-    /// `dst` on `stream` (`cuMemcpyHtoDAsync`); returns once issued.
-    ///
-    /// # Safety
-    /// `src..src + len` is pinned host memory from [`alloc_host`](Self::alloc_host) (of
-    /// any context of this backend) and `dst..dst + len` lies in a live allocation
-    /// reachable from this context; both stay allocated, and the host bytes are neither
-    /// written nor freed, until the copy is known complete (a later synchronization with
-    /// the stream); `stream` is live, of this context.
-    unsafe fn copy_host_to_device_on(
-        &self,
-        dst: DevicePtr,
-        src: *const u8,
-        len: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        let _ = (dst, src, len, stream);
-        no_streams("copy_host_to_device_on")
-    }
-
-    /// Issue a copy of `len > 0` bytes from the device at `src` to pinned host memory at
-    /// `dst` on `stream` (`cuMemcpyDtoHAsync`); returns once issued.
-    ///
-    /// # Safety
-    /// As [`copy_host_to_device_on`](Self::copy_host_to_device_on), the host bytes being
-    /// neither read nor written nor freed until the copy is known complete.
-    unsafe fn copy_device_to_host_on(
-        &self,
-        dst: *mut u8,
-        src: DevicePtr,
-        len: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        let _ = (dst, src, len, stream);
-        no_streams("copy_device_to_host_on")
-    }
-
-    /// Issue a copy of `len > 0` bytes between two device ranges of this context on
-    /// `stream` (`cuMemcpyDtoDAsync`; overlapping ranges behave as a memmove, as
-    /// [`copy_device_to_device`](Self::copy_device_to_device)).
-    ///
-    /// # Safety
-    /// Both ranges lie in live allocations reachable from this context and stay allocated
-    /// until the copy is known complete; `stream` is live, of this context.
-    unsafe fn copy_device_to_device_on(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        len: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        let _ = (dst, src, len, stream);
-        no_streams("copy_device_to_device_on")
-    }
-
-    /// Issue a copy of `len > 0` bytes from `src` in `src_context` (another context of
-    /// this backend, possibly of another device) to `dst` in this context, on `stream`
-    /// of this context (`cuMemcpyPeerAsync`).
-    ///
-    /// # Safety
-    /// As [`copy_peer`](Self::copy_peer), the ranges staying allocated until the copy is
-    /// known complete; `stream` is live, of this context.
-    unsafe fn copy_peer_on(
-        &self,
-        dst: DevicePtr,
-        src_context: &dyn RawContext,
-        src: DevicePtr,
-        len: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        let _ = (dst, src_context, src, len, stream);
-        no_streams("copy_peer_on")
-    }
-
-    /// Note that `ptr..ptr + len`, part of a live allocation of this context (from
-    /// [`allocate`](Self::allocate)), was freed in stream order on `stream` by cudabuf's
-    /// caching allocator (as `cuMemFreeAsync` would free it): work issued to `stream`
-    /// afterwards may reuse the bytes at once, other streams and the host only after an
-    /// event recorded on `stream` after this call has completed. The memory stays
-    /// allocated; nothing is copied.
-    ///
-    /// A backend that checks ordering (the simulator's race detector) takes it as a write
-    /// of the range by `stream`: an access of the memory's next owner that is not ordered
-    /// after the free is then a race, and so is the free itself when an access of another
-    /// stream is not ordered before it. The provided implementation does nothing (CUDA
-    /// has nothing to do: the ordering is the allocator's).
-    ///
-    /// # Safety
-    /// `ptr..ptr + len` (`len > 0`) lies in a live allocation of this context, and
-    /// `stream` is a live stream of this context.
-    unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
-        let _ = (ptr, len, stream);
-        Ok(())
-    }
-
-    /// Note that `ptr..ptr + len`, part of a live allocation of this context, was just
-    /// allocated in stream order on `stream` ([`Context::new_buffer_on`], as
-    /// `cuMemAllocAsync` allocates): work issued to `stream` afterwards may use it at
-    /// once, other streams and the host only once ordered after `stream`'s work so far
-    /// (an event recorded on it after this call, or a synchronization). That is the rule
-    /// whether or not the memory was used before (a block the caching allocator reuses on
-    /// the same stream at once may still be in use by the stream's earlier work).
-    ///
-    /// A backend that checks ordering takes it as a write of the range by `stream`, so
-    /// that a use on another stream that is not ordered after the allocation is a race
-    /// under every schedule, with the cache on or off. The provided implementation does
-    /// nothing.
-    ///
-    /// # Safety
-    /// As [`mark_free_on`](Self::mark_free_on).
-    ///
-    /// [`Context::new_buffer_on`]: crate::Context::new_buffer_on
-    unsafe fn mark_alloc_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
-        let _ = (ptr, len, stream);
-        Ok(())
-    }
-
-    /// Wait until the work issued to `stream` so far is done, for cudabuf's own
-    /// bookkeeping (before it frees memory the stream may still use): a
-    /// [`stream_synchronize`](Self::stream_synchronize) that is not a synchronization of
-    /// the user's program. A backend that checks ordering orders nothing of the program
-    /// after it (only the memory cudabuf then retires, see
-    /// [`retire_accesses`](Self::retire_accesses)); the provided implementation is
-    /// `stream_synchronize`.
-    ///
-    /// # Safety
-    /// As [`stream_synchronize`](Self::stream_synchronize).
-    unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()> {
-        // SAFETY: the caller upholds `stream_synchronize`'s contract.
-        unsafe { self.stream_synchronize(stream) }
-    }
-
-    /// Note that `address..address + len` (device memory of this context, or the device
-    /// view of pinned host memory) changes hands inside cudabuf: every access made to it
-    /// so far is complete, as cudabuf knows from [`event_poll`](Self::event_poll) or a
-    /// wait (a cached device block freed by its last buffer, a block freed in stream
-    /// order whose free event is done, a staging buffer back in its pool). Its next user
-    /// is ordered after those accesses although the user's program never synchronized
-    /// with them. A backend that checks ordering forgets them; the provided
-    /// implementation does nothing. Addresses it does not know are ignored.
-    fn retire_accesses(&self, address: DevicePtr, len: usize) {
-        let _ = (address, len);
-    }
-
     /// Allocate `size` bytes of pinned host memory: page-locked, portable (usable from
     /// every context), device-mapped, and not write-combined.
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc>;
@@ -824,13 +526,352 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// # Safety
     /// `ptr` came from `ipc_open` on this context, is closed once and not used after.
     unsafe fn ipc_close(&self, ptr: DevicePtr) -> Result<()>;
+
+    /// Streams and events, when this backend has them: `Some(self)` from a backend that
+    /// implements [`RawStreams`]. The provided implementation says there are none, and
+    /// cudabuf's [`Stream`](crate::Stream) and [`Event`](crate::Event) calls are then
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    fn streams(&self) -> Option<&dyn RawStreams> {
+        None
+    }
 }
 
-/// What the provided stream and event methods of [`RawContext`] return: `Unsupported`,
-/// naming the call.
-fn no_streams<T>(call: &'static str) -> Result<T> {
-    Err(crate::Error::unsupported(
-        call,
-        "this backend has no streams",
-    ))
+/// Streams, events and asynchronous copies on streams: the capability a backend context
+/// offers through [`RawContext::streams`].
+///
+/// Ordering is CUDA's: operations on one stream run in issue order; an operation on
+/// [`RawStream::LEGACY`] runs after all earlier work of the context's blocking streams
+/// and before their later work; non-blocking streams are ordered with nothing but their
+/// own operations and the events they wait for. The synchronous copies of
+/// [`RawContext`] run on the legacy default stream and return when done.
+///
+/// Every method that takes a stream or event handle is `unsafe`: an integer must never
+/// become a driver handle in safe code.
+///
+/// # Safety
+/// As [`RawContext`]: core's safe API relies on a copy touching only the ranges it is
+/// given, on a stream or event handle naming what this backend made, and on a copy being
+/// complete once a synchronization with its stream (or an event recorded after it)
+/// returns; [`RawContext::streams`] returns this same context. Implementing it is
+/// therefore `unsafe`.
+pub unsafe trait RawStreams: Send + Sync {
+    /// The range of stream priorities: `(least, greatest)`, numerically `least >=
+    /// greatest` as `cuCtxGetStreamPriorityRange` (CUDA: `(0, -5)` on recent GPUs).
+    fn stream_priority_range(&self) -> Result<(i32, i32)>;
+
+    /// Create a stream (`cuStreamCreateWithPriority`); the priority is clamped into
+    /// [`stream_priority_range`](Self::stream_priority_range).
+    fn stream_create(&self, flags: StreamFlags) -> Result<RawStream>;
+
+    /// Destroy a stream made by [`stream_create`](Self::stream_create) (work already
+    /// issued to it still completes, as with `cuStreamDestroy`).
+    ///
+    /// # Safety
+    /// `stream` came from `stream_create` of this context, is destroyed once and not used
+    /// after.
+    unsafe fn stream_destroy(&self, stream: RawStream) -> Result<()>;
+
+    /// Wait until every operation issued to `stream` so far is done
+    /// (`cuStreamSynchronize`).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this context (its own, a special one, or a foreign
+    /// stream the caller vouches for).
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> Result<()>;
+
+    /// Whether every operation issued to `stream` so far is done (`cuStreamQuery`).
+    ///
+    /// # Safety
+    /// As [`stream_synchronize`](Self::stream_synchronize).
+    unsafe fn stream_query(&self, stream: RawStream) -> Result<bool>;
+
+    /// Make later work of `stream` wait for the work `event` captured at its most recent
+    /// record (`cuStreamWaitEvent`); a never-recorded event is no wait. As in CUDA, the
+    /// event may belong to any context of this backend, also of another device (how work
+    /// on two devices is ordered).
+    ///
+    /// # Safety
+    /// `stream` is live, of this context; `event` is live, of any context of this
+    /// backend (or foreign ones the caller vouches for).
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()>;
+
+    /// Create an event (`cuEventCreate`), with timing (`elapsed`) or without
+    /// (`CU_EVENT_DISABLE_TIMING`, cheaper).
+    fn event_create(&self, timing: bool) -> Result<RawEvent>;
+
+    /// Destroy an event made by [`event_create`](Self::event_create).
+    ///
+    /// # Safety
+    /// `event` came from `event_create` of this context, is destroyed once and not used
+    /// after.
+    unsafe fn event_destroy(&self, event: RawEvent) -> Result<()>;
+
+    /// Capture the work issued to `stream` so far in `event` (`cuEventRecord`).
+    ///
+    /// # Safety
+    /// `event` and `stream` are live, of this context (or foreign ones the caller vouches
+    /// for).
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()>;
+
+    /// Whether the work captured by `event` is done; `true` for a never-recorded event
+    /// (`cuEventQuery`).
+    ///
+    /// # Safety
+    /// `event` is live, of this context (or a foreign one the caller vouches for).
+    unsafe fn event_query(&self, event: RawEvent) -> Result<bool>;
+
+    /// Wait until the work captured by `event` is done (`cuEventSynchronize`).
+    ///
+    /// # Safety
+    /// As [`event_query`](Self::event_query).
+    unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()>;
+
+    /// Milliseconds between two recorded, completed events made with timing
+    /// (`cuEventElapsedTime`).
+    ///
+    /// # Errors
+    /// [`Error::NotReady`](crate::Error::NotReady) if either has not completed;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if either was made
+    /// without timing or never recorded.
+    ///
+    /// # Safety
+    /// Both events are live, of this context (or foreign ones the caller vouches for).
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32>;
+
+    /// Issue a copy of `len > 0` bytes from pinned host memory at `src` to the device at
+    /// `dst` on `stream` (`cuMemcpyHtoDAsync`); returns once issued.
+    ///
+    /// # Safety
+    /// `src..src + len` is pinned host memory from [`alloc_host`](RawContext::alloc_host) (of
+    /// any context of this backend) and `dst..dst + len` lies in a live allocation
+    /// reachable from this context; both stay allocated, and the host bytes are neither
+    /// written nor freed, until the copy is known complete (a later synchronization with
+    /// the stream); `stream` is live, of this context.
+    unsafe fn copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+
+    /// Issue a copy of `len > 0` bytes from the device at `src` to pinned host memory at
+    /// `dst` on `stream` (`cuMemcpyDtoHAsync`); returns once issued.
+    ///
+    /// # Safety
+    /// As [`copy_host_to_device_on`](Self::copy_host_to_device_on), the host bytes being
+    /// neither read nor written nor freed until the copy is known complete.
+    unsafe fn copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+
+    /// Issue a copy of `len > 0` bytes between two device ranges of this context on
+    /// `stream` (`cuMemcpyDtoDAsync`; overlapping ranges behave as a memmove, as
+    /// [`copy_device_to_device`](RawContext::copy_device_to_device)).
+    ///
+    /// # Safety
+    /// Both ranges lie in live allocations reachable from this context and stay allocated
+    /// until the copy is known complete; `stream` is live, of this context.
+    unsafe fn copy_device_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+
+    /// Issue a copy of `len > 0` bytes from `src` in `src_context` (another context of
+    /// this backend, possibly of another device) to `dst` in this context, on `stream`
+    /// of this context (`cuMemcpyPeerAsync`).
+    ///
+    /// # Safety
+    /// As [`copy_peer`](RawContext::copy_peer), the ranges staying allocated until the copy is
+    /// known complete; `stream` is live, of this context.
+    unsafe fn copy_peer_on(
+        &self,
+        dst: DevicePtr,
+        src_context: &dyn RawContext,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+
+    /// The ordering hooks of a backend that checks ordering (the simulator's race
+    /// detector): `Some(self)` from such a backend. The provided implementation says
+    /// there are none, and core then uses what CUDA needs (`event_query` for its
+    /// bookkeeping polls, `stream_synchronize` for its bookkeeping waits, nothing for the
+    /// markers).
+    fn ordering(&self) -> Option<&dyn OrderingHooks> {
+        None
+    }
+}
+
+/// What a backend that checks the ordering of device work (the simulator's race
+/// detector) needs to hear from cudabuf's core besides the user's calls: which queries
+/// and waits are cudabuf's own bookkeeping rather than the program's synchronization, and
+/// where memory changes hands in stream order inside cudabuf (the caching allocator, the
+/// staging pool). A backend without such a checker (CUDA) does not implement it; core
+/// then uses [`RawStreams::event_query`] and [`RawStreams::stream_synchronize`] and marks
+/// nothing.
+///
+/// # Safety
+/// Core calls these while memory changes hands and trusts them to order nothing but the
+/// checker's records: an implementation touches no memory and waits as
+/// `stream_synchronize` does. Implementing it is therefore `unsafe`.
+pub unsafe trait OrderingHooks: Send + Sync {
+    /// [`event_query`](RawStreams::event_query) asked by cudabuf for its own bookkeeping (whether
+    /// what an operation held can be let go, whether a block freed in stream order is
+    /// ready), not by the user's program. Same answer; the difference is for a backend
+    /// that checks ordering (the simulator's race detector): the user's program has not
+    /// synchronized with anything, so this query orders nothing after the event's work.
+    /// The memory cudabuf then lets go is announced with
+    /// [`retire_accesses`](Self::retire_accesses). Without hooks, core calls
+    /// `event_query`.
+    ///
+    /// # Safety
+    /// As [`event_query`](RawStreams::event_query).
+    unsafe fn event_poll(&self, event: RawEvent) -> Result<bool>;
+
+    /// Note that `ptr..ptr + len`, part of a live allocation of this context (from
+    /// [`allocate`](RawContext::allocate)), was freed in stream order on `stream` by cudabuf's
+    /// caching allocator (as `cuMemFreeAsync` would free it): work issued to `stream`
+    /// afterwards may reuse the bytes at once, other streams and the host only after an
+    /// event recorded on `stream` after this call has completed. The memory stays
+    /// allocated; nothing is copied.
+    ///
+    /// A backend that checks ordering (the simulator's race detector) takes it as a write
+    /// of the range by `stream`: an access of the memory's next owner that is not ordered
+    /// after the free is then a race, and so is the free itself when an access of another
+    /// stream is not ordered before it. Without hooks, nothing is marked (CUDA has
+    /// nothing to do: the ordering is the allocator's).
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` (`len > 0`) lies in a live allocation of this context, and
+    /// `stream` is a live stream of this context.
+    unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()>;
+
+    /// Note that `ptr..ptr + len`, part of a live allocation of this context, was just
+    /// allocated in stream order on `stream` ([`Context::new_buffer_on`], as
+    /// `cuMemAllocAsync` allocates): work issued to `stream` afterwards may use it at
+    /// once, other streams and the host only once ordered after `stream`'s work so far
+    /// (an event recorded on it after this call, or a synchronization). That is the rule
+    /// whether or not the memory was used before (a block the caching allocator reuses on
+    /// the same stream at once may still be in use by the stream's earlier work).
+    ///
+    /// A backend that checks ordering takes it as a write of the range by `stream`, so
+    /// that a use on another stream that is not ordered after the allocation is a race
+    /// under every schedule, with the cache on or off. Without hooks,
+    /// nothing is marked.
+    ///
+    /// # Safety
+    /// As [`mark_free_on`](Self::mark_free_on).
+    ///
+    /// [`Context::new_buffer_on`]: crate::Context::new_buffer_on
+    unsafe fn mark_alloc_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()>;
+
+    /// Wait until the work issued to `stream` so far is done, for cudabuf's own
+    /// bookkeeping (before it frees memory the stream may still use): a
+    /// [`stream_synchronize`](RawStreams::stream_synchronize) that is not a synchronization of
+    /// the user's program. A backend that checks ordering orders nothing of the program
+    /// after it (only the memory cudabuf then retires, see
+    /// [`retire_accesses`](Self::retire_accesses)); without hooks, core calls
+    /// `stream_synchronize`.
+    ///
+    /// # Safety
+    /// As [`stream_synchronize`](RawStreams::stream_synchronize).
+    unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()>;
+
+    /// Note that `address..address + len` (device memory of this context, or the device
+    /// view of pinned host memory) changes hands inside cudabuf: every access made to it
+    /// so far is complete, as cudabuf knows from [`event_poll`](Self::event_poll) or a
+    /// wait (a cached device block freed by its last buffer, a block freed in stream
+    /// order whose free event is done, a staging buffer back in its pool). Its next user
+    /// is ordered after those accesses although the user's program never synchronized
+    /// with them. A backend that checks ordering forgets them. Addresses it does not know are ignored.
+    fn retire_accesses(&self, address: DevicePtr, len: usize);
+}
+
+/// The streams of `raw`, or [`Error::Unsupported`](crate::Error::Unsupported) naming
+/// `call` when its backend has none.
+pub(crate) fn streams_of<'a>(
+    raw: &'a dyn RawContext,
+    call: &'static str,
+) -> Result<&'a dyn RawStreams> {
+    raw.streams()
+        .ok_or_else(|| crate::Error::unsupported(call, "this backend has no streams"))
+}
+
+/// [`OrderingHooks::event_poll`], or [`RawStreams::event_query`] without hooks.
+///
+/// # Safety
+/// As [`RawStreams::event_query`].
+pub(crate) unsafe fn event_poll(streams: &dyn RawStreams, event: RawEvent) -> Result<bool> {
+    match streams.ordering() {
+        // SAFETY: the caller upholds `event_query`'s contract, which is `event_poll`'s.
+        Some(hooks) => unsafe { hooks.event_poll(event) },
+        // SAFETY: as above.
+        None => unsafe { streams.event_query(event) },
+    }
+}
+
+/// [`OrderingHooks::stream_wait_bookkeeping`], or [`RawStreams::stream_synchronize`]
+/// without hooks.
+///
+/// # Safety
+/// As [`RawStreams::stream_synchronize`].
+pub(crate) unsafe fn stream_wait_bookkeeping(
+    streams: &dyn RawStreams,
+    stream: RawStream,
+) -> Result<()> {
+    match streams.ordering() {
+        // SAFETY: the caller upholds `stream_synchronize`'s contract, which is this one's.
+        Some(hooks) => unsafe { hooks.stream_wait_bookkeeping(stream) },
+        // SAFETY: as above.
+        None => unsafe { streams.stream_synchronize(stream) },
+    }
+}
+
+/// [`OrderingHooks::mark_free_on`]; nothing without hooks.
+///
+/// # Safety
+/// As [`OrderingHooks::mark_free_on`].
+pub(crate) unsafe fn mark_free_on(
+    streams: &dyn RawStreams,
+    ptr: DevicePtr,
+    len: usize,
+    stream: RawStream,
+) -> Result<()> {
+    match streams.ordering() {
+        // SAFETY: forwarded from this function's contract.
+        Some(hooks) => unsafe { hooks.mark_free_on(ptr, len, stream) },
+        None => Ok(()),
+    }
+}
+
+/// [`OrderingHooks::mark_alloc_on`]; nothing without hooks.
+///
+/// # Safety
+/// As [`OrderingHooks::mark_alloc_on`].
+pub(crate) unsafe fn mark_alloc_on(
+    streams: &dyn RawStreams,
+    ptr: DevicePtr,
+    len: usize,
+    stream: RawStream,
+) -> Result<()> {
+    match streams.ordering() {
+        // SAFETY: forwarded from this function's contract.
+        Some(hooks) => unsafe { hooks.mark_alloc_on(ptr, len, stream) },
+        None => Ok(()),
+    }
+}
+
+/// [`OrderingHooks::retire_accesses`] of `raw`'s backend; nothing without hooks.
+pub(crate) fn retire_accesses(raw: &dyn RawContext, address: DevicePtr, len: usize) {
+    if let Some(hooks) = raw.streams().and_then(|s| s.ordering()) {
+        hooks.retire_accesses(address, len);
+    }
 }

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::StreamsExt;
 use crate::backend::{enter_call, ApiCall};
 use crate::backend::{same_implementation, RawEvent};
 use crate::context::Context;

@@ -242,7 +242,7 @@ impl HostBuffer {
     /// let back: Vec<_> = transfers
     ///     .into_iter()
     ///     .map(|t| t.wait())
-    ///     .collect::<cudabuf_core::Result<_>>()?;
+    ///     .collect::<Result<_, _>>()?;
     /// let pinned = back.into_iter().reduce(|a, b| { drop(a); b }).unwrap();
     /// let pinned = pinned.into_buffer().expect("every other chunk is dropped");
     /// assert_eq!(pinned.size(), 4096);
@@ -369,7 +369,7 @@ mod tests {
         });
         mock.expect_free_host().returning(|_, _| Ok(()));
         // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
-        unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) }
+        unsafe { Context::from_raw(Arc::new(mock), BackendKind::SIM) }
     }
 
     #[test]

@@ -6,8 +6,9 @@ use std::io::{self, Seek, SeekFrom, Write};
 use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::host::HostBuffer;
-use crate::pending_copy::PendingCopy;
+use crate::host_range::HostRange;
 use crate::reader::resolve_seek;
+use crate::stream::{Stream, Transfer};
 
 /// Writes into a device buffer like a file (pyarrow's `BufferWriter`).
 ///
@@ -17,11 +18,14 @@ use crate::reader::resolve_seek;
 /// staged bytes are flushed and the write goes to the device. `flush`, `seek`,
 /// `write_at`, `close` and drop flush.
 ///
-/// Performance: a full staging buffer is sent with an asynchronous copy while the writer
-/// fills a second one (taken from the context's pool of pinned staging buffers), so
-/// filling and copying overlap. Sent bytes are ordered before every later copy of the
-/// context, so reads through cudabuf see them at once; `flush` (and `seek`, `write_at`,
-/// `close`, drop) waits until they are on the device.
+/// Performance: a full staging buffer is sent with an asynchronous copy on the context's
+/// legacy default stream ([`Context::legacy_stream`](crate::Context::legacy_stream), a
+/// [`Transfer`] like any other) while the writer fills a second one (taken from the
+/// context's pool of pinned staging buffers), so filling and copying overlap. Sent bytes
+/// are therefore ordered before every later synchronous copy of the context and all work
+/// of its blocking streams, so reads through cudabuf see them at once; `flush` (and
+/// `seek`, `write_at`, `close`, drop) waits until they are on the device. On a backend
+/// without streams the writer copies synchronously.
 ///
 /// Every write is checked: a write that does not fit is refused whole
 /// ([`Error::OutOfRange`], nothing written).
@@ -56,6 +60,9 @@ pub struct BufferWriter {
     slots: [Option<Slot>; 2],
     /// The slot being filled.
     current: usize,
+    /// The legacy default stream, where staged bytes are sent (`None`: a backend without
+    /// streams, where they are copied synchronously).
+    stream: Option<Stream>,
     /// Whether the primary came from the context's staging pool (it goes back there).
     primary_pooled: bool,
     buffer: DeviceBuffer,
@@ -66,37 +73,60 @@ pub struct BufferWriter {
     closed: bool,
 }
 
-/// A pinned staging buffer and the copy from it that may still be in flight.
+/// A pinned staging buffer: ready to fill, or lent to the copy in flight from it.
 #[derive(Debug)]
 struct Slot {
-    /// Declared first: dropping a slot waits for its copy before the memory can go.
-    pending: Option<PendingCopy>,
-    host: HostBuffer,
+    size: usize,
+    /// The copy in flight from the buffer's first bytes, which owns the buffer until it
+    /// is waited for (dropping a transfer waits).
+    sending: Option<Transfer<HostRange>>,
+    /// The buffer, when no copy holds it. Neither is set only after a copy failed in a
+    /// way that keeps its memory (see [`CopyError`](crate::CopyError)): the slot is then
+    /// replaced before it is filled again.
+    host: Option<HostBuffer>,
 }
 
 impl Slot {
     fn new(host: HostBuffer) -> Self {
         Slot {
-            pending: None,
-            host,
+            size: host.size(),
+            sending: None,
+            host: Some(host),
         }
     }
 
-    /// Wait for the copy in flight from this slot, if any.
+    /// Wait for the copy in flight from this slot, if any, and take the buffer back.
     fn ready(&mut self) -> Result<()> {
-        match self.pending.take() {
-            Some(pending) => pending.wait(),
-            None => Ok(()),
+        if let Some(sending) = self.sending.take() {
+            // One range of the whole buffer: it comes back whole.
+            self.host = sending.wait()?.into_buffer().ok();
         }
+        Ok(())
+    }
+
+    /// The staging bytes of a slot that is ready.
+    fn bytes(&mut self) -> Result<&mut HostBuffer> {
+        self.host.as_mut().ok_or_else(|| {
+            Error::invalid_argument(
+                "BufferWriter",
+                "the staging buffer was kept by a copy that failed",
+            )
+        })
     }
 }
 
 impl BufferWriter {
     /// An unbuffered writer at position 0 of `buffer`.
     pub fn new(buffer: DeviceBuffer) -> Self {
+        let stream = buffer
+            .context()
+            .raw()
+            .streams()
+            .map(|_| buffer.context().legacy_stream());
         BufferWriter {
             slots: [None, None],
             current: 0,
+            stream,
             primary_pooled: false,
             buffer,
             position: 0,
@@ -122,7 +152,7 @@ impl BufferWriter {
 
     /// The size of the staging buffer (0: unbuffered).
     pub fn buffer_size(&self) -> usize {
-        self.slots[0].as_ref().map_or(0, |s| s.host.size())
+        self.slots[0].as_ref().map_or(0, |s| s.size)
     }
 
     /// Bytes staged and not yet on the device.
@@ -181,7 +211,7 @@ impl BufferWriter {
     ) -> Result<Option<HostBuffer>> {
         self.check_open()?;
         self.flush_staged()?;
-        let previous = self.slots[0].take().map(|slot| slot.host);
+        let previous = self.slots[0].take().and_then(|slot| slot.host);
         self.primary_pooled = false;
         self.release_slots();
         self.slots[0] = staging.filter(|s| s.size() > 0).map(Slot::new);
@@ -192,13 +222,13 @@ impl BufferWriter {
     /// Nothing is staged or in flight (the caller flushed).
     fn release_slots(&mut self) {
         let ctx = self.buffer.context().clone();
-        if let Some(spare) = self.slots[1].take() {
+        if let Some(host) = self.slots[1].take().and_then(|spare| spare.host) {
             // Flushed: nothing in flight. The spare always comes from the pool.
-            ctx.recycle_staging_buffer(spare.host);
+            ctx.recycle_staging_buffer(host);
         }
-        if let Some(primary) = self.slots[0].take() {
+        if let Some(host) = self.slots[0].take().and_then(|primary| primary.host) {
             if self.primary_pooled {
-                ctx.recycle_staging_buffer(primary.host);
+                ctx.recycle_staging_buffer(host);
             }
         }
         self.primary_pooled = false;
@@ -208,34 +238,62 @@ impl BufferWriter {
 
     /// Make the current slot ready to fill: taken from the pool if it is the spare and
     /// does not exist yet, and with no copy from it in flight.
-    fn ready_current(&mut self, size: usize) -> Result<&mut Slot> {
-        if self.slots[self.current].is_none() {
+    fn ready_current(&mut self, size: usize) -> Result<&mut HostBuffer> {
+        if let Some(slot) = self.slots[self.current].as_mut() {
+            slot.ready()?;
+        }
+        if self.slots[self.current]
+            .as_ref()
+            .is_none_or(|slot| slot.host.is_none())
+        {
             let host = self.buffer.context().staging_buffer(size)?;
             self.slots[self.current] = Some(Slot::new(host));
         }
-        let slot = self.slots[self.current]
-            .as_mut()
-            .expect("the current slot exists (made above)");
-        slot.ready()?;
-        Ok(slot)
+        self.current_bytes()
+    }
+
+    /// The staging bytes of the current slot, which is ready.
+    fn current_bytes(&mut self) -> Result<&mut HostBuffer> {
+        match self.slots[self.current].as_mut() {
+            Some(slot) => slot.bytes(),
+            None => Err(Error::invalid_argument(
+                "BufferWriter",
+                "no staging buffer to fill",
+            )),
+        }
     }
 
     /// Start copying the first `len` bytes of the current slot to `position` of the
     /// buffer, and move on to the other slot.
+    ///
+    /// If the copy cannot start, the bytes stay staged in the slot (the stream gives the
+    /// buffer back) and nothing moved.
     fn send_current(&mut self, len: usize, position: usize) -> Result<()> {
-        let dst = self.buffer.address() + position as u64;
-        let raw = self.buffer.context().raw().clone();
+        let Some(stream) = self.stream.clone() else {
+            let bytes = self.current_bytes()?;
+            let staged = bytes[..len].to_vec();
+            self.buffer.copy_from_host(&staged, position, None)?;
+            self.current ^= 1;
+            return Ok(());
+        };
+        // The caller checked `position + len` against the buffer's size.
+        let dst = self.buffer.slice(position, len)?;
         let slot = self.slots[self.current]
             .as_mut()
-            .expect("the current slot exists: it was just filled");
-        debug_assert!(slot.pending.is_none());
-        // SAFETY: `position + len <= size` (the caller checked the write against the
-        // buffer's size), the buffer's range lies in its live memory, which the writer
-        // keeps alive (its `slots` drop, and wait, before `buffer`). The source is the
-        // slot's pinned buffer, which is not written again or dropped before the copy is
-        // waited for: `ready` waits before every refill, and the slot waits when dropped.
-        let pending = unsafe { PendingCopy::start(&raw, dst, &slot.host[..len])? };
-        slot.pending = Some(pending);
+            .ok_or_else(|| Error::invalid_argument("BufferWriter", "no staging buffer to send"))?;
+        let host = slot
+            .host
+            .take()
+            .ok_or_else(|| Error::invalid_argument("BufferWriter", "no staging buffer to send"))?;
+        let range = host.into_range(..len)?;
+        match stream.copy_from_host(&dst, range) {
+            Ok(transfer) => slot.sending = Some(transfer),
+            Err(e) => {
+                let (error, range) = e.into_parts();
+                slot.host = range.and_then(|range| range.into_buffer().ok());
+                return Err(error);
+            }
+        }
         self.current ^= 1;
         Ok(())
     }
@@ -274,16 +332,13 @@ impl BufferWriter {
             self.buffer.copy_from_host(data, self.position, None)?;
         } else if self.staged + data.len() < size {
             let staged = self.staged;
-            let slot = if staged > 0 {
+            let bytes = if staged > 0 {
                 // Filling already: the slot exists and nothing is in flight from it.
-                match self.slots[self.current].as_mut() {
-                    Some(slot) => slot,
-                    None => self.ready_current(size)?,
-                }
+                self.current_bytes()?
             } else {
                 self.ready_current(size)?
             };
-            slot.host[staged..staged + data.len()].copy_from_slice(data);
+            bytes[staged..staged + data.len()].copy_from_slice(data);
             self.staged += data.len();
         } else if self.staged == 0 {
             // At least a whole staging buffer: straight to the device (ordered after the
@@ -296,8 +351,8 @@ impl BufferWriter {
             let staged = self.staged;
             let room = size - staged;
             let start = self.position - staged;
-            let slot = self.ready_current(size)?;
-            slot.host[staged..].copy_from_slice(&data[..room]);
+            let bytes = self.ready_current(size)?;
+            bytes[staged..].copy_from_slice(&data[..room]);
             // Only once the copy has started are the staged bytes no longer ours to keep:
             // if it cannot start, they stay staged (and this write changed nothing).
             self.send_current(size, start)?;
@@ -307,8 +362,8 @@ impl BufferWriter {
             if rest.len() >= size {
                 self.buffer.copy_from_host(rest, rest_at, None)?;
             } else if !rest.is_empty() {
-                let slot = self.ready_current(size)?;
-                slot.host[..rest.len()].copy_from_slice(rest);
+                let bytes = self.ready_current(size)?;
+                bytes[..rest.len()].copy_from_slice(rest);
                 // Sending moves on to the other slot: the one sent first, whose copy is
                 // the older one, is refilled next while this one's copy runs.
                 self.send_current(rest.len(), rest_at)?;
@@ -376,13 +431,16 @@ impl BufferWriter {
             return Ok(());
         }
         // Bytes are staged only into a staging slot; none means nothing to flush.
-        let Some(slot) = self.slots[self.current].as_ref() else {
+        let Some(bytes) = self.slots[self.current]
+            .as_ref()
+            .and_then(|slot| slot.host.as_ref())
+        else {
             self.staged = 0;
             return Ok(());
         };
         let start = self.position - self.staged;
         self.buffer
-            .copy_from_host(&slot.host[..self.staged], start, None)?;
+            .copy_from_host(&bytes[..self.staged], start, None)?;
         self.staged = 0;
         Ok(())
     }
@@ -400,8 +458,8 @@ impl BufferWriter {
         self.staged = 0;
         // Flushed or failed: either way nothing is in flight any more (waiting consumed
         // every pending copy), so the spare can go back to the pool now.
-        if let Some(spare) = self.slots[1].take() {
-            self.buffer.context().recycle_staging_buffer(spare.host);
+        if let Some(host) = self.slots[1].take().and_then(|spare| spare.host) {
+            self.buffer.context().recycle_staging_buffer(host);
         }
         result
     }
@@ -450,6 +508,3 @@ impl Drop for BufferWriter {
         self.release_slots();
     }
 }
-
-#[cfg(test)]
-mod overlap_tests;

@@ -1,5 +1,5 @@
 //! Misuse of the backend seams that must not compile without `unsafe` (a mock that
-//! returns host pointers, an integer waited on as a copy ticket), and the safe and
+//! returns host pointers, a backend trait implemented without `unsafe`), and the safe and
 //! documented `unsafe` uses that must compile and work.
 //!
 //! Each case under `tests/compile_fail/` has the compiler's expected output beside it
@@ -15,8 +15,8 @@
 
 use std::sync::Arc;
 
-use cudabuf_core::backend::{CopyTicket, MockRawContext};
-use cudabuf_core::{Backend, BackendKind, Context};
+use cudabuf_core::backend::MockRawContext;
+use cudabuf_core::{BackendKind, Context};
 
 #[test]
 fn backend_seam_misuse_does_not_compile() {
@@ -34,7 +34,7 @@ fn mock_context_pinned_memory_is_real_and_safe_to_use() {
         .times(1)
         .returning(|_, _| Ok(()));
     // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
-    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
+    let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::SIM) };
     let mut host = ctx.new_host_buffer(4096).expect("pinned memory");
     assert_eq!(host.device_address(), Some(0x9000));
     assert!(host.iter().all(|&b| b == 0), "zero-filled");
@@ -43,31 +43,4 @@ fn mock_context_pinned_memory_is_real_and_safe_to_use() {
     }
     assert!(host.iter().enumerate().all(|(i, &b)| b == i as u8));
     drop(host);
-}
-
-/// Item 3: a completed ticket is what synchronous backends return, and an asynchronous
-/// copy's ticket is waited for once, in `unsafe` code, on the context that started it.
-#[test]
-fn copy_ticket_round_trips() {
-    let completed = CopyTicket::completed();
-    assert!(completed.is_completed());
-    assert_eq!(completed.into_raw(), 0);
-    // SAFETY: 0 is "already complete", valid for every backend.
-    assert_eq!(unsafe { CopyTicket::from_raw(0) }, CopyTicket::completed());
-
-    let ctx = Backend::new(cudabuf_sim::SimBackend::new())
-        .context(0)
-        .unwrap();
-    let buffer = ctx.new_buffer(64).unwrap();
-    let bytes: Vec<u8> = (0..64).collect();
-    // SAFETY: the range is `buffer`, a live allocation of this context; `bytes` and the
-    // buffer outlive the wait, which is called once with this context's ticket.
-    unsafe {
-        let ticket = ctx
-            .raw()
-            .copy_host_to_device_async(buffer.address(), &bytes)
-            .unwrap();
-        ctx.raw().wait_copy(ticket).unwrap();
-    }
-    assert_eq!(buffer.to_vec().unwrap(), bytes);
 }

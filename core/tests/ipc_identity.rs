@@ -65,10 +65,10 @@ fn a_simulator_export_is_not_opened_through_a_cuda_context() {
     let pyarrow = IpcMemHandle::from_bytes(&handle.to_bytes()[..72]).expect("72 bytes");
     assert_eq!(
         pyarrow.backend(),
-        Some(BackendKind::Cuda),
+        Some(BackendKind::CUDA),
         "pyarrow's form reads as a CUDA handle"
     );
-    let cuda = mock_context(BackendKind::Cuda);
+    let cuda = mock_context(BackendKind::CUDA);
     let counted = buf.context().bytes_allocated();
     assert_refused(cuda.open_ipc_buffer(&pyarrow), "sim");
     assert_eq!(buf.context().bytes_allocated(), counted, "nothing taken");
@@ -84,7 +84,7 @@ fn a_simulator_export_is_not_opened_through_a_cuda_context() {
 fn an_export_is_not_opened_through_another_implementation() {
     let sim = Backend::new(SimBackend::new());
     let (buf, handle) = exported(&sim, 0, 1000);
-    let other = mock_context(BackendKind::Sim);
+    let other = mock_context(BackendKind::SIM);
     let counted = buf.context().bytes_allocated();
     assert_refused(other.open_ipc_buffer(&handle), "implementation");
     let pyarrow = IpcMemHandle::from_bytes(&handle.to_bytes()[..72]).expect("72 bytes");

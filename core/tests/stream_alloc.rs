@@ -166,12 +166,15 @@ fn a_use_cudabuf_does_not_see_needs_record_stream() {
             // is synchronized below (x's block stays allocated in its segment whatever
             // the free does).
             unsafe {
-                ctx.raw().copy_device_to_device_on(
-                    y.address(),
-                    x.address(),
-                    4096,
-                    RawStream::from_raw(b.as_raw()),
-                )
+                ctx.raw()
+                    .streams()
+                    .expect("the simulator has streams")
+                    .copy_device_to_device_on(
+                        y.address(),
+                        x.address(),
+                        4096,
+                        RawStream::from_raw(b.as_raw()),
+                    )
             }
             .unwrap();
             if record {

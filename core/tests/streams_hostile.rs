@@ -312,8 +312,8 @@ fn recording_an_event_on_a_stream_of_another_context_is_invalid_argument() {
 // query as the host having synchronized with that work, so the race detector then
 // ordered the user's later operations after it: a program that never synchronized was
 // flagged or not depending on the seed (missed under 57 of 64). Core now asks such
-// questions with `RawContext::event_poll`, which orders nothing, and announces the
-// memory it hands to a new owner with `RawContext::retire_accesses`.
+// questions with `OrderingHooks::event_poll`, which orders nothing, and announces the
+// memory it hands to a new owner with `OrderingHooks::retire_accesses`.
 
 /// `s2` reads `b` with no wait for `s1`'s write of it: racy on every seed. `s1` issues
 /// more work before the read, and its bookkeeping queries see the write complete under
@@ -498,7 +498,7 @@ fn an_infinite_or_nan_elapsed_time_is_a_typed_error_not_a_panic() {
         mock.expect_event_elapsed_ms()
             .returning(move |_, _| Ok(reported));
         // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles.
-        let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
+        let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::SIM) };
         let (start, end) = (
             ctx.new_timing_event().unwrap(),
             ctx.new_timing_event().unwrap(),
@@ -545,7 +545,7 @@ fn impostor(real: &Context, target: u64) -> Context {
     mock.expect_synchronize().returning(|| Ok(()));
     // SAFETY: a mock labelled `Sim`: nothing reads its values as CUDA handles (it poses
     // as `real` by its handle, which is what this test shows core no longer trusts).
-    unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) }
+    unsafe { Context::from_raw(Arc::new(mock), BackendKind::SIM) }
 }
 
 /// Neither a stream copy nor a view may write real memory named by a mock's buffer.
@@ -586,7 +586,7 @@ fn a_mock_cannot_pass_for_a_real_context() {
 // ---- Finding 8: the writer's overlapped copies were invisible to the race detector ---
 //
 // A buffered `BufferWriter` sends a full staging buffer with an asynchronous copy on the
-// legacy stream (`copy_host_to_device_async`) and returns; `flush` waits for it. On CUDA
+// legacy stream (a `Transfer`) and returns; `flush` waits for it. On CUDA
 // a non-blocking stream that reads the buffer before the flush races with that copy; the
 // simulator ran the copy synchronously, so it never saw the race.
 

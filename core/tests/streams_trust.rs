@@ -324,6 +324,8 @@ fn context_synchronize_covers_the_work_of_a_destroyed_non_blocking_stream() {
         let src = ctx.new_buffer(64).unwrap();
         let dst = ctx.new_buffer(64).unwrap();
         let raw = ctx.raw().clone();
+        let raw = raw.streams().expect("the simulator has streams");
+        let hooks = raw.ordering().expect("the simulator checks ordering");
         let stream = raw
             .stream_create(StreamFlags {
                 non_blocking: true,
@@ -339,7 +341,7 @@ fn context_synchronize_covers_the_work_of_a_destroyed_non_blocking_stream() {
             raw.event_record(done, stream).unwrap();
             // Drained before it is destroyed, as cudabuf's bookkeeping sees it (which
             // orders nothing in the program).
-            while !raw.event_poll(done).unwrap() {
+            while !hooks.event_poll(done).unwrap() {
                 thread::yield_now();
             }
             raw.event_destroy(done).unwrap();
@@ -371,6 +373,8 @@ fn a_race_found_at_a_free_fails_the_next_synchronize() {
         // simulator refuses the free and keeps the memory.)
         unsafe {
             ctx.raw()
+                .streams()
+                .expect("the simulator has streams")
                 .copy_device_to_device_on(
                     dst.address(),
                     src.address(),

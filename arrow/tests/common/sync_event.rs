@@ -303,7 +303,7 @@ pub(crate) fn c_device_sync_event_is_destroyed_at_release_and_bad_handles_are_re
 ) -> CaseResult {
     let ctx = context(f);
     require_streams(&ctx, f)?;
-    if ctx.backend_kind() != BackendKind::Sim {
+    if ctx.backend_kind() != BackendKind::SIM {
         return Err(Skip(format!(
             "only the simulator checks event handles: on the {} backend, querying a \
              destroyed event or waiting on a made-up one is undefined behaviour",

@@ -87,13 +87,13 @@ impl CudaDriverContext {
         Ok((least, greatest))
     }
 
-    /// `RawContext::stream_priority_range`.
+    /// `RawStreams::stream_priority_range`.
     pub(super) fn priority_range(&self) -> Result<(i32, i32)> {
         let pushed = self.push()?;
         self.priority_range_pushed(&pushed)
     }
 
-    /// `RawContext::stream_create`: `cuStreamCreateWithPriority`, the priority clamped
+    /// `RawStreams::stream_create`: `cuStreamCreateWithPriority`, the priority clamped
     /// into the context's range first (the driver would clamp it too; doing it here makes
     /// the rule ours rather than an unstated driver behaviour).
     pub(super) fn create_stream(&self, flags: StreamFlags) -> Result<RawStream> {
@@ -119,11 +119,11 @@ impl CudaDriverContext {
         Ok(unsafe { RawStream::from_raw(stream as u64) })
     }
 
-    /// `RawContext::stream_destroy`: `cuStreamDestroy_v2`; the special streams are
+    /// `RawStreams::stream_destroy`: `cuStreamDestroy_v2`; the special streams are
     /// refused (they were never created).
     ///
     /// # Safety
-    /// As `RawContext::stream_destroy`.
+    /// As `RawStreams::stream_destroy`.
     pub(super) unsafe fn destroy_stream(&self, stream: RawStream) -> Result<()> {
         if stream.is_default() || stream.as_raw() == 0 {
             return Err(Error::invalid_argument(
@@ -145,10 +145,10 @@ impl CudaDriverContext {
         .map_err(|f| self.fail(f))
     }
 
-    /// `RawContext::stream_synchronize`.
+    /// `RawStreams::stream_synchronize`.
     ///
     /// # Safety
-    /// As `RawContext::stream_synchronize`.
+    /// As `RawStreams::stream_synchronize`.
     pub(super) unsafe fn synchronize_stream(&self, stream: RawStream) -> Result<()> {
         let _pushed = self.push()?;
         // SAFETY: our context is pushed; the caller guarantees the stream is live and of
@@ -159,10 +159,10 @@ impl CudaDriverContext {
         .map_err(|f| self.fail(f))
     }
 
-    /// `RawContext::stream_query`.
+    /// `RawStreams::stream_query`.
     ///
     /// # Safety
-    /// As `RawContext::stream_query`.
+    /// As `RawStreams::stream_query`.
     pub(super) unsafe fn query_stream(&self, stream: RawStream) -> Result<bool> {
         let _pushed = self.push()?;
         // SAFETY: as `synchronize_stream`.
@@ -170,10 +170,10 @@ impl CudaDriverContext {
         ready("cuStreamQuery", status).map_err(|f| self.fail(f))
     }
 
-    /// `RawContext::stream_wait_event`.
+    /// `RawStreams::stream_wait_event`.
     ///
     /// # Safety
-    /// As `RawContext::stream_wait_event`.
+    /// As `RawStreams::stream_wait_event`.
     pub(super) unsafe fn wait_event_on(&self, stream: RawStream, event: RawEvent) -> Result<()> {
         let _pushed = self.push()?;
         // SAFETY: our context is pushed; the caller guarantees both handles are live.
@@ -187,7 +187,7 @@ impl CudaDriverContext {
         .map_err(|f| self.fail(f))
     }
 
-    /// `RawContext::event_create`: with timing (`CU_EVENT_DEFAULT`) or without
+    /// `RawStreams::event_create`: with timing (`CU_EVENT_DEFAULT`) or without
     /// (`CU_EVENT_DISABLE_TIMING`). Waits on the host spin, as cudarc's and PyTorch's
     /// events do (no `CU_EVENT_BLOCKING_SYNC`).
     pub(super) fn create_event(&self, timing: bool) -> Result<RawEvent> {
@@ -207,10 +207,10 @@ impl CudaDriverContext {
         Ok(unsafe { RawEvent::from_raw(event as u64) })
     }
 
-    /// `RawContext::event_destroy`.
+    /// `RawStreams::event_destroy`.
     ///
     /// # Safety
-    /// As `RawContext::event_destroy`.
+    /// As `RawStreams::event_destroy`.
     pub(super) unsafe fn destroy_event(&self, event: RawEvent) -> Result<()> {
         let _pushed = self.push()?;
         // SAFETY: our context is pushed; the caller guarantees the event was made by
@@ -221,10 +221,10 @@ impl CudaDriverContext {
         .map_err(|f| self.fail(f))
     }
 
-    /// `RawContext::event_record`.
+    /// `RawStreams::event_record`.
     ///
     /// # Safety
-    /// As `RawContext::event_record`.
+    /// As `RawStreams::event_record`.
     pub(super) unsafe fn record_event(&self, event: RawEvent, stream: RawStream) -> Result<()> {
         let _pushed = self.push()?;
         // SAFETY: our context is pushed; the caller guarantees both handles are live.
@@ -234,10 +234,10 @@ impl CudaDriverContext {
         .map_err(|f| self.fail(f))
     }
 
-    /// `RawContext::event_query`.
+    /// `RawStreams::event_query`.
     ///
     /// # Safety
-    /// As `RawContext::event_query`.
+    /// As `RawStreams::event_query`.
     pub(super) unsafe fn query_event(&self, event: RawEvent) -> Result<bool> {
         let _pushed = self.push()?;
         // SAFETY: our context is pushed; the caller guarantees the event is live.
@@ -245,10 +245,10 @@ impl CudaDriverContext {
         ready("cuEventQuery", status).map_err(|f| self.fail(f))
     }
 
-    /// `RawContext::event_synchronize`.
+    /// `RawStreams::event_synchronize`.
     ///
     /// # Safety
-    /// As `RawContext::event_synchronize`.
+    /// As `RawStreams::event_synchronize`.
     pub(super) unsafe fn synchronize_event(&self, event: RawEvent) -> Result<()> {
         let _pushed = self.push()?;
         // SAFETY: our context is pushed; the caller guarantees the event is live.
@@ -258,12 +258,12 @@ impl CudaDriverContext {
         .map_err(|f| self.fail(f))
     }
 
-    /// `RawContext::event_elapsed_ms`: `cuEventElapsedTime_v2`; not ready is
+    /// `RawStreams::event_elapsed_ms`: `cuEventElapsedTime_v2`; not ready is
     /// `Error::NotReady`, and an event without timing or never recorded (the driver says
     /// `CUDA_ERROR_INVALID_HANDLE` for both) is `Error::InvalidArgument`.
     ///
     /// # Safety
-    /// As `RawContext::event_elapsed_ms`.
+    /// As `RawStreams::event_elapsed_ms`.
     pub(super) unsafe fn elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
         let _pushed = self.push()?;
         let mut ms: f32 = 0.0;
@@ -295,10 +295,10 @@ impl CudaDriverContext {
         }
     }
 
-    /// `RawContext::copy_host_to_device_on`: `cuMemcpyHtoDAsync_v2`.
+    /// `RawStreams::copy_host_to_device_on`: `cuMemcpyHtoDAsync_v2`.
     ///
     /// # Safety
-    /// As `RawContext::copy_host_to_device_on`.
+    /// As `RawStreams::copy_host_to_device_on`.
     pub(super) unsafe fn host_to_device_on(
         &self,
         dst: DevicePtr,
@@ -320,10 +320,10 @@ impl CudaDriverContext {
         .map_err(|f| self.fail_copy(f, &[dst]))
     }
 
-    /// `RawContext::copy_device_to_host_on`: `cuMemcpyDtoHAsync_v2`.
+    /// `RawStreams::copy_device_to_host_on`: `cuMemcpyDtoHAsync_v2`.
     ///
     /// # Safety
-    /// As `RawContext::copy_device_to_host_on`.
+    /// As `RawStreams::copy_device_to_host_on`.
     pub(super) unsafe fn device_to_host_on(
         &self,
         dst: *mut u8,
@@ -345,11 +345,11 @@ impl CudaDriverContext {
         .map_err(|f| self.fail_copy(f, &[src]))
     }
 
-    /// `RawContext::copy_device_to_device_on`: `cuMemcpyDtoDAsync_v2`, or, for
+    /// `RawStreams::copy_device_to_device_on`: `cuMemcpyDtoDAsync_v2`, or, for
     /// overlapping ranges, a memmove built from disjoint pieces on the same stream.
     ///
     /// # Safety
-    /// As `RawContext::copy_device_to_device_on`.
+    /// As `RawStreams::copy_device_to_device_on`.
     pub(super) unsafe fn device_to_device_on(
         &self,
         dst: DevicePtr,
@@ -386,7 +386,7 @@ impl CudaDriverContext {
     /// room for it.
     ///
     /// # Safety
-    /// As `RawContext::copy_device_to_device_on`; `dst != src`, `len > 0`, and the
+    /// As `RawStreams::copy_device_to_device_on`; `dst != src`, `len > 0`, and the
     /// ranges overlap.
     unsafe fn overlapping_on(
         &self,
@@ -434,13 +434,13 @@ impl CudaDriverContext {
         Ok(())
     }
 
-    /// `RawContext::copy_peer_on`: `cuMemcpyPeerAsync` from a context of this backend
+    /// `RawStreams::copy_peer_on`: `cuMemcpyPeerAsync` from a context of this backend
     /// (found by downcasting) on `stream`, with peer access enabled once per pair where
     /// allowed (as the synchronous `copy_peer`); from this same context, a device copy on
     /// the stream.
     ///
     /// # Safety
-    /// As `RawContext::copy_peer_on`.
+    /// As `RawStreams::copy_peer_on`.
     pub(super) unsafe fn peer_on(
         &self,
         dst: DevicePtr,

@@ -137,7 +137,7 @@ fn two_streams_write_the_same_bytes() {
         |f, synchronized| {
             h2d(&*f.c, f.d, &f.p, LEN, f.s1)?;
             if synchronized {
-                let ev = f.c.event_create(false)?;
+                let ev = sx(&*f.c).event_create(false)?;
                 record(&*f.c, ev, f.s1)?;
                 wait(&*f.c, f.s2, ev)?;
             }
@@ -159,7 +159,7 @@ fn a_write_after_another_streams_read() {
         |f, synchronized| {
             d2h(&*f.c, &f.q, f.d, LEN, f.s1)?;
             if synchronized {
-                let ev = f.c.event_create(false)?;
+                let ev = sx(&*f.c).event_create(false)?;
                 record(&*f.c, ev, f.s1)?;
                 wait(&*f.c, f.s2, ev)?;
             }
@@ -174,7 +174,7 @@ fn a_write_after_another_streams_read() {
 fn a_missing_wait_after_an_event_record() {
     flagged_every_time(
         |f, synchronized| {
-            let ev = f.c.event_create(false)?;
+            let ev = sx(&*f.c).event_create(false)?;
             d2d(&*f.c, f.e, f.d, LEN, f.s1)?;
             record(&*f.c, ev, f.s1)?;
             if synchronized {
@@ -193,7 +193,7 @@ fn a_wait_on_a_record_made_before_the_write() {
     // record made before the write orders nothing after it.
     flagged_every_time(
         |f, synchronized| {
-            let ev = f.c.event_create(false)?;
+            let ev = sx(&*f.c).event_create(false)?;
             if !synchronized {
                 record(&*f.c, ev, f.s1)?;
             }
@@ -242,10 +242,10 @@ fn a_free_of_memory_another_stream_still_reads() {
         |f, synchronized| {
             d2h(&*f.c, &f.q, f.d, LEN, f.s1)?;
             if synchronized {
-                let ev = f.c.event_create(false)?;
+                let ev = sx(&*f.c).event_create(false)?;
                 record(&*f.c, ev, f.s1)?;
                 // SAFETY: a live event of this context.
-                unsafe { f.c.event_synchronize(ev) }?;
+                unsafe { sx(&*f.c).event_synchronize(ev) }?;
             }
             free(&*f.c, f.d)?;
             Ok(true)
@@ -296,7 +296,7 @@ fn per_thread_streams_of_two_threads() {
             let (d, src) = (f.d, f.p);
             let event = std::thread::spawn(move || -> Result<_> {
                 h2d(&*c, d, &src, LEN, RawStream::PER_THREAD)?;
-                let ev = c.event_create(false)?;
+                let ev = sx(&*c).event_create(false)?;
                 record(&*c, ev, RawStream::PER_THREAD)?;
                 Ok(ev)
             })
@@ -329,7 +329,7 @@ fn pinned_memory_through_its_device_address() {
             // s1 writes `q` through its host address...
             d2h(&*f.c, &f.q, f.d, LEN, f.s1)?;
             if synchronized {
-                let ev = f.c.event_create(false)?;
+                let ev = sx(&*f.c).event_create(false)?;
                 record(&*f.c, ev, f.s1)?;
                 wait(&*f.c, f.s2, ev)?;
             }
@@ -427,12 +427,12 @@ fn a_block_reused_on_another_stream_before_its_free_is_done() {
             h2d(&*f.c, f.d, &f.p, LEN, f.s1)?;
             // SAFETY: bytes 128..256 of the live allocation `d`; `s1` is a live stream of
             // this context.
-            unsafe { f.c.mark_free_on(f.d + 128, 128, f.s1) }?;
-            let ev = f.c.event_create(false)?;
+            unsafe { hx(&*f.c).mark_free_on(f.d + 128, 128, f.s1) }?;
+            let ev = sx(&*f.c).event_create(false)?;
             record(&*f.c, ev, f.s1)?;
             if synchronized {
                 // SAFETY: `ev` is a live event of this context.
-                while !unsafe { f.c.event_query(ev) }? {}
+                while !unsafe { sx(&*f.c).event_query(ev) }? {}
             }
             h2d(&*f.c, f.d + 128, &f.q, 128, f.s2)?;
             Ok(false)
@@ -454,13 +454,14 @@ fn a_bookkeeping_poll_orders_nothing() {
     flagged_every_time(
         |f, synchronized| {
             h2d(&*f.c, f.d, &f.p, LEN, f.s1)?;
-            let ev = f.c.event_create(false)?;
+            let ev = sx(&*f.c).event_create(false)?;
             record(&*f.c, ev, f.s1)?;
             // SAFETY: `ev` is a live event of this context.
-            while !unsafe { f.c.event_poll(ev) }? {}
+            while !unsafe { hx(&*f.c).event_poll(ev) }? {}
             if synchronized {
                 // SAFETY: as above.
-                assert!(unsafe { f.c.event_query(ev) }?, "done, as the poll said");
+                let done = unsafe { sx(&*f.c).event_query(ev) }?;
+                assert!(done, "done, as the poll said");
             }
             h2d(&*f.c, f.d, &f.q, LEN, f.s2)?;
             Ok(false)
@@ -482,18 +483,21 @@ fn retired_memory_forgets_only_what_cudabuf_saw_complete() {
     flagged_every_time(
         |f, synchronized| {
             h2d(&*f.c, f.d, &f.p, LEN, f.s1)?;
-            let (ev1, ev2) = (f.c.event_create(false)?, f.c.event_create(false)?);
+            let (ev1, ev2) = (
+                sx(&*f.c).event_create(false)?,
+                sx(&*f.c).event_create(false)?,
+            );
             record(&*f.c, ev1, f.s1)?;
             wait(&*f.c, f.s2, ev1)?;
             d2d(&*f.c, f.e + 128, f.d + 128, 128, f.s2)?;
             // SAFETY: `ev1` is a live event of this context.
-            while !unsafe { f.c.event_poll(ev1) }? {}
+            while !unsafe { hx(&*f.c).event_poll(ev1) }? {}
             if synchronized {
                 record(&*f.c, ev2, f.s2)?;
                 // SAFETY: as above.
-                while !unsafe { f.c.event_poll(ev2) }? {}
+                while !unsafe { hx(&*f.c).event_poll(ev2) }? {}
             }
-            f.c.retire_accesses(f.d, LEN);
+            hx(&*f.c).retire_accesses(f.d, LEN);
             h2d(&*f.c, f.d, &f.q, LEN, f.s1)?;
             Ok(false)
         },
@@ -513,12 +517,12 @@ fn a_stream_ordered_free_under_another_streams_read() {
         |f, synchronized| {
             d2h(&*f.c, &f.q, f.d, LEN, f.s2)?;
             if synchronized {
-                let ev = f.c.event_create(false)?;
+                let ev = sx(&*f.c).event_create(false)?;
                 record(&*f.c, ev, f.s2)?;
                 wait(&*f.c, f.s1, ev)?;
             }
             // SAFETY: the whole live allocation `d`; `s1` is a live stream of it.
-            unsafe { f.c.mark_free_on(f.d, LEN, f.s1) }?;
+            unsafe { hx(&*f.c).mark_free_on(f.d, LEN, f.s1) }?;
             Ok(false)
         },
         &[
@@ -532,10 +536,10 @@ fn a_stream_ordered_free_under_another_streams_read() {
 fn a_stream_ordered_free_must_be_device_memory_of_a_live_allocation() {
     let f = Fixture::new(Schedule::Deterministic, 0, RaceMode::Fail, true);
     // SAFETY: refused before anything is issued (the simulator checks every range).
-    let past = unsafe { f.c.mark_free_on(f.d + 200, 100, f.s1) };
+    let past = unsafe { hx(&*f.c).mark_free_on(f.d + 200, 100, f.s1) };
     assert_eq!(past.unwrap_err().kind(), ErrorKind::InvalidAddress);
     // SAFETY: as above: pinned memory is refused.
-    let pinned = unsafe { f.c.mark_free_on(f.p.device_ptr(), 16, f.s1) };
+    let pinned = unsafe { hx(&*f.c).mark_free_on(f.p.device_ptr(), 16, f.s1) };
     assert_eq!(pinned.unwrap_err().kind(), ErrorKind::InvalidAddress);
     assert!(f
         .sim
@@ -543,4 +547,16 @@ fn a_stream_ordered_free_must_be_device_memory_of_a_live_allocation() {
         .iter()
         .all(|e| e.what != "free on stream"));
     f.finish(false);
+}
+
+/// The simulator context's streams (it always has them).
+#[allow(dead_code)]
+fn sx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::RawStreams {
+    c.streams().expect("the simulator has streams")
+}
+
+/// The simulator context's ordering hooks (its race detector's).
+#[allow(dead_code)]
+fn hx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::OrderingHooks {
+    sx(c).ordering().expect("the simulator checks ordering")
 }

@@ -155,7 +155,7 @@ impl SimContext {
         self.poll(&mut guard, target, true)
     }
 
-    /// `query_event` without learning: cudabuf's bookkeeping (`RawContext::event_poll`)
+    /// `query_event` without learning: cudabuf's bookkeeping (`OrderingHooks::event_poll`)
     /// is not a synchronization of the user's program; only the memory cudabuf retires
     /// after it is ordered after what it saw done (`retire`).
     pub(super) fn poll_event(&self, event: RawEvent) -> Result<bool> {
@@ -168,7 +168,7 @@ impl SimContext {
 
     /// The race detector forgets the accesses to `len` bytes at `address` that cudabuf
     /// or the program saw complete (memory cudabuf hands to a new owner:
-    /// `RawContext::retire_accesses`). Memory the simulator does not know is ignored.
+    /// `OrderingHooks::retire_accesses`). Memory the simulator does not know is ignored.
     pub(super) fn retire(&self, address: DevicePtr, len: usize) {
         if len == 0 {
             return;
@@ -275,40 +275,6 @@ impl SimContext {
         let to = state.table.locate(CALL, self.device, dst, len)?;
         let from = state.table.locate(CALL, self.device, src, len)?;
         self.issue_copy(state, stream, OpWhat::D2dAsync, to, from, len)
-    }
-
-    /// `copy_host_to_device_async` from pinned memory: the copy on the legacy stream
-    /// (as CUDA's backend issues it), then an internal event recorded after it, which
-    /// `wait_copy` waits for and destroys. `None` for pageable `src` (the caller copies
-    /// synchronously).
-    pub(super) fn start_h2d(&self, dst: DevicePtr, src: &[u8]) -> Result<Option<RawEvent>> {
-        const CALL: &str = "copy_host_to_device_async";
-        let mut guard = self.shared.lock();
-        let state = &mut *guard;
-        let len = src.len();
-        let Some(from) = state.table.pinned_host(src.as_ptr() as usize, len) else {
-            return Ok(None);
-        };
-        state.faults.check(FaultOp::Copy)?;
-        let to = state.table.locate(CALL, self.device, dst, len)?;
-        // The ticket's event first: once the copy is issued, nothing may fail.
-        let event = state.streams.create_event(self.device, false)?;
-        if let Err(e) = self.issue_copy(state, RawStream::LEGACY, OpWhat::H2dStarted, to, from, len)
-        {
-            let _ = state.streams.destroy_event(self.device, event);
-            return Err(e);
-        }
-        let legacy = state.streams.legacy(self.device);
-        state.streams.record_event(self.device, event, legacy)?;
-        self.shared.core.kick(state);
-        Ok(Some(event))
-    }
-
-    /// `wait_copy`: waits for the copy's event, then destroys it.
-    pub(super) fn wait_started(&self, event: RawEvent) -> Result<()> {
-        let waited = self.sync_event(event);
-        let destroyed = self.destroy_event(event);
-        waited.and(destroyed)
     }
 
     /// `src_device` is the device of the (checked) source context.
@@ -504,7 +470,6 @@ impl SimContext {
 fn call_of(what: OpWhat) -> &'static str {
     match what {
         OpWhat::H2dAsync => "copy_host_to_device_on",
-        OpWhat::H2dStarted => "copy_host_to_device_async",
         OpWhat::D2hAsync => "copy_device_to_host_on",
         OpWhat::D2dAsync => "copy_device_to_device_on",
         OpWhat::PeerAsync => "copy_peer_on",

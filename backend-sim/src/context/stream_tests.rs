@@ -46,11 +46,12 @@ pub(super) fn sim(seed: u64) -> SimBackend {
 }
 
 pub(super) fn new_stream(c: &dyn RawContext, non_blocking: bool) -> RawStream {
-    c.stream_create(StreamFlags {
-        non_blocking,
-        priority: 0,
-    })
-    .unwrap()
+    sx(c)
+        .stream_create(StreamFlags {
+            non_blocking,
+            priority: 0,
+        })
+        .unwrap()
 }
 
 // The wrappers below hand the simulator handles and pointers it checks itself: a bad
@@ -65,7 +66,7 @@ pub(super) fn h2d(
     s: RawStream,
 ) -> Result<()> {
     // SAFETY: see above.
-    unsafe { c.copy_host_to_device_on(dst, src.host_ptr(), len, s) }
+    unsafe { sx(c).copy_host_to_device_on(dst, src.host_ptr(), len, s) }
 }
 
 pub(super) fn d2h(
@@ -76,47 +77,47 @@ pub(super) fn d2h(
     s: RawStream,
 ) -> Result<()> {
     // SAFETY: see above.
-    unsafe { c.copy_device_to_host_on(dst.host_ptr(), src, len, s) }
+    unsafe { sx(c).copy_device_to_host_on(dst.host_ptr(), src, len, s) }
 }
 
 pub(super) fn d2d(c: &dyn RawContext, dst: u64, src: u64, len: usize, s: RawStream) -> Result<()> {
     // SAFETY: see above.
-    unsafe { c.copy_device_to_device_on(dst, src, len, s) }
+    unsafe { sx(c).copy_device_to_device_on(dst, src, len, s) }
 }
 
 pub(super) fn record(c: &dyn RawContext, e: RawEvent, s: RawStream) -> Result<()> {
     // SAFETY: see above.
-    unsafe { c.event_record(e, s) }
+    unsafe { sx(c).event_record(e, s) }
 }
 
 pub(super) fn wait(c: &dyn RawContext, s: RawStream, e: RawEvent) -> Result<()> {
     // SAFETY: see above.
-    unsafe { c.stream_wait_event(s, e) }
+    unsafe { sx(c).stream_wait_event(s, e) }
 }
 
 pub(super) fn sync(c: &dyn RawContext, s: RawStream) -> Result<()> {
     // SAFETY: see above.
-    unsafe { c.stream_synchronize(s) }
+    unsafe { sx(c).stream_synchronize(s) }
 }
 
 pub(super) fn query(c: &dyn RawContext, s: RawStream) -> Result<bool> {
     // SAFETY: see above.
-    unsafe { c.stream_query(s) }
+    unsafe { sx(c).stream_query(s) }
 }
 
 fn event_query(c: &dyn RawContext, e: RawEvent) -> Result<bool> {
     // SAFETY: see above.
-    unsafe { c.event_query(e) }
+    unsafe { sx(c).event_query(e) }
 }
 
 fn elapsed(c: &dyn RawContext, a: RawEvent, b: RawEvent) -> Result<f32> {
     // SAFETY: see above.
-    unsafe { c.event_elapsed_ms(a, b) }
+    unsafe { sx(c).event_elapsed_ms(a, b) }
 }
 
 pub(super) fn destroy(c: &dyn RawContext, s: RawStream) -> Result<()> {
     // SAFETY: see above.
-    unsafe { c.stream_destroy(s) }
+    unsafe { sx(c).stream_destroy(s) }
 }
 
 /// Pinned memory filled with `bytes`.
@@ -159,11 +160,13 @@ fn order(sim: &SimBackend) -> Vec<u64> {
 }
 
 #[test]
-fn capabilities_say_streams_and_race_detection() {
+fn contexts_have_streams_and_capabilities_say_race_detection() {
     let caps = sim(0).capabilities();
-    assert!(caps.streams && caps.race_detection);
+    assert!(caps.race_detection);
     let off = sim_with(0, Schedule::Deterministic, RaceMode::Off);
-    assert!(off.capabilities().streams);
+    let raw = ctx(&off, 0);
+    let streams = raw.streams().expect("simulator contexts have streams");
+    assert!(streams.ordering().is_some(), "and ordering hooks");
     assert!(!off.capabilities().race_detection);
     assert_eq!(off.race_mode(), RaceMode::Off);
     let s = sim_with(9, Schedule::Threaded, RaceMode::Log);
@@ -174,7 +177,7 @@ fn capabilities_say_streams_and_race_detection() {
 fn priority_range_and_stream_handles() {
     let sim = sim(0);
     let (c0, c1) = (ctx(&sim, 0), ctx(&sim, 1));
-    assert_eq!(c0.stream_priority_range().unwrap(), (0, -5));
+    assert_eq!(sx(&*c0).stream_priority_range().unwrap(), (0, -5));
     let s = new_stream(&*c0, false);
     assert!(!s.is_default());
     assert!(query(&*c0, s).unwrap(), "a new stream has nothing to do");
@@ -196,7 +199,7 @@ fn priority_range_and_stream_handles() {
     let (junk, event_as_stream) = unsafe {
         (
             RawStream::from_raw(0x1234_5678),
-            RawStream::from_raw(c0.event_create(false).unwrap().as_raw()),
+            RawStream::from_raw(sx(&*c0).event_create(false).unwrap().as_raw()),
         )
     };
     assert_kind(sync(&*c0, junk), ErrorKind::InvalidArgument, "not a stream");
@@ -235,7 +238,7 @@ fn priority_range_and_stream_handles() {
 fn event_handles() {
     let sim = sim(0);
     let (c0, c1) = (ctx(&sim, 0), ctx(&sim, 1));
-    let e = c0.event_create(true).unwrap();
+    let e = sx(&*c0).event_create(true).unwrap();
     assert_kind(
         event_query(&*c1, e),
         ErrorKind::InvalidArgument,
@@ -246,9 +249,8 @@ fn event_handles() {
         ErrorKind::InvalidArgument,
         "not of this context",
     );
-    let foreign = ctx(&sim_with(0, Schedule::Deterministic, RaceMode::Fail), 0)
-        .event_create(false)
-        .unwrap();
+    let foreign_ctx = ctx(&sim_with(0, Schedule::Deterministic, RaceMode::Fail), 0);
+    let foreign = sx(&*foreign_ctx).event_create(false).unwrap();
     assert_kind(
         event_query(&*c0, foreign),
         ErrorKind::InvalidArgument,
@@ -262,9 +264,9 @@ fn event_handles() {
         "not an event",
     );
     // SAFETY: as above.
-    unsafe { c0.event_destroy(e) }.unwrap();
+    unsafe { sx(&*c0).event_destroy(e) }.unwrap();
     // SAFETY: as above.
-    let again = unsafe { c0.event_destroy(e) };
+    let again = unsafe { sx(&*c0).event_destroy(e) };
     assert_kind(again, ErrorKind::InvalidArgument, "was destroyed");
     assert_kind(
         record(&*c0, e, RawStream::LEGACY),
@@ -340,7 +342,7 @@ fn a_wait_on_an_event_orders_another_stream() {
         let out = pinned(&*c, &[0; 64]);
         let d = c.allocate(64).unwrap();
         let (s1, s2) = (new_stream(&*c, true), new_stream(&*c, true));
-        let e = c.event_create(false).unwrap();
+        let e = sx(&*c).event_create(false).unwrap();
         h2d(&*c, d, &src, 64, s1).unwrap();
         record(&*c, e, s1).unwrap();
         wait(&*c, s2, e).unwrap();
@@ -360,10 +362,10 @@ fn a_wait_on_an_event_orders_another_stream() {
 fn a_never_recorded_event_is_complete_and_no_wait() {
     let sim = sim(0);
     let c = ctx(&sim, 0);
-    let e = c.event_create(true).unwrap();
+    let e = sx(&*c).event_create(true).unwrap();
     assert!(event_query(&*c, e).unwrap());
     // SAFETY: a live event of this context.
-    unsafe { c.event_synchronize(e) }.unwrap();
+    unsafe { sx(&*c).event_synchronize(e) }.unwrap();
     let s = new_stream(&*c, true);
     wait(&*c, s, e).unwrap();
     assert!(query(&*c, s).unwrap(), "the wait issued nothing");
@@ -386,7 +388,7 @@ fn event_query_goes_from_not_ready_to_ready_reproducibly() {
         for _ in 0..6 {
             d2d(&*c, d + 32, d, 32, s).unwrap();
         }
-        let e = c.event_create(false).unwrap();
+        let e = sx(&*c).event_create(false).unwrap();
         record(&*c, e, s).unwrap();
         let mut n = 1;
         while !event_query(&*c, e).unwrap() {
@@ -415,8 +417,11 @@ fn elapsed_time_follows_the_cost_model() {
     let src = c.alloc_host(len).unwrap();
     let d = c.allocate(len).unwrap();
     let s = new_stream(&*c, true);
-    let (start, end) = (c.event_create(true).unwrap(), c.event_create(true).unwrap());
-    let untimed = c.event_create(false).unwrap();
+    let (start, end) = (
+        sx(&*c).event_create(true).unwrap(),
+        sx(&*c).event_create(true).unwrap(),
+    );
+    let untimed = sx(&*c).event_create(false).unwrap();
     record(&*c, start, s).unwrap();
     h2d(&*c, d, &src, len, s).unwrap();
     for _ in 0..8 {
@@ -467,7 +472,10 @@ fn simulated_time_starts_after_what_the_host_has_waited_for() {
     // A synchronous copy of 1000 bytes: 1 µs + 1 µs; the host's clock is now 2 µs.
     write(&*c, d, &[1; 1000]).unwrap();
     let s = new_stream(&*c, true);
-    let (a, b) = (c.event_create(true).unwrap(), c.event_create(true).unwrap());
+    let (a, b) = (
+        sx(&*c).event_create(true).unwrap(),
+        sx(&*c).event_create(true).unwrap(),
+    );
     // An event on a fresh stream is not earlier than what the host has seen.
     record(&*c, a, RawStream::LEGACY).unwrap();
     record(&*c, b, s).unwrap();
@@ -524,11 +532,12 @@ fn higher_priorities_are_preferred_and_priorities_are_clamped() {
         let c = ctx(&sim, 0);
         let d = c.allocate(64).unwrap();
         let make = |priority| {
-            c.stream_create(StreamFlags {
-                non_blocking: true,
-                priority,
-            })
-            .unwrap()
+            sx(&*c)
+                .stream_create(StreamFlags {
+                    non_blocking: true,
+                    priority,
+                })
+                .unwrap()
         };
         let (lo, hi) = (make(low), make(high));
         for _ in 0..10 {
@@ -576,7 +585,7 @@ fn the_legacy_stream_orders_blocking_streams_both_ways() {
         assert_eq!(host(&out), expected, "{schedule} {seed}");
         // Two blocking streams, ordered through a legacy operation between them.
         let other = new_stream(&*c, false);
-        let e = c.event_create(false).unwrap();
+        let e = sx(&*c).event_create(false).unwrap();
         h2d(&*c, d, &src, 32, blocking).unwrap();
         record(&*c, e, RawStream::LEGACY).unwrap();
         d2h(&*c, &out, d, 32, other).unwrap();
@@ -676,11 +685,11 @@ fn async_copies_are_checked_when_issued() {
     let d = c.allocate(100).unwrap();
     let pageable = [0u8; 100];
     // SAFETY: the simulator checks every pointer; these are refused before any use.
-    let refused = unsafe { c.copy_host_to_device_on(d, pageable.as_ptr(), 100, s) };
+    let refused = unsafe { sx(&*c).copy_host_to_device_on(d, pageable.as_ptr(), 100, s) };
     assert_kind(refused, ErrorKind::InvalidAddress, "pageable host memory");
     let mut pageable_out = [0u8; 100];
     // SAFETY: as above.
-    let refused = unsafe { c.copy_device_to_host_on(pageable_out.as_mut_ptr(), d, 100, s) };
+    let refused = unsafe { sx(&*c).copy_device_to_host_on(pageable_out.as_mut_ptr(), d, 100, s) };
     assert_kind(
         refused,
         ErrorKind::InvalidAddress,
@@ -741,12 +750,12 @@ fn peer_copies_on_a_stream() {
         let dst = c1.allocate(16).unwrap();
         let s = new_stream(&*c1, true);
         // SAFETY: the simulator checks every address and handle.
-        unsafe { c1.copy_peer_on(dst, &*c0, src, 16, s) }.unwrap();
+        unsafe { sx(&*c1).copy_peer_on(dst, &*c0, src, 16, s) }.unwrap();
         sync(&*c1, s).unwrap();
         assert_eq!(read(&*c1, dst, 16).unwrap(), [4; 16]);
         let other = ctx(&SimBackend::new(), 0);
         // SAFETY: as above.
-        let refused = unsafe { c1.copy_peer_on(dst, &*other, src, 16, s) };
+        let refused = unsafe { sx(&*c1).copy_peer_on(dst, &*other, src, 16, s) };
         assert_kind(
             refused,
             ErrorKind::InvalidArgument,
@@ -754,7 +763,7 @@ fn peer_copies_on_a_stream() {
         );
         // The source must be the source context's memory.
         // SAFETY: as above.
-        let refused = unsafe { c1.copy_peer_on(dst, &*c0, dst, 16, s) };
+        let refused = unsafe { sx(&*c1).copy_peer_on(dst, &*c0, dst, 16, s) };
         assert_kind(refused, ErrorKind::InvalidAddress, "belongs to device 1");
         free(&*c0, src).unwrap();
         free(&*c1, dst).unwrap();
@@ -860,5 +869,17 @@ fn env_style_settings_are_validated() {
     .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     let c: Arc<dyn RawContext> = ctx(&SimBackend::new(), 0);
-    assert!(c.stream_priority_range().is_ok());
+    assert!(sx(&*c).stream_priority_range().is_ok());
+}
+
+/// The simulator context's streams (it always has them).
+#[allow(dead_code)]
+fn sx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::RawStreams {
+    c.streams().expect("the simulator has streams")
+}
+
+/// The simulator context's ordering hooks (its race detector's).
+#[allow(dead_code)]
+fn hx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::OrderingHooks {
+    sx(c).ordering().expect("the simulator checks ordering")
 }

@@ -45,7 +45,7 @@ fn assert_invalid_address(r: cudabuf_core::Result<impl std::fmt::Debug>, words: 
 #[test]
 fn platform_devices_and_contexts() {
     let sim = SimBackend::new();
-    assert_eq!(sim.kind(), BackendKind::Sim);
+    assert_eq!(sim.kind(), BackendKind::SIM);
     assert!(sim.capabilities().fault_injection);
     assert_eq!(sim.num_devices().unwrap(), 2);
     let d1 = sim.device(1).unwrap();

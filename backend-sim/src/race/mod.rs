@@ -277,7 +277,7 @@ impl RaceDetector {
     }
 
     /// Forgets the accesses to `len` bytes at `at` that `seen` knows (memory cudabuf
-    /// hands to a new owner after it saw them complete: `RawContext::retire_accesses`).
+    /// hands to a new owner after it saw them complete: `OrderingHooks::retire_accesses`).
     pub(crate) fn retire(&mut self, at: &Located, len: usize, seen: &VectorClock) {
         if let Some(shadow) = self.shadows.get_mut(&at.region.id) {
             shadow.prune_exactly(at.offset, at.offset.saturating_add(len), seen);

@@ -145,7 +145,7 @@ pub(crate) struct Engine {
     /// thread (Rust's own synchronization between threads is invisible here, so what
     /// one thread has learned is taken as known to all; see the crate documentation).
     knowledge: VectorClock,
-    /// What cudabuf has seen done, for its own bookkeeping (`RawContext::event_poll`),
+    /// What cudabuf has seen done, for its own bookkeeping (`OrderingHooks::event_poll`),
     /// and everything in `knowledge`: not an ordering of the user's program, only what
     /// memory cudabuf hands to a new owner is ordered after (`retire_accesses`).
     seen_by_cudabuf: VectorClock,

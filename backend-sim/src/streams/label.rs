@@ -120,8 +120,6 @@ impl fmt::Display for StreamDesc {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OpWhat {
     H2dAsync,
-    /// `copy_host_to_device_async`: on the legacy stream, waited for by `wait_copy`.
-    H2dStarted,
     D2hAsync,
     D2dAsync,
     PeerAsync,
@@ -143,10 +141,6 @@ impl OpWhat {
     pub(crate) fn words(self) -> &'static str {
         match self {
             OpWhat::H2dAsync => "H2D copy (copy_host_to_device_on)",
-            OpWhat::H2dStarted => {
-                "H2D copy started by copy_host_to_device_async (a BufferWriter's flush-later \
-                 copy; wait_copy or the writer's flush waits for it)"
-            }
             OpWhat::D2hAsync => "D2H copy (copy_device_to_host_on)",
             OpWhat::D2dAsync => "D2D copy (copy_device_to_device_on)",
             OpWhat::PeerAsync => "peer copy (copy_peer_on)",
@@ -168,7 +162,6 @@ impl OpWhat {
     pub(crate) fn short(self) -> &'static str {
         match self {
             OpWhat::H2dAsync => "H2D",
-            OpWhat::H2dStarted => "started H2D",
             OpWhat::D2hAsync => "D2H",
             OpWhat::D2dAsync => "D2D",
             OpWhat::PeerAsync => "peer",

@@ -27,12 +27,12 @@ fn context(sim: &SimBackend) -> Arc<dyn RawContext> {
 fn d2d_per_thread(c: &dyn RawContext, dst: u64, src: u64) {
     // SAFETY: both are live 8-byte allocations of this context; the simulator checks
     // them anyway.
-    unsafe { c.copy_device_to_device_on(dst, src, 8, RawStream::PER_THREAD) }.unwrap();
+    unsafe { sx(c).copy_device_to_device_on(dst, src, 8, RawStream::PER_THREAD) }.unwrap();
 }
 
 fn sync_per_thread(c: &dyn RawContext) {
     // SAFETY: the special per-thread stream is always live.
-    unsafe { c.stream_synchronize(RawStream::PER_THREAD) }.unwrap();
+    unsafe { sx(c).stream_synchronize(RawStream::PER_THREAD) }.unwrap();
 }
 
 /// Before: every thread that ever used its default stream left a stream in the engine,
@@ -89,7 +89,7 @@ fn a_thread_continues_its_put_away_stream_in_order() {
                 .get(&(0, thread::current().id()))
                 .copied()
         };
-        let other = c
+        let other = sx(&*c)
             .stream_create(cudabuf_core::backend::StreamFlags {
                 non_blocking: true,
                 priority: 0,
@@ -100,7 +100,7 @@ fn a_thread_continues_its_put_away_stream_in_order() {
         // The host learns something else (a sync of another stream): the per-thread
         // stream's copy is not known to be done, so the stream stays.
         // SAFETY: `other` is a live stream of this context.
-        unsafe { c.stream_synchronize(other) }.unwrap();
+        unsafe { sx(&*c).stream_synchronize(other) }.unwrap();
         assert_eq!(key(&sim), Some(first), "not known to the host: kept");
         sync_per_thread(&*c);
         assert_eq!(key(&sim), None, "settled: put away");
@@ -120,6 +120,18 @@ fn a_thread_continues_its_put_away_stream_in_order() {
             unsafe { c.free(p) }.unwrap();
         }
         // SAFETY: made above, destroyed once.
-        unsafe { c.stream_destroy(other) }.unwrap();
+        unsafe { sx(&*c).stream_destroy(other) }.unwrap();
     }
+}
+
+/// The simulator context's streams (it always has them).
+#[allow(dead_code)]
+fn sx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::RawStreams {
+    c.streams().expect("the simulator has streams")
+}
+
+/// The simulator context's ordering hooks (its race detector's).
+#[allow(dead_code)]
+fn hx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::OrderingHooks {
+    sx(c).ordering().expect("the simulator checks ordering")
 }

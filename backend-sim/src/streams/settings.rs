@@ -117,7 +117,7 @@ impl fmt::Display for RaceMode {
 /// events it waits for), and not before the latest end the host has synchronized with
 /// (the host's clock); elapsed time between two events is the difference of their ends.
 ///
-/// [`event_elapsed_ms`]: cudabuf_core::backend::RawContext::event_elapsed_ms
+/// [`event_elapsed_ms`]: cudabuf_core::backend::RawStreams::event_elapsed_ms
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CostModel {

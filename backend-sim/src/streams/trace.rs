@@ -17,7 +17,7 @@ pub struct ScheduleEntry {
     /// What it did: `"H2D"`, `"D2H"`, `"D2D"`, `"peer"`, `"sync H2D"`, `"sync D2H"`,
     /// `"sync D2D"`, `"sync peer"`, `"record"` (an event record), `"wait"` (a wait
     /// for an event) or `"free on stream"` (a stream-ordered free of cudabuf's caching
-    /// allocator: `RawContext::mark_free_on`).
+    /// allocator: `OrderingHooks::mark_free_on`).
     pub what: String,
     /// The stream it ran on, in words.
     pub stream: String,

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use cudabuf_core::{Backend, BackendKind, Context, DeviceBuffer, ErrorKind, RawDeviceMemory};
+use cudabuf_core::{Backend, Context, DeviceBuffer, ErrorKind, RawDeviceMemory};
 
 use super::expect::{contents, context0, device_bytes, expect_err, pattern, require_ipc, CacheOn};
 use super::reliability_process::{End, Spawned};
@@ -94,7 +94,7 @@ pub(crate) fn cached_block_is_invalid_address_through_every_context(f: &Fixture)
             }
         }
     }
-    if backend.kind() == BackendKind::Sim {
+    if backend.capabilities().isolated_instances {
         // One allocator: a block freed through one context is reused through another (on
         // the simulator's fresh instance nothing else allocates meanwhile).
         let a = shared.new_buffer(5000).expect("new_buffer");
@@ -155,7 +155,7 @@ pub(crate) fn cached_block_is_bounded_by_its_request(f: &Fixture) -> CaseResult 
             .expect("last byte"),
         b.address() + 999
     );
-    if backend.kind() == BackendKind::Sim {
+    if backend.capabilities().isolated_instances {
         assert_eq!(b.address(), a.address() + 1024, "neighbours in one segment");
     }
     if b.address() == a.address() + 1024 {
@@ -180,7 +180,7 @@ pub(crate) fn cached_block_exported_opens_at_its_offset_in_a_child(f: &Fixture) 
     let before = device_bytes(&ctx, &pattern(1000, 61));
     let buf = device_bytes(&ctx, &pattern(1000, 62));
     let (base, _) = segment_of(&buf);
-    if backend.kind() == BackendKind::Sim {
+    if backend.capabilities().isolated_instances {
         assert_eq!(segment_of(&before).0, base, "one segment");
         assert!(buf.address() > base, "at an offset in it");
     }
@@ -304,7 +304,7 @@ pub(crate) fn cached_block_exported_is_never_reused_while_an_importer_reads(
         "the exported segment is still allocated while the neighbour lives"
     );
     drop(neighbour);
-    if backend.kind() == BackendKind::Sim {
+    if backend.capabilities().isolated_instances {
         // Given back to the backend, never cached (on CUDA another case may get the same
         // addresses from the driver at once, so this is checked on the simulator only).
         expect_err(

@@ -4,7 +4,7 @@
 use std::fmt::Debug;
 use std::io;
 
-use cudabuf_core::{Backend, Context, DeviceBuffer, Error, ErrorKind, Result, Stream, StreamFlags};
+use cudabuf_core::{Backend, Context, DeviceBuffer, Error, ErrorKind, Stream, StreamFlags};
 
 use crate::{CaseResult, Fixture, Skip};
 
@@ -112,10 +112,15 @@ pub(crate) fn contents(buf: &DeviceBuffer) -> Vec<u8> {
 
 /// Asserts that `result` is an error of `kind` and returns the error.
 #[track_caller]
-pub(crate) fn expect_err<T: Debug>(result: Result<T>, kind: ErrorKind, what: &str) -> Error {
+pub(crate) fn expect_err<T: Debug, E: Into<Error>>(
+    result: std::result::Result<T, E>,
+    kind: ErrorKind,
+    what: &str,
+) -> Error {
     match result {
         Ok(v) => panic!("{what}: expected a {kind} error, got Ok({v:?})"),
         Err(e) => {
+            let e: Error = e.into();
             assert_eq!(e.kind(), kind, "{what}: expected a {kind} error, got: {e}");
             e
         }

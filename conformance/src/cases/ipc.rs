@@ -109,9 +109,9 @@ pub(crate) fn ipc_truncated_handle_is_invalid_ipc_handle(f: &Fixture) -> CaseRes
         let result = IpcMemHandle::from_bytes(&bytes[..len]);
         if len == PYARROW_LEN {
             let h = result.expect("the 72-byte pyarrow form is a valid handle");
-            assert_eq!(h.backend(), Some(BackendKind::Cuda));
+            assert_eq!(h.backend(), Some(BackendKind::CUDA));
             assert_eq!((h.size(), h.offset()), (900, 0));
-            if ctx.backend_kind() != BackendKind::Cuda {
+            if ctx.backend_kind() != BackendKind::CUDA {
                 expect_err(
                     ctx.open_ipc_buffer(&h),
                     ErrorKind::InvalidIpcHandle,
@@ -190,9 +190,10 @@ pub(crate) fn ipc_handle_of_other_backend_is_invalid_ipc_handle(f: &Fixture) -> 
     let (_b, ctx) = context0(f);
     let buf = device_bytes(&ctx, &pattern(100, 6));
     let mut bytes = buf.export_for_ipc().expect("export").to_bytes();
-    let other = match ctx.backend_kind() {
-        BackendKind::Sim => BackendKind::Cuda,
-        _ => BackendKind::Sim,
+    let other = if ctx.backend_kind() == BackendKind::SIM {
+        BackendKind::CUDA
+    } else {
+        BackendKind::SIM
     };
     // Byte 80 is the backend code; bytes 120.. the checksum of bytes 0..120.
     bytes[80] = other.code();

@@ -8,7 +8,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::sync::Arc;
 
 use cudabuf_core::{
-    BackendKind, BufferReader, BufferWriter, ErrorKind, IpcMemHandle, Owner, RawDeviceMemory,
+    BufferReader, BufferWriter, ErrorKind, IpcMemHandle, Owner, RawDeviceMemory,
     EXTENDED_HANDLE_LEN,
 };
 
@@ -339,35 +339,32 @@ pub(crate) fn buffer_of_another_backend_instance_is_refused_or_shared_by_kind(
     let before = pattern(100, 2);
     let ours = device_bytes(&ctx, &before);
     let start = ctx.bytes_allocated();
-    match backend.kind() {
-        BackendKind::Sim => {
-            expect_err(
-                ours.copy_from_device(&theirs, 0, None),
-                ErrorKind::InvalidArgument,
-                "copy_from_device from another simulator instance",
-            );
-            expect_err(
-                ctx.buffer_from_data(&theirs),
-                ErrorKind::InvalidArgument,
-                "buffer_from_data of another simulator instance's buffer",
-            );
-            expect_err(
-                ctx.buffer_from_object(&theirs),
-                ErrorKind::InvalidAddress,
-                "buffer_from_object of another simulator instance's buffer",
-            );
-            assert_eq!(contents(&ours), before, "nothing written");
-        }
-        _ => {
-            ours.copy_from_device(&theirs, 0, None)
-                .expect("copy_from_device within one primary context");
-            assert_eq!(contents(&ours), pattern(100, 1));
-            let copy = ctx.buffer_from_data(&theirs).expect("buffer_from_data");
-            assert_eq!(contents(&copy), pattern(100, 1));
-            drop(copy);
-            let view = ctx.buffer_from_object(&theirs).expect("buffer_from_object");
-            assert_eq!(view.address(), theirs.address());
-        }
+    if backend.capabilities().isolated_instances {
+        expect_err(
+            ours.copy_from_device(&theirs, 0, None),
+            ErrorKind::InvalidArgument,
+            "copy_from_device from another simulator instance",
+        );
+        expect_err(
+            ctx.buffer_from_data(&theirs),
+            ErrorKind::InvalidArgument,
+            "buffer_from_data of another simulator instance's buffer",
+        );
+        expect_err(
+            ctx.buffer_from_object(&theirs),
+            ErrorKind::InvalidAddress,
+            "buffer_from_object of another simulator instance's buffer",
+        );
+        assert_eq!(contents(&ours), before, "nothing written");
+    } else {
+        ours.copy_from_device(&theirs, 0, None)
+            .expect("copy_from_device within one primary context");
+        assert_eq!(contents(&ours), pattern(100, 1));
+        let copy = ctx.buffer_from_data(&theirs).expect("buffer_from_data");
+        assert_eq!(contents(&copy), pattern(100, 1));
+        drop(copy);
+        let view = ctx.buffer_from_object(&theirs).expect("buffer_from_object");
+        assert_eq!(view.address(), theirs.address());
     }
     assert_eq!(ctx.bytes_allocated(), start, "nothing left counted");
     Ok(())
@@ -403,23 +400,20 @@ pub(crate) fn buffers_of_5000_backend_instances_never_share_an_address(f: &Fixtu
     }
     for (i, (other, buf)) in theirs.iter().enumerate() {
         let i = i + 1;
-        match backend.kind() {
-            BackendKind::Sim => {
-                expect_err(
-                    ctx.buffer_from_object(buf),
-                    ErrorKind::InvalidAddress,
-                    &format!("buffer_from_object of instance {i}'s buffer in the first"),
-                );
-                expect_err(
-                    other.buffer_from_object(&ours),
-                    ErrorKind::InvalidAddress,
-                    &format!("buffer_from_object of the first instance's buffer in instance {i}"),
-                );
-            }
-            _ => {
-                let view = ctx.buffer_from_object(buf).expect("buffer_from_object");
-                assert_eq!(contents(&view), [i as u8]);
-            }
+        if backend.capabilities().isolated_instances {
+            expect_err(
+                ctx.buffer_from_object(buf),
+                ErrorKind::InvalidAddress,
+                &format!("buffer_from_object of instance {i}'s buffer in the first"),
+            );
+            expect_err(
+                other.buffer_from_object(&ours),
+                ErrorKind::InvalidAddress,
+                &format!("buffer_from_object of the first instance's buffer in instance {i}"),
+            );
+        } else {
+            let view = ctx.buffer_from_object(buf).expect("buffer_from_object");
+            assert_eq!(contents(&view), [i as u8]);
         }
     }
     assert_eq!(contents(&ours), b"the first instance");
@@ -451,20 +445,17 @@ pub(crate) fn ipc_to_pyarrow_bytes_refuses_offsets_and_simulator_handles(
         ErrorKind::Unsupported,
         "to_pyarrow_bytes of a slice at offset 10",
     );
-    match backend.kind() {
-        BackendKind::Sim => {
-            expect_err(
-                whole.to_pyarrow_bytes(),
-                ErrorKind::Unsupported,
-                "to_pyarrow_bytes of a simulator handle",
-            );
-        }
-        _ => {
-            let bytes = whole.to_pyarrow_bytes().expect("to_pyarrow_bytes");
-            assert_eq!(bytes, whole.to_bytes()[..72]);
-            let back = IpcMemHandle::from_bytes(&bytes).expect("from_bytes of pyarrow bytes");
-            assert_eq!((back.size(), back.offset()), (100, 0));
-        }
+    if !backend.kind().is_cuda() {
+        expect_err(
+            whole.to_pyarrow_bytes(),
+            ErrorKind::Unsupported,
+            "to_pyarrow_bytes of a handle of a backend other than CUDA",
+        );
+    } else {
+        let bytes = whole.to_pyarrow_bytes().expect("to_pyarrow_bytes");
+        assert_eq!(bytes, whole.to_bytes()[..72]);
+        let back = IpcMemHandle::from_bytes(&bytes).expect("from_bytes of pyarrow bytes");
+        assert_eq!((back.size(), back.offset()), (100, 0));
     }
     Ok(())
 }

@@ -200,7 +200,7 @@ fn check_open(ctx: &Context, handle: &IpcMemHandle) -> Result<(), TestCaseError>
     // driver). cudabuf's checksum catches corruption, not forgery, so on CUDA only handles
     // whose raw part is one this case exported reach the driver; the simulator validates
     // raw handles itself and opens everything.
-    if ctx.backend_kind() == BackendKind::Cuda
+    if ctx.backend_kind() == BackendKind::CUDA
         && handle.size() > 0
         && !GENUINE_RAW.with(|g| g.borrow().contains(handle.raw()))
     {

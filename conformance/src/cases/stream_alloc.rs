@@ -16,7 +16,7 @@
 //! its free is provably still pending (an event recorded on the stream *before* the free
 //! has not completed after the allocation).
 
-use cudabuf_core::{Backend, BackendKind, Context, DeviceBuffer, ErrorKind, Stream};
+use cudabuf_core::{Backend, Context, DeviceBuffer, ErrorKind, Stream};
 
 use super::expect::{
     contents, context0, contexts01, expect_err, non_blocking, pattern, require_streams, CacheOn,
@@ -32,7 +32,7 @@ const BIG: usize = 12 << 20;
 
 /// Whether this case's caching allocator is its own (see the module docs).
 fn private_allocator(backend: &Backend) -> bool {
-    backend.kind() == BackendKind::Sim
+    backend.capabilities().isolated_instances
 }
 
 /// Queue `n` uploads of `fill` into `buf` on `stream`, so that a free issued after them

@@ -333,6 +333,24 @@ pub(crate) fn stream_copy_bad_arguments_are_typed_errors(f: &Fixture) -> CaseRes
         ErrorKind::OutOfRange,
         "download of 10 bytes into 9",
     );
+    // A refused copy gives the caller's host memory back, buffer or range, unchanged.
+    let mut host = ctx.new_host_buffer(11).unwrap();
+    host[..4].copy_from_slice(b"keep");
+    let err = stream.copy_from_host(&small, host).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutOfRange, "refused upload: {err}");
+    let host = err
+        .into_host()
+        .expect("a refused upload gives the buffer back");
+    assert_eq!((host.size(), &host[..4]), (11, &b"keep"[..]));
+    let mut halves = host.split(6).expect("split 11 bytes at 6");
+    let tail = halves.pop().expect("two ranges");
+    let err = stream.copy_to_host(&small, tail).unwrap_err();
+    let tail = err
+        .into_host()
+        .expect("a refused download gives the range back");
+    assert_eq!((tail.offset(), tail.len()), (6, 5));
+    drop(halves);
+    assert_eq!(tail.into_buffer().map(|b| b.size()).ok(), Some(11));
     expect_err(
         stream.copy_from_slice(&small, &[0; 11]),
         ErrorKind::OutOfRange,
@@ -384,7 +402,10 @@ pub(crate) fn stream_peer_copy_between_devices(f: &Fixture) -> CaseResult {
 
 // ---- Racy programs and their twins ----------------------------------------------
 
-fn expect_race<T: std::fmt::Debug>(result: cudabuf_core::Result<T>, what: &str) {
+fn expect_race<T: std::fmt::Debug, E: Into<cudabuf_core::Error>>(
+    result: std::result::Result<T, E>,
+    what: &str,
+) {
     let e = expect_err(result, ErrorKind::DataRace, what);
     let text = e.to_string();
     assert!(

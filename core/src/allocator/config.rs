@@ -65,9 +65,12 @@ fn env_limit() -> Option<usize> {
 /// The cache limit a device context of `kind` starts with: on (4 GiB) for CUDA, off for
 /// the simulator, unless `CUDABUF_ALLOCATOR_CACHE` says otherwise.
 pub(crate) fn default_limit(kind: BackendKind) -> usize {
-    env_limit().unwrap_or(match kind {
-        BackendKind::Cuda => DEFAULT_CACHE_LIMIT,
-        BackendKind::Sim => 0,
+    // A backend outside this repository starts with the cache on, as CUDA does: the
+    // simulator turns it off only to report every leak and use after free exactly.
+    env_limit().unwrap_or(if kind == BackendKind::SIM {
+        0
+    } else {
+        DEFAULT_CACHE_LIMIT
     })
 }
 

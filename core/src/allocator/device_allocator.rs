@@ -14,6 +14,7 @@ use super::pools::{BlockId, Found, Pools, Segment, SegmentId, Served};
 use super::size_class::SizeClass;
 use super::stats::AllocatorStats;
 use super::stream::{FreeEvent, StreamTag};
+use crate::backend::StreamsExt;
 use crate::backend::{BackendKind, DevicePtr, RawContext, RawStream};
 use crate::error::{Error, ErrorKind, Result};
 

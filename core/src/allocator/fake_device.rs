@@ -2,7 +2,7 @@
 //! allocates and frees (remembering what), and has streams and events on a fake clock:
 //! each stream counts the operations issued to it and those done, the test says when
 //! work completes ([`FakeDevice::complete`]), an event is done once its stream has done
-//! its record. A stream-ordered free ([`RawContext::mark_free_on`]) is remembered as a
+//! its record. A stream-ordered free ([`OrderingHooks::mark_free_on`]) is remembered as a
 //! marker, so that [`FakeDevice::check_reuse`] can say whether a block handed to a new
 //! owner was still in use by its previous one: the simulator's race detector's rule in
 //! miniature.
@@ -11,7 +11,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::backend::{DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream};
+use crate::backend::{
+    DevicePtr, OrderingHooks, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream,
+    RawStreams, StreamFlags,
+};
 use crate::error::{Error, Result};
 
 const MIB: u64 = 1 << 20;
@@ -248,18 +251,22 @@ unsafe impl RawContext for FakeDevice {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+
     fn device_ordinal(&self) -> usize {
         0
     }
+
     fn handle(&self) -> u64 {
         self.handle
     }
+
     fn synchronize(&self) -> Result<()> {
         for c in self.state().streams.values_mut() {
             c.done = c.issued;
         }
         Ok(())
     }
+
     fn allocate(&self, size: usize) -> Result<DevicePtr> {
         self.note_call();
         let mut s = self.state();
@@ -278,6 +285,7 @@ unsafe impl RawContext for FakeDevice {
         s.allocations.push(size);
         Ok(base)
     }
+
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
         self.note_call();
         let mut s = self.state();
@@ -301,15 +309,19 @@ unsafe impl RawContext for FakeDevice {
         s.used -= size;
         Ok(())
     }
+
     unsafe fn copy_host_to_device(&self, _: DevicePtr, _: &[u8]) -> Result<()> {
         unsupported("copy_host_to_device")
     }
+
     unsafe fn copy_device_to_host(&self, _: &mut [u8], _: DevicePtr) -> Result<()> {
         unsupported("copy_device_to_host")
     }
+
     unsafe fn copy_device_to_device(&self, _: DevicePtr, _: DevicePtr, _: usize) -> Result<()> {
         unsupported("copy_device_to_device")
     }
+
     unsafe fn copy_peer(
         &self,
         _: DevicePtr,
@@ -319,6 +331,47 @@ unsafe impl RawContext for FakeDevice {
     ) -> Result<()> {
         unsupported("copy_peer")
     }
+
+    fn alloc_host(&self, _: usize) -> Result<PinnedAlloc> {
+        unsupported("alloc_host")
+    }
+
+    unsafe fn free_host(&self, _: PinnedAlloc) -> Result<()> {
+        unsupported("free_host")
+    }
+
+    fn device_address(&self, _: u64) -> Result<DevicePtr> {
+        unsupported("device_address")
+    }
+
+    fn address_range(&self, _: DevicePtr) -> Result<(DevicePtr, usize)> {
+        unsupported("address_range")
+    }
+
+    fn address_device(&self, _: DevicePtr) -> Result<Option<usize>> {
+        unsupported("address_device")
+    }
+
+    fn ipc_export(&self, _: DevicePtr) -> Result<RawIpcHandle> {
+        unsupported("ipc_export")
+    }
+
+    fn ipc_open(&self, _: &RawIpcHandle) -> Result<DevicePtr> {
+        unsupported("ipc_open")
+    }
+
+    unsafe fn ipc_close(&self, _: DevicePtr) -> Result<()> {
+        unsupported("ipc_close")
+    }
+
+    fn streams(&self) -> Option<&dyn RawStreams> {
+        Some(self)
+    }
+}
+
+// SAFETY: as for `RawContext` above: the same context, whose copies on streams touch
+// only the ranges they are given and whose handles name what it made.
+unsafe impl RawStreams for FakeDevice {
     unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
         let mut st = self.state();
         let recorded = Self::recorded(&st, event)?;
@@ -331,6 +384,7 @@ unsafe impl RawContext for FakeDevice {
         ));
         Ok(())
     }
+
     fn event_create(&self, _timing: bool) -> Result<RawEvent> {
         self.note_call();
         let mut st = self.state();
@@ -341,12 +395,14 @@ unsafe impl RawContext for FakeDevice {
         // SAFETY: the fake's events are plain numbers.
         Ok(unsafe { RawEvent::from_raw(id) })
     }
+
     unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {
         self.note_call();
         let removed = self.state().events.remove(&event.as_raw());
         assert!(removed.is_some(), "destroying a live event, once");
         Ok(())
     }
+
     unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
         let mut st = self.state();
         Self::recorded(&st, event)?;
@@ -359,6 +415,7 @@ unsafe impl RawContext for FakeDevice {
         ));
         Ok(())
     }
+
     unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
         self.note_call();
         let mut st = self.state();
@@ -368,6 +425,7 @@ unsafe impl RawContext for FakeDevice {
             Some((s, at)) => st.streams.get(&s).map_or(0, |c| c.done) >= at,
         })
     }
+
     unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
         self.note_call();
         let mut st = self.state();
@@ -379,6 +437,88 @@ unsafe impl RawContext for FakeDevice {
         st.log.push(format!("sync {:#x}", event.as_raw()));
         Ok(())
     }
+
+    fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        unsupported("stream_priority_range")
+    }
+
+    fn stream_create(&self, flags: StreamFlags) -> Result<RawStream> {
+        let _ = flags;
+        unsupported("stream_create")
+    }
+
+    unsafe fn stream_destroy(&self, stream: RawStream) -> Result<()> {
+        let _ = stream;
+        unsupported("stream_destroy")
+    }
+
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
+        let _ = stream;
+        unsupported("stream_synchronize")
+    }
+
+    unsafe fn stream_query(&self, stream: RawStream) -> Result<bool> {
+        let _ = stream;
+        unsupported("stream_query")
+    }
+
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        let _ = (start, end);
+        unsupported("event_elapsed_ms")
+    }
+
+    unsafe fn copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let _ = (dst, src, len, stream);
+        unsupported("copy_host_to_device_on")
+    }
+
+    unsafe fn copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let _ = (dst, src, len, stream);
+        unsupported("copy_device_to_host_on")
+    }
+
+    unsafe fn copy_device_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let _ = (dst, src, len, stream);
+        unsupported("copy_device_to_device_on")
+    }
+
+    unsafe fn copy_peer_on(
+        &self,
+        dst: DevicePtr,
+        src_context: &dyn RawContext,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let _ = (dst, src_context, src, len, stream);
+        unsupported("copy_peer_on")
+    }
+
+    fn ordering(&self) -> Option<&dyn OrderingHooks> {
+        Some(self)
+    }
+}
+
+// SAFETY: the hooks only update the ordering records; they touch no memory.
+unsafe impl OrderingHooks for FakeDevice {
     unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
         let mut st = self.state();
         if st.fail_marks {
@@ -405,28 +545,23 @@ unsafe impl RawContext for FakeDevice {
         st.log.push(format!("mark {:#x}", stream.as_raw()));
         Ok(())
     }
-    fn alloc_host(&self, _: usize) -> Result<PinnedAlloc> {
-        unsupported("alloc_host")
+
+    unsafe fn event_poll(&self, event: RawEvent) -> Result<bool> {
+        // SAFETY: the caller upholds `event_query`'s contract, which is this one's.
+        unsafe { self.event_query(event) }
     }
-    unsafe fn free_host(&self, _: PinnedAlloc) -> Result<()> {
-        unsupported("free_host")
+
+    unsafe fn mark_alloc_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        let _ = (ptr, len, stream);
+        Ok(())
     }
-    fn device_address(&self, _: u64) -> Result<DevicePtr> {
-        unsupported("device_address")
+
+    unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()> {
+        // SAFETY: the caller upholds `stream_synchronize`'s contract, which is this one's.
+        unsafe { self.stream_synchronize(stream) }
     }
-    fn address_range(&self, _: DevicePtr) -> Result<(DevicePtr, usize)> {
-        unsupported("address_range")
-    }
-    fn address_device(&self, _: DevicePtr) -> Result<Option<usize>> {
-        unsupported("address_device")
-    }
-    fn ipc_export(&self, _: DevicePtr) -> Result<RawIpcHandle> {
-        unsupported("ipc_export")
-    }
-    fn ipc_open(&self, _: &RawIpcHandle) -> Result<DevicePtr> {
-        unsupported("ipc_open")
-    }
-    unsafe fn ipc_close(&self, _: DevicePtr) -> Result<()> {
-        unsupported("ipc_close")
+
+    fn retire_accesses(&self, address: DevicePtr, len: usize) {
+        let _ = (address, len);
     }
 }

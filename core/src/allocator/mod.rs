@@ -110,7 +110,7 @@
 //! - **A stream-ordered free** (`DeviceAllocator::release_on_stream`), under the lock:
 //!   the stream first waits for an event recorded on each stream the buffer was
 //!   [recorded](crate::DeviceBuffer::record_stream) as used on; then the free is marked
-//!   on the stream (`RawContext::mark_free_on`: nothing on CUDA, a write of the block by
+//!   on the stream (`OrderingHooks::mark_free_on`: nothing on CUDA, a write of the block by
 //!   the stream for the simulator's race detector); then an event (from a pool of spare
 //!   events, or a new one) is recorded after it; the block becomes pending with that
 //!   event and a number (frees of one stream are numbered in the order their events were

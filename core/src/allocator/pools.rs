@@ -26,6 +26,7 @@ use super::size_class::{Pool, SizeClass};
 use super::slab::Slab;
 use super::stats::AllocatorStats;
 use super::stream::{FreeEvent, StreamTag};
+use crate::backend::StreamsExt;
 use crate::backend::{DevicePtr, RawContext};
 
 /// A block's index; what a buffer's memory keeps to give its block back without a lookup.

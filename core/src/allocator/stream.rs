@@ -5,6 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::backend::StreamsExt;
 use crate::backend::{RawContext, RawEvent, RawStream};
 
 /// Which stream a block is ordered on.
@@ -72,7 +73,7 @@ impl FreeEvent {
     }
 
     /// Whether the work the event captured is done (`cuEventQuery`, asked as
-    /// bookkeeping: `RawContext::event_poll`); a failure to ask counts as "not yet"
+    /// bookkeeping: `OrderingHooks::event_poll`); a failure to ask counts as "not yet"
     /// (logged): the block just stays with its stream.
     pub(crate) fn is_done(&self) -> bool {
         // SAFETY: the event was made by `event_create` of a context of this allocator's

@@ -21,7 +21,7 @@ pub(super) fn setup(
 ) -> (Arc<FakeDevice>, Arc<dyn RawContext>, DeviceAllocator) {
     let fake = FakeDevice::new(capacity);
     let raw: Arc<dyn RawContext> = fake.clone();
-    (fake, raw, DeviceAllocator::new(BackendKind::Sim, 0, limit))
+    (fake, raw, DeviceAllocator::new(BackendKind::SIM, 0, limit))
 }
 
 fn alloc(a: &DeviceAllocator, raw: &Arc<dyn RawContext>, n: usize) -> Served {
@@ -409,14 +409,14 @@ fn pools_alone_serve_ready_blocks_to_every_stream() {
 
 #[test]
 fn the_registry_shares_one_allocator_per_device_context() {
-    let (kind, h1, h2) = (BackendKind::Sim, 0x5EED_0001, 0x5EED_0002);
+    let (kind, h1, h2) = (BackendKind::SIM, 0x5EED_0001, 0x5EED_0002);
     let a = registry::attach(kind, h1, 10);
     let b = registry::attach(kind, h1, 20);
     assert!(Arc::ptr_eq(&a, &b), "one allocator per (kind, handle)");
     assert_eq!(b.limit(), 10, "the first one's limit");
     let c = registry::attach(kind, h2, 30);
     assert!(!Arc::ptr_eq(&a, &c));
-    assert!(registry::existing(BackendKind::Cuda, h1).is_none_or(|x| !Arc::ptr_eq(&x, &a)));
+    assert!(registry::existing(BackendKind::CUDA, h1).is_none_or(|x| !Arc::ptr_eq(&x, &a)));
     let fake = FakeDevice::new(64 * MIB);
     let raw: Arc<dyn RawContext> = fake.clone();
     a.set_limit(64 * MIB);
@@ -442,7 +442,7 @@ fn the_registry_shares_one_allocator_per_device_context() {
 #[test]
 fn the_last_context_empties_the_allocator_while_the_owner_is_alive() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let (kind, handle) = (BackendKind::Sim, 0x5EED_0012);
+    let (kind, handle) = (BackendKind::SIM, 0x5EED_0012);
     let alive = Arc::new(AtomicBool::new(true));
     let owner = FakeDevice::over(64 * MIB, handle, &alive, true);
     let user = FakeDevice::over(64 * MIB, handle, &alive, false);

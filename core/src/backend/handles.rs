@@ -64,13 +64,13 @@ impl RawEvent {
     }
 }
 
-/// How a new stream is made ([`RawContext::stream_create`](super::RawContext::stream_create)).
+/// How a new stream is made ([`RawStreams::stream_create`](super::RawStreams::stream_create)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct StreamFlags {
     /// `CU_STREAM_NON_BLOCKING`: the stream does not synchronize with the legacy default
     /// stream (so neither with cudabuf's synchronous copies).
     pub non_blocking: bool,
     /// The priority: lower numbers are higher priorities, as CUDA's; clamped to
-    /// [`RawContext::stream_priority_range`](super::RawContext::stream_priority_range).
+    /// [`RawStreams::stream_priority_range`](super::RawStreams::stream_priority_range).
     pub priority: i32,
 }

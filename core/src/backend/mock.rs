@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::{Mutex, PoisonError};
 
 use super::{
-    CopyTicket, DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream, StreamFlags,
+    DevicePtr, PinnedAlloc, RawContext, RawEvent, RawIpcHandle, RawStream, RawStreams, StreamFlags,
 };
 use crate::error::Result;
 
@@ -59,38 +59,38 @@ mockall::mock! {
         pub fn ipc_open(&self, handle: &RawIpcHandle) -> Result<DevicePtr>;
         /// See [`RawContext::ipc_close`].
         pub fn ipc_close(&self, ptr: DevicePtr) -> Result<()>;
-        /// See [`RawContext::stream_priority_range`].
+        /// See [`RawStreams::stream_priority_range`].
         pub fn stream_priority_range(&self) -> Result<(i32, i32)>;
-        /// See [`RawContext::stream_create`]; returns the handle's value.
+        /// See [`RawStreams::stream_create`]; returns the handle's value.
         pub fn stream_create(&self, flags: StreamFlags) -> Result<u64>;
-        /// See [`RawContext::stream_destroy`].
+        /// See [`RawStreams::stream_destroy`].
         pub fn stream_destroy(&self, stream: u64) -> Result<()>;
-        /// See [`RawContext::stream_synchronize`].
+        /// See [`RawStreams::stream_synchronize`].
         pub fn stream_synchronize(&self, stream: u64) -> Result<()>;
-        /// See [`RawContext::stream_query`].
+        /// See [`RawStreams::stream_query`].
         pub fn stream_query(&self, stream: u64) -> Result<bool>;
-        /// See [`RawContext::stream_wait_event`].
+        /// See [`RawStreams::stream_wait_event`].
         pub fn stream_wait_event(&self, stream: u64, event: u64) -> Result<()>;
-        /// See [`RawContext::event_create`]; returns the handle's value.
+        /// See [`RawStreams::event_create`]; returns the handle's value.
         pub fn event_create(&self, timing: bool) -> Result<u64>;
-        /// See [`RawContext::event_destroy`].
+        /// See [`RawStreams::event_destroy`].
         pub fn event_destroy(&self, event: u64) -> Result<()>;
-        /// See [`RawContext::event_record`].
+        /// See [`RawStreams::event_record`].
         pub fn event_record(&self, event: u64, stream: u64) -> Result<()>;
-        /// See [`RawContext::event_query`].
+        /// See [`RawStreams::event_query`].
         pub fn event_query(&self, event: u64) -> Result<bool>;
-        /// See [`RawContext::event_synchronize`].
+        /// See [`RawStreams::event_synchronize`].
         pub fn event_synchronize(&self, event: u64) -> Result<()>;
-        /// See [`RawContext::event_elapsed_ms`].
+        /// See [`RawStreams::event_elapsed_ms`].
         pub fn event_elapsed_ms(&self, start: u64, end: u64) -> Result<f32>;
-        /// See [`RawContext::copy_host_to_device_on`]: the host bytes as a slice.
+        /// See [`RawStreams::copy_host_to_device_on`]: the host bytes as a slice.
         pub fn copy_host_to_device_on(&self, dst: DevicePtr, src: &[u8], stream: u64) -> Result<()>;
-        /// See [`RawContext::copy_device_to_host_on`]: the host bytes as a slice, written
+        /// See [`RawStreams::copy_device_to_host_on`]: the host bytes as a slice, written
         /// during the call.
         pub fn copy_device_to_host_on(&self, dst: &mut [u8], src: DevicePtr, stream: u64) -> Result<()>;
-        /// See [`RawContext::copy_device_to_device_on`].
+        /// See [`RawStreams::copy_device_to_device_on`].
         pub fn copy_device_to_device_on(&self, dst: DevicePtr, src: DevicePtr, len: usize, stream: u64) -> Result<()>;
-        /// See [`RawContext::copy_peer_on`]; the source context is given by its handle.
+        /// See [`RawStreams::copy_peer_on`]; the source context is given by its handle.
         pub fn copy_peer_on(&self, dst: DevicePtr, src_handle: u64, src: DevicePtr, len: usize, stream: u64) -> Result<()>;
     }
 }
@@ -105,7 +105,7 @@ const MOCK_HANDLE_MASK: u64 = 0xFFFF << 48;
 /// A mock [`RawContext`] for unit-testing code that drives a context (the `mock`
 /// feature): set expectations on it as on any `mockall` mock, then wrap it with
 /// [`Context::from_raw`](crate::Context::from_raw), labelled
-/// [`BackendKind::Sim`](crate::BackendKind::Sim) (`from_raw`'s contract: a `Cuda` label
+/// [`BackendKind::SIM`](crate::BackendKind::SIM) (`from_raw`'s contract: a `Cuda` label
 /// promises CUDA driver handles).
 ///
 /// Its [`handle`](RawContext::handle) is the `handle` expectation's low 48 bits under
@@ -131,7 +131,7 @@ const MOCK_HANDLE_MASK: u64 = 0xFFFF << 48;
 /// mock.expect_free_host().returning(|_, _| Ok(()));
 /// // SAFETY: a mock is labelled `Sim`, never `Cuda`: nothing outside cudabuf may take its
 /// // addresses, streams or events for CUDA driver handles.
-/// let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Sim) };
+/// let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::SIM) };
 /// let mut host = ctx.new_host_buffer(16)?;     // real memory: safe to write
 /// host[0] = 7;
 /// assert_eq!(host.device_address(), Some(0x9000));
@@ -230,11 +230,6 @@ unsafe impl RawContext for MockRawContext {
         self.expectations.copy_host_to_device(dst, src)
     }
 
-    unsafe fn copy_host_to_device_async(&self, dst: DevicePtr, src: &[u8]) -> Result<CopyTicket> {
-        self.expectations.copy_host_to_device(dst, src)?;
-        Ok(CopyTicket::completed())
-    }
-
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         self.expectations.copy_device_to_host(dst, src)
     }
@@ -308,6 +303,14 @@ unsafe impl RawContext for MockRawContext {
         self.expectations.ipc_close(ptr)
     }
 
+    fn streams(&self) -> Option<&dyn RawStreams> {
+        Some(self)
+    }
+}
+
+// SAFETY: as for `RawContext` above: the same context, whose copies on streams touch
+// only the ranges they are given and whose handles name what it made.
+unsafe impl RawStreams for MockRawContext {
     fn stream_priority_range(&self) -> Result<(i32, i32)> {
         self.expectations.stream_priority_range()
     }

@@ -7,6 +7,7 @@ use super::Context;
 use crate::allocator::{
     self, registry, AllocatorStats, BlockId, DeviceAllocator, StreamFree, StreamTag,
 };
+use crate::backend::StreamsExt;
 use crate::backend::{DevicePtr, RawStream};
 use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};

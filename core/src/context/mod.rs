@@ -98,8 +98,8 @@ impl Context {
     /// contexts from a [`Backend`](crate::Backend).
     ///
     /// # Safety
-    /// `kind` must name the backend that made `raw`: [`BackendKind::Sim`] for a simulator
-    /// context (and for test doubles such as `MockRawContext`), [`BackendKind::Cuda`] only
+    /// `kind` must name the backend that made `raw`: [`BackendKind::SIM`] for a simulator
+    /// context (and for test doubles such as `MockRawContext`), [`BackendKind::CUDA`] only
     /// for a context of the CUDA backend. cudabuf trusts the kind where it hands what the
     /// context made to code outside it: a `Cuda` context's device addresses, streams and
     /// events go out as CUDA driver handles (an Arrow C Device array's `device_type` and

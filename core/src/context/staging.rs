@@ -1,6 +1,7 @@
 //! Pinned host memory: new host buffers and the pool of staging buffers.
 
 use super::Context;
+use crate::backend::StreamsExt;
 use crate::error::Result;
 use crate::host::HostBuffer;
 

@@ -191,7 +191,7 @@ pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer>
     if handle.size == 0 {
         return ctx.new_buffer(0);
     }
-    let backend = handle.backend().unwrap_or(BackendKind::Cuda);
+    let backend = handle.backend().unwrap_or(BackendKind::CUDA);
     if backend != ctx.backend_kind() {
         return Err(Error::invalid_ipc_handle(format!(
             "the handle was made by the {backend} backend; this context is {}",
@@ -385,7 +385,7 @@ mod tests {
         // handles. Nothing of the mock leaves cudabuf as a CUDA handle: no Arrow export,
         // and its IPC handles are opened in this process only (by the export registry,
         // never by a driver).
-        let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::Cuda) };
+        let ctx = unsafe { Context::from_raw(Arc::new(mock), BackendKind::CUDA) };
         ctx.set_allocator_cache_limit(64 << 20);
         ctx
     }

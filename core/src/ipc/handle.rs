@@ -120,7 +120,7 @@ impl IpcMemHandle {
         if self.size == 0 {
             None
         } else {
-            Some(self.extension.map_or(BackendKind::Cuda, |e| e.backend))
+            Some(self.extension.map_or(BackendKind::CUDA, |e| e.backend))
         }
     }
 
@@ -203,7 +203,7 @@ impl IpcMemHandle {
     /// # Errors
     /// [`Error::Unsupported`] for an exported slice that does not start at its
     /// allocation's beginning (pyarrow cannot express the offset and would open the wrong
-    /// bytes), and for simulator handles.
+    /// bytes), and for handles of any backend but CUDA (the simulator's, say).
     pub fn to_pyarrow_bytes(&self) -> Result<Vec<u8>> {
         if self.offset() != 0 {
             return Err(Error::unsupported(
@@ -214,10 +214,10 @@ impl IpcMemHandle {
                 ),
             ));
         }
-        if self.backend() == Some(BackendKind::Sim) {
+        if let Some(kind) = self.backend().filter(|kind| !kind.is_cuda()) {
             return Err(Error::unsupported(
                 "to_pyarrow_bytes",
-                "a simulator handle means nothing to pyarrow",
+                format!("a {kind} handle means nothing to pyarrow (its format is CUDA's)"),
             ));
         }
         let mut bytes = self.to_bytes();
@@ -300,8 +300,10 @@ impl IpcMemHandle {
                 "reserved bytes of the extension are not zero",
             ));
         }
-        let backend = BackendKind::from_code(ext[8])
-            .ok_or_else(|| Error::invalid_ipc_handle(format!("unknown backend code {}", ext[8])))?;
+        if ext[8] == 0 {
+            return Err(Error::invalid_ipc_handle("backend code 0 names no backend"));
+        }
+        let backend = BackendKind::from_code(ext[8]);
         let offset = read_u64(ext, 16);
         if offset.checked_add(size).is_none() {
             return Err(Error::invalid_ipc_handle("offset + size overflows"));
@@ -352,7 +354,7 @@ mod tests {
             size: 1000,
             raw,
             extension: Some(Extension {
-                backend: BackendKind::Sim,
+                backend: BackendKind::SIM,
                 device: 1,
                 offset: 24,
                 exporter: this_process(),
@@ -384,7 +386,7 @@ mod tests {
         let mut bytes = 4096i64.to_le_bytes().to_vec();
         bytes.extend_from_slice(&[0xab; 64]);
         let h = IpcMemHandle::from_bytes(&bytes).unwrap();
-        assert_eq!(h.backend(), Some(BackendKind::Cuda));
+        assert_eq!(h.backend(), Some(BackendKind::CUDA));
         assert_eq!(h.offset(), 0);
         assert_eq!(h.to_bytes(), bytes);
         assert_eq!(h.to_pyarrow_bytes().unwrap(), bytes);

@@ -7,11 +7,13 @@ use std::sync::{Arc, MutexGuard, PoisonError};
 use std::thread::ThreadId;
 
 use super::transfer::TransferCopy;
-use super::{Held, InFlight, Stream, StreamInner, StreamState, Transfer, Untracked};
+use super::{CopyError, Held, InFlight, Stream, StreamInner, StreamState, Transfer, Untracked};
+use crate::backend::StreamsExt;
 use crate::backend::{same_implementation, RawEvent, RawStream};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::host_range::sealed::Token;
 use crate::host_range::{GiveBack, HostRange};
 
 impl Stream {
@@ -187,7 +189,7 @@ impl Stream {
         done: RawEvent,
         host: HostRange,
         device: &DeviceBuffer,
-    ) -> Result<Transfer<H>> {
+    ) -> std::result::Result<Transfer<H>, CopyError<H>> {
         match self.record_done(issued, done) {
             Ok(()) => Ok(Transfer {
                 pending: Some(TransferCopy {
@@ -200,14 +202,13 @@ impl Stream {
                 gives_back: PhantomData,
             }),
             Err(Untracked::Settled(e)) => {
-                // Not issued, or issued and synchronized: the host buffer is free.
-                drop(host);
-                Err(e)
+                // Not issued, or issued and synchronized: the host memory goes back.
+                Err(CopyError::new(e, Some(H::give_back(host, Token::new()))))
             }
             Err(Untracked::MayRun(e)) => {
-                // The copy may still run: its host buffer must never be freed or reused.
+                // The copy may still run: its host memory must never be freed or reused.
                 std::mem::forget(host);
-                Err(e)
+                Err(CopyError::new(e, None))
             }
         }
     }

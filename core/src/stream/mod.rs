@@ -9,18 +9,19 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::ThreadId;
 
 use crate::allocator::StreamTag;
+use crate::backend::StreamsExt;
 use crate::backend::{enter_call, same_implementation, ApiCall, RawEvent, RawStream, StreamFlags};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::host_range::{HostRange, IntoHostRange};
+use crate::host_range::{sealed::Token, GiveBack, HostRange, IntoHostRange};
 
 mod in_flight;
 mod transfer;
 
 use in_flight::recycle_range;
-pub use transfer::Transfer;
+pub use transfer::{CopyError, Transfer};
 
 /// What a stream is, for its drop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -426,32 +427,44 @@ impl Stream {
     /// # Errors
     /// [`Error::OutOfRange`] if `dst` is smaller than `src`;
     /// [`Error::InvalidArgument`] if `dst` is not memory of this stream's context; the
-    /// driver's failure. On error the host buffer is dropped.
+    /// driver's failure. The error gives the host memory back
+    /// ([`CopyError::into_host`]) unless the copy may still be running.
     #[track_caller]
     pub fn copy_from_host<S: IntoHostRange>(
         &self,
         dst: &DeviceBuffer,
         src: S,
-    ) -> Result<Transfer<S::Output>> {
+    ) -> std::result::Result<Transfer<S::Output>, CopyError<S::Output>> {
         let _call = enter_call(
             ApiCall::here("Stream::copy_from_host").with_buffer(dst.address(), dst.size()),
         );
         let src = src.into_host_range();
-        self.check_buffer(dst, "Stream::copy_from_host")?;
-        if src.len() > dst.size() {
-            return Err(Error::out_of_range(
-                "Stream::copy_from_host",
-                "device buffer",
-                0,
-                src.len(),
-                dst.size(),
-            ));
-        }
-        self.release_completed()?;
-        if src.is_empty() {
-            return Ok(Transfer::completed(src));
-        }
-        let done = self.take_event()?;
+        let checked = self
+            .check_buffer(dst, "Stream::copy_from_host")
+            .and_then(|()| {
+                if src.len() > dst.size() {
+                    return Err(Error::out_of_range(
+                        "Stream::copy_from_host",
+                        "device buffer",
+                        0,
+                        src.len(),
+                        dst.size(),
+                    ));
+                }
+                self.release_completed()
+            })
+            .and_then(|()| {
+                if src.is_empty() {
+                    Ok(None)
+                } else {
+                    self.take_event().map(Some)
+                }
+            });
+        let done = match checked {
+            Ok(Some(done)) => done,
+            Ok(None) => return Ok(Transfer::completed(src)),
+            Err(e) => return Err(give_back(e, src)),
+        };
         // SAFETY: `src` is pinned memory (`HostBuffer` comes from `alloc_host`) and its range
         // was checked; the transfer owns the buffer until the copy is known complete, so
         // no Rust reference reads or writes it meanwhile, and it is not freed. `dst`'s range
@@ -480,26 +493,37 @@ impl Stream {
         &self,
         src: &DeviceBuffer,
         dst: D,
-    ) -> Result<Transfer<D::Output>> {
+    ) -> std::result::Result<Transfer<D::Output>, CopyError<D::Output>> {
         let _call = enter_call(
             ApiCall::here("Stream::copy_to_host").with_buffer(src.address(), src.size()),
         );
         let dst = dst.into_host_range();
-        self.check_buffer(src, "Stream::copy_to_host")?;
-        if src.size() > dst.len() {
-            return Err(Error::out_of_range(
-                "Stream::copy_to_host",
-                "host buffer",
-                dst.offset(),
-                src.size(),
-                dst.offset() + dst.len(),
-            ));
-        }
-        self.release_completed()?;
-        if src.is_empty() {
-            return Ok(Transfer::completed(dst));
-        }
-        let done = self.take_event()?;
+        let checked = self
+            .check_buffer(src, "Stream::copy_to_host")
+            .and_then(|()| {
+                if src.size() > dst.len() {
+                    return Err(Error::out_of_range(
+                        "Stream::copy_to_host",
+                        "host buffer",
+                        dst.offset(),
+                        src.size(),
+                        dst.offset() + dst.len(),
+                    ));
+                }
+                self.release_completed()
+            })
+            .and_then(|()| {
+                if src.is_empty() {
+                    Ok(None)
+                } else {
+                    self.take_event().map(Some)
+                }
+            });
+        let done = match checked {
+            Ok(Some(done)) => done,
+            Ok(None) => return Ok(Transfer::completed(dst)),
+            Err(e) => return Err(give_back(e, dst)),
+        };
         // SAFETY: as in `copy_from_host`: the transfer owns the pinned destination until
         // the copy is known complete, so no Rust reference to it exists meanwhile.
         let issued = unsafe {
@@ -721,4 +745,9 @@ impl fmt::Debug for Stream {
             .field("device", &self.context().device_number())
             .finish()
     }
+}
+
+/// A copy refused before it was issued: the error, with the host memory given back.
+fn give_back<H: GiveBack>(error: Error, host: HostRange) -> CopyError<H> {
+    CopyError::new(error, Some(H::give_back(host, Token::new())))
 }

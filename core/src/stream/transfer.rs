@@ -6,9 +6,10 @@ use std::sync::Weak;
 
 use super::{Stream, StreamInner};
 use crate::backend::RawEvent;
+use crate::backend::StreamsExt;
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::host::HostBuffer;
 use crate::host_range::{sealed::Token, GiveBack, HostRange};
 
@@ -93,13 +94,21 @@ impl<H: GiveBack> Transfer<H> {
     /// # Errors
     /// The copy's failure. If even the stream cannot be synchronized, the buffer is
     /// leaked rather than handed back (the copy might still be writing it).
-    pub fn wait(mut self) -> Result<H> {
-        self.finish()?;
-        let range = self
+    pub fn wait(mut self) -> std::result::Result<H, CopyError<H>> {
+        let finished = self.finish();
+        // `finish` leaves the memory here unless the copy may still run after a failure.
+        let host = self
             .host
             .take()
-            .expect("a transfer holds its host memory until it is waited for");
-        Ok(H::give_back(range, Token::new()))
+            .map(|range| H::give_back(range, Token::new()));
+        match (finished, host) {
+            (Ok(()), Some(host)) => Ok(host),
+            (Err(e), host) => Err(CopyError::new(e, host)),
+            (Ok(()), None) => Err(CopyError::new(
+                Error::invalid_argument("Transfer::wait", "the transfer holds no host memory"),
+                None,
+            )),
+        }
     }
 
     /// Wait for the copy (once).
@@ -144,5 +153,95 @@ impl<H: GiveBack> fmt::Debug for Transfer<H> {
             .field("pending", &self.pending.is_some())
             .field("host", &self.host)
             .finish()
+    }
+}
+
+/// An asynchronous copy that failed: the error, and the host memory it was given back
+/// whenever that is safe (the copy was never issued, or is known to have stopped).
+///
+/// Returned by [`Stream::copy_from_host`], [`Stream::copy_to_host`] and
+/// [`Transfer::wait`]. It derefs to the [`Error`] (so `err.kind()` works) and converts
+/// into it with `?` in a function that returns [`cudabuf_core::Result`](crate::Result).
+/// The memory is `None` only when the copy might still be running on the device after
+/// the failure: it is then leaked, never freed or reused under the copy.
+///
+/// ```
+/// # fn main() -> cudabuf_core::Result<()> {
+/// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+/// use cudabuf_core::ErrorKind;
+///
+/// let stream = ctx.new_stream()?;
+/// let small = ctx.new_buffer(4)?;
+/// let host = ctx.new_host_buffer(8)?;
+/// let err = stream.copy_from_host(&small, host).unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::OutOfRange);
+/// let host = err.into_host().expect("never issued: the buffer comes back");
+/// assert_eq!(host.size(), 8);
+/// # Ok(()) }
+/// ```
+pub struct CopyError<H> {
+    error: Error,
+    host: Option<H>,
+}
+
+impl<H> CopyError<H> {
+    pub(crate) fn new(error: Error, host: Option<H>) -> Self {
+        CopyError { error, host }
+    }
+
+    /// The error.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// The host memory the copy was given, when it is safe to use again.
+    pub fn into_host(self) -> Option<H> {
+        self.host
+    }
+
+    /// The error and the host memory (see [`into_host`](Self::into_host)).
+    pub fn into_parts(self) -> (Error, Option<H>) {
+        (self.error, self.host)
+    }
+}
+
+impl<H> std::ops::Deref for CopyError<H> {
+    type Target = Error;
+
+    fn deref(&self) -> &Error {
+        &self.error
+    }
+}
+
+impl<H> From<CopyError<H>> for Error {
+    fn from(e: CopyError<H>) -> Error {
+        e.error
+    }
+}
+
+impl<H> fmt::Debug for CopyError<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CopyError")
+            .field("error", &self.error)
+            .field("host_given_back", &self.host.is_some())
+            .finish()
+    }
+}
+
+impl<H> fmt::Display for CopyError<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<H> std::error::Error for CopyError<H> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<H> From<CopyError<H>> for std::io::Error {
+    fn from(e: CopyError<H>) -> std::io::Error {
+        e.error.into()
     }
 }

@@ -9,5 +9,5 @@ use cudabuf_core::{BackendKind, Context};
 
 fn main() {
     let mock = MockRawContext::new();
-    let _lying = Context::from_raw(Arc::new(mock), BackendKind::Cuda);
+    let _lying = Context::from_raw(Arc::new(mock), BackendKind::CUDA);
 }

@@ -12,7 +12,7 @@ struct Liar;
 
 impl Platform for Liar {
     fn kind(&self) -> BackendKind {
-        BackendKind::Cuda
+        BackendKind::CUDA
     }
     fn capabilities(&self) -> Capabilities {
         Capabilities::all()

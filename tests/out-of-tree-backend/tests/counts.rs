@@ -1,0 +1,41 @@
+//! The counting backend counts what crosses the seam, under its own kind.
+
+use cudabuf_core::{Backend, BackendKind, StreamFlags};
+use cudabuf_counting_backend::{CountingBackend, COUNTING};
+
+#[test]
+fn every_kind_of_call_is_counted_and_the_kind_is_its_own() {
+    let counting = CountingBackend::new(cudabuf_sim::SimBackend::new());
+    let counts = counting.counts();
+    let backend = Backend::new(counting);
+    assert_eq!(backend.kind(), COUNTING);
+    assert_ne!(backend.kind(), BackendKind::SIM);
+    let ctx = backend.context(0).unwrap();
+    assert_eq!(ctx.backend_kind(), COUNTING);
+
+    let buf = ctx.buffer_from_data(&[7u8; 64][..]).unwrap();
+    assert!(counts.memory() >= 1 && counts.copies() >= 1);
+
+    let stream = ctx
+        .new_stream_with(StreamFlags {
+            non_blocking: true,
+            priority: 0,
+        })
+        .unwrap();
+    let host = ctx.new_host_buffer(64).unwrap();
+    let host = stream.copy_to_host(&buf, host).unwrap().wait().unwrap();
+    assert_eq!(&host[..], &[7u8; 64][..]);
+    assert!(
+        counts.streams() >= 3,
+        "create, copy, record: {}",
+        counts.streams()
+    );
+
+    let handle = buf.export_for_ipc().unwrap();
+    assert_eq!(
+        handle.backend(),
+        Some(COUNTING),
+        "the handle carries our kind"
+    );
+    assert!(counts.ipc() >= 1);
+}
