@@ -47,6 +47,17 @@ pub struct Event {
 impl Context {
     /// A new event without timing (`CU_EVENT_DISABLE_TIMING`, the cheaper kind).
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let event = ctx.new_event()?;
+    /// event.record(&stream)?;
+    /// event.synchronize()?;
+    /// assert!(event.query()? && !event.has_timing());
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::Unsupported`] on a backend without streams; the driver's failure.
     pub fn new_event(&self) -> Result<Event> {
@@ -54,6 +65,19 @@ impl Context {
     }
 
     /// A new event that can measure time ([`Event::elapsed`]).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let (start, end) = (ctx.new_timing_event()?, ctx.new_timing_event()?);
+    /// start.record(&stream)?;
+    /// stream.copy_from_slice(&ctx.new_buffer(1 << 20)?, &vec![0; 1 << 20])?;
+    /// end.record(&stream)?;
+    /// end.synchronize()?;
+    /// assert!(start.elapsed(&end)? > std::time::Duration::ZERO); // simulated time here
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// As [`new_event`](Self::new_event).
@@ -77,6 +101,19 @@ impl Context {
     /// `WrapDeviceSyncEvent`): a `CUevent` from cudarc, PyTorch or a C Device Data
     /// Interface producer on CUDA. cudabuf never destroys it. `timing` says whether it
     /// was made with timing (it is only used to refuse [`Event::elapsed`] early).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let theirs = ctx.new_event()?; // stands for a CUevent from cudarc or PyTorch
+    /// // SAFETY: `theirs` is a live event of this context, and outlives `wrapped`.
+    /// let wrapped = unsafe { ctx.wrap_event(theirs.as_raw(), false) };
+    /// let stream = ctx.new_stream()?;
+    /// wrapped.record(&stream)?;
+    /// stream.synchronize()?;
+    /// assert!(theirs.query()?); // the same event
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Safety
     /// `raw` is a live event usable with this context, and stays live while the returned

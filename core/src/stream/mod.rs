@@ -199,6 +199,18 @@ pub struct Stream {
 impl Context {
     /// A new blocking stream of default priority (`cuStreamCreate`).
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// assert!(stream.context().same_as(&ctx) && !stream.flags().non_blocking);
+    /// let buf = ctx.new_buffer(2)?;
+    /// stream.copy_from_slice(&buf, b"ok")?;
+    /// stream.synchronize()?;
+    /// assert_eq!(buf.to_vec()?, b"ok");
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::Unsupported`] on a backend without streams; the driver's failure.
     #[track_caller]
@@ -210,6 +222,17 @@ impl Context {
     /// A new stream, blocking or [non-blocking](StreamFlags::non_blocking), with a
     /// priority (`cuStreamCreateWithPriority`; lower numbers are higher priorities,
     /// clamped into [`stream_priority_range`](Self::stream_priority_range)).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// use cudabuf_core::StreamFlags;
+    /// let (_, greatest) = ctx.stream_priority_range()?;
+    /// let urgent = ctx.new_stream_with(StreamFlags { non_blocking: true, priority: greatest })?;
+    /// assert!(urgent.flags().non_blocking);
+    /// assert_eq!(urgent.flags().priority, greatest);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// As [`new_stream`](Self::new_stream).
@@ -223,6 +246,16 @@ impl Context {
     /// The range of stream priorities, `(least, greatest)`; numerically `least >=
     /// greatest` (CUDA: `(0, -5)` on recent GPUs).
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let (least, greatest) = ctx.stream_priority_range()?;
+    /// assert!(least >= greatest); // lower numbers are higher priorities
+    /// let flags = cudabuf_core::StreamFlags { priority: greatest, ..Default::default() };
+    /// assert_eq!(ctx.new_stream_with(flags)?.flags().priority, greatest);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::Unsupported`] on a backend without streams.
     pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
@@ -231,6 +264,18 @@ impl Context {
 
     /// The context's legacy default stream (`CU_STREAM_LEGACY`), where cudabuf's
     /// synchronous copies run: ordered with every blocking stream of the context.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let legacy = ctx.legacy_stream();
+    /// let buf = ctx.new_buffer(6)?;
+    /// legacy.copy_from_slice(&buf, b"legacy")?;
+    /// // A synchronous copy runs on the legacy stream too: after the one above.
+    /// assert_eq!(buf.to_vec()?, b"legacy");
+    /// assert!(!legacy.same_as(&ctx.legacy_stream())); // another handle of the same stream
+    /// # Ok(()) }
+    /// ```
     pub fn legacy_stream(&self) -> Stream {
         Stream::from_parts(
             self,
@@ -244,6 +289,17 @@ impl Context {
     /// its own for each host thread. The handle names "the default stream of whichever
     /// thread issues the operation": work issued through it from two threads goes to two
     /// streams.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(4)?;
+    /// let stream = ctx.per_thread_stream();
+    /// stream.copy_from_slice(&buf, b"mine")?; // on this thread's default stream
+    /// stream.synchronize()?;
+    /// assert_eq!(buf.to_vec()?, b"mine");
+    /// # Ok(()) }
+    /// ```
     pub fn per_thread_stream(&self) -> Stream {
         Stream::from_parts(
             self,
@@ -257,6 +313,20 @@ impl Context {
     /// `WrapStream`): a `CUstream` from cudarc, PyTorch (`torch.cuda.Stream.cuda_stream`)
     /// or CuPy on CUDA; a stream handle of the same simulator instance on the simulator.
     /// cudabuf never destroys it.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let theirs = ctx.new_stream()?; // stands for a stream of cudarc, PyTorch or CuPy
+    /// // SAFETY: `theirs` is a live stream of this context, and outlives `wrapped`.
+    /// let wrapped = unsafe { ctx.wrap_stream(theirs.as_raw(), theirs.flags()) };
+    /// assert_eq!(wrapped.as_raw(), theirs.as_raw());
+    /// let buf = ctx.new_buffer(4)?;
+    /// wrapped.copy_from_slice(&buf, b"wrap")?;
+    /// wrapped.synchronize()?;
+    /// assert_eq!(buf.to_vec()?, b"wrap");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Safety
     /// `raw` is a live stream of this context's device context, and stays live while the
