@@ -1,4 +1,4 @@
-//! The caching allocator on a recorded trace of mixed sizes (issue 13, item 3): `harness =
+//! The caching allocator on a recorded trace of mixed sizes (docs/PERFORMANCE.md): `harness =
 //! false`, on the backend `CUDABUF_BACKEND` names (`sim`, the default, or `cuda`).
 //!
 //! ```text
@@ -28,7 +28,7 @@
 //! `Instant::now()` around the call. An op is one `new_buffer` plus the later drop of its
 //! buffer; the report gives the median and p99 per op (and per half), the hit rate
 //! (allocations served without a new backend segment), and peak reserved against peak
-//! requested bytes, with the targets of the issue (median <= 1 us, hit rate >= 90%,
+//! requested bytes, with their targets (median <= 1 us, hit rate >= 90%,
 //! reserved <= 1.3x requested). The figures include the timer's own cost, reported
 //! beside them. On the simulator a miss is a host allocation filled with 0xA5, so its
 //! latencies are the simulator's, not a GPU's; its hit rate and memory figures are the

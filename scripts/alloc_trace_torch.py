@@ -15,7 +15,7 @@ peak reserved against peak requested bytes (`reserved_bytes.all.peak`,
         [--ours ours.json] [--markdown table.md] [--device cuda:0]
 
 With `--ours` (the JSON of `alloc_trace replay --json`), a markdown table puts cudabuf's
-and PyTorch's figures side by side with the targets of issue 13 (median <= 1 us, hit
+and PyTorch's figures side by side with their targets (median <= 1 us, hit
 rate >= 90%, peak reserved <= 1.3x peak requested); without PyTorch or a GPU it says why,
 shows cudabuf's column alone, and exits with status 2.
 """

@@ -27,7 +27,7 @@ device-to-device counting bytes read plus written):
 
 then reads cudabuf's figures (`--ours`, the JSON of `perf --json`; `--arrow`, the JSON of
 `arrow_throughput --json`), prints one table with ratios (ours / theirs, ours / the bound
-measured in the same run) and the targets of issues 5 and 13 met or missed, and writes
+measured in the same run) and the targets of docs/PERFORMANCE.md met or missed, and writes
 compare.json and compare.md (a Markdown table for docs/PERFORMANCE.md) into `--out`.
 `scripts/plot_perf.py` turns perf.json and compare.json into the curves.
 
@@ -502,8 +502,8 @@ def compare_peer(ours_doc: Optional[dict[str, Any]], results: Results, peer_size
 
 
 def compare_copies(ours: list[Figure], torch_rows: list[Figure], cupy_rows: list[Figure], sizes: list[int]) -> list[Row]:
-    """Copies at each size, with issue 5's targets (pinned, D2D) and issue 13's (pageable
-    D2H >= 0.8x pinned, or within 10% of the host's multi-threaded memcpy)."""
+    """Copies at each size, with their targets (pinned and D2D against PyTorch; pageable
+    >= 0.8x pinned, or within 10% of the host's multi-threaded memcpy)."""
     rows = []
     for op in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "d2d"):
         for size in sizes:
@@ -539,7 +539,7 @@ def compare_copies(ours: list[Figure], torch_rows: list[Figure], cupy_rows: list
 
 
 def compare_alloc(ours: list[Figure], torch_rows: list[Figure], cupy_rows: list[Figure]) -> list[Row]:
-    """Allocation round trips: cached against the pools (issue 5), uncached against
+    """Allocation round trips: cached against the pools, uncached against
     `cudaMalloc` + `cudaFree` in the same state (alone, beside a live allocation)."""
     rows = []
     for size in ALLOC_SIZES:
@@ -564,7 +564,7 @@ def compare_alloc(ours: list[Figure], torch_rows: list[Figure], cupy_rows: list[
 
 
 def compare_arrow(arrow_doc: Optional[dict[str, Any]]) -> list[Row]:
-    """Issue 13's Arrow targets, from `arrow_throughput --json`: each against its
+    """The Arrow targets, from `arrow_throughput --json`: each against its
     baseline measured in the same run."""
     if not arrow_doc:
         return []

@@ -2,7 +2,7 @@
 """Curves from cudabuf's benchmark JSON: PNG plots for docs/PERFORMANCE.md.
 
 Reads `perf --json` (cudabuf's figures; `--ours`) and, when given, `bench_compare.py`'s
-compare.json (PyTorch's and CuPy's figures from the same device call; `--peers`), and
+compare.json (PyTorch's and CuPy's figures from the same run; `--peers`), and
 writes three plots into `--out`:
 
 - `perf-<label>-bandwidth.png`: GB/s against size (4 KiB to 1 GiB) for H2D and D2H from

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The streams overlap patterns through PyTorch, next to cudabuf's `streams_overlap` bench.
 
-Run after `streams_overlap --json OURS` in the same device call (scripts/gpu-streams.sh
-run does both). Measures, with the bench's method (wall clock from issue to synchronize,
+Run after `streams_overlap --json OURS` in the same GPU run (`scripts/gpu` runs both).
+Measures, with the bench's method (wall clock from issue to synchronize,
 median over repetitions, GB/s with 1 GB = 1e9 bytes, pinned host tensors from
 `pin_memory=True`, `non_blocking=True` copies on `torch.cuda.Stream`s, which PyTorch
 creates non-blocking):

@@ -6,7 +6,7 @@
 //! with `buffer_from_data` (allocate + host-to-device, pageable and pinned) and
 //! `copy_to_host` (into a reused host buffer, and into a new `Vec`). Prints the median of N
 //! runs, GB/s (1 GB = 1e9 bytes) and the ratio to the matching baseline, with the targets
-//! of issue 13 (`serialize_record_batch` >= 0.9x `buffer_from_data` of pageable memory,
+//! of docs/PERFORMANCE.md (`serialize_record_batch` >= 0.9x `buffer_from_data` of pageable memory,
 //! `read_record_batch` + `to_host` >= 0.8x `copy_to_host` into existing memory); with
 //! `--json PATH` (or `ARROW_BENCH_JSON`) every figure as JSON too.
 //!

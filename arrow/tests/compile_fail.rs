@@ -1,5 +1,5 @@
 //! Misuse of the C Device Data Interface structs that must not compile without `unsafe`
-//! (issue 10, item 1: a field-by-field copy made two owners, a written `private_data` or
+//! (once possible in safe code: a field-by-field copy made two owners, a written `private_data` or
 //! `release` freed a bogus pointer), and the safe and documented `unsafe` uses that must
 //! compile and work.
 //!

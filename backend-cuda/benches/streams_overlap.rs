@@ -1,7 +1,7 @@
-//! Overlap on streams (issue 11), over the CUDA backend's trait (`RawContext`) directly:
+//! Overlap on streams, over the CUDA backend's trait (`RawContext`) directly:
 //! what two copy engines give when H2D and D2H run at once, and a chunked double-buffered
 //! upload. `harness = false`; the PyTorch side is `scripts/streams_overlap_torch.py`, run
-//! in the same device call by `scripts/gpu-streams.sh run`.
+//! in the same GPU run by the `streams` suite of `scripts/gpu` (docs/PERFORMANCE.md).
 //!
 //! ```text
 //! cargo bench -p cudabuf-cuda --bench streams_overlap -- --json out.json

@@ -2,7 +2,7 @@
 //!
 //! [`CudaBackend`] implements cudabuf's [`Platform`](cudabuf_core::backend::Platform),
 //! [`CudaDevice`] its [`Device`](cudabuf_core::backend::Device) and [`CudaDriverContext`]
-//! its [`Context`](cudabuf_core::backend::RawContext). Everything a user sees (bounds checks,
+//! its [`RawContext`](cudabuf_core::backend::RawContext). Everything a user sees (bounds checks,
 //! accounting, IPC handle format, readers and writers) lives in `cudabuf-core`; this crate
 //! only makes the raw driver calls. It uses cudarc's `sys` layer (the driver API as is)
 //! almost everywhere, and its safe layer only for interop ([`CudaBackend::to_cudarc`],
@@ -35,7 +35,7 @@
 //!   `CUDABUF_STAGING=0` (or [`CudaDriverContext::set_staging_config`]) turns it off;
 //!   [`StagingConfig`] has the other switches and the defaults, and the engine's design is
 //!   described in the module docs of `src/staging.rs`.
-//! - **Asynchronous copies** (`Context::copy_host_to_device_async`, used by the
+//! - **Asynchronous copies** (`RawContext::copy_host_to_device_async`, used by the
 //!   double-buffered `BufferWriter`) run on the legacy default stream and are tracked by
 //!   pooled events.
 //! - **Peer access** is enabled once per (destination context, source context) pair on

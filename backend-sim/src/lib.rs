@@ -24,8 +24,8 @@
 //! - **Capacity.** Live device allocations of a device may not exceed its capacity:
 //!   beyond it, [`Error::OutOfMemory`]. Pinned host memory does not count.
 //! - **Pinned memory** is real host memory whose device address reads and writes the same
-//!   bytes; [`Context::device_address`] maps host addresses inside it to device addresses
-//!   and refuses pageable host memory.
+//!   bytes; [`RawContext::device_address`] maps host addresses inside it to device
+//!   addresses and refuses pageable host memory.
 //! - **IPC as CUDA does it**: only `allocate`d memory can be exported (pinned memory and
 //!   IPC mappings are [`Error::Unsupported`]); opening a handle in the process that
 //!   exported it is `CUDA_ERROR_INVALID_CONTEXT`; opening one that is already mapped is
@@ -113,9 +113,9 @@
 //! allocated) is a write of that part by the stream, so the block's next owner races
 //! with it unless its work is ordered after the free (the same stream, or an event
 //! recorded after the free that is known complete or waited for). A stream-ordered
-//! allocation (`mark_alloc_on`: `Context::new_buffer_on`) is likewise a write of the
-//! block by its stream, so a use elsewhere must be ordered after it. Races are reported
-//! in the words of cudabuf's public API when the call came through it
+//! allocation (`mark_alloc_on`: `cudabuf_core::Context::new_buffer_on`) is likewise a
+//! write of the block by its stream, so a use elsewhere must be ordered after it. Races
+//! are reported in the words of cudabuf's public API when the call came through it
 //! (`cudabuf_core::backend::current_call`): the public method and where it was called,
 //! the stream and where it was made, the bytes of the user's buffer, and a fix. Modes
 //! ([`RaceMode`], from [`SimConfig::races`] or `CUDABUF_SIM_RACES`): `fail` (default: the
@@ -228,7 +228,7 @@
 //! [`Platform`]: cudabuf_core::backend::Platform
 //! [`Device`]: cudabuf_core::backend::Device
 //! [`RawContext`]: cudabuf_core::backend::RawContext
-//! [`Context::device_address`]: cudabuf_core::backend::RawContext::device_address
+//! [`RawContext::device_address`]: cudabuf_core::backend::RawContext::device_address
 //! [`Error::InvalidAddress`]: cudabuf_core::Error::InvalidAddress
 //! [`Error::OutOfMemory`]: cudabuf_core::Error::OutOfMemory
 //! [`Error::Unsupported`]: cudabuf_core::Error::Unsupported

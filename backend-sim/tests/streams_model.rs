@@ -1,5 +1,5 @@
 //! Property tests of the simulator's streams and race detector against an independent
-//! reference model (hostile review of issue 11).
+//! reference model (the hostile review of streams).
 //!
 //! The model knows CUDA's ordering rules and nothing of the simulator's vector clocks:
 //! every operation is a node of a graph, with an edge from each operation it is ordered

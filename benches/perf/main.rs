@@ -1,5 +1,5 @@
-//! cudabuf's benchmark binary (`harness = false`): every figure of issues 5 and 13 in one
-//! run, on the backend `CUDABUF_BACKEND` names (`sim`, the default, or `cuda`).
+//! cudabuf's benchmark binary (`harness = false`): every figure of docs/PERFORMANCE.md in
+//! one run, on the backend `CUDABUF_BACKEND` names (`sim`, the default, or `cuda`).
 //!
 //! ```text
 //! cargo bench --bench perf                                   # the simulator

@@ -73,7 +73,7 @@ macro_rules! cases {
 /// thread waiting for the driver's lock. The CUDA backend now synchronizes a thread's
 /// per-thread stream as the thread ends (`cudabuf-cuda`, `context/per_thread.rs`), and the
 /// two run beside the others again: 5 of 5 runs passed, where 4 of 4 had hung
-/// (docs/gpu-runs.md, 2026-12-03, night).
+/// (results/runs.md, 2026-12-03, night; docs/RELIABILITY.md, section 6).
 pub const ALONE: &[&str] = &[];
 
 /// Cases the harness always runs alone, for what they check: the state of the device's

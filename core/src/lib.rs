@@ -10,14 +10,19 @@
 //! - [`DeviceBuffer`]: device memory with checked, synchronous copies, zero-copy slices,
 //!   and export for IPC;
 //! - [`BufferReader`] / [`BufferWriter`]: `std::io` over device memory;
-//! - [`backend`]: the three traits a backend implements ([`backend::Platform`],
-//!   [`backend::Device`], [`backend::RawContext`]).
+//! - [`Stream`] and [`Event`]: CUDA's ordering of asynchronous work. A stream's
+//!   asynchronous copies take a pinned [`HostBuffer`] (or a [`HostRange`] of one) and give
+//!   it back from a [`Transfer`] once the copy is known complete;
+//! - [`backend`]: what a backend implements, and what core asks of it.
 //!
 //! # Rules
 //! - Every position, offset and size is checked; bad input is a typed [`Error`] (see
 //!   [`ErrorKind`]), never a panic, and changes nothing. Sizes and offsets are `usize`
 //!   (fixed pyarrow quirk: Arrow C++ takes `int64_t` and accepts negative values).
-//! - Copies are synchronous, like pyarrow's.
+//! - The copies of [`DeviceBuffer`] are synchronous, like pyarrow's: they run on the
+//!   context's legacy default stream and return when done. Asynchronous work goes on a
+//!   [`Stream`]: its copies return once issued, and safe code cannot touch the host memory
+//!   a copy uses until [`Transfer::wait`] (or the transfer's drop) has seen it complete.
 //! - Names follow pyarrow's (snake_case, same words); where cudabuf deliberately differs
 //!   from pyarrow, the item's documentation says so under "Fixed pyarrow quirk".
 //! - Memory is freed when the last buffer using it is dropped; `bytes_allocated` counts

@@ -1,5 +1,6 @@
-//! Misuse of the backend seams that must not compile without `unsafe` (issue 10, items 2
-//! and 3), and the safe and documented `unsafe` uses that must compile and work.
+//! Misuse of the backend seams that must not compile without `unsafe` (a mock that
+//! returns host pointers, an integer waited on as a copy ticket), and the safe and
+//! documented `unsafe` uses that must compile and work.
 //!
 //! Each case under `tests/compile_fail/` has the compiler's expected output beside it
 //! (`.stderr`); after a compiler upgrade changes the wording, regenerate them with

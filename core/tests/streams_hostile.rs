@@ -1,4 +1,4 @@
-//! Hostile tests of the streams API (issue 11) on the simulator: what a user who writes
+//! Hostile tests of the streams API on the simulator: what a user who writes
 //! only safe Rust can do to `Stream`, `Transfer`, `Event`, the staging pool and the
 //! in-flight tracking, and what must never follow from it (bytes changed under a copy
 //! in flight, memory freed or recycled before its copy completes, a race report on a

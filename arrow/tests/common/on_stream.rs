@@ -1,4 +1,4 @@
-//! Serialize, read and copy to the host on a given stream (issue 11): the same bytes as
+//! Serialize, read and copy to the host on a given stream: the same bytes as
 //! arrow-rs, round trips equal to the batch, the stream's ordering rules, and the racy
 //! read that skips the wait.
 

@@ -1,4 +1,4 @@
-//! The C Device Data Interface's `sync_event` (issue 11): export on the producer's stream,
+//! The C Device Data Interface's `sync_event`: export on the producer's stream,
 //! import waiting on the consumer's stream or on the host, the event owned by the array
 //! until its release, and the racy consumer that skips the wait.
 //!

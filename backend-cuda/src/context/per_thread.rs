@@ -6,7 +6,7 @@
 //! code), and every other thread of the process then waited for ever on the driver's lock:
 //! the conformance suite with its two per-thread and cross-thread stream cases beside the
 //! others hung in 4 runs of 4; with the ending thread synchronizing its per-thread stream
-//! first, 4 runs of 4 passed, and with this module 5 of 5 (docs/gpu-runs.md, 2026-12-03).
+//! first, 4 runs of 4 passed, and with this module 5 of 5 (results/runs.md, 2026-12-03).
 //! A thread that uploads on the per-thread stream and ends without waiting is ordinary
 //! code, so the backend does the waiting: the first time a thread puts work on a context's
 //! per-thread stream through this backend, a thread-local [`ExitSync`] remembers the

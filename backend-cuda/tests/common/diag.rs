@@ -24,7 +24,7 @@ use std::time::Duration;
 
 /// Set to `1`: a fatal signal prints the crashing thread's backtrace.
 pub(crate) const CRASH_TRACE_VAR: &str = "CUDABUF_CRASH_TRACE";
-/// The first name of [`CRASH_TRACE_VAR`], still honoured (docs/gpu-runs.md uses it).
+/// The first name of [`CRASH_TRACE_VAR`], still honoured (results/runs.md uses it).
 pub(crate) const CONFORMANCE_CRASH_TRACE_VAR: &str = "CUDABUF_CONFORMANCE_CRASH_TRACE";
 /// Set to a number of seconds: after that long, every thread's backtrace, then exit 124.
 pub(crate) const HANG_TRACE_VAR: &str = "CUDABUF_HANG_TRACE_SECS";

@@ -1,4 +1,4 @@
-//! No stream or event outlives its owner (hostile review of issue 11): whatever a user
+//! No stream or event outlives its owner (the hostile review of streams): whatever a user
 //! does with `cudabuf_core`'s streams, events and transfers (clones across threads,
 //! transfers outliving their stream, forgotten transfers taken back, errors), once
 //! everything is dropped the instance holds no created stream and no event.

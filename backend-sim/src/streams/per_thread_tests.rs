@@ -1,4 +1,4 @@
-//! Per-thread default streams of threads that are gone (hostile review of issue 11):
+//! Per-thread default streams of threads that are gone (the hostile review of streams):
 //! put away once settled, so that they cost nothing; continued, in order, when their
 //! thread issues again.
 

@@ -1,6 +1,6 @@
 //! The caching allocator, seen from the API on every backend (on CUDA it is on by default;
 //! on the simulator each case switches it on for its own fresh instance): freed memory is
-//! freed through every context over the device context (issue 10, item 7), a buffer's
+//! freed through every context over the device context, a buffer's
 //! memory is exactly its request although blocks share segments, an exported block of a
 //! shared segment opens at its offset in another process, and it is never handed to
 //! another owner while an importer reads it.
@@ -54,7 +54,7 @@ fn assert_freed(ctx: &Context, which: &str, address: u64, size: usize) {
 
 /// A block freed into the cache is `InvalidAddress` through every context over the same
 /// device context: the context that allocated it, a `shared_context` over its handle, and
-/// the primary context of a second `Backend` on the same platform (issue 10, item 7). For
+/// the primary context of a second `Backend` on the same platform. For
 /// a small, a mid-size and a large request, freed through each of the three.
 pub(crate) fn cached_block_is_invalid_address_through_every_context(f: &Fixture) -> CaseResult {
     let (backend, ctx) = context0(f);

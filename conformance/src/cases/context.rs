@@ -558,8 +558,7 @@ pub(crate) fn foreign_buffer_is_a_view(f: &Fixture) -> CaseResult {
 }
 
 /// `foreign_buffer` with the host address of pinned memory works as pyarrow's
-/// `ctx.foreign_buffer(hbuf.address, hbuf.size, hbuf)` does, on every backend (issue 10,
-/// item 9): the address goes through `get_device_address` first, so the buffer is at
+/// `ctx.foreign_buffer(hbuf.address, hbuf.size, hbuf)` does, on every backend: the address goes through `get_device_address` first, so the buffer is at
 /// the pinned memory's device address and sees its bytes.
 pub(crate) fn foreign_buffer_accepts_pinned_host_address(f: &Fixture) -> CaseResult {
     let (_b, ctx) = context0(f);

@@ -81,7 +81,7 @@ pub(crate) fn slice_parent_returns_the_parent(f: &Fixture) -> CaseResult {
 }
 
 /// A cursor-style loop of slices (`rest = rest.slice(1, rest.size() - 1)`) keeps one
-/// root per slice, never the chain of intermediate slices (issue 10, item 8): after
+/// root per slice, never the chain of intermediate slices: after
 /// 100,000 steps the slice's parent is still the whole buffer, and the bytes are right.
 pub(crate) fn slice_chain_holds_the_root_not_the_chain(f: &Fixture) -> CaseResult {
     let (_b, ctx) = context0(f);

@@ -1,4 +1,4 @@
-//! Stream-ordered allocation (issue 11, item 2): `Context::new_buffer_on` on the caching
+//! Stream-ordered allocation: `Context::new_buffer_on` on the caching
 //! allocator, which every case switches on for itself (on the simulator; on CUDA it is on).
 //!
 //! A block freed in stream order is reused at once by its own stream (whose later work is

@@ -1,4 +1,4 @@
-//! Streams, events and asynchronous copies (issue 11), and the racy programs a race
+//! Streams, events and asynchronous copies, and the racy programs a race
 //! detector must flag next to their correctly synchronized twins.
 //!
 //! The correct programs run on every backend. The racy ones run where the backend

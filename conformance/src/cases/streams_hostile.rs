@@ -1,4 +1,4 @@
-//! Streams under hostile use (the hostile review of issue 11): one `Stream` shared by
+//! Streams under hostile use (the hostile review of streams): one `Stream` shared by
 //! threads (the per-thread default stream, which is a different backend stream in each
 //! thread, and an ordinary stream synchronized by one thread while another issues),
 //! transfers that outlive or are forgotten by their stream, events across devices and
@@ -26,7 +26,7 @@ use crate::{CaseResult, Fixture, Skip};
 ///
 /// Thread A ends with its copy still pending on its per-thread stream, as user code may:
 /// on the H200 this hung the driver until the CUDA backend learned to wait for such a
-/// stream as the thread ends (docs/gpu-runs.md, 2026-12-03).
+/// stream as the thread ends (docs/RELIABILITY.md, section 6).
 pub(crate) fn per_thread_stream_shared_by_threads_keeps_each_threads_staging(
     f: &Fixture,
 ) -> CaseResult {

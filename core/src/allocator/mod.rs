@@ -60,7 +60,7 @@
 //! - **Freed is freed, everywhere.** A block in the cache is freed memory to the user:
 //!   `get_device_address`, `foreign_buffer` and `buffer_from_object` of raw memory refuse
 //!   an address inside it with `InvalidAddress`, through *every* `Context` (they consult
-//!   the allocators of the backend kind, not the wrapper's own state: issue 10, item 7).
+//!   the allocators of the backend kind, not the wrapper's own state).
 //!   The backend cannot tell: to it a cached block is part of a live segment.
 //! - **A buffer's memory is its request.** A live block is refused past the bytes its
 //!   buffer asked for (`foreign_buffer(address, size + 1)` is `InvalidAddress`, as it is

@@ -22,7 +22,7 @@
 //! [`Error::InvalidIpcHandle`], so every accepted handle reads back to the same bytes.
 
 //!
-//! # Rooms
+//! # Modules
 //! - [`handle`]: the handle and its wire format;
 //! - `serde`: the handle through serde (bytes, or a hex string);
 //! - `export`: export a buffer and open a handle (this process's exports);
