@@ -21,6 +21,12 @@ use crate::stream::Stream;
 /// All positions and sizes are checked; out-of-range arguments are an
 /// [`Error::OutOfRange`] or [`Error::SourceTooShort`] and change nothing.
 ///
+/// Argument order: every copy names the device buffer first and the host memory after
+/// it; here the device buffer is the receiver (`buf.copy_from_host(bytes, ..)`,
+/// `buf.copy_to_host_into(position, out, ..)`), on [`Stream`] the first argument.
+/// Between two device buffers the destination comes first, as in `cuMemcpy*`:
+/// `dst.copy_from_device(&src, ..)`, `stream.copy_device(&dst, &src)`.
+///
 /// ```
 /// # fn main() -> cudabuf_core::Result<()> {
 /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
@@ -73,22 +79,58 @@ impl DeviceBuffer {
     }
 
     /// The size in bytes.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(64)?;
+    /// assert_eq!(buf.size(), 64);
+    /// assert_eq!(buf.slice(16, 8)?.size(), 8);
+    /// # Ok(()) }
+    /// ```
     pub fn size(&self) -> usize {
         self.size
     }
 
     /// Whether the size is 0.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// assert!(ctx.new_buffer(0)?.is_empty());
+    /// assert!(!ctx.new_buffer(1)?.is_empty());
+    /// # Ok(()) }
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.size == 0
     }
 
     /// The device address of the first byte (0 for a zero-size allocation).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(64)?;
+    /// assert_eq!(buf.slice(16, 8)?.address(), buf.address() + 16);
+    /// assert_eq!(ctx.new_buffer(0)?.address(), 0);
+    /// # Ok(()) }
+    /// ```
     pub fn address(&self) -> DevicePtr {
         self.memory.address + self.offset as u64
     }
 
     /// The context this buffer belongs to (with the right `device_number`, unlike
     /// pyarrow's).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let ctx1 = backend.context(1)?;
+    /// let buf = ctx1.new_buffer(16)?;
+    /// assert!(buf.context().same_as(&ctx1));
+    /// assert_eq!(buf.context().device_number(), 1);
+    /// # Ok(()) }
+    /// ```
     pub fn context(&self) -> &Context {
         &self.memory.ctx
     }
@@ -118,6 +160,16 @@ impl DeviceBuffer {
     /// foreign memory or an IPC mapping). Slices of an owning buffer also report `true`, and
     /// so does a buffer opened from an IPC handle in the process that exported it (it
     /// shares the exporter's allocation, and its context is the exporter's).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(16)?;
+    /// assert!(buf.is_owning() && buf.slice(8, 8)?.is_owning());
+    /// let view = ctx.buffer_from_object(&buf)?; // a zero-copy view of the same memory
+    /// assert!(!view.is_owning());
+    /// # Ok(()) }
+    /// ```
     pub fn is_owning(&self) -> bool {
         self.memory.is_owned()
     }
@@ -198,6 +250,17 @@ impl DeviceBuffer {
     /// Fixed pyarrow quirk: pyarrow clamps an over-long `length`; cudabuf refuses it, like
     /// Rust's own slicing.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.buffer_from_data(b"hello world")?;
+    /// let word = buf.slice(6, 5)?;
+    /// assert_eq!(word.to_vec()?, b"world");
+    /// let err = buf.slice(6, 6).unwrap_err(); // one byte past the end
+    /// assert_eq!(err.kind(), cudabuf_core::ErrorKind::OutOfRange);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::OutOfRange`] if `offset + length > size`.
     pub fn slice(&self, offset: usize, length: usize) -> Result<DeviceBuffer> {
@@ -215,6 +278,16 @@ impl DeviceBuffer {
     }
 
     /// `self.slice(offset, self.size() - offset)`: from `offset` to the end.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.buffer_from_data(b"hello world")?;
+    /// assert_eq!(buf.slice_from(6)?.to_vec()?, b"world");
+    /// assert!(buf.slice_from(11)?.is_empty());
+    /// assert!(buf.slice_from(12).is_err());
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if `offset > size`.
@@ -241,6 +314,17 @@ impl DeviceBuffer {
     ///
     /// `position == size` is allowed and copies nothing.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.buffer_from_data(b"hello world")?;
+    /// assert_eq!(buf.copy_to_host(0, None)?, b"hello world");
+    /// assert_eq!(buf.copy_to_host(6, Some(3))?, b"wor");
+    /// assert_eq!(buf.copy_to_host(11, None)?, b"");
+    /// assert!(buf.copy_to_host(6, Some(6)).is_err());
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::OutOfRange`] if `position > size` or `position + nbytes > size`.
     #[track_caller]
@@ -262,6 +346,18 @@ impl DeviceBuffer {
     ///
     /// Fixed pyarrow quirk: pyarrow (and Arrow C++) do not check that `position + nbytes`
     /// stays inside the device buffer when the caller gives the destination; cudabuf does.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.buffer_from_data(b"hello world")?;
+    /// let mut out = [0u8; 8];
+    /// assert_eq!(buf.copy_to_host_into(6, &mut out, None)?, 5); // as much as fits
+    /// assert_eq!(&out[..5], b"world");
+    /// assert_eq!(buf.copy_to_host_into(0, &mut out, Some(2))?, 2);
+    /// assert_eq!(&out[..5], b"herld");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if `position > size`, if `position + nbytes > size`
@@ -298,6 +394,20 @@ impl DeviceBuffer {
     }
 
     /// The whole buffer as a host vector.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.buffer_from_data(&[1u8, 2, 3])?;
+    /// assert_eq!(buf.to_vec()?, [1, 2, 3]);
+    /// assert_eq!(buf.slice(1, 2)?.to_vec()?, [2, 3]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The backend's failure of the copy ([`Error::Driver`] on CUDA); on the simulator also
+    /// [`Error::DataRace`] if work on a stream that writes the buffer is not ordered before
+    /// the read (see [`Stream`]'s ordering rules).
     #[track_caller]
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         let _call = enter_call(
@@ -323,6 +433,18 @@ impl DeviceBuffer {
     ///
     /// Deviation from pyarrow: with `nbytes` left out pyarrow silently copies only what
     /// fits; cudabuf copies all of `data` or, if it does not fit, nothing and errors.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(8)?;
+    /// assert_eq!(buf.copy_from_host(b"abcd", 0, None)?, 4);
+    /// assert_eq!(buf.copy_from_host(b"wxyz", 4, Some(2))?, 2);
+    /// assert_eq!(buf.copy_to_host(0, Some(6))?, b"abcdwx");
+    /// assert!(buf.copy_from_host(b"too long", 4, None).is_err()); // nothing copied
+    /// assert_eq!(buf.copy_to_host(0, Some(6))?, b"abcdwx");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::SourceTooShort`] if `nbytes > data.len()` ("available from host buffer");
@@ -368,6 +490,17 @@ impl DeviceBuffer {
     /// Deviation from pyarrow: with `nbytes` left out pyarrow copies
     /// `min(size - position, src.size)`; cudabuf copies all of `src` or, if it does not
     /// fit, nothing and errors (as [`copy_from_host`](Self::copy_from_host)).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let (ctx0, ctx1) = (backend.context(0)?, backend.context(1)?);
+    /// let src = ctx1.buffer_from_data(b"peer")?;
+    /// let dst = ctx0.buffer_from_data(b"from....")?;
+    /// assert_eq!(dst.copy_from_device(&src, 4, None)?, 4); // a peer copy: device 1 to 0
+    /// assert_eq!(dst.to_vec()?, b"frompeer");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::SourceTooShort`] if `nbytes > src.size()` ("available from device buffer");
@@ -442,6 +575,19 @@ impl DeviceBuffer {
     ///   slice.
     ///
     /// A zero-size buffer exports the 8-byte handle of pyarrow's format.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.buffer_from_data(b"for another process")?;
+    /// let handle = buf.slice(12, 7)?.export_for_ipc()?;
+    /// assert_eq!((handle.offset(), handle.size()), (12, 7));
+    /// let bytes = handle.to_bytes(); // sent to the other process, which opens them:
+    /// let handle = cudabuf_core::IpcMemHandle::from_bytes(&bytes)?;
+    /// let opened = ctx.open_ipc_buffer(&handle)?; // (here the same process: a view)
+    /// assert_eq!(opened.to_vec()?, b"process");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Security: the handle grants the whole allocation
     /// The handle names the backend allocation this buffer lies in (as a

@@ -34,11 +34,31 @@ struct BackendInner {
 
 impl Backend {
     /// Wrap a backend implementation.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// assert_eq!(backend.kind(), cudabuf_core::BackendKind::Sim);
+    /// assert_eq!(backend.num_devices()?, 2);
+    /// # Ok(()) }
+    /// ```
     pub fn new(platform: impl Platform + 'static) -> Self {
         Self::from_platform(Arc::new(platform))
     }
 
     /// Wrap a shared backend implementation.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// use std::sync::Arc;
+    /// use cudabuf_core::{backend::Platform, Backend};
+    /// let platform: Arc<dyn Platform> = Arc::new(cudabuf_sim::SimBackend::new());
+    /// let (a, b) = (Backend::from_platform(platform.clone()), Backend::from_platform(platform));
+    /// assert!(Arc::ptr_eq(a.platform(), b.platform()));
+    /// assert_eq!(a.context(0)?.handle(), b.context(0)?.handle()); // one device context
+    /// assert!(!a.context(0)?.same_as(&b.context(0)?)); // two `Context`s over it
+    /// # Ok(()) }
+    /// ```
     pub fn from_platform(platform: Arc<dyn Platform>) -> Self {
         Backend {
             inner: Arc::new(BackendInner {
@@ -49,26 +69,79 @@ impl Backend {
     }
 
     /// The backend implementation.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let platform = backend.platform(); // the backend's own interface
+    /// assert_eq!(platform.kind(), backend.kind());
+    /// let device = platform.device(1)?;
+    /// assert_eq!(device.ordinal(), 1);
+    /// # Ok(()) }
+    /// ```
     pub fn platform(&self) -> &Arc<dyn Platform> {
         &self.inner.platform
     }
 
     /// Which backend this is.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// assert_eq!(backend.kind(), cudabuf_core::BackendKind::Sim);
+    /// assert_eq!(backend.kind().to_string(), "sim");
+    /// assert_eq!(backend.context(0)?.backend_kind(), backend.kind());
+    /// # Ok(()) }
+    /// ```
     pub fn kind(&self) -> BackendKind {
         self.inner.platform.kind()
     }
 
     /// What the backend can do.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let caps = backend.capabilities();
+    /// assert!(caps.streams && caps.peer_copy && caps.mapped_host_memory);
+    /// assert!(caps.fault_injection); // the simulator's
+    /// # Ok(()) }
+    /// ```
     pub fn capabilities(&self) -> Capabilities {
         self.inner.platform.capabilities()
     }
 
     /// The number of devices (pyarrow's `Context.get_num_devices()`).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let n = backend.num_devices()?;
+    /// assert_eq!(n, 2); // the simulator's default
+    /// let contexts: Vec<_> = (0..n).map(|i| backend.context(i)).collect::<Result<_, _>>()?;
+    /// assert_eq!(contexts[1].device_number(), 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`](crate::Error::NoDriver) on CUDA without a usable driver; the driver's
+    /// failure.
     pub fn num_devices(&self) -> Result<usize> {
         self.inner.platform.num_devices()
     }
 
     /// Device number `device_number`, for its properties.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// use cudabuf_core::ErrorKind;
+    /// let device = backend.device(1)?;
+    /// assert_eq!(device.ordinal(), 1);
+    /// assert_eq!(device.total_memory()?, 1 << 30); // the simulator's default
+    /// assert_eq!(backend.device(2).err().map(|e| e.kind()), Some(ErrorKind::InvalidDevice));
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidDevice`](crate::Error::InvalidDevice) for a number out of range.
@@ -78,6 +151,17 @@ impl Backend {
 
     /// The primary context of device `device_number` (pyarrow's `Context(device_number)`),
     /// the same one every call, and the one cudarc, PyTorch and CuPy use.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let ctx = backend.context(0)?;
+    /// assert!(backend.context(0)?.same_as(&ctx)); // the same context every call
+    /// assert_eq!(backend.context(1)?.device_number(), 1);
+    /// let err = backend.context(2).unwrap_err();
+    /// assert_eq!(err.kind(), cudabuf_core::ErrorKind::InvalidDevice);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidDevice`](crate::Error::InvalidDevice) for a number out of range;
@@ -103,6 +187,18 @@ impl Backend {
     /// (pyarrow's `Context(device_number, handle)`); it does not own the handle. It has its
     /// own `bytes_allocated` counter.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let primary = backend.context(0)?;
+    /// // SAFETY: `primary` keeps the context behind its handle alive, and outlives `shared`.
+    /// let shared = unsafe { backend.shared_context(0, primary.handle())? };
+    /// assert_eq!(shared.handle(), primary.handle());
+    /// let buf = shared.new_buffer(10)?;
+    /// assert_eq!((shared.bytes_allocated(), primary.bytes_allocated()), (10, 0)); // own counter
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if the backend can tell
     /// that `handle` is not a context of that device.
@@ -127,6 +223,20 @@ impl Backend {
 
     /// A pinned host buffer of `size` bytes, allocated through device `device_number`'s
     /// primary context (pyarrow's `new_host_buffer(size, device)`).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let mut host = backend.new_host_buffer(4, 1)?;
+    /// assert_eq!((host.size(), host.device_number()), (4, 1));
+    /// host.copy_from_slice(b"pins");
+    /// assert_eq!(backend.context(0)?.buffer_from_data(&host)?.to_vec()?, b"pins");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`context`](Self::context) (an [`Error::InvalidDevice`](crate::Error::InvalidDevice)
+    /// for a number out of range) and [`Context::new_host_buffer`].
     pub fn new_host_buffer(&self, size: usize, device_number: usize) -> Result<HostBuffer> {
         self.context(device_number)?.new_host_buffer(size)
     }

@@ -48,6 +48,17 @@ pub struct Event {
 impl Context {
     /// A new event without timing (`CU_EVENT_DISABLE_TIMING`, the cheaper kind).
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let event = ctx.new_event()?;
+    /// event.record(&stream)?;
+    /// event.synchronize()?;
+    /// assert!(event.query()? && !event.has_timing());
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::Unsupported`] on a backend without streams; the driver's failure.
     pub fn new_event(&self) -> Result<Event> {
@@ -55,6 +66,19 @@ impl Context {
     }
 
     /// A new event that can measure time ([`Event::elapsed`]).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let (start, end) = (ctx.new_timing_event()?, ctx.new_timing_event()?);
+    /// start.record(&stream)?;
+    /// stream.copy_from_slice(&ctx.new_buffer(1 << 20)?, &vec![0; 1 << 20])?;
+    /// end.record(&stream)?;
+    /// end.synchronize()?;
+    /// assert!(start.elapsed(&end)? > std::time::Duration::ZERO); // simulated time here
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// As [`new_event`](Self::new_event).
@@ -79,6 +103,19 @@ impl Context {
     /// Interface producer on CUDA. cudabuf never destroys it. `timing` says whether it
     /// was made with timing (it is only used to refuse [`Event::elapsed`] early).
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let theirs = ctx.new_event()?; // stands for a CUevent from cudarc or PyTorch
+    /// // SAFETY: `theirs` is a live event of this context, and outlives `wrapped`.
+    /// let wrapped = unsafe { ctx.wrap_event(theirs.as_raw(), false) };
+    /// let stream = ctx.new_stream()?;
+    /// wrapped.record(&stream)?;
+    /// stream.synchronize()?;
+    /// assert!(theirs.query()?); // the same event
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Safety
     /// `raw` is a live event usable with this context, and stays live while the returned
     /// event (any clone) exists.
@@ -102,16 +139,49 @@ impl Event {
 
     /// The backend's handle (a `CUevent` as an integer on CUDA), for handing the event
     /// to another library.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let event = ctx.new_event()?;
+    /// let raw = event.as_raw(); // a `CUevent` on CUDA, for another library
+    /// assert_eq!(event.clone().as_raw(), raw);
+    /// assert_ne!(ctx.new_event()?.as_raw(), raw);
+    /// # Ok(()) }
+    /// ```
     pub fn as_raw(&self) -> u64 {
         self.inner.raw.as_raw()
     }
 
     /// The context the event belongs to.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let ctx1 = backend.context(1)?;
+    /// let event = ctx1.new_event()?;
+    /// assert!(event.context().same_as(&ctx1));
+    /// assert_eq!(event.context().device_number(), 1);
+    /// # Ok(()) }
+    /// ```
     pub fn context(&self) -> &Context {
         &self.inner.ctx
     }
 
     /// Whether the event can measure time.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let (plain, timed) = (ctx.new_event()?, ctx.new_timing_event()?);
+    /// assert!(timed.has_timing() && !plain.has_timing());
+    /// let stream = ctx.new_stream()?;
+    /// plain.record(&stream)?;
+    /// timed.record(&stream)?;
+    /// stream.synchronize()?;
+    /// assert!(plain.elapsed(&timed).is_err()); // timing needs both
+    /// # Ok(()) }
+    /// ```
     pub fn has_timing(&self) -> bool {
         self.inner.timing
     }
@@ -156,6 +226,19 @@ impl Event {
     /// Capture the work issued to `stream` so far (`cuEventRecord`); recording again
     /// moves the event to the new point.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let buf = ctx.new_buffer(4)?;
+    /// let event = ctx.new_event()?;
+    /// stream.copy_from_slice(&buf, b"step")?;
+    /// event.record(&stream)?; // captures the copy
+    /// event.synchronize()?;
+    /// assert_eq!(buf.to_vec()?, b"step");
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a stream of another backend or another context
     /// (record an event made by the stream's own context); the driver's failure.
@@ -177,6 +260,21 @@ impl Event {
     /// Whether the work the event captured is done (`cuEventQuery`); `true` for an event
     /// never recorded.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let event = ctx.new_event()?;
+    /// assert!(event.query()?); // never recorded: nothing to wait for
+    /// let stream = ctx.new_stream()?;
+    /// stream.copy_from_slice(&ctx.new_buffer(4)?, b"busy")?;
+    /// event.record(&stream)?;
+    /// while !event.query()? {
+    ///     std::thread::yield_now(); // other work meanwhile
+    /// }
+    /// assert!(stream.query()?); // nothing after the event
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// The driver's failure.
     #[track_caller]
@@ -188,6 +286,19 @@ impl Event {
 
     /// Block the calling thread until the work the event captured is done
     /// (`cuEventSynchronize`).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let src = ctx.buffer_from_data(b"ready")?;
+    /// let transfer = stream.copy_to_host(&src, ctx.new_host_buffer(5)?)?;
+    /// let done = stream.record_event()?;
+    /// done.synchronize()?; // blocks until the copy is done
+    /// assert!(transfer.is_complete()?);
+    /// assert_eq!(&transfer.wait()?[..], b"ready");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// The driver's failure (an asynchronous copy's error shows here).
@@ -201,6 +312,20 @@ impl Event {
     /// The time from this event to `end`, both recorded and completed, both made with
     /// timing (`cuEventElapsedTime`; about 0.5 us resolution on CUDA, simulated time on
     /// the simulator).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let (start, end) = (ctx.new_timing_event()?, ctx.new_timing_event()?);
+    /// start.record(&stream)?;
+    /// stream.copy_from_slice(&ctx.new_buffer(1 << 20)?, &vec![1; 1 << 20])?;
+    /// end.record(&stream)?;
+    /// end.synchronize()?;
+    /// assert!(start.elapsed(&end)? > std::time::Duration::ZERO); // simulated time here
+    /// assert_eq!(end.elapsed(&start)?, std::time::Duration::ZERO); // clamped at 0
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::NotReady`] if either has not completed; [`Error::InvalidArgument`] if

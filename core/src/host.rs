@@ -108,12 +108,31 @@ impl HostBuffer {
     }
 
     /// The size in bytes.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let host = ctx.new_host_buffer(100)?;
+    /// assert_eq!(host.size(), 100);
+    /// assert_eq!(host.len(), 100); // it derefs to `[u8]`
+    /// # Ok(()) }
+    /// ```
     pub fn size(&self) -> usize {
         self.memory.len()
     }
 
     /// The number of the device whose context allocated it (pinned memory is portable:
     /// every context can use it).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let host = backend.new_host_buffer(64, 1)?;
+    /// assert_eq!(host.device_number(), 1);
+    /// let dev = backend.context(0)?.buffer_from_data(&host)?; // any context can use it
+    /// assert_eq!(dev.size(), 64);
+    /// # Ok(()) }
+    /// ```
     pub fn device_number(&self) -> usize {
         self.memory.device_number
     }
@@ -121,6 +140,16 @@ impl HostBuffer {
     /// The device address of the first byte as the allocating context sees it (`None` for a
     /// zero-size buffer). For another context use
     /// [`Context::get_device_address`](crate::Context::get_device_address).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let host = ctx.new_host_buffer(64)?;
+    /// let address = host.device_address().expect("a non-empty buffer");
+    /// assert_eq!(ctx.get_device_address(host.as_ptr() as u64)?, address);
+    /// assert_eq!(ctx.new_host_buffer(0)?.device_address(), None);
+    /// # Ok(()) }
+    /// ```
     pub fn device_address(&self) -> Option<DevicePtr> {
         self.memory.alloc.map(|a| a.device_ptr())
     }

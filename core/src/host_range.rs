@@ -39,21 +39,60 @@ pub struct HostRange {
 
 impl HostRange {
     /// The offset of the range in its buffer.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let range = ctx.new_host_buffer(16)?.into_range(4..)?;
+    /// assert_eq!((range.offset(), range.len()), (4, 12));
+    /// let (_, tail) = range.split_at(8)?;
+    /// assert_eq!(tail.offset(), 12); // in the buffer, not in the range split
+    /// # Ok(()) }
+    /// ```
     pub fn offset(&self) -> usize {
         self.offset
     }
 
     /// The length of the range.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let chunks = ctx.new_host_buffer(10)?.split(4)?;
+    /// let lens: Vec<usize> = chunks.iter().map(|c| c.len()).collect();
+    /// assert_eq!(lens, [4, 4, 2]);
+    /// # Ok(()) }
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the range is empty.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let (head, tail) = ctx.new_host_buffer(8)?.into_range(..)?.split_at(8)?;
+    /// assert!(!head.is_empty() && tail.is_empty());
+    /// let ranges = ctx.new_host_buffer(0)?.split(4)?;
+    /// assert!(ranges.len() == 1 && ranges[0].is_empty()); // an empty buffer: one empty range
+    /// # Ok(()) }
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Whether `self` and `other` are ranges of one buffer.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let (a, b) = ctx.new_host_buffer(8)?.into_range(..)?.split_at(4)?;
+    /// assert!(a.same_buffer(&b));
+    /// let other = ctx.new_host_buffer(8)?.into_range(..)?;
+    /// assert!(!a.same_buffer(&other));
+    /// # Ok(()) }
+    /// ```
     pub fn same_buffer(&self, other: &HostRange) -> bool {
         self.buffer.same_memory(&other.buffer)
     }
@@ -89,6 +128,19 @@ impl HostRange {
 
     /// Split into `[0, mid)` and `[mid, len)` of this range: two owners, each usable by a
     /// copy of its own.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let src = ctx.buffer_from_data(b"abcdef")?;
+    /// let (head, tail) = ctx.new_host_buffer(6)?.into_range(..)?.split_at(2)?;
+    /// let first = stream.copy_to_host(&src.slice(0, 2)?, head)?;
+    /// let second = stream.copy_to_host(&src.slice(2, 4)?, tail)?; // both in flight
+    /// let (head, tail) = (first.wait()?, second.wait()?);
+    /// assert_eq!((&head[..], &tail[..]), (&b"ab"[..], &b"cdef"[..]));
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if `mid > len` (the range is dropped: check
@@ -180,6 +232,18 @@ impl HostBuffer {
     /// This buffer, owned, with a range of it chosen for an asynchronous copy
     /// ([`Stream::copy_from_host`](crate::Stream::copy_from_host),
     /// [`Stream::copy_to_host`](crate::Stream::copy_to_host)).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let mut host = ctx.new_host_buffer(8)?;
+    /// host.copy_from_slice(b"01234567");
+    /// let range = host.into_range(2..6)?;
+    /// assert_eq!((range.offset(), &range[..]), (2, &b"2345"[..]));
+    /// let host = range.into_buffer().expect("the only range"); // the whole buffer back
+    /// assert!(host.into_range(4..9).is_err()); // past the end
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if the range does not lie in the buffer (the buffer is

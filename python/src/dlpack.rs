@@ -1,6 +1,7 @@
-//! The DLPack C structs (`dlpack.h`, versions 0.8 and 1.x), field for field.
+//! The DLPack C structs (`dlpack.h`, versions 0.8 and 1.x), field for field, and the
+//! capsule names of the Python protocol.
 
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
 
 /// `kDLCUDA`: CUDA device memory.
 pub(crate) const DL_CUDA: i32 = 2;
@@ -71,3 +72,12 @@ pub(crate) struct DlManagedTensorVersioned {
 const _: () = assert!(std::mem::size_of::<DlTensor>() == 48);
 const _: () = assert!(std::mem::size_of::<DlManagedTensor>() == 64);
 const _: () = assert!(std::mem::size_of::<DlManagedTensorVersioned>() == 80);
+
+/// Capsule name of an unconsumed legacy tensor (`DLManagedTensor`).
+pub(crate) const LEGACY_NAME: &CStr = c"dltensor";
+/// Capsule name of an unconsumed versioned tensor (`DLManagedTensorVersioned`).
+pub(crate) const VERSIONED_NAME: &CStr = c"dltensor_versioned";
+/// What a consumer renames a legacy capsule to when it takes the tensor over.
+pub(crate) const USED_LEGACY_NAME: &CStr = c"used_dltensor";
+/// What a consumer renames a versioned capsule to when it takes the tensor over.
+pub(crate) const USED_VERSIONED_NAME: &CStr = c"used_dltensor_versioned";

@@ -26,6 +26,16 @@ impl Context {
     /// contents of a new buffer are unspecified, as with `cuMemAlloc` (the simulator
     /// fills them with `0xA5`, so that code relying on zeros fails there too).
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(1024)?;
+    /// assert_eq!((buf.size(), ctx.bytes_allocated()), (1024, 1024));
+    /// buf.copy_from_host(&[1; 1024], 0, None)?;
+    /// assert_eq!(buf.copy_to_host(1000, None)?, [1; 24]);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::OutOfMemory`] when the device cannot hold it.
     pub fn new_buffer(&self, nbytes: usize) -> Result<DeviceBuffer> {
@@ -369,6 +379,23 @@ impl Context {
     /// that the simulator's race detector catches exactly that bug (the reuse races with
     /// the free); never switch it on otherwise.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_allocator_cache_limit(64 << 20);
+    /// let (a, b) = (ctx.new_stream()?, ctx.new_stream()?);
+    /// let x = ctx.new_buffer_on(&a, 12 << 20)?; // a segment of its own
+    /// a.copy_from_slice(&x, &vec![7; 12 << 20])?;
+    /// drop(x); // its block is freed on `a`, after the copy
+    /// // SAFETY: a simulator context, in an example that expects the race; off again below.
+    /// unsafe { ctx.set_unordered_stream_reuse_for_tests(true) };
+    /// let reuse = ctx.new_buffer_on(&b, 12 << 20).and_then(|y| b.copy_from_slice(&y, b"!"));
+    /// // SAFETY: switching the rule back on breaks nothing.
+    /// unsafe { ctx.set_unordered_stream_reuse_for_tests(false) };
+    /// assert_eq!(reuse.unwrap_err().kind(), cudabuf_core::ErrorKind::DataRace);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Safety
     /// While it is on, a new buffer may be memory that work still queued on another stream
     /// reads or writes: its bytes change under the new owner, and a device copy into it
@@ -393,6 +420,17 @@ impl Context {
     /// ([`new_buffer_on`](Self::new_buffer_on)) whose free has not completed are waited
     /// for first (as `torch.cuda.empty_cache` synchronizes), so that their segments can go
     /// too.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_allocator_cache_limit(64 << 20);
+    /// drop(ctx.new_buffer(1000)?); // its 2 MiB segment stays cached
+    /// assert_eq!(ctx.bytes_cached(), 2 << 20);
+    /// assert_eq!(ctx.trim_cache(), 2 << 20); // given back to the backend
+    /// assert_eq!(ctx.bytes_cached(), 0);
+    /// # Ok(()) }
+    /// ```
     pub fn trim_cache(&self) -> usize {
         drop(self.inner.host_pool.drain());
         self.existing_allocator().map_or(0, |a| a.trim())
@@ -400,6 +438,16 @@ impl Context {
 
     /// The limit of free device bytes the caching allocator of this context's device
     /// context keeps for reuse (0: off).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_allocator_cache_limit(64 << 20);
+    /// assert_eq!(ctx.allocator_cache_limit(), 64 << 20);
+    /// ctx.set_allocator_cache_limit(0); // off: every buffer its own allocation
+    /// assert_eq!(ctx.allocator_cache_limit(), 0);
+    /// # Ok(()) }
+    /// ```
     pub fn allocator_cache_limit(&self) -> usize {
         self.existing_allocator()
             .map_or_else(|| allocator::default_limit(self.inner.kind), |a| a.limit())
@@ -411,18 +459,50 @@ impl Context {
     /// backend now (the least recently emptied first), except those holding blocks freed
     /// in stream order whose free has not completed, which go later; with 0, those frees
     /// are waited for and every idle segment goes now.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_allocator_cache_limit(64 << 20);
+    /// drop(ctx.new_buffer(1000)?);
+    /// assert_eq!(ctx.bytes_cached(), 2 << 20); // the idle segment, kept for reuse
+    /// ctx.set_allocator_cache_limit(0); // off: it goes back to the backend now
+    /// assert_eq!(ctx.bytes_cached(), 0);
+    /// # Ok(()) }
+    /// ```
     pub fn set_allocator_cache_limit(&self, max_cached_bytes: usize) {
         self.joined_allocator().set_limit(max_cached_bytes);
     }
 
     /// Free device bytes held by the caching allocator for reuse (not counted in
     /// [`bytes_allocated`](Self::bytes_allocated)).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_allocator_cache_limit(64 << 20);
+    /// drop(ctx.new_buffer(1000)?);
+    /// assert_eq!(ctx.bytes_cached(), 2 << 20); // its segment, free for the next buffer
+    /// assert_eq!(ctx.bytes_allocated(), 0); // and not counted here
+    /// # Ok(()) }
+    /// ```
     pub fn bytes_cached(&self) -> usize {
         self.allocator_stats().bytes_cached
     }
 
     /// The counters of the caching allocator of this context's device context (hits,
     /// misses, requested, reserved and cached bytes, peaks, segments).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_allocator_cache_limit(64 << 20);
+    /// let _buf = ctx.new_buffer(1000)?;
+    /// let stats = ctx.allocator_stats();
+    /// assert_eq!((stats.misses, stats.segments), (1, 1));
+    /// assert_eq!((stats.bytes_requested, stats.bytes_reserved), (1000, 2 << 20));
+    /// # Ok(()) }
+    /// ```
     pub fn allocator_stats(&self) -> AllocatorStats {
         match self.existing_allocator() {
             Some(allocator) => allocator.stats(),
@@ -436,6 +516,18 @@ impl Context {
     /// Restart the allocator's peak figures
     /// ([`AllocatorStats::peak_bytes_reserved`], [`AllocatorStats::peak_bytes_requested`])
     /// from the current ones.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_allocator_cache_limit(64 << 20);
+    /// drop(ctx.new_buffer(3000)?);
+    /// let _small = ctx.new_buffer(1000)?;
+    /// assert_eq!(ctx.allocator_stats().peak_bytes_requested, 3000);
+    /// ctx.reset_allocator_peaks();
+    /// assert_eq!(ctx.allocator_stats().peak_bytes_requested, 1000);
+    /// # Ok(()) }
+    /// ```
     pub fn reset_allocator_peaks(&self) {
         if let Some(allocator) = self.existing_allocator() {
             allocator.reset_peaks();

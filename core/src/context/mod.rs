@@ -97,6 +97,18 @@ impl Context {
     /// Wrap a backend context. Backends and tests with mocks use this; applications get
     /// contexts from a [`Backend`](crate::Backend).
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// use cudabuf_core::backend::{Device, Platform};
+    /// use cudabuf_core::{BackendKind, Context};
+    /// let sim = cudabuf_sim::SimBackend::new();
+    /// let raw = sim.device(1)?.primary_context()?;
+    /// // SAFETY: `raw` was made by the simulator, and `Sim` names that backend.
+    /// let ctx = unsafe { Context::from_raw(raw, BackendKind::Sim) };
+    /// assert_eq!((ctx.backend_kind(), ctx.device_number()), (BackendKind::Sim, 1));
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Safety
     /// `kind` must name the backend that made `raw`: [`BackendKind::SIM`] for a simulator
     /// context (and for test doubles such as `MockRawContext`), [`BackendKind::CUDA`] only
@@ -134,11 +146,30 @@ impl Context {
     /// whole segment without telling the allocator, which then keeps carving new buffers
     /// from that segment, visible to the importer: export with
     /// [`DeviceBuffer::export_for_ipc`](crate::DeviceBuffer::export_for_ipc) instead.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(100)?;
+    /// let raw = ctx.raw(); // the backend's own calls, e.g. `cuMemGetAddressRange`:
+    /// assert_eq!(raw.address_range(buf.address())?, (buf.address(), 100));
+    /// assert_eq!(raw.device_ordinal(), ctx.device_number());
+    /// # Ok(()) }
+    /// ```
     pub fn raw(&self) -> &Arc<dyn backend::RawContext> {
         &self.inner.raw
     }
 
     /// Which backend this context belongs to.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// use cudabuf_core::BackendKind;
+    /// assert_eq!(ctx.backend_kind(), BackendKind::Sim);
+    /// assert_eq!(ctx.new_buffer(8)?.context().backend_kind().name(), "sim");
+    /// # Ok(()) }
+    /// ```
     pub fn backend_kind(&self) -> BackendKind {
         self.inner.kind
     }
@@ -147,11 +178,33 @@ impl Context {
     ///
     /// Unlike pyarrow (whose `buffer.context.device_number` is always 0), this is right on
     /// every context, also one reached through [`DeviceBuffer::context`].
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let ctx1 = backend.context(1)?;
+    /// assert_eq!(ctx1.device_number(), 1);
+    /// let buf = ctx1.new_buffer(8)?;
+    /// assert_eq!(buf.context().device_number(), 1); // pyarrow says 0 here
+    /// # Ok(()) }
+    /// ```
     pub fn device_number(&self) -> usize {
         self.inner.device_number
     }
 
     /// The raw context handle (`CUcontext` as an integer on CUDA).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let ctx = backend.context(0)?;
+    /// assert_eq!(ctx.clone().handle(), ctx.handle());
+    /// // SAFETY: `ctx` keeps the context behind the handle alive while `shared` lives.
+    /// let shared = unsafe { backend.shared_context(0, ctx.handle())? };
+    /// assert_eq!(shared.handle(), ctx.handle()); // another Context over the same one
+    /// assert_ne!(backend.context(1)?.handle(), ctx.handle());
+    /// # Ok(()) }
+    /// ```
     pub fn handle(&self) -> u64 {
         self.inner.raw.handle()
     }
@@ -159,16 +212,53 @@ impl Context {
     /// Bytes currently allocated through this context by [`new_buffer`](Self::new_buffer)
     /// and the copying constructors, over all clones of it. Views, slices, foreign
     /// buffers, IPC mappings and pinned host buffers are not counted.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(1000)?;
+    /// let slice = buf.slice(0, 10)?; // views and slices are not counted
+    /// assert_eq!(ctx.bytes_allocated(), 1000);
+    /// assert_eq!(ctx.clone().bytes_allocated(), 1000); // one counter for all clones
+    /// drop((buf, slice));
+    /// assert_eq!(ctx.bytes_allocated(), 0);
+    /// # Ok(()) }
+    /// ```
     pub fn bytes_allocated(&self) -> usize {
         self.inner.bytes_allocated.load(Ordering::Acquire)
     }
 
     /// Whether `self` and `other` are clones of one context.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let ctx = backend.context(0)?;
+    /// assert!(ctx.same_as(&ctx.clone()));
+    /// assert!(ctx.same_as(&backend.context(0)?)); // the primary context, every time
+    /// assert!(!ctx.same_as(&backend.context(1)?));
+    /// # Ok(()) }
+    /// ```
     pub fn same_as(&self, other: &Context) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Wait for all work on the device in this context to finish.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let buf = ctx.new_buffer(4)?;
+    /// stream.copy_from_slice(&buf, b"sync")?;
+    /// ctx.synchronize()?; // every stream of the context is done
+    /// assert!(stream.query()?);
+    /// assert_eq!(buf.to_vec()?, b"sync");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The backend's failure (an asynchronous copy's error shows here).
     pub fn synchronize(&self) -> Result<()> {
         self.inner.raw.synchronize()
     }
@@ -197,6 +287,18 @@ impl Context {
     /// corruption, not forgery, and the CUDA driver cannot validate the 64 raw bytes (on an
     /// H200, forged raw bytes crashed the process inside `cuIpcOpenMemHandle`). The
     /// simulator validates them.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.buffer_from_data(b"exported")?;
+    /// let bytes = buf.export_for_ipc()?.to_bytes(); // sent to another process, which does:
+    /// let handle = cudabuf_core::IpcMemHandle::from_bytes(&bytes)?;
+    /// let opened = ctx.open_ipc_buffer(&handle)?;
+    /// assert_eq!(opened.to_vec()?, b"exported");
+    /// assert_eq!(opened.address(), buf.address()); // here, the exporter itself: a view
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidIpcHandle`](crate::Error::InvalidIpcHandle) for a handle of another backend, one whose exporter has

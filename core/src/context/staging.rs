@@ -13,6 +13,19 @@ impl Context {
     /// [`recycle_staging_buffer`](Self::recycle_staging_buffer) when done, so that the next
     /// writer (or Arrow serializer) does not pin memory again.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let dst = ctx.new_buffer(5)?;
+    /// let mut staging = ctx.staging_buffer(5)?;
+    /// staging.copy_from_slice(b"bytes");
+    /// let staging = stream.copy_from_host(&dst, staging)?.wait()?;
+    /// ctx.recycle_staging_buffer(staging); // for the next staging_buffer call
+    /// assert_eq!(dst.to_vec()?, b"bytes");
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// As [`new_host_buffer`](Self::new_host_buffer).
     pub fn staging_buffer(&self, size: usize) -> Result<HostBuffer> {
@@ -25,6 +38,18 @@ impl Context {
     /// Keep `buffer` in this context's pool for [`staging_buffer`](Self::staging_buffer)
     /// (pinned memory of any context is usable by every context). It is freed instead when
     /// the pool is off or full, or when a device view of it still exists.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_staging_pool_limit(1 << 20);
+    /// let buf = ctx.staging_buffer(4096)?;
+    /// let address = buf.as_ptr();
+    /// ctx.recycle_staging_buffer(buf);
+    /// assert_eq!(ctx.bytes_pooled(), 4096);
+    /// assert_eq!(ctx.staging_buffer(4096)?.as_ptr(), address); // reused, not pinned again
+    /// # Ok(()) }
+    /// ```
     pub fn recycle_staging_buffer(&self, buffer: HostBuffer) {
         if let (true, Some(address)) = (buffer.is_unshared(), buffer.device_address()) {
             // Nothing else refers to the buffer, so no operation that used it is still in
@@ -37,6 +62,18 @@ impl Context {
     /// Set the limit of idle pinned bytes this context's staging pool keeps (0: off,
     /// every recycled buffer is freed). The pool is on (256 MiB) exactly when the caching
     /// allocator is on by default.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_staging_pool_limit(0); // off: recycled buffers are freed
+    /// ctx.recycle_staging_buffer(ctx.staging_buffer(4096)?);
+    /// assert_eq!(ctx.bytes_pooled(), 0);
+    /// ctx.set_staging_pool_limit(1 << 20);
+    /// ctx.recycle_staging_buffer(ctx.staging_buffer(4096)?);
+    /// assert_eq!(ctx.bytes_pooled(), 4096);
+    /// # Ok(()) }
+    /// ```
     pub fn set_staging_pool_limit(&self, max_pooled_bytes: usize) {
         drop(self.inner.host_pool.set_limit(max_pooled_bytes));
     }
@@ -54,12 +91,39 @@ impl Context {
     }
 
     /// Idle pinned bytes held in this context's staging pool.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_staging_pool_limit(1 << 20);
+    /// let (a, b) = (ctx.staging_buffer(4096)?, ctx.staging_buffer(512)?);
+    /// assert_eq!(ctx.bytes_pooled(), 0); // both in use
+    /// ctx.recycle_staging_buffer(a);
+    /// ctx.recycle_staging_buffer(b);
+    /// assert_eq!(ctx.bytes_pooled(), 4096 + 512);
+    /// # Ok(()) }
+    /// ```
     pub fn bytes_pooled(&self) -> usize {
         self.inner.host_pool.bytes_pooled()
     }
 
     /// Allocate a pinned host buffer of `size` bytes through this context (page-locked,
     /// portable, device-mapped, not write-combined), zero-filled.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let mut host = ctx.new_host_buffer(4)?;
+    /// assert_eq!(&host[..], [0; 4]); // zero-filled
+    /// host.copy_from_slice(b"pin!");
+    /// let dev = ctx.buffer_from_data(&host)?;
+    /// assert_eq!(dev.to_vec()?, b"pin!");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the host cannot pin that much; the
+    /// backend's failure.
     pub fn new_host_buffer(&self, size: usize) -> Result<HostBuffer> {
         HostBuffer::allocate(self.inner.raw.clone(), size)
     }

@@ -20,6 +20,18 @@ impl Context {
     /// Always copies. pyarrow's `offset`/`size` arguments are Rust slicing here:
     /// `ctx.buffer_from_data(&bytes[offset..offset + size])`.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let from_bytes = ctx.buffer_from_data(b"bytes")?;
+    /// let from_vec = ctx.buffer_from_data(&vec![1u8, 2, 3])?;
+    /// let copy = ctx.buffer_from_data(&from_bytes)?; // device to device
+    /// assert_eq!(copy.to_vec()?, b"bytes");
+    /// assert_ne!(copy.address(), from_bytes.address());
+    /// assert_eq!(from_vec.to_vec()?, [1, 2, 3]);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// As [`new_buffer`](Self::new_buffer) and the copy; on error nothing stays allocated.
     pub fn buffer_from_data<'a>(&self, data: impl Into<DataSource<'a>>) -> Result<DeviceBuffer> {
@@ -46,6 +58,17 @@ impl Context {
     /// [`buffer_from_host_buffer`](Self::buffer_from_host_buffer): its bytes are also
     /// reachable through Rust references, which device writes must not race.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.buffer_from_data(b"shared")?;
+    /// let view = ctx.buffer_from_object(&buf)?; // no copy: the same memory
+    /// assert_eq!(view.address(), buf.address());
+    /// view.copy_from_host(b"S", 0, None)?;
+    /// assert_eq!(buf.to_vec()?, b"Shared");
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the memory is on another device or backend;
     /// [`Error::InvalidAddress`] if this context cannot reach it (freed, pageable or
@@ -61,6 +84,20 @@ impl Context {
     /// A device buffer that views a pinned host buffer through its device address, without
     /// copying (pyarrow's `buffer_from_object(host_buffer)`); it keeps the host memory
     /// alive. Device copies through the view read and write the host bytes.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let mut host = ctx.new_host_buffer(4)?;
+    /// host.copy_from_slice(b"host");
+    /// // SAFETY: `host` is not read or written through references while `view` lives.
+    /// let view = unsafe { ctx.buffer_from_host_buffer(&host)? };
+    /// assert_eq!(view.to_vec()?, b"host"); // a device read of the pinned bytes
+    /// view.copy_from_host(b"H", 0, None)?; // a device write of them
+    /// drop(view);
+    /// assert_eq!(&host[..], b"Host");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Safety
     /// While the view (or a slice or clone of it) lives, `host`'s bytes must not be
@@ -93,6 +130,18 @@ impl Context {
     /// The range is checked against the allocation the backend knows for `address`
     /// (`cuMemGetAddressRange`), so a wrong size is an error rather than an out-of-bounds
     /// access later.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let theirs = ctx.buffer_from_data(b"foreign memory")?; // another library's allocation
+    /// let (address, keep_alive) = (theirs.address(), std::sync::Arc::new(theirs));
+    /// // SAFETY: `keep_alive`, handed to the buffer, keeps the memory allocated while it lives.
+    /// let view = unsafe { ctx.foreign_buffer(address + 8, 6, Some(keep_alive))? };
+    /// assert_eq!(view.to_vec()?, b"memory");
+    /// assert!(!view.is_owning());
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidAddress`] if `address..address + size` is not inside one live
@@ -169,6 +218,19 @@ impl Context {
     /// The device address for `address` (pyarrow's `get_device_address`): a host address
     /// inside pinned, device-mapped memory gives its device address; a device address
     /// gives itself.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let host = ctx.new_host_buffer(64)?;
+    /// let device = ctx.get_device_address(host.as_ptr() as u64 + 16)?;
+    /// assert_eq!(Some(device), host.device_address().map(|a| a + 16));
+    /// let buf = ctx.new_buffer(8)?;
+    /// assert_eq!(ctx.get_device_address(buf.address())?, buf.address());
+    /// let pageable = vec![0u8; 8];
+    /// assert!(ctx.get_device_address(pageable.as_ptr() as u64).is_err());
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidAddress`] for pageable host memory, freed memory, or addresses the

@@ -105,17 +105,47 @@ fn read_u32(bytes: &[u8], at: usize) -> u32 {
 
 impl IpcMemHandle {
     /// The number of bytes the importer will see.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(100)?;
+    /// let handle = buf.slice(10, 20)?.export_for_ipc()?;
+    /// assert_eq!(handle.size(), 20); // what the importer will see
+    /// assert_eq!(ctx.open_ipc_buffer(&handle)?.size(), 20);
+    /// # Ok(()) }
+    /// ```
     pub fn size(&self) -> usize {
         self.size as usize
     }
 
     /// The offset of the exported range inside its allocation (0 for pyarrow handles).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(100)?;
+    /// assert_eq!(buf.export_for_ipc()?.offset(), 0);
+    /// assert_eq!(buf.slice(10, 20)?.export_for_ipc()?.offset(), 10);
+    /// # Ok(()) }
+    /// ```
     pub fn offset(&self) -> usize {
         self.extension.map_or(0, |e| e.offset as usize)
     }
 
     /// The backend that made this handle (pyarrow handles are CUDA's); `None` for a
     /// zero-size handle, which any backend opens.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// use cudabuf_core::BackendKind;
+    /// let buf = ctx.new_buffer(8)?;
+    /// assert_eq!(buf.export_for_ipc()?.backend(), Some(BackendKind::Sim));
+    /// let empty = ctx.new_buffer(0)?.export_for_ipc()?;
+    /// assert_eq!(empty.backend(), None); // any backend opens it
+    /// # Ok(()) }
+    /// ```
     pub fn backend(&self) -> Option<BackendKind> {
         if self.size == 0 {
             None
@@ -125,11 +155,35 @@ impl IpcMemHandle {
     }
 
     /// The device number of the exported memory, when the handle says (cudabuf handles).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let buf = backend.context(1)?.new_buffer(8)?;
+    /// let handle = buf.export_for_ipc()?;
+    /// assert_eq!(handle.device_number(), Some(1));
+    /// let pyarrow_format = cudabuf_core::IpcMemHandle::from_bytes(&handle.to_bytes()[..72])?;
+    /// assert_eq!(pyarrow_format.device_number(), None); // pyarrow's 72 bytes do not say
+    /// # Ok(()) }
+    /// ```
     pub fn device_number(&self) -> Option<usize> {
         self.extension.map(|e| e.device as usize)
     }
 
     /// Which wire format the handle was read from or will be written in.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// use cudabuf_core::{HandleFormat, IpcMemHandle};
+    /// let buf = ctx.new_buffer(8)?;
+    /// let bytes = buf.export_for_ipc()?.to_bytes();
+    /// assert_eq!(IpcMemHandle::from_bytes(&bytes)?.format(), HandleFormat::Extended);
+    /// assert_eq!(IpcMemHandle::from_bytes(&bytes[..72])?.format(), HandleFormat::Pyarrow);
+    /// let empty = ctx.new_buffer(0)?.export_for_ipc()?;
+    /// assert_eq!(empty.format(), HandleFormat::Empty);
+    /// # Ok(()) }
+    /// ```
     pub fn format(&self) -> HandleFormat {
         match (self.size, self.extension) {
             (0, _) => HandleFormat::Empty,
@@ -139,27 +193,78 @@ impl IpcMemHandle {
     }
 
     /// The exporting process's id, when the handle says (cudabuf handles).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(8)?;
+    /// let handle = buf.export_for_ipc()?;
+    /// assert_eq!(handle.exporter_pid(), Some(std::process::id()));
+    /// # Ok(()) }
+    /// ```
     pub fn exporter_pid(&self) -> Option<u32> {
         self.extension.map(|e| e.exporter.pid)
     }
 
     /// The exporting process's random nonce, which tells it apart from a later process
     /// with the same pid (cudabuf handles).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let (a, b) = (ctx.new_buffer(8)?, ctx.new_buffer(8)?);
+    /// let (a, b) = (a.export_for_ipc()?, b.export_for_ipc()?);
+    /// assert!(a.exporter_nonce().is_some());
+    /// assert_eq!(a.exporter_nonce(), b.exporter_nonce()); // one per process
+    /// # Ok(()) }
+    /// ```
     pub fn exporter_nonce(&self) -> Option<u64> {
         self.extension.map(|e| e.exporter.nonce)
     }
 
     /// The export's number in the exporting process (cudabuf handles).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let (a, b) = (ctx.new_buffer(8)?, ctx.new_buffer(8)?);
+    /// let (a, b) = (a.export_for_ipc()?, b.export_for_ipc()?);
+    /// assert!(a.export_id().is_some());
+    /// assert_ne!(a.export_id(), b.export_id());
+    /// # Ok(()) }
+    /// ```
     pub fn export_id(&self) -> Option<u64> {
         self.extension.map(|e| e.export_id)
     }
 
     /// Whether this process exported the handle (same pid and nonce).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// use cudabuf_core::IpcMemHandle;
+    /// let buf = ctx.new_buffer(8)?;
+    /// let bytes = buf.export_for_ipc()?.to_bytes();
+    /// assert!(IpcMemHandle::from_bytes(&bytes)?.is_from_this_process());
+    /// // pyarrow's 72 bytes do not say who exported them:
+    /// assert!(!IpcMemHandle::from_bytes(&bytes[..72])?.is_from_this_process());
+    /// # Ok(()) }
+    /// ```
     pub fn is_from_this_process(&self) -> bool {
         self.extension.is_some_and(|e| e.exporter == this_process())
     }
 
     /// The raw 64-byte handle (`CUipcMemHandle`).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(8)?;
+    /// let handle = buf.export_for_ipc()?;
+    /// assert_eq!(handle.raw().len(), 64); // a `CUipcMemHandle`
+    /// assert_eq!(&handle.to_bytes()[8..72], &handle.raw()[..]); // after the 8-byte size
+    /// # Ok(()) }
+    /// ```
     pub fn raw(&self) -> &RawIpcHandle {
         &self.raw
     }
@@ -171,6 +276,18 @@ impl IpcMemHandle {
     /// exported slice at a nonzero offset, pyarrow would open the start of the allocation.
     /// For a Python process use [`to_pyarrow_bytes`](Self::to_pyarrow_bytes), which refuses
     /// such handles.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// use cudabuf_core::{IpcMemHandle, EXTENDED_HANDLE_LEN};
+    /// let buf = ctx.buffer_from_data(b"bytes")?;
+    /// let handle = buf.export_for_ipc()?;
+    /// let bytes = handle.to_bytes();
+    /// assert_eq!(bytes.len(), EXTENDED_HANDLE_LEN);
+    /// assert_eq!(IpcMemHandle::from_bytes(&bytes)?, handle);
+    /// # Ok(()) }
+    /// ```
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(EXTENDED_HANDLE_LEN);
         out.extend_from_slice(&(self.size as i64).to_le_bytes());
@@ -199,6 +316,21 @@ impl IpcMemHandle {
 
     /// The handle in pyarrow's own format (72 bytes, or 8 for size 0), for a Python
     /// process that opens it with `pyarrow.cuda.IpcMemHandle.from_buffer`.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// use cudabuf_core::{ErrorKind, IpcMemHandle};
+    /// let buf = ctx.new_buffer(8)?;
+    /// let handle = buf.export_for_ipc()?;
+    /// let err = handle.to_pyarrow_bytes().unwrap_err(); // a simulator handle
+    /// assert_eq!(err.kind(), ErrorKind::Unsupported);
+    /// // A handle read from pyarrow's 72 bytes (`IpcMemHandle.serialize()`) gives them back:
+    /// let bytes = handle.to_bytes();
+    /// let pyarrow = IpcMemHandle::from_bytes(&bytes[..72])?;
+    /// assert_eq!(pyarrow.to_pyarrow_bytes()?, &bytes[..72]);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::Unsupported`] for an exported slice that does not start at its
@@ -234,6 +366,21 @@ impl IpcMemHandle {
     ///
     /// Fixed pyarrow quirk: Arrow C++'s `FromBuffer` reads 72 bytes from whatever it is
     /// given; cudabuf checks the length and every field.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// use cudabuf_core::{ErrorKind, IpcMemHandle};
+    /// let buf = ctx.buffer_from_data(b"sent")?;
+    /// let bytes = buf.export_for_ipc()?.to_bytes();
+    /// assert_eq!(IpcMemHandle::from_bytes(&bytes)?.size(), 4);
+    /// let mut altered = bytes.clone();
+    /// altered[90] ^= 1; // the offset, which the checksum covers
+    /// let err = IpcMemHandle::from_bytes(&altered).unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::InvalidIpcHandle);
+    /// assert!(IpcMemHandle::from_bytes(&bytes[..20]).is_err()); // truncated
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidIpcHandle`] for truncated, oversized or corrupt bytes.

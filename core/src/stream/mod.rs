@@ -170,6 +170,11 @@ enum Untracked {
 /// returns, into memory Rust lends only for the call): download into a [`HostBuffer`](crate::HostBuffer),
 /// or use the synchronous [`DeviceBuffer::copy_to_host`].
 ///
+/// Argument order, as on [`DeviceBuffer`]: every copy names the device buffer first and
+/// the host memory after it (`copy_from_host(&dst, host)`, `copy_to_host(&src, host)`);
+/// between two device buffers the destination comes first, as in `cuMemcpy*`
+/// (`copy_device(&dst, &src)`).
+///
 /// # Ordering with cudabuf's synchronous API
 /// The synchronous copies of [`DeviceBuffer`] run on the context's legacy default stream
 /// ([`Context::legacy_stream`]): they wait for earlier work of every *blocking* stream and
@@ -200,6 +205,18 @@ pub struct Stream {
 impl Context {
     /// A new blocking stream of default priority (`cuStreamCreate`).
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// assert!(stream.context().same_as(&ctx) && !stream.flags().non_blocking);
+    /// let buf = ctx.new_buffer(2)?;
+    /// stream.copy_from_slice(&buf, b"ok")?;
+    /// stream.synchronize()?;
+    /// assert_eq!(buf.to_vec()?, b"ok");
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::Unsupported`] on a backend without streams; the driver's failure.
     #[track_caller]
@@ -211,6 +228,17 @@ impl Context {
     /// A new stream, blocking or [non-blocking](StreamFlags::non_blocking), with a
     /// priority (`cuStreamCreateWithPriority`; lower numbers are higher priorities,
     /// clamped into [`stream_priority_range`](Self::stream_priority_range)).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// use cudabuf_core::StreamFlags;
+    /// let (_, greatest) = ctx.stream_priority_range()?;
+    /// let urgent = ctx.new_stream_with(StreamFlags { non_blocking: true, priority: greatest })?;
+    /// assert!(urgent.flags().non_blocking);
+    /// assert_eq!(urgent.flags().priority, greatest);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// As [`new_stream`](Self::new_stream).
@@ -224,6 +252,16 @@ impl Context {
     /// The range of stream priorities, `(least, greatest)`; numerically `least >=
     /// greatest` (CUDA: `(0, -5)` on recent GPUs).
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let (least, greatest) = ctx.stream_priority_range()?;
+    /// assert!(least >= greatest); // lower numbers are higher priorities
+    /// let flags = cudabuf_core::StreamFlags { priority: greatest, ..Default::default() };
+    /// assert_eq!(ctx.new_stream_with(flags)?.flags().priority, greatest);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::Unsupported`] on a backend without streams.
     pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
@@ -232,6 +270,18 @@ impl Context {
 
     /// The context's legacy default stream (`CU_STREAM_LEGACY`), where cudabuf's
     /// synchronous copies run: ordered with every blocking stream of the context.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let legacy = ctx.legacy_stream();
+    /// let buf = ctx.new_buffer(6)?;
+    /// legacy.copy_from_slice(&buf, b"legacy")?;
+    /// // A synchronous copy runs on the legacy stream too: after the one above.
+    /// assert_eq!(buf.to_vec()?, b"legacy");
+    /// assert!(!legacy.same_as(&ctx.legacy_stream())); // another handle of the same stream
+    /// # Ok(()) }
+    /// ```
     pub fn legacy_stream(&self) -> Stream {
         Stream::from_parts(
             self,
@@ -245,6 +295,17 @@ impl Context {
     /// its own for each host thread. The handle names "the default stream of whichever
     /// thread issues the operation": work issued through it from two threads goes to two
     /// streams.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(4)?;
+    /// let stream = ctx.per_thread_stream();
+    /// stream.copy_from_slice(&buf, b"mine")?; // on this thread's default stream
+    /// stream.synchronize()?;
+    /// assert_eq!(buf.to_vec()?, b"mine");
+    /// # Ok(()) }
+    /// ```
     pub fn per_thread_stream(&self) -> Stream {
         Stream::from_parts(
             self,
@@ -258,6 +319,20 @@ impl Context {
     /// `WrapStream`): a `CUstream` from cudarc, PyTorch (`torch.cuda.Stream.cuda_stream`)
     /// or CuPy on CUDA; a stream handle of the same simulator instance on the simulator.
     /// cudabuf never destroys it.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let theirs = ctx.new_stream()?; // stands for a stream of cudarc, PyTorch or CuPy
+    /// // SAFETY: `theirs` is a live stream of this context, and outlives `wrapped`.
+    /// let wrapped = unsafe { ctx.wrap_stream(theirs.as_raw(), theirs.flags()) };
+    /// assert_eq!(wrapped.as_raw(), theirs.as_raw());
+    /// let buf = ctx.new_buffer(4)?;
+    /// wrapped.copy_from_slice(&buf, b"wrap")?;
+    /// wrapped.synchronize()?;
+    /// assert_eq!(buf.to_vec()?, b"wrap");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Safety
     /// `raw` is a live stream of this context's device context, and stays live while the
@@ -298,12 +373,32 @@ impl Stream {
     }
 
     /// The context the stream belongs to.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// assert!(stream.context().same_as(&ctx));
+    /// let buf = stream.context().new_buffer_on(&stream, 64)?;
+    /// assert!(buf.context().same_as(stream.context()));
+    /// # Ok(()) }
+    /// ```
     pub fn context(&self) -> &Context {
         &self.inner.handle.ctx
     }
 
     /// The backend's handle (a `CUstream` as an integer on CUDA), for handing the stream
     /// to another library.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let raw = stream.as_raw(); // a `CUstream` on CUDA, for another library
+    /// assert_eq!(stream.clone().as_raw(), raw);
+    /// assert_ne!(ctx.new_stream()?.as_raw(), raw);
+    /// # Ok(()) }
+    /// ```
     pub fn as_raw(&self) -> u64 {
         self.inner.handle.raw.as_raw()
     }
@@ -314,6 +409,16 @@ impl Stream {
 
     /// How the stream was made (for the default and foreign streams: what the caller said
     /// or the defaults).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// use cudabuf_core::StreamFlags;
+    /// let flags = StreamFlags { non_blocking: true, priority: 0 };
+    /// assert_eq!(ctx.new_stream_with(flags)?.flags(), flags);
+    /// assert_eq!(ctx.new_stream()?.flags(), StreamFlags::default());
+    /// # Ok(()) }
+    /// ```
     pub fn flags(&self) -> StreamFlags {
         self.inner.handle.flags
     }
@@ -322,6 +427,17 @@ impl Stream {
     /// clones, and what [`DeviceBuffer::stream`] returns for a buffer allocated on it).
     /// Two handles over one raw stream (two [`Context::legacy_stream`] calls, two wraps
     /// of one foreign stream) are not the same handle.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// assert!(stream.same_as(&stream.clone()));
+    /// let buf = ctx.new_buffer_on(&stream, 64)?;
+    /// assert!(buf.stream().is_some_and(|s| s.same_as(&stream)));
+    /// assert!(!ctx.legacy_stream().same_as(&ctx.legacy_stream())); // two handles
+    /// # Ok(()) }
+    /// ```
     pub fn same_as(&self, other: &Stream) -> bool {
         Arc::ptr_eq(&self.inner.handle, &other.inner.handle)
     }
@@ -335,6 +451,18 @@ impl Stream {
 
     /// Wait until all work issued to the stream so far is done (`cuStreamSynchronize`),
     /// and let go of the memory it used.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let buf = ctx.new_buffer(3)?;
+    /// stream.copy_from_slice(&buf, b"abc")?;
+    /// stream.synchronize()?; // the copy is done
+    /// assert!(stream.query()?);
+    /// assert_eq!(buf.to_vec()?, b"abc");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// The driver's failure (an asynchronous copy's error shows here).
@@ -355,6 +483,20 @@ impl Stream {
     }
 
     /// Whether all work issued to the stream so far is done (`cuStreamQuery`).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// assert!(stream.query()?); // nothing issued yet
+    /// let buf = ctx.new_buffer(4)?;
+    /// stream.copy_from_slice(&buf, b"busy")?;
+    /// while !stream.query()? {
+    ///     std::thread::yield_now(); // other work meanwhile
+    /// }
+    /// assert_eq!(buf.to_vec()?, b"busy");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// The driver's failure.
@@ -390,6 +532,20 @@ impl Stream {
     /// A never-recorded event is no wait. The event may belong to another context of the
     /// backend, also of another device: that is how work on two devices is ordered.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
+    /// let (ctx0, ctx1) = (backend.context(0)?, backend.context(1)?);
+    /// let (s0, s1) = (ctx0.new_stream()?, ctx1.new_stream()?);
+    /// let (a, b) = (ctx0.new_buffer(2)?, ctx1.new_buffer(2)?);
+    /// s0.copy_from_slice(&a, b"hi")?;
+    /// s1.wait_event(&s0.record_event()?)?; // device 1 waits for device 0; the host does not
+    /// s1.copy_device(&b, &a)?; // a peer copy, after the one on `s0`
+    /// s1.synchronize()?;
+    /// assert_eq!(b.to_vec()?, b"hi");
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an event of another backend; the driver's failure.
     #[track_caller]
@@ -409,6 +565,19 @@ impl Stream {
 
     /// A new event (without timing) recorded on this stream now.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let buf = ctx.new_buffer(4)?;
+    /// stream.copy_from_slice(&buf, b"work")?;
+    /// let done = stream.record_event()?;
+    /// done.synchronize()?; // the host waits for the copy
+    /// assert!(done.query()? && !done.has_timing());
+    /// assert_eq!(buf.to_vec()?, b"work");
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// As [`Context::new_event`] and [`Event::record`].
     #[track_caller]
@@ -423,6 +592,19 @@ impl Stream {
     /// one) to the start of `dst` on this stream (`cuMemcpyHtoDAsync`); returns once the
     /// copy is issued. The host buffer comes back from [`Transfer::wait`], when it may be
     /// written again.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let dst = ctx.new_buffer(8)?;
+    /// let mut host = ctx.new_host_buffer(8)?;
+    /// host.copy_from_slice(b"upload!!");
+    /// let transfer = stream.copy_from_host(&dst, host)?; // the transfer owns `host` now
+    /// let host = transfer.wait()?; // and gives it back once the copy is done
+    /// assert_eq!(dst.to_vec()?, &host[..]);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if `dst` is smaller than `src`;
@@ -485,6 +667,18 @@ impl Stream {
     /// returns once the copy is issued. The host buffer comes back from
     /// [`Transfer::wait`], holding the bytes.
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let src = ctx.buffer_from_data(b"download")?;
+    /// let host = ctx.new_host_buffer(16)?;
+    /// let range = host.into_range(..8)?; // into the first 8 bytes
+    /// let range = stream.copy_to_host(&src, range)?.wait()?;
+    /// assert_eq!(&range[..], b"download");
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::OutOfRange`] if `dst` is smaller than `src`; as
     /// [`copy_from_host`](Self::copy_from_host).
@@ -540,6 +734,19 @@ impl Stream {
     /// Copy all of `src` (pageable host memory) to the start of `dst` on this stream: the
     /// bytes are copied now into pinned staging memory (from the context's pool) and the
     /// DMA runs later in stream order, so `src` is free when this returns.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let dst = ctx.new_buffer(5)?;
+    /// let bytes = b"hello".to_vec();
+    /// stream.copy_from_slice(&dst, &bytes)?;
+    /// drop(bytes); // free at once: the bytes were staged in pinned memory
+    /// stream.synchronize()?;
+    /// assert_eq!(dst.to_vec()?, b"hello");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if `dst` is smaller than `src`; as
@@ -665,6 +872,19 @@ impl Stream {
     /// (`cuMemcpyDtoDAsync`; overlapping ranges behave as a memmove), or from another
     /// context or device (`cuMemcpyPeerAsync`). `dst` must be memory of this stream's
     /// context; both buffers are kept alive until the copy is known complete.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let src = ctx.buffer_from_data(b"device")?;
+    /// let dst = ctx.buffer_from_data(b"..------")?;
+    /// stream.copy_device(&dst.slice(2, 6)?, &src)?; // destination first, as cuMemcpy
+    /// drop(src); // the stream keeps it alive until the copy is done
+    /// stream.synchronize()?;
+    /// assert_eq!(dst.to_vec()?, b"..device");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if `dst` is smaller than `src`; [`Error::InvalidArgument`]

@@ -77,6 +77,19 @@ impl<H: GiveBack> Transfer<H> {
 
     /// Whether the copy is done (`cuEventQuery` on the event recorded after it).
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let src = ctx.buffer_from_data(b"poll")?;
+    /// let transfer = stream.copy_to_host(&src, ctx.new_host_buffer(4)?)?;
+    /// while !transfer.is_complete()? {
+    ///     std::thread::yield_now(); // other work meanwhile
+    /// }
+    /// assert_eq!(&transfer.wait()?[..], b"poll"); // nothing left to wait for
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// The driver's failure.
     pub fn is_complete(&self) -> Result<bool> {
@@ -90,6 +103,19 @@ impl<H: GiveBack> Transfer<H> {
 
     /// Wait until the copy is done and take the host memory back: the [`HostBuffer`] or
     /// the [`HostRange`] that was given to the copy.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// use cudabuf_core::{HostBuffer, HostRange};
+    /// let stream = ctx.new_stream()?;
+    /// let src = ctx.buffer_from_data(b"back")?;
+    /// let host: HostBuffer = stream.copy_to_host(&src, ctx.new_host_buffer(4)?)?.wait()?;
+    /// assert_eq!(&host[..], b"back");
+    /// let range: HostRange = stream.copy_to_host(&src, host.into_range(..)?)?.wait()?;
+    /// assert_eq!((range.len(), &range[..]), (4, &b"back"[..]));
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// The copy's failure. If even the stream cannot be synchronized, the buffer is
