@@ -3,7 +3,7 @@
 
 use std::ffi::{c_void, CStr};
 
-use cudabuf::{BackendKind, DeviceBuffer};
+use cudabuf::DeviceBuffer;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -16,9 +16,10 @@ use crate::errors::OrRaise;
 /// `__dlpack_device__` of `buffer`.
 pub(crate) fn dlpack_device(buffer: &DeviceBuffer) -> (i32, i64) {
     let device = buffer.context().device_number() as i64;
-    match buffer.context().backend_kind() {
-        BackendKind::Cuda => (DL_CUDA, device),
-        _ => (DL_EXT_DEV, device),
+    if buffer.context().backend_kind().is_cuda() {
+        (DL_CUDA, device)
+    } else {
+        (DL_EXT_DEV, device)
     }
 }
 

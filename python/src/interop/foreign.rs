@@ -146,7 +146,7 @@ pub(crate) fn view_object(ctx: &Context, obj: &Bound<'_, PyAny>) -> PyResult<Dev
     if matches!(protocol, Protocol::None | Protocol::HostDlpack) {
         return Err(not_device_memory("buffer_from_object", obj, &protocol));
     }
-    if ctx.backend_kind() != BackendKind::Cuda {
+    if ctx.backend_kind() != BackendKind::CUDA {
         return Err(simulated_memory("buffer_from_object"));
     }
     view_foreign(ctx, describe_foreign(obj, &protocol)?)
@@ -168,7 +168,7 @@ pub(crate) fn import_device_object(
     if matches!(protocol, Protocol::None | Protocol::HostDlpack) {
         return Err(not_device_memory("CudaBuffer.from_buffer", obj, &protocol));
     }
-    if backend.kind() != BackendKind::Cuda {
+    if backend.kind() != BackendKind::CUDA {
         return Err(simulated_memory("CudaBuffer.from_buffer"));
     }
     let foreign = describe_foreign(obj, &protocol)?;

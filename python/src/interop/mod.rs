@@ -19,7 +19,7 @@ mod dlpack_import;
 mod foreign;
 mod view;
 
-use cudabuf::{BackendKind, DeviceBuffer};
+use cudabuf::DeviceBuffer;
 use pyo3::prelude::*;
 
 use crate::errors::simulated_memory;
@@ -30,9 +30,10 @@ pub(crate) use foreign::{import_device_object, view_object};
 pub(crate) use view::{CudaArrayView, Layout};
 
 pub(super) fn require_cuda(buffer: &DeviceBuffer, what: &str) -> PyResult<()> {
-    match buffer.context().backend_kind() {
-        BackendKind::Cuda => Ok(()),
-        _ => Err(simulated_memory(what)),
+    if buffer.context().backend_kind().is_cuda() {
+        Ok(())
+    } else {
+        Err(simulated_memory(what))
     }
 }
 
