@@ -38,7 +38,7 @@ impl Backend {
     /// ```
     /// # fn main() -> cudabuf_core::Result<()> {
     /// let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
-    /// assert_eq!(backend.kind(), cudabuf_core::BackendKind::Sim);
+    /// assert_eq!(backend.kind(), cudabuf_core::BackendKind::SIM);
     /// assert_eq!(backend.num_devices()?, 2);
     /// # Ok(()) }
     /// ```
@@ -88,7 +88,7 @@ impl Backend {
     /// ```
     /// # fn main() -> cudabuf_core::Result<()> {
     /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
-    /// assert_eq!(backend.kind(), cudabuf_core::BackendKind::Sim);
+    /// assert_eq!(backend.kind(), cudabuf_core::BackendKind::SIM);
     /// assert_eq!(backend.kind().to_string(), "sim");
     /// assert_eq!(backend.context(0)?.backend_kind(), backend.kind());
     /// # Ok(()) }
@@ -103,7 +103,7 @@ impl Backend {
     /// # fn main() -> cudabuf_core::Result<()> {
     /// # let backend = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new());
     /// let caps = backend.capabilities();
-    /// assert!(caps.streams && caps.peer_copy && caps.mapped_host_memory);
+    /// assert!(caps.isolated_instances && caps.peer_copy && caps.mapped_host_memory);
     /// assert!(caps.fault_injection); // the simulator's
     /// # Ok(()) }
     /// ```

@@ -104,8 +104,8 @@ impl Context {
     /// let sim = cudabuf_sim::SimBackend::new();
     /// let raw = sim.device(1)?.primary_context()?;
     /// // SAFETY: `raw` was made by the simulator, and `Sim` names that backend.
-    /// let ctx = unsafe { Context::from_raw(raw, BackendKind::Sim) };
-    /// assert_eq!((ctx.backend_kind(), ctx.device_number()), (BackendKind::Sim, 1));
+    /// let ctx = unsafe { Context::from_raw(raw, BackendKind::SIM) };
+    /// assert_eq!((ctx.backend_kind(), ctx.device_number()), (BackendKind::SIM, 1));
     /// # Ok(()) }
     /// ```
     ///
@@ -166,7 +166,7 @@ impl Context {
     /// # fn main() -> cudabuf_core::Result<()> {
     /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
     /// use cudabuf_core::BackendKind;
-    /// assert_eq!(ctx.backend_kind(), BackendKind::Sim);
+    /// assert_eq!(ctx.backend_kind(), BackendKind::SIM);
     /// assert_eq!(ctx.new_buffer(8)?.context().backend_kind().name(), "sim");
     /// # Ok(()) }
     /// ```

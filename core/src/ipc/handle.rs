@@ -141,7 +141,7 @@ impl IpcMemHandle {
     /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
     /// use cudabuf_core::BackendKind;
     /// let buf = ctx.new_buffer(8)?;
-    /// assert_eq!(buf.export_for_ipc()?.backend(), Some(BackendKind::Sim));
+    /// assert_eq!(buf.export_for_ipc()?.backend(), Some(BackendKind::SIM));
     /// let empty = ctx.new_buffer(0)?.export_for_ipc()?;
     /// assert_eq!(empty.backend(), None); // any backend opens it
     /// # Ok(()) }
