@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# cudabuf's performance run against PyTorch and CuPy, in two halves (docs/PERFORMANCE.md).
+# cudabuf's first performance comparison against PyTorch and CuPy, in two halves
+# (docs/PERFORMANCE.md). The full set of figures is `scripts/gpu run perf` (docs/GPU.md);
+# this script keeps the shorter run of the first sections, and the peer copies alone.
 #
 #   scripts/bench-compare.sh pack        # here, on the build machine (Rust toolchain, no GPU)
 #   scripts/bench-compare.sh run [DIR]   # on the GPU machine, from the repo root, .gpu/ carried
@@ -9,7 +11,8 @@
 #
 # `pack` builds the `perf` bench binary, the `cudabuf` command and the CUDA fast-path
 # tests (backend-cuda/tests/fast_paths.rs) with the CUDA backend (release, no debug info)
-# into .gpu/bin with ../shared/tools/gpu-pack (which replaces any earlier .gpu/).
+# into .gpu/bin (replacing any earlier .gpu/). `run` and `peer` also find them where
+# `scripts/gpu pack perf` puts them.
 # `run` prints the GPU and driver, runs the fast-path tests, runs perf on CUDA (JSON to DIR/ours.json, its table and
 # progress to DIR/ours.log), then scripts/bench_compare.py, which measures the same
 # operations through PyTorch and CuPy in one process and prints one table with ratios and
@@ -20,21 +23,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 # The sections of the first performance issue (the curves of issue 13 are
-# scripts/gpu-perf.sh's).
+# `scripts/gpu run perf`).
 ISSUE5_SECTIONS=copies,sweep,alloc,ipc,writer,from_data,dispatch,peer
-. scripts/gpu-lib.sh
+# shellcheck source=scripts/lib/gpu-common.sh
+. scripts/lib/gpu-common.sh
 
 pack() {
   set -e
-  local tool=../shared/tools/gpu-pack
-  if [ ! -x "$tool" ]; then
-    echo "gpu-pack not found at $tool" >&2
-    exit 2
-  fi
-  "$tool" bench -p cudabuf --features cuda --bench perf "$@"
+  rm -rf .gpu && mkdir -p .gpu/bin
+  pack_exe .gpu/bin/perf "the perf bench" bench -p cudabuf --features cuda --bench perf --no-run "$@"
   # The `cudabuf` command (cudabuf-cli; its `cuda` feature is on by default).
-  CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p cudabuf-cli
-  cp target/release/cudabuf .gpu/bin/ && strip .gpu/bin/cudabuf
+  pack_exe .gpu/bin/cudabuf "the cudabuf command" build --release -p cudabuf-cli
   # The CUDA fast-path tests (staged copies, async writer copies, caching allocator) run
   # first on the GPU, so that wrong bytes are caught in the same call as the figures.
   pack_exe .gpu/bin/fast_paths "the fast-path tests" \
@@ -44,7 +43,14 @@ pack() {
 }
 
 perf_bin() {
-  ls .gpu/bin/ | grep -E '^perf-[0-9a-f]+$' | head -1
+  if [ -x .gpu/bin/perf ]; then echo perf; return; fi
+  find .gpu/bin -maxdepth 1 -name 'perf-*' -printf '%f\n' 2>/dev/null | grep -E '^perf-[0-9a-f]+$' | head -1
+}
+
+# fast_paths_bin : this script's name for the fast-path tests, or scripts/gpu's.
+fast_paths_bin() {
+  local f
+  for f in fast_paths cuda-fast_paths; do [ -x ".gpu/bin/$f" ] && { echo ".gpu/bin/$f"; return; }; done
 }
 
 run() {
@@ -64,9 +70,11 @@ run() {
     echo "no perf binary in .gpu/bin: run 'scripts/bench-compare.sh pack' first" >&2
     return 2
   fi
-  if [ -x .gpu/bin/fast_paths ]; then
+  local fast
+  fast=$(fast_paths_bin)
+  if [ -n "$fast" ]; then
     echo "=== CUDA fast-path tests (CUDABUF_REQUIRE_CUDA=1)"
-    CUDABUF_REQUIRE_CUDA=1 RUST_BACKTRACE=1 .gpu/bin/fast_paths --test-threads=1 >"$dir/fast_paths.log" 2>&1 || fail=1
+    CUDABUF_REQUIRE_CUDA=1 RUST_BACKTRACE=1 "$fast" --test-threads=1 >"$dir/fast_paths.log" 2>&1 || fail=1
     grep -E '^test |test result' "$dir/fast_paths.log" || true
   fi
   echo "=== cudabuf perf on CUDA (.gpu/bin/$bin, $(( SECONDS - start )) s so far)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The Python package on a GPU, next to PyTorch, CuPy and JAX (run by scripts/gpu-python.sh).
+"""The Python package on a GPU, next to PyTorch, CuPy and JAX (run by `scripts/gpu run python`).
 
 Subcommands (each prints one JSON line per check and writes OUT/<name>.json):
 

@@ -13,7 +13,7 @@ use serde_json::Value;
 const EXPORT_CHILD_VAR: &str = "CUDABUF_CLI_TEST_EXPORT_CHILD";
 
 /// The `cudabuf` binary: where cargo built it, or beside this test executable when both
-/// were packed for another machine (scripts/gpu-conformance.sh: .gpu/bin/).
+/// were packed for another machine (`scripts/gpu pack`: .gpu/bin/).
 fn binary() -> PathBuf {
     let built = Path::new(env!("CARGO_BIN_EXE_cudabuf"));
     if built.exists() {
