@@ -251,6 +251,8 @@ mod race;
 mod region;
 mod streams;
 mod table;
+#[cfg(test)]
+mod test_raw;
 
 pub use address::MAX_DEVICES;
 pub use backend::{SimBackend, SimLeakProbe};

@@ -2,6 +2,7 @@
 //! detector flags the racy one every time (under every seed, in both schedules), names
 //! both operations and the bytes, and lets the twin pass.
 
+use crate::test_raw::{hx, sx};
 use std::sync::Arc;
 
 use cudabuf_core::backend::{PinnedAlloc, RawContext, RawStream};
@@ -547,16 +548,4 @@ fn a_stream_ordered_free_must_be_device_memory_of_a_live_allocation() {
         .iter()
         .all(|e| e.what != "free on stream"));
     f.finish(false);
-}
-
-/// The simulator context's streams (it always has them).
-#[allow(dead_code)]
-fn sx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::RawStreams {
-    c.streams().expect("the simulator has streams")
-}
-
-/// The simulator context's ordering hooks (its race detector's).
-#[allow(dead_code)]
-fn hx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::OrderingHooks {
-    sx(c).ordering().expect("the simulator checks ordering")
 }

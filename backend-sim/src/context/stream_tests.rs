@@ -1,6 +1,7 @@
 //! Streams and events through the `RawContext` trait: ordering, CUDA's default-stream
 //! semantics, events, simulated time, the schedules, and handle errors.
 
+use crate::test_raw::sx;
 use std::sync::Arc;
 
 use cudabuf_core::backend::{PinnedAlloc, Platform, RawContext, RawEvent, RawStream, StreamFlags};
@@ -870,16 +871,4 @@ fn env_style_settings_are_validated() {
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     let c: Arc<dyn RawContext> = ctx(&SimBackend::new(), 0);
     assert!(sx(&*c).stream_priority_range().is_ok());
-}
-
-/// The simulator context's streams (it always has them).
-#[allow(dead_code)]
-fn sx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::RawStreams {
-    c.streams().expect("the simulator has streams")
-}
-
-/// The simulator context's ordering hooks (its race detector's).
-#[allow(dead_code)]
-fn hx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::OrderingHooks {
-    sx(c).ordering().expect("the simulator checks ordering")
 }

@@ -2,6 +2,7 @@
 //! put away once settled, so that they cost nothing; continued, in order, when their
 //! thread issues again.
 
+use crate::test_raw::sx;
 use std::sync::Arc;
 use std::thread;
 
@@ -122,16 +123,4 @@ fn a_thread_continues_its_put_away_stream_in_order() {
         // SAFETY: made above, destroyed once.
         unsafe { sx(&*c).stream_destroy(other) }.unwrap();
     }
-}
-
-/// The simulator context's streams (it always has them).
-#[allow(dead_code)]
-fn sx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::RawStreams {
-    c.streams().expect("the simulator has streams")
-}
-
-/// The simulator context's ordering hooks (its race detector's).
-#[allow(dead_code)]
-fn hx(c: &dyn RawContext) -> &dyn cudabuf_core::backend::OrderingHooks {
-    sx(c).ordering().expect("the simulator checks ordering")
 }

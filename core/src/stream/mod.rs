@@ -621,28 +621,22 @@ impl Stream {
             ApiCall::here("Stream::copy_from_host").with_buffer(dst.address(), dst.size()),
         );
         let src = src.into_host_range();
-        let checked = self
-            .check_buffer(dst, "Stream::copy_from_host")
-            .and_then(|()| {
-                if src.len() > dst.size() {
-                    return Err(Error::out_of_range(
-                        "Stream::copy_from_host",
-                        "device buffer",
-                        0,
-                        src.len(),
-                        dst.size(),
-                    ));
-                }
-                self.release_completed()
-            })
-            .and_then(|()| {
-                if src.is_empty() {
-                    Ok(None)
-                } else {
-                    self.take_event().map(Some)
-                }
-            });
-        let done = match checked {
+        let too_small = src.len() > dst.size();
+        let done = match self.prepare_transfer(
+            "Stream::copy_from_host",
+            dst,
+            too_small,
+            src.is_empty(),
+            || {
+                Error::out_of_range(
+                    "Stream::copy_from_host",
+                    "device buffer",
+                    0,
+                    src.len(),
+                    dst.size(),
+                )
+            },
+        ) {
             Ok(Some(done)) => done,
             Ok(None) => return Ok(Transfer::completed(src)),
             Err(e) => return Err(give_back(e, src)),
@@ -692,28 +686,22 @@ impl Stream {
             ApiCall::here("Stream::copy_to_host").with_buffer(src.address(), src.size()),
         );
         let dst = dst.into_host_range();
-        let checked = self
-            .check_buffer(src, "Stream::copy_to_host")
-            .and_then(|()| {
-                if src.size() > dst.len() {
-                    return Err(Error::out_of_range(
-                        "Stream::copy_to_host",
-                        "host buffer",
-                        dst.offset(),
-                        src.size(),
-                        dst.offset() + dst.len(),
-                    ));
-                }
-                self.release_completed()
-            })
-            .and_then(|()| {
-                if src.is_empty() {
-                    Ok(None)
-                } else {
-                    self.take_event().map(Some)
-                }
-            });
-        let done = match checked {
+        let too_small = src.size() > dst.len();
+        let done = match self.prepare_transfer(
+            "Stream::copy_to_host",
+            src,
+            too_small,
+            src.is_empty(),
+            || {
+                Error::out_of_range(
+                    "Stream::copy_to_host",
+                    "host buffer",
+                    dst.offset(),
+                    src.size(),
+                    dst.offset() + dst.len(),
+                )
+            },
+        ) {
             Ok(Some(done)) => done,
             Ok(None) => return Ok(Transfer::completed(dst)),
             Err(e) => return Err(give_back(e, dst)),
@@ -970,4 +958,29 @@ impl fmt::Debug for Stream {
 /// A copy refused before it was issued: the error, with the host memory given back.
 fn give_back<H: GiveBack>(error: Error, host: HostRange) -> CopyError<H> {
     CopyError::new(error, Some(H::give_back(host, Token::new())))
+}
+
+impl Stream {
+    /// The checks and the event of an asynchronous copy (`operation`) between `device`
+    /// and pinned host memory, before anything is issued: `device` must be this stream's context's
+    /// memory, and the copy must fit (`too_small` says it does not: `out_of_range` is the
+    /// error). `Ok(None)` for an empty copy, which issues nothing.
+    fn prepare_transfer(
+        &self,
+        operation: &'static str,
+        device: &DeviceBuffer,
+        too_small: bool,
+        empty: bool,
+        out_of_range: impl FnOnce() -> Error,
+    ) -> Result<Option<RawEvent>> {
+        self.check_buffer(device, operation)?;
+        if too_small {
+            return Err(out_of_range());
+        }
+        self.release_completed()?;
+        if empty {
+            return Ok(None);
+        }
+        self.take_event().map(Some)
+    }
 }
