@@ -36,7 +36,7 @@
 //! | [`HostBuffer`] | pinned host memory (fast DMA), split into [`HostRange`]s for copies in flight | [`Context::new_host_buffer`] |
 //! | [`Stream`], [`Event`], [`Transfer`] | ordered asynchronous work, its synchronization, a copy in flight | [`Context::new_stream`], [`Stream::copy_from_host`] |
 //! | [`IpcMemHandle`] | device memory shared with another process | [`DeviceBuffer::export_for_ipc`], [`Context::open_ipc_buffer`] |
-//! | `device_arrow::DeviceRecordBatch` (`arrow` feature) | an Arrow record batch in device memory | `DeviceRecordBatch::from_host(&batch, &ctx)` |
+//! | `device_arrow::DeviceRecordBatch` (`arrow` feature) | an Arrow record batch in device memory | `DeviceRecordBatch::from_host(&batch, &ctx)`, or on a stream `DeviceRecordBatch::from_host_on(&batch, &stream)` |
 //!
 //! Device buffers and slices:
 //!

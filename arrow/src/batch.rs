@@ -67,6 +67,39 @@ impl DeviceRecordBatch {
         read_record_batch(&message, batch.schema_ref())
     }
 
+    /// Upload `batch` to the device of `stream`'s context in one call, with the copies
+    /// issued on `stream` ([`serialize_record_batch_on`]): returns once they are issued;
+    /// the columns hold the data when the work issued to `stream` so far is done. The
+    /// batch's metadata is decoded from the host bytes, so nothing is read back from the
+    /// device and nothing waits. Use it in stream order: on `stream` (or after an event
+    /// recorded on it), as [`to_host_on`](Self::to_host_on) does; on a blocking stream
+    /// cudabuf's synchronous reads are ordered after it too.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// use cudabuf_arrow::DeviceRecordBatch;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream_with(cudabuf_core::StreamFlags { non_blocking: true, priority: 0 })?;
+    /// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])?;
+    /// let on_device = DeviceRecordBatch::from_host_on(&batch, &stream)?;
+    /// assert_eq!(on_device.num_rows(), 3); // known at once: nothing was read back
+    /// assert_eq!(on_device.to_host_on(&stream)?, batch); // in stream order
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`from_host`](Self::from_host), and the issue of the copies on `stream`.
+    ///
+    /// [`serialize_record_batch_on`]: crate::serialize_record_batch_on
+    pub fn from_host_on(batch: &RecordBatch, stream: &Stream) -> Result<Self> {
+        let message =
+            crate::Serializer::new(stream.context()).upload_record_batch_on(batch, stream)?;
+        Self::from_message(&message, batch.schema_ref())
+    }
+
     /// Build a batch from a record batch message (pyarrow's `read_record_batch` on a
     /// message). The message must be a record batch without dictionary-encoded columns;
     /// read streams with dictionaries through

@@ -192,6 +192,22 @@ pub(crate) fn read_next_message(reader: &mut BufferReader) -> Result<Option<Devi
         reader.read_at(start + prefix, &mut metadata)?;
         metadata
     };
+    let (metadata, metadata_bytes, body_len) =
+        parse_metadata(metadata, reader.size() - metadata_end)?;
+    let body = reader.read_buffer_at(metadata_end, body_len)?;
+    reader.seek_to(metadata_end + body_len)?;
+    Ok(Some(DeviceMessage {
+        metadata,
+        metadata_bytes,
+        body,
+        position: start,
+        len: prefix + metadata_len + body_len,
+    }))
+}
+
+/// Verify `metadata` (a flatbuffer `Message`, V4 or later) and read its body length,
+/// which must fit in the `available` bytes after it.
+fn parse_metadata(metadata: Vec<u8>, available: usize) -> Result<(MessageBuffer, Buffer, usize)> {
     let metadata_bytes = Buffer::from_vec(metadata);
     let metadata = MessageBuffer::try_new(metadata_bytes.clone())
         .map_err(|e| Error::invalid_data(WHAT, format!("flatbuffer metadata rejected: {e}")))?;
@@ -211,20 +227,62 @@ pub(crate) fn read_next_message(reader: &mut BufferReader) -> Result<Option<Devi
             format!("negative body length {}", message.bodyLength()),
         )
     })?;
-    let available = reader.size() - metadata_end;
     if body_len > available {
         return Err(Error::invalid_data(
             WHAT,
             format!("truncated body: the metadata announces {body_len} bytes of body, only {available} remain"),
         ));
     }
-    let body = reader.read_buffer_at(metadata_end, body_len)?;
-    reader.seek_to(metadata_end + body_len)?;
-    Ok(Some(DeviceMessage {
+    Ok((metadata, metadata_bytes, body_len))
+}
+
+/// The message at the start of `device`, whose bytes are `parts` in order (what was
+/// just uploaded there): parsed from the host bytes, so nothing is read back from the
+/// device, and the upload may still be in flight on a stream.
+pub(crate) fn message_from_host(parts: &[&[u8]], device: &DeviceBuffer) -> Result<DeviceMessage> {
+    let head = gather(parts, 8);
+    let word = |at: usize| -> Result<u32> {
+        head.get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .ok_or_else(|| Error::invalid_data(WHAT, "truncated prefix"))
+    };
+    let first = word(0)?;
+    let (prefix, raw_len) = if first == CONTINUATION_MARKER {
+        (8usize, word(4)?)
+    } else {
+        (4usize, first)
+    };
+    let metadata_len = usize::try_from(raw_len)
+        .ok()
+        .filter(|&len| len > 0 && i32::try_from(len).is_ok())
+        .ok_or_else(|| Error::invalid_data(WHAT, format!("metadata length {raw_len}")))?;
+    let metadata_end = prefix + metadata_len;
+    let framed = gather(parts, metadata_end);
+    if framed.len() < metadata_end || device.size() < metadata_end {
+        return Err(Error::invalid_data(WHAT, "truncated metadata"));
+    }
+    let (metadata, metadata_bytes, body_len) = parse_metadata(
+        framed[prefix..metadata_end].to_vec(),
+        device.size() - metadata_end,
+    )?;
+    Ok(DeviceMessage {
         metadata,
         metadata_bytes,
-        body,
-        position: start,
-        len: prefix + metadata_len + body_len,
-    }))
+        body: device.slice(metadata_end, body_len)?,
+        position: 0,
+        len: metadata_end + body_len,
+    })
+}
+
+/// The first `n` bytes of `parts` (fewer if they hold fewer).
+fn gather(parts: &[&[u8]], n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n);
+    for part in parts {
+        let take = (n - out.len()).min(part.len());
+        out.extend_from_slice(&part[..take]);
+        if out.len() == n {
+            break;
+        }
+    }
+    out
 }

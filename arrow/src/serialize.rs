@@ -265,6 +265,20 @@ impl Serializer {
         self.write_parts_on(&skip_bytes(&parts, skip), stream)
     }
 
+    /// [`serialize_record_batch_on`](Self::serialize_record_batch_on), and the message
+    /// parsed from the host bytes that were uploaded (nothing is read back).
+    pub(crate) fn upload_record_batch_on(
+        &mut self,
+        batch: &RecordBatch,
+        stream: &Stream,
+    ) -> Result<crate::DeviceMessage> {
+        check_stream(&self.context, stream, "DeviceRecordBatch::from_host_on")?;
+        let (parts, skip) = self.encode_record_batch(batch)?;
+        let bytes = skip_bytes(&parts, skip);
+        let device = self.write_parts_on(&bytes, stream)?;
+        crate::message::message_from_host(&bytes, &device)
+    }
+
     /// As [`serialize_stream`](crate::serialize_stream), with the copies issued on
     /// `stream` as [`serialize_record_batch_on`](Self::serialize_record_batch_on) says.
     ///

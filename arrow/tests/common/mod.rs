@@ -90,6 +90,7 @@ pub(crate) const ARROW_CASES: &[(&str, CaseFn)] = cases![
     sync_event::c_device_bad_sync_event_pointers_are_invalid_data,
     sync_event::c_device_streams_of_another_device_are_invalid_argument,
     on_stream::serialize_on_a_stream_writes_arrow_rs_bytes_and_round_trips,
+    on_stream::from_host_on_a_stream_reads_nothing_back_and_round_trips,
     on_stream::serialize_stream_on_a_stream_writes_arrow_rs_bytes_and_round_trips,
     on_stream::read_after_serialize_on_a_stream_follows_the_streams_rules,
     on_stream::to_host_on_a_stream_lands_in_pooled_pinned_blocks,

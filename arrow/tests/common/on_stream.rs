@@ -7,8 +7,8 @@ use std::sync::Arc;
 use arrow::array::Int64Array;
 use arrow::record_batch::RecordBatch;
 use cudabuf_arrow::{
-    read_record_batch, serialize_record_batch_on, serialize_stream_on, DeviceStreamReader,
-    DeviceStreamWriter, Serializer,
+    read_record_batch, serialize_record_batch_on, serialize_stream_on, DeviceRecordBatch,
+    DeviceStreamReader, DeviceStreamWriter, Serializer,
 };
 use cudabuf_conformance::{CaseResult, Fixture};
 use cudabuf_core::ErrorKind;
@@ -71,6 +71,54 @@ pub(crate) fn serialize_on_a_stream_writes_arrow_rs_bytes_and_round_trips(
         );
     }
     assert_eq!(ctx.bytes_allocated(), start);
+    Ok(())
+}
+
+/// The one-call upload on a stream: `DeviceRecordBatch::from_host_on` on a non-blocking
+/// stream knows the batch's shape at once (its metadata is decoded from the host bytes:
+/// nothing is read back, so the simulator's race detector sees no read racing with the
+/// upload), and `to_host_on` on the same stream gives the batch back, column by column
+/// too; a synchronous read before waiting is a race (the simulator says so); nothing
+/// stays allocated.
+pub(crate) fn from_host_on_a_stream_reads_nothing_back_and_round_trips(f: &Fixture) -> CaseResult {
+    let ctx = context(f);
+    require_streams(&ctx, f)?;
+    let stream = non_blocking(&ctx);
+    let start = ctx.bytes_allocated();
+    for host in batches() {
+        let on_device = DeviceRecordBatch::from_host_on(&host, &stream).expect("from_host_on");
+        assert_eq!(
+            (on_device.num_rows(), on_device.num_columns()),
+            (host.num_rows(), host.num_columns())
+        );
+        assert_eq!(on_device.schema(), &host.schema());
+        assert_eq!(on_device.to_host_on(&stream).expect("to_host_on"), host);
+        for (c, column) in on_device.columns().iter().enumerate() {
+            assert_eq!(&column.to_host_on(&stream).unwrap(), host.column(c));
+        }
+        let whole = DeviceRecordBatch::from_host(&host, &ctx).unwrap();
+        assert_eq!(
+            on_device.body().map(|b| b.size()),
+            whole.body().map(|b| b.size()),
+            "the same message as the synchronous upload"
+        );
+    }
+    stream.synchronize().unwrap();
+    assert_eq!(ctx.bytes_allocated(), start);
+
+    if let Some(skip) = race_detection_missing(f) {
+        return Err(skip);
+    }
+    let host = batch(vec![(
+        "v",
+        Arc::new(Int64Array::from_iter_values(0..100_000)) as _,
+    )]);
+    let on_device = DeviceRecordBatch::from_host_on(&host, &stream).unwrap();
+    expect_race(
+        on_device.to_host(),
+        "a synchronous read of a batch a non-blocking stream is still uploading",
+    );
+    stream.synchronize().unwrap();
     Ok(())
 }
 
