@@ -35,7 +35,9 @@ mod allocator;
 mod context;
 mod copies;
 mod expect;
-pub use expect::{non_blocking, require_streams};
+/// Also [`support::non_blocking`](crate::support::non_blocking), where it lives.
+pub use crate::support::non_blocking;
+pub use expect::require_streams;
 mod host;
 mod ipc;
 mod pid_reuse;

@@ -27,6 +27,7 @@ pub mod child;
 mod harness;
 pub mod hooks;
 pub mod model;
+pub mod support;
 
 pub use harness::{
     run_suite, run_suite_with_hooks, CaseFn, CaseResult, Fixture, Skip, CHILD_ROLE_VAR,
