@@ -11,45 +11,13 @@ use std::thread;
 use std::time::Duration;
 
 use cudabuf_core::{Backend, Context, ErrorKind, Stream, StreamFlags};
-use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
-
-/// A simulator with explicit stream settings (the environment does not matter).
-fn sim(schedule: Schedule, seed: u64, races: RaceMode) -> SimBackend {
-    SimBackend::with_config(SimConfig {
-        seed: Some(seed),
-        schedule: Some(schedule),
-        races: Some(races),
-        ..SimConfig::default()
-    })
-    .expect("simulator")
-}
-
-fn context(sim: &SimBackend) -> Context {
-    Backend::new(sim.clone()).context(0).expect("context 0")
-}
+use cudabuf_sim::{Schedule, SimBackend};
+use cudabuf_test_support::{assert_no_races, context, non_blocking, sim};
 
 /// Deterministic schedule, races fail: a copy on a stream runs only when the host
 /// waits for it, so the window between issue and completion is as wide as possible.
 fn deterministic() -> (SimBackend, Context) {
-    let sim = sim(Schedule::Deterministic, 1, RaceMode::Fail);
-    let ctx = context(&sim);
-    (sim, ctx)
-}
-
-fn non_blocking(ctx: &Context) -> Stream {
-    ctx.new_stream_with(StreamFlags {
-        non_blocking: true,
-        priority: 0,
-    })
-    .expect("non-blocking stream")
-}
-
-fn assert_no_races(sim: &SimBackend) {
-    let report = sim.race_report();
-    assert!(
-        report.is_empty(),
-        "a correct program was flagged: {report:?}"
-    );
+    sim(Schedule::Deterministic, 1).context()
 }
 
 // ---- Finding 1: the per-thread default stream's in-flight memory -------------------
@@ -93,7 +61,7 @@ fn per_thread_stream_synchronize_in_another_thread_keeps_the_first_threads_stagi
     );
     assert_eq!(b.to_vec().unwrap(), b"BBBB");
     drop(stream);
-    assert_no_races(&sim);
+    assert_no_races(&sim, "per-thread stream, staging pool on");
 }
 
 /// As above with the staging pool off: the early release frees A's pinned staging
@@ -119,7 +87,7 @@ fn per_thread_stream_synchronize_in_another_thread_frees_nothing_early() {
     ctx.synchronize().unwrap();
     assert_eq!(a.to_vec().unwrap(), b"AAAA");
     drop(stream);
-    assert_no_races(&sim);
+    assert_no_races(&sim, "per-thread stream, staging pool off");
 }
 
 /// The last clone of a per-thread `Stream` dropped in thread B, whose own last
@@ -135,7 +103,7 @@ fn per_thread_stream_dropped_in_another_thread_waits_for_every_threads_work() {
 
 fn per_thread_stream_dropped_in_another_thread(seed: u64) {
     const N: usize = 8;
-    let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+    let sim = sim(Schedule::Deterministic, seed).build();
     let ctx = context(&sim);
     ctx.set_staging_pool_limit(1 << 20);
     let stream = ctx.per_thread_stream();
@@ -174,7 +142,7 @@ fn per_thread_stream_dropped_in_another_thread(seed: u64) {
             "seed {seed}, upload {i}: its staging buffer was reused under its copy"
         );
     }
-    assert_no_races(&sim);
+    assert_no_races(&sim, &format!("seed {seed}"));
 }
 
 // ---- Finding 2: synchronize/query racing with another thread's issue ----------------
@@ -189,7 +157,7 @@ fn shared_stream_synchronize_never_releases_work_issued_after_it_began() {
     const ROUNDS: usize = if cfg!(miri) { 6 } else { 400 };
     const LEN: usize = 256;
     for schedule in [Schedule::Deterministic, Schedule::Threaded] {
-        let sim = sim(schedule, 3, RaceMode::Fail);
+        let sim = sim(schedule, 3).build();
         let ctx = context(&sim);
         ctx.set_staging_pool_limit(1 << 20);
         let stream = non_blocking(&ctx);
@@ -221,7 +189,7 @@ fn shared_stream_synchronize_never_releases_work_issued_after_it_began() {
                 "upload {i} lost its staging bytes ({schedule:?})"
             );
         }
-        assert_no_races(&sim);
+        assert_no_races(&sim, &format!("{schedule:?}"));
     }
 }
 
@@ -266,7 +234,7 @@ fn handles_of_another_simulator_instance_are_typed_errors() {
 #[test]
 fn a_stream_waits_for_an_event_of_another_device() {
     for seed in 0..if cfg!(miri) { 1 } else { 4 } {
-        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+        let sim = sim(Schedule::Deterministic, seed).build();
         let backend = Backend::new(sim.clone());
         let (c0, c1) = (backend.context(0).unwrap(), backend.context(1).unwrap());
         let (s0, s1) = (non_blocking(&c0), non_blocking(&c1));
@@ -280,7 +248,7 @@ fn a_stream_waits_for_an_event_of_another_device() {
         s1.synchronize().unwrap();
         s0.synchronize().unwrap();
         assert_eq!(dst.to_vec().unwrap(), b"peer");
-        assert_no_races(&sim);
+        assert_no_races(&sim, &format!("seed {seed}"));
     }
 }
 
@@ -323,7 +291,7 @@ fn a_race_is_flagged_whatever_core_polled_before_it() {
     let mut missed = Vec::new();
     let seeds = if cfg!(miri) { 4 } else { 64 };
     for seed in 0..seeds {
-        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+        let sim = sim(Schedule::Deterministic, seed).build();
         let ctx = context(&sim);
         let (s1, s2) = (non_blocking(&ctx), non_blocking(&ctx));
         let (b, c, d) = (
@@ -377,7 +345,7 @@ fn memory_cudabuf_recycled_after_its_bookkeeping_is_not_a_race() {
     let mut exercised = (0, 0);
     for schedule in [Schedule::Deterministic, Schedule::Threaded] {
         for seed in 0..seeds {
-            let sim = sim(schedule, seed, RaceMode::Fail);
+            let sim = sim(schedule, seed).build();
             let ctx = context(&sim);
             ctx.set_allocator_cache_limit(256 << 20);
             ctx.set_staging_pool_limit(1 << 20);
@@ -418,7 +386,7 @@ fn memory_cudabuf_recycled_after_its_bookkeeping_is_not_a_race() {
             }
             s1.synchronize().unwrap();
             s2.synchronize().unwrap();
-            assert_no_races(&sim);
+            assert_no_races(&sim, &format!("{schedule} seed {seed}"));
         }
     }
     // Both paths ran under most seeds (how many depends on the schedules, not on chance).
@@ -466,7 +434,7 @@ fn a_forgotten_transfer_leaks_only_what_it_owns() {
 #[test]
 fn a_transfer_outlives_its_stream() {
     for schedule in [Schedule::Deterministic, Schedule::Threaded] {
-        let sim = sim(schedule, 5, RaceMode::Fail);
+        let sim = sim(schedule, 5).build();
         let ctx = context(&sim);
         let buf = ctx.buffer_from_data(&b"outlives"[..]).unwrap();
         let stream = non_blocking(&ctx);
@@ -477,7 +445,7 @@ fn a_transfer_outlives_its_stream() {
         drop(buf);
         assert_eq!(&t.wait().unwrap()[..], b"outlives");
         assert_eq!(ctx.bytes_allocated(), 0);
-        assert_no_races(&sim);
+        assert_no_races(&sim, &format!("{schedule:?}"));
     }
 }
 
@@ -580,7 +548,7 @@ fn a_mock_cannot_pass_for_a_real_context() {
         seen, [0u8; 8],
         "the pinned bytes changed under a live reference"
     );
-    assert_no_races(&sim);
+    assert_no_races(&sim, "a mock posing as a real context");
 }
 
 // ---- Finding 8: the writer's overlapped copies were invisible to the race detector ---
@@ -605,7 +573,7 @@ fn buffered_writer_with_a_copy_in_flight(
 #[test]
 fn a_non_blocking_read_of_a_writers_unflushed_bytes_is_flagged() {
     for seed in 0..if cfg!(miri) { 1 } else { 4 } {
-        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+        let sim = sim(Schedule::Deterministic, seed).build();
         let ctx = context(&sim);
         let (buf, mut writer) = buffered_writer_with_a_copy_in_flight(&ctx);
         let stream = non_blocking(&ctx);
@@ -621,7 +589,7 @@ fn a_non_blocking_read_of_a_writers_unflushed_bytes_is_flagged() {
 fn a_non_blocking_read_after_the_writers_flush_is_not_flagged() {
     use std::io::Write;
     for schedule in [Schedule::Deterministic, Schedule::Threaded] {
-        let sim = sim(schedule, 2, RaceMode::Fail);
+        let sim = sim(schedule, 2).build();
         let ctx = context(&sim);
         let (buf, mut writer) = buffered_writer_with_a_copy_in_flight(&ctx);
         writer.flush().unwrap();
@@ -631,7 +599,7 @@ fn a_non_blocking_read_after_the_writers_flush_is_not_flagged() {
         assert_eq!(host[..100], [1; 100]);
         assert_eq!(host[100..4096], [2; 3996]);
         writer.close().unwrap();
-        assert_no_races(&sim);
+        assert_no_races(&sim, &format!("{schedule:?}"));
     }
 }
 
