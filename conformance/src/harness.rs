@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cudabuf_core::{Backend, ErrorKind, Result};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
-use crate::hooks::{NoHooks, SuiteHooks};
+use crate::hooks::{NoHooks, ScheduledBackend, SuiteHooks};
 
 /// The environment variable that turns "no CUDA driver" from a visible skip into a
 /// failure (set by `.gpu/run-all` on the GPU machine).
@@ -154,6 +154,39 @@ impl Fixture {
         match (self.make)() {
             Ok(b) => b,
             Err(e) => panic!("the {} backend could not be made: {e}", self.suite),
+        }
+    }
+
+    /// The backends a case whose outcome may hang on how stream work interleaves runs on:
+    /// those of the hooks' [`scheduled_backends`](SuiteHooks::scheduled_backends), with
+    /// `seeds` seeds of each schedule; where the hooks offer none, a fresh backend of the
+    /// suite's own without a race probe, and the race report is recorded as left out
+    /// ([`left_out`](Self::left_out)).
+    pub fn scheduled_backends(&self, seeds: u64) -> Vec<ScheduledBackend> {
+        match self.hooks.scheduled_backends(seeds) {
+            Some(Ok(backends)) => {
+                assert!(
+                    !backends.is_empty(),
+                    "the {} backend's hooks gave no scheduled backend",
+                    self.suite
+                );
+                backends
+            }
+            Some(Err(e)) => panic!(
+                "the {} backend's hooks could not make its scheduled backends: {e}",
+                self.suite
+            ),
+            None => {
+                self.left_out(
+                    "that the race report stays empty, and other stream orders (no \
+                     SuiteHooks::scheduled_backends)",
+                );
+                vec![ScheduledBackend {
+                    schedule: format!("the {} backend", self.suite),
+                    backend: self.backend(),
+                    races: None,
+                }]
+            }
         }
     }
 
@@ -356,4 +389,22 @@ macro_rules! conformance_tests {
             $crate::run_suite_with_hooks(stringify!($suite), $make, $hooks, $crate::cases::ALL)
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fixture;
+    use cudabuf_core::Backend;
+
+    #[test]
+    fn without_the_hook_a_scheduled_case_runs_once_and_says_what_it_left_out() {
+        let f = Fixture::new("sim", || Ok(Backend::new(cudabuf_sim::SimBackend::new())));
+        let runs = f.scheduled_backends(4);
+        assert_eq!(runs.len(), 1, "the suite's own backend, once");
+        assert!(runs[0].races.is_none());
+        runs[0].assert_no_races("nothing to check without a probe");
+        let notes = f.left_out_checks();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("race report"), "{notes:?}");
+    }
 }

@@ -33,4 +33,4 @@ pub use harness::{
     run_suite, run_suite_with_hooks, CaseFn, CaseResult, Fixture, Skip, CHILD_ROLE_VAR,
     REQUIRE_CUDA_VAR,
 };
-pub use hooks::{LeakProbe, NoHooks, ProbedBackend, SuiteHooks};
+pub use hooks::{LeakProbe, NoHooks, ProbedBackend, RaceProbe, ScheduledBackend, SuiteHooks};
