@@ -92,10 +92,10 @@
 use std::fmt;
 
 use cudabuf_core::{
-    Backend, Context, DeviceBuffer, ErrorKind, Event, HostBuffer, HostRange, Stream, StreamFlags,
-    Transfer,
+    Backend, Context, DeviceBuffer, ErrorKind, Event, HostBuffer, HostRange, Stream, Transfer,
 };
-use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
+use cudabuf_sim::{Schedule, SimBackend};
+use cudabuf_test_support::{sim, NON_BLOCKING};
 use proptest::prelude::*;
 
 // ---- Knobs ----------------------------------------------------------------------------
@@ -1399,10 +1399,7 @@ fn make_stream(ctx: &Context, s: S) -> cudabuf_core::Result<Stream> {
     match s {
         S::Legacy => Ok(ctx.legacy_stream()),
         S::Blocking => ctx.new_stream(),
-        S::Nb1 | S::Nb2 => ctx.new_stream_with(StreamFlags {
-            non_blocking: true,
-            priority: 0,
-        }),
+        S::Nb1 | S::Nb2 => ctx.new_stream_with(NON_BLOCKING),
     }
 }
 
@@ -1619,16 +1616,6 @@ impl Real {
     }
 }
 
-fn sim(schedule: Schedule, seed: u64) -> SimBackend {
-    SimBackend::with_config(SimConfig {
-        seed: Some(seed),
-        schedule: Some(schedule),
-        races: Some(RaceMode::Fail),
-        ..SimConfig::default()
-    })
-    .expect("simulator")
-}
-
 /// Runs `program` once, in lockstep with the oracle; `Err` describes a violation of the
 /// contract. Returns the step flagged as a race, if any (the run stops there).
 fn run_once(
@@ -1637,7 +1624,7 @@ fn run_once(
     seed: u64,
     cached: bool,
 ) -> Result<Option<usize>, String> {
-    let sim = sim(schedule, seed);
+    let sim = sim(schedule, seed).build();
     let ctx = Backend::new(sim.clone())
         .context(0)
         .map_err(|e| format!("no context: {e}"))?;

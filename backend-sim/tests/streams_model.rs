@@ -24,9 +24,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudabuf_core::backend::{PinnedAlloc, Platform, RawContext, RawEvent, RawStream, StreamFlags};
+use cudabuf_core::backend::{PinnedAlloc, Platform, RawContext, RawEvent, RawStream};
 use cudabuf_core::{Backend, Context, DeviceBuffer, ErrorKind, Event, Stream, Transfer};
-use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
+use cudabuf_sim::{Schedule, SimBackend};
+use cudabuf_test_support::{sim, BLOCKING, NON_BLOCKING};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 
@@ -527,16 +528,6 @@ impl Bytes {
 
 // ---- Running a program on the simulator's RawContext ------------------------------------
 
-fn sim(schedule: Schedule, seed: u64) -> SimBackend {
-    SimBackend::with_config(SimConfig {
-        seed: Some(seed),
-        schedule: Some(schedule),
-        races: Some(RaceMode::Fail),
-        ..SimConfig::default()
-    })
-    .expect("simulator")
-}
-
 /// What running an operation gave back.
 #[derive(Debug)]
 enum Outcome {
@@ -558,21 +549,17 @@ struct Raw {
 impl Raw {
     fn new(sim: &SimBackend, start: &Bytes) -> Self {
         let ctx = sim.device(0).unwrap().primary_context().unwrap();
-        let flags = |non_blocking| StreamFlags {
-            non_blocking,
-            priority: 0,
-        };
         let streams = HashMap::from([
             (S::Legacy, RawStream::LEGACY),
             (S::PerThread, RawStream::PER_THREAD),
-            (S::Blocking, sx(&*ctx).stream_create(flags(false)).unwrap()),
+            (S::Blocking, sx(&*ctx).stream_create(BLOCKING).unwrap()),
             (
                 S::NonBlocking1,
-                sx(&*ctx).stream_create(flags(true)).unwrap(),
+                sx(&*ctx).stream_create(NON_BLOCKING).unwrap(),
             ),
             (
                 S::NonBlocking2,
-                sx(&*ctx).stream_create(flags(true)).unwrap(),
+                sx(&*ctx).stream_create(NON_BLOCKING).unwrap(),
             ),
         ]);
         let events = (0..=EVENTS)
@@ -708,7 +695,7 @@ fn model_races(order: &Order, op: &Op, mode: Mode) -> bool {
 fn run_raw(steps: &[Step], schedule: Schedule, seed: u64) -> Result<Option<usize>, TestCaseError> {
     let start = Bytes::new();
     let mut bytes = start.clone();
-    let sim = sim(schedule, seed);
+    let sim = sim(schedule, seed).build();
     let raw = Raw::new(&sim, &start);
     let mut order = Order::default();
     let mut stream_of = Vec::new();
@@ -887,16 +874,12 @@ struct Core {
 impl Core {
     /// Streams, events and buffers of its own on `ctx`.
     fn on(ctx: Context, start: &Bytes) -> Self {
-        let nb = StreamFlags {
-            non_blocking: true,
-            priority: 0,
-        };
         let streams = HashMap::from([
             (S::Legacy, ctx.legacy_stream()),
             (S::PerThread, ctx.per_thread_stream()),
             (S::Blocking, ctx.new_stream().unwrap()),
-            (S::NonBlocking1, ctx.new_stream_with(nb).unwrap()),
-            (S::NonBlocking2, ctx.new_stream_with(nb).unwrap()),
+            (S::NonBlocking1, ctx.new_stream_with(NON_BLOCKING).unwrap()),
+            (S::NonBlocking2, ctx.new_stream_with(NON_BLOCKING).unwrap()),
         ]);
         let events = (0..=EVENTS).map(|_| ctx.new_event().unwrap()).collect();
         let buffers = start
@@ -1031,7 +1014,7 @@ fn run_core_on(ctx: &Context, steps: &[Step], label: &str) -> Result<(), TestCas
 /// [`run_core_on`] on a fresh simulator; then nothing is flagged and nothing stays
 /// allocated.
 fn run_core(steps: &[Step], schedule: Schedule, seed: u64) -> Result<(), TestCaseError> {
-    let sim = sim(schedule, seed);
+    let sim = sim(schedule, seed).build();
     let ctx = Backend::new(sim.clone()).context(0).unwrap();
     run_core_on(&ctx, steps, &format!("{schedule:?}, seed {seed}"))?;
     prop_assert_eq!(ctx.bytes_allocated(), 0);
@@ -1085,7 +1068,7 @@ proptest! {
         programs in prop::collection::vec(program_strategy(), 4)
     ) {
         for (schedule, seed) in runs() {
-            let sim = sim(schedule, seed);
+            let sim = sim(schedule, seed).build();
             let ctx = Backend::new(sim.clone()).context(0).unwrap();
             let results: Vec<Result<(), TestCaseError>> = std::thread::scope(|scope| {
                 let handles: Vec<_> = programs

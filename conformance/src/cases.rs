@@ -29,13 +29,15 @@
 //!   load; `docs/RELIABILITY.md` maps every public operation to its cases.
 
 use crate::model;
-use crate::CaseFn;
+use crate::{Case, CaseFn};
 
 mod allocator;
 mod context;
 mod copies;
 mod expect;
-pub use expect::{non_blocking, require_streams};
+/// Also [`support::non_blocking`](crate::support::non_blocking), where it lives.
+pub use crate::support::non_blocking;
+pub use expect::require_streams;
 mod host;
 mod ipc;
 mod pid_reuse;
@@ -53,57 +55,21 @@ mod reliability_leaks;
 mod reliability_load;
 mod reliability_process;
 
-/// Builds the `(name, function)` list from `module::function` paths, so that a case's
-/// name is always its function's name.
+/// Builds the list of [`Case`]s from `module::function` paths, so that a case's name is
+/// always its function's name; `module::function.alone()` or `.exclusive()` declares that
+/// the case runs alone ([`Isolation`](crate::Isolation)).
 macro_rules! cases {
-    ($($module:ident :: $case:ident),* $(,)?) => {
-        &[$((stringify!($case), $module::$case as CaseFn)),*]
+    ($($module:ident :: $case:ident $(. $isolation:ident ())?),* $(,)?) => {
+        &[$(Case::new(stringify!($case), $module::$case as CaseFn)$(.$isolation())?),*]
     };
 }
 
-/// Cases the harness runs alone (no other case of the binary runs meanwhile) to keep a
-/// backend fault from hanging the suite, with why; `CUDABUF_CONFORMANCE_ALONE=off` runs
-/// them beside the others (to reproduce the fault). None now.
-///
-/// Until 2026-12-03 it held `per_thread_stream_shared_by_threads_keeps_each_threads_staging`
-/// and `stream_synchronized_by_another_thread_keeps_later_work`: beside each other and the
-/// other stream cases on the H200 they hung every thread of the binary inside the driver.
-/// The stacks (`CUDABUF_HANG_TRACE_SECS`) showed a thread ending, inside the driver's
-/// thread-exit work, after copying on its per-thread stream without waiting, and every other
-/// thread waiting for the driver's lock. The CUDA backend now synchronizes a thread's
-/// per-thread stream as the thread ends (`cudabuf-cuda`, `context/per_thread.rs`), and the
-/// two run beside the others again: 5 of 5 runs passed, where 4 of 4 had hung
-/// (results/runs.md, 2026-12-03, night; docs/RELIABILITY.md, section 6).
-pub const ALONE: &[&str] = &[];
-
-/// Cases the harness always runs alone, for what they check: the state of the device's
-/// caching allocator, which on CUDA is shared by every context over the device's primary
-/// context in the process, so the other cases allocate from it too.
-/// `cached_block_is_invalid_address_through_every_context` frees a block and checks that
-/// its address is refused: another case may be handed the block at once (on the H200,
-/// 2026-12-03, the address then belonged to another case's live buffer).
-/// `cached_block_exported_is_never_reused_while_an_importer_reads` looks for a free block
-/// in its exported buffer's segment: other cases may have taken them all (H200, 2 of 5
-/// runs in parallel). `get_device_address_of_freed_buffer_is_invalid_address` checks the
-/// addresses of a freed device buffer and of freed pinned host memory, which another
-/// case's allocation may be handed at once (H200: the pinned pointer, 1 of 8 runs);
-/// `foreign_buffer_of_freed_pinned_memory_is_invalid_address` and
-/// `copy_through_a_view_of_freed_pinned_memory_is_invalid_address` likewise.
-/// Unlike [`ALONE`], `CUDABUF_CONFORMANCE_ALONE=off` does not change these.
-pub const EXCLUSIVE: &[&str] = &[
-    "cached_block_is_invalid_address_through_every_context",
-    "cached_block_exported_is_never_reused_while_an_importer_reads",
-    "get_device_address_of_freed_buffer_is_invalid_address",
-    "foreign_buffer_of_freed_pinned_memory_is_invalid_address",
-    "copy_through_a_view_of_freed_pinned_memory_is_invalid_address",
-    // A freed address must stay freed while they look: the driver may hand it to a case
-    // running beside them (seen once on the H200 with the cache off).
-    "buffer_from_object_of_freed_pageable_or_unmapped_memory_is_invalid_address",
-    "foreign_buffer_of_freed_pageable_or_unmapped_memory_is_invalid_address",
-];
-
-/// Every case of the suite: `(name, function)`, the name being the function's name.
-pub const ALL: &[(&str, CaseFn)] = cases![
+/// Every case of the suite, named after its function. A case that must not run beside the
+/// others says so here, and why: `.exclusive()` for what it checks (state that every case
+/// of the process shares: on CUDA the device's caching allocator and the driver's
+/// addresses, shared by every context over the device's primary context), `.alone()` to
+/// keep a backend fault from hanging the suite ([`Isolation`](crate::Isolation)).
+pub const ALL: &[Case] = cases![
     // streams
     streams::stream_copies_round_trip,
     streams::stream_runs_its_work_in_order,
@@ -124,6 +90,16 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     streams::race_per_thread_streams_of_two_threads,
     streams::race_on_pinned_memory_through_its_device_view,
     // streams under hostile use
+    //
+    // Until 2026-12-03 the next two ran alone (`.alone()`): beside each other and the
+    // other stream cases on the H200 they hung every thread of the binary inside the
+    // driver. The stacks (`CUDABUF_HANG_TRACE_SECS`) showed a thread ending, inside the
+    // driver's thread-exit work, after copying on its per-thread stream without waiting,
+    // and every other thread waiting for the driver's lock. The CUDA backend now
+    // synchronizes a thread's per-thread stream as the thread ends (`cudabuf-cuda`,
+    // `context/per_thread.rs`), and the two run beside the others again: 5 of 5 runs
+    // passed, where 4 of 4 had hung (results/runs.md, 2026-12-03, night;
+    // docs/RELIABILITY.md, section 6).
     streams_hostile::per_thread_stream_shared_by_threads_keeps_each_threads_staging,
     streams_hostile::stream_synchronized_by_another_thread_keeps_later_work,
     streams_hostile::stream_shared_by_threads_last_drop_waits_for_every_upload,
@@ -218,7 +194,10 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     host::host_buffer_is_portable_to_other_devices,
     host::get_device_address_of_device_address_is_itself,
     host::get_device_address_of_pageable_memory_is_invalid_address,
-    host::get_device_address_of_freed_buffer_is_invalid_address,
+    // It checks the addresses of a freed device buffer and of freed pinned host memory,
+    // which another case's allocation may be handed at once (H200: the pinned pointer, 1
+    // of 8 runs).
+    host::get_device_address_of_freed_buffer_is_invalid_address.exclusive(),
     // reader
     reader::reader_sequence_of_reads_and_read_buffers,
     reader::reader_read_buffer_is_zero_copy,
@@ -266,10 +245,16 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     ipc::ipc_open_in_child_process_on_other_device,
     ipc::ipc_handle_grants_its_whole_allocation_and_an_exclusive_one_no_more,
     // allocator
-    allocator::cached_block_is_invalid_address_through_every_context,
+    //
+    // It frees a block and checks that its address is refused: another case may be handed
+    // the block at once (on the H200, 2026-12-03, the address then belonged to another
+    // case's live buffer).
+    allocator::cached_block_is_invalid_address_through_every_context.exclusive(),
     allocator::cached_block_is_bounded_by_its_request,
     allocator::cached_block_exported_opens_at_its_offset_in_a_child,
-    allocator::cached_block_exported_is_never_reused_while_an_importer_reads,
+    // It looks for a free block in its exported buffer's segment: other cases may have
+    // taken them all (H200, 2 of 5 runs in parallel).
+    allocator::cached_block_exported_is_never_reused_while_an_importer_reads.exclusive(),
     // model-based (proptest state machines)
     model::buffer_semantics_match_vec_model,
     model::reader_writer_match_cursor_model,
@@ -280,10 +265,15 @@ pub const ALL: &[(&str, CaseFn)] = cases![
     reliability_inputs::new_host_buffer_of_impossible_size_is_out_of_memory,
     reliability_inputs::writer_set_buffer_size_impossible_is_out_of_memory_and_keeps_writer,
     reliability_inputs::get_device_address_of_unmapped_addresses_is_invalid_address,
-    reliability_inputs::foreign_buffer_of_freed_pageable_or_unmapped_memory_is_invalid_address,
-    reliability_inputs::foreign_buffer_of_freed_pinned_memory_is_invalid_address,
-    reliability_inputs::copy_through_a_view_of_freed_pinned_memory_is_invalid_address,
-    reliability_inputs::buffer_from_object_of_freed_pageable_or_unmapped_memory_is_invalid_address,
+    //
+    // A freed address must stay freed while the next four look: the driver may hand it to
+    // a case running beside them (the pageable ones: seen once on the H200 with the cache
+    // off; the pinned ones: another case's pinned allocation may be handed the freed
+    // memory at once, as for `get_device_address_of_freed_buffer_is_invalid_address`).
+    reliability_inputs::foreign_buffer_of_freed_pageable_or_unmapped_memory_is_invalid_address.exclusive(),
+    reliability_inputs::foreign_buffer_of_freed_pinned_memory_is_invalid_address.exclusive(),
+    reliability_inputs::copy_through_a_view_of_freed_pinned_memory_is_invalid_address.exclusive(),
+    reliability_inputs::buffer_from_object_of_freed_pageable_or_unmapped_memory_is_invalid_address.exclusive(),
     reliability_inputs::buffer_of_another_backend_instance_is_refused_or_shared_by_kind,
     reliability_inputs::buffers_of_5000_backend_instances_never_share_an_address,
     reliability_inputs::ipc_to_pyarrow_bytes_refuses_offsets_and_simulator_handles,
@@ -312,18 +302,8 @@ mod tests {
     #[test]
     fn case_names_are_unique() {
         let mut seen = HashSet::new();
-        for (name, _) in super::ALL {
-            assert!(seen.insert(*name), "case {name} is listed twice");
-        }
-    }
-
-    #[test]
-    fn cases_run_alone_are_cases() {
-        for name in super::ALONE.iter().chain(super::EXCLUSIVE) {
-            assert!(
-                super::ALL.iter().any(|(case, _)| case == name),
-                "{name} is not a case of ALL"
-            );
+        for case in super::ALL {
+            assert!(seen.insert(case.name), "case {} is listed twice", case.name);
         }
     }
 }

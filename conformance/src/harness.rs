@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cudabuf_core::{Backend, ErrorKind, Result};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
-use crate::hooks::{NoHooks, SuiteHooks};
+use crate::hooks::{NoHooks, ScheduledBackend, SuiteHooks};
 
 /// The environment variable that turns "no CUDA driver" from a visible skip into a
 /// failure (set by `.gpu/run-all` on the GPU machine).
@@ -22,12 +22,12 @@ pub const CHILD_ROLE_VAR: &str = "CUDABUF_CONFORMANCE_CHILD";
 /// how long) are printed to standard error, so that a case that hangs names itself.
 pub(crate) const WATCHDOG_VAR: &str = "CUDABUF_CONFORMANCE_WATCHDOG_SECS";
 
-/// Set to `off`: the cases of [`cases::ALONE`](crate::cases::ALONE) run beside the others
-/// like every case (to reproduce what they are kept apart for).
+/// Set to `off`: the cases declared [`Isolation::Alone`] run beside the others like every
+/// case (to reproduce what they are kept apart for).
 pub(crate) const ALONE_VAR: &str = "CUDABUF_CONFORMANCE_ALONE";
 
-/// Every case holds it while it runs: shared, or exclusively for the cases of
-/// [`cases::ALONE`](crate::cases::ALONE) and [`cases::EXCLUSIVE`](crate::cases::EXCLUSIVE).
+/// Every case holds it while it runs: shared, or exclusively for a case that runs alone
+/// ([`Isolation`]).
 static ALONE_GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 /// The cases running now, with when each began (for the watchdog).
@@ -69,6 +69,87 @@ pub type CaseResult = std::result::Result<(), Skip>;
 
 /// One behaviour, checked against the fixture's backend.
 pub type CaseFn = fn(&Fixture) -> CaseResult;
+
+/// Whether a case runs beside the others of its test binary, which run in parallel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Isolation {
+    /// Beside any other case that is not kept alone. Most cases.
+    #[default]
+    Shared,
+    /// Alone (no other case of the binary runs meanwhile), to keep a backend fault from
+    /// hanging the suite; `CUDABUF_CONFORMANCE_ALONE=off` runs it beside the others, to
+    /// reproduce the fault. No case needs it now: the two stream cases that did until
+    /// 2026-12-03 say why there ([`cases::ALL`](crate::cases::ALL)).
+    Alone,
+    /// Always alone, for what it checks: state that every case of the process shares (on
+    /// CUDA, the device's caching allocator and the driver's addresses, shared by every
+    /// context over the device's primary context), which the cases beside it would change
+    /// under it. `CUDABUF_CONFORMANCE_ALONE=off` does not change it.
+    Exclusive,
+}
+
+impl Isolation {
+    /// Whether a case of this isolation runs alone; `alone_honoured` is false under
+    /// `CUDABUF_CONFORMANCE_ALONE=off`.
+    fn runs_alone(self, alone_honoured: bool) -> bool {
+        match self {
+            Isolation::Shared => false,
+            Isolation::Alone => alone_honoured,
+            Isolation::Exclusive => true,
+        }
+    }
+}
+
+/// A case as the harness runs it: its name (the function's), the function, and whether it
+/// runs beside the others ([`Isolation`]), declared with the case:
+///
+/// ```
+/// use cudabuf_conformance::{Case, CaseResult, Fixture, Isolation};
+///
+/// fn freed_address_is_refused(_: &Fixture) -> CaseResult {
+///     Ok(())
+/// }
+///
+/// // Another case could be handed the freed address while this one looks at it.
+/// const CASE: Case = Case::new("freed_address_is_refused", freed_address_is_refused).exclusive();
+/// assert_eq!(CASE.isolation, Isolation::Exclusive);
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    /// The case's name: its function's name (`slice_aliases_parent`).
+    pub name: &'static str,
+    /// The case.
+    pub run: CaseFn,
+    /// Whether it runs beside the other cases.
+    pub isolation: Isolation,
+}
+
+impl Case {
+    /// A case that runs beside the others ([`Isolation::Shared`]).
+    pub const fn new(name: &'static str, run: CaseFn) -> Self {
+        Case {
+            name,
+            run,
+            isolation: Isolation::Shared,
+        }
+    }
+
+    /// The same case, run alone unless `CUDABUF_CONFORMANCE_ALONE=off` ([`Isolation::Alone`]).
+    pub const fn alone(self) -> Self {
+        Case {
+            isolation: Isolation::Alone,
+            ..self
+        }
+    }
+
+    /// The same case, always run alone ([`Isolation::Exclusive`]).
+    pub const fn exclusive(self) -> Self {
+        Case {
+            isolation: Isolation::Exclusive,
+            ..self
+        }
+    }
+}
 
 /// What a case gets: a way to make fresh backends of the kind under test, the backend's
 /// [hooks](crate::hooks), and a way to run a child process of the same test binary.
@@ -157,6 +238,39 @@ impl Fixture {
         }
     }
 
+    /// The backends a case whose outcome may hang on how stream work interleaves runs on:
+    /// those of the hooks' [`scheduled_backends`](SuiteHooks::scheduled_backends), with
+    /// `seeds` seeds of each schedule; where the hooks offer none, a fresh backend of the
+    /// suite's own without a race probe, and the race report is recorded as left out
+    /// ([`left_out`](Self::left_out)).
+    pub fn scheduled_backends(&self, seeds: u64) -> Vec<ScheduledBackend> {
+        match self.hooks.scheduled_backends(seeds) {
+            Some(Ok(backends)) => {
+                assert!(
+                    !backends.is_empty(),
+                    "the {} backend's hooks gave no scheduled backend",
+                    self.suite
+                );
+                backends
+            }
+            Some(Err(e)) => panic!(
+                "the {} backend's hooks could not make its scheduled backends: {e}",
+                self.suite
+            ),
+            None => {
+                self.left_out(
+                    "that the race report stays empty, and other stream orders (no \
+                     SuiteHooks::scheduled_backends)",
+                );
+                vec![ScheduledBackend {
+                    schedule: format!("the {} backend", self.suite),
+                    backend: self.backend(),
+                    races: None,
+                }]
+            }
+        }
+    }
+
     /// `Err(Skip)` unless `backend` has at least `n` devices.
     pub fn require_devices(&self, backend: &Backend, n: usize) -> CaseResult {
         let have = backend.num_devices().expect("num_devices");
@@ -208,11 +322,7 @@ fn require_cuda() -> bool {
 /// ignored with the reason, or failed when `CUDABUF_REQUIRE_CUDA=1`.
 ///
 /// The backend offers no [hooks](crate::hooks) here; see [`run_suite_with_hooks`].
-pub fn run_suite(
-    suite: &'static str,
-    make: fn() -> Result<Backend>,
-    cases: &[(&'static str, CaseFn)],
-) -> ExitCode {
+pub fn run_suite(suite: &'static str, make: fn() -> Result<Backend>, cases: &[Case]) -> ExitCode {
     run_suite_with_hooks(suite, make, &NoHooks, cases)
 }
 
@@ -223,7 +333,7 @@ pub fn run_suite_with_hooks(
     suite: &'static str,
     make: fn() -> Result<Backend>,
     hooks: &'static dyn SuiteHooks,
-    cases: &[(&'static str, CaseFn)],
+    cases: &[Case],
 ) -> ExitCode {
     if let Ok(role) = std::env::var(CHILD_ROLE_VAR) {
         return crate::child::run(&role, make);
@@ -251,59 +361,64 @@ pub fn run_suite_with_hooks(
     let alone_honoured = std::env::var(ALONE_VAR).map_or(true, |v| v.trim() != "off");
     let trials = cases
         .iter()
-        .map(|&(name, case)| {
-            let fixture = fixture.for_case();
-            let unavailable = unavailable.clone();
-            let left_out = left_out.clone();
-            let running = running.clone();
-            Trial::ignorable_test(format!("{suite}::{name}"), move || {
-                if let Some(reason) = unavailable {
-                    return if require_cuda() {
-                        Err(Failed::from(format!("did not run: {reason}")))
-                    } else {
-                        Ok(Completion::ignored_with(format!("did not run: {reason}")))
-                    };
-                }
-                let alone = (crate::cases::ALONE.contains(&name) && alone_honoured)
-                    || crate::cases::EXCLUSIVE.contains(&name);
-                let _shared =
-                    (!alone).then(|| ALONE_GATE.read().unwrap_or_else(PoisonError::into_inner));
-                let _exclusive =
-                    alone.then(|| ALONE_GATE.write().unwrap_or_else(PoisonError::into_inner));
-                let started = std::time::Instant::now();
-                running
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push((name.to_string(), started));
-                let outcome = catch_unwind(AssertUnwindSafe(|| case(&fixture)));
-                running
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .retain(|(n, t)| !(n == name && *t == started));
-                let notes = fixture.left_out_checks();
-                if !notes.is_empty() {
-                    left_out
+        .map(
+            |&Case {
+                 name,
+                 run: case,
+                 isolation,
+             }| {
+                let fixture = fixture.for_case();
+                let unavailable = unavailable.clone();
+                let left_out = left_out.clone();
+                let running = running.clone();
+                Trial::ignorable_test(format!("{suite}::{name}"), move || {
+                    if let Some(reason) = unavailable {
+                        return if require_cuda() {
+                            Err(Failed::from(format!("did not run: {reason}")))
+                        } else {
+                            Ok(Completion::ignored_with(format!("did not run: {reason}")))
+                        };
+                    }
+                    let alone = isolation.runs_alone(alone_honoured);
+                    let _shared =
+                        (!alone).then(|| ALONE_GATE.read().unwrap_or_else(PoisonError::into_inner));
+                    let _exclusive =
+                        alone.then(|| ALONE_GATE.write().unwrap_or_else(PoisonError::into_inner));
+                    let started = std::time::Instant::now();
+                    running
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .push(format!(
-                            "{suite}::{name}: not checked: {}",
-                            notes.join("; ")
-                        ));
-                }
-                match outcome {
-                    Ok(Ok(())) => Ok(Completion::Completed),
-                    Ok(Err(Skip(reason))) => Ok(Completion::ignored_with(reason)),
-                    Err(panic) => {
-                        let msg = panic
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_else(|| "panicked".into());
-                        Err(Failed::from(msg))
+                        .push((name.to_string(), started));
+                    let outcome = catch_unwind(AssertUnwindSafe(|| case(&fixture)));
+                    running
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .retain(|(n, t)| !(n == name && *t == started));
+                    let notes = fixture.left_out_checks();
+                    if !notes.is_empty() {
+                        left_out
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(format!(
+                                "{suite}::{name}: not checked: {}",
+                                notes.join("; ")
+                            ));
                     }
-                }
-            })
-        })
+                    match outcome {
+                        Ok(Ok(())) => Ok(Completion::Completed),
+                        Ok(Err(Skip(reason))) => Ok(Completion::ignored_with(reason)),
+                        Err(panic) => {
+                            let msg = panic
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "panicked".into());
+                            Err(Failed::from(msg))
+                        }
+                    }
+                })
+            },
+        )
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     let mut left_out = left_out.lock().unwrap_or_else(PoisonError::into_inner);
@@ -356,4 +471,31 @@ macro_rules! conformance_tests {
             $crate::run_suite_with_hooks(stringify!($suite), $make, $hooks, $crate::cases::ALL)
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Fixture, Isolation};
+    use cudabuf_core::Backend;
+
+    #[test]
+    fn alone_cases_run_alone_unless_turned_off_and_exclusive_ones_always() {
+        for honoured in [true, false] {
+            assert!(!Isolation::Shared.runs_alone(honoured));
+            assert_eq!(Isolation::Alone.runs_alone(honoured), honoured);
+            assert!(Isolation::Exclusive.runs_alone(honoured));
+        }
+    }
+
+    #[test]
+    fn without_the_hook_a_scheduled_case_runs_once_and_says_what_it_left_out() {
+        let f = Fixture::new("sim", || Ok(Backend::new(cudabuf_sim::SimBackend::new())));
+        let runs = f.scheduled_backends(4);
+        assert_eq!(runs.len(), 1, "the suite's own backend, once");
+        assert!(runs[0].races.is_none());
+        runs[0].assert_no_races("nothing to check without a probe");
+        let notes = f.left_out_checks();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("race report"), "{notes:?}");
+    }
 }

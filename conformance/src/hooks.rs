@@ -13,6 +13,12 @@
 //!   backend whose IPC goes through named objects (the simulator's `memfd`s) says how they
 //!   are named ([`exported_object_name`](SuiteHooks::exported_object_name),
 //!   [`exported_object_prefix`](SuiteHooks::exported_object_prefix)).
+//! - that a program's verdict does not hang on how its stream work interleaves: a backend
+//!   that can order it in several ways (the simulator's schedules and seeds) gives a fresh
+//!   backend for each, with a probe of its race detector
+//!   ([`scheduled_backends`](SuiteHooks::scheduled_backends)); the cases on streams shared
+//!   by threads, transfers outliving their stream and racy programs run on every one, and
+//!   check that a correct program left the race report empty.
 //!
 //! A backend's test binary passes its hooks to
 //! [`conformance_tests!`](crate::conformance_tests) (`hooks: &MyHooks`); one that has none
@@ -25,7 +31,7 @@
 //! ([`Fixture::left_out`](crate::Fixture::left_out)), and the run prints, case by case,
 //! what was not checked and why.
 //!
-//! The simulator's hooks (in `conformance/tests/sim.rs`) offer all four; CUDA's test
+//! The simulator's hooks (in `conformance/tests/sim.rs`) offer all five; CUDA's test
 //! binary passes none (the driver keeps no account the suite could read, its devices have
 //! the size they have, and its IPC names no object in this process).
 //!
@@ -103,6 +109,59 @@ impl fmt::Debug for ProbedBackend {
     }
 }
 
+/// What a backend's race detector found. A closure `Fn() -> Option<String>` is a probe.
+pub trait RaceProbe: Send + Sync {
+    /// The races found so far (the detector's report), or `None` when there are none.
+    fn races(&self) -> Option<String>;
+}
+
+impl<F> RaceProbe for F
+where
+    F: Fn() -> Option<String> + Send + Sync,
+{
+    fn races(&self) -> Option<String> {
+        self()
+    }
+}
+
+/// A fresh backend of the suite's kind that orders the stream work of concurrent threads
+/// and streams in one of the ways the backend can (the simulator: a schedule and a seed),
+/// with the probe of its race detector ([`SuiteHooks::scheduled_backends`],
+/// [`Fixture::scheduled_backends`](crate::Fixture::scheduled_backends)).
+pub struct ScheduledBackend {
+    /// Which way, for failure messages ("threaded schedule, seed 3").
+    pub schedule: String,
+    /// The backend, of the suite's kind, the case's alone.
+    pub backend: Backend,
+    /// What its race detector found; `None` where the hooks offer no probe (the case then
+    /// records the check as left out).
+    pub races: Option<Box<dyn RaceProbe>>,
+}
+
+impl ScheduledBackend {
+    /// Panics unless the race detector found nothing: `what` names the program, which is
+    /// correct. Without a probe there is nothing to check.
+    #[track_caller]
+    pub fn assert_no_races(&self, what: &str) {
+        if let Some(report) = self.races.as_ref().and_then(|probe| probe.races()) {
+            panic!(
+                "{what} ({}): a correct program was flagged: {report}",
+                self.schedule
+            );
+        }
+    }
+}
+
+impl fmt::Debug for ScheduledBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScheduledBackend")
+            .field("schedule", &self.schedule)
+            .field("backend", &self.backend)
+            .field("races", &self.races.is_some())
+            .finish()
+    }
+}
+
 /// What a backend offers the suite beyond `cudabuf-core`'s API (see the [module
 /// docs](self)). Every method defaults to `None`: "this backend offers nothing of the
 /// kind", and the cases that would use it say what they did not check.
@@ -149,6 +208,21 @@ pub trait SuiteHooks: Send + Sync {
     /// `None`: the backend's IPC names no such objects.
     fn exported_object_prefix(&self, exporter_pid: u32) -> Option<String> {
         let _ = exporter_pid;
+        None
+    }
+
+    /// Fresh backends of the suite's kind, one for each way the backend can order the
+    /// stream work of concurrent threads and streams, and `seeds` of each where a seed
+    /// picks the order (the simulator: its deterministic and threaded schedules, seeds
+    /// `0..seeds`), each with a probe of its race detector. The cases whose outcome may
+    /// hang on that order (a stream shared by threads, a transfer that outlives its
+    /// stream, a racy program and its correct twin) run on every one, and check that a
+    /// correct program left the race report empty.
+    ///
+    /// `None`: such a case runs once, on a backend of the suite's own, and reports the
+    /// race report as not checked.
+    fn scheduled_backends(&self, seeds: u64) -> Option<Result<Vec<ScheduledBackend>>> {
+        let _ = seeds;
         None
     }
 }

@@ -9,9 +9,9 @@
 //! A case that cannot run (no CUDA driver, a single device) reports itself as ignored
 //! with the reason; with `CUDABUF_REQUIRE_CUDA=1` a case that cannot run fails instead.
 //! With `CUDABUF_CONFORMANCE_WATCHDOG_SECS=N`, the cases still running are printed to
-//! standard error every N seconds, so that a case that hangs names itself. The cases
-//! of [`cases::ALONE`] and [`cases::EXCLUSIVE`] run with no other case beside them (see
-//! there why).
+//! standard error every N seconds, so that a case that hangs names itself. A case
+//! declared `.alone()` or `.exclusive()` in [`cases::ALL`] ([`Isolation`]) runs with no
+//! other case beside it (the entry says why).
 //!
 //! Cases that need a second process (IPC) re-execute the test binary itself
 //! ([`Fixture::run_child`]); the binary's `main` (from [`conformance_tests!`]) hands such
@@ -27,9 +27,10 @@ pub mod child;
 mod harness;
 pub mod hooks;
 pub mod model;
+pub mod support;
 
 pub use harness::{
-    run_suite, run_suite_with_hooks, CaseFn, CaseResult, Fixture, Skip, CHILD_ROLE_VAR,
-    REQUIRE_CUDA_VAR,
+    run_suite, run_suite_with_hooks, Case, CaseFn, CaseResult, Fixture, Isolation, Skip,
+    CHILD_ROLE_VAR, REQUIRE_CUDA_VAR,
 };
-pub use hooks::{LeakProbe, NoHooks, ProbedBackend, SuiteHooks};
+pub use hooks::{LeakProbe, NoHooks, ProbedBackend, RaceProbe, ScheduledBackend, SuiteHooks};

@@ -1,10 +1,11 @@
 //! The conformance suite against the simulator backend (`cudabuf-sim`), with the
-//! simulator's hooks: its leak report, small devices, and the `memfd` names of exported
-//! memory.
+//! simulator's hooks: its leak report, small devices, the `memfd` names of exported
+//! memory, and both schedules with their race reports.
 
-use cudabuf_conformance::{ProbedBackend, SuiteHooks};
+use cudabuf_conformance::{ProbedBackend, ScheduledBackend, SuiteHooks};
 use cudabuf_core::{Backend, BackendKind, IpcMemHandle, Result};
 use cudabuf_sim::{SimBackend, SimConfig, SimIpcHandle};
+use cudabuf_test_support::{runs, sim};
 
 /// What the simulator offers beyond core's API.
 struct SimHooks;
@@ -59,6 +60,26 @@ impl SuiteHooks for SimHooks {
     fn exported_object_prefix(&self, exporter_pid: u32) -> Option<String> {
         // `SimIpcHandle::memfd_name`: cudabuf-sim-<pid>-<nonce>-<allocation id>.
         Some(format!("cudabuf-sim-{exporter_pid}-"))
+    }
+
+    fn scheduled_backends(&self, seeds: u64) -> Option<Result<Vec<ScheduledBackend>>> {
+        // Both schedules, races failing the call that makes them (whatever the
+        // environment says), each instance with its race report.
+        let backends = runs(seeds)
+            .map(|(schedule, seed)| {
+                let sim = sim(schedule, seed).build();
+                let report = sim.clone();
+                ScheduledBackend {
+                    schedule: format!("{schedule} schedule, seed {seed}"),
+                    backend: Backend::new(sim),
+                    races: Some(Box::new(move || {
+                        let races = report.race_report();
+                        (!races.is_empty()).then(|| races.to_string())
+                    })),
+                }
+            })
+            .collect();
+        Some(Ok(backends))
     }
 }
 

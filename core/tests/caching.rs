@@ -7,15 +7,11 @@ use std::io::Write;
 use cudabuf_core::{
     Backend, BufferWriter, Context, ErrorKind, RawDeviceMemory, ALLOCATOR_CACHE_VAR,
 };
-use cudabuf_sim::{SimBackend, SimConfig};
+use cudabuf_sim::SimBackend;
+use cudabuf_test_support::{Rng, SimBuilder};
 
 fn sim_with(capacity: usize) -> (SimBackend, Backend) {
-    let sim = SimBackend::with_config(SimConfig {
-        devices: 1,
-        capacity_per_device: capacity,
-        ..SimConfig::default()
-    })
-    .expect("sim");
+    let sim = SimBuilder::new().devices(1).capacity(capacity).build();
     let backend = Backend::new(sim.clone());
     (sim, backend)
 }
@@ -333,22 +329,16 @@ fn out_of_memory_trims_the_cache_and_retries() {
 #[test]
 fn random_mixed_sizes_keep_their_bytes() {
     let (sim, backend, ctx) = cached_context(512 << 20);
-    let mut seed = 99u64;
-    let mut next = |n: u64| {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (seed >> 33) % n
-    };
+    let mut rng = Rng::new(99);
     let mut live: Vec<(cudabuf_core::DeviceBuffer, u8)> = Vec::new();
     let steps = if cfg!(miri) { 40 } else { 600 };
     for step in 0..steps {
-        if live.len() < 40 && next(3) > 0 {
-            let n = match next(3) {
-                0 => 1 + next(2000),
-                1 => 1 + next(2 << 20),
-                _ => 1 + next(24 << 20),
-            } as usize;
+        if live.len() < 40 && rng.below(3) > 0 {
+            let n = match rng.below(3) {
+                0 => 1 + rng.below(2000),
+                1 => 1 + rng.below(2 << 20),
+                _ => 1 + rng.below(24 << 20),
+            };
             let buf = ctx.new_buffer(n).unwrap();
             let tag = step as u8;
             // Mark the first and last 8 bytes (a full fill is slow for big buffers).
@@ -358,7 +348,7 @@ fn random_mixed_sizes_keep_their_bytes() {
                 .unwrap();
             live.push((buf, tag));
         } else if !live.is_empty() {
-            let (buf, tag) = live.swap_remove(next(live.len() as u64) as usize);
+            let (buf, tag) = live.swap_remove(rng.below(live.len()));
             let n = buf.size();
             let head = n.min(8);
             assert_eq!(buf.copy_to_host(0, Some(head)).unwrap(), vec![tag; head]);
@@ -442,13 +432,7 @@ fn the_double_buffered_writer_matches_a_model() {
         let size = 200_000;
         let buf = ctx.buffer_from_data(&vec![0u8; size]).unwrap();
         let mut model = vec![0u8; size];
-        let mut seed = 12345u64;
-        let mut next = |n: u64| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) % n
-        };
+        let mut rng = Rng::new(12345);
         for staging in [64usize, 1000, 4096] {
             let mut writer = BufferWriter::new(buf.clone());
             writer.set_buffer_size(staging).unwrap();
@@ -456,11 +440,11 @@ fn the_double_buffered_writer_matches_a_model() {
             let mut round = 0u8;
             while pos < size {
                 round = round.wrapping_add(1);
-                let len = match next(10) {
+                let len = match rng.below(10) {
                     0 => staging,
                     1 => staging - 1,
-                    2 => staging + 1 + next(3 * staging as u64) as usize,
-                    _ => 1 + next(staging as u64 / 2 + 1) as usize,
+                    2 => staging + 1 + rng.below(3 * staging),
+                    _ => 1 + rng.below(staging / 2 + 1),
                 }
                 .min(size - pos);
                 let data = pattern(len, round);
@@ -468,13 +452,13 @@ fn the_double_buffered_writer_matches_a_model() {
                 model[pos..pos + len].copy_from_slice(&data);
                 pos += len;
                 assert!(writer.num_bytes_buffered() < staging);
-                if next(50) == 0 {
+                if rng.below(50) == 0 {
                     writer.flush().unwrap();
                     assert_eq!(writer.num_bytes_buffered(), 0);
                     assert_eq!(buf.to_vec().unwrap(), model);
                 }
-                if next(80) == 0 && pos > 10 {
-                    let at = next(pos as u64 - 5) as usize;
+                if rng.below(80) == 0 && pos > 10 {
+                    let at = rng.below(pos - 5);
                     writer.write_at(at, b"seek!").unwrap();
                     model[at..at + 5].copy_from_slice(b"seek!");
                     writer.seek_to(pos).unwrap();

@@ -7,8 +7,9 @@
 //! are exact allocations freed after their stream's work, leaving nothing behind.
 
 use cudabuf_core::backend::RawStream;
-use cudabuf_core::{Backend, Context, ErrorKind, Stream, StreamFlags};
-use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
+use cudabuf_core::{Context, ErrorKind, Stream};
+use cudabuf_sim::Schedule;
+use cudabuf_test_support::{non_blocking, sim};
 
 const MIB: usize = 1 << 20;
 /// 12 MiB: a segment of its own (no rest), so a freed block is the only one that fits a
@@ -22,26 +23,6 @@ fn schedules() -> Vec<(Schedule, u64)> {
         .collect();
     all.extend([1, 2, 3].into_iter().map(|s| (Schedule::Threaded, s)));
     all
-}
-
-fn sim(seed: u64, schedule: Schedule) -> (SimBackend, Context) {
-    let sim = SimBackend::with_config(SimConfig {
-        seed: Some(seed),
-        schedule: Some(schedule),
-        races: Some(RaceMode::Fail),
-        ..SimConfig::default()
-    })
-    .expect("sim");
-    let ctx = Backend::new(sim.clone()).context(0).expect("context");
-    (sim, ctx)
-}
-
-fn non_blocking(ctx: &Context) -> Stream {
-    ctx.new_stream_with(StreamFlags {
-        non_blocking: true,
-        priority: 0,
-    })
-    .expect("stream")
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -84,7 +65,7 @@ fn the_race_detector_catches_the_broken_policy_every_time() {
         let what = format!("{schedule} seed {seed}");
         // The broken policy: b takes a's pending block at once, and its write races with
         // a's free.
-        let (sim_broken, ctx) = sim(seed, schedule);
+        let (sim_broken, ctx) = sim(schedule, seed).context();
         ctx.set_allocator_cache_limit(256 * MIB);
         // SAFETY: a simulator context (its device memory is no host memory a Rust
         // reference reaches), in a test that expects exactly the race this switch makes;
@@ -118,7 +99,7 @@ fn the_race_detector_catches_the_broken_policy_every_time() {
 
         // The real policy: the same program gets other memory while the free's event is
         // pending, and the block once it is done; no race either way.
-        let (sim_ok, ctx) = sim(seed, schedule);
+        let (sim_ok, ctx) = sim(schedule, seed).context();
         ctx.set_allocator_cache_limit(256 * MIB);
         let (a, b) = (non_blocking(&ctx), non_blocking(&ctx));
         let pending_before = ctx.allocator_stats().stream_frees;
@@ -152,7 +133,7 @@ fn a_use_cudabuf_does_not_see_needs_record_stream() {
     for (schedule, seed) in schedules() {
         for record in [false, true] {
             let what = format!("{schedule} seed {seed}, record_stream {record}");
-            let (sim, ctx) = sim(seed, schedule);
+            let (sim, ctx) = sim(schedule, seed).context();
             ctx.set_allocator_cache_limit(256 * MIB);
             let (a, b) = (non_blocking(&ctx), non_blocking(&ctx));
             let x = ctx.new_buffer_on(&a, 4096).unwrap();
@@ -211,7 +192,7 @@ fn a_use_cudabuf_does_not_see_needs_record_stream() {
 fn with_the_cache_off_stream_ordered_buffers_are_exact_and_leave_nothing() {
     for (schedule, seed) in schedules() {
         let what = format!("{schedule} seed {seed}");
-        let (sim, ctx) = sim(seed, schedule);
+        let (sim, ctx) = sim(schedule, seed).context();
         ctx.set_allocator_cache_limit(0);
         let a = non_blocking(&ctx);
         let x = ctx.new_buffer_on(&a, 1000).unwrap();
@@ -247,7 +228,7 @@ fn with_the_cache_off_stream_ordered_buffers_are_exact_and_leave_nothing() {
 
 #[test]
 fn the_schedule_shows_the_free_on_its_stream() {
-    let (sim, ctx) = sim(0, Schedule::Deterministic);
+    let (sim, ctx) = sim(Schedule::Deterministic, 0).context();
     ctx.set_allocator_cache_limit(256 * MIB);
     let a = ctx.new_stream().unwrap();
     let x = ctx.new_buffer_on(&a, 4096).unwrap();
@@ -270,7 +251,7 @@ fn the_schedule_shows_the_free_on_its_stream() {
 
 #[test]
 fn a_stream_outlived_by_its_buffer_stays_alive_until_the_free() {
-    let (sim, ctx) = sim(0, Schedule::Deterministic);
+    let (sim, ctx) = sim(Schedule::Deterministic, 0).context();
     ctx.set_allocator_cache_limit(256 * MIB);
     let a = non_blocking(&ctx);
     let x = ctx.new_buffer_on(&a, 4096).unwrap();

@@ -2,21 +2,14 @@
 //! the stream hands back to the context's staging pool once the copy is known complete.
 //! On the simulator (deterministic schedule, races fail: the defaults).
 
-use cudabuf_core::{Backend, Context, ErrorKind, StreamFlags};
+use cudabuf_core::{Backend, Context, ErrorKind};
 use cudabuf_sim::SimBackend;
+use cudabuf_test_support::non_blocking;
 
 fn context_with_pool() -> Context {
     let ctx = Backend::new(SimBackend::new()).context(0).expect("context");
     ctx.set_staging_pool_limit(1 << 20);
     ctx
-}
-
-fn non_blocking(ctx: &Context) -> cudabuf_core::Stream {
-    ctx.new_stream_with(StreamFlags {
-        non_blocking: true,
-        priority: 0,
-    })
-    .expect("stream")
 }
 
 #[test]

@@ -4,52 +4,25 @@
 //! in flight, memory freed or recycled before its copy completes, a race report on a
 //! correct program, a panic instead of a typed error, a leak).
 //!
-//! Each test says which finding of the hostile review it pins down.
+//! Each test says which finding of the hostile review it pins down. The findings that are
+//! backend behaviour (2, 3, 5 and 8, and the per-thread stream's staging of finding 1)
+//! are conformance cases (`conformance/src/cases/streams_hostile.rs`), which run on the
+//! simulator under both schedules and several seeds, with its race report checked, and
+//! on CUDA; what stays here is core's own bookkeeping as the simulator's race detector
+//! sees it, the simulator's refusals, and mocks.
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use cudabuf_core::{Backend, Context, ErrorKind, Stream, StreamFlags};
-use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
-
-/// A simulator with explicit stream settings (the environment does not matter).
-fn sim(schedule: Schedule, seed: u64, races: RaceMode) -> SimBackend {
-    SimBackend::with_config(SimConfig {
-        seed: Some(seed),
-        schedule: Some(schedule),
-        races: Some(races),
-        ..SimConfig::default()
-    })
-    .expect("simulator")
-}
-
-fn context(sim: &SimBackend) -> Context {
-    Backend::new(sim.clone()).context(0).expect("context 0")
-}
+use cudabuf_core::{Context, ErrorKind, Stream, StreamFlags};
+use cudabuf_sim::{Schedule, SimBackend};
+use cudabuf_test_support::{assert_no_races, context, non_blocking, sim};
 
 /// Deterministic schedule, races fail: a copy on a stream runs only when the host
 /// waits for it, so the window between issue and completion is as wide as possible.
 fn deterministic() -> (SimBackend, Context) {
-    let sim = sim(Schedule::Deterministic, 1, RaceMode::Fail);
-    let ctx = context(&sim);
-    (sim, ctx)
-}
-
-fn non_blocking(ctx: &Context) -> Stream {
-    ctx.new_stream_with(StreamFlags {
-        non_blocking: true,
-        priority: 0,
-    })
-    .expect("non-blocking stream")
-}
-
-fn assert_no_races(sim: &SimBackend) {
-    let report = sim.race_report();
-    assert!(
-        report.is_empty(),
-        "a correct program was flagged: {report:?}"
-    );
+    sim(Schedule::Deterministic, 1).context()
 }
 
 // ---- Finding 1: the per-thread default stream's in-flight memory -------------------
@@ -59,45 +32,11 @@ fn assert_no_races(sim: &SimBackend) {
 // the operations of all of them, and `synchronize`/`query`/drop only wait for the
 // calling thread's stream (or the last operation), yet released everything.
 
-/// Thread A uploads through the per-thread stream; thread B synchronizes the same
-/// `Stream` (its own per-thread stream, which has no work) and then uploads the same
-/// number of bytes elsewhere. A's staging buffer must not have been recycled for B
-/// before A's copy ran: A's buffer must hold A's bytes.
-#[test]
-fn per_thread_stream_synchronize_in_another_thread_keeps_the_first_threads_staging() {
-    let (sim, ctx) = deterministic();
-    ctx.set_staging_pool_limit(1 << 20);
-    let stream = ctx.per_thread_stream();
-    let (a, b) = (ctx.new_buffer(4).unwrap(), ctx.new_buffer(4).unwrap());
-    {
-        let (stream, a) = (stream.clone(), a.clone());
-        thread::spawn(move || stream.copy_from_slice(&a, b"AAAA").unwrap())
-            .join()
-            .unwrap();
-    }
-    {
-        let (stream, b) = (stream.clone(), b.clone());
-        thread::spawn(move || {
-            stream.synchronize().unwrap();
-            stream.copy_from_slice(&b, b"BBBB").unwrap();
-            stream.synchronize().unwrap();
-        })
-        .join()
-        .unwrap();
-    }
-    ctx.synchronize().unwrap();
-    assert_eq!(
-        a.to_vec().unwrap(),
-        b"AAAA",
-        "A's staging buffer was reused under its copy"
-    );
-    assert_eq!(b.to_vec().unwrap(), b"BBBB");
-    drop(stream);
-    assert_no_races(&sim);
-}
-
-/// As above with the staging pool off: the early release frees A's pinned staging
-/// buffer while A's copy still reads it (the simulator's race detector sees that free).
+/// Thread A uploads through the per-thread stream; thread B queries the same `Stream`
+/// (its own per-thread stream, which has no work). With the staging pool off, an early
+/// release frees A's pinned staging buffer while A's copy still reads it: the simulator's
+/// race detector sees that free. (With the pool on, the conformance case
+/// `per_thread_stream_shared_by_threads_keeps_each_threads_staging`.)
 #[test]
 fn per_thread_stream_synchronize_in_another_thread_frees_nothing_early() {
     let (sim, ctx) = deterministic();
@@ -119,7 +58,7 @@ fn per_thread_stream_synchronize_in_another_thread_frees_nothing_early() {
     ctx.synchronize().unwrap();
     assert_eq!(a.to_vec().unwrap(), b"AAAA");
     drop(stream);
-    assert_no_races(&sim);
+    assert_no_races(&sim, "per-thread stream, staging pool off");
 }
 
 /// The last clone of a per-thread `Stream` dropped in thread B, whose own last
@@ -135,7 +74,7 @@ fn per_thread_stream_dropped_in_another_thread_waits_for_every_threads_work() {
 
 fn per_thread_stream_dropped_in_another_thread(seed: u64) {
     const N: usize = 8;
-    let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+    let sim = sim(Schedule::Deterministic, seed).build();
     let ctx = context(&sim);
     ctx.set_staging_pool_limit(1 << 20);
     let stream = ctx.per_thread_stream();
@@ -174,56 +113,17 @@ fn per_thread_stream_dropped_in_another_thread(seed: u64) {
             "seed {seed}, upload {i}: its staging buffer was reused under its copy"
         );
     }
-    assert_no_races(&sim);
+    assert_no_races(&sim, &format!("seed {seed}"));
 }
 
-// ---- Finding 2: synchronize/query racing with another thread's issue ----------------
+// ---- Findings 2 and 3 (conformance) ------------------------------------------------
 //
-// `synchronize` waited for the stream, then released *everything* in the in-flight
-// list, including operations another thread issued (and pushed) after the wait began.
-
-/// Two threads share one ordinary stream: one uploads (pageable, through pooled staging
-/// memory), the other synchronizes in a loop. Every upload must land intact.
-#[test]
-fn shared_stream_synchronize_never_releases_work_issued_after_it_began() {
-    const ROUNDS: usize = if cfg!(miri) { 6 } else { 400 };
-    const LEN: usize = 256;
-    for schedule in [Schedule::Deterministic, Schedule::Threaded] {
-        let sim = sim(schedule, 3, RaceMode::Fail);
-        let ctx = context(&sim);
-        ctx.set_staging_pool_limit(1 << 20);
-        let stream = non_blocking(&ctx);
-        let buffers: Vec<_> = (0..ROUNDS).map(|_| ctx.new_buffer(LEN).unwrap()).collect();
-        let start = Arc::new(Barrier::new(2));
-        let syncer = {
-            let (stream, start) = (stream.clone(), start.clone());
-            thread::spawn(move || {
-                start.wait();
-                for i in 0..ROUNDS * 4 {
-                    if i % 2 == 0 {
-                        stream.synchronize().unwrap();
-                    } else {
-                        stream.query().unwrap();
-                    }
-                }
-            })
-        };
-        start.wait();
-        for (i, buf) in buffers.iter().enumerate() {
-            stream.copy_from_slice(buf, &[i as u8; LEN]).unwrap();
-        }
-        syncer.join().unwrap();
-        stream.synchronize().unwrap();
-        for (i, buf) in buffers.iter().enumerate() {
-            assert_eq!(
-                buf.to_vec().unwrap(),
-                vec![i as u8; LEN],
-                "upload {i} lost its staging bytes ({schedule:?})"
-            );
-        }
-        assert_no_races(&sim);
-    }
-}
+// Finding 2, `synchronize` releasing operations another thread issued after its wait
+// began: `stream_synchronized_by_another_thread_keeps_later_work`. Finding 3, events
+// across contexts and devices (`cuStreamWaitEvent` takes an event of any context or
+// device; `cuEventRecord` wants the event and the stream in one context):
+// `stream_waits_for_an_event_of_another_device`,
+// `event_of_another_context_cannot_be_recorded_or_timed`.
 
 // ---- Typed errors, never panics -------------------------------------------------------
 
@@ -255,56 +155,6 @@ fn handles_of_another_simulator_instance_are_typed_errors() {
     other.synchronize().unwrap();
 }
 
-// ---- Finding 3: events across contexts and devices ---------------------------------
-//
-// CUDA: `cuStreamWaitEvent` takes an event of any context or device (the usual way to
-// order work on two GPUs); `cuEventRecord` wants the event and the stream in one
-// context (CUDA_ERROR_INVALID_HANDLE otherwise).
-
-/// A stream of device 1 waits for an event recorded on device 0 (a correct multi-GPU
-/// program): accepted, and it orders the peer copy after the upload.
-#[test]
-fn a_stream_waits_for_an_event_of_another_device() {
-    for seed in 0..if cfg!(miri) { 1 } else { 4 } {
-        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
-        let backend = Backend::new(sim.clone());
-        let (c0, c1) = (backend.context(0).unwrap(), backend.context(1).unwrap());
-        let (s0, s1) = (non_blocking(&c0), non_blocking(&c1));
-        let (src, dst) = (c0.new_buffer(4).unwrap(), c1.new_buffer(4).unwrap());
-        s0.copy_from_slice(&src, b"peer").unwrap();
-        let ready = s0.record_event().unwrap();
-        s1.wait_event(&ready)
-            .expect("a cross-device wait (CUDA allows it)");
-        s1.copy_device(&dst, &src)
-            .expect("ordered after the upload: no race");
-        s1.synchronize().unwrap();
-        s0.synchronize().unwrap();
-        assert_eq!(dst.to_vec().unwrap(), b"peer");
-        assert_no_races(&sim);
-    }
-}
-
-/// Recording an event of one device's context on another device's stream is a typed
-/// error that says why, before anything reaches the backend.
-#[test]
-fn recording_an_event_on_a_stream_of_another_context_is_invalid_argument() {
-    let (_sim, c0) = deterministic();
-    let c1 = Backend::new(_sim.clone()).context(1).unwrap();
-    let event = c0.new_event().unwrap();
-    let stream = c1.new_stream().unwrap();
-    let err = event.record(&stream).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-    let (t0, t1) = (
-        c0.new_timing_event().unwrap(),
-        c1.new_timing_event().unwrap(),
-    );
-    t0.record(&c0.new_stream().unwrap()).unwrap();
-    t1.record(&stream).unwrap();
-    stream.synchronize().unwrap();
-    let err = t0.elapsed(&t1).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-}
-
 // ---- Finding 4: core's bookkeeping queries hid races from the detector -------------
 //
 // Before issuing each operation, a `Stream` asks its internal events whether earlier
@@ -323,7 +173,7 @@ fn a_race_is_flagged_whatever_core_polled_before_it() {
     let mut missed = Vec::new();
     let seeds = if cfg!(miri) { 4 } else { 64 };
     for seed in 0..seeds {
-        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
+        let sim = sim(Schedule::Deterministic, seed).build();
         let ctx = context(&sim);
         let (s1, s2) = (non_blocking(&ctx), non_blocking(&ctx));
         let (b, c, d) = (
@@ -377,7 +227,7 @@ fn memory_cudabuf_recycled_after_its_bookkeeping_is_not_a_race() {
     let mut exercised = (0, 0);
     for schedule in [Schedule::Deterministic, Schedule::Threaded] {
         for seed in 0..seeds {
-            let sim = sim(schedule, seed, RaceMode::Fail);
+            let sim = sim(schedule, seed).build();
             let ctx = context(&sim);
             ctx.set_allocator_cache_limit(256 << 20);
             ctx.set_staging_pool_limit(1 << 20);
@@ -418,7 +268,7 @@ fn memory_cudabuf_recycled_after_its_bookkeeping_is_not_a_race() {
             }
             s1.synchronize().unwrap();
             s2.synchronize().unwrap();
-            assert_no_races(&sim);
+            assert_no_races(&sim, &format!("{schedule} seed {seed}"));
         }
     }
     // Both paths ran under most seeds (how many depends on the schedules, not on chance).
@@ -429,57 +279,9 @@ fn memory_cudabuf_recycled_after_its_bookkeeping_is_not_a_race() {
     );
 }
 
-// ---- Finding 5: a forgotten Transfer kept its whole stream alive --------------------
-
-/// `mem::forget` on a transfer leaks what the transfer owns (its host buffer, and the
-/// device buffer it keeps alive), and nothing else: the stream is still destroyed with
-/// its last clone, and what its other operations held is let go.
-#[test]
-fn a_forgotten_transfer_leaks_only_what_it_owns() {
-    let (_sim, ctx) = deterministic();
-    let stream = non_blocking(&ctx);
-    let (a, b) = (ctx.new_buffer(64).unwrap(), ctx.new_buffer(1000).unwrap());
-    let t = stream
-        .copy_to_host(&a, ctx.new_host_buffer(64).unwrap())
-        .unwrap();
-    stream.copy_from_slice(&b, &[1; 1000]).unwrap();
-    // `ManuallyDrop` is `mem::forget` that can be taken back: the transfer's drop never
-    // runs while the checks below are made, and Miri's leak check stays quiet after.
-    let forgotten = std::mem::ManuallyDrop::new(t);
-    drop((a, b));
-    drop(stream);
-    assert_eq!(
-        ctx.bytes_allocated(),
-        64,
-        "the forgotten transfer's device buffer, and nothing else, stays allocated"
-    );
-    drop(
-        std::mem::ManuallyDrop::into_inner(forgotten)
-            .wait()
-            .unwrap(),
-    );
-    assert_eq!(ctx.bytes_allocated(), 0);
-}
-
-/// A transfer outlives its stream: dropping every `Stream` clone first is fine, and the
-/// transfer still waits and gives the bytes back.
-#[test]
-fn a_transfer_outlives_its_stream() {
-    for schedule in [Schedule::Deterministic, Schedule::Threaded] {
-        let sim = sim(schedule, 5, RaceMode::Fail);
-        let ctx = context(&sim);
-        let buf = ctx.buffer_from_data(&b"outlives"[..]).unwrap();
-        let stream = non_blocking(&ctx);
-        let t = stream
-            .copy_to_host(&buf, ctx.new_host_buffer(8).unwrap())
-            .unwrap();
-        drop(stream);
-        drop(buf);
-        assert_eq!(&t.wait().unwrap()[..], b"outlives");
-        assert_eq!(ctx.bytes_allocated(), 0);
-        assert_no_races(&sim);
-    }
-}
+// ---- Finding 5 (conformance): a forgotten Transfer kept its whole stream alive -------
+//
+// `forgotten_transfer_leaks_only_what_it_owns`, `transfer_outlives_its_stream`.
 
 // ---- Finding 6: a backend's odd elapsed time panicked in `Event::elapsed` ------------
 
@@ -580,60 +382,16 @@ fn a_mock_cannot_pass_for_a_real_context() {
         seen, [0u8; 8],
         "the pinned bytes changed under a live reference"
     );
-    assert_no_races(&sim);
+    assert_no_races(&sim, "a mock posing as a real context");
 }
 
-// ---- Finding 8: the writer's overlapped copies were invisible to the race detector ---
+// ---- Finding 8 (conformance): the writer's overlapped copies were invisible to the race
+// detector --------------------------------------------------------------------------------
 //
 // A buffered `BufferWriter` sends a full staging buffer with an asynchronous copy on the
-// legacy stream (a `Transfer`) and returns; `flush` waits for it. On CUDA
-// a non-blocking stream that reads the buffer before the flush races with that copy; the
-// simulator ran the copy synchronously, so it never saw the race.
-
-fn buffered_writer_with_a_copy_in_flight(
-    ctx: &Context,
-) -> (cudabuf_core::DeviceBuffer, cudabuf_core::BufferWriter) {
-    use std::io::Write;
-    let buf = ctx.new_buffer(8192).unwrap();
-    let mut writer = cudabuf_core::BufferWriter::new(buf.clone());
-    writer.set_buffer_size(4096).unwrap();
-    writer.write_all(&[1; 100]).unwrap(); // staged
-    writer.write_all(&[2; 4000]).unwrap(); // fills the slot: sent asynchronously
-    (buf, writer)
-}
-
-#[test]
-fn a_non_blocking_read_of_a_writers_unflushed_bytes_is_flagged() {
-    for seed in 0..if cfg!(miri) { 1 } else { 4 } {
-        let sim = sim(Schedule::Deterministic, seed, RaceMode::Fail);
-        let ctx = context(&sim);
-        let (buf, mut writer) = buffered_writer_with_a_copy_in_flight(&ctx);
-        let stream = non_blocking(&ctx);
-        let host = ctx.new_host_buffer(8192).unwrap();
-        let err = stream.copy_to_host(&buf, host).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::DataRace, "seed {seed}: {err}");
-        writer.close().unwrap();
-    }
-}
-
-/// The twin: flushed first, the same read is ordered and sees the bytes.
-#[test]
-fn a_non_blocking_read_after_the_writers_flush_is_not_flagged() {
-    use std::io::Write;
-    for schedule in [Schedule::Deterministic, Schedule::Threaded] {
-        let sim = sim(schedule, 2, RaceMode::Fail);
-        let ctx = context(&sim);
-        let (buf, mut writer) = buffered_writer_with_a_copy_in_flight(&ctx);
-        writer.flush().unwrap();
-        let stream = non_blocking(&ctx);
-        let host = ctx.new_host_buffer(8192).unwrap();
-        let host = stream.copy_to_host(&buf, host).unwrap().wait().unwrap();
-        assert_eq!(host[..100], [1; 100]);
-        assert_eq!(host[100..4096], [2; 3996]);
-        writer.close().unwrap();
-        assert_no_races(&sim);
-    }
-}
+// legacy stream (a `Transfer`) and returns; `flush` waits for it. A non-blocking stream
+// that reads the buffer before the flush races with that copy:
+// `race_non_blocking_read_of_unflushed_writer_bytes` (and its flushed twin).
 
 // ---- Foreign handles: the simulator catches a broken `wrap_stream` contract ---------
 

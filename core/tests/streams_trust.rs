@@ -11,47 +11,11 @@ use std::thread;
 use std::time::Duration;
 
 use cudabuf_core::backend::RawStream;
-use cudabuf_core::{Backend, Context, ErrorKind, Stream, StreamFlags};
-use cudabuf_sim::{RaceMode, Schedule, SimBackend, SimConfig};
-
-fn sim(schedule: Schedule, seed: u64) -> SimBackend {
-    SimBackend::with_config(SimConfig {
-        seed: Some(seed),
-        schedule: Some(schedule),
-        races: Some(RaceMode::Fail),
-        ..SimConfig::default()
-    })
-    .expect("simulator")
-}
-
-fn context(sim: &SimBackend) -> Context {
-    Backend::new(sim.clone()).context(0).expect("context 0")
-}
-
-fn non_blocking(ctx: &Context) -> Stream {
-    ctx.new_stream_with(StreamFlags {
-        non_blocking: true,
-        priority: 0,
-    })
-    .expect("non-blocking stream")
-}
-
-const SCHEDULES: [Schedule; 2] = [Schedule::Deterministic, Schedule::Threaded];
-
-/// Every (schedule, seed) pair of the verdict tests.
-fn runs(seeds: u64) -> impl Iterator<Item = (Schedule, u64)> {
-    SCHEDULES
-        .into_iter()
-        .flat_map(move |schedule| (0..seeds).map(move |seed| (schedule, seed)))
-}
-
-fn assert_clean(sim: &SimBackend, what: &str) {
-    let report = sim.race_report();
-    assert!(
-        report.is_empty(),
-        "{what}: a correct program was flagged: {report}"
-    );
-}
+use cudabuf_core::{Context, ErrorKind, Stream};
+use cudabuf_sim::{RaceMode, Schedule, SimBackend};
+use cudabuf_test_support::{
+    assert_no_races, context, non_blocking, runs, sim, SimBuilder, NON_BLOCKING, SCHEDULES,
+};
 
 // ---- A stream shared by threads: the drop waits for every thread's upload -----------
 
@@ -80,7 +44,7 @@ fn scribble_over_pooled_staging(ctx: &Context, n: usize, count: usize) {
 /// freed) with its copy still queued.
 fn forced_interleaving(pool: bool) -> (Vec<u8>, SimBackend) {
     const N: usize = 4096;
-    let sim = sim(Schedule::Deterministic, 7);
+    let sim = sim(Schedule::Deterministic, 7).build();
     let ctx = context(&sim);
     ctx.set_staging_pool_limit(if pool { 1 << 20 } else { 0 });
     let (held_tx, held_rx) = mpsc::channel::<()>();
@@ -152,14 +116,14 @@ fn a_shared_streams_last_drop_waits_for_an_upload_issued_after_the_one_it_tracke
         b.iter().filter(|&&x| x != 0xBB).count(),
         b.len()
     );
-    assert_clean(&sim, "forced interleaving, pooled staging");
+    assert_no_races(&sim, "forced interleaving, pooled staging");
 }
 
 #[test]
 fn a_shared_streams_last_drop_never_frees_staging_under_a_queued_upload() {
     let (b, sim) = forced_interleaving(false);
     assert_eq!(b, vec![0xBB; 4096]);
-    assert_clean(&sim, "forced interleaving, staging pool off");
+    assert_no_races(&sim, "forced interleaving, staging pool off");
 }
 
 /// The same without the hook: two threads that share a stream upload at once and drop
@@ -173,7 +137,7 @@ fn threads_sharing_a_stream_never_lose_an_upload_to_the_drop() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3000);
     for schedule in SCHEDULES {
-        let sim = sim(schedule, 3);
+        let sim = sim(schedule, 3).build();
         let ctx = context(&sim);
         ctx.set_staging_pool_limit(1 << 20);
         let (a, b) = (ctx.new_buffer(N).unwrap(), ctx.new_buffer(N).unwrap());
@@ -219,7 +183,7 @@ fn threads_sharing_a_stream_never_lose_an_upload_to_the_drop() {
             wrong, 0,
             "{schedule:?}: {wrong} of {rounds} rounds lost an upload"
         );
-        assert_clean(&sim, "two threads sharing a stream");
+        assert_no_races(&sim, "two threads sharing a stream");
     }
 }
 
@@ -233,7 +197,7 @@ fn threads_sharing_a_stream_never_lose_an_upload_to_the_drop() {
 #[test]
 fn a_buffer_dropped_under_a_stream_is_freed_without_a_race_or_a_leak() {
     for (schedule, seed) in runs(16) {
-        let sim = sim(schedule, seed);
+        let sim = sim(schedule, seed).build();
         let ctx = context(&sim);
         let stream = non_blocking(&ctx);
         let keep = ctx.new_buffer(64).unwrap();
@@ -250,7 +214,7 @@ fn a_buffer_dropped_under_a_stream_is_freed_without_a_race_or_a_leak() {
         assert_eq!(keep.to_vec().unwrap(), vec![7; 64]);
         drop((stream, keep));
         ctx.synchronize().unwrap();
-        assert_clean(&sim, &format!("{schedule:?} seed {seed}"));
+        assert_no_races(&sim, &format!("{schedule:?} seed {seed}"));
         assert_eq!(ctx.bytes_allocated(), 0, "{schedule:?} seed {seed}");
         assert!(
             sim.leak_report().is_empty(),
@@ -270,7 +234,7 @@ fn a_buffer_dropped_under_a_stream_is_freed_without_a_race_or_a_leak() {
 #[test]
 fn query_then_drop_then_read_is_never_flagged() {
     for (schedule, seed) in runs(64) {
-        let sim = sim(schedule, seed);
+        let sim = sim(schedule, seed).build();
         let ctx = context(&sim);
         let buf = ctx.new_buffer(256).unwrap();
         let stream = non_blocking(&ctx);
@@ -282,7 +246,7 @@ fn query_then_drop_then_read_is_never_flagged() {
             vec![3; 256],
             "{schedule:?} seed {seed}"
         );
-        assert_clean(&sim, &format!("{schedule:?} seed {seed}"));
+        assert_no_races(&sim, &format!("{schedule:?} seed {seed}"));
     }
 }
 
@@ -293,7 +257,7 @@ fn query_then_drop_then_read_is_never_flagged() {
 #[test]
 fn query_then_drop_then_context_synchronize_then_read_is_never_flagged() {
     for (schedule, seed) in runs(64) {
-        let sim = sim(schedule, seed);
+        let sim = sim(schedule, seed).build();
         let ctx = context(&sim);
         let buf = ctx.new_buffer(256).unwrap();
         let other = ctx.new_buffer(256).unwrap();
@@ -309,7 +273,7 @@ fn query_then_drop_then_context_synchronize_then_read_is_never_flagged() {
             "{schedule:?} seed {seed}"
         );
         buf.copy_from_host(&[1; 256], 0, None).unwrap();
-        assert_clean(&sim, &format!("{schedule:?} seed {seed}"));
+        assert_no_races(&sim, &format!("{schedule:?} seed {seed}"));
     }
 }
 
@@ -319,19 +283,14 @@ fn query_then_drop_then_context_synchronize_then_read_is_never_flagged() {
 #[test]
 fn context_synchronize_covers_the_work_of_a_destroyed_non_blocking_stream() {
     for (schedule, seed) in runs(32) {
-        let sim = sim(schedule, seed);
+        let sim = sim(schedule, seed).build();
         let ctx = context(&sim);
         let src = ctx.new_buffer(64).unwrap();
         let dst = ctx.new_buffer(64).unwrap();
         let raw = ctx.raw().clone();
         let raw = raw.streams().expect("the simulator has streams");
         let hooks = raw.ordering().expect("the simulator checks ordering");
-        let stream = raw
-            .stream_create(StreamFlags {
-                non_blocking: true,
-                priority: 0,
-            })
-            .unwrap();
+        let stream = raw.stream_create(NON_BLOCKING).unwrap();
         let done = raw.event_create(false).unwrap();
         // SAFETY: both ranges lie in live buffers of this context, kept until the end;
         // the stream and the event are live until destroyed below, once each.
@@ -350,7 +309,7 @@ fn context_synchronize_covers_the_work_of_a_destroyed_non_blocking_stream() {
         ctx.synchronize().unwrap();
         src.copy_from_host(&[9; 64], 0, None)
             .unwrap_or_else(|e| panic!("{schedule:?} seed {seed}: {e}"));
-        assert_clean(&sim, &format!("{schedule:?} seed {seed}"));
+        assert_no_races(&sim, &format!("{schedule:?} seed {seed}"));
     }
 }
 
@@ -363,7 +322,7 @@ fn context_synchronize_covers_the_work_of_a_destroyed_non_blocking_stream() {
 #[test]
 fn a_race_found_at_a_free_fails_the_next_synchronize() {
     for (schedule, seed) in runs(8) {
-        let sim = sim(schedule, seed);
+        let sim = sim(schedule, seed).build();
         let ctx = context(&sim);
         let stream = non_blocking(&ctx);
         let dst = ctx.new_buffer(64).unwrap();
@@ -410,7 +369,7 @@ fn a_race_found_at_a_free_fails_the_next_synchronize() {
 /// not the segment), and what would order the two.
 #[test]
 fn a_race_report_names_the_calls_their_sites_the_users_buffer_and_a_fix() {
-    let sim = sim(Schedule::Deterministic, 0);
+    let sim = sim(Schedule::Deterministic, 0).build();
     let ctx = context(&sim);
     ctx.set_allocator_cache_limit(64 << 20);
     let _before = ctx.new_buffer(1024).unwrap();
@@ -445,11 +404,7 @@ fn a_race_report_names_the_calls_their_sites_the_users_buffer_and_a_fix() {
 /// past, and allocations still held; a clean program passes it.
 #[test]
 fn assert_clean_names_a_log_mode_race_and_a_held_allocation() {
-    let sim = SimBackend::with_config(SimConfig {
-        races: Some(RaceMode::Log),
-        ..SimConfig::default()
-    })
-    .unwrap();
+    let sim = SimBuilder::new().races(RaceMode::Log).build();
     let ctx = context(&sim);
     {
         let buf = ctx.new_buffer(16).unwrap();

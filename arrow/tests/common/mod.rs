@@ -15,18 +15,19 @@ mod stream;
 mod sync_event;
 
 use cudabuf_arrow::{DeviceArray, DeviceRecordBatch};
-use cudabuf_conformance::{CaseFn, Fixture};
+use cudabuf_conformance::{Case, CaseFn, Fixture};
 use cudabuf_core::{Context, DeviceBuffer};
 
-/// Builds the `(name, function)` list from `module::function` paths.
+/// Builds the list of [`Case`]s from `module::function` paths (each runs beside the
+/// others: none needs to run alone).
 macro_rules! cases {
     ($($module:ident :: $case:ident),* $(,)?) => {
-        &[$((stringify!($case), $module::$case as CaseFn)),*]
+        &[$(Case::new(stringify!($case), $module::$case as CaseFn)),*]
     };
 }
 
 /// Every Arrow case.
-pub(crate) const ARROW_CASES: &[(&str, CaseFn)] = cases![
+pub(crate) const ARROW_CASES: &[Case] = cases![
     roundtrip::int_column_bytes_match_arrow_rs_and_round_trip,
     roundtrip::float_column_bytes_match_arrow_rs_and_round_trip,
     roundtrip::bool_column_bytes_match_arrow_rs_and_round_trip,

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use cudabuf_core::backend::{Platform, RawContext};
 use cudabuf_core::ErrorKind;
 use cudabuf_cuda::CudaBackend;
+use cudabuf_test_support::Rng;
 
 /// The backend, or `None` (after saying so) when there is no driver and none is required.
 pub(crate) fn backend(test: &str) -> Option<CudaBackend> {
@@ -34,14 +35,7 @@ pub(crate) fn primary(backend: &CudaBackend, ordinal: usize) -> Arc<dyn RawConte
     backend.device(ordinal).unwrap().primary_context().unwrap()
 }
 
+/// `len` seeded random bytes: different seeds, different bytes.
 pub(crate) fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2654435761) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
+    Rng::new(u64::from(seed)).bytes(len)
 }

@@ -4,8 +4,9 @@
 use std::fmt::Debug;
 use std::io;
 
-use cudabuf_core::{Backend, Context, DeviceBuffer, Error, ErrorKind, Stream, StreamFlags};
+use cudabuf_core::{Backend, Context, DeviceBuffer, Error, ErrorKind};
 
+pub(crate) use crate::support::non_blocking;
 use crate::{CaseResult, Fixture, Skip};
 
 /// The sizes every copy path is checked at.
@@ -195,18 +196,4 @@ pub fn require_streams(ctx: &Context, f: &Fixture) -> CaseResult {
         ))),
         Err(e) => panic!("new_stream: {e}"),
     }
-}
-
-/// A new non-blocking stream of priority 0: ordered with nothing but its own work and the
-/// events it waits for (not even with cudabuf's synchronous copies), so only an event
-/// orders it.
-///
-/// # Panics
-/// If the stream cannot be made (call [`require_streams`] first).
-pub fn non_blocking(ctx: &Context) -> Stream {
-    ctx.new_stream_with(StreamFlags {
-        non_blocking: true,
-        priority: 0,
-    })
-    .expect("a non-blocking stream")
 }

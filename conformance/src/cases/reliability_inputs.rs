@@ -215,7 +215,7 @@ pub(crate) fn foreign_buffer_of_freed_pageable_or_unmapped_memory_is_invalid_add
 /// its host pointer or its device address, as pyarrow's `foreign_buffer(hbuf.address,
 /// ..)`), `buffer_from_object` of a raw description of it and `get_device_address` are
 /// `InvalidAddress` on every backend (the CUDA driver's answer for such a pointer is
-/// mapped to it), and nothing is counted. Runs alone ([`EXCLUSIVE`](crate::cases::EXCLUSIVE)):
+/// mapped to it), and nothing is counted. Runs alone (`.exclusive()` in [`ALL`](crate::cases::ALL)):
 /// another case's pinned allocation may be handed the freed pointer at once.
 pub(crate) fn foreign_buffer_of_freed_pinned_memory_is_invalid_address(f: &Fixture) -> CaseResult {
     let (_b, ctx) = context0(f);
@@ -264,7 +264,7 @@ pub(crate) fn foreign_buffer_of_freed_pinned_memory_is_invalid_address(f: &Fixtu
 /// buffer, is refused with `InvalidAddress` on every backend (the simulator checks every
 /// address; the CUDA driver refuses the copy with `CUDA_ERROR_INVALID_VALUE`, which the
 /// CUDA backend maps to `InvalidAddress` once the driver no longer knows the address).
-/// Runs alone ([`EXCLUSIVE`](crate::cases::EXCLUSIVE)): another case's pinned allocation
+/// Runs alone (`.exclusive()` in [`ALL`](crate::cases::ALL)): another case's pinned allocation
 /// may be handed the freed memory at once.
 pub(crate) fn copy_through_a_view_of_freed_pinned_memory_is_invalid_address(
     f: &Fixture,

@@ -24,6 +24,7 @@ use cudabuf_core::{Backend, BufferReader, BufferWriter, Context, DeviceBuffer, E
 use super::expect::{expect_err, first_difference, total_memory};
 use super::reliability_inputs::fnv1a;
 use super::reliability_leaks::{hook_backend, tracked};
+use crate::support::Rng;
 use crate::{CaseResult, Fixture, Skip};
 
 /// The environment variable with the run time in seconds.
@@ -53,57 +54,6 @@ fn setting<T: std::str::FromStr>(var: &str, default: T) -> T {
             .parse()
             .unwrap_or_else(|_| panic!("{var}={v:?} is not a number")),
         _ => default,
-    }
-}
-
-/// xorshift64*: small, seeded, good enough to pick operations.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// A number in `0..n` (0 when `n` is 0).
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-
-    /// A size in `0..=max`, small ones more often.
-    fn size(&mut self, max: usize) -> usize {
-        match self.below(4) {
-            0 => self.below(17),
-            1 => self.below(1025),
-            _ => self.below(max + 1),
-        }
-    }
-
-    /// A range `(position, length)` inside `0..len`, ends included.
-    fn range(&mut self, len: usize) -> (usize, usize) {
-        let position = self.below(len + 1);
-        (position, self.below(len - position + 1))
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(n + 8);
-        while out.len() < n {
-            out.extend_from_slice(&self.next().to_le_bytes());
-        }
-        out.truncate(n);
-        out
     }
 }
 

@@ -1,6 +1,7 @@
 //! The counting backend counts what crosses the seam, under its own kind.
 
-use cudabuf_core::{Backend, BackendKind, StreamFlags};
+use cudabuf_conformance::support::non_blocking;
+use cudabuf_core::{Backend, BackendKind};
 use cudabuf_counting_backend::{CountingBackend, COUNTING};
 
 #[test]
@@ -16,12 +17,7 @@ fn every_kind_of_call_is_counted_and_the_kind_is_its_own() {
     let buf = ctx.buffer_from_data(&[7u8; 64][..]).unwrap();
     assert!(counts.memory() >= 1 && counts.copies() >= 1);
 
-    let stream = ctx
-        .new_stream_with(StreamFlags {
-            non_blocking: true,
-            priority: 0,
-        })
-        .unwrap();
+    let stream = non_blocking(&ctx);
     let host = ctx.new_host_buffer(64).unwrap();
     let host = stream.copy_to_host(&buf, host).unwrap().wait().unwrap();
     assert_eq!(&host[..], &[7u8; 64][..]);

@@ -1,0 +1,18 @@
+//! What cudabuf's own tests share, kept once: simulator builders ([`sim`], [`SimBuilder`],
+//! [`runs`]), stream flags and a non-blocking stream ([`non_blocking`], [`NON_BLOCKING`],
+//! [`BLOCKING`]), and a seeded generator of test data ([`Rng`]).
+//!
+//! A dev-only crate, never published: the workspace's crates take it as a
+//! dev-dependency by path alone (`cudabuf-test-support = { path = "../test-support" }`),
+//! which `cargo package` strips from their manifests. The published conformance suite
+//! cannot depend on it, so what its cases use as well lives there
+//! ([`cudabuf_conformance::support`]) and is re-exported here.
+//!
+//! A typical test: `for (schedule, seed) in runs(16) { let (sim, ctx) = sim(schedule,
+//! seed).context(); ...; assert_no_races(&sim, &format!("{schedule} seed {seed}")); }`.
+//! The crate has no tests of its own: the tests that use it are its tests.
+
+mod sim;
+
+pub use cudabuf_conformance::support::{non_blocking, Rng, BLOCKING, NON_BLOCKING};
+pub use sim::{assert_no_races, context, runs, sim, SimBuilder, SCHEDULES};
