@@ -620,40 +620,7 @@ impl Stream {
         let _call = enter_call(
             ApiCall::here("Stream::copy_from_host").with_buffer(dst.address(), dst.size()),
         );
-        let src = src.into_host_range();
-        let too_small = src.len() > dst.size();
-        let done = match self.prepare_transfer(
-            "Stream::copy_from_host",
-            dst,
-            too_small,
-            src.is_empty(),
-            || {
-                Error::out_of_range(
-                    "Stream::copy_from_host",
-                    "device buffer",
-                    0,
-                    src.len(),
-                    dst.size(),
-                )
-            },
-        ) {
-            Ok(Some(done)) => done,
-            Ok(None) => return Ok(Transfer::completed(src)),
-            Err(e) => return Err(give_back(e, src)),
-        };
-        // SAFETY: `src` is pinned memory (`HostBuffer` comes from `alloc_host`) and its range
-        // was checked; the transfer owns the buffer until the copy is known complete, so
-        // no Rust reference reads or writes it meanwhile, and it is not freed. `dst`'s range
-        // lies in its live memory, kept alive by the transfer. The stream is live.
-        let issued = unsafe {
-            self.inner.handle.ctx.raw().copy_host_to_device_on(
-                dst.address(),
-                src.host_ptr(),
-                src.len(),
-                self.inner.handle.raw,
-            )
-        };
-        self.finish_transfer(issued, done, src, dst)
+        self.transfer(Direction::ToDevice, dst, src.into_host_range())
     }
 
     /// Copy all of `src` (device memory) into the start of the pinned host bytes `dst` (a
@@ -685,38 +652,7 @@ impl Stream {
         let _call = enter_call(
             ApiCall::here("Stream::copy_to_host").with_buffer(src.address(), src.size()),
         );
-        let dst = dst.into_host_range();
-        let too_small = src.size() > dst.len();
-        let done = match self.prepare_transfer(
-            "Stream::copy_to_host",
-            src,
-            too_small,
-            src.is_empty(),
-            || {
-                Error::out_of_range(
-                    "Stream::copy_to_host",
-                    "host buffer",
-                    dst.offset(),
-                    src.size(),
-                    dst.offset() + dst.len(),
-                )
-            },
-        ) {
-            Ok(Some(done)) => done,
-            Ok(None) => return Ok(Transfer::completed(dst)),
-            Err(e) => return Err(give_back(e, dst)),
-        };
-        // SAFETY: as in `copy_from_host`: the transfer owns the pinned destination until
-        // the copy is known complete, so no Rust reference to it exists meanwhile.
-        let issued = unsafe {
-            self.inner.handle.ctx.raw().copy_device_to_host_on(
-                dst.host_ptr(),
-                src.address(),
-                src.size(),
-                self.inner.handle.raw,
-            )
-        };
-        self.finish_transfer(issued, done, dst, src)
+        self.transfer(Direction::ToHost, src, dst.into_host_range())
     }
 
     /// Copy all of `src` (pageable host memory) to the start of `dst` on this stream: the
@@ -960,27 +896,80 @@ fn give_back<H: GiveBack>(error: Error, host: HostRange) -> CopyError<H> {
     CopyError::new(error, Some(H::give_back(host, Token::new())))
 }
 
+/// Which way an asynchronous copy between the device and pinned host memory goes.
+#[derive(Debug, Clone, Copy)]
+enum Direction {
+    ToDevice,
+    ToHost,
+}
+
 impl Stream {
-    /// The checks and the event of an asynchronous copy (`operation`) between `device`
-    /// and pinned host memory, before anything is issued: `device` must be this stream's context's
-    /// memory, and the copy must fit (`too_small` says it does not: `out_of_range` is the
-    /// error). `Ok(None)` for an empty copy, which issues nothing.
-    fn prepare_transfer(
+    /// Issue an asynchronous copy between all of `device` and the start of `host`
+    /// (`copy_from_host`: host to device; `copy_to_host`: device to host): the checks
+    /// first (`device` must be this stream's context's memory, and the copy must fit),
+    /// then the copy and its event. Refused before anything is issued, the host memory
+    /// comes back in the error.
+    fn transfer<H: GiveBack>(
         &self,
-        operation: &'static str,
+        direction: Direction,
         device: &DeviceBuffer,
-        too_small: bool,
-        empty: bool,
-        out_of_range: impl FnOnce() -> Error,
-    ) -> Result<Option<RawEvent>> {
-        self.check_buffer(device, operation)?;
-        if too_small {
-            return Err(out_of_range());
+        host: HostRange,
+    ) -> std::result::Result<Transfer<H>, CopyError<H>> {
+        let (operation, len, too_small) = match direction {
+            Direction::ToDevice => (
+                "Stream::copy_from_host",
+                host.len(),
+                host.len() > device.size(),
+            ),
+            Direction::ToHost => (
+                "Stream::copy_to_host",
+                device.size(),
+                device.size() > host.len(),
+            ),
+        };
+        let checked = self.check_buffer(device, operation).and_then(|()| {
+            if !too_small {
+                return self.release_completed();
+            }
+            Err(match direction {
+                Direction::ToDevice => {
+                    Error::out_of_range(operation, "device buffer", 0, host.len(), device.size())
+                }
+                Direction::ToHost => Error::out_of_range(
+                    operation,
+                    "host buffer",
+                    host.offset(),
+                    device.size(),
+                    host.offset() + host.len(),
+                ),
+            })
+        });
+        if let Err(e) = checked {
+            return Err(give_back(e, host));
         }
-        self.release_completed()?;
-        if empty {
-            return Ok(None);
+        if len == 0 {
+            return Ok(Transfer::completed(host));
         }
-        self.take_event().map(Some)
+        let done = match self.take_event() {
+            Ok(done) => done,
+            Err(e) => return Err(give_back(e, host)),
+        };
+        let (raw, stream) = (self.inner.handle.ctx.raw(), self.inner.handle.raw);
+        // SAFETY: `host` is pinned memory (`HostBuffer` comes from `alloc_host`) and both
+        // ranges were checked (`len` bytes fit in each); the transfer owns the host memory
+        // until the copy is known complete, so no Rust reference reads or writes it
+        // meanwhile, and it is not freed. `device`'s range lies in its live memory, kept
+        // alive by the transfer. The stream is live.
+        let issued = unsafe {
+            match direction {
+                Direction::ToDevice => {
+                    raw.copy_host_to_device_on(device.address(), host.host_ptr(), len, stream)
+                }
+                Direction::ToHost => {
+                    raw.copy_device_to_host_on(host.host_ptr(), device.address(), len, stream)
+                }
+            }
+        };
+        self.finish_transfer(issued, done, host, device)
     }
 }
