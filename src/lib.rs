@@ -96,6 +96,11 @@
 //! traits are in [`backend`] with the `mock` feature. Arrow on the device is
 //! `device_arrow` with the `arrow` feature (arrow-rs 60, re-exported as `arrow`).
 //!
+//! Examples on the pages of re-exported items name the crate each item lives in; through
+//! this crate they are: `cudabuf_core::X` is `cudabuf::X`, `cudabuf_sim::X` is
+//! `cudabuf::sim::X`, `cudabuf_arrow::X` is `cudabuf::device_arrow::X` (its
+//! `cudabuf_arrow::arrow` is `cudabuf::arrow`), `cudabuf_cuda::X` is `cudabuf::cuda::X`.
+//!
 //! See the crate README for a tour and a pyarrow -> cudabuf name table.
 
 pub use cudabuf_core::*;

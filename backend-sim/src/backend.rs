@@ -268,7 +268,9 @@ impl SimBackend {
 
     /// Panics, naming each one, if this instance has detected a data race (in
     /// [`RaceMode::Log`] as in [`RaceMode::Fail`]) or still holds allocations: the end of
-    /// a test, once its buffers are dropped. Both reports are also returned by
+    /// a test, once its buffers are dropped. With cudabuf's caching allocator on (not the
+    /// simulator's default), dropped buffers' segments stay allocated in the cache: call
+    /// `ctx.trim_cache()` first. Both reports are also returned by
     /// [`race_report`](Self::race_report) and [`leak_report`](Self::leak_report); this
     /// is the way to see them without installing a logger (the simulator logs races in
     /// `log` mode, and the leaks it finds when its last handle goes, through `log` only).

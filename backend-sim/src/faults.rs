@@ -1,5 +1,12 @@
 //! Fault injection: make the nth call of an operation fail, or fail calls at random from
 //! a seed, with a chosen error. An injected failure changes no state.
+//!
+//! Faults hit backend calls, not user calls: with cudabuf's caching allocator on
+//! (`CUDABUF_ALLOCATOR_CACHE`, `Context::set_allocator_cache_limit`), a `new_buffer` may
+//! be served from a cached segment without allocating, and an injected out-of-memory is
+//! answered by trimming the cache and retrying (as a real one is). Turn the cache off
+//! (`ctx.set_allocator_cache_limit(0)`, the simulator's default) to make the nth
+//! `new_buffer` the nth allocation.
 
 use cudabuf_core::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -7,17 +14,17 @@ use serde::{Deserialize, Serialize};
 /// The operations faults can be injected into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum FaultOp {
-    /// `Context::allocate`.
+    /// `RawContext::allocate` (the backend call under cudabuf's `Context`).
     Allocate,
-    /// `Context::alloc_host`.
+    /// `RawContext::alloc_host` (the backend call under cudabuf's `Context`).
     AllocHost,
     /// Every copy: host to device, device to host, device to device, peer.
     Copy,
-    /// `Context::ipc_export`.
+    /// `RawContext::ipc_export` (the backend call under cudabuf's `Context`).
     IpcExport,
-    /// `Context::ipc_open`.
+    /// `RawContext::ipc_open` (the backend call under cudabuf's `Context`).
     IpcOpen,
-    /// `Context::synchronize`.
+    /// `RawContext::synchronize` (the backend call under cudabuf's `Context`).
     Synchronize,
 }
 

@@ -201,7 +201,7 @@
 //!   [`FaultOp`]. An injected failure changes nothing.
 //! - Leaks: [`SimBackend::leak_report`] and [`SimBackend::bytes_in_use`]; when the last
 //!   handle of an instance (backend, devices, contexts) drops while allocations are live,
-//!   the report is logged through the [`log`] crate at warn level (the simulator never
+//!   the report is logged through the `log` crate at warn level (the simulator never
 //!   prints).
 //! - Streams: [`SimBackend::race_report`] (the races detected), [`SimBackend::schedule_trace`]
 //!   (the order operations ran in), [`SimBackend::seed`] (to reproduce a schedule).

@@ -20,9 +20,9 @@ use crate::ipc::{ImportKey, Mapping};
 /// What kind of memory a live allocation is (as listed in a [`LeakReport`](crate::LeakReport)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RegionKind {
-    /// Device memory from `Context::allocate` (counts against the device's capacity).
+    /// Device memory from `RawContext::allocate` (counts against the device's capacity).
     Device,
-    /// Pinned host memory from `Context::alloc_host`, with its own device address.
+    /// Pinned host memory from `RawContext::alloc_host`, with its own device address.
     Pinned,
     /// A mapping of another process's allocation from `Context::ipc_open`.
     IpcMapping,

@@ -110,7 +110,11 @@ const MOCK_HANDLE_MASK: u64 = 0xFFFF << 48;
 ///
 /// Its [`handle`](RawContext::handle) is the `handle` expectation's low 48 bits under
 /// [`MOCK_HANDLE_TAG`], and its type is never a real backend's: memory a mock "allocates"
-/// is never taken for a real context's.
+/// is never taken for a real context's. Core asks for the handle when the caching
+/// allocator is on for the context (`CUDABUF_ALLOCATOR_CACHE` in the environment, or
+/// any call of the allocator's settings, such as `set_allocator_cache_limit`), and when
+/// it compares contexts (peer copies, IPC): a test that should not depend on the
+/// environment sets `mock.expect_handle().return_const(1u64)` (any value).
 ///
 /// It dereferences to its expectations ([`MockExpectations`]), so `mock.expect_allocate()`,
 /// `mock.expect_copy_device_to_host()` and the rest work as with a generated mock; a
