@@ -303,14 +303,18 @@ impl HostBuffer {
     /// }
     /// let done = streams[0].record_event()?;
     /// streams[1].wait_event(&done)?; // stream 1's later work after stream 0's copies
-    /// let back: Vec<_> = transfers
-    ///     .into_iter()
-    ///     .map(|t| t.wait())
-    ///     .collect::<Result<_, _>>()?;
-    /// let pinned = back.into_iter().reduce(|a, b| { drop(a); b }).unwrap();
-    /// let pinned = pinned.into_buffer().expect("every other chunk is dropped");
+    /// let copy = ctx.new_buffer(4096)?;
+    /// streams[1].copy_device(&copy, &dst)?; // after all four chunks
+    /// let mut back = Vec::new();
+    /// for transfer in transfers {
+    ///     back.push(transfer.wait()?); // each chunk's range comes back
+    /// }
+    /// let last = back.pop().unwrap();
+    /// drop(back); // the other ranges go: the last one left joins the buffer back
+    /// let pinned = last.into_buffer().expect("no other range is left");
     /// assert_eq!(pinned.size(), 4096);
-    /// assert_eq!(dst.copy_to_host(3072, Some(2))?, [3, 3]);
+    /// streams[1].synchronize()?;
+    /// assert_eq!(copy.copy_to_host(3072, Some(2))?, [3, 3]);
     /// # Ok(()) }
     /// ```
     ///
