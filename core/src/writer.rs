@@ -269,29 +269,26 @@ impl BufferWriter {
     /// If the copy cannot start, the bytes stay staged in the slot (the stream gives the
     /// buffer back) and nothing moved.
     fn send_current(&mut self, len: usize, position: usize) -> Result<()> {
-        let Some(stream) = self.stream.clone() else {
-            let bytes = self.current_bytes()?;
-            let staged = bytes[..len].to_vec();
-            self.buffer.copy_from_host(&staged, position, None)?;
-            self.current ^= 1;
-            return Ok(());
-        };
-        // The caller checked `position + len` against the buffer's size.
-        let dst = self.buffer.slice(position, len)?;
-        let slot = self.slots[self.current]
-            .as_mut()
-            .ok_or_else(|| Error::invalid_argument("BufferWriter", "no staging buffer to send"))?;
-        let host = slot
-            .host
-            .take()
-            .ok_or_else(|| Error::invalid_argument("BufferWriter", "no staging buffer to send"))?;
-        let range = host.into_range(..len)?;
-        match stream.copy_from_host(&dst, range) {
-            Ok(transfer) => slot.sending = Some(transfer),
-            Err(e) => {
-                let (error, range) = e.into_parts();
-                slot.host = range.and_then(|range| range.into_buffer().ok());
-                return Err(error);
+        let no_buffer = || Error::invalid_argument("BufferWriter", "no staging buffer to send");
+        let slot = self.slots[self.current].as_mut().ok_or_else(no_buffer)?;
+        match &self.stream {
+            None => {
+                // No streams: a synchronous copy straight from the staging bytes.
+                let host = slot.host.as_ref().ok_or_else(no_buffer)?;
+                self.buffer.copy_from_host(&host[..len], position, None)?;
+            }
+            Some(stream) => {
+                // The caller checked `position + len` against the buffer's size.
+                let dst = self.buffer.slice(position, len)?;
+                let range = slot.host.take().ok_or_else(no_buffer)?.into_range(..len)?;
+                match stream.copy_from_host(&dst, range) {
+                    Ok(transfer) => slot.sending = Some(transfer),
+                    Err(e) => {
+                        let (error, range) = e.into_parts();
+                        slot.host = range.and_then(|range| range.into_buffer().ok());
+                        return Err(error);
+                    }
+                }
             }
         }
         self.current ^= 1;

@@ -7,13 +7,14 @@ use std::sync::{Arc, MutexGuard, PoisonError};
 use std::thread::ThreadId;
 
 use super::transfer::TransferCopy;
-use super::{CopyError, Held, InFlight, Stream, StreamInner, StreamState, Transfer, Untracked};
+use super::{
+    give_back, CopyError, Held, InFlight, Stream, StreamInner, StreamState, Transfer, Untracked,
+};
 use crate::backend::StreamsExt;
 use crate::backend::{same_implementation, RawEvent, RawStream};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::host_range::sealed::Token;
 use crate::host_range::{GiveBack, HostRange};
 
 impl Stream {
@@ -203,7 +204,7 @@ impl Stream {
             }),
             Err(Untracked::Settled(e)) => {
                 // Not issued, or issued and synchronized: the host memory goes back.
-                Err(CopyError::new(e, Some(H::give_back(host, Token::new()))))
+                Err(give_back(e, host))
             }
             Err(Untracked::MayRun(e)) => {
                 // The copy may still run: its host memory must never be freed or reused.

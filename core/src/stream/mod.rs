@@ -891,7 +891,8 @@ impl fmt::Debug for Stream {
     }
 }
 
-/// A copy refused before it was issued: the error, with the host memory given back.
+/// A copy that was refused, or whose failure is settled: the error, with the host memory
+/// given back.
 fn give_back<H: GiveBack>(error: Error, host: HostRange) -> CopyError<H> {
     CopyError::new(error, Some(H::give_back(host, Token::new())))
 }
