@@ -89,6 +89,8 @@ fn bump(counter: &AtomicU64) {
 pub struct CountingBackend {
     inner: Arc<dyn Platform>,
     counts: Arc<Counts>,
+    /// Whether its contexts offer the wrapped backend's streams.
+    streams: bool,
 }
 
 impl CountingBackend {
@@ -97,6 +99,16 @@ impl CountingBackend {
         CountingBackend {
             inner: Arc::new(inner),
             counts: Arc::default(),
+            streams: true,
+        }
+    }
+
+    /// Wrap `inner`, offering none of its streams: a backend without the capability
+    /// (its contexts' `streams()` is `None`).
+    pub fn without_streams(inner: impl Platform + 'static) -> Self {
+        CountingBackend {
+            streams: false,
+            ..Self::new(inner)
         }
     }
 
@@ -126,6 +138,7 @@ unsafe impl Platform for CountingBackend {
         Ok(Arc::new(CountingDevice {
             inner: self.inner.device(ordinal)?,
             counts: Arc::clone(&self.counts),
+            streams: self.streams,
         }))
     }
 }
@@ -134,6 +147,7 @@ unsafe impl Platform for CountingBackend {
 struct CountingDevice {
     inner: Arc<dyn Device>,
     counts: Arc<Counts>,
+    streams: bool,
 }
 
 impl CountingDevice {
@@ -141,6 +155,7 @@ impl CountingDevice {
         Arc::new(CountingContext {
             inner,
             counts: Arc::clone(&self.counts),
+            streams: self.streams,
         })
     }
 }
@@ -175,6 +190,7 @@ impl Device for CountingDevice {
 pub struct CountingContext {
     inner: Arc<dyn RawContext>,
     counts: Arc<Counts>,
+    streams: bool,
 }
 
 impl CountingContext {
@@ -324,7 +340,10 @@ unsafe impl RawContext for CountingContext {
     }
 
     fn streams(&self) -> Option<&dyn RawStreams> {
-        self.inner.streams().map(|_| self as &dyn RawStreams)
+        self.inner
+            .streams()
+            .filter(|_| self.streams)
+            .map(|_| self as &dyn RawStreams)
     }
 }
 

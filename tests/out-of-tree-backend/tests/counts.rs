@@ -35,3 +35,29 @@ fn every_kind_of_call_is_counted_and_the_kind_is_its_own() {
     );
     assert!(counts.ipc() >= 1);
 }
+
+/// A backend without streams: the capability follows from the type (`streams()` is
+/// `None`), so stream calls are `Unsupported`, and a buffered `BufferWriter` still writes
+/// everything, copying synchronously.
+#[test]
+fn without_streams_stream_calls_are_unsupported_and_the_writer_copies_synchronously() {
+    use std::io::Write;
+
+    let counting = CountingBackend::without_streams(cudabuf_sim::SimBackend::new());
+    let counts = counting.counts();
+    let ctx = Backend::new(counting).context(0).unwrap();
+    assert!(ctx.raw().streams().is_none());
+    let err = ctx.new_stream().unwrap_err();
+    assert_eq!(err.kind(), cudabuf_core::ErrorKind::Unsupported, "{err}");
+
+    let buf = ctx.new_buffer(10_000).unwrap();
+    let mut writer = cudabuf_core::BufferWriter::new(buf.clone());
+    writer.set_buffer_size(1024).unwrap();
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    for chunk in data.chunks(100) {
+        writer.write_all(chunk).unwrap();
+    }
+    writer.close().unwrap();
+    assert_eq!(buf.to_vec().unwrap(), data);
+    assert_eq!(counts.streams(), 0, "no stream call reached the backend");
+}
