@@ -141,6 +141,24 @@ pub enum Error {
         /// What has not happened yet.
         reason: String,
     },
+    /// Reading or writing a file failed: it is shorter than the range asked for (or
+    /// shrank while being read), it is not a regular file, it cannot be opened, or the
+    /// operating system refused a read or write.
+    #[error("{operation}: {path} at byte {offset}: {reason}")]
+    File {
+        /// The operation, e.g. `"DeviceBuffer::read_file_at"`.
+        operation: &'static str,
+        /// The file's path (from `/proc/self/fd` when the caller passed an open file; the
+        /// descriptor number if that cannot be read).
+        path: String,
+        /// The byte of the file where the failure happened.
+        offset: u64,
+        /// The operating system's error kind (`UnexpectedEof` for a file shorter than the
+        /// range, `InvalidInput` for something that is not a regular file).
+        io_kind: std::io::ErrorKind,
+        /// What happened.
+        reason: String,
+    },
     /// A driver call failed in a way not covered above.
     #[error("{call} failed: {name} ({code}): {message}")]
     Driver {
@@ -187,6 +205,8 @@ pub enum ErrorKind {
     DataRace,
     /// [`Error::NotReady`]
     NotReady,
+    /// [`Error::File`]
+    File,
 }
 
 impl fmt::Display for ErrorKind {
@@ -213,6 +233,7 @@ impl Error {
             Error::Driver { .. } => ErrorKind::Driver,
             Error::DataRace { .. } => ErrorKind::DataRace,
             Error::NotReady { .. } => ErrorKind::NotReady,
+            Error::File { .. } => ErrorKind::File,
         }
     }
 
@@ -286,6 +307,10 @@ impl From<Error> for std::io::Error {
             ErrorKind::Unsupported => std::io::ErrorKind::Unsupported,
             ErrorKind::Closed => std::io::ErrorKind::BrokenPipe,
             ErrorKind::InvalidIpcHandle | ErrorKind::InvalidData => std::io::ErrorKind::InvalidData,
+            ErrorKind::File => match &e {
+                Error::File { io_kind, .. } => *io_kind,
+                _ => std::io::ErrorKind::Other,
+            },
             _ => std::io::ErrorKind::Other,
         };
         std::io::Error::new(kind, e)

@@ -70,6 +70,8 @@ pub(crate) struct ContextInner {
     allocator: OnceLock<Arc<DeviceAllocator>>,
     /// Idle pinned staging buffers kept for reuse.
     host_pool: PinnedPool,
+    /// How file reads and writes run (`Context::set_file_options`).
+    file_options: std::sync::Mutex<crate::file::FileOptions>,
 }
 
 impl Drop for ContextInner {
@@ -134,6 +136,7 @@ impl Context {
                 bytes_allocated: AtomicUsize::new(0),
                 allocator: OnceLock::new(),
                 host_pool: PinnedPool::new(pool_limit),
+                file_options: std::sync::Mutex::default(),
             }),
         }
     }
@@ -318,5 +321,12 @@ impl fmt::Debug for Context {
             .field("handle", &format_args!("{:#x}", self.handle()))
             .field("bytes_allocated", &self.bytes_allocated())
             .finish()
+    }
+}
+
+impl Context {
+    /// The cell holding this context's file options (`crate::file`).
+    pub(crate) fn file_options_cell(&self) -> &std::sync::Mutex<crate::file::FileOptions> {
+        &self.inner.file_options
     }
 }

@@ -19,7 +19,7 @@ use crate::host_range::{GiveBack, HostRange};
 
 impl Stream {
     /// `buffer` must be memory this stream's context reaches as its own.
-    pub(super) fn check_buffer(
+    pub(crate) fn check_buffer(
         &self,
         buffer: &DeviceBuffer,
         operation: &'static str,

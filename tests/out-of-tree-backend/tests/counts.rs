@@ -61,3 +61,33 @@ fn without_streams_stream_calls_are_unsupported_and_the_writer_copies_synchronou
     assert_eq!(buf.to_vec().unwrap(), data);
     assert_eq!(counts.streams(), 0, "no stream call reached the backend");
 }
+
+/// A backend without streams reads and writes files too: each thread copies its chunk
+/// synchronously, and no stream call reaches the backend.
+#[test]
+fn without_streams_files_are_read_and_written_with_synchronous_copies() {
+    let counting = CountingBackend::without_streams(cudabuf_sim::SimBackend::new());
+    let counts = counting.counts();
+    let ctx = Backend::new(counting).context(0).unwrap();
+    ctx.set_file_options(
+        cudabuf_core::FileOptions::default()
+            .with_chunk_size(4096)
+            .unwrap()
+            .with_threads(3)
+            .unwrap(),
+    );
+    let dir = std::env::temp_dir().join(format!("cudabuf-counting-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
+    let path = dir.join("in.bin");
+    std::fs::write(&path, &data).unwrap();
+
+    let buf = ctx.read_file_range(&path, 123, 40_000).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), &data[123..40_123]);
+    let out = dir.join("out.bin");
+    let file = std::fs::File::create(&out).unwrap();
+    buf.write_file_at(&file, 0).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), &data[123..40_123]);
+    assert_eq!(counts.streams(), 0, "no stream call reached the backend");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

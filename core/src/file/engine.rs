@@ -1,0 +1,652 @@
+//! The pipelines behind file reads and writes: threads that claim chunks, each with two
+//! pinned buffers, `pread` into one while the other uploads (or download into one while
+//! the other is `pwrite`n).
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use super::options::{DirectIo, ALIGN};
+use crate::buffer::DeviceBuffer;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::host::HostBuffer;
+use crate::host_range::HostRange;
+use crate::stream::{Stream, Transfer};
+
+/// Pinned buffers per thread: one being filled while the other's copy runs.
+const DEPTH: usize = 2;
+
+/// One read or write of a device buffer from or to a file, shared by its threads.
+struct Job<'a> {
+    ctx: &'a Context,
+    device: &'a DeviceBuffer,
+    file: &'a File,
+    /// The same file opened again with `O_DIRECT`, when asked for and accepted.
+    direct: Option<File>,
+    /// Cleared when the file system refuses an `O_DIRECT` read (`IfSupported`): the
+    /// remaining chunks go through the page cache.
+    direct_ok: AtomicBool,
+    require_direct: bool,
+    name: String,
+    operation: &'static str,
+    /// The file offset of the device buffer's first byte.
+    base: u64,
+    chunk: usize,
+    /// The size of each pinned buffer: a chunk, plus room to align an `O_DIRECT` span.
+    buffer_size: usize,
+    chunks: usize,
+    next: AtomicUsize,
+    /// Set by the first thread that fails: the others stop after their current chunk.
+    stop: AtomicBool,
+    /// Where the copies run; `None` on a backend without streams (synchronous copies).
+    stream: Option<Stream>,
+}
+
+impl Job<'_> {
+    /// The next chunk to do, if any is left and nothing has failed.
+    fn claim(&self) -> Option<usize> {
+        if self.stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        let k = self.next.fetch_add(1, Ordering::Relaxed);
+        (k < self.chunks).then_some(k)
+    }
+
+    /// Chunk `k`'s place in the device buffer and its length.
+    fn span(&self, k: usize) -> (usize, usize) {
+        let start = k * self.chunk;
+        (start, self.chunk.min(self.device.size() - start))
+    }
+
+    fn io_error(&self, offset: u64, e: &std::io::Error) -> Error {
+        Error::File {
+            operation: self.operation,
+            path: self.name.clone(),
+            offset,
+            io_kind: e.kind(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// A pinned buffer that no copy uses: one of this thread's idle ones, a new one
+    /// (from the context's pool) while it has fewer than [`DEPTH`], or the oldest in
+    /// flight once `settle` has finished with it.
+    fn buffer<T>(
+        &self,
+        free: &mut Vec<HostBuffer>,
+        in_flight: &mut VecDeque<T>,
+        mut settle: impl FnMut(T) -> Result<HostBuffer>,
+    ) -> Result<HostBuffer> {
+        if let Some(buffer) = free.pop() {
+            return Ok(buffer);
+        }
+        match in_flight.pop_front() {
+            Some(oldest) if in_flight.len() + 1 >= DEPTH => settle(oldest),
+            Some(oldest) => {
+                in_flight.push_front(oldest);
+                self.ctx.staging_buffer(self.buffer_size)
+            }
+            None => self.ctx.staging_buffer(self.buffer_size),
+        }
+    }
+
+    fn recycle(&self, free: Vec<HostBuffer>) {
+        for buffer in free {
+            self.ctx.recycle_staging_buffer(buffer);
+        }
+    }
+}
+
+/// A transfer's host memory back as a whole buffer (each transfer here holds the only
+/// range of its buffer).
+fn whole(range: HostRange, operation: &'static str) -> Result<HostBuffer> {
+    range.into_buffer().map_err(|_| {
+        Error::invalid_argument(operation, "a staging range did not rejoin its buffer")
+    })
+}
+
+/// Open `path` for reading, as an [`Error::File`] on failure. Non-blocking, so that
+/// opening a FIFO returns at once (to be refused as not a regular file) instead of
+/// waiting for a writer; reads of regular files ignore the flag.
+pub(super) fn open(path: &Path, operation: &'static str) -> Result<File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    options.open(path).map_err(|e| Error::File {
+        operation,
+        path: path.display().to_string(),
+        offset: 0,
+        io_kind: e.kind(),
+        reason: format!("cannot open: {e}"),
+    })
+}
+
+/// The size of `file`, which must be a regular file.
+pub(super) fn regular_size(file: &File, path: &Path, operation: &'static str) -> Result<u64> {
+    regular_size_named(file, &path.display().to_string(), operation)
+}
+
+fn regular_size_named(file: &File, name: &str, operation: &'static str) -> Result<u64> {
+    let metadata = file.metadata().map_err(|e| Error::File {
+        operation,
+        path: name.to_string(),
+        offset: 0,
+        io_kind: e.kind(),
+        reason: format!("cannot read its metadata: {e}"),
+    })?;
+    if !metadata.is_file() {
+        let what = if metadata.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a FIFO, socket or device node)"
+        };
+        return Err(Error::File {
+            operation,
+            path: name.to_string(),
+            offset: 0,
+            io_kind: std::io::ErrorKind::InvalidInput,
+            reason: format!("it is {what}: only regular files are read and written"),
+        });
+    }
+    Ok(metadata.len())
+}
+
+/// `len` bytes at `offset` must lie within a file of `size` bytes.
+pub(super) fn check_range(
+    size: u64,
+    offset: u64,
+    len: usize,
+    name: &str,
+    operation: &'static str,
+) -> Result<()> {
+    let end = offset.checked_add(len as u64);
+    if end.is_some_and(|end| end <= size) {
+        return Ok(());
+    }
+    Err(Error::File {
+        operation,
+        path: name.to_string(),
+        offset: offset.min(size),
+        io_kind: std::io::ErrorKind::UnexpectedEof,
+        reason: format!(
+            "the file has {size} bytes: {len} bytes from byte {offset} lie past its end"
+        ),
+    })
+}
+
+/// A name for `file` in messages: its path, as the kernel knows it.
+fn describe(file: &File) -> String {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| format!("file descriptor {fd}"))
+}
+
+/// `file` opened again for reading with `O_DIRECT`, if asked for and accepted.
+fn open_direct(
+    file: &File,
+    name: &str,
+    mode: DirectIo,
+    operation: &'static str,
+) -> Result<Option<File>> {
+    if mode == DirectIo::Never {
+        return Ok(None);
+    }
+    match reopen_direct(file) {
+        Ok(direct) => Ok(Some(direct)),
+        Err(e) if mode == DirectIo::IfSupported => {
+            log::debug!(
+                "{operation}: {name}: O_DIRECT refused ({e}); reading through the page cache"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(Error::File {
+            operation,
+            path: name.to_string(),
+            offset: 0,
+            io_kind: e.kind(),
+            reason: format!("O_DIRECT was required and could not be used: {e}"),
+        }),
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn reopen_direct(file: &File) -> std::io::Result<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn reopen_direct(_file: &File) -> std::io::Result<File> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "O_DIRECT is used on Linux only",
+    ))
+}
+
+/// Why a read stopped short.
+enum Short {
+    /// The file ended at this byte.
+    Eof(u64),
+    /// The operating system refused a read at this byte.
+    Os(u64, std::io::Error),
+}
+
+/// Read at least `need` bytes at `at` into `buf` (more, up to its length, if the file has
+/// them). With `aligned`, every read must start on an [`ALIGN`] boundary (`O_DIRECT`): an
+/// unaligned short read means the file ended.
+fn read_full(
+    file: &File,
+    buf: &mut [u8],
+    at: u64,
+    need: usize,
+    aligned: bool,
+) -> Result<(), Short> {
+    let mut got = 0;
+    while got < need {
+        if aligned && !got.is_multiple_of(ALIGN) {
+            return Err(Short::Eof(at + got as u64));
+        }
+        match file.read_at(&mut buf[got..], at + got as u64) {
+            Ok(0) => return Err(Short::Eof(at + got as u64)),
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Short::Os(at + got as u64, e)),
+        }
+    }
+    Ok(())
+}
+
+fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}
+
+/// Chunk `start..start + n` of the device range read from the file into `buf`; returns
+/// where in `buf` the chunk's first byte is.
+fn fill(job: &Job<'_>, buf: &mut [u8], start: usize, n: usize) -> Result<usize> {
+    let pos = job.base + start as u64;
+    let short = |s: Short| match s {
+        Short::Eof(at) => Error::File {
+            operation: job.operation,
+            path: job.name.clone(),
+            offset: at,
+            io_kind: std::io::ErrorKind::UnexpectedEof,
+            reason: format!(
+                "the file ends before byte {at}, short of byte {} that the read needs (it \
+                 shrank while being read)",
+                pos + n as u64
+            ),
+        },
+        Short::Os(at, e) => job.io_error(at, &e),
+    };
+    if let Some(direct) = job.direct.as_ref() {
+        if job.direct_ok.load(Ordering::Relaxed) && (buf.as_ptr() as usize).is_multiple_of(ALIGN) {
+            let aligned = pos - pos % ALIGN as u64;
+            let head = (pos - aligned) as usize;
+            let want = round_up(head + n, ALIGN).min(buf.len());
+            match read_full(direct, &mut buf[..want], aligned, head + n, true) {
+                Ok(()) => return Ok(head),
+                Err(Short::Os(_, e))
+                    if e.raw_os_error() == Some(libc::EINVAL) && !job.require_direct =>
+                {
+                    job.direct_ok.store(false, Ordering::Relaxed);
+                    log::debug!(
+                        "{}: {}: O_DIRECT read refused ({e}); reading through the page cache",
+                        job.operation,
+                        job.name
+                    );
+                }
+                Err(s) => return Err(short(s)),
+            }
+        } else if job.require_direct {
+            return Err(job.io_error(
+                pos,
+                &std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "O_DIRECT was required but the pinned buffer is not 4 KiB-aligned",
+                ),
+            ));
+        }
+    }
+    read_full(job.file, &mut buf[..n], pos, n, false).map_err(short)?;
+    Ok(0)
+}
+
+/// Fill all of `dst` with the bytes of `file` from `offset`.
+pub(super) fn read(
+    dst: &DeviceBuffer,
+    file: &File,
+    offset: u64,
+    stream: Option<&Stream>,
+    operation: &'static str,
+) -> Result<()> {
+    let name = describe(file);
+    let size = regular_size_named(file, &name, operation)?;
+    check_range(size, offset, dst.size(), &name, operation)?;
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let ctx = dst.context();
+    let options = ctx.file_options();
+    let direct = open_direct(file, &name, options.direct_io(), operation)?;
+    let pad = if direct.is_some() { 2 * ALIGN } else { 0 };
+    let job = job(
+        ctx,
+        dst,
+        file,
+        offset,
+        stream,
+        operation,
+        name,
+        options.chunk_size(),
+        pad,
+    );
+    let job = Job {
+        direct_ok: AtomicBool::new(direct.is_some()),
+        require_direct: options.direct_io() == DirectIo::Required,
+        direct,
+        ..job
+    };
+    run(&job, options.threads(), read_worker)
+}
+
+/// Write all of `src` to `file` from `offset`.
+pub(super) fn write(
+    src: &DeviceBuffer,
+    file: &File,
+    offset: u64,
+    stream: Option<&Stream>,
+    operation: &'static str,
+) -> Result<()> {
+    let name = describe(file);
+    regular_size_named(file, &name, operation)?;
+    if offset.checked_add(src.size() as u64).is_none() {
+        return Err(Error::File {
+            operation,
+            path: name,
+            offset,
+            io_kind: std::io::ErrorKind::InvalidInput,
+            reason: format!(
+                "{} bytes from byte {offset} pass the largest file offset",
+                src.size()
+            ),
+        });
+    }
+    if src.is_empty() {
+        return Ok(());
+    }
+    let ctx = src.context();
+    let options = ctx.file_options();
+    let job = job(
+        ctx,
+        src,
+        file,
+        offset,
+        stream,
+        operation,
+        name,
+        options.chunk_size(),
+        0,
+    );
+    run(&job, options.threads(), write_worker)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn job<'a>(
+    ctx: &'a Context,
+    device: &'a DeviceBuffer,
+    file: &'a File,
+    base: u64,
+    stream: Option<&Stream>,
+    operation: &'static str,
+    name: String,
+    chunk: usize,
+    pad: usize,
+) -> Job<'a> {
+    let len = device.size();
+    let stream = match stream {
+        Some(stream) => Some(stream.clone()),
+        None => ctx.raw().streams().is_some().then(|| ctx.legacy_stream()),
+    };
+    Job {
+        ctx,
+        device,
+        file,
+        direct: None,
+        direct_ok: AtomicBool::new(false),
+        require_direct: false,
+        name,
+        operation,
+        base,
+        chunk,
+        buffer_size: round_up(chunk.min(len), ALIGN) + pad,
+        chunks: len.div_ceil(chunk),
+        next: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
+        stream,
+    }
+}
+
+/// Run `worker` on up to `threads` threads (the calling thread is one of them); the first
+/// failure, if any.
+fn run(job: &Job<'_>, threads: usize, worker: fn(&Job<'_>) -> Result<()>) -> Result<()> {
+    let threads = threads.min(job.chunks).max(1);
+    if threads == 1 {
+        return worker(job);
+    }
+    std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads)
+            .filter_map(|i| {
+                std::thread::Builder::new()
+                    .name(format!("cudabuf-file-{i}"))
+                    .spawn_scoped(scope, || worker(job))
+                    .map_err(|e| log::debug!("{}: fewer threads: {e}", job.operation))
+                    .ok()
+            })
+            .collect();
+        let mut results = vec![worker(job)];
+        for helper in helpers {
+            results.push(helper.join().unwrap_or_else(|_| {
+                Err(Error::invalid_argument(
+                    job.operation,
+                    "a file thread panicked",
+                ))
+            }));
+        }
+        // Of several failures, the one nearest the start of the file (a file error), else
+        // the first.
+        let failures = results.into_iter().filter_map(Result::err);
+        match failures.min_by_key(|e| match e {
+            Error::File { offset, .. } => *offset,
+            _ => u64::MAX,
+        }) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    })
+}
+
+/// A reading thread: claim a chunk, `pread` it into a free pinned buffer, issue its
+/// upload; at most [`DEPTH`] uploads of its own in flight.
+fn read_worker(job: &Job<'_>) -> Result<()> {
+    let mut free = Vec::new();
+    let mut in_flight: VecDeque<Transfer<HostRange>> = VecDeque::new();
+    let result = read_chunks(job, &mut free, &mut in_flight);
+    if result.is_err() {
+        job.stop.store(true, Ordering::Relaxed);
+    }
+    // Every upload is waited for, even after a failure: the pinned memory goes back only
+    // when nothing reads it.
+    let mut drained = Ok(());
+    for transfer in in_flight {
+        match transfer.wait() {
+            Ok(range) => match whole(range, job.operation) {
+                Ok(buffer) => free.push(buffer),
+                Err(e) => drained = drained.and(Err(e)),
+            },
+            Err(e) => {
+                let (e, host) = e.into_parts();
+                free.extend(host.and_then(|r| r.into_buffer().ok()));
+                drained = drained.and(Err(e));
+            }
+        }
+    }
+    job.recycle(free);
+    result.and(drained)
+}
+
+fn read_chunks(
+    job: &Job<'_>,
+    free: &mut Vec<HostBuffer>,
+    in_flight: &mut VecDeque<Transfer<HostRange>>,
+) -> Result<()> {
+    while let Some(k) = job.claim() {
+        let (start, n) = job.span(k);
+        let mut buf = job.buffer(free, in_flight, |oldest| {
+            oldest
+                .wait()
+                .map_err(Error::from)
+                .and_then(|range| whole(range, job.operation))
+        })?;
+        let head = match fill(job, &mut buf, start, n) {
+            Ok(head) => head,
+            Err(e) => {
+                free.push(buf);
+                return Err(e);
+            }
+        };
+        let Some(stream) = &job.stream else {
+            let copied = job.device.copy_from_host(&buf[head..head + n], start, None);
+            free.push(buf);
+            copied?;
+            continue;
+        };
+        let range = buf.into_range(head..head + n)?;
+        let dst = job.device.slice(start, n)?;
+        match stream.copy_from_host(&dst, range) {
+            Ok(transfer) => in_flight.push_back(transfer),
+            Err(e) => {
+                let (e, host) = e.into_parts();
+                free.extend(host.and_then(|r| r.into_buffer().ok()));
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A writing thread: claim a chunk, issue its download into a free pinned buffer; once
+/// [`DEPTH`] downloads are in flight, wait for the oldest and `pwrite` it.
+fn write_worker(job: &Job<'_>) -> Result<()> {
+    let mut free = Vec::new();
+    let mut in_flight: VecDeque<(usize, Transfer<HostRange>)> = VecDeque::new();
+    let result = write_chunks(job, &mut free, &mut in_flight);
+    if result.is_err() {
+        job.stop.store(true, Ordering::Relaxed);
+    }
+    let mut drained = Ok(());
+    for (start, transfer) in in_flight {
+        // After a failure the rest are only waited for, not written.
+        let write = result.is_ok() && drained.is_ok();
+        match finish_write(job, start, transfer, write) {
+            Ok(buffer) => free.push(buffer),
+            Err((e, buffer)) => {
+                free.extend(buffer);
+                drained = drained.and(Err(e));
+            }
+        }
+    }
+    job.recycle(free);
+    result.and(drained)
+}
+
+/// Wait for the download of the chunk at `start` and (if `write`) `pwrite` it; the
+/// buffer back, with the failure if any.
+fn finish_write(
+    job: &Job<'_>,
+    start: usize,
+    transfer: Transfer<HostRange>,
+    write: bool,
+) -> std::result::Result<HostBuffer, (Error, Option<HostBuffer>)> {
+    let range = match transfer.wait() {
+        Ok(range) => range,
+        Err(e) => {
+            let (e, host) = e.into_parts();
+            return Err((e, host.and_then(|r| r.into_buffer().ok())));
+        }
+    };
+    let at = job.base + start as u64;
+    let written = if write {
+        job.file
+            .write_all_at(&range, at)
+            .map_err(|e| job.io_error(at, &e))
+    } else {
+        Ok(())
+    };
+    match (written, whole(range, job.operation)) {
+        (Ok(()), Ok(buffer)) => Ok(buffer),
+        (Err(e), buffer) => Err((e, buffer.ok())),
+        (Ok(()), Err(e)) => Err((e, None)),
+    }
+}
+
+fn write_chunks(
+    job: &Job<'_>,
+    free: &mut Vec<HostBuffer>,
+    in_flight: &mut VecDeque<(usize, Transfer<HostRange>)>,
+) -> Result<()> {
+    while let Some(k) = job.claim() {
+        let (start, n) = job.span(k);
+        let mut buf = job.buffer(free, in_flight, |(start, oldest)| {
+            finish_write(job, start, oldest, true).map_err(|(e, buffer)| {
+                free_on_error(job, buffer);
+                e
+            })
+        })?;
+        let Some(stream) = &job.stream else {
+            let at = job.base + start as u64;
+            let copied = job
+                .device
+                .copy_to_host_into(start, &mut buf[..n], Some(n))
+                .and_then(|_| {
+                    job.file
+                        .write_all_at(&buf[..n], at)
+                        .map_err(|e| job.io_error(at, &e))
+                });
+            free.push(buf);
+            copied?;
+            continue;
+        };
+        let range = buf.into_range(..n)?;
+        let src = job.device.slice(start, n)?;
+        match stream.copy_to_host(&src, range) {
+            Ok(transfer) => in_flight.push_back((start, transfer)),
+            Err(e) => {
+                let (e, host) = e.into_parts();
+                free.extend(host.and_then(|r| r.into_buffer().ok()));
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A buffer freed from inside `Job::buffer`'s settle step, which cannot reach the
+/// thread's free list: back to the pool.
+fn free_on_error(job: &Job<'_>, buffer: Option<HostBuffer>) {
+    if let Some(buffer) = buffer {
+        job.ctx.recycle_staging_buffer(buffer);
+    }
+}
