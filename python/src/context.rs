@@ -268,6 +268,51 @@ impl PyContext {
         Ok(PyCudaBuffer::new(buffer))
     }
 
+    /// A new device buffer holding ``size`` bytes of the file at ``path`` from byte
+    /// ``offset`` (``size=-1``: to the end of the file), read by several threads into
+    /// pinned staging buffers while earlier chunks upload (KvikIO's ``CuFile.pread``
+    /// into a fresh array, without a host copy of the whole file). Releases the GIL.
+    ///
+    /// Raises:
+    ///     FileError: the file is missing, unreadable, not a regular file, or shorter
+    ///         than ``offset + size`` (checked before allocating; also when it shrinks
+    ///         while being read).
+    ///     OutOfMemoryError: when the device cannot hold it.
+    #[pyo3(signature = (path, offset = 0, size = -1), text_signature = "(self, /, path, offset=0, size=-1)")]
+    fn read_file(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        offset: i64,
+        size: i64,
+    ) -> PyResult<PyCudaBuffer> {
+        crate::files::read_file(py, &self.inner, path, offset, size)
+    }
+
+    /// How this context's file reads and writes run: ``{"chunk_size": int, "threads":
+    /// int, "direct_io": "never" | "if_supported" | "required"}``.
+    fn file_options<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        crate::files::file_options(py, &self.inner)
+    }
+
+    /// Change how this context's file reads and writes run; arguments left ``None`` keep
+    /// their value. ``chunk_size``: bytes each thread reads at once (a multiple of 4096,
+    /// up to 1 GiB); ``threads``: 1 to 64; ``direct_io``: ``"never"`` (the page cache,
+    /// the default), ``"if_supported"`` (``O_DIRECT`` where the file system accepts
+    /// it), ``"required"``.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: a value out of range or an unknown ``direct_io``.
+    #[pyo3(signature = (*, chunk_size = None, threads = None, direct_io = None))]
+    fn set_file_options(
+        &self,
+        chunk_size: Option<i64>,
+        threads: Option<i64>,
+        direct_io: Option<&str>,
+    ) -> PyResult<()> {
+        crate::files::set_file_options(&self.inner, chunk_size, threads, direct_io)
+    }
+
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
         other
             .cast::<PyContext>()

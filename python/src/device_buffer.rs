@@ -292,6 +292,37 @@ impl PyCudaBuffer {
         Self::slice_of(slf, offset, length)
     }
 
+    /// Fill this whole buffer with bytes of ``file`` from byte ``file_offset`` (KvikIO's
+    /// ``CuFile.pread``). ``file`` is a path, an open file object or a descriptor (flush
+    /// a Python file you wrote first: its buffered bytes are not in the file yet).
+    /// Releases the GIL.
+    ///
+    /// Raises:
+    ///     FileError: the file is shorter than ``file_offset + self.size``, unreadable
+    ///         or not a regular file.
+    #[pyo3(signature = (file, file_offset = 0), text_signature = "(self, /, file, file_offset=0)")]
+    fn read_file(&self, py: Python<'_>, file: &Bound<'_, PyAny>, file_offset: i64) -> PyResult<()> {
+        crate::files::buffer_read_file(py, &self.inner, file, file_offset)
+    }
+
+    /// Write this whole buffer to ``file`` from byte ``file_offset`` (KvikIO's
+    /// ``CuFile.pwrite``); returns the number of bytes written. A path is created if
+    /// missing and not truncated (bytes outside the range stay as they were); ``file``
+    /// may also be an open file object or a descriptor. Releases the GIL; no ``fsync``.
+    ///
+    /// Raises:
+    ///     FileError: the file cannot be opened for writing, is not a regular file, or a
+    ///         write fails.
+    #[pyo3(signature = (file, file_offset = 0), text_signature = "(self, /, file, file_offset=0)")]
+    fn write_file(
+        &self,
+        py: Python<'_>,
+        file: &Bound<'_, PyAny>,
+        file_offset: i64,
+    ) -> PyResult<usize> {
+        crate::files::buffer_write_file(py, &self.inner, file, file_offset)
+    }
+
     /// The whole buffer as ``bytes`` (one device-to-host copy).
     fn to_pybytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let size = self.inner.size();

@@ -24,6 +24,7 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::InvalidData => "InvalidDataError",
         ErrorKind::Closed => "ClosedError",
         ErrorKind::Driver => "DriverError",
+        ErrorKind::File => "FileError",
         _ => "CudaError",
     }
 }

@@ -21,6 +21,7 @@ mod context;
 mod device_buffer;
 mod dlpack;
 mod errors;
+mod files;
 mod host_memory;
 mod interop;
 mod io;

@@ -15,6 +15,7 @@ from cudabuf._errors import (
     ClosedError,
     CudaError,
     DriverError,
+    FileError,
     InvalidAddressError,
     InvalidArgumentError,
     InvalidDataError,
@@ -50,4 +51,5 @@ __all__ = [
     "InvalidDataError",
     "ClosedError",
     "DriverError",
+    "FileError",
 ]

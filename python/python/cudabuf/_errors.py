@@ -26,6 +26,7 @@ __all__ = [
     "InvalidDataError",
     "ClosedError",
     "DriverError",
+    "FileError",
 ]
 
 
@@ -116,3 +117,10 @@ class ClosedError(CudaError, ValueError):
 class DriverError(CudaError):
     """A CUDA driver call failed in a way not covered by another kind; ``cuda_name``
     and ``cuda_code`` say how."""
+
+
+class FileError(CudaError, OSError):
+    """Reading or writing a file failed: it is missing or unreadable, not a regular file
+    (a directory, FIFO or device node), shorter than the range asked for (also when it
+    shrinks while being read), or a write failed. The message names the file and the
+    byte."""

@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from typing import Any, Optional, SupportsIndex, Union, final, overload
+import os
+from typing import Any, Literal, Optional, Protocol, SupportsIndex, TypedDict, Union, final, overload
 
 from typing_extensions import Buffer as _BufferProtocol
 from typing_extensions import Self, disjoint_base
+
+class _HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+_FileArg = Union[str, "os.PathLike[str]", _HasFileno, int]
+
+class _FileOptions(TypedDict):
+    """How a context's file reads and writes run."""
+
+    chunk_size: int
+    threads: int
+    direct_io: Literal["never", "if_supported", "required"]
 
 __all__ = [
     "Buffer",
@@ -111,6 +124,18 @@ class Context:
         """The device address for a pinned host address or a device address."""
     def open_ipc_buffer(self, ipc_handle: IpcMemHandle) -> CudaBuffer:
         """Open a device buffer exported by ``CudaBuffer.export_for_ipc``."""
+    def read_file(self, path: Union[str, os.PathLike[str]], offset: int = 0, size: int = -1) -> CudaBuffer:
+        """A new device buffer holding ``size`` bytes of the file from ``offset`` (-1: to the end)."""
+    def file_options(self) -> _FileOptions:
+        """How this context's file reads and writes run."""
+    def set_file_options(
+        self,
+        *,
+        chunk_size: Optional[int] = None,
+        threads: Optional[int] = None,
+        direct_io: Optional[Literal["never", "if_supported", "required"]] = None,
+    ) -> None:
+        """Change how this context's file reads and writes run."""
     def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
@@ -179,6 +204,10 @@ class CudaBuffer:
         """A zero-copy slice; out of range raises ``OutOfRangeError`` (no clamping)."""
     def to_pybytes(self) -> bytes:
         """The whole buffer as ``bytes``."""
+    def read_file(self, file: _FileArg, file_offset: int = 0) -> None:
+        """Fill this whole buffer with bytes of ``file`` from ``file_offset``."""
+    def write_file(self, file: _FileArg, file_offset: int = 0) -> int:
+        """Write this whole buffer to ``file`` at ``file_offset``; returns the bytes written."""
     @overload
     def __getitem__(self, key: SupportsIndex, /) -> int: ...
     @overload

@@ -1,0 +1,164 @@
+//! Files to device memory and back, behind `Context.read_file`, `CudaBuffer.read_file`,
+//! `CudaBuffer.write_file` and the context's file options (their docstrings are on the
+//! methods in `context.rs` and `device_buffer.rs`), over cudabuf's `file` module.
+
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+
+use cudabuf::{DirectIo, Error, FileOptions};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::device_buffer::PyCudaBuffer;
+use crate::errors::{default_if_negative, invalid_argument, non_negative, OrRaise};
+
+/// A file argument opened for the call: a path (`str` or `os.PathLike`), or an object
+/// with `fileno()` (an open Python file, a raw descriptor as `int`), reopened through
+/// `/proc/self/fd` with the access the call needs, so that nothing here owns or closes
+/// the caller's descriptor.
+fn open_arg(obj: &Bound<'_, PyAny>, write: bool, operation: &'static str) -> PyResult<File> {
+    let path: PathBuf = if let Ok(path) = obj.extract::<PathBuf>() {
+        path
+    } else {
+        let fd: i64 = if let Ok(fd) = obj.extract::<i64>() {
+            fd
+        } else if obj.hasattr("fileno")? {
+            obj.call_method0("fileno")?.extract()?
+        } else {
+            return Err(invalid_argument(
+                operation,
+                "expected a path (str or os.PathLike), a file object with fileno(), or a file \
+                 descriptor",
+            ));
+        };
+        if fd < 0 {
+            return Err(invalid_argument(operation, format!("file descriptor {fd}")));
+        }
+        PathBuf::from(format!("/proc/self/fd/{fd}"))
+    };
+    let mut options = OpenOptions::new();
+    if write {
+        options.write(true).create(true);
+    } else {
+        options.read(true);
+    }
+    options
+        .open(&path)
+        .map_err(|e| Error::File {
+            operation,
+            path: path.display().to_string(),
+            offset: 0,
+            io_kind: e.kind(),
+            reason: format!("cannot open: {e}"),
+        })
+        .or_raise()
+}
+
+fn direct_name(direct: DirectIo) -> &'static str {
+    match direct {
+        DirectIo::IfSupported => "if_supported",
+        DirectIo::Required => "required",
+        _ => "never",
+    }
+}
+
+/// `Context.read_file`.
+pub(crate) fn read_file(
+    py: Python<'_>,
+    ctx: &cudabuf::Context,
+    path: PathBuf,
+    offset: i64,
+    size: i64,
+) -> PyResult<PyCudaBuffer> {
+    let offset = non_negative("read_file", "offset", offset)? as u64;
+    let buffer = py
+        .detach(|| match default_if_negative(size) {
+            None if offset == 0 => ctx.read_file(&path),
+            None => {
+                // To the end: a file shorter than `offset` is refused by the range check.
+                let len = std::fs::metadata(&path)
+                    .map(|m| m.len().saturating_sub(offset))
+                    .unwrap_or(0);
+                ctx.read_file_range(&path, offset, usize::try_from(len).unwrap_or(usize::MAX))
+            }
+            Some(len) => ctx.read_file_range(&path, offset, len),
+        })
+        .or_raise()?;
+    Ok(PyCudaBuffer::new(buffer))
+}
+
+/// `Context.file_options`.
+pub(crate) fn file_options<'py>(
+    py: Python<'py>,
+    ctx: &cudabuf::Context,
+) -> PyResult<Bound<'py, PyDict>> {
+    let options = ctx.file_options();
+    let dict = PyDict::new(py);
+    dict.set_item("chunk_size", options.chunk_size())?;
+    dict.set_item("threads", options.threads())?;
+    dict.set_item("direct_io", direct_name(options.direct_io()))?;
+    Ok(dict)
+}
+
+/// `Context.set_file_options`.
+pub(crate) fn set_file_options(
+    ctx: &cudabuf::Context,
+    chunk_size: Option<i64>,
+    threads: Option<i64>,
+    direct_io: Option<&str>,
+) -> PyResult<()> {
+    let mut options: FileOptions = ctx.file_options();
+    if let Some(chunk) = chunk_size {
+        let chunk = non_negative("set_file_options", "chunk_size", chunk)?;
+        options = options.with_chunk_size(chunk).or_raise()?;
+    }
+    if let Some(threads) = threads {
+        let threads = non_negative("set_file_options", "threads", threads)?;
+        options = options.with_threads(threads).or_raise()?;
+    }
+    if let Some(name) = direct_io {
+        let direct = match name {
+            "never" => DirectIo::Never,
+            "if_supported" => DirectIo::IfSupported,
+            "required" => DirectIo::Required,
+            other => {
+                return Err(invalid_argument(
+                    "set_file_options",
+                    format!(
+                        "direct_io={other:?}: expected \"never\", \"if_supported\" or \"required\""
+                    ),
+                ))
+            }
+        };
+        options = options.with_direct_io(direct);
+    }
+    ctx.set_file_options(options);
+    Ok(())
+}
+
+/// `CudaBuffer.read_file`.
+pub(crate) fn buffer_read_file(
+    py: Python<'_>,
+    buffer: &cudabuf::DeviceBuffer,
+    file: &Bound<'_, PyAny>,
+    file_offset: i64,
+) -> PyResult<()> {
+    let offset = non_negative("read_file", "file_offset", file_offset)? as u64;
+    let opened = open_arg(file, false, "CudaBuffer.read_file")?;
+    py.detach(|| buffer.read_file_at(&opened, offset))
+        .or_raise()
+}
+
+/// `CudaBuffer.write_file`.
+pub(crate) fn buffer_write_file(
+    py: Python<'_>,
+    buffer: &cudabuf::DeviceBuffer,
+    file: &Bound<'_, PyAny>,
+    file_offset: i64,
+) -> PyResult<usize> {
+    let offset = non_negative("write_file", "file_offset", file_offset)? as u64;
+    let opened = open_arg(file, true, "CudaBuffer.write_file")?;
+    py.detach(|| buffer.write_file_at(&opened, offset))
+        .or_raise()?;
+    Ok(buffer.size())
+}
