@@ -35,6 +35,7 @@ mod allocator;
 mod context;
 mod copies;
 mod expect;
+mod files;
 /// Also [`support::non_blocking`](crate::support::non_blocking), where it lives.
 pub use crate::support::non_blocking;
 pub use expect::require_streams;
@@ -209,6 +210,9 @@ pub const ALL: &[Case] = cases![
     reader::reader_read_at_does_not_move,
     reader::reader_read_at_past_size_is_out_of_range,
     reader::closed_reader_is_closed,
+    // files
+    files::file_ranges_land_on_the_device_and_back,
+    files::file_range_past_the_end_is_a_file_error,
     // writer
     writer::writer_is_unbuffered_by_default,
     writer::writer_buffered_small_write_is_staged,
