@@ -305,6 +305,21 @@ fn run() -> AnyResult<()> {
         };
         record("pinned H2D copy (the link)", size, pinned, None);
         ctx.set_file_options(base);
+        // The first call of a context pins its staging chunks: timed alone, on a new
+        // context (a pool of its own) over the same device.
+        let first = {
+            let fresh = backend.context(0)?;
+            fresh.set_staging_pool_limit(ctx.staging_pool_limit());
+            fresh.set_file_options(base);
+            let dst = fresh.new_buffer(size)?;
+            rate(1, size, nothing, || Ok(dst.read_file_at(&file, 0)?))?
+        };
+        record(
+            "cudabuf read_file_at, first call of a context (warm)",
+            size,
+            first,
+            Some(("host pread parallel", bound)),
+        );
         let ours = rate(o.reps, size, nothing, || Ok(device.read_file_at(&file, 0)?))?;
         record(
             "cudabuf read_file_at (warm)",
