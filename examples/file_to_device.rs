@@ -41,7 +41,11 @@ fn run() -> AnyResult<()> {
         .unwrap_or_else(std::env::temp_dir);
     let backend = cudabuf::backend_from_env()?;
     let ctx = backend.context(0)?;
-    println!("backend: {}; device 0: {}", backend.kind(), backend.device(0)?.name()?);
+    println!(
+        "backend: {}; device 0: {}",
+        backend.kind(),
+        backend.device(0)?.name()?
+    );
 
     // 1. A file of `mib` MiB of varied bytes.
     let path = dir.join(format!("cudabuf-file-to-device-{}.bin", std::process::id()));
@@ -50,7 +54,11 @@ fn run() -> AnyResult<()> {
         .collect();
     std::fs::write(&path, &bytes)?;
     let want = checksum(&bytes);
-    println!("wrote {} ({} MiB, checksum {want:016x})", path.display(), mib);
+    println!(
+        "wrote {} ({} MiB, checksum {want:016x})",
+        path.display(),
+        mib
+    );
 
     // 2. The whole file into a new device buffer.
     let options = ctx.file_options();
@@ -81,7 +89,10 @@ fn run() -> AnyResult<()> {
     println!("read_file_at: {len} bytes from byte {offset} match");
 
     // 4. The device bytes out to a second file.
-    let copy = dir.join(format!("cudabuf-file-to-device-{}.copy", std::process::id()));
+    let copy = dir.join(format!(
+        "cudabuf-file-to-device-{}.copy",
+        std::process::id()
+    ));
     let started = Instant::now();
     buf.write_file_at(&File::create(&copy)?, 0)?;
     let secs = started.elapsed().as_secs_f64();
