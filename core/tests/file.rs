@@ -299,6 +299,12 @@ fn bad_files_and_ranges_are_typed_errors_and_leak_nothing() {
         b"0123456789",
         "untouched"
     );
+    // A file open for appending: Linux's pwrite would ignore the offsets.
+    let appending = OpenOptions::new().append(true).open(file.path()).unwrap();
+    let e = buf.write_file_at(&appending, 0).unwrap_err();
+    assert_eq!(file_error(&e).0, std::io::ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("appending"), "{e}");
+    assert_eq!(std::fs::read(file.path()).unwrap(), b"0123456789");
 
     assert_eq!(
         ctx.bytes_allocated(),

@@ -190,6 +190,17 @@ fn describe(file: &File) -> String {
         .unwrap_or_else(|_| format!("file descriptor {fd}"))
 }
 
+/// Whether `file` is open with `O_APPEND`.
+#[cfg(target_os = "linux")]
+fn appends(file: &File) -> bool {
+    rustix::fs::fcntl_getfl(file).is_ok_and(|flags| flags.contains(rustix::fs::OFlags::APPEND))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn appends(_file: &File) -> bool {
+    false
+}
+
 /// `file` opened again for reading with `O_DIRECT`, if asked for and accepted.
 fn open_direct(
     file: &File,
@@ -372,6 +383,19 @@ pub(super) fn write(
 ) -> Result<()> {
     let name = describe(file);
     regular_size_named(file, &name, operation)?;
+    if appends(file) {
+        // Linux's `pwrite` ignores the offset of a file opened with `O_APPEND`: the
+        // chunks, written by several threads, would land at the end in any order.
+        return Err(Error::File {
+            operation,
+            path: name,
+            offset,
+            io_kind: std::io::ErrorKind::InvalidInput,
+            reason: "the file is open for appending, where positioned writes land at its end \
+                     whatever the offset: open it for writing without append"
+                .to_string(),
+        });
+    }
     if offset.checked_add(src.size() as u64).is_none() {
         return Err(Error::File {
             operation,
