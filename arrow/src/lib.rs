@@ -92,11 +92,16 @@ mod array;
 mod arrow_error;
 mod batch;
 pub mod c_device;
+mod compression;
 mod decode;
+mod file;
+mod file_io;
 mod landing;
 mod layout;
 mod message;
 mod ordering;
+#[cfg(feature = "parquet")]
+mod parquet_file;
 mod serialize;
 mod stream;
 
@@ -115,7 +120,11 @@ pub use c_device::{
     import_device_record_batch, import_device_record_batch_on, ArrowArray, ArrowArrayParts,
     ArrowArrayRelease, ArrowDeviceArray, ArrowDeviceArrayParts, ArrowDeviceType,
 };
+pub use compression::DEFAULT_DECOMPRESSION_LIMIT;
+pub use file::{write_ipc_file, DeviceFileReader, DeviceFileWriter};
 pub use message::{read_message, DeviceMessage, MessageSource, CONTINUATION_MARKER};
+#[cfg(feature = "parquet")]
+pub use parquet_file::{read_parquet, DeviceParquetReader};
 pub use serialize::{
     serialize_record_batch, serialize_record_batch_on, serialize_stream, serialize_stream_on,
     Serializer, DEFAULT_STAGING_LIMIT,
