@@ -21,6 +21,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 use parquet::errors::ParquetError;
+use parquet::file::metadata::ParquetMetaData;
 
 use crate::batch::DeviceRecordBatch;
 use crate::file_io::SourceFile;
@@ -134,12 +135,7 @@ impl DeviceParquetReader {
                 (Arc::new(schema), Some(roots), Some(order))
             }
         };
-        let parquet_metadata = metadata.metadata();
-        let row_groups: Vec<usize> = parquet_metadata
-            .row_groups()
-            .iter()
-            .map(|rg| usize::try_from(rg.num_rows()).unwrap_or(0))
-            .collect();
+        let row_groups = check_row_groups(metadata.metadata(), source.len(), &name)?;
         let num_rows = row_groups.iter().fold(0usize, |a, &n| a.saturating_add(n));
         let mask = match &roots {
             Some(roots) => ProjectionMask::roots(metadata.parquet_schema(), roots.iter().copied()),
@@ -376,6 +372,42 @@ fn guarded<T>(
             ))
         }
     }
+}
+
+/// The rows of each row group, after checking what the decoder would otherwise assert
+/// (and panic on): row counts and column chunk ranges that are negative or lie past the
+/// end of the `file_len`-byte file are [`Error::InvalidData`].
+fn check_row_groups(metadata: &ParquetMetaData, file_len: u64, name: &str) -> Result<Vec<usize>> {
+    let bad = |reason: String| Error::invalid_data(WHAT, format!("{name}: {reason}"));
+    metadata
+        .row_groups()
+        .iter()
+        .enumerate()
+        .map(|(i, row_group)| {
+            for (j, column) in row_group.columns().iter().enumerate() {
+                let start = column
+                    .dictionary_page_offset()
+                    .unwrap_or_else(|| column.data_page_offset());
+                let len = column.compressed_size();
+                let fits = u64::try_from(start)
+                    .ok()
+                    .zip(u64::try_from(len).ok())
+                    .and_then(|(s, l)| s.checked_add(l))
+                    .is_some_and(|end| end <= file_len);
+                if !fits {
+                    return Err(bad(format!(
+                        "row group {i}, column {j}: {len} bytes at offset {start} do not lie within the {file_len}-byte file"
+                    )));
+                }
+            }
+            usize::try_from(row_group.num_rows()).map_err(|_| {
+                bad(format!(
+                    "row group {i} has a negative row count {}",
+                    row_group.num_rows()
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Whether `data_type` has a dictionary-encoded part.
