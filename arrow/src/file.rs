@@ -889,7 +889,8 @@ mod tests {
             variadic_counts: vec![],
         };
         // The second column alone: bytes 64..136, landed at 0.
-        let (spans, landed, total) = plan_spans(&layout, &[2..4], 200);
+        let second = vec![Range { start: 2, end: 4 }];
+        let (spans, landed, total) = plan_spans(&layout, &second, 200);
         assert_eq!(
             spans,
             vec![Span {

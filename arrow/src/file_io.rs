@@ -48,6 +48,8 @@ impl SourceFile {
         })
     }
 
+    /// The open file (the Parquet reader hands it to the decoder).
+    #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
     pub(crate) fn file(&self) -> &File {
         &self.file
     }
@@ -127,13 +129,15 @@ fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<()> {
     while done < buf.len() {
         let at = offset + done as u64;
         match pread(file, &mut buf[done..], at) {
-            Ok(0) => return Err(Error::invalid_data(
-                "file",
-                format!(
+            Ok(0) => {
+                return Err(Error::invalid_data(
+                    "file",
+                    format!(
                     "the file ends at byte {at}, before the {} bytes at offset {offset} were read",
                     buf.len()
                 ),
-            )),
+                ))
+            }
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {

@@ -315,7 +315,11 @@ pub(crate) fn ipc_file_from_an_open_file_reads_the_same(f: &Fixture) -> CaseResu
     let b = data::mixed_without_views();
     let file = TempFile::with_bytes(
         "from-file",
-        &arrow_rs_file(&b.schema(), &[b.clone()], Some(CompressionType::LZ4_FRAME)),
+        &arrow_rs_file(
+            &b.schema(),
+            std::slice::from_ref(&b),
+            Some(CompressionType::LZ4_FRAME),
+        ),
     );
     let mut reader = DeviceFileReader::from_file(File::open(file.path()).unwrap(), &ctx).unwrap();
     assert_eq!(reader.len(), 1);
