@@ -6,10 +6,14 @@
 //! `InvalidData`; and `bytes_allocated` is back where it was once the reader is dropped.
 //!
 //! libfuzzer-sys's panic hook aborts at the panic, before the reader's `catch_unwind`
-//! can turn a panic inside the `parquet` crate into `InvalidData`: such a crash (its stack
-//! is in the `parquet` crate) is one the library reports as `InvalidData` in normal use,
-//! and is worth a check in `DeviceParquetReader::open` if the metadata could have
-//! caught it. A panic in cudabuf-arrow's own code is a bug either way.
+//! could turn a panic inside the `parquet` crate into `InvalidData`. The `parquet` crate
+//! does panic on some corrupt pages (an out-of-bounds bit range in its definition-level
+//! decoder, found here), so this target puts a hook in front of libfuzzer-sys's that
+//! lets panics on the reader's decoding thread (`cudabuf-parquet`, where every call into
+//! the `parquet` crate is under `catch_unwind`) unwind to that guard, and hands every
+//! other panic to libfuzzer-sys's hook: a panic in cudabuf-arrow's own code, on the
+//! caller's thread, is still a crash. `CUDABUF_FUZZ_PARQUET_PANICS=1` makes every panic a
+//! crash, to find the `parquet` crate's.
 //!
 //! Seeds: `fuzz/seeds/parquet_file/` (`cargo +nightly fuzz run parquet_file
 //! fuzz/seeds/parquet_file`; see its README).
@@ -26,7 +30,17 @@ use libfuzzer_sys::fuzz_target;
 
 fn ctx() -> &'static Context {
     static CTX: OnceLock<Context> = OnceLock::new();
-    CTX.get_or_init(|| Backend::new(SimBackend::new()).context(0).expect("context(0)"))
+    CTX.get_or_init(|| {
+        if std::env::var_os("CUDABUF_FUZZ_PARQUET_PANICS").is_none() {
+            let abort = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                if std::thread::current().name() != Some("cudabuf-parquet") {
+                    abort(info);
+                }
+            }));
+        }
+        Backend::new(SimBackend::new()).context(0).expect("context(0)")
+    })
 }
 
 fn scratch() -> &'static PathBuf {

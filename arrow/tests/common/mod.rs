@@ -135,6 +135,7 @@ pub(crate) const PARQUET_CASES: &[Case] = cases![
     parquet::parquet_projection_reads_the_named_columns_in_order,
     parquet::corrupt_parquet_files_are_invalid_data_never_a_panic,
     parquet::parquet_missing_files_and_directories_are_invalid_argument,
+    parquet::parquet_decoder_panic_is_invalid_data,
 ];
 
 /// Every case of this build: [`ARROW_CASES`], [`FILE_CASES`] and, with the `parquet`

@@ -242,3 +242,33 @@ pub(crate) fn parquet_missing_files_and_directories_are_invalid_argument(
     }
     Ok(())
 }
+
+/// A file (found by the `parquet_file` fuzz target) whose corrupt page makes the
+/// `parquet` crate's definition-level decoder panic: the reader's guard turns the panic
+/// into `InvalidData` naming the file, and the caller's thread never sees it.
+pub(crate) fn parquet_decoder_panic_is_invalid_data(f: &Fixture) -> CaseResult {
+    let ctx = context(f);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/parquet_decoder_panics.parquet");
+    let before = ctx.bytes_allocated();
+    let results: Vec<_> = DeviceParquetReader::open(&path, &ctx, None)
+        .unwrap()
+        .collect();
+    let err = results
+        .iter()
+        .find_map(|r| r.as_ref().err())
+        .expect("the corrupt page is an error");
+    assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
+    assert!(
+        err.to_string().contains("parquet_decoder_panics.parquet"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("panicked"), "{err}");
+    assert!(
+        results.last().unwrap().is_err(),
+        "the iteration ends at the error"
+    );
+    drop(results);
+    assert_eq!(ctx.bytes_allocated(), before);
+    Ok(())
+}
