@@ -49,7 +49,10 @@ const MAX_BATCH_ROWS: usize = 1 << 20;
 ///
 /// Nothing in the file is trusted: a corrupt file is [`Error::InvalidData`] naming the
 /// file. Where the `parquet` crate panics on a corrupt file, the panic is caught (and
-/// logged with `log::warn!`) and becomes that error too.
+/// logged with `log::warn!`) and becomes that error too. Column chunk ranges are checked
+/// against the file before decoding; page headers are the `parquet` crate's to check,
+/// and it trusts some of their sizes: a small corrupt file can cost it seconds of work
+/// and the host memory a header declares before it is refused.
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
