@@ -117,8 +117,29 @@ impl DeviceRecordBatch {
         ids: &DictionaryIds,
         dictionaries: &Dictionaries,
     ) -> Result<Self> {
-        let fb = message.message();
-        let batch = match (message.header_type(), fb.header_as_record_batch()) {
+        Self::decode_parts(
+            message.message(),
+            message.body(),
+            None,
+            schema,
+            ids,
+            dictionaries,
+        )
+    }
+
+    /// Decode the record batch message `fb` over the device body `body`: the message's
+    /// own (`layout` `None`, a compressed body refused), or one a reader made (projected,
+    /// decompressed) with its `layout`; `schema` and `ids` are those of the columns the
+    /// body holds.
+    pub(crate) fn decode_parts(
+        fb: arrow::ipc::Message<'_>,
+        body: &DeviceBuffer,
+        layout: Option<decode::BatchLayout>,
+        schema: &SchemaRef,
+        ids: &DictionaryIds,
+        dictionaries: &Dictionaries,
+    ) -> Result<Self> {
+        let batch = match (fb.header_type(), fb.header_as_record_batch()) {
             (MessageHeader::RecordBatch, Some(batch)) => batch,
             (other, _) => {
                 return Err(Error::invalid_data(
@@ -127,11 +148,11 @@ impl DeviceRecordBatch {
                 ))
             }
         };
-        let body = message.body();
         let decoded = decode::decode_record_batch(
             batch,
+            layout,
             body,
-            message.version(),
+            fb.version(),
             schema.fields(),
             ids,
             dictionaries,

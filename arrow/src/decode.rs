@@ -9,6 +9,7 @@
 //! are device data and are not inspected here; [`DeviceArray::to_host`] validates them.
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, FieldRef, Fields};
@@ -80,18 +81,184 @@ pub(crate) fn field_at<'a>(fields: &'a Fields, path: &[usize]) -> Option<&'a Fie
     Some(field)
 }
 
-/// Decode a record batch message whose body is `body`.
+/// The field nodes, buffer descriptors and variadic buffer counts of a record batch
+/// message: as the message has them ([`BatchLayout::of`]), or rewritten by a reader that
+/// landed only some columns or decompressed the body on the host, so that they describe
+/// the device body it made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct BatchLayout {
+    /// Field nodes `(length, null_count)`, in order.
+    pub(crate) nodes: Vec<(i64, i64)>,
+    /// Buffer descriptors `(offset, length)` into the body, in order.
+    pub(crate) buffers: Vec<(i64, i64)>,
+    /// Variadic buffer counts, in order.
+    pub(crate) variadic_counts: Vec<i64>,
+}
+
+/// The share of a [`BatchLayout`] one top-level field takes: index ranges into its
+/// nodes, buffers and variadic counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FieldExtent {
+    pub(crate) nodes: Range<usize>,
+    pub(crate) buffers: Range<usize>,
+    pub(crate) variadic_counts: Range<usize>,
+}
+
+impl BatchLayout {
+    /// The layout the message's metadata gives.
+    pub(crate) fn of(batch: ipc::RecordBatch<'_>) -> Self {
+        BatchLayout {
+            nodes: batch
+                .nodes()
+                .map(|n| n.iter().map(|n| (n.length(), n.null_count())).collect())
+                .unwrap_or_default(),
+            buffers: batch
+                .buffers()
+                .map(|b| b.iter().map(|b| (b.offset(), b.length())).collect())
+                .unwrap_or_default(),
+            variadic_counts: batch
+                .variadicBufferCounts()
+                .map(|v| v.iter().collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// What each top-level field of `fields` takes of this layout, walking the fields as
+    /// the decoder does (nothing is checked but that the counts fit).
+    ///
+    /// # Errors
+    /// [`Error::InvalidData`] when the fields need more nodes, buffers or variadic counts
+    /// than the layout has, or a variadic count is negative; [`Error::Unsupported`] for a
+    /// type without a layout.
+    pub(crate) fn field_extents(
+        &self,
+        fields: &Fields,
+        version: MetadataVersion,
+    ) -> Result<Vec<FieldExtent>> {
+        fn walk(
+            layout: &BatchLayout,
+            field: &Field,
+            version: MetadataVersion,
+            at: &mut (usize, usize, usize),
+        ) -> Result<()> {
+            let data_type = field.data_type();
+            let type_layout = type_layout(data_type)?;
+            at.0 += 1;
+            let v4_union_validity =
+                version < MetadataVersion::V5 && matches!(data_type, DataType::Union(..));
+            at.1 +=
+                usize::from(type_layout.validity || v4_union_validity) + type_layout.buffers.len();
+            if type_layout.variadic {
+                let count = layout.variadic_counts.get(at.2).copied().ok_or_else(|| {
+                    Error::invalid_data(
+                        WHAT,
+                        format!("field '{}': no variadic buffer count", field.name()),
+                    )
+                })?;
+                at.2 += 1;
+                let count = usize::try_from(count)
+                    .ok()
+                    .filter(|&c| c <= layout.buffers.len())
+                    .ok_or_else(|| {
+                        Error::invalid_data(
+                            WHAT,
+                            format!(
+                                "field '{}': variadic buffer count {count} with {} buffer(s)",
+                                field.name(),
+                                layout.buffers.len()
+                            ),
+                        )
+                    })?;
+                at.1 += count;
+            }
+            if at.0 > layout.nodes.len() || at.1 > layout.buffers.len() {
+                return Err(Error::invalid_data(
+                    WHAT,
+                    format!(
+                        "field '{}' needs more than the message's {} field node(s) and {} buffer(s)",
+                        field.name(),
+                        layout.nodes.len(),
+                        layout.buffers.len()
+                    ),
+                ));
+            }
+            for child in &type_layout.children {
+                walk(layout, child, version, at)?;
+            }
+            Ok(())
+        }
+        let mut at = (0, 0, 0);
+        let mut extents = Vec::with_capacity(fields.len());
+        for field in fields.iter() {
+            let start = at;
+            walk(self, field, version, &mut at)?;
+            extents.push(FieldExtent {
+                nodes: start.0..at.0,
+                buffers: start.1..at.1,
+                variadic_counts: start.2..at.2,
+            });
+        }
+        Ok(extents)
+    }
+
+    /// The layout of the fields `extents` (in that order) alone.
+    pub(crate) fn select(&self, extents: &[&FieldExtent]) -> BatchLayout {
+        let mut out = BatchLayout::default();
+        for extent in extents {
+            out.nodes
+                .extend_from_slice(&self.nodes[extent.nodes.clone()]);
+            out.buffers
+                .extend_from_slice(&self.buffers[extent.buffers.clone()]);
+            out.variadic_counts
+                .extend_from_slice(&self.variadic_counts[extent.variadic_counts.clone()]);
+        }
+        out
+    }
+}
+
+/// Refuse a compressed body where the caller reads the message's own layout (the body is
+/// sliced in place on the device).
+fn refuse_compressed(batch: ipc::RecordBatch<'_>) -> Result<()> {
+    if let Some(compression) = batch.compression() {
+        return Err(Error::unsupported(
+            "reading a compressed Arrow IPC body",
+            format!(
+                "the body is compressed ({:?}); a single message is read in place on the device, which cannot decompress it: read the data with DeviceStreamReader or DeviceFileReader (they decompress on the host), or write without compression",
+                compression.codec()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The row count of a record batch message.
+pub(crate) fn row_count(batch: ipc::RecordBatch<'_>) -> Result<usize> {
+    usize::try_from(batch.length())
+        .map_err(|_| Error::invalid_data(WHAT, format!("negative row count {}", batch.length())))
+}
+
+/// Decode a record batch message whose body is `body`. With `layout` `None` the
+/// message's own layout is used (and a compressed body refused); a reader that rewrote
+/// the body (projected, decompressed) passes the layout of the body it made, and `fields`
+/// and `ids` of the columns it kept.
 pub(crate) fn decode_record_batch(
     batch: ipc::RecordBatch<'_>,
+    layout: Option<BatchLayout>,
     body: &DeviceBuffer,
     version: MetadataVersion,
     fields: &Fields,
     ids: &DictionaryIds,
     dictionaries: &Dictionaries,
 ) -> Result<Decoded> {
-    let num_rows = usize::try_from(batch.length())
-        .map_err(|_| Error::invalid_data(WHAT, format!("negative row count {}", batch.length())))?;
-    let mut decoder = Decoder::new(batch, body, version, ids, dictionaries)?;
+    let num_rows = row_count(batch)?;
+    let layout = match layout {
+        Some(layout) => layout,
+        None => {
+            refuse_compressed(batch)?;
+            BatchLayout::of(batch)
+        }
+    };
+    let mut decoder = Decoder::new(layout, body, version, ids, dictionaries);
     let mut columns = Vec::with_capacity(fields.len());
     let mut path = Vec::new();
     for (i, field) in fields.iter().enumerate() {
@@ -125,6 +292,7 @@ pub(crate) fn decode_record_batch(
 /// field of the schema uses, and as [`decode_record_batch`].
 pub(crate) fn decode_dictionary_batch(
     batch: ipc::DictionaryBatch<'_>,
+    layout: Option<BatchLayout>,
     body: &DeviceBuffer,
     version: MetadataVersion,
     fields: &Fields,
@@ -159,9 +327,15 @@ pub(crate) fn decode_dictionary_batch(
             format!("dictionary {id} has no record batch"),
         )
     })?;
-    let num_rows = usize::try_from(data.length())
-        .map_err(|_| Error::invalid_data(WHAT, format!("negative row count {}", data.length())))?;
-    let mut decoder = Decoder::new(data, body, version, ids, dictionaries)?;
+    let num_rows = row_count(data)?;
+    let layout = match layout {
+        Some(layout) => layout,
+        None => {
+            refuse_compressed(data)?;
+            BatchLayout::of(data)
+        }
+    };
+    let mut decoder = Decoder::new(layout, body, version, ids, dictionaries);
     let field = Field::new("values", value_type, true);
     let mut path = path;
     let values = decoder.decode_field(&field, &mut path)?;
@@ -201,40 +375,22 @@ struct Decoder<'a> {
 
 impl<'a> Decoder<'a> {
     fn new(
-        batch: ipc::RecordBatch<'_>,
+        layout: BatchLayout,
         body: &'a DeviceBuffer,
         version: MetadataVersion,
         ids: &'a DictionaryIds,
         dictionaries: &'a Dictionaries,
-    ) -> Result<Self> {
-        if let Some(compression) = batch.compression() {
-            return Err(Error::unsupported(
-                "reading a compressed Arrow IPC body",
-                format!(
-                    "the body is compressed ({:?}); cudabuf keeps bodies on the device and cannot decompress them there: write without compression",
-                    compression.codec()
-                ),
-            ));
-        }
-        Ok(Decoder {
-            nodes: batch
-                .nodes()
-                .map(|n| n.iter().map(|n| (n.length(), n.null_count())).collect())
-                .unwrap_or_default(),
-            buffers: batch
-                .buffers()
-                .map(|b| b.iter().map(|b| (b.offset(), b.length())).collect())
-                .unwrap_or_default(),
-            variadic_counts: batch
-                .variadicBufferCounts()
-                .map(|v| v.iter().collect())
-                .unwrap_or_default(),
+    ) -> Self {
+        Decoder {
+            nodes: layout.nodes.into(),
+            buffers: layout.buffers.into(),
+            variadic_counts: layout.variadic_counts.into(),
             body,
             version,
             ids,
             dictionaries,
             used_bodies: Vec::new(),
-        })
+        }
     }
 
     /// Every node and buffer must have been used.

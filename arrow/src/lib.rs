@@ -1,5 +1,5 @@
-//! cudabuf-arrow: Arrow record batches and IPC streams in device memory, and the Arrow C
-//! Device Data Interface, on top of cudabuf (pyarrow.cuda's `serialize_record_batch`,
+//! cudabuf-arrow: Arrow record batches, IPC streams, IPC files and Parquet files in device
+//! memory, and the Arrow C Device Data Interface, on top of cudabuf (pyarrow.cuda's `serialize_record_batch`,
 //! `read_message` and `read_record_batch`, and what pyarrow lacks).
 //!
 //! - [`serialize_record_batch`] / [`Serializer`]: one encapsulated IPC message in one
@@ -16,6 +16,19 @@
 //!   ([`ArrowDeviceArray`]), for cuDF, pyarrow's `_import_from_c_device` and other
 //!   device-aware consumers; schemas through arrow-rs's `FFI_ArrowSchema`
 //!   ([`export_schema`]).
+//! - Files on disk: [`DeviceFileReader`] reads an Arrow IPC file (Feather v2) into device
+//!   memory batch by batch (random access by footer `Block`, column projection: only the
+//!   projected columns' buffers land), [`DeviceFileWriter`] / [`write_ipc_file`] write
+//!   device batches to one (readable by arrow-rs's `FileReader` and pyarrow), and
+//!   [`DeviceStreamReader::from_path`] reads an IPC stream file. Uncompressed bodies go
+//!   straight from the file into device memory through pinned staging chunks.
+//! - Compressed IPC bodies (`BodyCompression`: `LZ4_FRAME`, `ZSTD`), in files and in
+//!   streams read by [`DeviceStreamReader`]: decompressed **on the host** into pinned
+//!   memory and uploaded as an uncompressed body (no GPU decompressor is used), after
+//!   every declared size is checked ([`DEFAULT_DECOMPRESSION_LIMIT`]).
+//! - Parquet (feature `parquet`, on by default): [`DeviceParquetReader`] /
+//!   [`read_parquet`] decode **on the host** with arrow-rs's `parquet` crate, row group
+//!   by row group on a worker thread while the previous row group uploads.
 //! - On a [`Stream`](cudabuf_core::Stream): [`serialize_record_batch_on`],
 //!   [`serialize_stream_on`], [`Serializer::serialize_record_batch_on`] and
 //!   [`DeviceStreamWriter::finish_on`] issue their uploads on the stream and return;
@@ -61,12 +74,21 @@
 //!   [`Error::InvalidData`](cudabuf_core::Error::InvalidData), never a panic or a device
 //!   buffer shorter than its array claims. Values on the device (offsets, dictionary
 //!   keys) are validated when copied to the host.
+//!   Files are no different: an IPC file's footer and every `Block` are checked against
+//!   the file's size and each other before anything is allocated, a compressed buffer's
+//!   declared length must be one its codec can reach from the bytes it has (and stay
+//!   within the reader's limit), and a corrupt Parquet file is `InvalidData` naming the
+//!   file (a panic inside the `parquet` crate is caught, logged and reported so, as a
+//!   last line of defence). Files that cannot be opened or read (missing, a directory)
+//!   are [`Error::InvalidArgument`](cudabuf_core::Error::InvalidArgument) naming them.
 //! - **Limits, reported as [`Error::Unsupported`](cudabuf_core::Error::Unsupported):**
-//!   compressed bodies (they cannot be decompressed in place on the device), delta
-//!   dictionary batches, big-endian streams, and view types (`Utf8View`, `BinaryView`)
-//!   in the C Device Data Interface (IPC reads them). A dictionary-encoded column in the
-//!   single-message [`serialize_record_batch`] is refused: one message cannot carry its
-//!   dictionary (pyarrow silently drops it); use the stream API.
+//!   compressed bodies in a single message ([`read_record_batch`] and
+//!   [`DeviceRecordBatch::from_message`] read the body in place on the device; the stream
+//!   and file readers decompress), codecs other than LZ4_FRAME and ZSTD, delta
+//!   dictionary batches, big-endian streams and files, and view types (`Utf8View`,
+//!   `BinaryView`) in the C Device Data Interface (IPC reads them). A dictionary-encoded
+//!   column in the single-message [`serialize_record_batch`] is refused: one message
+//!   cannot carry its dictionary (pyarrow silently drops it); use the stream API.
 //!
 //! ```
 //! # fn main() -> cudabuf_core::Result<()> {
@@ -92,11 +114,16 @@ mod array;
 mod arrow_error;
 mod batch;
 pub mod c_device;
+mod compression;
 mod decode;
+mod file;
+mod file_io;
 mod landing;
 mod layout;
 mod message;
 mod ordering;
+#[cfg(feature = "parquet")]
+mod parquet_file;
 mod serialize;
 mod stream;
 
@@ -115,7 +142,11 @@ pub use c_device::{
     import_device_record_batch, import_device_record_batch_on, ArrowArray, ArrowArrayParts,
     ArrowArrayRelease, ArrowDeviceArray, ArrowDeviceArrayParts, ArrowDeviceType,
 };
+pub use compression::DEFAULT_DECOMPRESSION_LIMIT;
+pub use file::{write_ipc_file, DeviceFileReader, DeviceFileWriter};
 pub use message::{read_message, DeviceMessage, MessageSource, CONTINUATION_MARKER};
+#[cfg(feature = "parquet")]
+pub use parquet_file::{read_parquet, DeviceParquetReader};
 pub use serialize::{
     serialize_record_batch, serialize_record_batch_on, serialize_stream, serialize_stream_on,
     Serializer, DEFAULT_STAGING_LIMIT,

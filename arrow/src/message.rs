@@ -207,7 +207,10 @@ pub(crate) fn read_next_message(reader: &mut BufferReader) -> Result<Option<Devi
 
 /// Verify `metadata` (a flatbuffer `Message`, V4 or later) and read its body length,
 /// which must fit in the `available` bytes after it.
-fn parse_metadata(metadata: Vec<u8>, available: usize) -> Result<(MessageBuffer, Buffer, usize)> {
+pub(crate) fn parse_metadata(
+    metadata: Vec<u8>,
+    available: usize,
+) -> Result<(MessageBuffer, Buffer, usize)> {
     let metadata_bytes = Buffer::from_vec(metadata);
     let metadata = MessageBuffer::try_new(metadata_bytes.clone())
         .map_err(|e| Error::invalid_data(WHAT, format!("flatbuffer metadata rejected: {e}")))?;

@@ -23,7 +23,10 @@ const WHAT: &str = "Arrow IPC stream";
 /// end-of-stream marker) held in device memory, yielding [`DeviceRecordBatch`]es whose
 /// buffers are zero-copy slices of the stream.
 ///
-/// Metadata goes to the host message by message; bodies never leave the device. A
+/// Metadata goes to the host message by message; uncompressed bodies never leave the
+/// device. A compressed body (`BodyCompression` `LZ4_FRAME` or `ZSTD`) is copied to the
+/// host, decompressed there into pinned memory and uploaded as a new, uncompressed body
+/// (no GPU decompressor is used), after its declared sizes are checked. A
 /// dictionary-encoded column's [`dictionary`](crate::DeviceArray::dictionary) is the
 /// dictionary batch's device arrays; a later dictionary batch with the same id
 /// (a replacement) applies to the batches after it, earlier batches keep theirs.
@@ -51,6 +54,7 @@ pub struct DeviceStreamReader {
     ids: DictionaryIds,
     dictionaries: Dictionaries,
     done: bool,
+    decompression_limit: usize,
 }
 
 impl DeviceStreamReader {
@@ -87,7 +91,68 @@ impl DeviceStreamReader {
             ids,
             dictionaries: Dictionaries::new(),
             done: false,
+            decompression_limit: crate::DEFAULT_DECOMPRESSION_LIMIT,
         })
+    }
+
+    /// Read the Arrow IPC stream file at `path` (what arrow-rs's `StreamWriter` and
+    /// pyarrow's `ipc.new_stream` write to disk) into `ctx`'s device: the whole file is
+    /// read into one device buffer (through pinned staging chunks, without a host copy of
+    /// the file), and the batches are zero-copy slices of it, as with
+    /// [`from_buffer`](Self::from_buffer). Compressed bodies are decompressed through
+    /// the host as [`set_decompression_limit`](Self::set_decompression_limit) says.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// use cudabuf_arrow::arrow::ipc::writer::StreamWriter;
+    ///
+    /// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2])) as _)])?;
+    /// let path = std::env::temp_dir().join(format!("cudabuf-doc-{}.arrows", std::process::id()));
+    /// let mut writer = StreamWriter::try_new(std::fs::File::create(&path)?, &batch.schema())?;
+    /// writer.write(&batch)?;
+    /// writer.finish()?;
+    ///
+    /// let reader = cudabuf_arrow::DeviceStreamReader::from_path(&path, &ctx)?;
+    /// for on_device in reader {
+    ///     assert_eq!(on_device?.to_host()?, batch);
+    /// }
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the file if it cannot be opened or read, or is
+    /// not a regular file; [`Error::InvalidData`] if it shrinks while being read; as
+    /// [`new`](Self::new); allocation errors.
+    pub fn from_path(path: impl AsRef<std::path::Path>, ctx: &Context) -> Result<Self> {
+        let source =
+            crate::file_io::SourceFile::open(path.as_ref(), "DeviceStreamReader::from_path")?;
+        let size = usize::try_from(source.len()).map_err(|_| {
+            Error::invalid_argument(
+                "DeviceStreamReader::from_path",
+                format!("{} is larger than this host's address space", source.name()),
+            )
+        })?;
+        let buffer = ctx.new_buffer(size)?;
+        source.read_to_device(&buffer, 0)?;
+        Self::from_buffer(&buffer)
+    }
+
+    /// The most bytes a decompressed body may take
+    /// ([`DEFAULT_DECOMPRESSION_LIMIT`](crate::DEFAULT_DECOMPRESSION_LIMIT) unless set).
+    pub fn decompression_limit(&self) -> usize {
+        self.decompression_limit
+    }
+
+    /// Set the most bytes a decompressed message body may take: a body whose buffers
+    /// declare more is [`Error::InvalidData`] before anything is allocated. Besides this
+    /// limit, every declared size must be one its codec can reach from the compressed
+    /// bytes given.
+    pub fn set_decompression_limit(&mut self, bytes: usize) {
+        self.decompression_limit = bytes;
     }
 
     /// Read the stream at the start of `buffer`.
@@ -120,13 +185,24 @@ impl DeviceStreamReader {
             };
             match message.header_type() {
                 MessageHeader::RecordBatch => {
-                    return DeviceRecordBatch::decode(
-                        &message,
+                    let fb = message.message();
+                    let (body, layout) = match fb.header_as_record_batch() {
+                        Some(batch) => crate::compression::device_body(
+                            batch,
+                            message.body(),
+                            self.decompression_limit,
+                        )?,
+                        None => (message.body().clone(), None),
+                    };
+                    return DeviceRecordBatch::decode_parts(
+                        fb,
+                        &body,
+                        layout,
                         &self.schema,
                         &self.ids,
                         &self.dictionaries,
                     )
-                    .map(Some)
+                    .map(Some);
                 }
                 MessageHeader::DictionaryBatch => self.read_dictionary(&message)?,
                 other => {
@@ -149,9 +225,16 @@ impl DeviceStreamReader {
             .ok_or_else(|| {
                 Error::invalid_data(WHAT, "a DictionaryBatch message without its header")
             })?;
+        let (body, layout) = match batch.data() {
+            Some(data) => {
+                crate::compression::device_body(data, message.body(), self.decompression_limit)?
+            }
+            None => (message.body().clone(), None),
+        };
         let (id, entry) = decode::decode_dictionary_batch(
             batch,
-            message.body(),
+            layout,
+            &body,
             message.version(),
             self.schema.fields(),
             &self.ids,

@@ -8,6 +8,6 @@ fn main() -> std::process::ExitCode {
     cudabuf_conformance::run_suite(
         "cuda_arrow",
         || Ok(cudabuf_core::Backend::new(cudabuf_cuda::CudaBackend::new()?)),
-        common::ARROW_CASES,
+        &common::all_cases(),
     )
 }

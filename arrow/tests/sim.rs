@@ -6,6 +6,6 @@ fn main() -> std::process::ExitCode {
     cudabuf_conformance::run_suite(
         "sim_arrow",
         || Ok(cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new())),
-        common::ARROW_CASES,
+        &common::all_cases(),
     )
 }

@@ -8,8 +8,12 @@ mod c_device_edit;
 mod c_device_hostile;
 mod corrupt;
 mod data;
+mod files;
+mod files_corrupt;
 mod on_stream;
 mod ordering;
+#[cfg(feature = "parquet")]
+mod parquet;
 mod roundtrip;
 mod stream;
 mod sync_event;
@@ -106,6 +110,43 @@ pub(crate) const ARROW_CASES: &[Case] = cases![
     corrupt::compressed_body_is_unsupported,
     corrupt::corrupt_offsets_on_device_are_invalid_data_on_to_host,
 ];
+
+/// The file cases: Arrow IPC files and stream files on disk.
+pub(crate) const FILE_CASES: &[Case] = cases![
+    files::ipc_file_round_trips_every_schema_and_codec_like_arrow_rs,
+    files::ipc_file_batches_are_read_in_any_order,
+    files::ipc_file_projection_lands_only_the_projected_columns,
+    files::ipc_file_open_allocates_nothing_and_drops_give_everything_back,
+    files::ipc_file_from_an_open_file_reads_the_same,
+    files::ipc_file_writer_output_reads_back_with_arrow_rs,
+    files::ipc_stream_file_reads_back_like_arrow_rs,
+    files_corrupt::every_truncation_of_an_ipc_file_is_invalid_data,
+    files_corrupt::bad_magic_and_footer_lengths_are_invalid_data,
+    files_corrupt::blocks_outside_the_file_or_overlapping_are_invalid_data,
+    files_corrupt::bit_flips_anywhere_in_an_ipc_file_never_panic,
+    files_corrupt::compressed_buffers_whose_lengths_lie_are_invalid_data,
+    files_corrupt::missing_files_and_directories_are_invalid_argument,
+];
+
+/// The Parquet cases (feature `parquet`).
+#[cfg(feature = "parquet")]
+pub(crate) const PARQUET_CASES: &[Case] = cases![
+    parquet::parquet_round_trips_every_schema_and_codec_like_arrow_rs,
+    parquet::parquet_projection_reads_the_named_columns_in_order,
+    parquet::corrupt_parquet_files_are_invalid_data_never_a_panic,
+    parquet::parquet_missing_files_and_directories_are_invalid_argument,
+    parquet::parquet_decoder_panic_is_invalid_data,
+];
+
+/// Every case of this build: [`ARROW_CASES`], [`FILE_CASES`] and, with the `parquet`
+/// feature, [`PARQUET_CASES`].
+pub(crate) fn all_cases() -> Vec<Case> {
+    let mut cases = ARROW_CASES.to_vec();
+    cases.extend_from_slice(FILE_CASES);
+    #[cfg(feature = "parquet")]
+    cases.extend_from_slice(PARQUET_CASES);
+    cases
+}
 
 /// A fresh backend's device 0 context.
 pub(crate) fn context(f: &Fixture) -> Context {
