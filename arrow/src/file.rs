@@ -142,7 +142,7 @@ impl DeviceFileReader {
     /// the footer (nothing is allocated on the device).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the file if it cannot be opened or is not a
+    /// [`Error::File`] naming the file if it cannot be opened or is not a
     /// regular file (a directory); [`Error::InvalidData`] naming the file for a file
     /// too short, without the magic at either end, with a footer length that is negative
     /// or larger than the file, a footer the flatbuffer verifier rejects or without a
@@ -760,8 +760,8 @@ impl DeviceFileWriter {
     /// Create (or truncate) the file at `path` and write its header and schema.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the file if it cannot be created or written, or
-    /// if arrow-rs cannot encode the schema.
+    /// [`Error::File`] naming the file if it cannot be created or written;
+    /// [`Error::InvalidArgument`] if arrow-rs cannot encode the schema.
     pub fn create(path: impl AsRef<Path>, schema: &Schema) -> Result<Self> {
         Self::with_options(path, schema, IpcWriteOptions::default())
     }
@@ -790,8 +790,8 @@ impl DeviceFileWriter {
     /// Write `batch` (copied to the host first).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if its fields differ from the file's, or naming the file
-    /// if writing fails; as [`DeviceRecordBatch::to_host`].
+    /// [`Error::InvalidArgument`] if its fields differ from the file's; [`Error::File`]
+    /// naming the file if writing fails; as [`DeviceRecordBatch::to_host`].
     pub fn write(&mut self, batch: &DeviceRecordBatch) -> Result<()> {
         if batch.schema().fields() != self.schema.fields() {
             return Err(Error::invalid_argument(
@@ -812,7 +812,7 @@ impl DeviceFileWriter {
     /// Write the footer and flush the file.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the file if writing fails.
+    /// [`Error::File`] naming the file if writing fails.
     pub fn finish(mut self) -> Result<()> {
         const OPERATION: &str = "DeviceFileWriter::finish";
         self.writer

@@ -1,19 +1,17 @@
-//! Files the readers read: opened with errors that name them, exact reads at an offset
-//! (a file that ends early is [`Error::InvalidData`]), and ranges landed in device memory
-//! through pinned staging.
+//! Files the readers read: opened with errors that name them, exact reads at an offset,
+//! and ranges landed in device memory by core's file pipeline
+//! ([`DeviceBuffer::read_file_at`]).
 //!
-//! I/O failures (a missing file, a directory, a permission, a failed read) are
-//! [`Error::InvalidArgument`] naming the file and the operation; a file shorter than its
-//! own structure says is [`Error::InvalidData`].
+//! I/O failures (a missing file, a directory, a permission, a failed read, a file that
+//! shrinks while it is read) are [`Error::File`] naming the file, the operation and the
+//! byte; a file shorter than its own structure says (checked before reading) is
+//! [`Error::InvalidData`].
 
 use std::fs::File;
 use std::io;
 use std::path::Path;
 
 use cudabuf_core::{DeviceBuffer, Error, Result};
-
-/// The size of the pinned chunks a range goes to the device in.
-const CHUNK: usize = 4 << 20;
 
 /// An open regular file, its name (for errors) and its size when opened.
 #[derive(Debug)]
@@ -26,7 +24,14 @@ pub(crate) struct SourceFile {
 impl SourceFile {
     /// Open `path` for reading.
     pub(crate) fn open(path: &Path, operation: &'static str) -> Result<Self> {
-        let file = File::open(path).map_err(|e| io_error(operation, &path.display(), &e))?;
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true);
+        // Non-blocking, so that a FIFO is refused below instead of waiting for a writer.
+        #[cfg(target_os = "linux")]
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+        let file = options
+            .open(path)
+            .map_err(|e| io_error(operation, &path.display(), &e))?;
         Self::new(file, path.display().to_string(), operation)
     }
 
@@ -36,10 +41,13 @@ impl SourceFile {
             .metadata()
             .map_err(|e| io_error(operation, &name, &e))?;
         if !metadata.is_file() {
-            return Err(Error::invalid_argument(
+            return Err(Error::File {
                 operation,
-                format!("{name} is not a regular file (a directory?)"),
-            ));
+                path: name,
+                offset: 0,
+                io_kind: io::ErrorKind::InvalidInput,
+                reason: "not a regular file (a directory, FIFO or device node)".into(),
+            });
         }
         Ok(SourceFile {
             file,
@@ -66,10 +74,15 @@ impl SourceFile {
     /// Fill `buf` from `offset`.
     ///
     /// # Errors
-    /// [`Error::InvalidData`] if the file ends first (it shrank); [`Error::InvalidArgument`]
-    /// for an I/O error.
+    /// [`Error::File`] if the file ends first (it shrank) or a read fails.
     pub(crate) fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        read_exact_at(&self.file, buf, offset).map_err(|e| self.named(e))
+        read_exact_at(&self.file, buf, offset).map_err(|(at, e)| Error::File {
+            operation: "reading a file",
+            path: self.name.clone(),
+            offset: at,
+            io_kind: e.kind(),
+            reason: e.to_string(),
+        })
     }
 
     /// `len` bytes from `offset`, which must lie within the file's size when opened
@@ -92,9 +105,11 @@ impl SourceFile {
         Ok(out)
     }
 
-    /// Fill the whole of `dst` with the file's bytes from `offset`.
+    /// Fill the whole of `dst` with the file's bytes from `offset` (core's pipeline:
+    /// several threads `pread` into pinned chunks while earlier chunks upload).
     pub(crate) fn read_to_device(&self, dst: &DeviceBuffer, offset: u64) -> Result<()> {
-        read_range_to_device(dst, &self.file, offset).map_err(|e| self.named(e))
+        dst.read_file_at(&self.file, offset)
+            .map_err(|e| self.named(e))
     }
 
     /// `e` with the file's name in front of its reason.
@@ -119,33 +134,38 @@ pub(crate) fn io_error(
     name: &dyn std::fmt::Display,
     e: &io::Error,
 ) -> Error {
-    Error::invalid_argument(operation, format!("{name}: {e}"))
+    Error::File {
+        operation,
+        path: name.to_string(),
+        offset: 0,
+        io_kind: e.kind(),
+        reason: e.to_string(),
+    }
 }
 
 /// Fill `buf` from `file` at `offset` (`pread`, which returns short counts at the end of
-/// the file: a file that shrank shows itself here).
-fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<()> {
+/// the file: a file that shrank shows itself here); on failure, the byte and why.
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<(), (u64, io::Error)> {
     let mut done = 0;
     while done < buf.len() {
         let at = offset + done as u64;
         match pread(file, &mut buf[done..], at) {
             Ok(0) => {
-                return Err(Error::invalid_data(
-                    "file",
-                    format!(
-                    "the file ends at byte {at}, before the {} bytes at offset {offset} were read",
-                    buf.len()
-                ),
+                return Err((
+                    at,
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "the file ends before byte {}, which the read needs (it shrank \
+                             while being read)",
+                            offset + buf.len() as u64
+                        ),
+                    ),
                 ))
             }
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                return Err(Error::invalid_argument(
-                    "reading a file",
-                    format!("at offset {at}: {e}"),
-                ))
-            }
+            Err(e) => return Err((at, e)),
         }
     }
     Ok(())
@@ -159,30 +179,4 @@ fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 #[cfg(windows)]
 fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     std::os::windows::fs::FileExt::seek_read(file, buf, offset)
-}
-
-/// Fill the whole of `dst` with `dst.size()` bytes of `file` from `offset`, through
-/// pinned staging chunks.
-// TODO(core file API): `dst.read_file_at(file, offset)` (pipelined through pinned
-// staging, `Error::File` on a short file) replaces this body.
-fn read_range_to_device(dst: &DeviceBuffer, file: &File, offset: u64) -> Result<()> {
-    let size = dst.size();
-    if size == 0 {
-        return Ok(());
-    }
-    let ctx = dst.context();
-    let mut staging = ctx.staging_buffer(size.min(CHUNK))?;
-    let mut copy = || -> Result<()> {
-        let mut done = 0;
-        while done < size {
-            let n = (size - done).min(staging.size());
-            read_exact_at(file, &mut staging[..n], offset + done as u64)?;
-            dst.copy_from_host(&staging[..n], done, None)?;
-            done += n;
-        }
-        Ok(())
-    };
-    let copied = copy();
-    ctx.recycle_staging_buffer(staging);
-    copied
 }

@@ -79,8 +79,10 @@
 //!   declared length must be one its codec can reach from the bytes it has (and stay
 //!   within the reader's limit), and a corrupt Parquet file is `InvalidData` naming the
 //!   file (a panic inside the `parquet` crate is caught, logged and reported so, as a
-//!   last line of defence). Files that cannot be opened or read (missing, a directory)
-//!   are [`Error::InvalidArgument`](cudabuf_core::Error::InvalidArgument) naming them.
+//!   last line of defence). Files that cannot be opened or read (missing, a directory, a
+//!   FIFO, one that shrinks while it is read) are
+//!   [`Error::File`](cudabuf_core::Error::File) naming them. Bodies land on the device
+//!   through core's file pipeline ([`DeviceBuffer::read_file_at`](cudabuf_core::DeviceBuffer::read_file_at)).
 //! - **Limits, reported as [`Error::Unsupported`](cudabuf_core::Error::Unsupported):**
 //!   compressed bodies in a single message ([`read_record_batch`] and
 //!   [`DeviceRecordBatch::from_message`] read the body in place on the device; the stream

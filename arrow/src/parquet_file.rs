@@ -100,7 +100,7 @@ impl DeviceParquetReader {
     /// top-level columns to read, in the order wanted (`None`: all).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the file if it cannot be opened or is not a
+    /// [`Error::File`] naming the file if it cannot be opened or is not a
     /// regular file, or for a column name it does not have; [`Error::InvalidData`]
     /// naming the file for a footer that is truncated or corrupt.
     pub fn open(path: impl AsRef<Path>, ctx: &Context, columns: Option<&[&str]>) -> Result<Self> {

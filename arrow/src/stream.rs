@@ -124,8 +124,8 @@ impl DeviceStreamReader {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the file if it cannot be opened or read, or is
-    /// not a regular file; [`Error::InvalidData`] if it shrinks while being read; as
+    /// [`Error::File`] naming the file if it cannot be opened or read, is not a regular
+    /// file, or shrinks while being read; as
     /// [`new`](Self::new); allocation errors.
     pub fn from_path(path: impl AsRef<std::path::Path>, ctx: &Context) -> Result<Self> {
         let source =

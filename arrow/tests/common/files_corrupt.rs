@@ -352,22 +352,22 @@ fn message_offset(bytes: &[u8], message: &[u8]) -> usize {
     message.as_ptr() as usize - bytes.as_ptr() as usize
 }
 
-pub(crate) fn missing_files_and_directories_are_invalid_argument(f: &Fixture) -> CaseResult {
+pub(crate) fn missing_files_and_directories_are_file_errors(f: &Fixture) -> CaseResult {
     let ctx = context(f);
     let missing = std::env::temp_dir().join("cudabuf-arrow-test-no-such-file.arrow");
     let dir = std::env::temp_dir();
     for path in [&missing, &dir] {
         let err = DeviceFileReader::open(path, &ctx).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert_eq!(err.kind(), ErrorKind::File, "{err}");
         assert!(
             err.to_string().contains(&*path.to_string_lossy()),
             "names the path: {err}"
         );
         let err = DeviceStreamReader::from_path(path, &ctx).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert_eq!(err.kind(), ErrorKind::File, "{err}");
         let err =
             DeviceFileReader::from_file(std::fs::File::open(&dir).unwrap(), &ctx).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert_eq!(err.kind(), ErrorKind::File, "{err}");
     }
     // A truncated stream file.
     let (schema, batches) = small();

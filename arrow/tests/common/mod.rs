@@ -125,7 +125,7 @@ pub(crate) const FILE_CASES: &[Case] = cases![
     files_corrupt::blocks_outside_the_file_or_overlapping_are_invalid_data,
     files_corrupt::bit_flips_anywhere_in_an_ipc_file_never_panic,
     files_corrupt::compressed_buffers_whose_lengths_lie_are_invalid_data,
-    files_corrupt::missing_files_and_directories_are_invalid_argument,
+    files_corrupt::missing_files_and_directories_are_file_errors,
 ];
 
 /// The Parquet cases (feature `parquet`).
@@ -134,7 +134,7 @@ pub(crate) const PARQUET_CASES: &[Case] = cases![
     parquet::parquet_round_trips_every_schema_and_codec_like_arrow_rs,
     parquet::parquet_projection_reads_the_named_columns_in_order,
     parquet::corrupt_parquet_files_are_invalid_data_never_a_panic,
-    parquet::parquet_missing_files_and_directories_are_invalid_argument,
+    parquet::parquet_missing_files_and_directories_are_file_errors,
     parquet::parquet_decoder_panic_is_invalid_data,
 ];
 

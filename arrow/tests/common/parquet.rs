@@ -229,16 +229,14 @@ pub(crate) fn corrupt_parquet_files_are_invalid_data_never_a_panic(f: &Fixture) 
     Ok(())
 }
 
-pub(crate) fn parquet_missing_files_and_directories_are_invalid_argument(
-    f: &Fixture,
-) -> CaseResult {
+pub(crate) fn parquet_missing_files_and_directories_are_file_errors(f: &Fixture) -> CaseResult {
     let ctx = context(f);
     let missing = std::env::temp_dir().join("cudabuf-arrow-test-no-such-file.parquet");
     for path in [missing, std::env::temp_dir()] {
         let err = DeviceParquetReader::open(&path, &ctx, None).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert_eq!(err.kind(), ErrorKind::File, "{err}");
         let err = read_parquet(&path, &ctx, None).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert_eq!(err.kind(), ErrorKind::File, "{err}");
     }
     Ok(())
 }
