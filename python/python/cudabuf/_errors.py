@@ -19,6 +19,7 @@ __all__ = [
     "InvalidDeviceError",
     "InvalidAddressError",
     "InvalidArgumentError",
+    "InvalidTypeError",
     "InvalidIpcHandleError",
     "NoDriverError",
     "UnsupportedError",
@@ -82,6 +83,12 @@ class InvalidAddressError(CudaError, ValueError):
 
 class InvalidArgumentError(CudaError, ValueError):
     """An argument is wrong in a way that is not a range."""
+
+
+class InvalidTypeError(InvalidArgumentError, TypeError):
+    """An argument is of a type the operation cannot use: not an Arrow producer, not
+    device memory, an Arrow PyCapsule of the wrong kind (also a ``TypeError``, as Python
+    raises for wrong types)."""
 
 
 class InvalidIpcHandleError(CudaError, ValueError):

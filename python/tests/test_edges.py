@@ -1,0 +1,170 @@
+"""Rough edges a pyarrow.cuda user meets: malformed Arrow capsules and foreign objects,
+protocol probing on the simulator, readers and writers shared between threads, whole-buffer
+conversions, dtype spellings, argument conventions and the backend switch."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, List
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import cudabuf
+from cudabuf import cuda
+
+
+def small_batch() -> pa.RecordBatch:
+    return pa.record_batch([pa.array([1, 2, 3]), pa.array(["a", None, "c"])], names=["x", "y"])
+
+
+# A PyCapsule that is no Arrow capsule (the datetime C API).
+FOREIGN_CAPSULE = datetime.datetime_CAPI  # type: ignore[attr-defined]
+
+
+class ArrayProducer:
+    """`__arrow_c_array__` returning whatever it is given (the same objects every call)."""
+
+    def __init__(self, result: object) -> None:
+        self.result = result
+
+    def __arrow_c_array__(self, requested_schema: object = None) -> object:
+        return self.result
+
+
+class StreamProducer:
+    """`__arrow_c_stream__` returning whatever it is given (the same object every call)."""
+
+    def __init__(self, result: object) -> None:
+        self.result = result
+
+    def __arrow_c_stream__(self, requested_schema: object = None) -> object:
+        return self.result
+
+
+class SchemaProducer:
+    """`__arrow_c_schema__` returning whatever it is given (the same object every call)."""
+
+    def __init__(self, result: object) -> None:
+        self.result = result
+
+    def __arrow_c_schema__(self) -> object:
+        return self.result
+
+
+def consumed_schema_capsule() -> object:
+    capsule = small_batch().schema.__arrow_c_schema__()
+    pa.Schema._import_from_c_capsule(capsule)  # moves the schema out: released
+    return capsule
+
+
+PLAIN_OBJECTS: List[object] = [None, 0, 7, "text", b"bytes", object(), [1, 2], FOREIGN_CAPSULE]
+
+
+def assert_cudabuf_error(call: Callable[[], object]) -> cudabuf.CudaError:
+    """`call` raises a cudabuf error (never PanicException, a BaseException that
+    `pytest.raises(CudaError)` would let through and fail on)."""
+    with pytest.raises(cudabuf.CudaError) as info:
+        call()
+    return info.value
+
+
+def test_a_reused_array_capsule_raises_instead_of_panicking(ctx: cuda.Context) -> None:
+    batch = small_batch()
+    producer = ArrayProducer(batch.__arrow_c_array__())
+    first = cuda.serialize_record_batch(producer, ctx)  # consumes the array capsule
+    assert cuda.read_record_batch(first, batch.schema).to_host().equals(batch)
+    err = assert_cudabuf_error(lambda: cuda.serialize_record_batch(producer, ctx))
+    assert isinstance(err, cudabuf.InvalidArgumentError)
+    assert "already consumed or released" in str(err) and "arrow_array" in str(err)
+    # A fresh capsule still works.
+    assert cuda.read_record_batch(cuda.serialize_record_batch(batch, ctx), batch.schema).to_host().equals(batch)
+
+
+def test_a_reused_stream_capsule_raises(ctx: cuda.Context) -> None:
+    batch = small_batch()
+    producer = StreamProducer(pa.Table.from_batches([batch]).__arrow_c_stream__())
+    cuda.serialize_record_batch(producer, ctx)
+    err = assert_cudabuf_error(lambda: cuda.serialize_record_batch(producer, ctx))
+    assert isinstance(err, cudabuf.InvalidArgumentError) and "arrow_array_stream" in str(err)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda b: (b.schema.__arrow_c_schema__(), FOREIGN_CAPSULE),  # wrong array capsule name
+        lambda b: (FOREIGN_CAPSULE, b.__arrow_c_array__()[1]),  # wrong schema capsule name
+        lambda b: tuple(reversed(b.__arrow_c_array__())),  # swapped
+        lambda b: (consumed_schema_capsule(), b.__arrow_c_array__()[1]),  # released schema
+        lambda b: None,
+        lambda b: 3,
+        lambda b: (1, 2),
+        lambda b: (b.schema.__arrow_c_schema__(),),
+        lambda b: b.__arrow_c_array__() + (None,),
+        lambda b: object(),
+    ],
+)
+def test_malformed_array_producers_raise_cudabuf_errors(ctx: cuda.Context, make: Callable[[Any], object]) -> None:
+    assert_cudabuf_error(lambda: cuda.serialize_record_batch(ArrayProducer(make(small_batch())), ctx))
+
+
+@pytest.mark.parametrize("result", [None, 1, object(), FOREIGN_CAPSULE, "arrow_array_stream"])
+def test_malformed_stream_producers_raise_cudabuf_errors(ctx: cuda.Context, result: object) -> None:
+    assert_cudabuf_error(lambda: cuda.serialize_record_batch(StreamProducer(result), ctx))
+
+
+@pytest.mark.parametrize("obj", PLAIN_OBJECTS)
+def test_plain_objects_raise_cudabuf_type_errors(ctx: cuda.Context, obj: object) -> None:
+    cbuf = cuda.serialize_record_batch(small_batch(), ctx)
+    schema = small_batch().schema
+    calls: List[Callable[[], object]] = [
+        lambda: cuda.serialize_record_batch(obj, ctx),
+        lambda: cuda.read_record_batch(cbuf, obj),
+        lambda: cuda.read_record_batch(obj, schema),
+        lambda: cuda.read_message(obj),
+        lambda: ctx.buffer_from_object(obj),
+        lambda: cuda.CudaBuffer.from_buffer(obj),
+    ]
+    for call in calls:
+        err = assert_cudabuf_error(call)
+        # Still what Python code expects of a wrong type (or a bad value).
+        assert isinstance(err, (TypeError, ValueError)), repr(err)
+
+
+@pytest.mark.parametrize(
+    "capsule",
+    [lambda: consumed_schema_capsule(), lambda: FOREIGN_CAPSULE, lambda: small_batch().__arrow_c_array__()[1], lambda: None, lambda: 5],
+)
+def test_malformed_schema_capsules_raise_cudabuf_errors(ctx: cuda.Context, capsule: Callable[[], object]) -> None:
+    cbuf = cuda.serialize_record_batch(small_batch(), ctx)
+    err = assert_cudabuf_error(lambda: cuda.read_record_batch(cbuf, SchemaProducer(capsule())))
+    assert isinstance(err, (cudabuf.InvalidArgumentError, cudabuf.InvalidDataError))
+
+
+def test_wrong_capsule_names_are_named(ctx: cuda.Context) -> None:
+    batch = small_batch()
+    err = assert_cudabuf_error(
+        lambda: cuda.serialize_record_batch(ArrayProducer((batch.schema.__arrow_c_schema__(), FOREIGN_CAPSULE)), ctx)
+    )
+    assert isinstance(err, cudabuf.InvalidTypeError) and isinstance(err, TypeError)
+    assert "arrow_array" in str(err) and "datetime.datetime_CAPI" in str(err)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        type("BadInterface", (), {"__cuda_array_interface__": 5})(),
+        type("BadInterface2", (), {"__cuda_array_interface__": {"shape": "x", "data": None}})(),
+        type("BadDlpack", (), {"__dlpack__": lambda self, **kw: 5, "__dlpack_device__": lambda self: (2, 0)})(),
+        type("UsedDlpack", (), {"__dlpack__": lambda self, **kw: FOREIGN_CAPSULE, "__dlpack_device__": lambda self: (2, 0)})(),
+    ],
+)
+def test_malformed_foreign_objects_raise_cudabuf_errors(ctx: cuda.Context, obj: object) -> None:
+    assert_cudabuf_error(lambda: ctx.buffer_from_object(obj))
+    assert_cudabuf_error(lambda: cuda.CudaBuffer.from_buffer(obj))
