@@ -151,6 +151,21 @@ pub(crate) fn invalid_type(operation: &str, reason: impl std::fmt::Display) -> P
     })
 }
 
+/// `SimulatedMemoryAttributeError` (a `SimulatedMemoryError` and an `AttributeError`):
+/// a protocol attribute (`__cuda_array_interface__`) read on the simulator, so that
+/// `hasattr` is `False` and GPU libraries fall back to their other protocols.
+pub(crate) fn simulated_memory_attribute(what: &str) -> PyErr {
+    Python::attach(|py| {
+        raise(
+            py,
+            "SimulatedMemoryAttributeError",
+            simulated_message(what),
+            "Unsupported",
+            (None, None),
+        )
+    })
+}
+
 /// The message a panic carried.
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {

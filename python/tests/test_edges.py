@@ -168,3 +168,23 @@ def test_wrong_capsule_names_are_named(ctx: cuda.Context) -> None:
 def test_malformed_foreign_objects_raise_cudabuf_errors(ctx: cuda.Context, obj: object) -> None:
     assert_cudabuf_error(lambda: ctx.buffer_from_object(obj))
     assert_cudabuf_error(lambda: cuda.CudaBuffer.from_buffer(obj))
+
+
+def test_protocol_attributes_are_absent_on_the_simulator(ctx: cuda.Context, sim_only: None) -> None:
+    buf = ctx.new_buffer(16)
+    view = buf.view("float32")
+    for obj in (buf, view):
+        assert not hasattr(obj, "__cuda_array_interface__")
+        assert getattr(obj, "__cuda_array_interface__", None) is None
+        with pytest.raises(cudabuf.SimulatedMemoryAttributeError) as info:
+            obj.__cuda_array_interface__
+        assert isinstance(info.value, cudabuf.SimulatedMemoryError)
+        assert isinstance(info.value, AttributeError) and "simulator" in str(info.value)
+        # DLPack is a method: present, and calling it raises the typed error, a
+        # BufferError as the DLPack protocol asks of a producer that cannot export.
+        assert hasattr(obj, "__dlpack__")
+        assert obj.__dlpack_device__() == (12, 0)
+        with pytest.raises(cudabuf.SimulatedMemoryError) as raised:
+            obj.__dlpack__()
+        assert isinstance(raised.value, BufferError)
+        assert not isinstance(raised.value, AttributeError)

@@ -26,6 +26,8 @@ from cudabuf import cuda
         (cudabuf.UnsupportedError, NotImplementedError),
         (cudabuf.SimulatedMemoryError, BufferError),
         (cudabuf.SimulatedMemoryError, cudabuf.UnsupportedError),
+        (cudabuf.SimulatedMemoryAttributeError, cudabuf.SimulatedMemoryError),
+        (cudabuf.SimulatedMemoryAttributeError, AttributeError),
         (cudabuf.InvalidTypeError, cudabuf.InvalidArgumentError),
         (cudabuf.InvalidTypeError, TypeError),
         (cudabuf.InvalidDataError, ValueError),

@@ -24,6 +24,7 @@ __all__ = [
     "NoDriverError",
     "UnsupportedError",
     "SimulatedMemoryError",
+    "SimulatedMemoryAttributeError",
     "InvalidDataError",
     "ClosedError",
     "DriverError",
@@ -109,6 +110,13 @@ class SimulatedMemoryError(UnsupportedError, BufferError):
     library: the simulator's device addresses are not memory any GPU library can
     reach, so ``__cuda_array_interface__``, DLPack and foreign objects need the
     ``cuda`` backend."""
+
+
+class SimulatedMemoryAttributeError(SimulatedMemoryError, AttributeError):
+    """A protocol attribute (``__cuda_array_interface__``) read on the simulator. Also an
+    ``AttributeError``, so ``hasattr(buf, "__cuda_array_interface__")`` is ``False`` and
+    libraries that probe for the protocol (Numba, PyTorch, CuPy) fall back instead of
+    failing."""
 
 
 class InvalidDataError(CudaError, ValueError):

@@ -217,7 +217,8 @@ class CudaBuffer:
     def __eq__(self, other: object, /) -> bool: ...
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The CUDA array interface (version 3), ``uint8``, one dimension."""
+        """The CUDA array interface (version 3), ``uint8``, one dimension; on the
+        simulator, ``SimulatedMemoryAttributeError`` (``hasattr`` is ``False``)."""
     def __dlpack__(
         self,
         *,
@@ -250,7 +251,8 @@ class CudaArrayView:
         """The device buffer viewed."""
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The CUDA array interface (version 3)."""
+        """The CUDA array interface (version 3); on the simulator,
+        ``SimulatedMemoryAttributeError`` (``hasattr`` is ``False``)."""
     def __dlpack__(
         self,
         *,
