@@ -321,10 +321,10 @@ pub(crate) fn read_message(
         return Ok(PyMessage { inner: message });
     }
     if let Ok(reader) = source.cast::<PyBufferReader>() {
-        let mut reader = reader.try_borrow_mut()?;
-        let inner = &mut reader.inner;
-        let message = guard_malformed("Arrow IPC message", || {
-            py.detach(|| cudabuf::read_message(inner)).or_raise()
+        let message = reader.get().with(py, "read_message", |inner| {
+            guard_malformed("Arrow IPC message", || {
+                py.detach(|| cudabuf::read_message(inner)).or_raise()
+            })
         })?;
         return Ok(PyMessage { inner: message });
     }

@@ -188,3 +188,60 @@ def test_protocol_attributes_are_absent_on_the_simulator(ctx: cuda.Context, sim_
             obj.__dlpack__()
         assert isinstance(raised.value, BufferError)
         assert not isinstance(raised.value, AttributeError)
+
+
+def test_a_reader_shared_between_threads(ctx: cuda.Context) -> None:
+    chunk, count = 256 << 10, 48
+    data = np.repeat(np.arange(count, dtype=np.uint8), chunk)  # chunk i holds byte i
+    reader = cuda.BufferReader(ctx.buffer_from_data(data))
+    got: List[bytes] = []
+    errors: List[BaseException] = []
+
+    def work() -> None:
+        try:
+            while True:
+                reader.tell()
+                piece = reader.read(chunk)
+                if not piece:
+                    return
+                got.append(piece)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    # Every read was whole and none overlapped: each chunk came back exactly once.
+    assert sorted(got) == [bytes([i]) * chunk for i in range(count)]
+    assert reader.tell() == data.size
+
+
+def test_a_writer_shared_between_threads(ctx: cuda.Context) -> None:
+    chunk, count = 1 << 20, 32
+    dbuf = ctx.new_buffer(chunk * count)
+    writer = cuda.BufferWriter(dbuf)
+    writer.buffer_size = 64 << 10
+    errors: List[BaseException] = []
+
+    def work(first: int) -> None:
+        try:
+            for i in range(first, count, 4):
+                writer.writeat(i * chunk, bytes([i]) * chunk)
+                writer.tell()
+                writer.num_bytes_buffered
+                writer.seek(0)
+                writer.write(b"")
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    writer.close()
+    assert errors == []
+    assert dbuf.to_pybytes() == b"".join(bytes([i]) * chunk for i in range(count))
