@@ -3,7 +3,7 @@
 use cudabuf::{DataSource, DeviceBuffer, Error};
 use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PySlice, PyTuple};
+use pyo3::types::{PyBytes, PyIterator, PySlice, PyTuple};
 
 use crate::buffer_ffi::HostBytes;
 use crate::context::PyContext;
@@ -331,6 +331,17 @@ impl PyCudaBuffer {
                 .or_raise()?;
             Ok(())
         })
+    }
+
+    /// ``bytes(buf)``: the whole buffer in one device-to-host copy (as ``to_pybytes()``).
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.to_pybytes(py)
+    }
+
+    /// Iterating yields the bytes as ints from one device-to-host copy of the whole
+    /// buffer, made when iteration starts (not one copy per byte).
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyIterator>> {
+        self.to_pybytes(py)?.try_iter()
     }
 
     /// ``buf[i]`` copies the byte at ``i`` to the host (negative counts from the end);

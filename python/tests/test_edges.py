@@ -245,3 +245,19 @@ def test_a_writer_shared_between_threads(ctx: cuda.Context) -> None:
     writer.close()
     assert errors == []
     assert dbuf.to_pybytes() == b"".join(bytes([i]) * chunk for i in range(count))
+
+
+@pytest.mark.parametrize("size", [0, 1, 1 << 20])
+def test_bytes_and_iteration_copy_once(ctx: cuda.Context, size: int) -> None:
+    data = np.random.default_rng(size).integers(0, 256, size=size, dtype=np.uint8)
+    cbuf = ctx.buffer_from_data(data)
+    start = time.perf_counter()
+    as_bytes = bytes(cbuf)
+    as_list = list(cbuf)
+    elapsed = time.perf_counter() - start
+    assert as_bytes == cbuf.to_pybytes() == data.tobytes()
+    assert as_list == data.tolist()
+    assert elapsed < 0.2, f"bytes() and list() of {size} bytes took {elapsed:.3f} s"
+    # A slice converts its own bytes only.
+    if size > 10:
+        assert bytes(cbuf[3:10]) == data[3:10].tobytes() and list(cbuf[3:5]) == data[3:5].tolist()

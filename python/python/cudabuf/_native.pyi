@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 import os
 from typing import Any, Literal, Optional, Protocol, SupportsIndex, TypedDict, Union, final, overload
 
@@ -204,6 +204,10 @@ class CudaBuffer:
         """A zero-copy slice; out of range raises ``OutOfRangeError`` (no clamping)."""
     def to_pybytes(self) -> bytes:
         """The whole buffer as ``bytes``."""
+    def __bytes__(self) -> bytes:
+        """The whole buffer as ``bytes``, in one copy."""
+    def __iter__(self) -> Iterator[int]:
+        """The bytes as ints, from one copy of the whole buffer."""
     def read_file(self, file: _FileArg, file_offset: int = 0) -> None:
         """Fill this whole buffer with bytes of ``file`` from ``file_offset``."""
     def write_file(self, file: _FileArg, file_offset: int = 0) -> int:
