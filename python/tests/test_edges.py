@@ -261,3 +261,40 @@ def test_bytes_and_iteration_copy_once(ctx: cuda.Context, size: int) -> None:
     # A slice converts its own bytes only.
     if size > 10:
         assert bytes(cbuf[3:10]) == data[3:10].tobytes() and list(cbuf[3:5]) == data[3:5].tolist()
+
+
+NATIVE_DTYPES = [
+    "f4", "<f4", "=f4", "float32", "float", "f", "d", "double", "single", "half", "e", "f2",
+    "u1", "|u1", ">u1", "B", "uint8", "ubyte", "i1", "b", "byte", "int8",
+    "?", "bool", "b1",
+    "h", "i2", "short", "H", "u2", "i", "i4", "intc", "I", "u4",
+    "int", "i8", "q", "l", "int64", "longlong", "Q", "u8", "uint64",
+    "F", "c8", "complex64", "D", "c16", "complex", "complex128",
+]
+
+
+@pytest.mark.parametrize("spec", NATIVE_DTYPES)
+def test_view_accepts_what_numpy_accepts(ctx: cuda.Context, spec: str) -> None:
+    expected = np.dtype(spec)
+    cbuf = ctx.new_buffer(64)
+    view = cbuf.view(spec)
+    assert view.typestr == expected.str
+    assert view.shape == (64 // expected.itemsize,)
+
+
+@pytest.mark.parametrize("spec", [">f4", ">i8", "U4", "S3", "O", "M8", "f16", "float128", "nonsense"])
+def test_view_refuses_other_types(ctx: cuda.Context, spec: str) -> None:
+    with pytest.raises(cudabuf.InvalidArgumentError):
+        ctx.new_buffer(64).view(spec)
+
+
+def test_view_needs_no_numpy_for_type_strings() -> None:
+    code = (
+        "import sys; sys.modules['numpy'] = None\n"
+        "import cudabuf; from cudabuf import cuda\n"
+        "b = cuda.Context(0).new_buffer(8)\n"
+        "print(b.view('f4').typestr, b.view('u1').typestr, b.view('float').typestr, b.view('?').typestr)\n"
+    )
+    env = dict(os.environ, CUDABUF_BACKEND="sim")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["<f4", "|u1", "<f8", "|b1"]
