@@ -298,3 +298,19 @@ def test_view_needs_no_numpy_for_type_strings() -> None:
     env = dict(os.environ, CUDABUF_BACKEND="sim")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["<f4", "|u1", "<f8", "|b1"]
+
+
+def test_set_backend_names_the_argument_not_the_environment() -> None:
+    with pytest.raises(cudabuf.InvalidArgumentError) as info:
+        cudabuf.set_backend("gpu")
+    message = str(info.value)
+    assert "set_backend" in message and '"gpu"' in message and '"sim" or "cuda"' in message
+    assert "CUDABUF_BACKEND" not in message
+
+
+def test_get_backend_needs_no_driver() -> None:
+    code = "import cudabuf; print(cudabuf.get_backend())"
+    env = dict(os.environ, CUDABUF_BACKEND="cuda", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "cuda"
