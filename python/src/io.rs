@@ -4,7 +4,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError, TryLockError};
 
-use cudabuf::{BufferReader, BufferWriter};
+use cudabuf::{BufferReader, BufferWriter, Error};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::PyBytes;
@@ -129,6 +129,11 @@ impl PyBufferReader {
     }
 }
 
+/// `ClosedError` for `what` (`tell` on a closed reader or writer, as Python files do).
+fn closed(what: &'static str) -> PyErr {
+    to_pyerr(Error::Closed { what })
+}
+
 #[pymethods]
 impl PyBufferReader {
     #[new]
@@ -201,8 +206,16 @@ impl PyBufferReader {
     }
 
     /// The current position.
+    ///
+    /// Raises:
+    ///     ClosedError: after ``close()`` (as Python's files do).
     fn tell(&self, py: Python<'_>) -> PyResult<usize> {
-        self.with(py, "BufferReader.tell", |reader| Ok(reader.position()))
+        self.with(py, "BufferReader.tell", |reader| {
+            if reader.closed() {
+                return Err(closed("BufferReader"));
+            }
+            Ok(reader.position())
+        })
     }
 
     /// The size of the buffer.
@@ -320,9 +333,16 @@ impl PyBufferWriter {
     }
 
     /// The current position (staged bytes count as written).
+    ///
+    /// Raises:
+    ///     ClosedError: after ``close()`` (as Python's files do).
     fn tell(&self, py: Python<'_>) -> PyResult<usize> {
-        self.inner
-            .with(py, "BufferWriter.tell", |writer| Ok(writer.position()))
+        self.inner.with(py, "BufferWriter.tell", |writer| {
+            if writer.closed() {
+                return Err(closed("BufferWriter"));
+            }
+            Ok(writer.position())
+        })
     }
 
     /// Flush and close; later writes raise ``ClosedError``.

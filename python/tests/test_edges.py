@@ -314,3 +314,25 @@ def test_get_backend_needs_no_driver() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "cuda"
+
+
+def test_tell_on_a_closed_reader_or_writer_raises(ctx: cuda.Context) -> None:
+    cbuf = ctx.buffer_from_data(b"0123456789")
+    reader = cuda.BufferReader(cbuf)
+    reader.read(4)
+    assert reader.tell() == 4
+    reader.close()
+    with pytest.raises(cudabuf.ClosedError, match="BufferReader is closed"):
+        reader.tell()
+    writer = cuda.BufferWriter(cbuf)
+    writer.write(b"ab")
+    writer.close()
+    with pytest.raises(cudabuf.ClosedError, match="BufferWriter is closed"):
+        writer.tell()
+    # Like Python's files.
+    import io
+
+    f = io.BytesIO(b"x")
+    f.close()
+    with pytest.raises(ValueError):
+        f.tell()
