@@ -181,7 +181,7 @@ impl PyCudaBuffer {
             ));
         }
         let position = non_negative("copy_to_host", "position", position)?;
-        let nbytes = default_if_negative(nbytes);
+        let nbytes = default_if_negative("copy_to_host", "nbytes", nbytes)?;
         match buf {
             None => {
                 let bytes = py
@@ -222,7 +222,7 @@ impl PyCudaBuffer {
         nbytes: i64,
     ) -> PyResult<usize> {
         let position = non_negative("copy_from_host", "position", position)?;
-        let nbytes = default_if_negative(nbytes);
+        let nbytes = default_if_negative("copy_from_host", "nbytes", nbytes)?;
         let src = host_arg(data)?;
         py.detach(|| {
             // SAFETY: the view is held for the copy; concurrent writers are the caller's
@@ -249,7 +249,7 @@ impl PyCudaBuffer {
         nbytes: i64,
     ) -> PyResult<usize> {
         let position = non_negative("copy_from_device", "position", position)?;
-        let nbytes = default_if_negative(nbytes);
+        let nbytes = default_if_negative("copy_from_device", "nbytes", nbytes)?;
         let src = buf.inner.clone();
         py.detach(|| self.inner.copy_from_device(&src, position, nbytes))
             .or_raise()
@@ -490,7 +490,7 @@ impl CopySource {
     /// bytes.
     pub(crate) fn new(data: &Bound<'_, PyAny>, offset: i64, size: i64) -> PyResult<Self> {
         let offset = non_negative("buffer_from_data", "offset", offset)?;
-        let size = default_if_negative(size);
+        let size = default_if_negative("buffer_from_data", "size", size)?;
         if let Ok(device) = data.cast::<PyCudaBuffer>() {
             let inner = &device.get().inner;
             let size = match size {

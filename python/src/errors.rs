@@ -130,10 +130,26 @@ pub(crate) fn non_negative(operation: &'static str, name: &str, value: i64) -> P
     })
 }
 
-/// pyarrow's "`-1` (any negative value) means the default" convention for `nbytes` and
-/// `size`.
-pub(crate) fn default_if_negative(value: i64) -> Option<usize> {
-    usize::try_from(value).ok()
+/// pyarrow's "`-1` means the default" convention for `nbytes` and `size`: `-1` is `None`
+/// (the default), a non-negative value is itself, and any other negative value raises
+/// `InvalidArgumentError` (pyarrow treats every negative value as `-1`, which hides
+/// arithmetic mistakes).
+pub(crate) fn default_if_negative(
+    operation: &'static str,
+    name: &str,
+    value: i64,
+) -> PyResult<Option<usize>> {
+    if value == -1 {
+        return Ok(None);
+    }
+    usize::try_from(value).map(Some).map_err(|_| {
+        invalid_argument(
+            operation,
+            format!(
+                "{name} argument is out-of-range: {value} is negative (only -1, the default, is allowed)"
+            ),
+        )
+    })
 }
 
 /// `InvalidTypeError` (an `InvalidArgumentError` and a `TypeError`): an argument of a type

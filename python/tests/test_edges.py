@@ -336,3 +336,26 @@ def test_tell_on_a_closed_reader_or_writer_raises(ctx: cuda.Context) -> None:
     f.close()
     with pytest.raises(ValueError):
         f.tell()
+
+
+def test_only_minus_one_means_the_default(ctx: cuda.Context, tmp_path: Any) -> None:
+    cbuf = ctx.buffer_from_data(b"0123456789")
+    assert cbuf.copy_to_host(nbytes=-1).to_pybytes() == b"0123456789"
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"abcdef")
+    calls: List[Callable[[], object]] = [
+        lambda: cbuf.copy_to_host(nbytes=-5),
+        lambda: cbuf.copy_to_host(nbytes=-2, buf=bytearray(10)),
+        lambda: cbuf.copy_from_host(b"xy", nbytes=-2),
+        lambda: cbuf.copy_from_device(ctx.new_buffer(2), nbytes=-7),
+        lambda: ctx.buffer_from_data(b"abc", size=-3),
+        lambda: ctx.buffer_from_data(cbuf, size=-2),
+        lambda: ctx.read_file(str(path), size=-2),
+    ]
+    for call in calls:
+        with pytest.raises(cudabuf.InvalidArgumentError, match="only -1"):
+            call()
+    assert cbuf.to_pybytes() == b"0123456789"  # nothing was written
+    assert ctx.buffer_from_data(b"abc", size=-1).to_pybytes() == b"abc"
+    assert ctx.read_file(str(path), offset=2, size=-1).to_pybytes() == b"cdef"
+    assert cbuf.copy_from_host(b"xy", nbytes=-1) == 2
