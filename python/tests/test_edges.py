@@ -359,3 +359,29 @@ def test_only_minus_one_means_the_default(ctx: cuda.Context, tmp_path: Any) -> N
     assert ctx.buffer_from_data(b"abc", size=-1).to_pybytes() == b"abc"
     assert ctx.read_file(str(path), offset=2, size=-1).to_pybytes() == b"cdef"
     assert cbuf.copy_from_host(b"xy", nbytes=-1) == 2
+
+
+def fnv1a(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def with_device(handle_bytes: bytes, device: int) -> bytes:
+    """The handle's bytes naming another device, checksum redone (a forged handle)."""
+    data = bytearray(handle_bytes)
+    assert len(data) == 128
+    data[84:88] = device.to_bytes(4, "little")
+    data[120:128] = fnv1a(bytes(data[:120])).to_bytes(8, "little")
+    return bytes(data)
+
+
+def test_a_handle_naming_another_device_is_refused(ctx: cuda.Context) -> None:
+    cbuf = ctx.buffer_from_data(b"device zero's bytes")
+    raw = cbuf.export_for_ipc().serialize().to_pybytes()
+    for device in (1, 7):
+        forged = cuda.IpcMemHandle.from_buffer(with_device(raw, device))
+        with pytest.raises(cudabuf.InvalidIpcHandleError, match=f"device {device}"):
+            ctx.open_ipc_buffer(forged)
+    assert ctx.open_ipc_buffer(cuda.IpcMemHandle.from_buffer(raw)).to_pybytes() == b"device zero's bytes"
