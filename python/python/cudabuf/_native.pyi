@@ -46,7 +46,7 @@ def set_backend(name: str) -> None:
     """Use backend ``name`` ("sim" or "cuda") for every context and host buffer made from now on."""
 
 def get_backend() -> str:
-    """The name of the current backend: "sim" or "cuda"."""
+    """The name of the current backend: "sim" or "cuda" (needs no CUDA driver)."""
 
 @disjoint_base
 class _HostMemory:
@@ -302,7 +302,7 @@ class BufferReader:
     def seek(self, position: int, whence: int = 0) -> int:
         """Move the position; returns it."""
     def tell(self) -> int:
-        """The current position."""
+        """The current position; ``ClosedError`` once closed."""
     def size(self) -> int:
         """The size of the buffer."""
     def close(self) -> None:
@@ -330,7 +330,7 @@ class BufferWriter:
     def seek(self, position: int, whence: int = 0) -> int:
         """Move the position (after flushing); returns it."""
     def tell(self) -> int:
-        """The current position."""
+        """The current position; ``ClosedError`` once closed."""
     def close(self) -> None:
         """Flush and close."""
     @property
