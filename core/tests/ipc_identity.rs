@@ -112,3 +112,40 @@ fn an_export_is_not_opened_through_another_device() {
     let opened = sim.context(0).unwrap().open_ipc_buffer(&handle).unwrap();
     assert_eq!(opened.address(), buf.address());
 }
+
+/// `handle`'s bytes with the device field set to `device` and the checksum redone: what a
+/// peer that edits a handle it was given would hand over.
+fn with_device(handle: &IpcMemHandle, device: u32) -> IpcMemHandle {
+    let mut bytes = handle.to_bytes();
+    bytes[84..88].copy_from_slice(&device.to_le_bytes());
+    let end = bytes.len() - 8;
+    let sum = bytes[..end].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    bytes[end..].copy_from_slice(&sum.to_le_bytes());
+    IpcMemHandle::from_bytes(&bytes).expect("a well-formed handle")
+}
+
+/// A handle whose device field was edited to name another device (one that exists, and
+/// one that does not) is refused in the exporting process, even through the context of
+/// the device the memory is really on: the handle does not describe that memory.
+#[test]
+fn a_handle_naming_another_device_than_its_export_is_refused() {
+    let sim = Backend::new(SimBackend::new());
+    let (buf, handle) = exported(&sim, 0, 1000);
+    let device0 = sim.context(0).expect("context(0)");
+    for device in [1, 7] {
+        let forged = with_device(&handle, device);
+        assert_eq!(forged.device_number(), Some(device as usize));
+        let counted = device0.bytes_allocated();
+        assert_refused(
+            device0.open_ipc_buffer(&forged),
+            &format!("device {device}"),
+        );
+        assert_eq!(device0.bytes_allocated(), counted, "nothing taken");
+    }
+    let opened = device0
+        .open_ipc_buffer(&handle)
+        .expect("the true handle opens");
+    assert_eq!(opened.address(), buf.address());
+}

@@ -14,13 +14,13 @@ use arrow::ffi::{from_ffi, FFI_ArrowArray, FFI_ArrowSchema};
 use arrow::ffi_stream::{FFI_ArrowArrayStream, RecordBatchStreamReader};
 use cudabuf::device_arrow::{export_device_record_batch, export_schema, ArrowDeviceArray};
 use cudabuf::{DeviceMessage, DeviceRecordBatch, Error};
-use pyo3::exceptions::{PyNotImplementedError, PyTypeError};
+use pyo3::exceptions::PyNotImplementedError;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyCapsuleMethods, PyDict, PyTuple};
 
 use crate::context::PyContext;
 use crate::device_buffer::PyCudaBuffer;
-use crate::errors::{invalid_argument, unsupported, OrRaise};
+use crate::errors::{guard_malformed, invalid_argument, invalid_type, unsupported, OrRaise};
 use crate::host_memory::HostMemory;
 use crate::io::PyBufferReader;
 
@@ -40,30 +40,75 @@ fn arrow_error(what: &'static str, e: arrow::error::ArrowError) -> PyErr {
     crate::errors::to_pyerr(Error::invalid_data(what, e.to_string()))
 }
 
-/// The capsule's pointer, checked for its name.
-fn capsule_pointer<T>(capsule: &Bound<'_, PyAny>, name: &'static CStr) -> PyResult<*mut T> {
-    let capsule = capsule
-        .cast::<PyCapsule>()
-        .map_err(|_| PyTypeError::new_err(format!("expected a PyCapsule named {name:?}")))?;
+/// The pointer of `capsule`, an Arrow PyCapsule named `name` (`operation` names the
+/// caller in errors). Anything else (not a capsule, another name, a null pointer) raises
+/// a cudabuf error before any pointer is read.
+fn capsule_pointer<T>(
+    operation: &'static str,
+    capsule: &Bound<'_, PyAny>,
+    name: &'static CStr,
+) -> PyResult<*mut T> {
+    let expected = name.to_string_lossy();
+    let capsule = capsule.cast::<PyCapsule>().map_err(|_| {
+        invalid_type(
+            operation,
+            format!(
+                "expected a PyCapsule named {expected:?}, got {}",
+                type_name(capsule)
+            ),
+        )
+    })?;
+    if !capsule.is_valid_checked(Some(name)) {
+        let actual = capsule
+            .name()
+            .ok()
+            .flatten()
+            // SAFETY: a capsule's name, when set, is a NUL-terminated string that lives as
+            // long as the capsule, which `capsule` holds.
+            .map(|n| unsafe { n.as_cstr() }.to_string_lossy().into_owned());
+        return Err(invalid_type(
+            operation,
+            format!("expected a PyCapsule named {expected:?}, got one named {actual:?}"),
+        ));
+    }
     Ok(capsule.pointer_checked(Some(name))?.cast::<T>().as_ptr())
 }
 
+/// The error for an Arrow C structure whose release callback is already NULL: it was
+/// consumed (moved out by an earlier import) or released by its producer.
+fn released(operation: &'static str, what: &str, method: &str) -> PyErr {
+    invalid_argument(
+        operation,
+        format!(
+            "the {what} capsule was already consumed or released (an Arrow PyCapsule can be imported once; call {method} again for a fresh one)"
+        ),
+    )
+}
+
 /// A schema from any object with `__arrow_c_schema__` (a pyarrow `Schema`, ...).
-fn import_schema(schema: &Bound<'_, PyAny>) -> PyResult<SchemaRef> {
+fn import_schema(operation: &'static str, schema: &Bound<'_, PyAny>) -> PyResult<SchemaRef> {
     if !schema.hasattr("__arrow_c_schema__")? {
-        return Err(PyTypeError::new_err(format!(
-            "expected an Arrow schema (an object with __arrow_c_schema__, e.g. pyarrow.Schema), got {}",
-            type_name(schema)
-        )));
+        return Err(invalid_type(
+            operation,
+            format!(
+                "expected an Arrow schema (an object with __arrow_c_schema__, e.g. pyarrow.Schema), got {}",
+                type_name(schema)
+            ),
+        ));
     }
     let capsule = schema.call_method0("__arrow_c_schema__")?;
-    let pointer = capsule_pointer::<FFI_ArrowSchema>(&capsule, SCHEMA_NAME)?;
-    // SAFETY: a valid "arrow_schema" capsule points to a live ArrowSchema, which stays
-    // owned (and released) by the capsule; we only read it while holding `capsule`.
+    let pointer = capsule_pointer::<FFI_ArrowSchema>(operation, &capsule, SCHEMA_NAME)?;
+    // SAFETY: a valid "arrow_schema" capsule points to an ArrowSchema, which stays owned
+    // (and released) by the capsule; we only read it while holding `capsule`.
     let ffi_schema = unsafe { &*pointer };
-    Schema::try_from(ffi_schema)
-        .map(Arc::new)
-        .map_err(|e| arrow_error("Arrow schema", e))
+    if ffi_schema.release().is_none() {
+        return Err(released(operation, "arrow_schema", "__arrow_c_schema__"));
+    }
+    guard_malformed("Arrow schema", || {
+        Schema::try_from(ffi_schema)
+            .map(Arc::new)
+            .map_err(|e| arrow_error("Arrow schema", e))
+    })
 }
 
 /// A record batch from a struct array exported through the C Data Interface.
@@ -95,34 +140,62 @@ fn batch_from_struct(array: FFI_ArrowArray, schema: &FFI_ArrowSchema) -> PyResul
 /// A record batch from a PyCapsule producer: `__arrow_c_array__` (a `RecordBatch`) or
 /// `__arrow_c_stream__` holding exactly one batch (a one-chunk `Table`, a reader).
 fn import_batch(batch: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
+    const OPERATION: &str = "serialize_record_batch";
     if batch.hasattr("__arrow_c_array__")? {
         let pair = batch.call_method0("__arrow_c_array__")?;
         let (schema_capsule, array_capsule): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
-            pair.extract()?;
-        let schema = capsule_pointer::<FFI_ArrowSchema>(&schema_capsule, SCHEMA_NAME)?;
-        let array = capsule_pointer::<FFI_ArrowArray>(&array_capsule, ARRAY_NAME)?;
-        // SAFETY: a valid "arrow_array" capsule points to a live ArrowArray; `from_raw`
-        // moves it out and marks the capsule's copy released (the capsule then frees only
-        // the struct's memory).
+            pair.extract().map_err(|_| {
+                invalid_type(
+                    OPERATION,
+                    format!(
+                        "__arrow_c_array__ of {} returned {}, not a (schema capsule, array capsule) pair",
+                        type_name(batch),
+                        type_name(&pair)
+                    ),
+                )
+            })?;
+        let schema = capsule_pointer::<FFI_ArrowSchema>(OPERATION, &schema_capsule, SCHEMA_NAME)?;
+        let array = capsule_pointer::<FFI_ArrowArray>(OPERATION, &array_capsule, ARRAY_NAME)?;
+        // SAFETY: both pointers come from capsules of the right names, which we hold;
+        // Arrow producers put live (or released, checked next) structures there.
+        let (schema, array_released) = unsafe { (&*schema, (*array).is_released()) };
+        if schema.release().is_none() {
+            return Err(released(OPERATION, "arrow_schema", "__arrow_c_array__"));
+        }
+        if array_released {
+            return Err(released(OPERATION, "arrow_array", "__arrow_c_array__"));
+        }
+        // SAFETY: a valid "arrow_array" capsule points to a live ArrowArray (its release
+        // callback is set); `from_raw` moves it out and marks the capsule's copy released
+        // (the capsule then frees only the struct's memory).
         let array = unsafe { FFI_ArrowArray::from_raw(array) };
-        // SAFETY: as in `import_schema`.
-        return batch_from_struct(array, unsafe { &*schema });
+        return guard_malformed("Arrow array", || batch_from_struct(array, schema));
     }
     if batch.hasattr("__arrow_c_stream__")? {
         let capsule = batch.call_method0("__arrow_c_stream__")?;
-        let pointer = capsule_pointer::<FFI_ArrowArrayStream>(&capsule, STREAM_NAME)?;
-        // SAFETY: a valid "arrow_array_stream" capsule points to a live stream; `from_raw`
-        // moves it out and marks the capsule's copy released.
+        let pointer = capsule_pointer::<FFI_ArrowArrayStream>(OPERATION, &capsule, STREAM_NAME)?;
+        // SAFETY: a valid "arrow_array_stream" capsule points to a stream structure.
+        if unsafe { (*pointer).release() }.is_none() {
+            return Err(released(
+                OPERATION,
+                "arrow_array_stream",
+                "__arrow_c_stream__",
+            ));
+        }
+        // SAFETY: a live stream (release set); `from_raw` moves it out and marks the
+        // capsule's copy released.
         let stream = unsafe { FFI_ArrowArrayStream::from_raw(pointer) };
-        let reader =
-            RecordBatchStreamReader::try_new(stream).map_err(|e| arrow_error("Arrow stream", e))?;
-        let batches = reader
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| arrow_error("Arrow stream", e))?;
+        let batches = guard_malformed("Arrow stream", || {
+            let reader = RecordBatchStreamReader::try_new(stream)
+                .map_err(|e| arrow_error("Arrow stream", e))?;
+            reader
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| arrow_error("Arrow stream", e))
+        })?;
         return match <[RecordBatch; 1]>::try_from(batches) {
             Ok([batch]) => Ok(batch),
             Err(batches) => Err(invalid_argument(
-                "serialize_record_batch",
+                OPERATION,
                 format!(
                     "the stream holds {} record batches, one message holds exactly one (combine the chunks first, e.g. table.combine_chunks().to_batches()[0])",
                     batches.len()
@@ -130,10 +203,13 @@ fn import_batch(batch: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
             )),
         };
     }
-    Err(PyTypeError::new_err(format!(
-        "expected a record batch (an object with __arrow_c_array__ or __arrow_c_stream__, e.g. pyarrow.RecordBatch), got {}",
-        type_name(batch)
-    )))
+    Err(invalid_type(
+        OPERATION,
+        format!(
+            "expected a record batch (an object with __arrow_c_array__ or __arrow_c_stream__, e.g. pyarrow.RecordBatch), got {}",
+            type_name(batch)
+        ),
+    ))
 }
 
 /// Write a record batch as one Arrow IPC message into a new device buffer of ``ctx``
@@ -239,19 +315,26 @@ pub(crate) fn read_message(
     let _ = pool;
     if let Ok(buffer) = source.cast::<PyCudaBuffer>() {
         let buffer = buffer.get().inner.clone();
-        let message = py.detach(|| cudabuf::read_message(&buffer)).or_raise()?;
+        let message = guard_malformed("Arrow IPC message", || {
+            py.detach(|| cudabuf::read_message(&buffer)).or_raise()
+        })?;
         return Ok(PyMessage { inner: message });
     }
     if let Ok(reader) = source.cast::<PyBufferReader>() {
-        let mut reader = reader.try_borrow_mut()?;
-        let inner = &mut reader.inner;
-        let message = py.detach(|| cudabuf::read_message(inner)).or_raise()?;
+        let message = reader.get().with(py, "read_message", |inner| {
+            guard_malformed("Arrow IPC message", || {
+                py.detach(|| cudabuf::read_message(inner)).or_raise()
+            })
+        })?;
         return Ok(PyMessage { inner: message });
     }
-    Err(PyTypeError::new_err(format!(
-        "read_message: expected a CudaBuffer or a BufferReader, got {}",
-        type_name(source)
-    )))
+    Err(invalid_type(
+        "read_message",
+        format!(
+            "expected a CudaBuffer or a BufferReader, got {}",
+            type_name(source)
+        ),
+    ))
 }
 
 /// A record batch whose column buffers stay in device memory (the result of
@@ -438,20 +521,27 @@ pub(crate) fn read_record_batch(
             "dictionary_memo: dictionary-encoded data is read as a stream on the device (the Rust DeviceStreamReader), not through a memo",
         ));
     }
-    let arrow_schema = import_schema(schema)?;
+    let arrow_schema = import_schema("read_record_batch", schema)?;
     let batch = if let Ok(buffer) = buffer.cast::<PyCudaBuffer>() {
         let buffer = buffer.get().inner.clone();
-        py.detach(|| cudabuf::read_record_batch(&buffer, &arrow_schema))
-            .or_raise()?
+        guard_malformed("Arrow IPC message", || {
+            py.detach(|| cudabuf::read_record_batch(&buffer, &arrow_schema))
+                .or_raise()
+        })?
     } else if let Ok(message) = buffer.cast::<PyMessage>() {
         let message = &message.get().inner;
-        py.detach(|| DeviceRecordBatch::from_message(message, &arrow_schema))
-            .or_raise()?
+        guard_malformed("Arrow IPC message", || {
+            py.detach(|| DeviceRecordBatch::from_message(message, &arrow_schema))
+                .or_raise()
+        })?
     } else {
-        return Err(PyTypeError::new_err(format!(
-            "read_record_batch: expected a CudaBuffer or a Message, got {}",
-            type_name(buffer)
-        )));
+        return Err(invalid_type(
+            "read_record_batch",
+            format!(
+                "expected a CudaBuffer or a Message, got {}",
+                type_name(buffer)
+            ),
+        ));
     };
     Ok(PyDeviceRecordBatch {
         inner: batch,

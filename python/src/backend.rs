@@ -11,7 +11,10 @@ use std::sync::{Mutex, MutexGuard};
 use cudabuf::Backend;
 use pyo3::prelude::*;
 
-use crate::errors::OrRaise;
+use crate::errors::{invalid_argument, OrRaise};
+
+/// The backends there are, by canonical name.
+const KNOWN: [&str; 2] = ["sim", "cuda"];
 
 #[derive(Default)]
 struct Selection {
@@ -72,6 +75,14 @@ pub(crate) fn current() -> PyResult<Backend> {
 ///     NoDriverError: for ``"cuda"`` when no CUDA driver can be loaded.
 #[pyfunction]
 pub(crate) fn set_backend(py: Python<'_>, name: &str) -> PyResult<()> {
+    // An unknown name is the caller's, not `CUDABUF_BACKEND`'s (which the core's message
+    // would name).
+    if !KNOWN.contains(&canonical(name)) {
+        return Err(invalid_argument(
+            "set_backend",
+            format!("unknown backend {name:?}: expected \"sim\" or \"cuda\""),
+        ));
+    }
     let name = name.to_owned();
     py.detach(move || {
         let mut guard = selection();
@@ -84,8 +95,23 @@ pub(crate) fn set_backend(py: Python<'_>, name: &str) -> PyResult<()> {
 }
 
 /// The name of the current backend: ``"sim"`` or ``"cuda"`` (chosen from
-/// ``CUDABUF_BACKEND`` on first use, default ``"sim"``).
+/// ``CUDABUF_BACKEND`` on first use, default ``"sim"``). Needs no CUDA driver: with
+/// ``CUDABUF_BACKEND=cuda`` on a machine without one it says ``"cuda"``, and making a
+/// context raises ``NoDriverError``.
+///
+/// Raises:
+///     InvalidArgumentError: ``CUDABUF_BACKEND`` names no backend.
 #[pyfunction]
 pub(crate) fn get_backend() -> PyResult<&'static str> {
-    Ok(current()?.kind().name())
+    let mut guard = selection();
+    let selection = guard.get_or_insert_with(Selection::default);
+    if let Some(backend) = &selection.current {
+        return Ok(backend.kind().name());
+    }
+    let name = std::env::var(cudabuf::BACKEND_VAR).unwrap_or_default();
+    match KNOWN.iter().find(|&&known| known == canonical(&name)) {
+        Some(known) => Ok(known),
+        // Unknown: the core's error, which names the variable.
+        None => make(selection, &name).map(|b| b.kind().name()).or_raise(),
+    }
 }

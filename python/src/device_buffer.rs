@@ -3,7 +3,7 @@
 use cudabuf::{DataSource, DeviceBuffer, Error};
 use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PySlice, PyTuple};
+use pyo3::types::{PyBytes, PyIterator, PySlice, PyTuple};
 
 use crate::buffer_ffi::HostBytes;
 use crate::context::PyContext;
@@ -181,7 +181,7 @@ impl PyCudaBuffer {
             ));
         }
         let position = non_negative("copy_to_host", "position", position)?;
-        let nbytes = default_if_negative(nbytes);
+        let nbytes = default_if_negative("copy_to_host", "nbytes", nbytes)?;
         match buf {
             None => {
                 let bytes = py
@@ -222,7 +222,7 @@ impl PyCudaBuffer {
         nbytes: i64,
     ) -> PyResult<usize> {
         let position = non_negative("copy_from_host", "position", position)?;
-        let nbytes = default_if_negative(nbytes);
+        let nbytes = default_if_negative("copy_from_host", "nbytes", nbytes)?;
         let src = host_arg(data)?;
         py.detach(|| {
             // SAFETY: the view is held for the copy; concurrent writers are the caller's
@@ -249,7 +249,7 @@ impl PyCudaBuffer {
         nbytes: i64,
     ) -> PyResult<usize> {
         let position = non_negative("copy_from_device", "position", position)?;
-        let nbytes = default_if_negative(nbytes);
+        let nbytes = default_if_negative("copy_from_device", "nbytes", nbytes)?;
         let src = buf.inner.clone();
         py.detach(|| self.inner.copy_from_device(&src, position, nbytes))
             .or_raise()
@@ -331,6 +331,17 @@ impl PyCudaBuffer {
                 .or_raise()?;
             Ok(())
         })
+    }
+
+    /// ``bytes(buf)``: the whole buffer in one device-to-host copy (as ``to_pybytes()``).
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.to_pybytes(py)
+    }
+
+    /// Iterating yields the bytes as ints from one device-to-host copy of the whole
+    /// buffer, made when iteration starts (not one copy per byte).
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyIterator>> {
+        self.to_pybytes(py)?.try_iter()
     }
 
     /// ``buf[i]`` copies the byte at ``i`` to the host (negative counts from the end);
@@ -479,7 +490,7 @@ impl CopySource {
     /// bytes.
     pub(crate) fn new(data: &Bound<'_, PyAny>, offset: i64, size: i64) -> PyResult<Self> {
         let offset = non_negative("buffer_from_data", "offset", offset)?;
-        let size = default_if_negative(size);
+        let size = default_if_negative("buffer_from_data", "size", size)?;
         if let Ok(device) = data.cast::<PyCudaBuffer>() {
             let inner = &device.get().inner;
             let size = match size {

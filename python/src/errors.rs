@@ -77,6 +77,12 @@ pub(crate) fn to_pyerr(error: Error) -> PyErr {
     })
 }
 
+fn simulated_message(what: &str) -> String {
+    format!(
+        "{what}: this buffer lives in cudabuf's simulator, whose device memory no other library can reach; use the cuda backend (CUDABUF_BACKEND=cuda or cudabuf.set_backend(\"cuda\")) to share memory with PyTorch, CuPy, JAX or Numba"
+    )
+}
+
 /// `SimulatedMemoryError`: simulator memory cannot be handed to or taken from another
 /// library.
 pub(crate) fn simulated_memory(what: &str) -> PyErr {
@@ -84,9 +90,7 @@ pub(crate) fn simulated_memory(what: &str) -> PyErr {
         raise(
             py,
             "SimulatedMemoryError",
-            format!(
-                "{what}: this buffer lives in cudabuf's simulator, whose device memory no other library can reach; use the cuda backend (CUDABUF_BACKEND=cuda or cudabuf.set_backend(\"cuda\")) to share memory with PyTorch, CuPy, JAX or Numba"
-            ),
+            simulated_message(what),
             "Unsupported",
             (None, None),
         )
@@ -126,8 +130,85 @@ pub(crate) fn non_negative(operation: &'static str, name: &str, value: i64) -> P
     })
 }
 
-/// pyarrow's "`-1` (any negative value) means the default" convention for `nbytes` and
-/// `size`.
-pub(crate) fn default_if_negative(value: i64) -> Option<usize> {
-    usize::try_from(value).ok()
+/// pyarrow's "`-1` means the default" convention for `nbytes` and `size`: `-1` is `None`
+/// (the default), a non-negative value is itself, and any other negative value raises
+/// `InvalidArgumentError` (pyarrow treats every negative value as `-1`, which hides
+/// arithmetic mistakes).
+pub(crate) fn default_if_negative(
+    operation: &'static str,
+    name: &str,
+    value: i64,
+) -> PyResult<Option<usize>> {
+    if value == -1 {
+        return Ok(None);
+    }
+    usize::try_from(value).map(Some).map_err(|_| {
+        invalid_argument(
+            operation,
+            format!(
+                "{name} argument is out-of-range: {value} is negative (only -1, the default, is allowed)"
+            ),
+        )
+    })
+}
+
+/// `InvalidTypeError` (an `InvalidArgumentError` and a `TypeError`): an argument of a type
+/// the operation cannot use (not an Arrow producer, not device memory, a capsule of the
+/// wrong kind).
+pub(crate) fn invalid_type(operation: &str, reason: impl std::fmt::Display) -> PyErr {
+    Python::attach(|py| {
+        raise(
+            py,
+            "InvalidTypeError",
+            format!("invalid argument to {operation}: {reason}"),
+            "InvalidArgument",
+            (None, None),
+        )
+    })
+}
+
+/// `SimulatedMemoryAttributeError` (a `SimulatedMemoryError` and an `AttributeError`):
+/// a protocol attribute (`__cuda_array_interface__`) read on the simulator, so that
+/// `hasattr` is `False` and GPU libraries fall back to their other protocols.
+pub(crate) fn simulated_memory_attribute(what: &str) -> PyErr {
+    Python::attach(|py| {
+        raise(
+            py,
+            "SimulatedMemoryAttributeError",
+            simulated_message(what),
+            "Unsupported",
+            (None, None),
+        )
+    })
+}
+
+/// The message a panic carried.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".to_owned()
+    }
+}
+
+/// Run `f`, which hands data from outside cudabuf (Arrow C data from another library,
+/// bytes from a device buffer the caller filled) to code that may assert on malformed
+/// input (arrow-rs): a panic becomes `InvalidDataError` for `what` instead of reaching
+/// Python as `PanicException`. The last line of defence: callers validate first.
+pub(crate) fn guard_malformed<T>(
+    what: &'static str,
+    f: impl FnOnce() -> PyResult<T>,
+) -> PyResult<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(payload) => Err(to_pyerr(Error::invalid_data(
+            what,
+            format!(
+                "malformed input was refused while being read: {}",
+                panic_message(payload.as_ref())
+            ),
+        ))),
+    }
 }

@@ -71,8 +71,9 @@ pub(crate) fn read_file(
     size: i64,
 ) -> PyResult<PyCudaBuffer> {
     let offset = non_negative("read_file", "offset", offset)? as u64;
+    let size = default_if_negative("read_file", "size", size)?;
     let buffer = py
-        .detach(|| match default_if_negative(size) {
+        .detach(|| match size {
             None if offset == 0 => ctx.read_file(&path),
             None => {
                 // To the end: a file shorter than `offset` is refused by the range check.

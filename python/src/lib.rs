@@ -7,9 +7,12 @@
 //!   pyarrow quirk on purpose, the Python side behaves like cudabuf and the docstring
 //!   says so under "Fixed pyarrow quirk".
 //! - Errors are mapped once (`errors::to_pyerr`) to the `cudabuf.CudaError` hierarchy.
-//! - No call can crash the interpreter: every Rust error becomes an exception, PyO3 turns
-//!   a panic in a method into `PanicException`, and the raw CPython callbacks written
-//!   here (the buffer slot, capsule destructors, DLPack deleters) catch panics.
+//! - No call can crash the interpreter: every Rust error becomes an exception; Arrow C
+//!   data and foreign objects are checked before they are read, and a panic while
+//!   arrow-rs reads them is raised as `InvalidDataError` (`errors::guard_malformed`);
+//!   PyO3 turns any other panic in a method into `PanicException`, and the raw CPython
+//!   callbacks written here (the buffer slot, capsule destructors, DLPack deleters) catch
+//!   panics.
 //! - The GIL is released around every copy, allocation, synchronization and IPC call.
 //! - Interop by protocol only: the buffer protocol for host bytes, the Arrow PyCapsule
 //!   interface for Arrow data, `__cuda_array_interface__` and DLPack for device memory.

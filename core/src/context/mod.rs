@@ -307,7 +307,11 @@ impl Context {
     /// [`Error::InvalidIpcHandle`](crate::Error::InvalidIpcHandle) for a handle of another backend, one whose exporter has
     /// exited or dropped the buffer, or one whose offset and size do not fit the mapping;
     /// in the exporting process, also for one whose memory was exported through a context
-    /// of another backend, implementation or device than this one (the error says which).
+    /// of another backend, implementation or device than this one, or whose device number
+    /// is not the device its memory was exported on (an altered handle; the error says
+    /// which). In another process the handle's device number is not checked: device
+    /// numbers of two processes need not agree, and CUDA opens a handle through another
+    /// device's context with peer access.
     pub fn open_ipc_buffer(&self, handle: &IpcMemHandle) -> Result<DeviceBuffer> {
         ipc::open(self, handle)
     }

@@ -243,6 +243,20 @@ pub(crate) fn open(ctx: &Context, handle: &IpcMemHandle) -> Result<DeviceBuffer>
                     mismatch.get_or_insert(why);
                     return None;
                 }
+                // The device the handle names must be the one the export is on: a handle
+                // whose device field was edited (and its checksum redone) names memory the
+                // caller did not ask for.
+                if let Some(named) = handle.device_number() {
+                    if named != export.owner.device {
+                        refusal = refusal.max(Refusal::NotOpenersMemory);
+                        mismatch.get_or_insert(format!(
+                            "the handle names device {named}, but the memory this process \
+                             exported under it is on device {} (an altered handle)",
+                            export.owner.device
+                        ));
+                        return None;
+                    }
+                }
                 refusal = refusal.max(Refusal::Outside);
                 let start = export.locate(ext_offset, handle.size)?;
                 refusal = Refusal::Dropped;

@@ -19,10 +19,12 @@ __all__ = [
     "InvalidDeviceError",
     "InvalidAddressError",
     "InvalidArgumentError",
+    "InvalidTypeError",
     "InvalidIpcHandleError",
     "NoDriverError",
     "UnsupportedError",
     "SimulatedMemoryError",
+    "SimulatedMemoryAttributeError",
     "InvalidDataError",
     "ClosedError",
     "DriverError",
@@ -84,6 +86,12 @@ class InvalidArgumentError(CudaError, ValueError):
     """An argument is wrong in a way that is not a range."""
 
 
+class InvalidTypeError(InvalidArgumentError, TypeError):
+    """An argument is of a type the operation cannot use: not an Arrow producer, not
+    device memory, an Arrow PyCapsule of the wrong kind (also a ``TypeError``, as Python
+    raises for wrong types)."""
+
+
 class InvalidIpcHandleError(CudaError, ValueError):
     """IPC handle bytes are truncated, corrupt, of another backend, or name memory that
     is gone."""
@@ -102,6 +110,13 @@ class SimulatedMemoryError(UnsupportedError, BufferError):
     library: the simulator's device addresses are not memory any GPU library can
     reach, so ``__cuda_array_interface__``, DLPack and foreign objects need the
     ``cuda`` backend."""
+
+
+class SimulatedMemoryAttributeError(SimulatedMemoryError, AttributeError):
+    """A protocol attribute (``__cuda_array_interface__``) read on the simulator. Also an
+    ``AttributeError``, so ``hasattr(buf, "__cuda_array_interface__")`` is ``False`` and
+    libraries that probe for the protocol (Numba, PyTorch, CuPy) fall back instead of
+    failing."""
 
 
 class InvalidDataError(CudaError, ValueError):

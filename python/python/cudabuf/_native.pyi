@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 import os
 from typing import Any, Literal, Optional, Protocol, SupportsIndex, TypedDict, Union, final, overload
 
@@ -46,7 +46,7 @@ def set_backend(name: str) -> None:
     """Use backend ``name`` ("sim" or "cuda") for every context and host buffer made from now on."""
 
 def get_backend() -> str:
-    """The name of the current backend: "sim" or "cuda"."""
+    """The name of the current backend: "sim" or "cuda" (needs no CUDA driver)."""
 
 @disjoint_base
 class _HostMemory:
@@ -204,6 +204,10 @@ class CudaBuffer:
         """A zero-copy slice; out of range raises ``OutOfRangeError`` (no clamping)."""
     def to_pybytes(self) -> bytes:
         """The whole buffer as ``bytes``."""
+    def __bytes__(self) -> bytes:
+        """The whole buffer as ``bytes``, in one copy."""
+    def __iter__(self) -> Iterator[int]:
+        """The bytes as ints, from one copy of the whole buffer."""
     def read_file(self, file: _FileArg, file_offset: int = 0) -> None:
         """Fill this whole buffer with bytes of ``file`` from ``file_offset``."""
     def write_file(self, file: _FileArg, file_offset: int = 0) -> int:
@@ -217,7 +221,8 @@ class CudaBuffer:
     def __eq__(self, other: object, /) -> bool: ...
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The CUDA array interface (version 3), ``uint8``, one dimension."""
+        """The CUDA array interface (version 3), ``uint8``, one dimension; on the
+        simulator, ``SimulatedMemoryAttributeError`` (``hasattr`` is ``False``)."""
     def __dlpack__(
         self,
         *,
@@ -250,7 +255,8 @@ class CudaArrayView:
         """The device buffer viewed."""
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The CUDA array interface (version 3)."""
+        """The CUDA array interface (version 3); on the simulator,
+        ``SimulatedMemoryAttributeError`` (``hasattr`` is ``False``)."""
     def __dlpack__(
         self,
         *,
@@ -296,7 +302,7 @@ class BufferReader:
     def seek(self, position: int, whence: int = 0) -> int:
         """Move the position; returns it."""
     def tell(self) -> int:
-        """The current position."""
+        """The current position; ``ClosedError`` once closed."""
     def size(self) -> int:
         """The size of the buffer."""
     def close(self) -> None:
@@ -324,7 +330,7 @@ class BufferWriter:
     def seek(self, position: int, whence: int = 0) -> int:
         """Move the position (after flushing); returns it."""
     def tell(self) -> int:
-        """The current position."""
+        """The current position; ``ClosedError`` once closed."""
     def close(self) -> None:
         """Flush and close."""
     @property

@@ -6,18 +6,22 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use super::foreign::{span, Foreign};
+use super::type_name;
 use super::view::Layout;
-use super::{require_cuda, type_name};
 use crate::context::PythonOwner;
-use crate::errors::invalid_argument;
+use crate::errors::{invalid_argument, simulated_memory_attribute};
 
-/// `__cuda_array_interface__` (v3) of `buffer` with `layout`.
+/// `__cuda_array_interface__` (v3) of `buffer` with `layout`. On the simulator, a
+/// `SimulatedMemoryAttributeError` (also an `AttributeError`): the attribute is absent for
+/// `hasattr`, so consumers that probe for it fall back.
 pub(crate) fn cuda_array_interface<'py>(
     py: Python<'py>,
     buffer: &DeviceBuffer,
     layout: &Layout,
 ) -> PyResult<Bound<'py, PyAny>> {
-    require_cuda(buffer, "__cuda_array_interface__")?;
+    if !buffer.context().backend_kind().is_cuda() {
+        return Err(simulated_memory_attribute("__cuda_array_interface__"));
+    }
     let dict = PyDict::new(py);
     dict.set_item("shape", PyTuple::new(py, &layout.shape)?)?;
     dict.set_item("typestr", &layout.typestr)?;

@@ -2,7 +2,6 @@
 //! describes, and the zero-copy view of it in a context.
 
 use cudabuf::{BackendKind, Context, DeviceBuffer, RawDeviceMemory};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use super::cuda_array_interface::from_cuda_array_interface;
@@ -11,7 +10,7 @@ use super::type_name;
 use super::view::CudaArrayView;
 use crate::device_buffer::PyCudaBuffer;
 use crate::dlpack::{DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DL_EXT_DEV};
-use crate::errors::{invalid_argument, simulated_memory, OrRaise};
+use crate::errors::{guard_malformed, invalid_argument, invalid_type, simulated_memory, OrRaise};
 use crate::host_memory::as_host_memory;
 
 /// A described foreign device range and what keeps it alive.
@@ -73,8 +72,8 @@ enum Protocol {
 }
 
 fn protocol_of(obj: &Bound<'_, PyAny>) -> Protocol {
-    // `hasattr` propagates errors other than AttributeError (a cudabuf simulator view
-    // raises SimulatedMemoryError): such an object does claim the protocol.
+    // `hasattr` propagates errors other than AttributeError: an object whose attribute
+    // raises something else does claim the protocol (and its error is raised when read).
     if obj.hasattr("__cuda_array_interface__").unwrap_or(true) {
         return Protocol::CudaArrayInterface;
     }
@@ -95,10 +94,13 @@ fn not_device_memory(operation: &str, obj: &Bound<'_, PyAny>, protocol: &Protoco
         Protocol::HostDlpack => "its DLPack device is not CUDA memory (copy host data with buffer_from_data, or use new_host_buffer)",
         _ => "it exports neither __cuda_array_interface__ nor __dlpack__",
     };
-    PyTypeError::new_err(format!(
-        "{operation}: cannot create device buffer view from `{}` object: {detail}",
-        type_name(obj)
-    ))
+    invalid_type(
+        operation,
+        format!(
+            "cannot create device buffer view from `{}` object: {detail}",
+            type_name(obj)
+        ),
+    )
 }
 
 /// The description of a foreign object's device memory.
@@ -133,6 +135,10 @@ fn view_foreign(ctx: &Context, foreign: Foreign) -> PyResult<DeviceBuffer> {
 
 /// `Context.buffer_from_object`: a zero-copy view in `ctx` of what `obj` references.
 pub(crate) fn view_object(ctx: &Context, obj: &Bound<'_, PyAny>) -> PyResult<DeviceBuffer> {
+    guard_malformed("foreign device array", || view_object_unguarded(ctx, obj))
+}
+
+fn view_object_unguarded(ctx: &Context, obj: &Bound<'_, PyAny>) -> PyResult<DeviceBuffer> {
     if let Ok(buffer) = obj.cast::<PyCudaBuffer>() {
         return ctx.buffer_from_object(&buffer.get().inner).or_raise();
     }
@@ -157,12 +163,21 @@ pub(crate) fn import_device_object(
     obj: &Bound<'_, PyAny>,
     ctx: Option<&Context>,
 ) -> PyResult<DeviceBuffer> {
+    guard_malformed("foreign device array", || {
+        import_device_object_unguarded(obj, ctx)
+    })
+}
+
+fn import_device_object_unguarded(
+    obj: &Bound<'_, PyAny>,
+    ctx: Option<&Context>,
+) -> PyResult<DeviceBuffer> {
     if let Ok(view) = obj.cast::<CudaArrayView>() {
         return Ok(view.get().buffer.clone());
     }
     let backend = crate::backend::current()?;
     if let Some(ctx) = ctx {
-        return view_object(ctx, obj);
+        return view_object_unguarded(ctx, obj);
     }
     let protocol = protocol_of(obj);
     if matches!(protocol, Protocol::None | Protocol::HostDlpack) {

@@ -45,8 +45,59 @@ impl Layout {
     }
 }
 
-/// Parse a dtype: a NumPy type string (`"<f4"`), a name (`"float32"`), or anything with a
-/// `.str` type string (a NumPy dtype) or that `numpy.dtype()` accepts.
+/// The kind (`b`, `i`, `u`, `f`, `c`) and item size of a native-endian type string
+/// without NumPy: what `numpy.dtype(text)` gives for the names, one-character codes and
+/// kind+size strings it accepts (`"float32"`, `"f4"`, `"<f4"`, `"=f4"`, `"|u1"`, `"f"`,
+/// `"float"`, `"?"`, ...) among the types DLPack can describe. `None`: not one of these.
+fn native_type(text: &str) -> Option<(char, usize)> {
+    let named = match text {
+        "bool" | "bool_" | "?" | "b1" => Some(('b', 1)),
+        "int8" | "byte" | "b" | "i1" => Some(('i', 1)),
+        "uint8" | "ubyte" | "B" | "u1" => Some(('u', 1)),
+        "int16" | "short" | "h" => Some(('i', 2)),
+        "uint16" | "ushort" | "H" => Some(('u', 2)),
+        "int32" | "intc" | "i" => Some(('i', 4)),
+        "uint32" | "uintc" | "I" => Some(('u', 4)),
+        // NumPy on 64-bit Linux: Python's int, C long and intp are 64 bits.
+        "int64" | "int" | "int_" | "long" | "longlong" | "intp" | "l" | "q" | "p" => Some(('i', 8)),
+        "uint64" | "uint" | "ulong" | "ulonglong" | "uintp" | "L" | "Q" | "P" => Some(('u', 8)),
+        "float16" | "half" | "e" => Some(('f', 2)),
+        "float32" | "single" | "f" => Some(('f', 4)),
+        "float64" | "float" | "double" | "d" => Some(('f', 8)),
+        "complex64" | "csingle" | "F" => Some(('c', 8)),
+        "complex128" | "complex" | "cdouble" | "D" => Some(('c', 16)),
+        _ => None,
+    };
+    if named.is_some() {
+        return named;
+    }
+    // A kind+size string, with an optional byte order: `<` and `=` (native, little-endian
+    // here), `|` (not applicable), and `>` only where the order cannot matter (one byte).
+    let (order, rest) = match text.chars().next()? {
+        c @ ('<' | '>' | '=' | '|') => (Some(c), &text[1..]),
+        _ => (None, text),
+    };
+    let mut chars = rest.chars();
+    let kind = chars.next()?;
+    let itemsize: usize = chars.as_str().parse().ok()?;
+    if order == Some('>') && itemsize != 1 {
+        return None;
+    }
+    let kind = match (kind, itemsize) {
+        ('b', 1) => 'b',
+        ('i', 1 | 2 | 4 | 8) => 'i',
+        ('u', 1 | 2 | 4 | 8) => 'u',
+        ('f', 2 | 4 | 8) => 'f',
+        ('c', 8 | 16) => 'c',
+        _ => return None,
+    };
+    Some((kind, itemsize))
+}
+
+/// Parse a dtype: a NumPy type string (`"<f4"`, `"f4"`), a name (`"float32"`, `"float"`),
+/// a one-character code (`"f"`), anything with a `.str` type string (a NumPy dtype), or,
+/// when NumPy is installed, anything else `numpy.dtype()` accepts (NumPy is imported
+/// only for those).
 fn parse_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<(String, DlDataType, usize)> {
     let text: String = if let Ok(s) = dtype.extract::<String>() {
         s
@@ -57,46 +108,39 @@ fn parse_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<(String, DlDataType, usize)
             invalid_argument("view", "dtype must be a type string or name (\"float32\", \"<f4\") when numpy is not installed")
         })?;
         numpy
-            .getattr("dtype")?
-            .call1((dtype,))?
-            .getattr("str")?
-            .extract()?
+            .getattr("dtype")
+            .and_then(|f| f.call1((dtype,)))
+            .and_then(|d| d.getattr("str"))
+            .and_then(|s| s.extract())
+            .map_err(|e| invalid_argument("view", format!("unsupported dtype: {e}")))?
     };
-    let typestr = match text.as_str() {
-        "bool" => "|b1",
-        "int8" => "|i1",
-        "uint8" => "|u1",
-        "int16" => "<i2",
-        "uint16" => "<u2",
-        "int32" => "<i4",
-        "uint32" => "<u4",
-        "int64" => "<i8",
-        "uint64" => "<u8",
-        "float16" => "<f2",
-        "float32" => "<f4",
-        "float64" => "<f8",
-        "complex64" => "<c8",
-        "complex128" => "<c16",
-        other => other,
-    }
-    .to_owned();
     let bad = || {
-        invalid_argument("view", format!("unsupported dtype {text:?}: expected bool, (u)int8-64, float16-64 or complex64/128, little-endian"))
+        invalid_argument("view", format!("unsupported dtype {text:?}: expected bool, (u)int8-64, float16-64 or complex64/128, native-endian (little-endian)"))
     };
-    let mut chars = typestr.chars();
-    let order = chars.next().ok_or_else(bad)?;
-    let kind = chars.next().ok_or_else(bad)?;
-    let itemsize: usize = chars.as_str().parse().map_err(|_| bad())?;
-    if !matches!(order, '<' | '|' | '=') && itemsize != 1 {
-        return Err(bad());
-    }
-    let code = match (kind, itemsize) {
-        ('b', 1) => 6,
-        ('i', 1 | 2 | 4 | 8) => 0,
-        ('u', 1 | 2 | 4 | 8) => 1,
-        ('f', 2 | 4 | 8) => 2,
-        ('c', 8 | 16) => 5,
-        _ => return Err(bad()),
+    let (kind, itemsize) = match native_type(&text) {
+        Some(found) => found,
+        None => {
+            // Another spelling NumPy knows ("Float32" is not one, "i8" is ours already):
+            // ask NumPy when it is there, and check what it makes of it.
+            let normalized: Option<String> = dtype.py().import("numpy").ok().and_then(|np| {
+                np.getattr("dtype")
+                    .and_then(|f| f.call1((text.as_str(),)))
+                    .and_then(|d| d.getattr("str"))
+                    .and_then(|s| s.extract())
+                    .ok()
+            });
+            normalized
+                .as_deref()
+                .and_then(native_type)
+                .ok_or_else(bad)?
+        }
+    };
+    let code = match kind {
+        'b' => 6,
+        'i' => 0,
+        'u' => 1,
+        'f' => 2,
+        _ => 5,
     };
     let order = if itemsize == 1 { '|' } else { '<' };
     Ok((
