@@ -548,3 +548,219 @@ pub(crate) fn read_record_batch(
         schema: schema.clone().unbind(),
     })
 }
+
+/// Exports a schema through `__arrow_c_schema__` (for `pyarrow.schema`).
+#[pyclass(module = "cudabuf.cuda", name = "_HostSchema", frozen)]
+struct HostSchema {
+    schema: SchemaRef,
+}
+
+#[pymethods]
+impl HostSchema {
+    fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        let ffi_schema = FFI_ArrowSchema::try_from(self.schema.as_ref())
+            .map_err(|e| arrow_error("Arrow schema", e))?;
+        PyCapsule::new_with_value(py, ffi_schema, SCHEMA_NAME)
+    }
+}
+
+/// `schema` as a `pyarrow.Schema` when pyarrow is importable, else as an object with
+/// `__arrow_c_schema__`.
+fn python_schema(py: Python<'_>, schema: &SchemaRef) -> PyResult<Py<PyAny>> {
+    let exporter = Bound::new(
+        py,
+        HostSchema {
+            schema: schema.clone(),
+        },
+    )?
+    .into_any();
+    match py.import("pyarrow") {
+        Ok(pyarrow) => Ok(pyarrow.getattr("schema")?.call1((exporter,))?.unbind()),
+        Err(_) => Ok(exporter.unbind()),
+    }
+}
+
+/// Device batches as Python objects sharing one schema object.
+fn device_batches(
+    py: Python<'_>,
+    schema: &SchemaRef,
+    batches: Vec<DeviceRecordBatch>,
+) -> PyResult<Vec<PyDeviceRecordBatch>> {
+    let schema = python_schema(py, schema)?;
+    Ok(batches
+        .into_iter()
+        .map(|inner| PyDeviceRecordBatch {
+            inner,
+            schema: schema.clone_ref(py),
+        })
+        .collect())
+}
+
+/// Column names (`str`) or indices (`int`), not mixed.
+enum Columns {
+    Names(Vec<String>),
+    Indices(Vec<usize>),
+}
+
+fn columns_arg(
+    operation: &'static str,
+    columns: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<Columns>> {
+    let Some(columns) = columns.filter(|c| !c.is_none()) else {
+        return Ok(None);
+    };
+    if columns.is_instance_of::<pyo3::types::PyString>() {
+        return Err(invalid_type(
+            operation,
+            "columns: expected a list of column names or indices, got one str",
+        ));
+    }
+    if let Ok(names) = columns.extract::<Vec<String>>() {
+        return Ok(Some(Columns::Names(names)));
+    }
+    if let Ok(indices) = columns.extract::<Vec<i64>>() {
+        let indices = indices
+            .into_iter()
+            .map(|i| {
+                usize::try_from(i).map_err(|_| {
+                    invalid_argument(operation, format!("columns: index {i} is negative"))
+                })
+            })
+            .collect::<PyResult<_>>()?;
+        return Ok(Some(Columns::Indices(indices)));
+    }
+    Err(invalid_type(
+        operation,
+        format!(
+            "columns: expected a list of column names (str) or indices (int), got {}",
+            type_name(columns)
+        ),
+    ))
+}
+
+/// Read an Arrow IPC *file* (Feather v2; uncompressed, LZ4_FRAME or ZSTD bodies) into
+/// device record batches, one per record batch of the file. ``columns``: names or
+/// indices of the columns to read (only their buffers are read from disk and land on
+/// the device); ``None`` for all. Compressed bodies are decompressed on the host into
+/// pinned memory, then uploaded. Releases the GIL while reading.
+///
+/// Raises:
+///     FileError: the file cannot be opened or read, or is not a regular file.
+///     InvalidDataError: a truncated or corrupt file (footer, blocks, messages,
+///         compressed lengths).
+///     InvalidArgumentError: a column name the file does not have.
+///     OutOfRangeError: a column index past the last column.
+#[pyfunction]
+#[pyo3(signature = (path, ctx, columns = None))]
+pub(crate) fn read_ipc_file(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    ctx: &PyContext,
+    columns: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<PyDeviceRecordBatch>> {
+    let columns = columns_arg("read_ipc_file", columns)?;
+    let ctx = ctx.inner.clone();
+    let (schema, batches) = guard_malformed("Arrow IPC file", || {
+        py.detach(|| -> cudabuf::Result<_> {
+            let reader = cudabuf::device_arrow::DeviceFileReader::open(&path, &ctx)?;
+            let reader = match &columns {
+                None => reader,
+                Some(Columns::Names(names)) => {
+                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                    reader.with_columns(&names)?
+                }
+                Some(Columns::Indices(indices)) => reader.with_projection(indices)?,
+            };
+            let schema = reader.schema().clone();
+            let batches = reader.collect::<cudabuf::Result<Vec<_>>>()?;
+            Ok((schema, batches))
+        })
+        .or_raise()
+    })?;
+    device_batches(py, &schema, batches)
+}
+
+/// Read an Arrow IPC *stream* file (what ``pyarrow.ipc.new_stream`` writes) into device
+/// record batches (dictionaries included). Releases the GIL while reading.
+///
+/// Raises:
+///     FileError: the file cannot be opened or read, or is not a regular file.
+///     InvalidDataError: a truncated or corrupt stream.
+#[pyfunction]
+pub(crate) fn read_ipc_stream_file(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    ctx: &PyContext,
+) -> PyResult<Vec<PyDeviceRecordBatch>> {
+    let ctx = ctx.inner.clone();
+    let (schema, batches) = guard_malformed("Arrow IPC stream file", || {
+        py.detach(|| -> cudabuf::Result<_> {
+            let reader = cudabuf::device_arrow::DeviceStreamReader::from_path(&path, &ctx)?;
+            let schema = reader.schema().clone();
+            let batches = reader.collect::<cudabuf::Result<Vec<_>>>()?;
+            Ok((schema, batches))
+        })
+        .or_raise()
+    })?;
+    device_batches(py, &schema, batches)
+}
+
+/// Read a Parquet file into device record batches, one per row group: decoded on the
+/// host (arrow-rs's ``parquet`` reader) while the previous row group uploads.
+/// ``columns``: names of the columns to read; ``None`` for all. Releases the GIL while
+/// reading.
+///
+/// Raises:
+///     FileError: the file cannot be opened or read, or is not a regular file.
+///     InvalidDataError: a truncated or corrupt file.
+///     InvalidArgumentError: a column name the file does not have.
+#[pyfunction]
+#[pyo3(signature = (path, ctx, columns = None))]
+pub(crate) fn read_parquet(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    ctx: &PyContext,
+    columns: Option<Vec<String>>,
+) -> PyResult<Vec<PyDeviceRecordBatch>> {
+    let ctx = ctx.inner.clone();
+    let (schema, batches) = guard_malformed("Parquet file", || {
+        py.detach(|| -> cudabuf::Result<_> {
+            let names: Option<Vec<&str>> = columns
+                .as_ref()
+                .map(|c| c.iter().map(String::as_str).collect());
+            let reader =
+                cudabuf::device_arrow::DeviceParquetReader::open(&path, &ctx, names.as_deref())?;
+            let schema = reader.schema().clone();
+            let batches = reader.collect::<cudabuf::Result<Vec<_>>>()?;
+            Ok((schema, batches))
+        })
+        .or_raise()
+    })?;
+    device_batches(py, &schema, batches)
+}
+
+/// Write device record batches to an Arrow IPC file at ``path`` (created or truncated),
+/// readable by ``pyarrow.ipc.open_file`` and ``pyarrow.feather.read_table``. Every batch
+/// must have the first one's schema. Releases the GIL while writing.
+///
+/// Raises:
+///     FileError: the file cannot be created or written.
+///     InvalidArgumentError: no batches, or a batch of another schema.
+#[pyfunction]
+pub(crate) fn write_ipc_file(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    batches: Vec<Py<PyDeviceRecordBatch>>,
+) -> PyResult<()> {
+    let batches: Vec<&PyDeviceRecordBatch> = batches.iter().map(|b| b.get()).collect();
+    let Some(first) = batches.first() else {
+        return Err(invalid_argument(
+            "write_ipc_file",
+            "no batches: the file's schema comes from the first batch",
+        ));
+    };
+    let schema = first.inner.schema().clone();
+    let inner: Vec<DeviceRecordBatch> = batches.iter().map(|b| b.inner.clone()).collect();
+    py.detach(|| cudabuf::device_arrow::write_ipc_file(&path, &schema, &inner))
+        .or_raise()
+}

@@ -48,6 +48,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(arrow::serialize_record_batch, m)?)?;
     m.add_function(wrap_pyfunction!(arrow::read_message, m)?)?;
     m.add_function(wrap_pyfunction!(arrow::read_record_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(arrow::read_ipc_file, m)?)?;
+    m.add_function(wrap_pyfunction!(arrow::read_ipc_stream_file, m)?)?;
+    m.add_function(wrap_pyfunction!(arrow::read_parquet, m)?)?;
+    m.add_function(wrap_pyfunction!(arrow::write_ipc_file, m)?)?;
     m.add_function(wrap_pyfunction!(backend::set_backend, m)?)?;
     m.add_function(wrap_pyfunction!(backend::get_backend, m)?)?;
     Ok(())

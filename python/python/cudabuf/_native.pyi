@@ -36,10 +36,14 @@ __all__ = [
     "_HostMemory",
     "get_backend",
     "new_host_buffer",
+    "read_ipc_file",
+    "read_ipc_stream_file",
     "read_message",
+    "read_parquet",
     "read_record_batch",
     "serialize_record_batch",
     "set_backend",
+    "write_ipc_file",
 ]
 
 def set_backend(name: str) -> None:
@@ -409,3 +413,23 @@ def read_record_batch(
     pool: Optional[object] = None,
 ) -> DeviceRecordBatch:
     """Read the record batch message that fills ``buffer``."""
+
+def read_ipc_file(
+    path: Union[str, os.PathLike[str]],
+    ctx: Context,
+    columns: Optional[Union[Sequence[str], Sequence[int]]] = None,
+) -> list[DeviceRecordBatch]:
+    """Read an Arrow IPC file (Feather v2) into device record batches."""
+
+def read_ipc_stream_file(path: Union[str, os.PathLike[str]], ctx: Context) -> list[DeviceRecordBatch]:
+    """Read an Arrow IPC stream file into device record batches."""
+
+def read_parquet(
+    path: Union[str, os.PathLike[str]],
+    ctx: Context,
+    columns: Optional[Sequence[str]] = None,
+) -> list[DeviceRecordBatch]:
+    """Read a Parquet file into device record batches, one per row group (decoded on the host)."""
+
+def write_ipc_file(path: Union[str, os.PathLike[str]], batches: Sequence[DeviceRecordBatch]) -> None:
+    """Write device record batches to an Arrow IPC file."""

@@ -22,9 +22,13 @@ from cudabuf._native import (
     IpcMemHandle,
     Message,
     new_host_buffer,
+    read_ipc_file,
+    read_ipc_stream_file,
     read_message,
+    read_parquet,
     read_record_batch,
     serialize_record_batch,
+    write_ipc_file,
 )
 
 __all__ = [
@@ -42,4 +46,8 @@ __all__ = [
     "serialize_record_batch",
     "read_message",
     "read_record_batch",
+    "read_ipc_file",
+    "read_ipc_stream_file",
+    "read_parquet",
+    "write_ipc_file",
 ]
