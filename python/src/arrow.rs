@@ -596,6 +596,17 @@ fn device_batches(
         .collect())
 }
 
+/// Run `read` (which opens a reader and collects its batches) without the GIL, behind
+/// the malformed-input guard, and wrap what it landed.
+fn land_batches(
+    py: Python<'_>,
+    what: &'static str,
+    read: impl FnOnce() -> cudabuf::Result<(SchemaRef, Vec<DeviceRecordBatch>)> + Send,
+) -> PyResult<Vec<PyDeviceRecordBatch>> {
+    let (schema, batches) = guard_malformed(what, || py.detach(read).or_raise())?;
+    device_batches(py, &schema, batches)
+}
+
 /// Column names (`str`) or indices (`int`), not mixed.
 enum Columns {
     Names(Vec<String>),
@@ -660,24 +671,21 @@ pub(crate) fn read_ipc_file(
 ) -> PyResult<Vec<PyDeviceRecordBatch>> {
     let columns = columns_arg("read_ipc_file", columns)?;
     let ctx = ctx.inner.clone();
-    let (schema, batches) = guard_malformed("Arrow IPC file", || {
-        py.detach(|| -> cudabuf::Result<_> {
-            let reader = cudabuf::device_arrow::DeviceFileReader::open(&path, &ctx)?;
-            let reader = match &columns {
-                None => reader,
-                Some(Columns::Names(names)) => {
-                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                    reader.with_columns(&names)?
-                }
-                Some(Columns::Indices(indices)) => reader.with_projection(indices)?,
-            };
-            let schema = reader.schema().clone();
-            let batches = reader.collect::<cudabuf::Result<Vec<_>>>()?;
-            Ok((schema, batches))
-        })
-        .or_raise()
-    })?;
-    device_batches(py, &schema, batches)
+    land_batches(py, "Arrow IPC file", || {
+        let reader = cudabuf::device_arrow::DeviceFileReader::open(&path, &ctx)?;
+        let reader = match &columns {
+            None => reader,
+            Some(Columns::Names(names)) => {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                reader.with_columns(&names)?
+            }
+            Some(Columns::Indices(indices)) => reader.with_projection(indices)?,
+        };
+        Ok((
+            reader.schema().clone(),
+            reader.collect::<cudabuf::Result<_>>()?,
+        ))
+    })
 }
 
 /// Read an Arrow IPC *stream* file (what ``pyarrow.ipc.new_stream`` writes) into device
@@ -693,16 +701,13 @@ pub(crate) fn read_ipc_stream_file(
     ctx: &PyContext,
 ) -> PyResult<Vec<PyDeviceRecordBatch>> {
     let ctx = ctx.inner.clone();
-    let (schema, batches) = guard_malformed("Arrow IPC stream file", || {
-        py.detach(|| -> cudabuf::Result<_> {
-            let reader = cudabuf::device_arrow::DeviceStreamReader::from_path(&path, &ctx)?;
-            let schema = reader.schema().clone();
-            let batches = reader.collect::<cudabuf::Result<Vec<_>>>()?;
-            Ok((schema, batches))
-        })
-        .or_raise()
-    })?;
-    device_batches(py, &schema, batches)
+    land_batches(py, "Arrow IPC stream file", || {
+        let reader = cudabuf::device_arrow::DeviceStreamReader::from_path(&path, &ctx)?;
+        Ok((
+            reader.schema().clone(),
+            reader.collect::<cudabuf::Result<_>>()?,
+        ))
+    })
 }
 
 /// Read a Parquet file into device record batches, one per row group: decoded on the
@@ -723,20 +728,17 @@ pub(crate) fn read_parquet(
     columns: Option<Vec<String>>,
 ) -> PyResult<Vec<PyDeviceRecordBatch>> {
     let ctx = ctx.inner.clone();
-    let (schema, batches) = guard_malformed("Parquet file", || {
-        py.detach(|| -> cudabuf::Result<_> {
-            let names: Option<Vec<&str>> = columns
-                .as_ref()
-                .map(|c| c.iter().map(String::as_str).collect());
-            let reader =
-                cudabuf::device_arrow::DeviceParquetReader::open(&path, &ctx, names.as_deref())?;
-            let schema = reader.schema().clone();
-            let batches = reader.collect::<cudabuf::Result<Vec<_>>>()?;
-            Ok((schema, batches))
-        })
-        .or_raise()
-    })?;
-    device_batches(py, &schema, batches)
+    land_batches(py, "Parquet file", || {
+        let names: Option<Vec<&str>> = columns
+            .as_ref()
+            .map(|c| c.iter().map(String::as_str).collect());
+        let reader =
+            cudabuf::device_arrow::DeviceParquetReader::open(&path, &ctx, names.as_deref())?;
+        Ok((
+            reader.schema().clone(),
+            reader.collect::<cudabuf::Result<_>>()?,
+        ))
+    })
 }
 
 /// Write device record batches to an Arrow IPC file at ``path`` (created or truncated),
