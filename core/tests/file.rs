@@ -445,3 +445,27 @@ fn options_are_per_context_and_checked() {
     ctx.clone().set_file_options(set);
     assert_eq!(ctx.file_options(), set, "clones share the options");
 }
+
+/// On the per-thread default stream the read comes after the calling thread's earlier
+/// work on it (here an upload of other bytes into the same buffer, perhaps still
+/// queued): every chunk is issued from the calling thread, so the race detector sees
+/// them ordered, and the file's bytes win.
+#[test]
+fn a_read_on_the_per_thread_stream_follows_the_callers_earlier_work() {
+    for (schedule, seed) in runs(4) {
+        let sim = sim(schedule, seed).build();
+        let ctx = context(&sim);
+        ctx.set_file_options(options(4096, 4));
+        let stream = ctx.per_thread_stream();
+        let dst = ctx.new_buffer(64 * 1024).unwrap();
+        stream.copy_from_slice(&dst, &[0xAB; 64 * 1024]).unwrap();
+        let bytes = Rng::new(seed + 7).bytes(64 * 1024);
+        let file = TempFile::new("per-thread.bin", &bytes);
+        stream
+            .read_file_at(&dst, &File::open(file.path()).unwrap(), 0)
+            .unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(dst.to_vec().unwrap(), bytes, "{schedule:?} seed {seed}");
+        assert_no_races(&sim, &format!("{schedule:?} seed {seed}"));
+    }
+}

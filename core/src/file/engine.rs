@@ -464,9 +464,16 @@ fn job<'a>(
 }
 
 /// Run `worker` on up to `threads` threads (the calling thread is one of them); the first
-/// failure, if any.
+/// failure, if any. On the per-thread default stream every copy is issued from the
+/// calling thread (one thread): that handle names the issuing thread's own stream, so
+/// other threads' copies would not be ordered after the caller's earlier work.
 fn run(job: &Job<'_>, threads: usize, worker: fn(&Job<'_>) -> Result<()>) -> Result<()> {
-    let threads = threads.min(job.chunks).max(1);
+    let per_thread = job.stream.as_ref().is_some_and(Stream::is_per_thread);
+    let threads = if per_thread {
+        1
+    } else {
+        threads.min(job.chunks).max(1)
+    };
     if threads == 1 {
         return worker(job);
     }

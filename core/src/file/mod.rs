@@ -20,6 +20,9 @@
 //!   so the last ones are waited for), which orders the bytes before any later work of
 //!   any stream.
 //! - On a backend without streams each thread copies its chunk synchronously.
+//! - On the per-thread default stream ([`Context::per_thread_stream`]) the calling thread
+//!   reads and issues every chunk itself: that stream is the issuing thread's own, so
+//!   copies from other threads would not follow the caller's earlier work.
 //!
 //! # Files are untrusted
 //! - Only regular files are read or written: a directory, a FIFO, a socket or a device

@@ -523,7 +523,7 @@ impl Stream {
     /// Whether this is the per-thread default stream: one handle, a backend stream per
     /// issuing thread, so that its operations are not in one order and a wait for "the
     /// stream" covers only the calling thread's.
-    fn is_per_thread(&self) -> bool {
+    pub(crate) fn is_per_thread(&self) -> bool {
         self.inner.handle.raw == RawStream::PER_THREAD
     }
 
