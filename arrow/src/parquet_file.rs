@@ -100,9 +100,9 @@ impl DeviceParquetReader {
     /// top-level columns to read, in the order wanted (`None`: all).
     ///
     /// # Errors
-    /// [`Error::File`] naming the file if it cannot be opened or is not a
-    /// regular file, or for a column name it does not have; [`Error::InvalidData`]
-    /// naming the file for a footer that is truncated or corrupt.
+    /// [`Error::File`] naming the file if it cannot be opened or is not a regular file;
+    /// [`Error::InvalidArgument`] for a column name it does not have;
+    /// [`Error::InvalidData`] naming the file for a footer that is truncated or corrupt.
     pub fn open(path: impl AsRef<Path>, ctx: &Context, columns: Option<&[&str]>) -> Result<Self> {
         let source = SourceFile::open(path.as_ref(), "DeviceParquetReader::open")?;
         let name = source.name().to_string();
@@ -157,6 +157,15 @@ impl DeviceParquetReader {
             order,
             row_groups: row_groups.clone(),
         };
+        // The stream first: a failure here leaves no decoding thread behind.
+        let stream = match ctx.new_stream_with(StreamFlags {
+            non_blocking: true,
+            priority: 0,
+        }) {
+            Ok(stream) => Some(stream),
+            Err(e) if e.kind() == ErrorKind::Unsupported => None,
+            Err(e) => return Err(e),
+        };
         let worker = std::thread::Builder::new()
             .name("cudabuf-parquet".into())
             .spawn(move || job.run(&sender))
@@ -166,14 +175,6 @@ impl DeviceParquetReader {
                     format!("cannot start the decoding thread: {e}"),
                 )
             })?;
-        let stream = match ctx.new_stream_with(StreamFlags {
-            non_blocking: true,
-            priority: 0,
-        }) {
-            Ok(stream) => Some(stream),
-            Err(e) if e.kind() == ErrorKind::Unsupported => None,
-            Err(e) => return Err(e),
-        };
         let dictionaries = schema
             .fields()
             .iter()

@@ -414,9 +414,13 @@ fn direct_io_reads_the_same_bytes_or_says_why_not() {
             &bytes[offset..offset + len],
             "{offset}+{len}"
         );
+        // `Required` never falls back: a success means every chunk came through the
+        // O_DIRECT descriptor. Into a fresh buffer of other bytes, so that nothing left
+        // by the read above can pass for it.
         ctx.set_file_options(options(16 << 10, 3).with_direct_io(DirectIo::Required));
-        match buf.read_file_at(&opened, offset as u64) {
-            Ok(()) => assert_eq!(buf.to_vec().unwrap(), &bytes[offset..offset + len]),
+        let fresh = ctx.buffer_from_data(&vec![0xEE; len]).unwrap();
+        match fresh.read_file_at(&opened, offset as u64) {
+            Ok(()) => assert_eq!(fresh.to_vec().unwrap(), &bytes[offset..offset + len]),
             Err(e) => {
                 assert_eq!(e.kind(), ErrorKind::File, "{e}");
                 assert!(e.to_string().contains("O_DIRECT"), "{e}");

@@ -63,17 +63,31 @@ fn raise(
 }
 
 /// A cudabuf error as the Python exception of its kind, with `kind`, `cuda_name` and
-/// `cuda_code` set.
+/// `cuda_code` set; a file error as the `FileError` that is also the built-in `OSError`
+/// subclass of its cause (`FileNotFoundError`, `PermissionError`), with `filename` set.
 pub(crate) fn to_pyerr(error: Error) -> PyErr {
     Python::attach(|py| {
         let kind = error.kind();
-        raise(
+        let class = match &error {
+            Error::File { io_kind, .. } => match io_kind {
+                std::io::ErrorKind::NotFound => "MissingFileError",
+                std::io::ErrorKind::PermissionDenied => "FilePermissionError",
+                _ => "FileError",
+            },
+            _ => class_name(kind),
+        };
+        let err = raise(
             py,
-            class_name(kind),
+            class,
             error.to_string(),
             &kind.to_string(),
             cuda_name(&error),
-        )
+        );
+        if let Error::File { path, .. } = &error {
+            // Best effort: the exception is raised with or without its `filename`.
+            let _ = err.value(py).setattr("filename", path.as_str());
+        }
+        err
     })
 }
 

@@ -12,46 +12,80 @@ use pyo3::types::PyDict;
 use crate::device_buffer::PyCudaBuffer;
 use crate::errors::{default_if_negative, invalid_argument, non_negative, OrRaise};
 
-/// A file argument opened for the call: a path (`str` or `os.PathLike`), or an object
-/// with `fileno()` (an open Python file, a raw descriptor as `int`), reopened through
-/// `/proc/self/fd` with the access the call needs, so that nothing here owns or closes
-/// the caller's descriptor.
+/// A file argument opened for the call, without blocking and without owning anything of
+/// the caller's:
+/// - a path (`str` or `os.PathLike`) is opened (for writing: created if missing, never
+///   truncated) with `O_NONBLOCK`, so that a FIFO is refused by the regular-file check
+///   instead of blocking the call in `open`;
+/// - an object with `fileno()` (an open Python file) is flushed first (its buffered bytes
+///   reach the file) and its descriptor duplicated; a descriptor (`int`) is duplicated.
+///   The duplicate shares the caller's open file: its access mode and flags (a read-only
+///   descriptor cannot be written; one open for appending is refused for writes).
 fn open_arg(obj: &Bound<'_, PyAny>, write: bool, operation: &'static str) -> PyResult<File> {
-    let path: PathBuf = if let Ok(path) = obj.extract::<PathBuf>() {
-        path
-    } else {
-        let fd: i64 = if let Ok(fd) = obj.extract::<i64>() {
-            fd
-        } else if obj.hasattr("fileno")? {
-            obj.call_method0("fileno")?.extract()?
-        } else {
-            return Err(invalid_argument(
-                operation,
-                "expected a path (str or os.PathLike), a file object with fileno(), or a file \
-                 descriptor",
-            ));
-        };
-        if fd < 0 {
-            return Err(invalid_argument(operation, format!("file descriptor {fd}")));
-        }
-        PathBuf::from(format!("/proc/self/fd/{fd}"))
-    };
-    let mut options = OpenOptions::new();
-    if write {
-        options.write(true).create(true);
-    } else {
-        options.read(true);
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(invalid_argument(operation, "expected a file, got a bool"));
     }
-    options
-        .open(&path)
-        .map_err(|e| Error::File {
+    if let Ok(path) = obj.extract::<PathBuf>() {
+        let mut options = OpenOptions::new();
+        if write {
+            options.write(true).create(true);
+        } else {
+            options.read(true);
+        }
+        #[cfg(target_os = "linux")]
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+        return options
+            .open(&path)
+            .map_err(|e| Error::File {
+                operation,
+                path: path.display().to_string(),
+                offset: 0,
+                io_kind: e.kind(),
+                reason: format!("cannot open: {e}"),
+            })
+            .or_raise();
+    }
+    let fd: i64 = if let Ok(fd) = obj.extract::<i64>() {
+        fd
+    } else if obj.hasattr("fileno")? {
+        if obj.hasattr("flush")? {
+            obj.call_method0("flush")?;
+        }
+        obj.call_method0("fileno")?.extract()?
+    } else {
+        return Err(invalid_argument(
             operation,
-            path: path.display().to_string(),
+            "expected a path (str or os.PathLike), a file object with fileno(), or a file \
+             descriptor",
+        ));
+    };
+    let fd = i32::try_from(fd)
+        .ok()
+        .filter(|fd| *fd >= 0)
+        .ok_or_else(|| invalid_argument(operation, format!("file descriptor {fd}")))?;
+    duplicate(fd, operation)
+}
+
+/// A new descriptor for the open file behind `fd` (`dup`), owned by the returned `File`.
+fn duplicate(fd: i32, operation: &'static str) -> PyResult<File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `dup` takes any integer and touches no memory of ours: it returns a new
+    // descriptor or -1 (EBADF for a number that is not an open descriptor).
+    let new = unsafe { libc::dup(fd) };
+    if new < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Error::File {
+            operation,
+            path: format!("file descriptor {fd}"),
             offset: 0,
             io_kind: e.kind(),
-            reason: format!("cannot open: {e}"),
+            reason: format!("cannot duplicate: {e}"),
         })
-        .or_raise()
+        .or_raise();
+    }
+    // SAFETY: `new` was just made by `dup` and is owned by nothing else: the `File` takes
+    // it over and closes it once.
+    Ok(unsafe { File::from_raw_fd(new) })
 }
 
 fn direct_name(direct: DirectIo) -> &'static str {

@@ -123,15 +123,26 @@ def test_bad_files_are_typed_errors_and_leak_nothing(ctx: cuda.Context, tmp_path
         bad.write_bytes(data[:cut])
         with pytest.raises(cudabuf.InvalidDataError):
             cuda.read_ipc_file(bad, ctx)
+    expected = feather.read_table(good)
+    refused = 0
     for at in range(len(data) - 200, len(data) - 10, 7):
         flipped = bytearray(data)
         flipped[at] ^= 0x5A
         bad = tmp_path / "flip.arrow"
         bad.write_bytes(bytes(flipped))
         try:
-            cuda.read_ipc_file(bad, ctx)
+            got = on_host(cuda.read_ipc_file(bad, ctx))
         except cudabuf.CudaError:
-            pass  # typed; reading successfully is fine too (a flip in padding)
+            refused += 1  # typed
+            continue
+        # Read: then the flip was in bytes that do not change the data (padding), or
+        # in values pyarrow reads the same way.
+        try:
+            theirs = feather.read_table(bad)
+        except Exception:  # noqa: BLE001 - pyarrow refusing what we read is a finding
+            theirs = None
+        assert theirs is not None and got.equals(theirs), f"byte {at}: read, but not as pyarrow reads it"
+    assert refused > 0, "flips in the footer are refused"
     for cut in [0, 4, len(pq_data) // 2, len(pq_data) - 5]:
         bad = tmp_path / f"cut{cut}.parquet"
         bad.write_bytes(pq_data[:cut])

@@ -148,3 +148,44 @@ def test_threads_read_and_write_their_own_files(ctx: cuda.Context, tmp_path: Pat
     for t in threads:
         t.join()
     assert not failures, failures
+
+
+def test_file_objects_descriptors_and_fifos_behave_as_files(ctx: cuda.Context, tmp_path: Path) -> None:
+    buf = ctx.buffer_from_data(b"0123456789")
+    # Bytes a Python file object still buffers are flushed before the read.
+    path = tmp_path / "buffered.bin"
+    with open(path, "wb+") as f:
+        f.write(b"abcdefghij")  # not flushed by us
+        buf.read_file(f)
+        assert buf.to_pybytes() == b"abcdefghij"
+    # A read-only descriptor cannot be written; a file open for appending is refused.
+    with open(path, "rb") as f:
+        with pytest.raises(cudabuf.FileError):
+            buf.write_file(f)
+    with open(path, "ab") as f:
+        with pytest.raises(cudabuf.FileError, match="appending"):
+            buf.write_file(f)
+    assert path.read_bytes() == b"abcdefghij"
+    # A FIFO with no peer: refused at once, never blocking (the GIL would be held).
+    if hasattr(os, "mkfifo"):
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        with pytest.raises(cudabuf.FileError):
+            buf.read_file(fifo)
+        with pytest.raises(cudabuf.FileError):
+            buf.write_file(fifo)
+    with pytest.raises(cudabuf.InvalidArgumentError):
+        buf.read_file(True)  # type: ignore[arg-type]
+    with pytest.raises(cudabuf.FileError):
+        buf.read_file(10_000)  # not an open descriptor
+
+
+def test_file_errors_are_the_builtin_oserror_of_their_cause(ctx: cuda.Context, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.bin"
+    with pytest.raises(FileNotFoundError) as info:
+        ctx.read_file(missing)
+    assert isinstance(info.value, cudabuf.MissingFileError)
+    assert isinstance(info.value, cudabuf.FileError)
+    assert info.value.filename == str(missing)
+    with pytest.raises(FileNotFoundError):
+        ctx.new_buffer(4).read_file(missing)

@@ -280,6 +280,13 @@ fn read_full(
     Ok(())
 }
 
+/// The pinned buffer for chunks of `chunk` bytes of a `len`-byte range: a power of two
+/// from 64 KiB up to the chunk, so that reads of similar sizes reuse the same pooled
+/// buffers (the pool matches sizes exactly).
+fn staging_size(chunk: usize, len: usize) -> usize {
+    len.max(64 << 10).next_power_of_two().min(chunk)
+}
+
 fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }
@@ -455,7 +462,7 @@ fn job<'a>(
         operation,
         base,
         chunk,
-        buffer_size: round_up(chunk.min(len), ALIGN) + pad,
+        buffer_size: staging_size(chunk, len) + pad,
         chunks: len.div_ceil(chunk),
         next: AtomicUsize::new(0),
         stop: AtomicBool::new(false),

@@ -16,6 +16,8 @@ from cudabuf._errors import (
     CudaError,
     DriverError,
     FileError,
+    FilePermissionError,
+    MissingFileError,
     InvalidAddressError,
     InvalidArgumentError,
     InvalidDataError,
@@ -56,4 +58,6 @@ __all__ = [
     "ClosedError",
     "DriverError",
     "FileError",
+    "MissingFileError",
+    "FilePermissionError",
 ]

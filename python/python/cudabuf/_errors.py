@@ -29,6 +29,8 @@ __all__ = [
     "ClosedError",
     "DriverError",
     "FileError",
+    "MissingFileError",
+    "FilePermissionError",
 ]
 
 
@@ -138,4 +140,18 @@ class FileError(CudaError, OSError):
     """Reading or writing a file failed: it is missing or unreadable, not a regular file
     (a directory, FIFO or device node), shorter than the range asked for (also when it
     shrinks while being read), or a write failed. The message names the file and the
-    byte."""
+    byte; ``filename`` is the file's path."""
+
+    def __str__(self) -> str:
+        # The message, as for every cudabuf error (OSError's own form would replace it
+        # with "[Errno None] None: 'filename'" once ``filename`` is set).
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingFileError(FileError, FileNotFoundError):
+    """The file does not exist (also a ``FileNotFoundError``, as pyarrow raises)."""
+
+
+class FilePermissionError(FileError, PermissionError):
+    """The file cannot be opened with the access the call needs (also a
+    ``PermissionError``)."""
