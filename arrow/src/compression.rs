@@ -9,7 +9,10 @@
 //! produce from the bytes it has (LZ4 expands at most about 255 times, ZSTD at most
 //! 32768 times: a 4-byte run-length block of 128 KiB), the whole body must stay within
 //! the reader's limit, and the codec must produce exactly the declared number of bytes.
-//! All of it is checked before the pinned staging buffer is taken.
+//! The lengths are checked before anything is allocated; the data then streams through
+//! one pinned chunk of at most 8 MiB into the device buffer (decompressed a chunk at a
+//! time, each chunk uploaded when full), so pinned memory is taken for what the codec
+//! produces, never for what the body claims.
 
 use std::io::Read;
 
@@ -74,18 +77,22 @@ impl Codec {
         }
     }
 
+    /// Data of this codec that does not decompress to its `declared` length.
+    fn wrong(self, declared: usize, detail: String) -> Error {
+        Error::invalid_data(
+            WHAT,
+            format!(
+                "{} data does not decompress to the declared {declared} bytes: {detail}",
+                self.name(),
+            ),
+        )
+    }
+
     /// Decompress `input` into exactly `out`.
+    #[cfg(test)]
     fn decompress(self, input: &[u8], out: &mut [u8]) -> Result<()> {
         let declared = out.len();
-        let wrong = |detail: String| {
-            Error::invalid_data(
-                WHAT,
-                format!(
-                    "{} data does not decompress to the declared {declared} bytes: {detail}",
-                    self.name(),
-                ),
-            )
-        };
+        let wrong = |detail: String| self.wrong(declared, detail);
         match self {
             Codec::Lz4Frame => {
                 let mut decoder = lz4_flex::frame::FrameDecoder::new(input);
@@ -193,18 +200,22 @@ pub(crate) fn decompress_body(
             })?;
         parts.push(part);
     }
-    let body = if total == 0 {
-        ctx.new_buffer(0)?
-    } else {
-        let mut staging = ctx.staging_buffer(total)?;
-        let uploaded = fill(&mut staging[..total], codec, &parts, &offsets).and_then(|()| {
-            let body = ctx.new_buffer(total)?;
-            body.copy_from_host(&staging[..total], 0, None)?;
-            Ok(body)
-        });
+    let body = ctx.new_buffer(total)?;
+    if total > 0 {
+        // Through one pinned chunk, however large the body declares itself: pinned memory
+        // is taken for what the codec really produces, a chunk at a time, so a small file
+        // that lies about its lengths costs a chunk, not the lie.
+        let mut staging = ctx.staging_buffer(STAGING_CHUNK.min(total))?;
+        let uploaded = Upload {
+            body: &body,
+            staging: &mut staging,
+            filled: 0,
+            flushed: 0,
+        }
+        .parts(codec, &parts, &offsets, total);
         ctx.recycle_staging_buffer(staging);
-        uploaded?
-    };
+        uploaded?;
+    }
     let buffers = parts
         .iter()
         .zip(&offsets)
@@ -270,7 +281,122 @@ fn part(codec: Codec, i: usize, bytes: &[u8]) -> Result<Part<'_>> {
     }
 }
 
+/// The pinned chunk a decompressed body goes to the device through.
+const STAGING_CHUNK: usize = 8 << 20;
+
+/// A decompressed body streamed through a pinned chunk into its device buffer.
+struct Upload<'a> {
+    body: &'a DeviceBuffer,
+    staging: &'a mut [u8],
+    /// Bytes in `staging` not uploaded yet.
+    filled: usize,
+    /// Bytes of `body` uploaded.
+    flushed: usize,
+}
+
+impl Upload<'_> {
+    /// Every part at its offset, the padding between them zero, up to `total` bytes.
+    fn parts(
+        mut self,
+        codec: Codec,
+        parts: &[Part<'_>],
+        offsets: &[usize],
+        total: usize,
+    ) -> Result<()> {
+        for (part, &at) in parts.iter().zip(offsets) {
+            self.zeros_to(at)?;
+            if part.raw {
+                self.copy_from_reader(part.data, part.len, codec, false)?;
+            } else {
+                match codec {
+                    Codec::Lz4Frame => self.copy_from_reader(
+                        lz4_flex::frame::FrameDecoder::new(part.data),
+                        part.len,
+                        codec,
+                        true,
+                    )?,
+                    Codec::Zstd => {
+                        let decoder = zstd::stream::read::Decoder::with_buffer(part.data)
+                            .map_err(|e| codec.wrong(part.len, e.to_string()))?;
+                        self.copy_from_reader(decoder, part.len, codec, true)?
+                    }
+                }
+            }
+        }
+        self.zeros_to(total)?;
+        self.flush()
+    }
+
+    /// The body's bytes so far.
+    fn position(&self) -> usize {
+        self.flushed + self.filled
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.filled > 0 {
+            self.body
+                .copy_from_host(&self.staging[..self.filled], self.flushed, None)?;
+            self.flushed += self.filled;
+            self.filled = 0;
+        }
+        Ok(())
+    }
+
+    /// Room in the chunk (uploading it first when full).
+    fn room(&mut self) -> Result<usize> {
+        if self.filled == self.staging.len() {
+            self.flush()?;
+        }
+        Ok(self.staging.len() - self.filled)
+    }
+
+    fn zeros_to(&mut self, at: usize) -> Result<()> {
+        while self.position() < at {
+            let n = self.room()?.min(at - self.position());
+            self.staging[self.filled..self.filled + n].fill(0);
+            self.filled += n;
+        }
+        Ok(())
+    }
+
+    /// Exactly `len` bytes from `reader`, which must then be at its end.
+    fn copy_from_reader(
+        &mut self,
+        mut reader: impl Read,
+        len: usize,
+        codec: Codec,
+        compressed: bool,
+    ) -> Result<()> {
+        let wrong = |detail: String| {
+            if compressed {
+                codec.wrong(len, detail)
+            } else {
+                Error::invalid_data(WHAT, detail)
+            }
+        };
+        let mut remaining = len;
+        while remaining > 0 {
+            let n = self.room()?.min(remaining);
+            let got = match reader.read(&mut self.staging[self.filled..self.filled + n]) {
+                Ok(0) => return Err(wrong(format!("it ends {remaining} bytes short"))),
+                Ok(got) => got,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(wrong(e.to_string())),
+            };
+            self.filled += got;
+            remaining -= got;
+        }
+        let mut more = [0u8; 1];
+        match reader.read(&mut more) {
+            Ok(0) => Ok(()),
+            Ok(_) => Err(wrong("it holds more".into())),
+            Err(e) => Err(wrong(e.to_string())),
+        }
+    }
+}
+
 /// Decompress (or copy) every part into `out` at its offset, zeroing the padding.
+#[cfg(test)]
 fn fill(out: &mut [u8], codec: Codec, parts: &[Part<'_>], offsets: &[usize]) -> Result<()> {
     out.fill(0);
     for (part, &at) in parts.iter().zip(offsets) {
@@ -326,6 +452,96 @@ mod tests {
                 zeros.len(),
                 packed.len()
             );
+        }
+    }
+
+    /// Streaming through a chunk far smaller than the body (many uploads, parts and
+    /// padding split across chunks) gives the bytes `fill` gives all at once; a part
+    /// that decompresses to more or less than declared is refused.
+    #[test]
+    fn streaming_through_a_small_chunk_matches_filling_at_once() {
+        let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new())
+            .context(0)
+            .unwrap();
+        let data: Vec<Vec<u8>> = (0..6u32)
+            .map(|k| {
+                (0..(1000 + 777 * k))
+                    .map(|i| ((i * (k + 3)) % 251) as u8)
+                    .collect()
+            })
+            .collect();
+        for codec in [Codec::Lz4Frame, Codec::Zstd] {
+            let packed: Vec<Vec<u8>> = data
+                .iter()
+                .map(|d| match codec {
+                    Codec::Lz4Frame => lz4(d),
+                    Codec::Zstd => zstd::bulk::compress(d, 3).unwrap(),
+                })
+                .collect();
+            let parts: Vec<Part<'_>> = packed
+                .iter()
+                .zip(&data)
+                .enumerate()
+                .map(|(i, (p, d))| {
+                    if i % 3 == 2 {
+                        Part {
+                            data: d,
+                            len: d.len(),
+                            raw: true,
+                        }
+                    } else {
+                        Part {
+                            data: p,
+                            len: d.len(),
+                            raw: false,
+                        }
+                    }
+                })
+                .collect();
+            let mut offsets = Vec::new();
+            let mut total = 0;
+            for p in &parts {
+                offsets.push(total);
+                total += p.len.next_multiple_of(ALIGN);
+            }
+            let mut want = vec![0xFFu8; total];
+            fill(&mut want, codec, &parts, &offsets).unwrap();
+            for chunk in [1, 97, 4096, total] {
+                let body = ctx.new_buffer(total).unwrap();
+                let mut staging = vec![0u8; chunk];
+                Upload {
+                    body: &body,
+                    staging: &mut staging,
+                    filled: 0,
+                    flushed: 0,
+                }
+                .parts(codec, &parts, &offsets, total)
+                .unwrap();
+                assert_eq!(body.to_vec().unwrap(), want, "{codec:?}, chunk {chunk}");
+            }
+            for lie in [-1i64, 1] {
+                let mut lying: Vec<Part<'_>> = packed
+                    .iter()
+                    .zip(&data)
+                    .map(|(p, d)| Part {
+                        data: p,
+                        len: d.len(),
+                        raw: false,
+                    })
+                    .collect();
+                lying[1].len = (lying[1].len as i64 + lie) as usize;
+                let body = ctx.new_buffer(total + 64).unwrap();
+                let mut staging = vec![0u8; 500];
+                let e = Upload {
+                    body: &body,
+                    staging: &mut staging,
+                    filled: 0,
+                    flushed: 0,
+                }
+                .parts(codec, &lying, &offsets, total)
+                .unwrap_err();
+                assert_eq!(e.kind(), cudabuf_core::ErrorKind::InvalidData, "{e}");
+            }
         }
     }
 
