@@ -742,26 +742,33 @@ pub(crate) fn read_parquet(
 }
 
 /// Write device record batches to an Arrow IPC file at ``path`` (created or truncated),
-/// readable by ``pyarrow.ipc.open_file`` and ``pyarrow.feather.read_table``. Every batch
-/// must have the first one's schema. Releases the GIL while writing.
+/// readable by ``pyarrow.ipc.open_file`` and ``pyarrow.feather.read_table``. ``schema``
+/// (a pyarrow ``Schema`` or any ``__arrow_c_schema__`` object) is the file's; left out, it
+/// is the first batch's. Every batch must have its fields. Releases the GIL while
+/// writing.
 ///
 /// Raises:
 ///     FileError: the file cannot be created or written.
-///     InvalidArgumentError: no batches, or a batch of another schema.
+///     InvalidArgumentError: no batches and no schema, or a batch of another schema.
 #[pyfunction]
+#[pyo3(signature = (path, batches, schema = None))]
 pub(crate) fn write_ipc_file(
     py: Python<'_>,
     path: std::path::PathBuf,
     batches: Vec<Py<PyDeviceRecordBatch>>,
+    schema: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let batches: Vec<&PyDeviceRecordBatch> = batches.iter().map(|b| b.get()).collect();
-    let Some(first) = batches.first() else {
-        return Err(invalid_argument(
-            "write_ipc_file",
-            "no batches: the file's schema comes from the first batch",
-        ));
+    let schema: SchemaRef = match (schema, batches.first()) {
+        (Some(schema), _) => import_schema("write_ipc_file", schema)?,
+        (None, Some(first)) => first.inner.schema().clone(),
+        (None, None) => {
+            return Err(invalid_argument(
+                "write_ipc_file",
+                "no batches and no schema: pass schema= to write a file without batches",
+            ))
+        }
     };
-    let schema = first.inner.schema().clone();
     let inner: Vec<DeviceRecordBatch> = batches.iter().map(|b| b.inner.clone()).collect();
     py.detach(|| cudabuf::device_arrow::write_ipc_file(&path, &schema, &inner))
         .or_raise()

@@ -108,6 +108,12 @@ def test_write_ipc_file_is_read_by_pyarrow(ctx: cuda.Context, tmp_path: Path) ->
         assert r.read_all().equals(feather.read_table(src))
     with pytest.raises(cudabuf.InvalidArgumentError):
         cuda.write_ipc_file(tmp_path / "none.arrow", [])
+    # No batches, with a schema: an empty file pyarrow opens.
+    empty = tmp_path / "empty.arrow"
+    cuda.write_ipc_file(empty, [], schema=table.schema)
+    with ipc.open_file(empty) as r:
+        assert r.num_record_batches == 0
+        assert r.schema.equals(table.schema)
 
 
 def test_bad_files_are_typed_errors_and_leak_nothing(ctx: cuda.Context, tmp_path: Path) -> None:

@@ -431,5 +431,9 @@ def read_parquet(
 ) -> list[DeviceRecordBatch]:
     """Read a Parquet file into device record batches, one per row group (decoded on the host)."""
 
-def write_ipc_file(path: Union[str, os.PathLike[str]], batches: Sequence[DeviceRecordBatch]) -> None:
+def write_ipc_file(
+    path: Union[str, os.PathLike[str]],
+    batches: Sequence[DeviceRecordBatch],
+    schema: Optional[Any] = None,
+) -> None:
     """Write device record batches to an Arrow IPC file."""
