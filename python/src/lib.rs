@@ -29,6 +29,7 @@ mod host_memory;
 mod interop;
 mod io;
 mod ipc;
+mod sim;
 
 use pyo3::prelude::*;
 
@@ -43,6 +44,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<io::PyBufferWriter>()?;
     m.add_class::<arrow::PyMessage>()?;
     m.add_class::<arrow::PyDeviceRecordBatch>()?;
+    m.add_class::<sim::PySimulator>()?;
     host_memory::register(m)?;
     m.add_function(wrap_pyfunction!(host_memory::new_host_buffer, m)?)?;
     m.add_function(wrap_pyfunction!(arrow::serialize_record_batch, m)?)?;

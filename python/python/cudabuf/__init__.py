@@ -29,16 +29,18 @@ from cudabuf._errors import (
     OutOfRangeError,
     SimulatedMemoryAttributeError,
     SimulatedMemoryError,
+    SimulatorNotCleanError,
     SourceTooShortError,
     UnsupportedError,
 )
 from cudabuf._native import get_backend, set_backend
-from cudabuf import cuda
+from cudabuf import cuda, sim
 
 __version__ = "0.1.0"
 
 __all__ = [
     "cuda",
+    "sim",
     "set_backend",
     "get_backend",
     "CudaError",
@@ -60,4 +62,5 @@ __all__ = [
     "FileError",
     "MissingFileError",
     "FilePermissionError",
+    "SimulatorNotCleanError",
 ]

@@ -9,7 +9,7 @@ against ``pyarrow.cuda``.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = [
     "CudaError",
@@ -31,6 +31,7 @@ __all__ = [
     "FileError",
     "MissingFileError",
     "FilePermissionError",
+    "SimulatorNotCleanError",
 ]
 
 
@@ -155,3 +156,23 @@ class MissingFileError(FileError, FileNotFoundError):
 class FilePermissionError(FileError, PermissionError):
     """The file cannot be opened with the access the call needs (also a
     ``PermissionError``)."""
+
+
+class SimulatorNotCleanError(CudaError, AssertionError):
+    """``cudabuf.sim.Simulator.assert_clean``: the simulator still holds allocations (a
+    leak) or has detected a data race. The message lists each one; ``leaks`` and
+    ``races`` hold the reports (also an ``AssertionError``, so a test framework reports
+    it as a failed check)."""
+
+    leaks: list[Any]
+    races: list[Any]
+
+    def __init__(
+        self,
+        message: str,
+        leaks: Optional[list[Any]] = None,
+        races: Optional[list[Any]] = None,
+    ) -> None:
+        super().__init__(message, "SimulatorNotClean")
+        self.leaks = list(leaks) if leaks is not None else []
+        self.races = list(races) if races is not None else []

@@ -33,6 +33,7 @@ __all__ = [
     "HostBuffer",
     "IpcMemHandle",
     "Message",
+    "Simulator",
     "_HostMemory",
     "get_backend",
     "new_host_buffer",
@@ -437,3 +438,67 @@ def write_ipc_file(
     schema: Optional[Any] = None,
 ) -> None:
     """Write device record batches to an Arrow IPC file."""
+
+@disjoint_base
+class Simulator:
+    """A simulator instance of its own (the native part of ``cudabuf.sim.Simulator``)."""
+
+    def __new__(
+        cls,
+        devices: int = 2,
+        capacity: int = 1073741824,
+        *,
+        seed: Optional[int] = None,
+        schedule: Optional[Literal["deterministic", "threaded"]] = None,
+        races: Optional[Literal["fail", "log", "off"]] = None,
+        name: Optional[str] = None,
+    ) -> Self: ...
+    @property
+    def devices(self) -> int:
+        """The number of simulated devices."""
+    @property
+    def capacity(self) -> int:
+        """Each device's capacity in bytes."""
+    @property
+    def name(self) -> str:
+        """The name of the devices and of the reports."""
+    @property
+    def seed(self) -> int:
+        """The seed of the stream scheduler."""
+    @property
+    def schedule(self) -> Literal["deterministic", "threaded"]:
+        """How streams run."""
+    @property
+    def races(self) -> Literal["fail", "log", "off"]:
+        """What the race detector does."""
+    def context(self, device: int = 0) -> Context:
+        """Device ``device``'s context on this simulator."""
+    def new_host_buffer(self, size: int, device: int = 0) -> HostBuffer:
+        """Pinned host memory from this simulator."""
+    def bytes_in_use(self, device: int = 0) -> int:
+        """The bytes of live device allocations on ``device``."""
+    def _leaks(self) -> tuple[list[tuple[int, str, int, int]], str]: ...
+    def _races(self) -> tuple[list[tuple[str, str, str, str, str]], int, str]: ...
+    def clear_race_report(self) -> None:
+        """Forget the races detected so far."""
+    def fail_nth(
+        self,
+        op: Literal["allocate", "alloc_host", "copy", "ipc_export", "ipc_open", "synchronize"],
+        n: int,
+        error: Optional[Literal["out_of_memory", "driver"]] = None,
+    ) -> None:
+        """Make the ``n``-th call of ``op`` from now fail."""
+    def fail_randomly(
+        self,
+        op: Literal["allocate", "alloc_host", "copy", "ipc_export", "ipc_open", "synchronize"],
+        probability: float,
+        seed: int = 0,
+        error: Optional[Literal["out_of_memory", "driver"]] = None,
+    ) -> None:
+        """Make each call of ``op`` fail with ``probability``, reproducibly from ``seed``."""
+    def clear_faults(self) -> None:
+        """Disarm every injected fault."""
+    def op_count(
+        self, op: Literal["allocate", "alloc_host", "copy", "ipc_export", "ipc_open", "synchronize"]
+    ) -> int:
+        """How many calls of ``op`` this simulator has seen."""
