@@ -126,6 +126,20 @@ def test_assert_clean_names_the_leak() -> None:
     s.assert_clean()
 
 
+def test_assert_clean_names_races(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Python cannot issue racing work yet: a report stands in for one, to check that
+    # assert_clean raises on races alone and names them.
+    s = sim.Simulator()
+    race = sim.Race("read by B", "write by A", "bytes 0..4", "Wait.", "data race on bytes 0..4")
+    report = sim.RaceReport([race], 2, "3 data race(s) detected: ...")
+    monkeypatch.setattr(s, "race_report", lambda: report)
+    with pytest.raises(sim.SimulatorNotCleanError) as info:
+        s.assert_clean()
+    assert "3 data race(s) detected" in str(info.value)
+    assert "no allocations held" in str(info.value)
+    assert info.value.races == [race] and info.value.leaks == []
+
+
 def test_assert_clean_collects_cycles_first() -> None:
     s = sim.Simulator()
     holder: list[object] = [s.context(0).new_buffer(10)]

@@ -18,7 +18,7 @@ active wherever cudabuf is installed; ``-p no:cudabuf`` turns it off).
 from __future__ import annotations
 
 import os
-from typing import Any, Generator, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 
@@ -29,10 +29,11 @@ from cudabuf.sim import Simulator
 __all__ = ["cudabuf_sim", "REQUIRE_CUDA_VAR"]
 
 REQUIRE_CUDA_VAR = "CUDABUF_REQUIRE_CUDA"
-"""Set to ``1`` to make ``cudabuf_cuda`` tests fail, not skip, without CUDA."""
+"""Set to ``1`` to make ``cudabuf_cuda`` tests error, not skip, without CUDA."""
 
-_FAILED = pytest.StashKey[bool]()
 _SIMULATOR = pytest.StashKey[Simulator]()
+# The node ids of tests whose setup or call failed, until their teardown.
+_FAILED_TESTS: set[str] = set()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -44,32 +45,31 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "cudabuf_cuda: run the test on cudabuf's CUDA backend; skipped without a CUDA "
-        f"driver and device (fails instead with {REQUIRE_CUDA_VAR}=1)",
+        f"driver and device (errors at setup instead with {REQUIRE_CUDA_VAR}=1)",
     )
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    if report.failed:
-        item.stash[_FAILED] = True
-    return report
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Called after each phase, before the next: the teardown check below sees whether
+    # the setup or the call failed.
+    if report.failed and report.when in ("setup", "call"):
+        _FAILED_TESTS.add(report.nodeid)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
-    # The check of `cudabuf_sim` runs here, after every fixture is torn down (those that
-    # hold the simulator's buffers included), not in the fixture's own teardown: pytest
-    # keeps the test's arguments (fixture values) in `funcargs` until after this hook,
-    # and a buffer that a fixture yielded would still look live.
-    yield
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    # The check of `cudabuf_sim` runs here, after pytest's own teardown hook has torn
+    # every fixture down (those that hold the simulator's buffers included), not in the
+    # fixture's own teardown: pytest keeps the test's arguments (fixture values) in
+    # `funcargs` until after this hook, and a buffer a fixture yielded would look live.
+    # Plain hooks (no hook wrappers), so that any pytest from 7.0 loads the plugin.
+    failed = item.nodeid in _FAILED_TESTS
+    _FAILED_TESTS.discard(item.nodeid)
     simulator = item.stash.get(_SIMULATOR, None)
     if simulator is None:
         return
     del item.stash[_SIMULATOR]
-    if item.stash.get(_FAILED, False):
+    if failed:
         # The failure is reported; its traceback may be what keeps buffers alive.
         return
     if isinstance(item, pytest.Function):
