@@ -155,7 +155,10 @@ impl PySimulator {
     }
 
     /// Device ``device``'s (primary) context on this simulator (not on the global
-    /// backend): its buffers count in this simulator's reports.
+    /// backend): its buffers count in this simulator's reports. Its caching allocator is
+    /// off, whatever ``CUDABUF_ALLOCATOR_CACHE`` says, so that each ``new_buffer`` is one
+    /// allocation (as ``fail_nth("allocate", n)`` counts them) and a dropped buffer is
+    /// freed at once (no cached segment looks like a leak).
     ///
     /// Raises:
     ///     InvalidDeviceError: for a device number out of range.
@@ -163,7 +166,17 @@ impl PySimulator {
     fn context(&self, py: Python<'_>, device: i64) -> PyResult<PyContext> {
         let device = non_negative("Simulator.context", "device", device)?;
         let backend = self.backend.clone();
-        let ctx = py.detach(move || backend.context(device)).or_raise()?;
+        let ctx = py
+            .detach(move || {
+                let ctx = backend.context(device)?;
+                // Exact reports and fault counts: every `new_buffer` one allocation, every
+                // dropped buffer freed at once, whatever `CUDABUF_ALLOCATOR_CACHE` says.
+                if ctx.allocator_cache_limit() != 0 {
+                    ctx.set_allocator_cache_limit(0);
+                }
+                Ok::<_, cudabuf::Error>(ctx)
+            })
+            .or_raise()?;
         Ok(PyContext::new(ctx))
     }
 
@@ -239,9 +252,9 @@ impl PySimulator {
     /// ``"ipc_export"``, ``"ipc_open"``, ``"synchronize"``. ``error``:
     /// ``"out_of_memory"`` (``OutOfMemoryError`` naming the request) or ``"driver"``
     /// (``DriverError``, ``CUDA_ERROR_UNKNOWN``); by default the first for allocations,
-    /// the second for everything else. Faults hit backend calls: with the caching
-    /// allocator on (``CUDABUF_ALLOCATOR_CACHE``; off on the simulator by default), a
-    /// ``new_buffer`` served from the cache allocates nothing.
+    /// the second for everything else. Faults hit backend calls: ``"allocate"`` counts
+    /// the device allocations of this simulator's contexts (one per ``new_buffer``,
+    /// their caching allocator being off), including those cudabuf makes inside a call.
     ///
     /// Raises:
     ///     InvalidArgumentError: an unknown ``op`` or ``error``, or ``n`` below 1.

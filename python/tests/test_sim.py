@@ -5,6 +5,11 @@ These tests make their own simulators, so they run on either backend (no GPU nee
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import cudabuf
@@ -238,3 +243,40 @@ def test_fault_ops_constant_lists_what_is_accepted() -> None:
     s = sim.Simulator()
     for op in sim.FAULT_OPS:
         assert s.op_count(op) == 0  # type: ignore[arg-type]
+
+
+def test_contexts_ignore_the_allocator_cache_setting(tmp_path: Path) -> None:
+    # CUDABUF_ALLOCATOR_CACHE is read once per process: a child process with it on.
+    script = """
+import cudabuf
+from cudabuf import sim
+s = sim.Simulator()
+ctx = s.context(0)
+buf = ctx.new_buffer(1000)
+del buf
+assert s.leak_report() == [], str(s.leak_report())
+s.fail_nth("allocate", 1)
+try:
+    ctx.new_buffer(1000)
+except cudabuf.OutOfMemoryError:
+    print("oom")
+"""
+    env = dict(os.environ, CUDABUF_ALLOCATOR_CACHE="1")
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "oom"
+
+
+def test_arrow_files_through_a_simulator_leave_nothing(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    feather = pytest.importorskip("pyarrow.feather")
+    path = tmp_path / "t.arrow"
+    feather.write_feather(pa.table({"x": list(range(1000))}), str(path), compression="zstd")
+    s = sim.Simulator()
+    batches = cuda.read_ipc_file(path, s.context(0))
+    assert s.leak_report() != []
+    assert batches[0].to_host().column(0).to_pylist() == list(range(1000))
+    del batches
+    s.assert_clean()
