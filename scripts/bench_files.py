@@ -173,7 +173,9 @@ def main() -> int:
                 # not a comparison of defaults alone.
                 opts = ctx.file_options()
                 try:
-                    with kvikio.defaults.set({"num_threads": opts["threads"], "task_size": opts["chunk_size"]}):
+                    import kvikio.defaults as kvikio_defaults  # type: ignore[import-not-found]
+
+                    with kvikio_defaults.set({"num_threads": opts["threads"], "task_size": opts["chunk_size"]}):
                         rate_same = b.rate(size, before, kv_read)
                     b.record(
                         f"KvikIO CuFile.pread, {opts['threads']} threads, {opts['chunk_size'] >> 20} MiB tasks ({cond})",
