@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use super::options::{DirectIo, ALIGN};
+use super::options::{DirectIo, FileOptions, ALIGN};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -356,27 +356,9 @@ pub(super) fn read(
     if dst.is_empty() {
         return Ok(());
     }
-    let ctx = dst.context();
-    let options = ctx.file_options();
+    let options = dst.context().file_options();
     let direct = open_direct(file, &name, options.direct_io(), operation)?;
-    let pad = if direct.is_some() { 2 * ALIGN } else { 0 };
-    let job = job(
-        ctx,
-        dst,
-        file,
-        offset,
-        stream,
-        operation,
-        name,
-        options.chunk_size(),
-        pad,
-    );
-    let job = Job {
-        direct_ok: AtomicBool::new(direct.is_some()),
-        require_direct: options.direct_io() == DirectIo::Required,
-        direct,
-        ..job
-    };
+    let job = job(dst, file, offset, stream, operation, name, &options, direct);
     run(&job, options.threads(), read_worker)
 }
 
@@ -418,46 +400,38 @@ pub(super) fn write(
     if src.is_empty() {
         return Ok(());
     }
-    let ctx = src.context();
-    let options = ctx.file_options();
-    let job = job(
-        ctx,
-        src,
-        file,
-        offset,
-        stream,
-        operation,
-        name,
-        options.chunk_size(),
-        0,
-    );
+    let options = src.context().file_options();
+    let job = job(src, file, offset, stream, operation, name, &options, None);
     run(&job, options.threads(), write_worker)
 }
 
+/// The job of one call over `device`; `direct` is the file reopened with `O_DIRECT` (reads
+/// only), for which each pinned buffer gets room to align a span.
 #[allow(clippy::too_many_arguments)]
 fn job<'a>(
-    ctx: &'a Context,
     device: &'a DeviceBuffer,
     file: &'a File,
     base: u64,
     stream: Option<&Stream>,
     operation: &'static str,
     name: String,
-    chunk: usize,
-    pad: usize,
+    options: &FileOptions,
+    direct: Option<File>,
 ) -> Job<'a> {
-    let len = device.size();
+    let ctx = device.context();
+    let (len, chunk) = (device.size(), options.chunk_size());
     let stream = match stream {
         Some(stream) => Some(stream.clone()),
         None => ctx.raw().streams().is_some().then(|| ctx.legacy_stream()),
     };
+    let pad = if direct.is_some() { 2 * ALIGN } else { 0 };
     Job {
         ctx,
         device,
         file,
-        direct: None,
-        direct_ok: AtomicBool::new(false),
-        require_direct: false,
+        direct_ok: AtomicBool::new(direct.is_some()),
+        require_direct: options.direct_io() == DirectIo::Required,
+        direct,
         name,
         operation,
         base,
