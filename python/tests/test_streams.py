@@ -395,6 +395,39 @@ def test_elapsed_time_before_completion_is_not_ready() -> None:
     assert start.elapsed_time(end) > 0
 
 
+def pipeline(s: sim.Simulator, chunks: int, order: bool) -> bytes:
+    """Upload, a device copy standing for a kernel, download, chunk by chunk, each stage
+    on a stream of its own (the shape of the GPU test's PyTorch pipeline); ``order``
+    orders each chunk's stages with events."""
+    ctx = s.context(0)
+    up, compute, down = (ctx.new_stream(non_blocking=True) for _ in range(3))
+    size = 1024 * chunks
+    host_in, host_out = filled(s, pattern(size, 5)), s.new_host_buffer(size)
+    d_in, d_out = ctx.new_buffer(size), ctx.new_buffer(size)
+    transfers = []
+    for i in range(chunks):
+        a, b = i * 1024, (i + 1) * 1024
+        transfers.append(up.copy_from_host(d_in.slice(a, 1024), host_in[a:b]))
+        if order:
+            compute.wait_event(up.record_event())
+        compute.copy_device(d_out.slice(a, 1024), d_in.slice(a, 1024))
+        if order:
+            down.wait_event(compute.record_event())
+        transfers.append(down.copy_to_host(d_out.slice(a, 1024), host_out[a:b]))
+    for t in transfers:
+        t.wait()
+    return bytes(host_out)
+
+
+def test_a_three_stream_pipeline_is_correct_and_race_free_under_every_seed() -> None:
+    for s in simulators():
+        assert pipeline(s, chunks=4, order=True) == pattern(4096, 5)
+        s.assert_clean()
+    for s in simulators():
+        with pytest.raises(cudabuf.DataRaceError):
+            pipeline(s, chunks=4, order=False)
+
+
 # --- stream-ordered allocation ------------------------------------------------------
 
 
