@@ -168,8 +168,9 @@ def test_a_lent_host_buffer_refuses_every_access_until_the_copy_is_waited_for(cu
         lambda: stream.copy_from_host(src, host),  # another copy of the same bytes
     ]
     for refused in refusals:
-        with pytest.raises(cudabuf.BufferInUseError, match="lent .* to an asynchronous copy"):
+        with pytest.raises(cudabuf.BufferInUseError, match="lent .* to an asynchronous copy") as raised:
             refused()
+        assert raised.value.kind == "BufferInUse" and isinstance(raised.value, BufferError)
     assert host.size == 8 and host.address != 0  # what touches no byte still works
     transfer.wait()
     assert bytes(host) == b"download" and host[0] == ord("d") and host == b"download"
@@ -313,7 +314,7 @@ def test_a_missing_wait_is_a_race_under_every_seed() -> None:
     for s in simulators("fail"):
         with pytest.raises(cudabuf.DataRaceError, match="data race") as raised:
             producer_consumer(s, wait=False)
-        assert "copy_device" in str(raised.value)
+        assert "copy_device" in str(raised.value) and raised.value.kind == "DataRace"
         del raised
         gc.collect()
         report = s.race_report()
