@@ -54,6 +54,8 @@ def test_torch_runs_on_our_stream_and_we_run_on_torchs(torch: ModuleType) -> Non
     host_in = cuda.new_host_buffer(data.nbytes)
     np.frombuffer(host_in, dtype=np.float32)[:] = data  # the temporary view is gone after this line
     upload = ours.copy_from_host(buf, host_in)
+    with pytest.raises(cudabuf.BufferInUseError):
+        np.frombuffer(host_in, dtype=np.float32)  # lent to the upload until it is waited for
     tensor = torch.from_dlpack(buf.view("float32"))  # zero-copy
     with torch.cuda.stream(torch.cuda.ExternalStream(ours.handle)):
         tensor.mul_(3)
