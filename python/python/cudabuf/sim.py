@@ -24,9 +24,11 @@ scheduler's ``seed``, ``schedule`` and race mode ``races`` come from
 ``CUDABUF_SIM_SEED`` (else 0), ``CUDABUF_SIM_SCHEDULE`` (else ``"deterministic"``) and
 ``CUDABUF_SIM_RACES`` (else ``"fail"``) when not given.
 
-Streams are not part of the Python API yet, so Python code cannot race on its own; the
-race report lists the races the detector found in stream work issued on this simulator
-(it is empty for what Python issues today).
+Streams (:class:`cudabuf.cuda.Stream`) run asynchronously under the scheduler, and the
+race detector checks what Python issues: a missing ``wait_event`` or a read before a
+``synchronize`` raises :class:`~cudabuf.DataRaceError` at the call that races
+(``races="fail"``) and is kept in :meth:`Simulator.race_report` (``races="log"``: only
+reported).
 
 The pytest plugin (:mod:`cudabuf.pytest_plugin`) gives each test a fresh
 :class:`Simulator` (the ``cudabuf_sim`` fixture) and fails it on a leak or a race.
