@@ -308,6 +308,32 @@ impl BufferWriter {
     /// # Errors
     /// [`Error::OutOfRange`] if it does not fit (nothing written); [`Error::Closed`].
     pub fn write_bytes(&mut self, data: &[u8]) -> Result<()> {
+        // The common case of small writes, kept short: the write joins bytes already
+        // staged in the current slot (so the slot is filling and nothing is in flight
+        // from it) and still leaves room, inside the buffer.
+        if self.staged > 0 && !self.closed {
+            let (staged, len) = (self.staged, data.len());
+            let fits = staged + len < self.buffer_size()
+                && self
+                    .position
+                    .checked_add(len)
+                    .is_some_and(|end| end <= self.size());
+            if let Some(host) = self.slots[self.current]
+                .as_mut()
+                .and_then(|slot| slot.host.as_mut())
+                .filter(|_| fits)
+            {
+                host[staged..staged + len].copy_from_slice(data);
+                self.staged += len;
+                self.position += len;
+                return Ok(());
+            }
+        }
+        self.write_slow(data)
+    }
+
+    /// [`write_bytes`](Self::write_bytes) in every case.
+    fn write_slow(&mut self, data: &[u8]) -> Result<()> {
         self.check_open()?;
         if data.is_empty() {
             return Ok(());
