@@ -435,6 +435,36 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// `src..src + dst.len()` lies inside a live allocation reachable from this context.
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()>;
 
+    /// Copy `src` from host memory to the device at `dst` as
+    /// [`copy_host_to_device`](Self::copy_host_to_device) does, but without pinning host
+    /// memory for it: a backend that stages pageable copies through pinned buffers of its
+    /// own uses them only if it has them already, and otherwise hands the copy to the
+    /// driver as it is. The file pipeline's chunks go this way while its pinned staging
+    /// buffers are still being allocated in the background (pinning costs more per byte
+    /// than the copy would save).
+    ///
+    /// The provided implementation calls [`copy_host_to_device`](Self::copy_host_to_device).
+    ///
+    /// # Safety
+    /// `dst..dst + src.len()` lies inside a live allocation reachable from this context.
+    unsafe fn copy_host_to_device_unpinned(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.copy_host_to_device(dst, src) }
+    }
+
+    /// Copy `dst.len()` bytes from the device at `src` to host memory as
+    /// [`copy_device_to_host`](Self::copy_device_to_host) does, without pinning host
+    /// memory for it (see [`copy_host_to_device_unpinned`](Self::copy_host_to_device_unpinned)).
+    ///
+    /// The provided implementation calls [`copy_device_to_host`](Self::copy_device_to_host).
+    ///
+    /// # Safety
+    /// `src..src + dst.len()` lies inside a live allocation reachable from this context.
+    unsafe fn copy_device_to_host_unpinned(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.copy_device_to_host(dst, src) }
+    }
+
     /// Copy `len` bytes between two device ranges of this context's device (the ranges may
     /// be in the same allocation and may overlap; the result is as if copied through a
     /// temporary).

@@ -65,14 +65,51 @@ fn file_error(e: &Error) -> (std::io::ErrorKind, u64) {
     }
 }
 
+/// How a test's calls stage their chunks.
+#[derive(Debug, Clone, Copy)]
+enum Staged {
+    /// Through pageable memory: the staging pool is off, nothing is ever pinned.
+    Pageable,
+    /// Through pinned buffers already in the pool (a warm context).
+    Pinned,
+}
+
+/// Each way of staging with each of `runs(n)`'s schedules and seeds.
+fn staged_runs(n: u64) -> Vec<(Staged, (cudabuf_sim::Schedule, u64))> {
+    [Staged::Pageable, Staged::Pinned]
+        .into_iter()
+        .flat_map(|staged| runs(n).map(move |run| (staged, run)))
+        .collect()
+}
+
+/// Set `ctx`'s staging pool as `staged` says: off, or on and holding the pinned buffers
+/// that calls over `len` bytes use with its file options (one read of a file that long,
+/// then the background pinning waited for).
+fn stage(ctx: &Context, staged: Staged, len: usize) {
+    match staged {
+        Staged::Pageable => ctx.set_staging_pool_limit(0),
+        Staged::Pinned => {
+            ctx.set_staging_pool_limit(64 << 20);
+            let warm = TempFile::new("warm.bin", &vec![1; len]);
+            drop(ctx.read_file(warm.path()).unwrap());
+            ctx.wait_background_pinning();
+            assert!(len == 0 || ctx.bytes_pooled() > 0, "the pool was warmed");
+        }
+    }
+}
+
 /// Every way in: ranges of random files at random offsets, through each entry point,
 /// with chunk sizes and thread counts that cut them into 1 to many chunks; and back out
-/// to a file. Under both schedules and several seeds.
+/// to a file. Under both schedules and several seeds, staged through pageable memory
+/// (the pool off) and with the pool on (each case's first call finds buffers of other
+/// sizes or none, its later calls those pinned meanwhile: pinned and pageable chunks
+/// mixed).
 #[test]
 fn reads_and_writes_match_the_file_at_every_size_offset_chunk_and_thread_count() {
-    for (schedule, seed) in runs(3) {
+    for (staged, (schedule, seed)) in staged_runs(3) {
         let sim = sim(schedule, seed).build();
         let ctx = context(&sim);
+        stage(&ctx, staged, 0);
         let mut rng = Rng::new(seed * 7 + 1);
         for case in 0..12 {
             let size = match case {
@@ -89,7 +126,7 @@ fn reads_and_writes_match_the_file_at_every_size_offset_chunk_and_thread_count()
             ctx.set_file_options(options(chunk, threads));
             let (offset, len) = rng.range(size);
             let want = &bytes[offset..offset + len];
-            let what = format!("{schedule:?} seed {seed} case {case}: {len} bytes at {offset} of {size}, chunk {chunk}, {threads} threads");
+            let what = format!("{staged:?} {schedule:?} seed {seed} case {case}: {len} bytes at {offset} of {size}, chunk {chunk}, {threads} threads");
 
             let opened = File::open(file.path()).unwrap();
             let buf = ctx.new_buffer(len).unwrap();
@@ -150,10 +187,11 @@ fn reads_and_writes_match_the_file_at_every_size_offset_chunk_and_thread_count()
 /// upload still in flight writes.
 #[test]
 fn a_write_on_a_stream_sees_the_streams_earlier_work() {
-    for (schedule, seed) in runs(4) {
+    for (staged, (schedule, seed)) in staged_runs(4) {
         let sim = sim(schedule, seed).build();
         let ctx = context(&sim);
         ctx.set_file_options(options(4096, 3));
+        stage(&ctx, staged, 50_000);
         let stream = non_blocking(&ctx);
         let src = ctx.new_buffer(50_000).unwrap();
         let bytes = Rng::new(seed).bytes(50_000);
@@ -162,7 +200,7 @@ fn a_write_on_a_stream_sees_the_streams_earlier_work() {
         let file = OpenOptions::new().write(true).open(out.path()).unwrap();
         stream.write_file_at(&src, &file, 0).unwrap();
         assert_eq!(std::fs::read(out.path()).unwrap(), bytes);
-        assert_no_races(&sim, &format!("{schedule:?} seed {seed}"));
+        assert_no_races(&sim, &format!("{staged:?} {schedule:?} seed {seed}"));
     }
 }
 
@@ -170,10 +208,11 @@ fn a_write_on_a_stream_sees_the_streams_earlier_work() {
 /// download of the old contents still in flight), and the simulator sees no race.
 #[test]
 fn a_read_on_a_stream_is_ordered_after_the_streams_earlier_work() {
-    for (schedule, seed) in runs(4) {
+    for (staged, (schedule, seed)) in staged_runs(4) {
         let sim = sim(schedule, seed).build();
         let ctx = context(&sim);
         ctx.set_file_options(options(4096, 2));
+        stage(&ctx, staged, 20_000);
         let stream = non_blocking(&ctx);
         let dst = ctx.buffer_from_data(&vec![7u8; 20_000]).unwrap();
         let old = stream
@@ -189,19 +228,24 @@ fn a_read_on_a_stream_is_ordered_after_the_streams_earlier_work() {
             &[7u8; 20_000][..],
             "the old bytes"
         );
-        assert_eq!(dst.to_vec().unwrap(), bytes);
-        assert_no_races(&sim, &format!("{schedule:?} seed {seed}"));
+        assert_eq!(dst.to_vec().unwrap(), bytes, "{staged:?}");
+        assert_no_races(&sim, &format!("{staged:?} {schedule:?} seed {seed}"));
     }
 }
 
 /// Eight threads share one context and one stream, each reading and writing its own
-/// files, many rounds: every result matches and nothing races or leaks.
+/// files, many rounds: every result matches and nothing races or leaks. With the pool
+/// off, and on from a cold start (the threads' first calls at once, each finding the pool
+/// short while the background pinning fills it).
 #[test]
 fn threads_sharing_a_context_and_a_stream_each_get_their_bytes() {
-    for (schedule, seed) in runs(2) {
+    for (staged, (schedule, seed)) in staged_runs(2) {
         let sim = sim(schedule, seed).build();
         let ctx = context(&sim);
         ctx.set_file_options(options(4096, 3));
+        if let Staged::Pinned = staged {
+            ctx.set_staging_pool_limit(64 << 20); // on, and empty
+        }
         let stream = ctx.new_stream().unwrap();
         std::thread::scope(|scope| {
             for t in 0..8u64 {
@@ -316,77 +360,96 @@ fn bad_files_and_ranges_are_typed_errors_and_leak_nothing() {
 }
 
 /// A file that shrinks while it is read: the read stops with an `UnexpectedEof` naming
-/// the byte where the file ended, forced at a fixed point (right after the first upload
-/// is issued, from the simulator's record hook), whatever the thread count; nothing
-/// leaks and the next read of the shorter file works.
+/// the byte where the file ended, whatever the thread count; nothing leaks and the next
+/// read of the shorter file works. Forced at a fixed point with the simulator's record
+/// hook: through pinned chunks, right after the first upload is issued; through pageable
+/// ones (no upload records an event), on a stream, as the call records the event its
+/// pageable copies wait for, after the size check and before any read.
 #[test]
 fn a_file_that_shrinks_under_the_read_is_an_error_at_the_byte_where_it_ended() {
-    for threads in [1, 2, 4] {
-        let sim = SimBuilder::new().build();
-        let ctx = context(&sim);
-        ctx.set_file_options(options(4096, threads));
-        let bytes = Rng::new(threads as u64).bytes(64 * 4096);
-        let file = TempFile::new("shrinks.bin", &bytes);
-        let truncate_to = 10_000u64;
-        let fired = Arc::new(AtomicBool::new(false));
-        let (path, flag) = (file.path().to_path_buf(), fired.clone());
-        sim.set_record_hook(Some(Arc::new(move |_| {
-            if !flag.swap(true, Ordering::SeqCst) {
-                OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .unwrap()
-                    .set_len(truncate_to)
-                    .unwrap();
+    for staged in [Staged::Pageable, Staged::Pinned] {
+        for threads in [1, 2, 4] {
+            let sim = SimBuilder::new().build();
+            let ctx = context(&sim);
+            ctx.set_file_options(options(4096, threads));
+            let bytes = Rng::new(threads as u64).bytes(64 * 4096);
+            let file = TempFile::new("shrinks.bin", &bytes);
+            stage(&ctx, staged, bytes.len());
+            let stream = non_blocking(&ctx);
+            let truncate_to = 10_000u64;
+            let fired = Arc::new(AtomicBool::new(false));
+            let (path, flag) = (file.path().to_path_buf(), fired.clone());
+            sim.set_record_hook(Some(Arc::new(move |_| {
+                if !flag.swap(true, Ordering::SeqCst) {
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .unwrap()
+                        .set_len(truncate_to)
+                        .unwrap();
+                }
+            })));
+            let buf = ctx.new_buffer(bytes.len()).unwrap();
+            let opened = File::open(file.path()).unwrap();
+            let e = match staged {
+                Staged::Pageable => stream.read_file_at(&buf, &opened, 0).unwrap_err(),
+                Staged::Pinned => buf.read_file_at(&opened, 0).unwrap_err(),
+            };
+            sim.set_record_hook(None);
+            assert!(fired.load(Ordering::SeqCst));
+            // One thread reads in order and meets the end exactly; with more, a chunk read
+            // before the truncation may succeed and a later one meet the end at its start.
+            let what = format!("{staged:?}, {threads} threads: {e}");
+            let (kind, at) = file_error(&e);
+            assert_eq!(kind, std::io::ErrorKind::UnexpectedEof, "{what}");
+            if threads == 1 {
+                assert_eq!(at, truncate_to, "{what}");
+            } else {
+                assert!(
+                    at >= truncate_to && at < truncate_to + 4096 * threads as u64,
+                    "{what}"
+                );
             }
-        })));
-        let buf = ctx.new_buffer(bytes.len()).unwrap();
-        let e = buf
-            .read_file_at(&File::open(file.path()).unwrap(), 0)
-            .unwrap_err();
-        sim.set_record_hook(None);
-        assert!(fired.load(Ordering::SeqCst));
-        // One thread reads in order and meets the end exactly; with more, a chunk read
-        // before the truncation may succeed and a later one meet the end at its start.
-        let (kind, at) = file_error(&e);
-        assert_eq!(kind, std::io::ErrorKind::UnexpectedEof, "{e}");
-        if threads == 1 {
-            assert_eq!(at, truncate_to, "{e}");
-        } else {
-            assert!(
-                at >= truncate_to && at < truncate_to + 4096 * threads as u64,
-                "{e}"
-            );
+            assert!(e.to_string().contains("shrank"), "{what}");
+            let rest = ctx.read_file(file.path()).unwrap();
+            assert_eq!(rest.to_vec().unwrap(), &bytes[..truncate_to as usize]);
+            drop((buf, rest, stream, ctx));
+            sim.assert_clean();
         }
-        assert!(e.to_string().contains("shrank"), "{e}");
-        let rest = ctx.read_file(file.path()).unwrap();
-        assert_eq!(rest.to_vec().unwrap(), &bytes[..truncate_to as usize]);
-        drop((buf, rest, ctx));
-        sim.assert_clean();
     }
 }
 
-/// A file that grows while it is read: the range asked for is read, nothing more.
+/// A file that grows while it is read: the range asked for is read, nothing more (grown
+/// as the previous test shrinks it, through pinned and through pageable chunks).
 #[test]
 fn a_file_that_grows_under_the_read_gives_the_range_asked_for() {
-    let sim = SimBuilder::new().build();
-    let ctx = context(&sim);
-    ctx.set_file_options(options(4096, 2));
-    let bytes = Rng::new(5).bytes(30_000);
-    let file = TempFile::new("grows.bin", &bytes);
-    let path = file.path().to_path_buf();
-    let fired = Arc::new(AtomicBool::new(false));
-    let flag = fired.clone();
-    sim.set_record_hook(Some(Arc::new(move |_| {
-        if !flag.swap(true, Ordering::SeqCst) {
-            let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-            f.write_all(&[0xEE; 50_000]).unwrap();
+    for staged in [Staged::Pageable, Staged::Pinned] {
+        let sim = SimBuilder::new().build();
+        let ctx = context(&sim);
+        ctx.set_file_options(options(4096, 2));
+        let bytes = Rng::new(5).bytes(30_000);
+        let file = TempFile::new("grows.bin", &bytes);
+        stage(&ctx, staged, bytes.len());
+        let stream = non_blocking(&ctx);
+        let path = file.path().to_path_buf();
+        let fired = Arc::new(AtomicBool::new(false));
+        let flag = fired.clone();
+        sim.set_record_hook(Some(Arc::new(move |_| {
+            if !flag.swap(true, Ordering::SeqCst) {
+                let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+                f.write_all(&[0xEE; 50_000]).unwrap();
+            }
+        })));
+        let buf = ctx.new_buffer(bytes.len()).unwrap();
+        let opened = File::open(file.path()).unwrap();
+        match staged {
+            Staged::Pageable => stream.read_file_at(&buf, &opened, 0).unwrap(),
+            Staged::Pinned => buf.read_file_at(&opened, 0).unwrap(),
         }
-    })));
-    let buf = ctx.read_file(file.path()).unwrap();
-    sim.set_record_hook(None);
-    assert!(fired.load(Ordering::SeqCst));
-    assert_eq!(buf.to_vec().unwrap(), bytes);
+        sim.set_record_hook(None);
+        assert!(fired.load(Ordering::SeqCst), "{staged:?}");
+        assert_eq!(buf.to_vec().unwrap(), bytes, "{staged:?}");
+    }
 }
 
 /// `O_DIRECT` where the file system accepts it: the same bytes at unaligned offsets and
@@ -456,10 +519,11 @@ fn options_are_per_context_and_checked() {
 /// them ordered, and the file's bytes win.
 #[test]
 fn a_read_on_the_per_thread_stream_follows_the_callers_earlier_work() {
-    for (schedule, seed) in runs(4) {
+    for (staged, (schedule, seed)) in staged_runs(4) {
         let sim = sim(schedule, seed).build();
         let ctx = context(&sim);
         ctx.set_file_options(options(4096, 4));
+        stage(&ctx, staged, 64 * 1024);
         let stream = ctx.per_thread_stream();
         let dst = ctx.new_buffer(64 * 1024).unwrap();
         stream.copy_from_slice(&dst, &[0xAB; 64 * 1024]).unwrap();
@@ -469,7 +533,8 @@ fn a_read_on_the_per_thread_stream_follows_the_callers_earlier_work() {
             .read_file_at(&dst, &File::open(file.path()).unwrap(), 0)
             .unwrap();
         stream.synchronize().unwrap();
-        assert_eq!(dst.to_vec().unwrap(), bytes, "{schedule:?} seed {seed}");
-        assert_no_races(&sim, &format!("{schedule:?} seed {seed}"));
+        let what = format!("{staged:?} {schedule:?} seed {seed}");
+        assert_eq!(dst.to_vec().unwrap(), bytes, "{what}");
+        assert_no_races(&sim, &what);
     }
 }

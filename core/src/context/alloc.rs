@@ -415,8 +415,10 @@ impl Context {
     }
 
     /// Give every idle segment of the caching allocator (segments holding no live buffer)
-    /// back to the backend, and free every idle pooled pinned staging buffer; returns the
-    /// device bytes freed. Buffers in use are not affected. Blocks freed in stream order
+    /// back to the backend, and free every idle pooled pinned staging buffer (background
+    /// pinning still pending is cancelled; see
+    /// [`wait_background_pinning`](Self::wait_background_pinning)); returns the device
+    /// bytes freed. Buffers in use are not affected. Blocks freed in stream order
     /// ([`new_buffer_on`](Self::new_buffer_on)) whose free has not completed are waited
     /// for first (as `torch.cuda.empty_cache` synchronizes), so that their segments can go
     /// too.
@@ -432,6 +434,7 @@ impl Context {
     /// # Ok(()) }
     /// ```
     pub fn trim_cache(&self) -> usize {
+        self.inner.pinner.cancel();
         drop(self.inner.host_pool.drain());
         self.existing_allocator().map_or(0, |a| a.trim())
     }

@@ -12,6 +12,7 @@ use crate::ipc::{self, IpcMemHandle};
 use crate::pinned_pool::{PinnedPool, DEFAULT_STAGING_POOL_LIMIT};
 
 mod alloc;
+mod pinner;
 mod staging;
 mod views;
 
@@ -68,8 +69,10 @@ pub(crate) struct ContextInner {
     /// The caching allocator of this context's device context, once needed (see
     /// `caching_allocator`).
     allocator: OnceLock<Arc<DeviceAllocator>>,
-    /// Idle pinned staging buffers kept for reuse.
-    host_pool: PinnedPool,
+    /// Idle pinned staging buffers kept for reuse (shared with the pinning thread).
+    host_pool: Arc<PinnedPool>,
+    /// Pins staging buffers in the background for file reads and writes.
+    pinner: pinner::Pinner,
     /// How file reads and writes run (`Context::set_file_options`).
     file_options: std::sync::Mutex<crate::file::FileOptions>,
 }
@@ -78,6 +81,9 @@ impl Drop for ContextInner {
     fn drop(&mut self) {
         // Every buffer of this context is gone (each holds a clone). The caching allocator
         // gives its segments back when the last context over the device context goes.
+        // The background pinning stops first (joined: it ends with this context), so that
+        // nothing lands in the pool after it is emptied.
+        self.pinner.stop();
         drop(self.host_pool.drain());
         // The allocator is emptied before `raw` goes: it is shared by every context over
         // the device context, so its segments and events may have been made through a
@@ -135,7 +141,8 @@ impl Context {
                 device_number,
                 bytes_allocated: AtomicUsize::new(0),
                 allocator: OnceLock::new(),
-                host_pool: PinnedPool::new(pool_limit),
+                host_pool: Arc::new(PinnedPool::new(pool_limit)),
+                pinner: pinner::Pinner::new(),
                 file_options: std::sync::Mutex::default(),
             }),
         }

@@ -107,6 +107,59 @@ impl Context {
         self.inner.host_pool.bytes_pooled()
     }
 
+    /// Wait until the pinned staging buffers this context is allocating in the background
+    /// are in its pool.
+    ///
+    /// A file read or write ([`DeviceBuffer::read_file_at`](crate::DeviceBuffer::read_file_at)
+    /// and the rest of [the file API](crate::file)) that finds too few pinned buffers in
+    /// the pool never pins on its own path: it stages its chunks through pageable memory
+    /// while a helper thread of this context pins the buffers it lacks and puts them in the
+    /// pool, where its later chunks and later calls find them. No call needs to wait for
+    /// that; a benchmark or a test that wants the next call to find a warm pool does. A
+    /// failed pinned allocation is not reported here (the calls stay pageable; it is
+    /// logged at debug level). Returns at once when nothing is being pinned, as on a
+    /// context whose pool is off ([`set_staging_pool_limit`](Self::set_staging_pool_limit)
+    /// with 0: file calls then stage through pageable memory only).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let path = std::env::temp_dir().join(format!("cudabuf-doc-pinning-{}", std::process::id()));
+    /// std::fs::write(&path, vec![7u8; 100_000])?;
+    /// ctx.set_staging_pool_limit(64 << 20);
+    /// let first = ctx.read_file(&path)?; // staged through pageable memory
+    /// ctx.wait_background_pinning();
+    /// assert!(ctx.bytes_pooled() > 0); // pinned for the next call
+    /// let second = ctx.read_file(&path)?; // through the pooled pinned buffers
+    /// assert_eq!(first.to_vec()?, second.to_vec()?);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_background_pinning(&self) {
+        self.inner.pinner.wait();
+    }
+
+    /// An idle pooled staging buffer of `min..=max` bytes (the smallest), if any: never
+    /// a new allocation.
+    pub(crate) fn pooled_staging_buffer(&self, min: usize, max: usize) -> Option<HostBuffer> {
+        self.inner.host_pool.take_within(min, max)
+    }
+
+    /// Have up to `count` staging buffers of `size` bytes in the pool, counting the idle
+    /// ones of `size..=max` bytes already there: the missing ones are pinned in the
+    /// background, as many as the pool has room for. Nothing when the pool is off.
+    pub(crate) fn pin_staging_in_background(&self, size: usize, max: usize, count: usize) {
+        let pool = &self.inner.host_pool;
+        if !pool.has_room_for(size) {
+            return;
+        }
+        let room = pool.limit().saturating_sub(pool.bytes_pooled()) / size;
+        let missing = count.saturating_sub(pool.count_within(size, max)).min(room);
+        self.inner
+            .pinner
+            .request(&self.inner.raw, pool, size, missing);
+    }
+
     /// Allocate a pinned host buffer of `size` bytes through this context (page-locked,
     /// portable, device-mapped, not write-combined), zero-filled.
     ///

@@ -1,17 +1,23 @@
-//! The pipelines behind file reads and writes: threads that claim chunks, each with two
-//! pinned buffers, `pread` into one while the other uploads (or download into one while
-//! the other is `pwrite`n).
+//! The pipelines behind file reads and writes: threads that claim chunks, each with up to
+//! two pinned buffers, `pread` into one while the other uploads (or download into one
+//! while the other is `pwrite`n). A thread that finds no pinned buffer ready (a context's
+//! first calls, a pool that is off) stages its chunk through pageable memory of its own
+//! with a synchronous copy instead, while the missing pinned buffers are allocated in the
+//! background (`Context::pin_staging_in_background`); it switches to pinned buffers as
+//! they reach the pool.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use super::open::regular_file_len;
 use super::options::{DirectIo, FileOptions, ALIGN};
+use crate::backend::{current_call, enter_call, ApiCall};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::event::Event;
 use crate::host::HostBuffer;
 use crate::host_range::HostRange;
 use crate::stream::{Stream, Transfer};
@@ -35,14 +41,66 @@ struct Job<'a> {
     /// The file offset of the device buffer's first byte.
     base: u64,
     chunk: usize,
-    /// The size of each pinned buffer: a chunk, plus room to align an `O_DIRECT` span.
+    /// The size a staging buffer needs: a chunk (a power of two for a shorter range),
+    /// plus room to align an `O_DIRECT` span.
     buffer_size: usize,
+    /// The largest pooled pinned buffer a chunk takes (a full chunk's, padded).
+    buffer_max: usize,
     chunks: usize,
     next: AtomicUsize,
     /// Set by the first thread that fails: the others stop after their current chunk.
     stop: AtomicBool,
     /// Where the copies run; `None` on a backend without streams (synchronous copies).
     stream: Option<Stream>,
+    /// For a call on a stream of the caller's: an event recorded on it when the call
+    /// began. A chunk copied synchronously through pageable memory (on the legacy
+    /// stream) waits for it first, so that it too comes after the stream's earlier work.
+    after: Option<Event>,
+    /// The public call this job serves, entered on its helper threads too (for the
+    /// backend's messages).
+    call: Option<ApiCall>,
+}
+
+/// What one thread of a job holds: its idle pinned buffers, its copies in flight, and
+/// its pageable staging memory once it needed some.
+struct Staging<T> {
+    free: Vec<HostBuffer>,
+    in_flight: VecDeque<T>,
+    pageable: Option<Pageable>,
+    /// Whether the thread has waited for [`Job::after`].
+    ordered: bool,
+}
+
+impl<T> Staging<T> {
+    fn new() -> Self {
+        Staging {
+            free: Vec::new(),
+            in_flight: VecDeque::new(),
+            pageable: None,
+            ordered: false,
+        }
+    }
+}
+
+/// A thread's pageable staging memory, reused for each of its chunks that finds no
+/// pinned buffer: `len` bytes starting on a 4 KiB boundary (for `O_DIRECT` reads).
+struct Pageable {
+    bytes: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Pageable {
+    fn new(len: usize) -> Self {
+        // Zeroed by the allocator from fresh pages: nothing is touched before the reads.
+        let bytes = vec![0u8; len + ALIGN];
+        let start = (ALIGN - bytes.as_ptr().addr() % ALIGN) % ALIGN;
+        Pageable { bytes, start, len }
+    }
+
+    fn get(&mut self) -> &mut [u8] {
+        &mut self.bytes[self.start..self.start + self.len]
+    }
 }
 
 impl Job<'_> {
@@ -71,26 +129,58 @@ impl Job<'_> {
         }
     }
 
-    /// A pinned buffer that no copy uses: one of this thread's idle ones, a new one
-    /// (from the context's pool) while it has fewer than [`DEPTH`], or the oldest in
-    /// flight once `settle` has finished with it.
-    fn buffer<T>(
+    /// Pinned buffers the job can use at once on `threads` threads: two per thread where
+    /// copies run on a stream (one filled while the other's copy runs), one where they
+    /// are synchronous; never more than it has chunks.
+    fn pinned_wanted(&self, threads: usize) -> usize {
+        let per_thread = if self.stream.is_some() { DEPTH } else { 1 };
+        self.chunks.min(threads.saturating_mul(per_thread))
+    }
+
+    /// A pinned buffer that no copy uses, without pinning anything: one of this
+    /// thread's idle ones, the oldest in flight (once `settle` has finished with it) when
+    /// [`DEPTH`] are, an idle one from the context's pool, or else the oldest in flight
+    /// (a thread that has pinned buffers keeps to them). `None` when the thread has none
+    /// and the pool none ready: the chunk goes through pageable memory.
+    fn pinned<T>(
         &self,
-        free: &mut Vec<HostBuffer>,
-        in_flight: &mut VecDeque<T>,
+        staging: &mut Staging<T>,
         mut settle: impl FnMut(T) -> Result<HostBuffer>,
-    ) -> Result<HostBuffer> {
-        if let Some(buffer) = free.pop() {
-            return Ok(buffer);
+    ) -> Result<Option<HostBuffer>> {
+        if let Some(buffer) = staging.free.pop() {
+            return Ok(Some(buffer));
         }
-        match in_flight.pop_front() {
-            Some(oldest) if in_flight.len() + 1 >= DEPTH => settle(oldest),
-            Some(oldest) => {
-                in_flight.push_front(oldest);
-                self.ctx.staging_buffer(self.buffer_size)
+        if staging.in_flight.len() >= DEPTH {
+            if let Some(oldest) = staging.in_flight.pop_front() {
+                return settle(oldest).map(Some);
             }
-            None => self.ctx.staging_buffer(self.buffer_size),
         }
+        if let Some(buffer) = self
+            .ctx
+            .pooled_staging_buffer(self.buffer_size, self.buffer_max)
+        {
+            return Ok(Some(buffer));
+        }
+        match staging.in_flight.pop_front() {
+            Some(oldest) => settle(oldest).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// This thread's pageable staging memory, after waiting (once) for the caller's
+    /// stream's earlier work: the synchronous copies that use it run on the legacy
+    /// stream, which a non-blocking stream's work does not precede.
+    fn pageable<'s, T>(&self, staging: &'s mut Staging<T>) -> Result<&'s mut [u8]> {
+        if !staging.ordered {
+            if let Some(after) = &self.after {
+                after.synchronize()?;
+            }
+            staging.ordered = true;
+        }
+        Ok(staging
+            .pageable
+            .get_or_insert_with(|| Pageable::new(self.buffer_size))
+            .get())
     }
 
     fn recycle(&self, free: Vec<HostBuffer>) {
@@ -108,54 +198,63 @@ fn whole(range: HostRange, operation: &'static str) -> Result<HostBuffer> {
     })
 }
 
-/// Open `path` for reading, as an [`Error::File`] on failure. Non-blocking, so that
-/// opening a FIFO returns at once (to be refused as not a regular file) instead of
-/// waiting for a writer; reads of regular files ignore the flag.
-pub(super) fn open(path: &Path, operation: &'static str) -> Result<File> {
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(target_os = "linux")]
+/// `device`'s bytes `position..position + len` must exist.
+fn check_span(
+    device: &DeviceBuffer,
+    position: usize,
+    len: usize,
+    operation: &'static str,
+) -> Result<()> {
+    if position
+        .checked_add(len)
+        .is_some_and(|end| end <= device.size())
     {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NONBLOCK);
+        return Ok(());
     }
-    options.open(path).map_err(|e| Error::File {
+    Err(Error::out_of_range(
         operation,
-        path: path.display().to_string(),
-        offset: 0,
-        io_kind: e.kind(),
-        reason: format!("cannot open: {e}"),
-    })
+        "device buffer",
+        position,
+        len,
+        device.size(),
+    ))
 }
 
-/// The size of `file`, which must be a regular file.
-pub(super) fn regular_size(file: &File, path: &Path, operation: &'static str) -> Result<u64> {
-    regular_size_named(file, &path.display().to_string(), operation)
+/// Copy pageable `src` into `device` at `position`, synchronously, pinning nothing.
+fn upload_unpinned(
+    device: &DeviceBuffer,
+    position: usize,
+    src: &[u8],
+    operation: &'static str,
+) -> Result<()> {
+    check_span(device, position, src.len(), operation)?;
+    // SAFETY: `position + src.len() <= device.size()` was checked just above, and the
+    // buffer's range lies in its live memory (it is held), reachable from its context.
+    unsafe {
+        device
+            .context()
+            .raw()
+            .copy_host_to_device_unpinned(device.address() + position as u64, src)
+    }
 }
 
-fn regular_size_named(file: &File, name: &str, operation: &'static str) -> Result<u64> {
-    let metadata = file.metadata().map_err(|e| Error::File {
-        operation,
-        path: name.to_string(),
-        offset: 0,
-        io_kind: e.kind(),
-        reason: format!("cannot read its metadata: {e}"),
-    })?;
-    if !metadata.is_file() {
-        let what = if metadata.is_dir() {
-            "a directory"
-        } else {
-            "not a regular file (a FIFO, socket or device node)"
-        };
-        return Err(Error::File {
-            operation,
-            path: name.to_string(),
-            offset: 0,
-            io_kind: std::io::ErrorKind::InvalidInput,
-            reason: format!("it is {what}: only regular files are read and written"),
-        });
+/// Copy `dst.len()` bytes of `device` from `position` into pageable `dst`, synchronously,
+/// pinning nothing.
+fn download_unpinned(
+    device: &DeviceBuffer,
+    position: usize,
+    dst: &mut [u8],
+    operation: &'static str,
+) -> Result<()> {
+    check_span(device, position, dst.len(), operation)?;
+    // SAFETY: `position + dst.len() <= device.size()` was checked just above, and the
+    // buffer's range lies in its live memory (it is held), reachable from its context.
+    unsafe {
+        device
+            .context()
+            .raw()
+            .copy_device_to_host_unpinned(dst, device.address() + position as u64)
     }
-    Ok(metadata.len())
 }
 
 /// `len` bytes at `offset` must lie within a file of `size` bytes.
@@ -351,14 +450,14 @@ pub(super) fn read(
     operation: &'static str,
 ) -> Result<()> {
     let name = describe(file);
-    let size = regular_size_named(file, &name, operation)?;
+    let size = regular_file_len(file, &name, operation)?;
     check_range(size, offset, dst.size(), &name, operation)?;
     if dst.is_empty() {
         return Ok(());
     }
     let options = dst.context().file_options();
     let direct = open_direct(file, &name, options.direct_io(), operation)?;
-    let job = job(dst, file, offset, stream, operation, name, &options, direct);
+    let job = job(dst, file, offset, stream, operation, name, &options, direct)?;
     run(&job, options.threads(), read_worker)
 }
 
@@ -371,7 +470,7 @@ pub(super) fn write(
     operation: &'static str,
 ) -> Result<()> {
     let name = describe(file);
-    regular_size_named(file, &name, operation)?;
+    regular_file_len(file, &name, operation)?;
     if appends(file) {
         // Linux's `pwrite` ignores the offset of a file opened with `O_APPEND`: the
         // chunks, written by several threads, would land at the end in any order.
@@ -401,12 +500,13 @@ pub(super) fn write(
         return Ok(());
     }
     let options = src.context().file_options();
-    let job = job(src, file, offset, stream, operation, name, &options, None);
+    let job = job(src, file, offset, stream, operation, name, &options, None)?;
     run(&job, options.threads(), write_worker)
 }
 
 /// The job of one call over `device`; `direct` is the file reopened with `O_DIRECT` (reads
-/// only), for which each pinned buffer gets room to align a span.
+/// only), for which each staging buffer gets room to align a span. A call on a stream
+/// records the event its pageable chunks wait for.
 #[allow(clippy::too_many_arguments)]
 fn job<'a>(
     device: &'a DeviceBuffer,
@@ -417,15 +517,16 @@ fn job<'a>(
     name: String,
     options: &FileOptions,
     direct: Option<File>,
-) -> Job<'a> {
+) -> Result<Job<'a>> {
     let ctx = device.context();
     let (len, chunk) = (device.size(), options.chunk_size());
+    let after = stream.map(Stream::record_event).transpose()?;
     let stream = match stream {
         Some(stream) => Some(stream.clone()),
         None => ctx.raw().streams().is_some().then(|| ctx.legacy_stream()),
     };
     let pad = if direct.is_some() { 2 * ALIGN } else { 0 };
-    Job {
+    Ok(Job {
         ctx,
         device,
         file,
@@ -437,17 +538,21 @@ fn job<'a>(
         base,
         chunk,
         buffer_size: staging_size(chunk, len) + pad,
+        buffer_max: chunk + pad,
         chunks: len.div_ceil(chunk),
         next: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         stream,
-    }
+        after,
+        call: current_call(),
+    })
 }
 
 /// Run `worker` on up to `threads` threads (the calling thread is one of them); the first
 /// failure, if any. On the per-thread default stream every copy is issued from the
 /// calling thread (one thread): that handle names the issuing thread's own stream, so
-/// other threads' copies would not be ordered after the caller's earlier work.
+/// other threads' copies would not be ordered after the caller's earlier work. The pinned
+/// buffers the threads can use and the pool lacks are pinned in the background first.
 fn run(job: &Job<'_>, threads: usize, worker: fn(&Job<'_>) -> Result<()>) -> Result<()> {
     let per_thread = job.stream.as_ref().is_some_and(Stream::is_per_thread);
     let threads = if per_thread {
@@ -455,6 +560,8 @@ fn run(job: &Job<'_>, threads: usize, worker: fn(&Job<'_>) -> Result<()>) -> Res
     } else {
         threads.min(job.chunks).max(1)
     };
+    job.ctx
+        .pin_staging_in_background(job.buffer_size, job.buffer_max, job.pinned_wanted(threads));
     if threads == 1 {
         return worker(job);
     }
@@ -463,7 +570,10 @@ fn run(job: &Job<'_>, threads: usize, worker: fn(&Job<'_>) -> Result<()>) -> Res
             .filter_map(|i| {
                 std::thread::Builder::new()
                     .name(format!("cudabuf-file-{i}"))
-                    .spawn_scoped(scope, || worker(job))
+                    .spawn_scoped(scope, || {
+                        let _call = job.call.map(enter_call);
+                        worker(job)
+                    })
                     .map_err(|e| log::debug!("{}: fewer threads: {e}", job.operation))
                     .ok()
             })
@@ -490,17 +600,22 @@ fn run(job: &Job<'_>, threads: usize, worker: fn(&Job<'_>) -> Result<()>) -> Res
     })
 }
 
-/// A reading thread: claim a chunk, `pread` it into a free pinned buffer, issue its
-/// upload; at most [`DEPTH`] uploads of its own in flight.
+/// A reading thread: claim a chunk, `pread` it into a free pinned buffer and issue its
+/// upload (at most [`DEPTH`] uploads of its own in flight), or, with no pinned buffer
+/// ready, `pread` it into pageable memory and copy it synchronously.
 fn read_worker(job: &Job<'_>) -> Result<()> {
-    let mut free = Vec::new();
-    let mut in_flight: VecDeque<Transfer<HostRange>> = VecDeque::new();
-    let result = read_chunks(job, &mut free, &mut in_flight);
+    let mut staging = Staging::new();
+    let result = read_chunks(job, &mut staging);
     if result.is_err() {
         job.stop.store(true, Ordering::Relaxed);
     }
     // Every upload is waited for, even after a failure: the pinned memory goes back only
     // when nothing reads it.
+    let Staging {
+        mut free,
+        in_flight,
+        ..
+    } = staging;
     let mut drained = Ok(());
     for transfer in in_flight {
         match transfer.wait() {
@@ -519,39 +634,41 @@ fn read_worker(job: &Job<'_>) -> Result<()> {
     result.and(drained)
 }
 
-fn read_chunks(
-    job: &Job<'_>,
-    free: &mut Vec<HostBuffer>,
-    in_flight: &mut VecDeque<Transfer<HostRange>>,
-) -> Result<()> {
+fn read_chunks(job: &Job<'_>, staging: &mut Staging<Transfer<HostRange>>) -> Result<()> {
     while let Some(k) = job.claim() {
         let (start, n) = job.span(k);
-        let mut buf = job.buffer(free, in_flight, |oldest| {
+        let pinned = job.pinned(staging, |oldest| {
             oldest
                 .wait()
                 .map_err(Error::from)
                 .and_then(|range| whole(range, job.operation))
         })?;
+        let Some(mut buf) = pinned else {
+            let buf = job.pageable(staging)?;
+            let head = fill(job, buf, start, n)?;
+            upload_unpinned(job.device, start, &buf[head..head + n], job.operation)?;
+            continue;
+        };
         let head = match fill(job, &mut buf, start, n) {
             Ok(head) => head,
             Err(e) => {
-                free.push(buf);
+                staging.free.push(buf);
                 return Err(e);
             }
         };
         let Some(stream) = &job.stream else {
             let copied = job.device.copy_from_host(&buf[head..head + n], start, None);
-            free.push(buf);
+            staging.free.push(buf);
             copied?;
             continue;
         };
         let range = buf.into_range(head..head + n)?;
         let dst = job.device.slice(start, n)?;
         match stream.copy_from_host(&dst, range) {
-            Ok(transfer) => in_flight.push_back(transfer),
+            Ok(transfer) => staging.in_flight.push_back(transfer),
             Err(e) => {
                 let (e, host) = e.into_parts();
-                free.extend(host.and_then(|r| r.into_buffer().ok()));
+                staging.free.extend(host.and_then(|r| r.into_buffer().ok()));
                 return Err(e);
             }
         }
@@ -560,14 +677,19 @@ fn read_chunks(
 }
 
 /// A writing thread: claim a chunk, issue its download into a free pinned buffer; once
-/// [`DEPTH`] downloads are in flight, wait for the oldest and `pwrite` it.
+/// [`DEPTH`] downloads are in flight, wait for the oldest and `pwrite` it. With no pinned
+/// buffer ready, download the chunk synchronously into pageable memory and `pwrite` it.
 fn write_worker(job: &Job<'_>) -> Result<()> {
-    let mut free = Vec::new();
-    let mut in_flight: VecDeque<(usize, Transfer<HostRange>)> = VecDeque::new();
-    let result = write_chunks(job, &mut free, &mut in_flight);
+    let mut staging = Staging::new();
+    let result = write_chunks(job, &mut staging);
     if result.is_err() {
         job.stop.store(true, Ordering::Relaxed);
     }
+    let Staging {
+        mut free,
+        in_flight,
+        ..
+    } = staging;
     let mut drained = Ok(());
     for (start, transfer) in in_flight {
         // After a failure the rest are only waited for, not written.
@@ -614,21 +736,25 @@ fn finish_write(
     }
 }
 
-fn write_chunks(
-    job: &Job<'_>,
-    free: &mut Vec<HostBuffer>,
-    in_flight: &mut VecDeque<(usize, Transfer<HostRange>)>,
-) -> Result<()> {
+fn write_chunks(job: &Job<'_>, staging: &mut Staging<(usize, Transfer<HostRange>)>) -> Result<()> {
     while let Some(k) = job.claim() {
         let (start, n) = job.span(k);
-        let mut buf = job.buffer(free, in_flight, |(start, oldest)| {
+        let at = job.base + start as u64;
+        let pinned = job.pinned(staging, |(start, oldest)| {
             finish_write(job, start, oldest, true).map_err(|(e, buffer)| {
                 free_on_error(job, buffer);
                 e
             })
         })?;
+        let Some(mut buf) = pinned else {
+            let buf = &mut job.pageable(staging)?[..n];
+            download_unpinned(job.device, start, buf, job.operation)?;
+            job.file
+                .write_all_at(buf, at)
+                .map_err(|e| job.io_error(at, &e))?;
+            continue;
+        };
         let Some(stream) = &job.stream else {
-            let at = job.base + start as u64;
             let copied = job
                 .device
                 .copy_to_host_into(start, &mut buf[..n], Some(n))
@@ -637,17 +763,17 @@ fn write_chunks(
                         .write_all_at(&buf[..n], at)
                         .map_err(|e| job.io_error(at, &e))
                 });
-            free.push(buf);
+            staging.free.push(buf);
             copied?;
             continue;
         };
         let range = buf.into_range(..n)?;
         let src = job.device.slice(start, n)?;
         match stream.copy_to_host(&src, range) {
-            Ok(transfer) => in_flight.push_back((start, transfer)),
+            Ok(transfer) => staging.in_flight.push_back((start, transfer)),
             Err(e) => {
                 let (e, host) = e.into_parts();
-                free.extend(host.and_then(|r| r.into_buffer().ok()));
+                staging.free.extend(host.and_then(|r| r.into_buffer().ok()));
                 return Err(e);
             }
         }
@@ -655,7 +781,7 @@ fn write_chunks(
     Ok(())
 }
 
-/// A buffer freed from inside `Job::buffer`'s settle step, which cannot reach the
+/// A buffer freed from inside `Job::pinned`'s settle step, which cannot reach the
 /// thread's free list: back to the pool.
 fn free_on_error(job: &Job<'_>, buffer: Option<HostBuffer>) {
     if let Some(buffer) = buffer {

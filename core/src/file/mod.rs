@@ -64,11 +64,13 @@
 //! ```
 
 mod engine;
+mod open;
 mod options;
 
 use std::fs::File;
 use std::path::Path;
 
+pub use open::{open_for_read, open_for_write, regular_file_len};
 pub use options::{DirectIo, FileOptions};
 
 use crate::backend::{enter_call, ApiCall};
@@ -218,8 +220,7 @@ impl Context {
     pub fn read_file(&self, path: impl AsRef<Path>) -> Result<DeviceBuffer> {
         let _call = enter_call(ApiCall::here("Context::read_file"));
         let path = path.as_ref();
-        let file = engine::open(path, "Context::read_file")?;
-        let size = engine::regular_size(&file, path, "Context::read_file")?;
+        let (file, size) = open_for_read(path, "Context::read_file")?;
         let len = usize::try_from(size).map_err(|_| Error::File {
             operation: "Context::read_file",
             path: path.display().to_string(),
@@ -262,8 +263,7 @@ impl Context {
         let _call = enter_call(ApiCall::here("Context::read_file_range"));
         let path = path.as_ref();
         let operation = "Context::read_file_range";
-        let file = engine::open(path, operation)?;
-        let size = engine::regular_size(&file, path, operation)?;
+        let (file, size) = open_for_read(path, operation)?;
         engine::check_range(size, offset, len, &path.display().to_string(), operation)?;
         let buf = self.new_buffer(len)?;
         engine::read(&buf, &file, offset, None, operation)?;
