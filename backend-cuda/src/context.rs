@@ -227,6 +227,105 @@ impl CudaDriverContext {
         self.started_engine()
     }
 
+    /// The staging engine for such a copy only if it is running already: starting it
+    /// pins its workers' chunks, which a copy that must pin nothing cannot wait for.
+    fn running_staging_engine(
+        &self,
+        pushed: &PushedContext,
+        host: *const u8,
+        len: usize,
+    ) -> Option<Arc<StagingEngine>> {
+        if !self.stages(len, 1) || !self.is_pageable(pushed, host) {
+            return None;
+        }
+        let staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
+        staging.engine.clone()
+    }
+
+    /// Copy `src` to the device at `dst` (`copy_host_to_device`); through the staging
+    /// engine if the copy is staged and (`start_engine`) it may be started for it, or it
+    /// is running.
+    ///
+    /// # Safety
+    /// `dst..dst + src.len()` lies inside a live allocation reachable from this context.
+    unsafe fn upload(&self, dst: DevicePtr, src: &[u8], start_engine: bool) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let pushed = self.push()?;
+        let engine = if start_engine {
+            self.staging_engine(&pushed, src.as_ptr(), src.len())
+        } else {
+            self.running_staging_engine(&pushed, src.as_ptr(), src.len())
+        };
+        if let Some(engine) = engine {
+            // SAFETY: `src` is readable for its length during the call (the engine only
+            // reads it); the caller guarantees the device range. The engine's streams are
+            // ordered with the legacy default stream, and `copy` returns when every part
+            // is done.
+            return unsafe {
+                engine.copy(
+                    Direction::HostToDevice,
+                    vec![Piece {
+                        host: src.as_ptr() as usize,
+                        device: dst,
+                        len: src.len(),
+                    }],
+                )
+            }
+            .map_err(|f| self.fail_copy(f, &[dst]));
+        }
+        // SAFETY: our context is pushed; `src` is readable for `src.len()` bytes; the
+        // caller guarantees `dst..dst + src.len()` is in a live allocation reachable from
+        // this context.
+        check("cuMemcpyHtoD_v2", unsafe {
+            sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast::<c_void>(), src.len())
+        })
+        .map_err(|f| self.fail_copy(f, &[dst]))?;
+        self.wait_default_stream(&pushed)
+    }
+
+    /// Copy `dst.len()` bytes from the device at `src` into `dst`
+    /// (`copy_device_to_host`); through the staging engine as [`upload`](Self::upload).
+    ///
+    /// # Safety
+    /// `src..src + dst.len()` lies inside a live allocation reachable from this context.
+    unsafe fn download(&self, dst: &mut [u8], src: DevicePtr, start_engine: bool) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let pushed = self.push()?;
+        let engine = if start_engine {
+            self.staging_engine(&pushed, dst.as_ptr(), dst.len())
+        } else {
+            self.running_staging_engine(&pushed, dst.as_ptr(), dst.len())
+        };
+        if let Some(engine) = engine {
+            // SAFETY: `dst` is writable for its length and exclusively ours during the
+            // call; the caller guarantees the device range. The engine's streams are
+            // ordered with the legacy default stream (so pending copies into the source
+            // land first), and `copy` returns when every part is done.
+            return unsafe {
+                engine.copy(
+                    Direction::DeviceToHost,
+                    vec![Piece {
+                        host: dst.as_mut_ptr() as usize,
+                        device: src,
+                        len: dst.len(),
+                    }],
+                )
+            }
+            .map_err(|f| self.fail_copy(f, &[src]));
+        }
+        // SAFETY: our context is pushed; `dst` is writable for `dst.len()` bytes; the
+        // caller guarantees `src..src + dst.len()` is in a live allocation reachable from
+        // this context. cuMemcpyDtoH returns once the copy is complete.
+        check("cuMemcpyDtoH_v2", unsafe {
+            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len())
+        })
+        .map_err(|f| self.fail_copy(f, &[src]))
+    }
+
     /// Whether a copy of `len` bytes in `pieces` pieces is staged (if its memory is
     /// pageable): staging is on, and the copy is large enough or has many pieces (which the
     /// engine gathers, instead of one synchronous driver copy each).
@@ -470,35 +569,14 @@ unsafe impl RawContext for CudaDriverContext {
     }
 
     unsafe fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        let pushed = self.push()?;
-        if let Some(engine) = self.staging_engine(&pushed, src.as_ptr(), src.len()) {
-            // SAFETY: `src` is readable for its length during the call (the engine only
-            // reads it); the caller guarantees the device range. The engine's streams are
-            // ordered with the legacy default stream, and `copy` returns when every part
-            // is done.
-            return unsafe {
-                engine.copy(
-                    Direction::HostToDevice,
-                    vec![Piece {
-                        host: src.as_ptr() as usize,
-                        device: dst,
-                        len: src.len(),
-                    }],
-                )
-            }
-            .map_err(|f| self.fail_copy(f, &[dst]));
-        }
-        // SAFETY: our context is pushed; `src` is readable for `src.len()` bytes; the
-        // caller guarantees `dst..dst + src.len()` is in a live allocation reachable from
-        // this context.
-        check("cuMemcpyHtoD_v2", unsafe {
-            sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast::<c_void>(), src.len())
-        })
-        .map_err(|f| self.fail_copy(f, &[dst]))?;
-        self.wait_default_stream(&pushed)
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.upload(dst, src, true) }
+    }
+
+    unsafe fn copy_host_to_device_unpinned(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        // SAFETY: forwarded from this method's contract. The staging engine is used only
+        // if it runs already (starting it would pin its chunks).
+        unsafe { self.upload(dst, src, false) }
     }
 
     unsafe fn copy_host_to_device_batch(&self, copies: &[(DevicePtr, &[u8])]) -> Result<()> {
@@ -576,34 +654,14 @@ unsafe impl RawContext for CudaDriverContext {
     }
 
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let pushed = self.push()?;
-        if let Some(engine) = self.staging_engine(&pushed, dst.as_ptr(), dst.len()) {
-            // SAFETY: `dst` is writable for its length and exclusively ours during the
-            // call; the caller guarantees the device range. The engine's streams are
-            // ordered with the legacy default stream (so pending copies into the source
-            // land first), and `copy` returns when every part is done.
-            return unsafe {
-                engine.copy(
-                    Direction::DeviceToHost,
-                    vec![Piece {
-                        host: dst.as_mut_ptr() as usize,
-                        device: src,
-                        len: dst.len(),
-                    }],
-                )
-            }
-            .map_err(|f| self.fail_copy(f, &[src]));
-        }
-        // SAFETY: our context is pushed; `dst` is writable for `dst.len()` bytes; the
-        // caller guarantees `src..src + dst.len()` is in a live allocation reachable from
-        // this context. cuMemcpyDtoH returns once the copy is complete.
-        check("cuMemcpyDtoH_v2", unsafe {
-            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len())
-        })
-        .map_err(|f| self.fail_copy(f, &[src]))
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.download(dst, src, true) }
+    }
+
+    unsafe fn copy_device_to_host_unpinned(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        // SAFETY: forwarded from this method's contract. The staging engine is used only
+        // if it runs already (starting it would pin its chunks).
+        unsafe { self.download(dst, src, false) }
     }
 
     unsafe fn copy_device_to_device(
