@@ -11,6 +11,7 @@ use std::fs::File;
 use std::io;
 use std::path::Path;
 
+use cudabuf_core::file::{open_for_read, regular_file_len};
 use cudabuf_core::{DeviceBuffer, Error, Result};
 
 /// An open regular file, its name (for errors) and its size when opened.
@@ -22,38 +23,21 @@ pub(crate) struct SourceFile {
 }
 
 impl SourceFile {
-    /// Open `path` for reading.
+    /// Open `path` for reading (core's [`open_for_read`]: without blocking, regular
+    /// files only).
     pub(crate) fn open(path: &Path, operation: &'static str) -> Result<Self> {
-        let mut options = std::fs::OpenOptions::new();
-        options.read(true);
-        // Non-blocking, so that a FIFO is refused below instead of waiting for a writer.
-        #[cfg(target_os = "linux")]
-        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
-        let file = options
-            .open(path)
-            .map_err(|e| io_error(operation, &path.display(), &e))?;
-        Self::new(file, path.display().to_string(), operation)
-    }
-
-    /// Read `file`, called `name` in errors.
-    pub(crate) fn new(file: File, name: String, operation: &'static str) -> Result<Self> {
-        let metadata = file
-            .metadata()
-            .map_err(|e| io_error(operation, &name, &e))?;
-        if !metadata.is_file() {
-            return Err(Error::File {
-                operation,
-                path: name,
-                offset: 0,
-                io_kind: io::ErrorKind::InvalidInput,
-                reason: "not a regular file (a directory, FIFO or device node)".into(),
-            });
-        }
+        let (file, len) = open_for_read(path, operation)?;
         Ok(SourceFile {
             file,
-            name,
-            len: metadata.len(),
+            name: path.display().to_string(),
+            len,
         })
+    }
+
+    /// Read `file`, called `name` in errors (a regular file only).
+    pub(crate) fn new(file: File, name: String, operation: &'static str) -> Result<Self> {
+        let len = regular_file_len(&file, &name, operation)?;
+        Ok(SourceFile { file, name, len })
     }
 
     /// The open file (the Parquet reader hands it to the decoder).

@@ -2,7 +2,7 @@
 //! `CudaBuffer.write_file` and the context's file options (their docstrings are on the
 //! methods in `context.rs` and `device_buffer.rs`), over cudabuf's `file` module.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::PathBuf;
 
 use cudabuf::{DirectIo, Error, FileOptions};
@@ -14,9 +14,10 @@ use crate::errors::{default_if_negative, invalid_argument, non_negative, OrRaise
 
 /// A file argument opened for the call, without blocking and without owning anything of
 /// the caller's:
-/// - a path (`str` or `os.PathLike`) is opened (for writing: created if missing, never
-///   truncated) with `O_NONBLOCK`, so that a FIFO is refused by the regular-file check
-///   instead of blocking the call in `open`;
+/// - a path (`str` or `os.PathLike`) is opened by core's `file::open_for_read` /
+///   `open_for_write` (for writing: created if missing, never truncated): with
+///   `O_NONBLOCK`, so that a FIFO is refused at once instead of blocking the call in
+///   `open`, and only if it is a regular file;
 /// - an object with `fileno()` (an open Python file) is flushed first (its buffered bytes
 ///   reach the file) and its descriptor duplicated; a descriptor (`int`) is duplicated.
 ///   The duplicate shares the caller's open file: its access mode and flags (a read-only
@@ -26,24 +27,12 @@ fn open_arg(obj: &Bound<'_, PyAny>, write: bool, operation: &'static str) -> PyR
         return Err(invalid_argument(operation, "expected a file, got a bool"));
     }
     if let Ok(path) = obj.extract::<PathBuf>() {
-        let mut options = OpenOptions::new();
-        if write {
-            options.write(true).create(true);
+        let opened = if write {
+            cudabuf::file::open_for_write(&path, operation)
         } else {
-            options.read(true);
-        }
-        #[cfg(target_os = "linux")]
-        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
-        return options
-            .open(&path)
-            .map_err(|e| Error::File {
-                operation,
-                path: path.display().to_string(),
-                offset: 0,
-                io_kind: e.kind(),
-                reason: format!("cannot open: {e}"),
-            })
-            .or_raise();
+            cudabuf::file::open_for_read(&path, operation)
+        };
+        return opened.map(|(file, _len)| file).or_raise();
     }
     let fd: i64 = if let Ok(fd) = obj.extract::<i64>() {
         fd
