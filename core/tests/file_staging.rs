@@ -16,7 +16,7 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use cudabuf_core::backend::MockRawContext;
-use cudabuf_core::{Backend, BackendKind, Context, Error, FileOptions};
+use cudabuf_core::{Backend, BackendKind, Context, DirectIo, Error, FileOptions};
 use cudabuf_sim::{FaultOp, RegionKind, SimBackend};
 use cudabuf_test_support::{assert_no_races, context, non_blocking, runs, sim, Rng, SimBuilder};
 
@@ -398,6 +398,101 @@ fn dropping_the_context_right_after_a_first_call_leaves_nothing() {
     }
 }
 
+/// When the pinning runs: a short call (a range under 16 times the bytes of the buffers
+/// it wants) moves every chunk through pageable memory and has the buffers pinned once it
+/// is done, for the next call; a long one has them pinned from its start and moves its
+/// later chunks through them (pinned chunks are uploaded on a stream, which records an
+/// event per chunk: the record hook counts them).
+#[test]
+fn a_short_first_call_pins_after_it_and_a_long_one_while_it_runs() {
+    let _serial = serial();
+    let sim = SimBuilder::new().build();
+    let records = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&records);
+    sim.set_record_hook(Some(Arc::new(move |_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+    })));
+    let pins = || sim.op_count(FaultOp::AllocHost);
+
+    // Short: 2 chunks of 64 KiB want 128 KiB of buffers; 100 KiB is under 16 times that.
+    let ctx = context(&sim);
+    ctx.set_staging_pool_limit(64 << 20);
+    ctx.set_file_options(options(64 * KIB, 4));
+    let short = Rng::new(41).bytes(100 * KIB);
+    let file = TempFile::new(&short);
+    assert_eq!(ctx.read_file(file.path()).unwrap().to_vec().unwrap(), short);
+    assert_eq!(
+        records.load(Ordering::SeqCst),
+        0,
+        "no chunk went through pinned memory"
+    );
+    ctx.wait_background_pinning();
+    assert_eq!(pins(), 2, "pinned after the call");
+    assert_eq!(ctx.read_file(file.path()).unwrap().to_vec().unwrap(), short);
+    assert!(
+        records.load(Ordering::SeqCst) > 0,
+        "the next call uses them"
+    );
+    drop(ctx);
+
+    // Long: 2048 chunks of 4 KiB on 2 threads want 16 KiB of buffers.
+    records.store(0, Ordering::SeqCst);
+    let ctx = context(&sim);
+    ctx.set_staging_pool_limit(64 << 20);
+    ctx.set_file_options(options(4 * KIB, 2));
+    let long = Rng::new(42).bytes(8 << 20);
+    let file = TempFile::new(&long);
+    let before = pins();
+    assert_eq!(ctx.read_file(file.path()).unwrap().to_vec().unwrap(), long);
+    assert!(
+        records.load(Ordering::SeqCst) > 0,
+        "later chunks of the first call went through the buffers pinned meanwhile"
+    );
+    ctx.wait_background_pinning();
+    assert_eq!(pins() - before, 4, "two per thread");
+    sim.set_record_hook(None);
+    drop(ctx);
+    sim.assert_clean();
+}
+
+/// Chunks larger than the pageable piece (2 MiB) move through pageable memory in pieces:
+/// every byte lands at any offset and length, with `O_DIRECT` (each piece an aligned
+/// span) and without, and back out to a file.
+#[test]
+fn large_chunks_move_through_pageable_memory_in_pieces() {
+    let _serial = serial();
+    let sim = SimBuilder::new().build();
+    let ctx = context(&sim);
+    ctx.set_staging_pool_limit(0);
+    let bytes = Rng::new(51).bytes(9 * (1 << 20) + 12_345);
+    let file = TempFile::new(&bytes);
+    let opened = File::open(file.path()).unwrap();
+    for direct in [DirectIo::Never, DirectIo::IfSupported] {
+        for (offset, len) in [(0, bytes.len()), (4097, 5 * (1 << 20) + 3), (1, 4 << 20)] {
+            let what = format!("{direct:?}: {len} bytes at {offset}");
+            ctx.set_file_options(options(4 << 20, 2).with_direct_io(direct));
+            let buf = ctx.new_buffer(len).unwrap();
+            buf.read_file_at(&opened, offset as u64).unwrap();
+            assert_eq!(
+                buf.to_vec().unwrap(),
+                &bytes[offset..offset + len],
+                "{what}"
+            );
+            let out = TempFile::new(b"");
+            let w = OpenOptions::new().write(true).open(out.path()).unwrap();
+            buf.write_file_at(&w, 3).unwrap();
+            assert_eq!(
+                &std::fs::read(out.path()).unwrap()[3..],
+                &bytes[offset..offset + len],
+                "{what}"
+            );
+        }
+    }
+    assert_eq!(sim.op_count(FaultOp::AllocHost), 0, "nothing pinned");
+    drop(ctx);
+    sim.assert_clean();
+}
+
 /// The background pinning never outlives its context, forced: a mock backend holds the
 /// pinning thread inside its first allocation while the context drops. The drop waits
 /// for that allocation, frees the buffer it made, starts no other, and leaves no thread.
@@ -437,7 +532,7 @@ fn the_background_pinning_ends_with_its_context() {
     let file = TempFile::new(&[5u8; 3 * 4 * KIB]); // three chunks: three buffers wanted
     let dst = ctx.new_buffer(3 * 4 * KIB).unwrap();
     dst.read_file_at(&File::open(file.path()).unwrap(), 0)
-        .expect("read through pageable memory while the pinning thread is held");
+        .expect("read through pageable memory (a short call: pinning starts at its end)");
     let size = entered_rx
         .recv_timeout(Duration::from_secs(60))
         .expect("the pinning thread is in its first allocation");

@@ -61,7 +61,10 @@ impl Context {
 
     /// Set the limit of idle pinned bytes this context's staging pool keeps (0: off,
     /// every recycled buffer is freed). The pool is on (256 MiB) exactly when the caching
-    /// allocator is on by default.
+    /// allocator is on by default. File reads and writes take their pinned buffers from
+    /// it and have the missing ones pinned into it in the background, as far as the limit
+    /// allows; with it off they stage through pageable memory alone (see
+    /// [the file module](crate::file)).
     ///
     /// ```
     /// # fn main() -> cudabuf_core::Result<()> {

@@ -25,6 +25,13 @@ use crate::stream::{Stream, Transfer};
 /// Pinned buffers per thread: one being filled while the other's copy runs.
 const DEPTH: usize = 2;
 
+/// The most bytes a thread moves at once through pageable memory (a chunk goes in pieces
+/// of this size): a thread's pageable memory is new to the process on a first call, and
+/// every page of it costs a fault when it is first written, so a small piece, reused,
+/// costs far fewer faults than a whole chunk (and stays in the CPU's caches), while a
+/// synchronous copy of this size still amortizes its fixed cost.
+const PAGEABLE_PIECE: usize = 2 << 20;
+
 /// One read or write of a device buffer from or to a file, shared by its threads.
 struct Job<'a> {
     ctx: &'a Context,
@@ -46,6 +53,8 @@ struct Job<'a> {
     buffer_size: usize,
     /// The largest pooled pinned buffer a chunk takes (a full chunk's, padded).
     buffer_max: usize,
+    /// The room a staging buffer has beyond its bytes, to align an `O_DIRECT` span.
+    pad: usize,
     chunks: usize,
     next: AtomicUsize,
     /// Set by the first thread that fails: the others stop after their current chunk.
@@ -177,10 +186,20 @@ impl Job<'_> {
             }
             staging.ordered = true;
         }
+        let len = self.chunk.min(PAGEABLE_PIECE) + self.pad;
         Ok(staging
             .pageable
-            .get_or_insert_with(|| Pageable::new(self.buffer_size))
+            .get_or_insert_with(|| Pageable::new(len))
             .get())
+    }
+
+    /// The pieces `start..start + n` is moved in through pageable memory: at most
+    /// [`PAGEABLE_PIECE`] bytes each.
+    fn pieces(&self, start: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
+        let piece = self.chunk.min(PAGEABLE_PIECE);
+        (start..start + n)
+            .step_by(piece)
+            .map(move |at| (at, piece.min(start + n - at)))
     }
 
     fn recycle(&self, free: Vec<HostBuffer>) {
@@ -380,8 +399,8 @@ fn read_full(
 }
 
 /// The pinned buffer for chunks of `chunk` bytes of a `len`-byte range: a power of two
-/// from 64 KiB up to the chunk, so that reads of similar sizes reuse the same pooled
-/// buffers (the pool matches sizes exactly).
+/// from 64 KiB up to the chunk, so that reads of similar sizes pin buffers of the same
+/// sizes (and a short range no more than twice its length).
 fn staging_size(chunk: usize, len: usize) -> usize {
     len.max(64 << 10).next_power_of_two().min(chunk)
 }
@@ -539,6 +558,7 @@ fn job<'a>(
         chunk,
         buffer_size: staging_size(chunk, len) + pad,
         buffer_max: chunk + pad,
+        pad,
         chunks: len.div_ceil(chunk),
         next: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
@@ -548,11 +568,16 @@ fn job<'a>(
     })
 }
 
+/// A call pins the buffers it lacks in the background while it runs only if its range
+/// is at least this many times their bytes; otherwise once it is done.
+const EARLY_PINNING: usize = 16;
+
 /// Run `worker` on up to `threads` threads (the calling thread is one of them); the first
 /// failure, if any. On the per-thread default stream every copy is issued from the
 /// calling thread (one thread): that handle names the issuing thread's own stream, so
 /// other threads' copies would not be ordered after the caller's earlier work. The pinned
-/// buffers the threads can use and the pool lacks are pinned in the background first.
+/// buffers the threads can use and the pool lacks are pinned in the background: from the
+/// start for a long call ([`EARLY_PINNING`]), after it for a short one.
 fn run(job: &Job<'_>, threads: usize, worker: fn(&Job<'_>) -> Result<()>) -> Result<()> {
     let per_thread = job.stream.as_ref().is_some_and(Stream::is_per_thread);
     let threads = if per_thread {
@@ -560,11 +585,31 @@ fn run(job: &Job<'_>, threads: usize, worker: fn(&Job<'_>) -> Result<()>) -> Res
     } else {
         threads.min(job.chunks).max(1)
     };
-    job.ctx
-        .pin_staging_in_background(job.buffer_size, job.buffer_max, job.pinned_wanted(threads));
-    if threads == 1 {
-        return worker(job);
+    let wanted = job.pinned_wanted(threads);
+    let pin = || {
+        job.ctx
+            .pin_staging_in_background(job.buffer_size, job.buffer_max, wanted)
+    };
+    // Pinning competes with the call for the CPU (and the driver): only a call long
+    // enough to have pinned buffers for most of its chunks has them pinned while it
+    // runs; a shorter one has them pinned once it is done, for the next calls.
+    let early = job.device.size() / EARLY_PINNING >= wanted.saturating_mul(job.buffer_size);
+    if early {
+        pin();
     }
+    let result = if threads == 1 {
+        worker(job)
+    } else {
+        run_threads(job, threads, worker)
+    };
+    if !early {
+        pin();
+    }
+    result
+}
+
+/// `worker` on `threads` threads, the calling thread one of them.
+fn run_threads(job: &Job<'_>, threads: usize, worker: fn(&Job<'_>) -> Result<()>) -> Result<()> {
     std::thread::scope(|scope| {
         let helpers: Vec<_> = (1..threads)
             .filter_map(|i| {
@@ -645,8 +690,10 @@ fn read_chunks(job: &Job<'_>, staging: &mut Staging<Transfer<HostRange>>) -> Res
         })?;
         let Some(mut buf) = pinned else {
             let buf = job.pageable(staging)?;
-            let head = fill(job, buf, start, n)?;
-            upload_unpinned(job.device, start, &buf[head..head + n], job.operation)?;
+            for (at, len) in job.pieces(start, n) {
+                let head = fill(job, buf, at, len)?;
+                upload_unpinned(job.device, at, &buf[head..head + len], job.operation)?;
+            }
             continue;
         };
         let head = match fill(job, &mut buf, start, n) {
@@ -747,11 +794,14 @@ fn write_chunks(job: &Job<'_>, staging: &mut Staging<(usize, Transfer<HostRange>
             })
         })?;
         let Some(mut buf) = pinned else {
-            let buf = &mut job.pageable(staging)?[..n];
-            download_unpinned(job.device, start, buf, job.operation)?;
-            job.file
-                .write_all_at(buf, at)
-                .map_err(|e| job.io_error(at, &e))?;
+            let buf = job.pageable(staging)?;
+            for (piece, len) in job.pieces(start, n) {
+                let at = job.base + piece as u64;
+                download_unpinned(job.device, piece, &mut buf[..len], job.operation)?;
+                job.file
+                    .write_all_at(&buf[..len], at)
+                    .map_err(|e| job.io_error(at, &e))?;
+            }
             continue;
         };
         let Some(stream) = &job.stream else {

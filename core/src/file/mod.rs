@@ -10,6 +10,30 @@
 //! made. A write runs the same pipeline backwards (download a chunk into pinned memory on
 //! a stream, `pwrite` it while the next chunk downloads).
 //!
+//! # Where the pinned memory comes from
+//! Pinning host memory costs more per byte than the copy it speeds up (0.3-1 ms per MiB
+//! on an H200 host, where a pageable copy of a few MiB runs at 10-20 GB/s), so a call never
+//! pins on its own path. Its pinned buffers are idle ones from the context's staging pool
+//! ([`Context::set_staging_pool_limit`]): any of the size a chunk needs up to a full
+//! chunk's. A thread that finds none ready (a context's first calls) moves its chunk
+//! through pageable memory of its own instead, in pieces of at most 2 MiB (fresh memory
+//! costs a page fault per page on first use, so a small piece, reused, is cheaper than a
+//! whole chunk), each read and then copied synchronously with a copy that pins nothing
+//! ([`RawContext::copy_host_to_device_unpinned`]; on a stream of the caller's, after
+//! waiting for an event recorded on it when the call began). A helper thread of the
+//! context pins the buffers the call can use (at most one per chunk, and two per thread,
+//! one without streams) that the pool lacks, and puts them in the pool, as far as its
+//! limit allows; later calls find them there. Pinning competes with the call for the CPU,
+//! so it starts when the call ends, unless the call is long: with a range of at least 16
+//! times the bytes of the buffers it wants, it starts with the call, whose threads switch
+//! to the pinned buffers as they arrive. [`Context::wait_background_pinning`]
+//! waits for that thread (a benchmark or test wanting a warm pool does; calls need not);
+//! [`Context::trim_cache`] cancels what it has not pinned yet; the context's drop stops
+//! it and waits for the allocation in progress, so it never outlives the context. A
+//! failed pinned allocation there only ends the background pinning (logged at debug
+//! level). With the pool off (a limit of 0, the simulator's default) nothing is pinned for
+//! files: every chunk goes through pageable memory.
+//!
 //! - The synchronous forms ([`DeviceBuffer::read_file_at`], [`DeviceBuffer::write_file_at`],
 //!   [`Context::read_file`]) run their copies on the context's legacy default stream, as
 //!   every synchronous copy does: after the earlier work of blocking streams. They return
@@ -34,6 +58,13 @@
 //! - Bytes a file grows by after the size check are not read.
 //! - On any error the other threads stop after their current chunk, every copy in flight
 //!   is waited for, and the pinned buffers go back to the pool: nothing is leaked.
+//!
+//! # Opening files
+//! [`open_for_read`] and [`open_for_write`] open a path as [`Context::read_file`] does:
+//! without blocking (a FIFO with no peer is refused at once instead of hanging the
+//! call), regular files only, every failure an [`Error::File`] naming the path and the
+//! operation; [`regular_file_len`] checks a file opened elsewhere. The Arrow readers and
+//! the Python package open their files with them.
 //!
 //! # `O_DIRECT`
 //! By default reads go through the page cache, which is the fast path for data read
@@ -73,6 +104,8 @@ use std::path::Path;
 pub use open::{open_for_read, open_for_write, regular_file_len};
 pub use options::{DirectIo, FileOptions};
 
+#[cfg(doc)]
+use crate::backend::RawContext;
 use crate::backend::{enter_call, ApiCall};
 use crate::buffer::DeviceBuffer;
 use crate::context::Context;
@@ -100,7 +133,8 @@ impl DeviceBuffer {
     /// # Errors
     /// [`Error::File`] if the file is not a regular file, is shorter than
     /// `offset + self.size()` (also when it shrinks during the read), or a read fails;
-    /// the pinned allocation's and the copies' failures.
+    /// the copies' failures. (Pinned memory is never allocated on the call's path: a
+    /// failed background allocation leaves the chunks on pageable memory.)
     #[track_caller]
     pub fn read_file_at(&self, file: &File, offset: u64) -> Result<()> {
         let _call = enter_call(
@@ -128,7 +162,7 @@ impl DeviceBuffer {
     ///
     /// # Errors
     /// [`Error::File`] if the file is not a regular file or a write fails (not opened for
-    /// writing, no space left); the pinned allocation's and the copies' failures.
+    /// writing, no space left); the copies' failures.
     #[track_caller]
     pub fn write_file_at(&self, file: &File, offset: u64) -> Result<()> {
         let _call = enter_call(

@@ -57,8 +57,9 @@ impl Default for FileOptions {
 }
 
 impl FileOptions {
-    /// The size of each chunk a thread reads or writes at once (each thread holds two
-    /// pinned chunks).
+    /// The size of each chunk a thread reads or writes at once (each thread uses up to two
+    /// pinned staging buffers of this size, from the context's pool; see
+    /// [the module docs](crate::file)).
     ///
     /// ```
     /// assert_eq!(cudabuf_core::FileOptions::default().chunk_size(), 8 << 20);
