@@ -1,8 +1,16 @@
 //! Files to device memory and back, beside the bounds measured in the same run: the
 //! host's parallel `pread` of the same file into host memory (the bound of a read when the
 //! page cache is warm, and the disk's rate when it is cold), one thread's read, the pinned
-//! host-to-device copy, and the host's parallel `pwrite`. On the backend
-//! `CUDABUF_BACKEND` names (`sim`, the default, or `cuda`).
+//! host-to-device copy, the host's parallel `pwrite`, and the path that pins nothing
+//! (threads `pread` chunks into pageable memory of their own and copy each synchronously,
+//! as a first call does while it has no pinned buffers: the bound the first call of a
+//! context is held to). On the backend `CUDABUF_BACKEND` names (`sim`, the default, or
+//! `cuda`).
+//!
+//! The first call of a context is timed on a context of a backend made for it (a
+//! `Backend`'s `context(0)` is cached, so a context of the bench's own backend would find
+//! the buffers earlier calls pooled): nothing pinned in advance, its staging pool at the
+//! bench's limit, one call per repetition, each on a new backend.
 //!
 //! ```text
 //! cargo bench --bench files -- --dir /tmp --sizes 64M,256M
@@ -164,6 +172,48 @@ fn host_parallel(file: &File, host: &mut [u8], threads: usize, write: bool) -> A
     })
 }
 
+/// The path that pins nothing: `threads` threads `pread` the file in `CHUNK`s into a
+/// pageable chunk buffer of their own (new for the call, reused for each chunk) and copy
+/// each to `device` synchronously, with the backend's copy that pins no memory for it
+/// (`copy_host_to_device_unpinned`, what a first call uses while its pinned buffers are
+/// made).
+fn unpinned_read(file: &File, device: &cudabuf::DeviceBuffer, threads: usize) -> AnyResult<()> {
+    let size = device.size();
+    let next = AtomicUsize::new(0);
+    let raw = device.context().raw();
+    std::thread::scope(|s| -> AnyResult<()> {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> Result<(), String> {
+                    let mut scratch = vec![0u8; CHUNK.min(size)];
+                    loop {
+                        let at = next.fetch_add(1, Ordering::Relaxed) * CHUNK;
+                        if at >= size {
+                            return Ok(());
+                        }
+                        let n = CHUNK.min(size - at);
+                        file.read_exact_at(&mut scratch[..n], at as u64)
+                            .map_err(|e| e.to_string())?;
+                        // SAFETY: `at + n <= device.size()`, and `device` (held by the
+                        // caller for the call) is live memory of the context of `raw`.
+                        unsafe {
+                            raw.copy_host_to_device_unpinned(
+                                device.address() + at as u64,
+                                &scratch[..n],
+                            )
+                        }
+                        .map_err(|e| e.to_string())?;
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().map_err(|_| "a pageable-copy thread panicked")??;
+        }
+        Ok(())
+    })
+}
+
 /// `threads` threads `pread` the `size`-byte file in `CHUNK`s, each into a chunk buffer of
 /// its own, reused: what reading the file costs, without a large destination's misses.
 fn host_parallel_scratch(file: &File, size: usize, threads: usize) -> AnyResult<()> {
@@ -305,21 +355,38 @@ fn run() -> AnyResult<()> {
         };
         record("pinned H2D copy (the link)", size, pinned, None);
         ctx.set_file_options(base);
-        // The first call of a context pins its staging chunks: timed alone, on a new
-        // context (a pool of its own) over the same device.
-        let first = {
-            let fresh = backend.context(0)?;
+        let unpinned = rate(o.reps, size, nothing, || {
+            unpinned_read(&file, &device, o.threads)
+        })?;
+        record(
+            "no pinning: pread + pageable copy, parallel (warm)",
+            size,
+            unpinned,
+            Some(("host pread parallel", bound)),
+        );
+        // The first call of a context: each repetition on a context of a new backend
+        // (nothing pinned, its pool empty), timed alone.
+        let mut firsts = Vec::new();
+        for _ in 0..o.reps.max(1) {
+            let fresh_backend = cudabuf::backend_from_env()?;
+            let fresh = fresh_backend.context(0)?;
             fresh.set_staging_pool_limit(ctx.staging_pool_limit());
             fresh.set_file_options(base);
             let dst = fresh.new_buffer(size)?;
-            rate(1, size, nothing, || Ok(dst.read_file_at(&file, 0)?))?
-        };
+            let t = Instant::now();
+            dst.read_file_at(&file, 0)?;
+            firsts.push(size as f64 / t.elapsed().as_secs_f64() / 1e9);
+        }
         record(
             "cudabuf read_file_at, first call of a context (warm)",
             size,
-            first,
-            Some(("host pread parallel", bound)),
+            median(firsts),
+            Some(("no pinning", unpinned)),
         );
+        // Warm: the page cache and the staging pool (one call, then the pinning it
+        // started in the background waited for).
+        device.read_file_at(&file, 0)?;
+        ctx.wait_background_pinning();
         let ours = rate(o.reps, size, nothing, || Ok(device.read_file_at(&file, 0)?))?;
         record(
             "cudabuf read_file_at (warm)",

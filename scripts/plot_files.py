@@ -24,6 +24,7 @@ CURVES = {
         ("host parallel pread (the bound)", ["host pread, parallel, into one buffer (warm)"]),
         ("cudabuf read_file_at", ["cudabuf read_file_at (warm)"]),
         ("cudabuf, first call of a context", ["cudabuf read_file_at, first call of a context (warm)"]),
+        ("no pinning: pread + pageable copy", ["no pinning: pread + pageable copy, parallel (warm)"]),
         ("KvikIO CuFile.pread (defaults)", ["KvikIO CuFile.pread (warm)"]),
         ("KvikIO, 8 threads, 8 MiB tasks", ["KvikIO CuFile.pread, 8 threads, 8 MiB tasks (warm)"]),
         ("torch.from_file().cuda()", ["torch.from_file().cuda() (warm)"]),
