@@ -2,9 +2,9 @@
 //! two pinned buffers, `pread` into one while the other uploads (or download into one
 //! while the other is `pwrite`n). A thread that finds no pinned buffer ready (a context's
 //! first calls, a pool that is off) stages its chunk through pageable memory of its own
-//! with a synchronous copy instead, while the missing pinned buffers are allocated in the
-//! background (`Context::pin_staging_in_background`); it switches to pinned buffers as
-//! they reach the pool.
+//! with a synchronous copy instead, and the missing pinned buffers are allocated in the
+//! background (`Context::pin_staging_in_background`): after the call for a short one,
+//! from its start for a long one, whose threads switch to them as they reach the pool.
 
 use std::collections::VecDeque;
 use std::fs::File;
