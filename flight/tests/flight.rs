@@ -625,6 +625,33 @@ fn empty_batches_decode_to_batches_of_no_rows() {
     assert_clean(sim, ctx);
 }
 
+#[test]
+fn bodies_go_through_two_pooled_pinned_staging_buffers() {
+    let (sim, ctx) = new_sim();
+    ctx.set_staging_pool_limit(1 << 20);
+    let batch = mixed(0, 200);
+    let message = batch_message(&batch);
+    let body = message.data_body.len();
+    let mut decoder = DeviceFlightDecoder::new(&ctx).unwrap();
+    decoder.push(&schema_message(&batch.schema())).unwrap();
+    let mut landed = Vec::new();
+    for _ in 0..10 {
+        landed.extend(decoder.push(&message).unwrap());
+        // One body in flight, the one before it back in the pool: never more than two
+        // staging buffers, reused rather than pinned anew.
+        assert!(ctx.bytes_pooled() <= body, "{} pooled", ctx.bytes_pooled());
+    }
+    landed.extend(decoder.finish().unwrap());
+    assert_eq!(ctx.bytes_pooled(), 2 * body);
+    assert_eq!(landed.len(), 10);
+    for batch_on_device in &landed {
+        assert_eq!(batch_on_device.to_host().unwrap(), batch);
+    }
+    drop((landed, decoder));
+    assert_eq!(ctx.bytes_allocated(), 0);
+    assert_clean(sim, ctx);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_cut_mid_way_is_an_error_after_the_batches_before() {
     let (sim, ctx) = new_sim();
