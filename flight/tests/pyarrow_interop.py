@@ -137,7 +137,7 @@ class PyServer(flight.FlightServerBase):
 
 def check_cudabuf_do_get_from_pyarrow():
     table = pa.Table.from_batches(put_table().to_batches(max_chunksize=1500))
-    # A zero-row batch: pyarrow sends its message (arrow-rs's encoder would not).
+    # "lz4-empty": pyarrow sends the schema and no batch message.
     tables = {"plain": table, "lz4": table, "lz4-empty": table.slice(0, 0)}
     server = PyServer(tables)
     try:
