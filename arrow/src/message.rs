@@ -72,6 +72,47 @@ impl DeviceMessage {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// A message from its parts, as a transport such as Arrow Flight delivers them: the
+    /// flatbuffer `Message` metadata (without the prefix, on the host) and device memory
+    /// whose start holds the body (the bytes may still be on their way there, on a
+    /// stream: nothing is read from the device). The metadata is verified and its body
+    /// length checked against `body`; the message's body is the first `bodyLength` bytes
+    /// of `body` (a zero-copy slice).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// use std::sync::Arc;
+    /// use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// use cudabuf_arrow::arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+    /// use cudabuf_arrow::{DeviceMessage, DeviceRecordBatch};
+    ///
+    /// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])
+    ///     .unwrap();
+    /// let (_, encoded) = IpcDataGenerator::default()
+    ///     .encode(&batch, &mut DictionaryTracker::new(false), &IpcWriteOptions::default(), &mut Default::default())
+    ///     .unwrap();
+    /// let body = ctx.buffer_from_data(&encoded.arrow_data)?;
+    /// let message = DeviceMessage::from_parts(&encoded.ipc_message, &body)?;
+    /// let on_device = DeviceRecordBatch::from_message(&message, batch.schema_ref())?;
+    /// assert_eq!(on_device.to_host()?, batch);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidData`] for metadata the flatbuffer verifier rejects, a metadata
+    /// version before V4, a negative body length or one longer than `body`.
+    pub fn from_parts(metadata: &[u8], body: &DeviceBuffer) -> Result<DeviceMessage> {
+        let (parsed, metadata_bytes, body_len) = parse_metadata(metadata.to_vec(), body.size())?;
+        Ok(DeviceMessage {
+            metadata: parsed,
+            len: metadata_bytes.len() + body_len,
+            metadata_bytes,
+            body: body.slice(0, body_len)?,
+            position: 0,
+        })
+    }
 }
 
 impl fmt::Debug for DeviceMessage {

@@ -1,0 +1,381 @@
+//! [`FlightDeviceClient`]: a Flight client whose `DoGet` lands batches in device memory.
+
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use arrow::datatypes::SchemaRef;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightData, FlightDescriptor, FlightInfo, Ticket};
+use bytes::Bytes;
+use cudabuf_arrow::DeviceRecordBatch;
+use cudabuf_core::Context;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use tonic::transport::{Channel, Endpoint};
+use tonic::Request;
+
+use crate::auth::add_bearer;
+use crate::decode::{DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
+use crate::error::{FlightError, Result};
+use crate::server::GRPC_HEADROOM;
+
+/// A Flight client (tonic, HTTP/2 without TLS) whose [`do_get`](Self::do_get) decodes
+/// the stream straight into device memory ([`DeviceFlightDecoder`]), sending
+/// `authorization: Bearer <token>` on every call when it has a token.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+/// use cudabuf_arrow::DeviceRecordBatch;
+/// use cudabuf_flight::{DeviceFlightServer, FlightDeviceClient};
+/// use futures::TryStreamExt;
+///
+/// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+/// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])?;
+/// let server = DeviceFlightServer::new(&ctx);
+/// server.insert("t", batch.schema(), vec![DeviceRecordBatch::from_host(&batch, &ctx)?])?;
+///
+/// let runtime = tokio::runtime::Runtime::new()?;
+/// runtime.block_on(async {
+///     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+///     let url = format!("http://{}", listener.local_addr()?);
+///     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+///     let serving = tokio::spawn(async move {
+///         server.serve(listener, Some("s3cret"), async { stopped.await.ok(); }).await
+///     });
+///
+///     let mut client = FlightDeviceClient::connect(&url, Some("s3cret")).await?;
+///     let stream = client.do_get("t", &ctx).await?;
+///     assert_eq!(stream.schema(), &batch.schema());
+///     let batches: Vec<DeviceRecordBatch> = stream.try_collect().await?;
+///     assert_eq!(batches[0].to_host()?, batch);
+///
+///     stop.send(()).ok();
+///     serving.await??;
+///     Ok::<_, Box<dyn std::error::Error>>(())
+/// })?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct FlightDeviceClient {
+    inner: FlightServiceClient<Channel>,
+    token: Option<String>,
+    max_message_size: usize,
+}
+
+impl FlightDeviceClient {
+    /// Connect to `url` (`http://host:port`), with an optional bearer token, and the
+    /// message limit [`DEFAULT_MAX_MESSAGE_SIZE`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let refused = runtime.block_on(cudabuf_flight::FlightDeviceClient::connect("not a url", None));
+    /// assert!(matches!(refused, Err(cudabuf_flight::FlightError::Transport(_))));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`FlightError::Transport`] for a bad URL or a failed connection.
+    pub async fn connect(url: &str, token: Option<&str>) -> Result<Self> {
+        let channel = Endpoint::from_shared(url.to_owned())?.connect().await?;
+        Ok(Self::new(channel, token))
+    }
+
+    /// A client over a channel made elsewhere (TLS, timeouts, ... are the channel's).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let _guard = runtime.enter();
+    /// let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    /// let client = cudabuf_flight::FlightDeviceClient::new(channel, Some("token"));
+    /// assert_eq!(client.max_message_size(), cudabuf_flight::DEFAULT_MAX_MESSAGE_SIZE);
+    /// # Ok(()) }
+    /// ```
+    pub fn new(channel: Channel, token: Option<&str>) -> Self {
+        FlightDeviceClient {
+            inner: FlightServiceClient::new(channel),
+            token: token.map(str::to_owned),
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+        }
+        .with_max_message_size(DEFAULT_MAX_MESSAGE_SIZE)
+    }
+
+    /// Set the limit on one incoming message (header and body): a larger one ends the
+    /// stream with [`FlightError::TooLarge`] (or, far over the limit, tonic's own refusal,
+    /// [`FlightError::Status`] with `OutOfRange`).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let runtime = tokio::runtime::Runtime::new()?;
+    /// # let _guard = runtime.enter();
+    /// # let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    /// let client = cudabuf_flight::FlightDeviceClient::new(channel, None).with_max_message_size(1 << 20);
+    /// assert_eq!(client.max_message_size(), 1 << 20);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_message_size(mut self, bytes: usize) -> Self {
+        self.max_message_size = bytes;
+        self.inner = self
+            .inner
+            .max_decoding_message_size(bytes.saturating_add(GRPC_HEADROOM))
+            .max_encoding_message_size(usize::MAX);
+        self
+    }
+
+    /// The limit on one incoming message.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let runtime = tokio::runtime::Runtime::new()?;
+    /// # let _guard = runtime.enter();
+    /// # let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    /// let client = cudabuf_flight::FlightDeviceClient::new(channel, None);
+    /// assert_eq!(client.max_message_size(), 64 << 20);
+    /// # Ok(()) }
+    /// ```
+    pub fn max_message_size(&self) -> usize {
+        self.max_message_size
+    }
+
+    fn request<T>(&self, message: T) -> Result<Request<T>> {
+        let mut request = Request::new(message);
+        add_bearer(&mut request, self.token.as_deref())?;
+        Ok(request)
+    }
+
+    /// `GetFlightInfo` for `descriptor`.
+    ///
+    /// ```no_run
+    /// # async fn info(mut client: cudabuf_flight::FlightDeviceClient) -> Result<(), cudabuf_flight::FlightError> {
+    /// let descriptor = arrow_flight::FlightDescriptor::new_path(vec!["numbers".into()]);
+    /// let info = client.get_flight_info(descriptor).await?;
+    /// println!("{} rows", info.total_records);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`FlightError::Status`] with the server's answer.
+    pub async fn get_flight_info(&mut self, descriptor: FlightDescriptor) -> Result<FlightInfo> {
+        let request = self.request(descriptor)?;
+        Ok(self.inner.get_flight_info(request).await?.into_inner())
+    }
+
+    /// `DoGet` of `ticket` into the device of `ctx`: returns once the schema message has
+    /// arrived; the stream yields each [`DeviceRecordBatch`] once its upload is complete
+    /// (uploads overlap the receipt of the next message, on a stream of `ctx`). A stream
+    /// that ends after its schema yields nothing.
+    ///
+    /// ```no_run
+    /// # async fn get(mut client: cudabuf_flight::FlightDeviceClient, ctx: cudabuf_core::Context) -> Result<(), cudabuf_flight::FlightError> {
+    /// use futures::TryStreamExt;
+    /// let stream = client.do_get("numbers", &ctx).await?;
+    /// println!("{}", stream.schema());
+    /// let batches: Vec<_> = stream.try_collect().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`FlightError::Status`] for the server's refusal (`Unauthenticated`, `NotFound`,
+    /// ...) or a broken stream; what [`DeviceFlightDecoder::push`] returns for the first
+    /// message; [`FlightError::InvalidData`] when the stream ends before its schema. The
+    /// stream's items fail likewise, and the stream ends after its first error.
+    pub async fn do_get(
+        &mut self,
+        ticket: impl Into<Bytes>,
+        ctx: &Context,
+    ) -> Result<DeviceBatchStream> {
+        let request = self.request(Ticket {
+            ticket: ticket.into(),
+        })?;
+        let incoming = self.inner.do_get(request).await?.into_inner();
+        DeviceBatchStream::start(
+            incoming.map(|m| m.map_err(FlightError::from)).boxed(),
+            DeviceFlightDecoder::new(ctx)?.with_max_message_size(self.max_message_size),
+        )
+        .await
+    }
+}
+
+/// The batches of a `DoGet` in device memory, in order: a [`Stream`] of
+/// `Result<DeviceRecordBatch>` that knows its schema ([`schema`](Self::schema)).
+pub struct DeviceBatchStream {
+    schema: SchemaRef,
+    inner: BoxStream<'static, Result<DeviceRecordBatch>>,
+}
+
+impl std::fmt::Debug for DeviceBatchStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBatchStream")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceBatchStream {
+    /// Decode `incoming` (any source of `FlightData`: a tonic stream, a test's vector)
+    /// with `decoder`: waits for the schema message, then streams the batches.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use arrow_flight::{FlightData, SchemaAsIpc};
+    /// use cudabuf_arrow::arrow::datatypes::Schema;
+    /// use cudabuf_flight::{DeviceBatchStream, DeviceFlightDecoder};
+    /// use futures::{stream, StreamExt};
+    ///
+    /// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let schema = FlightData::from(SchemaAsIpc::new(&Schema::empty(), &Default::default()));
+    /// let incoming = stream::iter([Ok(schema)]).boxed();
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let stream = runtime.block_on(DeviceBatchStream::start(incoming, DeviceFlightDecoder::new(&ctx)?))?;
+    /// assert_eq!(stream.schema().fields().len(), 0);
+    /// assert_eq!(runtime.block_on(stream.count()), 0); // schema only
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`FlightDeviceClient::do_get`].
+    pub async fn start(
+        mut incoming: BoxStream<'static, Result<FlightData>>,
+        mut decoder: DeviceFlightDecoder,
+    ) -> Result<Self> {
+        while decoder.schema().is_none() {
+            match incoming.next().await {
+                Some(data) => {
+                    // A record batch cannot come first: push refuses it.
+                    decoder.push(&data?)?;
+                }
+                None => {
+                    return Err(FlightError::invalid(
+                        "the stream ended before its schema message",
+                    ))
+                }
+            }
+        }
+        let schema = decoder
+            .schema()
+            .cloned()
+            .ok_or_else(|| FlightError::invalid("no schema"))?;
+        let state = Some((incoming, decoder));
+        let inner = futures::stream::unfold(state, |state| async move {
+            let (mut incoming, mut decoder) = state?;
+            loop {
+                let step = match incoming.next().await {
+                    Some(Ok(data)) => decoder.push(&data),
+                    Some(Err(e)) => Err(e),
+                    None => {
+                        return match decoder.finish() {
+                            Ok(Some(batch)) => Some((Ok(batch), None)),
+                            Ok(None) => None,
+                            Err(e) => Some((Err(e), None)),
+                        }
+                    }
+                };
+                match step {
+                    Ok(Some(batch)) => return Some((Ok(batch), Some((incoming, decoder)))),
+                    Ok(None) => continue,
+                    Err(e) => return Some((Err(e), None)),
+                }
+            }
+        })
+        .boxed();
+        Ok(DeviceBatchStream { schema, inner })
+    }
+
+    /// The schema of every batch.
+    ///
+    /// ```no_run
+    /// # async fn get(mut client: cudabuf_flight::FlightDeviceClient, ctx: cudabuf_core::Context) -> Result<(), cudabuf_flight::FlightError> {
+    /// let stream = client.do_get("numbers", &ctx).await?;
+    /// assert!(!stream.schema().fields().is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+}
+
+impl Stream for DeviceBatchStream {
+    type Item = Result<DeviceRecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.poll_next_unpin(cx)
+    }
+}
+
+/// A blocking [`FlightDeviceClient`]: its own tokio runtime, for programs without one.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+/// let mut client = cudabuf_flight::BlockingFlightClient::connect("http://127.0.0.1:8815", None)?;
+/// let (schema, batches) = client.do_get("numbers", &ctx)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct BlockingFlightClient {
+    runtime: tokio::runtime::Runtime,
+    client: FlightDeviceClient,
+}
+
+impl BlockingFlightClient {
+    /// Connect to `url` ([`FlightDeviceClient::connect`]) on a new current-thread runtime.
+    ///
+    /// ```
+    /// let refused = cudabuf_flight::BlockingFlightClient::connect("http://127.0.0.1:1", None);
+    /// assert!(refused.is_err()); // nothing listens on port 1
+    /// ```
+    ///
+    /// # Errors
+    /// As [`FlightDeviceClient::connect`]; [`FlightError::Device`] is never returned.
+    pub fn connect(url: &str, token: Option<&str>) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| FlightError::Status(Box::new(tonic::Status::internal(e.to_string()))))?;
+        let client = runtime.block_on(FlightDeviceClient::connect(url, token))?;
+        Ok(BlockingFlightClient { runtime, client })
+    }
+
+    /// The asynchronous client inside.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = cudabuf_flight::BlockingFlightClient::connect("http://127.0.0.1:8815", None)?;
+    /// assert_eq!(client.client().max_message_size(), cudabuf_flight::DEFAULT_MAX_MESSAGE_SIZE);
+    /// # Ok(()) }
+    /// ```
+    pub fn client(&self) -> &FlightDeviceClient {
+        &self.client
+    }
+
+    /// `DoGet` of `ticket` into the device of `ctx`, every batch collected.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let mut client = cudabuf_flight::BlockingFlightClient::connect("http://127.0.0.1:8815", None)?;
+    /// let (schema, batches) = client.do_get("numbers", &ctx)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`FlightDeviceClient::do_get`].
+    pub fn do_get(
+        &mut self,
+        ticket: impl Into<Bytes>,
+        ctx: &Context,
+    ) -> Result<(SchemaRef, Vec<DeviceRecordBatch>)> {
+        let client = &mut self.client;
+        self.runtime.block_on(async {
+            let mut stream = client.do_get(ticket, ctx).await?;
+            let mut batches = Vec::new();
+            while let Some(batch) = stream.next().await {
+                batches.push(batch?);
+            }
+            Ok((stream.schema().clone(), batches))
+        })
+    }
+}

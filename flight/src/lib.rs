@@ -1,0 +1,40 @@
+//! cudabuf-flight: Arrow Flight straight into device memory, on cudabuf.
+//!
+//! - [`FlightDeviceClient::do_get`]: a `DoGet` whose record batches land in device memory
+//!   ([`DeviceRecordBatch`](cudabuf_arrow::DeviceRecordBatch)es): each `FlightData` body is
+//!   copied once from gRPC's buffer into pinned staging memory (the context's pool) and
+//!   uploaded on a cudabuf [`Stream`](cudabuf_core::Stream) while the next message is
+//!   received ([`DeviceFlightDecoder`]). [`BlockingFlightClient`] wraps it for programs
+//!   without a tokio runtime.
+//! - [`DeviceFlightServer`]: a ready-made Flight service over an in-memory map of device
+//!   batches: `DoGet` (batches downloaded through pinned memory and encoded by arrow-rs,
+//!   [`encode_device_batches`]), `DoPut` into device memory, `GetFlightInfo`,
+//!   `GetSchema`, `ListFlights`.
+//! - [`BearerAuth`]: the server admits only calls with `authorization: Bearer <token>`
+//!   (`Unauthenticated` otherwise); the client sends it.
+//! - Untrusted peers: every message is checked before anything is allocated (size limit,
+//!   flatbuffer verification, body length against the metadata, buffers against the
+//!   body); failures are [`FlightError`]s, never panics, and what was allocated is freed.
+//!
+//! Not handled yet: dictionary-encoded columns (refused with
+//! [`FlightError::Unsupported`]), `DoExchange`, TLS (give [`FlightDeviceClient::new`] a
+//! TLS channel of your own).
+//!
+//! See [`FlightDeviceClient`] for a complete round trip.
+
+mod auth;
+mod client;
+mod decode;
+mod encode;
+mod error;
+mod server;
+
+/// The `arrow-flight` crate this one is built on (version 60, as `cudabuf_arrow::arrow`).
+pub use arrow_flight;
+
+pub use auth::BearerAuth;
+pub use client::{BlockingFlightClient, DeviceBatchStream, FlightDeviceClient};
+pub use decode::{DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
+pub use encode::encode_device_batches;
+pub use error::{FlightError, Result};
+pub use server::{DeviceFlight, DeviceFlightServer};

@@ -1,0 +1,423 @@
+//! [`DeviceFlightServer`]: a Flight service over an in-memory map of device batches.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arrow::datatypes::SchemaRef;
+use arrow_flight::flight_descriptor::DescriptorType;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
+};
+use cudabuf_arrow::DeviceRecordBatch;
+use cudabuf_core::Context;
+use futures::stream::{self, BoxStream};
+use futures::StreamExt;
+use tonic::service::interceptor::InterceptedService;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::auth::BearerAuth;
+use crate::decode::{DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
+use crate::encode::encode_device_batches;
+use crate::error::{FlightError, Result};
+
+/// What gRPC may add around a `FlightData`'s header and body: tonic's own limit is the
+/// decoder's plus this.
+pub(crate) const GRPC_HEADROOM: usize = 64 << 10;
+
+/// One flight: a schema and the device batches that follow it.
+#[derive(Debug, Clone)]
+pub struct DeviceFlight {
+    /// The schema of every batch.
+    pub schema: SchemaRef,
+    /// The batches, in order.
+    pub batches: Vec<DeviceRecordBatch>,
+}
+
+struct Inner {
+    ctx: Context,
+    flights: Mutex<BTreeMap<Vec<u8>, DeviceFlight>>,
+    max_message_size: usize,
+}
+
+/// A ready-made Flight server over an in-memory map from a key to a [`DeviceFlight`]:
+/// `DoGet` streams a flight (ticket = key), `DoPut` lands an uploaded stream on the device
+/// under its descriptor's key (a path `["a", "b"]` is the key `a/b`, a command is its
+/// bytes), `GetFlightInfo`, `GetSchema` and `ListFlights` describe what is there (one
+/// endpoint per flight, its ticket the key). `Handshake`, `DoExchange`, actions and
+/// `PollFlightInfo` are `Unimplemented`.
+///
+/// Cloning shares the map. Serve it with [`serve`](Self::serve), or add
+/// [`service`](Self::service) to a tonic router of your own.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+/// use cudabuf_arrow::DeviceRecordBatch;
+/// use cudabuf_flight::DeviceFlightServer;
+///
+/// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+/// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])?;
+/// let server = DeviceFlightServer::new(&ctx);
+/// server.insert("numbers", batch.schema(), vec![DeviceRecordBatch::from_host(&batch, &ctx)?])?;
+/// assert_eq!(server.keys(), vec![b"numbers".to_vec()]);
+/// assert_eq!(server.get(b"numbers").unwrap().batches.len(), 1);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct DeviceFlightServer {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for DeviceFlightServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceFlightServer")
+            .field("flights", &self.keys().len())
+            .field("max_message_size", &self.inner.max_message_size)
+            .finish()
+    }
+}
+
+impl DeviceFlightServer {
+    /// An empty server whose `DoPut`s land on the device of `ctx`, with the message limit
+    /// [`DEFAULT_MAX_MESSAGE_SIZE`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let server = cudabuf_flight::DeviceFlightServer::new(&ctx);
+    /// assert!(server.keys().is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn new(ctx: &Context) -> Self {
+        Self::with_max_message_size(ctx, DEFAULT_MAX_MESSAGE_SIZE)
+    }
+
+    /// An empty server that refuses `DoPut` messages over `bytes` (header and body).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let server = cudabuf_flight::DeviceFlightServer::with_max_message_size(&ctx, 1 << 20);
+    /// assert_eq!(server.max_message_size(), 1 << 20);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_message_size(ctx: &Context, bytes: usize) -> Self {
+        DeviceFlightServer {
+            inner: Arc::new(Inner {
+                ctx: ctx.clone(),
+                flights: Mutex::new(BTreeMap::new()),
+                max_message_size: bytes,
+            }),
+        }
+    }
+
+    /// The limit on one incoming message.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let server = cudabuf_flight::DeviceFlightServer::new(&ctx);
+    /// assert_eq!(server.max_message_size(), cudabuf_flight::DEFAULT_MAX_MESSAGE_SIZE);
+    /// # Ok(()) }
+    /// ```
+    pub fn max_message_size(&self) -> usize {
+        self.inner.max_message_size
+    }
+
+    fn flights(&self) -> MutexGuard<'_, BTreeMap<Vec<u8>, DeviceFlight>> {
+        // The map is never left half-updated, so a poisoned lock is still consistent.
+        self.inner
+            .flights
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Serve `batches` of `schema` under `key` (replacing what was there).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use cudabuf_arrow::arrow::datatypes::{DataType, Field, Schema};
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let server = cudabuf_flight::DeviceFlightServer::new(&ctx);
+    /// let schema = Schema::new(vec![Field::new("x", DataType::Int32, false)]);
+    /// server.insert("empty", schema.into(), vec![])?; // a schema-only flight
+    /// assert!(server.get(b"empty").unwrap().batches.is_empty());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`FlightError::InvalidData`] when a batch's schema differs from `schema`.
+    pub fn insert(
+        &self,
+        key: impl Into<Vec<u8>>,
+        schema: SchemaRef,
+        batches: Vec<DeviceRecordBatch>,
+    ) -> Result<()> {
+        if let Some(i) = batches.iter().position(|b| b.schema() != &schema) {
+            return Err(FlightError::invalid(format!(
+                "batch {i}'s schema differs from the flight's"
+            )));
+        }
+        self.flights()
+            .insert(key.into(), DeviceFlight { schema, batches });
+        Ok(())
+    }
+
+    /// The flight under `key` (its batches share device memory with the server's).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// assert!(cudabuf_flight::DeviceFlightServer::new(&ctx).get(b"nothing").is_none());
+    /// # Ok(()) }
+    /// ```
+    pub fn get(&self, key: &[u8]) -> Option<DeviceFlight> {
+        self.flights().get(key).cloned()
+    }
+
+    /// Take the flight under `key` out of the server.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use cudabuf_arrow::arrow::datatypes::Schema;
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let server = cudabuf_flight::DeviceFlightServer::new(&ctx);
+    /// server.insert("k", Schema::empty().into(), vec![])?;
+    /// assert!(server.remove(b"k").is_some());
+    /// assert!(server.keys().is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn remove(&self, key: &[u8]) -> Option<DeviceFlight> {
+        self.flights().remove(key)
+    }
+
+    /// Every key, in order.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use cudabuf_arrow::arrow::datatypes::Schema;
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let server = cudabuf_flight::DeviceFlightServer::new(&ctx);
+    /// server.insert("b", Schema::empty().into(), vec![])?;
+    /// server.insert("a", Schema::empty().into(), vec![])?;
+    /// assert_eq!(server.keys(), vec![b"a".to_vec(), b"b".to_vec()]);
+    /// # Ok(()) }
+    /// ```
+    pub fn keys(&self) -> Vec<Vec<u8>> {
+        self.flights().keys().cloned().collect()
+    }
+
+    /// The tonic service: this server behind a [`BearerAuth`] check of `token` (`None`:
+    /// no check), with tonic's message limits set from
+    /// [`max_message_size`](Self::max_message_size).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let service = cudabuf_flight::DeviceFlightServer::new(&ctx).service(Some("token"));
+    /// let _router = tonic::transport::Server::builder().add_service(service);
+    /// # Ok(()) }
+    /// ```
+    pub fn service(
+        &self,
+        token: Option<&str>,
+    ) -> InterceptedService<FlightServiceServer<DeviceFlightServer>, BearerAuth> {
+        let limit = self.inner.max_message_size.saturating_add(GRPC_HEADROOM);
+        let server = FlightServiceServer::new(self.clone())
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(usize::MAX);
+        InterceptedService::new(server, BearerAuth::new(token))
+    }
+
+    /// Serve on `listener` until `shutdown` completes.
+    ///
+    /// ```no_run
+    /// # async fn serve(ctx: cudabuf_core::Context) -> Result<(), Box<dyn std::error::Error>> {
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// println!("listening on {}", listener.local_addr()?);
+    /// let server = cudabuf_flight::DeviceFlightServer::new(&ctx);
+    /// let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// server.serve(listener, Some("token"), async { stopped.await.ok(); }).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`FlightError::Transport`] when serving fails.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        token: Option<&str>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<()> {
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        tonic::transport::Server::builder()
+            .add_service(self.service(token))
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await?;
+        Ok(())
+    }
+
+    fn flight_info(&self, key: &[u8], flight: &DeviceFlight) -> Result<FlightInfo, Status> {
+        let rows: usize = flight.batches.iter().map(DeviceRecordBatch::num_rows).sum();
+        Ok(FlightInfo::new()
+            .try_with_schema(&flight.schema)
+            .map_err(|e| Status::internal(e.to_string()))?
+            .with_descriptor(descriptor_of(key))
+            .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(key.to_vec())))
+            .with_total_records(i64::try_from(rows).unwrap_or(-1)))
+    }
+
+    fn lookup(&self, key: &[u8]) -> Result<DeviceFlight, Status> {
+        self.get(key).ok_or_else(|| {
+            Status::not_found(format!("no flight {:?}", String::from_utf8_lossy(key)))
+        })
+    }
+}
+
+/// The map key of a descriptor: a path joined by `/`, or a command's bytes.
+fn key_of(descriptor: Option<&FlightDescriptor>) -> Result<Vec<u8>, Status> {
+    let descriptor =
+        descriptor.ok_or_else(|| Status::invalid_argument("a flight descriptor is required"))?;
+    match descriptor.r#type() {
+        DescriptorType::Path => Ok(descriptor.path.join("/").into_bytes()),
+        DescriptorType::Cmd => Ok(descriptor.cmd.to_vec()),
+        DescriptorType::Unknown => Err(Status::invalid_argument("an unknown descriptor type")),
+    }
+}
+
+/// The descriptor [`key_of`] maps to `key`: a path when the key is UTF-8, else a command.
+fn descriptor_of(key: &[u8]) -> FlightDescriptor {
+    match std::str::from_utf8(key) {
+        Ok(text) => FlightDescriptor::new_path(text.split('/').map(str::to_owned).collect()),
+        Err(_) => FlightDescriptor::new_cmd(key.to_vec()),
+    }
+}
+
+#[tonic::async_trait]
+impl FlightService for DeviceFlightServer {
+    type HandshakeStream = BoxStream<'static, Result<HandshakeResponse, Status>>;
+    type ListFlightsStream = BoxStream<'static, Result<FlightInfo, Status>>;
+    type DoGetStream = BoxStream<'static, Result<FlightData, Status>>;
+    type DoPutStream = BoxStream<'static, Result<PutResult, Status>>;
+    type DoExchangeStream = BoxStream<'static, Result<FlightData, Status>>;
+    type DoActionStream = BoxStream<'static, Result<arrow_flight::Result, Status>>;
+    type ListActionsStream = BoxStream<'static, Result<ActionType, Status>>;
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented(
+            "handshake: send `authorization: Bearer <token>` on each call",
+        ))
+    }
+
+    async fn list_flights(
+        &self,
+        _request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        let flights: Vec<_> = self
+            .flights()
+            .iter()
+            .map(|(key, flight)| self.flight_info(key, flight))
+            .collect();
+        Ok(Response::new(stream::iter(flights).boxed()))
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let key = key_of(Some(request.get_ref()))?;
+        let flight = self.lookup(&key)?;
+        Ok(Response::new(self.flight_info(&key, &flight)?))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("PollFlightInfo"))
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        let flight = self.lookup(&key_of(Some(request.get_ref()))?)?;
+        let result = SchemaAsIpc::new(&flight.schema, &Default::default())
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+        Ok(Response::new(result))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        let flight = self.lookup(&request.get_ref().ticket)?;
+        Ok(Response::new(encode_device_batches(
+            flight.schema,
+            flight.batches,
+            None,
+        )))
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        let mut incoming = request.into_inner();
+        let first = incoming
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("an empty DoPut stream"))?;
+        let key = key_of(first.flight_descriptor.as_ref())?;
+        let mut decoder = DeviceFlightDecoder::new(&self.inner.ctx)?
+            .with_max_message_size(self.inner.max_message_size);
+        let mut batches = Vec::new();
+        batches.extend(decoder.push(&first)?);
+        while let Some(data) = incoming.message().await? {
+            batches.extend(decoder.push(&data)?);
+        }
+        batches.extend(decoder.finish()?);
+        let schema = decoder
+            .schema()
+            .cloned()
+            .ok_or_else(|| Status::invalid_argument("a DoPut stream without a schema"))?;
+        log::debug!(
+            "DoPut {:?}: {} batch(es)",
+            String::from_utf8_lossy(&key),
+            batches.len()
+        );
+        self.insert(key, schema, batches)?;
+        Ok(Response::new(
+            stream::iter([Ok(PutResult::default())]).boxed(),
+        ))
+    }
+
+    async fn do_exchange(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("DoExchange"))
+    }
+
+    async fn do_action(
+        &self,
+        _request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        Err(Status::unimplemented("no actions"))
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        Ok(Response::new(stream::empty().boxed()))
+    }
+}
