@@ -161,7 +161,11 @@ impl SimBackend {
             record_hook: HookSlot::default(),
             core: Arc::new(Core {
                 state: Mutex::new(State {
-                    table: Table::new(config.devices, config.capacity_per_device),
+                    table: Table::new(
+                        config.devices,
+                        config.capacity_per_device,
+                        config.uninit_fill,
+                    ),
                     faults: Faults::default(),
                     streams: Engine::new(settings, config.devices),
                 }),

@@ -23,6 +23,9 @@
 //!   the end of a 100-byte device allocation". Double frees are caught the same way.
 //! - **Capacity.** Live device allocations of a device may not exceed its capacity:
 //!   beyond it, [`Error::OutOfMemory`]. Pinned host memory does not count.
+//! - **New device memory is not cleared**, as `cuMemAlloc`'s is not: it holds
+//!   [`SimConfig::uninit_fill`] (default [`DEFAULT_UNINIT_FILL`], `0xA5`), so code that
+//!   reads what it never wrote does not see zeros it could come to rely on.
 //! - **Pinned memory** is real host memory whose device address reads and writes the same
 //!   bytes; [`RawContext::device_address`] maps host addresses inside it to device
 //!   addresses and refuses pageable host memory.
@@ -264,7 +267,7 @@ pub use hook::{RecordHook, Recorded};
 pub use ipc::SimIpcHandle;
 pub use leak::{LeakEntry, LeakReport};
 pub use race::{RaceRecord, RaceReport};
-pub use region::RegionKind;
+pub use region::{RegionKind, DEFAULT_UNINIT_FILL};
 pub use streams::{
     CostModel, RaceMode, Schedule, ScheduleEntry, RACES_VAR, SCHEDULE_VAR, SEED_VAR,
 };
