@@ -452,6 +452,7 @@ class Simulator:
         schedule: Optional[Literal["deterministic", "threaded"]] = None,
         races: Optional[Literal["fail", "log", "off"]] = None,
         name: Optional[str] = None,
+        fill: int = 0xA5,
     ) -> Self: ...
     @property
     def devices(self) -> int:
@@ -462,6 +463,9 @@ class Simulator:
     @property
     def name(self) -> str:
         """The name of the devices and of the reports."""
+    @property
+    def fill(self) -> int:
+        """The byte new device memory holds before anything is written to it."""
     @property
     def seed(self) -> int:
         """The seed of the stream scheduler."""
