@@ -38,3 +38,132 @@ pub(crate) fn alloc_free(ctx: &Context, size: usize) -> AnyResult<()> {
 pub(crate) fn alloc_free(_ctx: &Context, _size: usize) -> AnyResult<()> {
     Err("raw driver calls need the cuda feature".into())
 }
+
+/// The writer's loop on plain driver calls (CUDA only): two pinned buffers of `staging`
+/// bytes filled in turn with `hot` chunks, each sent whole with `cuMemcpyHtoDAsync` on a
+/// non-blocking stream followed by an event, which is synchronized before the buffer is
+/// refilled. Seconds per `total` bytes, over several calls.
+#[cfg(feature = "cuda")]
+pub(crate) fn double_buffer_samples(
+    ctx: &Context,
+    dev: &cudabuf::DeviceBuffer,
+    staging: usize,
+    hot: &[u8],
+    total: usize,
+) -> AnyResult<Vec<f64>> {
+    use std::ffi::c_uint;
+    use std::time::{Duration, Instant};
+
+    use cudabuf::cuda::cudarc::driver::sys;
+
+    fn ok(what: &str, status: sys::CUresult) -> AnyResult<()> {
+        if status == sys::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("{what}: {status:?}").into())
+        }
+    }
+
+    let mut bufs = [ctx.new_host_buffer(staging)?, ctx.new_host_buffer(staging)?];
+    let cu_ctx = ctx.handle() as sys::CUcontext;
+    // SAFETY: `cu_ctx` is the handle of a live CUDA context, retained by `ctx` for this
+    // whole call; it is popped at the end.
+    ok("cuCtxPushCurrent", unsafe {
+        sys::cuCtxPushCurrent_v2(cu_ctx)
+    })?;
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    let mut events: [sys::CUevent; 2] = [std::ptr::null_mut(); 2];
+    let run = (|| -> AnyResult<Vec<f64>> {
+        // SAFETY: a context is current; valid out-pointers.
+        ok("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint,
+            )
+        })?;
+        for event in &mut events {
+            // SAFETY: as above.
+            ok("cuEventCreate", unsafe {
+                sys::cuEventCreate(event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint)
+            })?;
+        }
+        let mut one = || -> AnyResult<()> {
+            let mut recorded = [false; 2];
+            let (mut current, mut written) = (0, 0);
+            while written < total {
+                if recorded[current] {
+                    // SAFETY: the event was created above and recorded.
+                    ok("cuEventSynchronize", unsafe {
+                        sys::cuEventSynchronize(events[current])
+                    })?;
+                }
+                let buf = &mut bufs[current];
+                let len = staging.min(total - written) / hot.len() * hot.len();
+                let mut at = 0;
+                while at < len {
+                    buf[at..at + hot.len()].copy_from_slice(hot);
+                    at += hot.len();
+                }
+                // SAFETY: `buf` is pinned (`new_host_buffer`) and not written again until
+                // its event is synchronized; the device range lies in `dev`, alive for the
+                // whole call; the stream is live.
+                ok("cuMemcpyHtoDAsync", unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(
+                        dev.address() + written as u64,
+                        buf.as_ptr().cast(),
+                        len,
+                        stream,
+                    )
+                })?;
+                // SAFETY: the event and the stream are live.
+                ok("cuEventRecord", unsafe {
+                    sys::cuEventRecord(events[current], stream)
+                })?;
+                recorded[current] = true;
+                written += len;
+                current ^= 1;
+            }
+            // SAFETY: the stream is live.
+            ok("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(stream)
+            })
+        };
+        one()?;
+        let start = Instant::now();
+        let mut samples = Vec::new();
+        while samples.len() < 9
+            && (samples.len() < 3 || start.elapsed() < Duration::from_millis(500))
+        {
+            let t = Instant::now();
+            one()?;
+            samples.push(t.elapsed().as_secs_f64());
+        }
+        Ok(samples)
+    })();
+    if !stream.is_null() {
+        // SAFETY: the stream was created above; nothing is in flight on it (every path
+        // that issued work synchronized it, or failed before issuing more).
+        let _ = unsafe { sys::cuStreamSynchronize(stream) };
+        // SAFETY: as above; destroyed once.
+        let _ = unsafe { sys::cuStreamDestroy_v2(stream) };
+    }
+    for event in events.into_iter().filter(|e| !e.is_null()) {
+        // SAFETY: created above, idle (its stream was synchronized), destroyed once.
+        let _ = unsafe { sys::cuEventDestroy_v2(event) };
+    }
+    let mut popped: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    run
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn double_buffer_samples(
+    _ctx: &Context,
+    _dev: &cudabuf::DeviceBuffer,
+    _staging: usize,
+    _hot: &[u8],
+    _total: usize,
+) -> AnyResult<Vec<f64>> {
+    Err("raw driver calls need the cuda feature".into())
+}

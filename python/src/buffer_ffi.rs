@@ -43,6 +43,8 @@ pub(crate) const PYBUF_SIMPLE: c_int = 0;
 pub(crate) const PYBUF_WRITABLE: c_int = 0x0001;
 /// The type slot id of `bf_getbuffer` (`Include/typeslots.h`, stable ABI numbering).
 pub(crate) const PY_BF_GETBUFFER: c_int = 1;
+/// The type slot id of `bf_releasebuffer`.
+pub(crate) const PY_BF_RELEASEBUFFER: c_int = 2;
 
 extern "C" {
     fn PyObject_GetBuffer(obj: *mut ffi::PyObject, view: *mut PyBuffer, flags: c_int) -> c_int;

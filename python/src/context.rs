@@ -10,6 +10,7 @@ use crate::device_buffer::{CopySource, PyCudaBuffer};
 use crate::errors::{invalid_argument, non_negative, OrRaise};
 use crate::interop;
 use crate::ipc::PyIpcMemHandle;
+use crate::streams::{PyEvent, PyStream};
 
 /// A CUDA context on one device (pyarrow.cuda's ``Context``): allocates device buffers,
 /// wraps device memory of other objects, opens IPC handles, and counts what it allocated.
@@ -51,33 +52,42 @@ fn pinned_range(
     base: &Bound<'_, PyAny>,
     address: u64,
     size: usize,
-) -> Option<cudabuf::Result<cudabuf::DeviceBuffer>> {
+) -> Option<PyResult<cudabuf::DeviceBuffer>> {
     let memory = crate::host_memory::as_host_memory(base)?.get();
-    memory.pinned()?;
+    if !memory.is_pinned() {
+        return None;
+    }
     let start = memory.address() as u64;
     let offset = address.checked_sub(start)? as usize;
     if offset.checked_add(size)? > memory.len() {
         return None;
     }
-    Some(memory_view(ctx, memory).and_then(|view| view.slice(offset, size)))
+    Some(memory_view(ctx, memory).and_then(|view| view.slice(offset, size).or_raise()))
 }
 
 /// A device view of a pinned host memory object (its whole range).
+///
+/// Raises `InvalidAddressError` for pageable memory, `BufferInUseError` while a range of
+/// the pinned buffer is lent to an asynchronous copy.
 pub(crate) fn memory_view(
     ctx: &cudabuf::Context,
     memory: &crate::host_memory::HostMemory,
-) -> cudabuf::Result<cudabuf::DeviceBuffer> {
-    let Some((host, offset)) = memory.pinned() else {
-        return Err(cudabuf::Error::invalid_address(
+) -> PyResult<cudabuf::DeviceBuffer> {
+    let viewed = memory.with_pinned("buffer_from_object", |host, offset| {
+        // SAFETY: the Python layer never holds Rust references into pinned host memory
+        // beyond one copy at a time, and none of the buffer is lent to a copy in flight
+        // now (checked by `with_pinned`); a user writing the host bytes while a device
+        // copy through the view runs is documented as their concern (as with CUDA).
+        let whole = unsafe { ctx.buffer_from_host_buffer(host) }?;
+        whole.slice(offset, memory.len())
+    });
+    match viewed {
+        Some(result) => result?.or_raise(),
+        None => Err(crate::errors::to_pyerr(cudabuf::Error::invalid_address(
             memory.address() as u64,
             "buffer_from_object: pageable host memory (a Buffer from copy_to_host or serialize) cannot be viewed from the device; copy it with buffer_from_data, or use new_host_buffer",
-        ));
-    };
-    // SAFETY: the Python layer never holds Rust references into pinned host memory beyond
-    // one copy at a time; a user writing the host bytes while a device copy through the
-    // view runs is documented as their concern (as with CUDA).
-    let whole = unsafe { ctx.buffer_from_host_buffer(host) }?;
-    whole.slice(offset, memory.len())
+        ))),
+    }
 }
 
 #[pymethods]
@@ -147,12 +157,110 @@ impl PyContext {
     /// empty buffer at address 0. The contents are unspecified, as with ``cuMemAlloc``
     /// (the simulator fills them with ``0xA5``).
     ///
+    /// With ``stream``, the allocation is stream-ordered (``cudaMallocAsync``, PyTorch's
+    /// and RMM's pools): it is ready for work on ``stream`` at once, and freed on
+    /// ``stream`` when the last buffer using it is dropped, without waiting (its memory is
+    /// reused by later work on ``stream`` at once, by other streams once the free is
+    /// done). Use it on another stream only after that stream waits for an event recorded
+    /// on ``stream`` after the allocation (the simulator reports a missing wait as a race).
+    ///
     /// Raises:
     ///     OutOfMemoryError: when the device cannot hold it.
-    fn new_buffer(&self, py: Python<'_>, nbytes: i64) -> PyResult<PyCudaBuffer> {
+    ///     InvalidArgumentError: ``stream`` belongs to another context, is the
+    ///         per-thread default stream, or wraps another library's stream.
+    ///     ClosedError: ``stream`` is closed.
+    #[pyo3(signature = (nbytes, stream = None))]
+    fn new_buffer(
+        &self,
+        py: Python<'_>,
+        nbytes: i64,
+        stream: Option<PyRef<'_, PyStream>>,
+    ) -> PyResult<PyCudaBuffer> {
         let nbytes = non_negative("new_buffer", "nbytes", nbytes)?;
-        let buffer = py.detach(|| self.inner.new_buffer(nbytes)).or_raise()?;
+        if stream.as_ref().is_some_and(|s| s.is_foreign()) {
+            // The buffer's free is issued on the stream whenever its last user goes,
+            // which may be after the library's stream object (and the stream) is gone.
+            return Err(invalid_argument(
+                "new_buffer",
+                "stream-ordered allocation on another library's stream (Context.wrap_stream) is not supported: the buffer's free could outlive that stream; allocate on a cudabuf stream and order the library's stream after it with an event",
+            ));
+        }
+        let stream = stream.map(|s| s.stream()).transpose()?;
+        let buffer = py
+            .detach(|| match &stream {
+                Some(stream) => self.inner.new_buffer_on(stream, nbytes),
+                None => self.inner.new_buffer(nbytes),
+            })
+            .or_raise()?;
         Ok(PyCudaBuffer::new(buffer))
+    }
+
+    /// A new stream of this context (as ``Stream(ctx, non_blocking, priority)``):
+    /// blocking (ordered with the legacy default stream, where the synchronous copies
+    /// run) unless ``non_blocking``; ``priority`` is clamped into
+    /// ``stream_priority_range()`` (lower numbers run first).
+    ///
+    /// Raises:
+    ///     DriverError: the driver's failure.
+    #[pyo3(signature = (non_blocking = false, priority = 0))]
+    fn new_stream(&self, py: Python<'_>, non_blocking: bool, priority: i32) -> PyResult<PyStream> {
+        let flags = cudabuf::StreamFlags {
+            non_blocking,
+            priority,
+        };
+        let stream = py.detach(|| self.inner.new_stream_with(flags)).or_raise()?;
+        Ok(PyStream::owned(stream))
+    }
+
+    /// The range of stream priorities, ``(least, greatest)``: numerically ``least >=
+    /// greatest`` (``(0, -5)`` on recent GPUs).
+    fn stream_priority_range(&self) -> PyResult<(i32, i32)> {
+        self.inner.stream_priority_range().or_raise()
+    }
+
+    /// The context's legacy default stream (``CU_STREAM_LEGACY``; PyTorch's
+    /// ``torch.cuda.default_stream()``, CuPy's ``Stream.null``): cudabuf's synchronous
+    /// copies run on it, and it is ordered with every blocking stream of the context.
+    /// Each call gives a new ``Stream`` object over it.
+    fn default_stream(&self) -> PyStream {
+        PyStream::legacy(&self.inner)
+    }
+
+    /// The calling thread's default stream (``CU_STREAM_PER_THREAD``): work issued
+    /// through it from two threads goes to two streams, one per thread.
+    fn per_thread_stream(&self) -> PyStream {
+        PyStream::per_thread(&self.inner)
+    }
+
+    /// A ``Stream`` over another library's stream of this context, which stays alive as
+    /// long as the returned stream: an object speaking the CUDA stream protocol
+    /// (``__cuda_stream__``, cuda.core), a PyTorch stream (``.cuda_stream``), a CuPy
+    /// stream (``.ptr``), or an integer ``CUstream``; ``0`` and ``1`` are the legacy
+    /// default stream, ``2`` the per-thread one. A cudabuf ``Stream`` gives another
+    /// object over the same stream. cudabuf never destroys a foreign stream.
+    ///
+    /// On CUDA the driver checks that the handle is a stream of this context and says
+    /// its flags; that an integer is a live stream at all, the caller vouches for (as
+    /// ``torch.cuda.ExternalStream`` requires).
+    ///
+    /// Raises:
+    ///     SimulatedMemoryError: on the simulator, for anything but a cudabuf stream
+    ///         (simulated contexts cannot run another library's streams).
+    ///     InvalidArgumentError: a stream of another context or device.
+    ///     InvalidTypeError: ``obj`` names no stream.
+    ///     DriverError: the driver cannot read the stream.
+    fn wrap_stream(&self, obj: &Bound<'_, PyAny>) -> PyResult<PyStream> {
+        interop::wrap_stream(&self.inner, obj)
+    }
+
+    /// A new event of this context (as ``Event(ctx, timing)``); with ``timing``, it can
+    /// measure time (``Event.elapsed_time``).
+    ///
+    /// Raises:
+    ///     DriverError: the driver's failure.
+    #[pyo3(signature = (timing = false))]
+    fn new_event(&self, py: Python<'_>, timing: bool) -> PyResult<PyEvent> {
+        crate::streams::make_event(py, &self.inner, timing)
     }
 
     /// A new device buffer holding a copy of ``data[offset:offset+size]`` (``size=-1``:
@@ -215,16 +323,13 @@ impl PyContext {
     ) -> PyResult<PyCudaBuffer> {
         let size = non_negative("foreign_buffer", "size", size)?;
         if address == 0 && size == 0 {
-            return self.new_buffer(py, 0);
+            return self.new_buffer(py, 0, None);
         }
         if let Some(base) = base {
             if let Some(buffer) = pinned_range(&self.inner, base, address, size) {
                 // The base is a cudabuf HostBuffer holding the range: view it through the
                 // pinned buffer itself (which keeps the memory alive), and keep the base.
-                return Ok(PyCudaBuffer::with_base(
-                    buffer.or_raise()?,
-                    base.clone().unbind(),
-                ));
+                return Ok(PyCudaBuffer::with_base(buffer?, base.clone().unbind()));
             }
         }
         let device_address = self.inner.get_device_address(address).or_raise()?;

@@ -1,7 +1,7 @@
 //! `CudaBuffer`: pyarrow.cuda's device buffer, over cudabuf's `DeviceBuffer`.
 
 use cudabuf::{DataSource, DeviceBuffer, Error};
-use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::exceptions::{PyBufferError, PyIndexError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyIterator, PySlice, PyTuple};
 
@@ -67,9 +67,13 @@ impl PyCudaBuffer {
     }
 }
 
-/// A host-bytes argument: any buffer-protocol object.
+/// A host-bytes argument: any buffer-protocol object. A `BufferError` (host bytes lent
+/// to an asynchronous copy: `BufferInUseError`) is raised as it is.
 fn host_arg(data: &Bound<'_, PyAny>) -> PyResult<HostBytes> {
     HostBytes::read(data).map_err(|e| {
+        if e.is_instance_of::<PyBufferError>(data.py()) {
+            return e;
+        }
         PyTypeError::new_err(format!(
             "expected host bytes (an object supporting the buffer protocol: bytes, bytearray, memoryview, numpy array, pyarrow Buffer, cudabuf Buffer), got {}: {e}",
             data.get_type().name().map(|n| n.to_string()).unwrap_or_default()
@@ -397,15 +401,23 @@ impl PyCudaBuffer {
     }
 
     fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
-        if other.cast::<PyCudaBuffer>().is_err() && HostBytes::read(other).is_err() {
-            return Ok(false);
+        if other.cast::<PyCudaBuffer>().is_err() {
+            match HostBytes::read(other) {
+                Ok(_) => {}
+                // Bytes lent to an asynchronous copy: not comparable now.
+                Err(e) if e.is_instance_of::<PyBufferError>(py) => return Err(e),
+                Err(_) => return Ok(false),
+            }
         }
         self.equals(py, other)
     }
 
     /// ``__cuda_array_interface__`` (version 3): the bytes as a one-dimensional ``uint8``
     /// array, for CuPy, Numba and PyTorch (``torch.as_tensor(buf, device="cuda")``).
-    /// ``stream`` is ``None``: cudabuf's copies are synchronous, the data is ready.
+    /// ``stream`` is ``None``: cudabuf's synchronous copies are done when they return.
+    /// What work on a cudabuf ``Stream`` writes is ready only once the consumer is
+    /// ordered after it (synchronize that stream, or have the consumer's stream wait for
+    /// an event recorded after the work).
     ///
     /// Raises:
     ///     SimulatedMemoryError: on the simulator.
@@ -417,8 +429,9 @@ impl PyCudaBuffer {
     /// DLPack export (``torch.from_dlpack(buf)``, ``cupy.from_dlpack(buf)``,
     /// ``jax.dlpack.from_dlpack(buf)``): a one-dimensional ``uint8`` tensor over the same
     /// memory. ``max_version >= (1, 0)`` gives a versioned capsule. ``copy=True`` exports
-    /// a fresh copy; ``dl_device`` must be this buffer's device. No stream work is needed
-    /// (the data is ready), so ``stream`` is accepted and not used.
+    /// a fresh copy; ``dl_device`` must be this buffer's device. ``stream`` is accepted
+    /// and not used: cudabuf's synchronous copies are done when they return; order the
+    /// consumer after work on a cudabuf ``Stream`` yourself (synchronize it, or an event).
     ///
     /// Raises:
     ///     SimulatedMemoryError: on the simulator.

@@ -25,6 +25,8 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::Closed => "ClosedError",
         ErrorKind::Driver => "DriverError",
         ErrorKind::File => "FileError",
+        ErrorKind::DataRace => "DataRaceError",
+        ErrorKind::NotReady => "NotReadyError",
         _ => "CudaError",
     }
 }
@@ -109,6 +111,47 @@ pub(crate) fn simulated_memory(what: &str) -> PyErr {
             (None, None),
         )
     })
+}
+
+/// `SimulatedMemoryError` for a stream: a simulated stream is no CUDA stream, so it
+/// cannot be handed to, or taken from, another library.
+pub(crate) fn simulated_stream(what: &str) -> PyErr {
+    Python::attach(|py| {
+        raise(
+            py,
+            "SimulatedMemoryError",
+            format!(
+                "{what}: this stream belongs to cudabuf's simulator: its handle names no CUDA stream, and the simulator cannot run another library's streams; use the cuda backend (CUDABUF_BACKEND=cuda or cudabuf.set_backend(\"cuda\")) to share streams with PyTorch, CuPy or cuda.core"
+            ),
+            "Unsupported",
+            (None, None),
+        )
+    })
+}
+
+/// `BufferInUseError` (a `BufferError`): host bytes `span` are lent to an asynchronous
+/// copy in flight (so `what` cannot reach them), or exported through the buffer protocol
+/// (so a copy cannot take them).
+pub(crate) fn buffer_in_use(
+    what: &str,
+    in_use: crate::lending::InUse,
+    span: crate::lending::Span,
+) -> PyErr {
+    let (start, end) = (span.start, span.start + span.len);
+    let message = match in_use {
+        crate::lending::InUse::Lent => format!(
+            "{what}: bytes {start}..{end} of this pinned host buffer are lent (all or some of them) to an asynchronous copy in flight; wait for it first (Transfer.wait(), or synchronize the stream it was issued on, or an event recorded after it)"
+        ),
+        crate::lending::InUse::Exported => format!(
+            "{what}: bytes {start}..{end} of this pinned host buffer are exported (all or some of them) through the buffer protocol (a memoryview, NumPy array or pyarrow buffer of them is alive), and an asynchronous copy cannot take bytes that Python code may read or write meanwhile; release the views first (memoryview.release(), del the array)"
+        ),
+    };
+    Python::attach(|py| raise(py, "BufferInUseError", message, "BufferInUse", (None, None)))
+}
+
+/// `ClosedError`: `what` (`"Stream"`, `"Event"`) was used after `close()`.
+pub(crate) fn closed(what: &'static str) -> PyErr {
+    to_pyerr(Error::Closed { what })
 }
 
 /// An `InvalidArgumentError` for `operation`.

@@ -11,9 +11,17 @@
 //! pyarrow's `TypeError`). The exported `Py_buffer` holds a reference to the object, and
 //! the object owns the memory, so a `memoryview`, NumPy array or `pa.py_buffer` over it
 //! keeps the memory alive however it is sliced; the memory never moves or shrinks.
+//!
+//! # Lending pinned memory to asynchronous copies
+//! A pinned buffer's bytes are owned by a [`Lender`]: an asynchronous copy
+//! (`Stream.copy_from_host` / `copy_to_host`) borrows the range it touches until its
+//! transfer is waited for, and every access from Python to a lent byte raises
+//! `BufferInUseError` meanwhile (see `crate::lending`). The buffer slot records each
+//! export, and the release slot forgets it, so that a copy is refused while a view of its
+//! range is exported.
 
 use std::ffi::{c_int, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
@@ -22,12 +30,13 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PySlice, PyTuple, PyType};
 
 use crate::buffer_ffi::{self, HostBytes, PyBuffer};
-use crate::errors::{non_negative, OrRaise};
+use crate::errors::{buffer_in_use, non_negative, OrRaise};
+use crate::lending::{InUse, Lender, Span};
 
 /// Where host bytes live.
 enum Storage {
-    /// Pinned memory from `new_host_buffer`.
-    Pinned(#[allow(dead_code)] cudabuf::HostBuffer),
+    /// Pinned memory from `new_host_buffer`, lent to asynchronous copies by ranges.
+    Pinned(Mutex<Lender>),
     /// A heap block (from `Box<[u8]>`), freed on drop.
     Heap,
 }
@@ -41,12 +50,44 @@ struct Block {
     len: usize,
 }
 
-// SAFETY: the block owns its memory (a pinned allocation or a heap block); the pointer is
-// only an address into it, valid from any thread.
+// SAFETY: the block owns its memory (a pinned allocation, through its lender and the
+// ranges lent from it, or a heap block); the pointer is only an address into it, valid
+// from any thread.
 unsafe impl Send for Block {}
 // SAFETY: as above; Rust never makes references into the bytes except for the duration of
-// one copy (see `HostMemory::with_slice`).
+// one copy (see `HostMemory::with_slice`), and never into lent bytes.
 unsafe impl Sync for Block {}
+
+impl Block {
+    /// The lender of a pinned block (`None` for a heap block, which is never lent).
+    fn lender(&self) -> Option<MutexGuard<'_, Lender>> {
+        match &self.storage {
+            Storage::Pinned(lender) => Some(lender.lock().unwrap_or_else(PoisonError::into_inner)),
+            Storage::Heap => None,
+        }
+    }
+}
+
+/// A range of a pinned host memory object lent to an asynchronous copy: hand the ranges
+/// back with [`give_back`](Self::give_back) once the copy is known complete.
+pub(crate) struct Loan {
+    block: Arc<Block>,
+    span: Span,
+}
+
+impl Loan {
+    /// The offset of the lent range in its buffer (the offset of the first range lent).
+    pub(crate) fn start(&self) -> usize {
+        self.span.start
+    }
+
+    /// The copy is complete: its bytes may be used again.
+    pub(crate) fn give_back(&self, pieces: Vec<cudabuf::HostRange>) {
+        if let Some(mut lender) = self.block.lender() {
+            lender.give_back(self.span, pieces);
+        }
+    }
+}
 
 impl Drop for Block {
     fn drop(&mut self) {
@@ -110,11 +151,12 @@ impl HostMemory {
     /// Host memory over a pinned host buffer.
     pub(crate) fn from_pinned(mut host: cudabuf::HostBuffer) -> Self {
         let len = host.len();
-        // Taken once from a mutable borrow: all later access goes through this pointer.
+        // Taken once from a mutable borrow: all later access goes through this pointer
+        // (the allocation never moves, whoever owns the `HostBuffer` or its ranges).
         let base = host.as_mut_ptr();
         HostMemory {
             block: Arc::new(Block {
-                storage: Storage::Pinned(host),
+                storage: Storage::Pinned(Mutex::new(Lender::new(host))),
                 base,
                 len,
             }),
@@ -128,12 +170,61 @@ impl HostMemory {
         self.block.base.wrapping_add(self.offset)
     }
 
-    /// The pinned buffer behind this memory, with this memory's offset, if it is pinned.
-    pub(crate) fn pinned(&self) -> Option<(&cudabuf::HostBuffer, usize)> {
-        match &self.block.storage {
-            Storage::Pinned(host) => Some((host, self.offset)),
-            Storage::Heap => None,
+    /// This memory's range of its block.
+    fn span(&self) -> Span {
+        Span {
+            start: self.offset,
+            len: self.len,
         }
+    }
+
+    /// Whether this is pinned memory (from `new_host_buffer`, or a slice of it).
+    pub(crate) fn is_pinned(&self) -> bool {
+        matches!(self.block.storage, Storage::Pinned(_))
+    }
+
+    /// Run `f` with the whole pinned buffer behind this memory and this memory's offset in
+    /// it: `None` for pageable memory; `BufferInUseError` while any range of the buffer is
+    /// lent to a copy in flight (a device view would reach those bytes).
+    pub(crate) fn with_pinned<R>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&cudabuf::HostBuffer, usize) -> R,
+    ) -> Option<PyResult<R>> {
+        let lender = self.block.lender()?;
+        Some(match lender.whole() {
+            Some(host) => Ok(f(host, self.offset)),
+            None => Err(buffer_in_use(what, InUse::Lent, self.span())),
+        })
+    }
+
+    /// Lend the first `len` bytes of this (pinned) memory to a copy: the loan and the
+    /// owned ranges covering them, in order. `len` is at most this memory's length.
+    ///
+    /// Raises `InvalidTypeError` for pageable memory, `BufferInUseError` if a byte of the
+    /// range is lent or exported.
+    pub(crate) fn lend(&self, what: &str, len: usize) -> PyResult<(Loan, Vec<cudabuf::HostRange>)> {
+        debug_assert!(len <= self.len);
+        let span = Span {
+            start: self.offset,
+            len: len.min(self.len),
+        };
+        let Some(mut lender) = self.block.lender() else {
+            return Err(crate::errors::invalid_type(
+                what,
+                "an asynchronous copy needs pinned host memory (cudabuf.cuda.new_host_buffer, or a slice of one); this Buffer is pageable",
+            ));
+        };
+        let pieces = lender
+            .lend(span)
+            .map_err(|in_use| buffer_in_use(what, in_use, span))?;
+        Ok((
+            Loan {
+                block: self.block.clone(),
+                span,
+            },
+            pieces,
+        ))
     }
 
     /// The size in bytes.
@@ -180,17 +271,26 @@ impl HostMemory {
         .into_object(slf.py())
     }
 
-    /// Run `f` over the bytes (a copy out of them).
-    fn with_slice<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+    /// Run `f` over the bytes (a copy out of them); `BufferInUseError` (for `what`) if a
+    /// byte of them is lent to a copy in flight.
+    fn with_slice<R>(&self, what: &str, f: impl FnOnce(&[u8]) -> R) -> PyResult<R> {
+        // Held while `f` reads: no copy can borrow these bytes meanwhile.
+        let lender = self.block.lender();
+        if lender.as_ref().is_some_and(|l| l.is_lent(self.span())) {
+            return Err(buffer_in_use(what, InUse::Lent, self.span()));
+        }
         let slice: &[u8] = if self.len == 0 {
             &[]
         } else {
             // SAFETY: `ptr()..ptr()+len` lies in the block, which is alive (we hold an
-            // `Arc`); Python threads writing it concurrently are excluded by the GIL,
-            // which callers hold.
+            // `Arc`); no copy in flight uses these bytes (checked above, under the lock
+            // that lending takes); Python threads writing it concurrently are excluded by
+            // the GIL, which callers hold.
             unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
         };
-        f(slice)
+        let result = f(slice);
+        drop(lender);
+        Ok(result)
     }
 }
 
@@ -250,8 +350,11 @@ impl HostMemory {
     }
 
     /// The bytes as a new ``bytes`` object (a copy).
-    fn to_pybytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        self.with_slice(|bytes| PyBytes::new(py, bytes))
+    ///
+    /// Raises:
+    ///     BufferInUseError: while the bytes are lent to an asynchronous copy.
+    fn to_pybytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.with_slice("to_pybytes", |bytes| PyBytes::new(py, bytes))
     }
 
     /// A zero-copy slice of ``length`` bytes (default: to the end) at ``offset``; it keeps
@@ -312,7 +415,7 @@ impl HostMemory {
             )));
         }
         Ok(this
-            .with_slice(|b| b[position as usize])
+            .with_slice("buf[i]", |b| b[position as usize])?
             .into_pyobject(py)?
             .into_any())
     }
@@ -339,20 +442,22 @@ impl HostMemory {
     fn equals(&self, other: &Bound<'_, PyAny>) -> PyResult<bool> {
         let other = HostBytes::read(other)?;
         // SAFETY: the GIL is held for the comparison, so no Python thread writes either side.
-        Ok(self.with_slice(|mine| mine == unsafe { other.as_slice() }))
+        self.with_slice("equals", |mine| mine == unsafe { other.as_slice() })
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> PyResult<bool> {
         match HostBytes::read(other) {
             // SAFETY: as in `equals`.
-            Ok(other) => Ok(self.with_slice(|mine| mine == unsafe { other.as_slice() })),
+            Ok(other) => self.with_slice("==", |mine| mine == unsafe { other.as_slice() }),
+            // Bytes lent to an asynchronous copy: not comparable now.
+            Err(e) if e.is_instance_of::<PyBufferError>(other.py()) => Err(e),
             Err(_) => Ok(false),
         }
     }
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
         let this = slf.get();
-        let kind = if this.pinned().is_some() {
+        let kind = if this.is_pinned() {
             "pinned"
         } else {
             "pageable"
@@ -384,12 +489,33 @@ unsafe extern "C" fn get_buffer(
         match object.cast::<HostMemory>() {
             Ok(memory) => {
                 let memory = memory.get();
+                // The export is recorded (and refused while a byte of it is lent) under
+                // the lender's lock, held until the view is filled.
+                let mut lender = memory.block.lender();
+                let id = match lender.as_mut().map(|l| l.export(memory.span())) {
+                    Some(Err(in_use)) => {
+                        buffer_in_use("the buffer protocol", in_use, memory.span()).restore(py);
+                        return -1;
+                    }
+                    Some(Ok(id)) => id,
+                    None => 0,
+                };
                 // SAFETY: `view` is CPython's, `exporter` the object; the bytes live in the
                 // block the object owns, which never moves, for as long as the object
                 // lives, and the filled view holds a reference to it.
-                unsafe {
+                let filled = unsafe {
                     buffer_ffi::fill_buffer_info(view, exporter, memory.ptr(), memory.len, flags)
+                };
+                if let Some(lender) = lender.as_mut() {
+                    if filled == 0 {
+                        // SAFETY: `view` was just filled (non-null, checked above); the
+                        // export's id goes where the release slot finds it.
+                        unsafe { (*view).internal = id as *mut c_void };
+                    } else {
+                        lender.release_export(id);
+                    }
                 }
+                filled
             }
             Err(e) => {
                 PyErr::from(e).restore(py);
@@ -405,7 +531,31 @@ unsafe extern "C" fn get_buffer(
     })
 }
 
-/// Make a heap type `name` deriving from `base`, with the buffer slot if `buffer`.
+/// The `bf_releasebuffer` slot of `Buffer` (and, inherited, `HostBuffer`): forget the
+/// export recorded by `get_buffer`. CPython releases the object's reference itself.
+unsafe extern "C" fn release_buffer(exporter: *mut ffi::PyObject, view: *mut PyBuffer) {
+    let _ = std::panic::catch_unwind(|| {
+        if view.is_null() {
+            return;
+        }
+        // SAFETY: CPython calls buffer slots with the thread attached.
+        let py = unsafe { Python::assume_attached() };
+        // SAFETY: `view` is the `Py_buffer` `get_buffer` filled (CPython's contract).
+        let id = unsafe { (*view).internal } as usize;
+        if id == 0 {
+            return;
+        }
+        // SAFETY: `exporter` is the live object the slot was called on (a borrowed ref).
+        let object = unsafe { Bound::from_borrowed_ptr(py, exporter) };
+        if let Ok(memory) = object.cast::<HostMemory>() {
+            if let Some(mut lender) = memory.get().block.lender() {
+                lender.release_export(id);
+            }
+        }
+    });
+}
+
+/// Make a heap type `name` deriving from `base`, with the buffer slots if `buffer`.
 fn make_type<'py>(
     py: Python<'py>,
     name: &'static std::ffi::CStr,
@@ -418,6 +568,10 @@ fn make_type<'py>(
         slots.push(ffi::PyType_Slot {
             slot: buffer_ffi::PY_BF_GETBUFFER,
             pfunc: get_buffer as *mut c_void,
+        });
+        slots.push(ffi::PyType_Slot {
+            slot: buffer_ffi::PY_BF_RELEASEBUFFER,
+            pfunc: release_buffer as *mut c_void,
         });
     }
     slots.push(ffi::PyType_Slot {

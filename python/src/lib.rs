@@ -29,7 +29,9 @@ mod host_memory;
 mod interop;
 mod io;
 mod ipc;
+mod lending;
 mod sim;
+mod streams;
 
 use pyo3::prelude::*;
 
@@ -46,6 +48,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrow::PyMessage>()?;
     m.add_class::<arrow::PyDeviceRecordBatch>()?;
     m.add_class::<sim::PySimulator>()?;
+    m.add_class::<streams::PyStream>()?;
+    m.add_class::<streams::PyEvent>()?;
+    m.add_class::<streams::PyTransfer>()?;
     host_memory::register(m)?;
     m.add_function(wrap_pyfunction!(host_memory::new_host_buffer, m)?)?;
     m.add_function(wrap_pyfunction!(arrow::serialize_record_batch, m)?)?;

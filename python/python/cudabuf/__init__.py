@@ -12,8 +12,10 @@ Backends: ``"sim"`` (default) or ``"cuda"``, from ``CUDABUF_BACKEND`` or
 from __future__ import annotations
 
 from cudabuf._errors import (
+    BufferInUseError,
     ClosedError,
     CudaError,
+    DataRaceError,
     DriverError,
     FileError,
     FilePermissionError,
@@ -25,6 +27,7 @@ from cudabuf._errors import (
     InvalidIpcHandleError,
     InvalidTypeError,
     NoDriverError,
+    NotReadyError,
     OutOfMemoryError,
     OutOfRangeError,
     SimulatedMemoryAttributeError,
@@ -58,6 +61,9 @@ __all__ = [
     "SimulatedMemoryAttributeError",
     "InvalidDataError",
     "ClosedError",
+    "BufferInUseError",
+    "DataRaceError",
+    "NotReadyError",
     "DriverError",
     "FileError",
     "MissingFileError",

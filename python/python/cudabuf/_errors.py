@@ -27,6 +27,9 @@ __all__ = [
     "SimulatedMemoryAttributeError",
     "InvalidDataError",
     "ClosedError",
+    "BufferInUseError",
+    "DataRaceError",
+    "NotReadyError",
     "DriverError",
     "FileError",
     "MissingFileError",
@@ -128,8 +131,29 @@ class InvalidDataError(CudaError, ValueError):
 
 
 class ClosedError(CudaError, ValueError):
-    """A reader or writer was used after ``close()`` (a ``ValueError``, like Python's
-    own closed files)."""
+    """A reader, writer, stream or event was used after ``close()`` (a ``ValueError``,
+    like Python's own closed files)."""
+
+
+class BufferInUseError(CudaError, BufferError):
+    """Pinned host bytes are in use: lent to an asynchronous copy in flight (reading,
+    writing or exporting them is refused until its transfer is waited for, or its
+    stream or an event recorded after it is synchronized), or exported through the
+    buffer protocol (a copy cannot take bytes that a live ``memoryview`` or NumPy array
+    reaches). Also a ``BufferError``, as ``bytearray`` raises when it cannot resize
+    while exported. ``kind`` is ``"BufferInUse"``."""
+
+
+class DataRaceError(CudaError):
+    """The simulator's race detector found two operations on the same bytes that
+    nothing orders (a missing ``wait_event``, a read before a ``synchronize``), at the
+    call that races (``races="fail"``, the default). The message names both operations
+    and the bytes; the simulator's ``race_report()`` keeps it."""
+
+
+class NotReadyError(CudaError):
+    """The work an operation needs has not completed yet (``Event.elapsed_time``
+    before both events are done)."""
 
 
 class DriverError(CudaError):

@@ -30,10 +30,13 @@ __all__ = [
     "CudaArrayView",
     "CudaBuffer",
     "DeviceRecordBatch",
+    "Event",
     "HostBuffer",
     "IpcMemHandle",
     "Message",
     "Simulator",
+    "Stream",
+    "Transfer",
     "_HostMemory",
     "_ReaderHostFile",
     "get_backend",
@@ -99,6 +102,104 @@ def new_host_buffer(size: int, device: int = 0) -> HostBuffer:
     """Allocate a pinned host buffer of ``size`` bytes through device ``device``, zero-filled."""
 
 @final
+class Stream:
+    """A CUDA stream: work issued to it runs in order, asynchronously from Python."""
+
+    def __new__(cls, ctx: Optional[Context] = None, non_blocking: bool = False, priority: int = 0) -> Self: ...
+    @property
+    def context(self) -> Context:
+        """The context the stream belongs to."""
+    @property
+    def handle(self) -> int:
+        """The ``CUstream`` as an integer (an id of the simulator's own on the simulator)."""
+    @property
+    def ptr(self) -> int:
+        """The same as ``handle``."""
+    @property
+    def non_blocking(self) -> bool:
+        """Whether the stream is not ordered with the legacy default stream."""
+    @property
+    def priority(self) -> int:
+        """The stream's priority (lower numbers run first)."""
+    @property
+    def kind(self) -> Literal["owned", "legacy default", "per-thread default", "foreign"]:
+        """What the stream is."""
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+    def __cuda_stream__(self, stream: Optional[object] = None) -> tuple[int, int]:
+        """The CUDA stream protocol: ``(0, handle)`` (raises on the simulator)."""
+    def synchronize(self) -> None:
+        """Block until all work issued so far is done; earlier transfers' host buffers come back."""
+    def query(self) -> bool:
+        """Whether all work issued so far is done."""
+    def record_event(self, event: Optional[Event] = None) -> Event:
+        """Record ``event`` (a new one if ``None``) on this stream now; returns it."""
+    def record(self, event: Optional[Event] = None) -> Event:
+        """The same as ``record_event``."""
+    def wait_event(self, event: Event) -> None:
+        """Make later work of this stream wait for ``event``."""
+    def wait_stream(self, stream: Stream) -> None:
+        """Make later work of this stream wait for the work issued to ``stream`` so far."""
+    def copy_from_host(self, dst: CudaBuffer, src: _BufferProtocol) -> Transfer:
+        """Copy all of ``src`` into the start of ``dst``, asynchronously (pinned ``src`` is lent to the transfer)."""
+    def copy_to_host(self, src: CudaBuffer, dst: Buffer) -> Transfer:
+        """Copy all of ``src`` into the start of pinned ``dst``, asynchronously (``dst`` is lent to the transfer)."""
+    def copy_device(self, dst: CudaBuffer, src: CudaBuffer) -> None:
+        """Copy all of ``src`` into the start of ``dst``, asynchronously."""
+    def close(self) -> None:
+        """Let the stream go (after waiting for the copies it tracks)."""
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Event:
+    """A CUDA event: a point in a stream that the host and other streams can wait for."""
+
+    def __new__(cls, ctx: Optional[Context] = None, timing: bool = False) -> Self: ...
+    @property
+    def context(self) -> Context:
+        """The context the event belongs to."""
+    @property
+    def handle(self) -> int:
+        """The ``CUevent`` as an integer (an id of the simulator's own on the simulator)."""
+    @property
+    def ptr(self) -> int:
+        """The same as ``handle``."""
+    @property
+    def timing(self) -> bool:
+        """Whether the event measures time."""
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+    def record(self, stream: Optional[Stream] = None) -> None:
+        """Capture the work issued to ``stream`` (default: the legacy default stream) so far."""
+    def wait(self, stream: Optional[Stream] = None) -> None:
+        """Make later work of ``stream`` (default: the legacy default stream) wait for this event."""
+    def query(self) -> bool:
+        """Whether the captured work is done (``True`` if never recorded)."""
+    def synchronize(self) -> None:
+        """Block until the captured work is done."""
+    def elapsed_time(self, end: Event) -> float:
+        """Milliseconds from this event to ``end`` (both timing events, recorded and complete)."""
+    def close(self) -> None:
+        """Let the event go."""
+
+@final
+class Transfer:
+    """An asynchronous copy in flight; the host bytes it touches are lent to it until it is known complete."""
+
+    def wait(self) -> None:
+        """Block until the copy is done and hand the host bytes back."""
+    def query(self) -> bool:
+        """Whether the copy is done (if so, the host bytes come back)."""
+    @property
+    def nbytes(self) -> int:
+        """The number of bytes the copy moves."""
+
+@final
 class Context:
     """A CUDA context on one device (pyarrow.cuda's ``Context``)."""
 
@@ -120,8 +221,20 @@ class Context:
         """"sim" or "cuda"."""
     def synchronize(self) -> None:
         """Wait until all work on the device in this context is done."""
-    def new_buffer(self, nbytes: int) -> CudaBuffer:
-        """Allocate a device buffer of ``nbytes``."""
+    def new_buffer(self, nbytes: int, stream: Optional[Stream] = None) -> CudaBuffer:
+        """Allocate a device buffer of ``nbytes``; with ``stream``, stream-ordered (freed on ``stream``)."""
+    def new_stream(self, non_blocking: bool = False, priority: int = 0) -> Stream:
+        """A new stream of this context (blocking unless ``non_blocking``)."""
+    def stream_priority_range(self) -> tuple[int, int]:
+        """``(least, greatest)`` stream priority; numerically ``least >= greatest``."""
+    def default_stream(self) -> Stream:
+        """The legacy default stream, where the synchronous copies run."""
+    def per_thread_stream(self) -> Stream:
+        """The calling thread's default stream."""
+    def wrap_stream(self, obj: object) -> Stream:
+        """A ``Stream`` over another library's stream (``__cuda_stream__``, ``.cuda_stream``, ``.ptr`` or an int), kept alive."""
+    def new_event(self, timing: bool = False) -> Event:
+        """A new event of this context (with ``timing``, it measures time)."""
     def buffer_from_data(self, data: Union[_BufferProtocol, CudaBuffer], offset: int = 0, size: int = -1) -> CudaBuffer:
         """A new device buffer holding a copy of ``data[offset:offset+size]``."""
     def buffer_from_object(self, obj: Any) -> CudaBuffer:

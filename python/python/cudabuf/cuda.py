@@ -6,6 +6,12 @@ to ``from cudabuf import cuda``. Where pyarrow has a quirk that cudabuf fixes on
 applies and the docstring says so under "Fixed pyarrow quirk". ``from_numba`` /
 ``to_numba`` are replaced by the protocols every GPU library speaks:
 ``__cuda_array_interface__`` and DLPack.
+
+Beyond pyarrow.cuda: streams and events (:class:`Stream`, :class:`Event`) with
+asynchronous copies between device buffers and pinned host buffers
+(:class:`Transfer`), stream-ordered allocation (``ctx.new_buffer(n, stream=s)``) and
+interop with PyTorch's, CuPy's and cuda.core's streams (``__cuda_stream__``,
+``Context.wrap_stream``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from cudabuf._native import (
     CudaArrayView,
     CudaBuffer,
     DeviceRecordBatch,
+    Event,
     HostBuffer,
     IpcMemHandle,
     Message,
@@ -28,6 +35,8 @@ from cudabuf._native import (
     read_parquet,
     read_record_batch,
     serialize_record_batch,
+    Stream,
+    Transfer,
     write_ipc_file,
 )
 
@@ -42,6 +51,9 @@ __all__ = [
     "BufferWriter",
     "Message",
     "DeviceRecordBatch",
+    "Stream",
+    "Event",
+    "Transfer",
     "new_host_buffer",
     "serialize_record_batch",
     "read_message",

@@ -32,9 +32,11 @@ parent's simulator, contexts and buffers raises :class:`~cudabuf.NoDriverError`
 contexts. Make a new :class:`Simulator` in the child, or start children with the
 ``"spawn"`` or ``"forkserver"`` start method.
 
-Streams are not part of the Python API yet, so Python code cannot race on its own; the
-race report lists the races the detector found in stream work issued on this simulator
-(it is empty for what Python issues today).
+Streams (:class:`cudabuf.cuda.Stream`) run asynchronously under the scheduler, and the
+race detector checks what Python issues: a missing ``wait_event`` or a read before a
+``synchronize`` raises :class:`~cudabuf.DataRaceError` at the call that races
+(``races="fail"``) and is kept in :meth:`Simulator.race_report` (``races="log"``: only
+reported).
 
 The pytest plugin (:mod:`cudabuf.pytest_plugin`) gives each test a fresh
 :class:`Simulator` (the ``cudabuf_sim`` fixture) and fails it on a leak or a race.

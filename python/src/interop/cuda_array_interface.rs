@@ -29,7 +29,8 @@ pub(crate) fn cuda_array_interface<'py>(
     dict.set_item("data", (buffer.address(), false))?;
     dict.set_item("strides", py.None())?;
     dict.set_item("version", 3)?;
-    // cudabuf's copies are synchronous: the data is ready, no stream to wait on.
+    // cudabuf's synchronous copies are done when they return; stream work is ordered by
+    // the user (documented on `__cuda_array_interface__`).
     dict.set_item("stream", py.None())?;
     Ok(dict.into_any())
 }

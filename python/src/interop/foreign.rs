@@ -146,7 +146,7 @@ fn view_object_unguarded(ctx: &Context, obj: &Bound<'_, PyAny>) -> PyResult<Devi
         return ctx.buffer_from_object(&view.get().buffer).or_raise();
     }
     if let Some(memory) = as_host_memory(obj) {
-        return crate::context::memory_view(ctx, memory.get()).or_raise();
+        return crate::context::memory_view(ctx, memory.get());
     }
     let protocol = protocol_of(obj);
     if matches!(protocol, Protocol::None | Protocol::HostDlpack) {

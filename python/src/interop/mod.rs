@@ -12,11 +12,13 @@
 //! - [`dlpack_export`]: `__dlpack__` and `__dlpack_device__` (capsules we produce).
 //! - [`dlpack_import`]: consuming another library's DLPack capsule.
 //! - [`foreign`]: importing a foreign object: which protocol it speaks, the view made of it.
+//! - [`foreign_stream`]: another library's CUDA stream, wrapped (`Context.wrap_stream`).
 
 mod cuda_array_interface;
 mod dlpack_export;
 mod dlpack_import;
 mod foreign;
+mod foreign_stream;
 mod view;
 
 use cudabuf::DeviceBuffer;
@@ -27,6 +29,7 @@ use crate::errors::simulated_memory;
 pub(crate) use cuda_array_interface::cuda_array_interface;
 pub(crate) use dlpack_export::{dlpack_device, dlpack_export};
 pub(crate) use foreign::{import_device_object, view_object};
+pub(crate) use foreign_stream::wrap_stream;
 pub(crate) use view::{CudaArrayView, Layout};
 
 pub(super) fn require_cuda(buffer: &DeviceBuffer, what: &str) -> PyResult<()> {
