@@ -430,8 +430,12 @@ impl HostMemory {
     ///     arrow = host.to_pyarrow()           # a pa.Buffer over the same bytes
     ///     assert arrow.address == host.address
     ///
+    /// Like any buffer-protocol view it is an export: while it lives, the bytes cannot be
+    /// lent to an asynchronous copy (``BufferInUseError``).
+    ///
     /// Raises:
     ///     ImportError: when pyarrow is not installed.
+    ///     BufferInUseError: while the bytes are lent to an asynchronous copy.
     fn to_pyarrow<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         slf.py()
             .import("pyarrow")?

@@ -134,3 +134,22 @@ def test_pythonfile_over_the_reader_itself_fails_as_documented(ctx: cuda.Context
     reader = cuda.BufferReader(ctx.buffer_from_data(data))
     with pytest.raises(TypeError):
         pa_ipc.open_stream(pa.PythonFile(reader, mode="r"))
+
+
+def test_to_pyarrow_follows_the_lending_rule(cudabuf_sim: sim.Simulator) -> None:
+    ctx = cudabuf_sim.context(0)
+    stream = ctx.new_stream(non_blocking=True)
+    src = ctx.buffer_from_data(b"download")
+    host = cudabuf_sim.new_host_buffer(8)
+    transfer = stream.copy_to_host(src, host)
+    with pytest.raises(cudabuf.BufferInUseError):
+        host.to_pyarrow()  # lent to the copy in flight
+    transfer.wait()
+    arrow = host.to_pyarrow()
+    assert arrow.to_pybytes() == b"download"
+    with pytest.raises(cudabuf.BufferInUseError, match="exported"):
+        stream.copy_from_host(src, host)  # the pyarrow buffer is an export
+    del arrow
+    gc.collect()
+    stream.copy_from_host(src, host).wait()
+    del transfer
