@@ -59,12 +59,21 @@ pub(crate) struct Shared {
     pub(crate) core: Arc<Core>,
     /// The test hook run after each event record ([`SimBackend::set_record_hook`]).
     pub(crate) record_hook: HookSlot,
+    /// The process that made the instance: a child forked from it is refused (as CUDA
+    /// refuses it its parent's contexts).
+    pid: u32,
 }
 
 impl Shared {
     /// Locks the instance (a panic elsewhere does not make the simulator unusable).
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.core.lock()
+    }
+
+    /// Refuses `call` in any process but the one that made the instance (a forked child):
+    /// one relaxed atomic load and a compare (see `crate::process`).
+    pub(crate) fn check_process(&self, call: &'static str) -> Result<()> {
+        crate::process::check_owner(self.pid, call)
     }
 
     /// The device of a context handle of this instance.
@@ -84,6 +93,13 @@ impl fmt::Debug for Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        if self.check_process("drop").is_err() {
+            // A forked child dropping its copy of the parent's instance: the device worker
+            // thread is the parent's (a join would wait forever), and the lock may have
+            // been held by a thread that the child does not have. Touch neither; the
+            // child's copies of the memory are freed with the fields.
+            return;
+        }
         let discarded = self.core.shutdown();
         if discarded > 0 {
             log::warn!(
@@ -159,9 +175,14 @@ impl SimBackend {
             capacity: config.capacity_per_device,
             contexts: contexts.clone(),
             record_hook: HookSlot::default(),
+            pid: crate::process::current_pid(),
             core: Arc::new(Core {
                 state: Mutex::new(State {
-                    table: Table::new(config.devices, config.capacity_per_device),
+                    table: Table::new(
+                        config.devices,
+                        config.capacity_per_device,
+                        config.uninit_fill,
+                    ),
                     faults: Faults::default(),
                     streams: Engine::new(settings, config.devices),
                 }),

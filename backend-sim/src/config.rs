@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::region::DEFAULT_UNINIT_FILL;
 use crate::streams::{CostModel, RaceMode, Schedule};
 
 /// How a [`SimBackend`](crate::SimBackend) is set up.
@@ -39,6 +40,25 @@ pub struct SimConfig {
     pub races: Option<RaceMode>,
     /// The simulated cost of copies, for event timing.
     pub cost: CostModel,
+    /// The byte every new device allocation holds before anything is written to it.
+    /// Default [`DEFAULT_UNINIT_FILL`] (`0xA5`): `cuMemAlloc` does not clear memory, so a
+    /// program that reads what it never wrote sees `0xA5`, not zeros it could come to
+    /// rely on. `0x00` makes new memory look cleared (to compare with a run that assumed
+    /// it); another byte shows which reads depend on it. Pinned host memory
+    /// (`alloc_host`) is zero-filled whatever this says, and a caching allocator's reused
+    /// blocks hold what was last written to them.
+    ///
+    /// ```
+    /// use cudabuf_core::Backend;
+    /// use cudabuf_sim::{SimBackend, SimConfig};
+    ///
+    /// let sim = SimBackend::with_config(SimConfig { uninit_fill: 0x00, ..SimConfig::default() })?;
+    /// let ctx = Backend::new(sim).context(0)?;
+    /// ctx.set_allocator_cache_limit(0); // every buffer its own allocation
+    /// assert_eq!(ctx.new_buffer(4)?.to_vec()?, [0, 0, 0, 0]);
+    /// # Ok::<(), cudabuf_core::Error>(())
+    /// ```
+    pub uninit_fill: u8,
 }
 
 impl Default for SimConfig {
@@ -51,6 +71,7 @@ impl Default for SimConfig {
             schedule: None,
             races: None,
             cost: CostModel::default(),
+            uninit_fill: DEFAULT_UNINIT_FILL,
         }
     }
 }

@@ -66,7 +66,11 @@ impl SimContext {
     /// A non-owning context is usable only while its primary context is retained: once
     /// every owner has released it, CUDA has destroyed it, and a call through the handle
     /// is a use of a destroyed context (a crash). The simulator refuses the call instead.
+    ///
+    /// Every call first checks that this is the process that made the instance: a forked
+    /// child is refused, as CUDA refuses it (see the crate docs).
     fn check_alive(&self, call: &'static str) -> Result<()> {
+        self.shared.check_process(call)?;
         if self
             .over
             .as_ref()

@@ -64,13 +64,17 @@ impl Device for SimDevice {
         Ok(self.shared.capacity)
     }
 
+    /// Refused in a child forked from the process that made the simulator (as CUDA
+    /// refuses it), with [`Error::NoDriver`].
     fn primary_context(&self) -> Result<Arc<dyn RawContext>> {
+        self.shared.check_process("primary_context")?;
         Ok(self.sim_context())
     }
 
     /// The simulator has one context per device, so `handle` must be this device's
     /// primary context handle; the result is a non-owning context with that handle.
     unsafe fn shared_context(&self, handle: u64) -> Result<Arc<dyn RawContext>> {
+        self.shared.check_process("shared_context")?;
         match self.shared.context_device(handle) {
             Some(d) if d == self.ordinal => {
                 // Not yet retained: no primary context to stand on (every call refused).

@@ -23,6 +23,20 @@
 //!   the end of a 100-byte device allocation". Double frees are caught the same way.
 //! - **Capacity.** Live device allocations of a device may not exceed its capacity:
 //!   beyond it, [`Error::OutOfMemory`]. Pinned host memory does not count.
+//! - **New device memory is not cleared**, as `cuMemAlloc`'s is not: it holds
+//!   [`SimConfig::uninit_fill`] (default [`DEFAULT_UNINIT_FILL`], `0xA5`), so code that
+//!   reads what it never wrote does not see zeros it could come to rely on.
+//! - **A forked child cannot use its parent's instance**, as CUDA refuses a child made by
+//!   `fork` the contexts its parent initialized: every call through the instance's
+//!   devices and contexts (and so through buffers, streams and events made from them)
+//!   from another process than the one that made it is [`Error::NoDriver`]
+//!   (`CUDA_ERROR_NOT_INITIALIZED`, which is what cudabuf's CUDA backend reports there),
+//!   saying why and what to do: make a new backend in the child, or start children with
+//!   spawn or exec. A backend the child makes works. The check is a relaxed atomic load
+//!   (the pid is cached, and a `pthread_atfork` handler clears the cache in every forked
+//!   child). Dropping the parent's objects in the child leaves the parent's worker
+//!   thread and lock alone. Children started by exec (the IPC tests' way) are new
+//!   processes and make their own instances.
 //! - **Pinned memory** is real host memory whose device address reads and writes the same
 //!   bytes; [`RawContext::device_address`] maps host addresses inside it to device
 //!   addresses and refuses pageable host memory.
@@ -235,6 +249,7 @@
 //! [`Error::InvalidIpcHandle`]: cudabuf_core::Error::InvalidIpcHandle
 //! [`Error::InvalidArgument`]: cudabuf_core::Error::InvalidArgument
 //! [`Error::DataRace`]: cudabuf_core::Error::DataRace
+//! [`Error::NoDriver`]: cudabuf_core::Error::NoDriver
 //! [`RawStream::LEGACY`]: cudabuf_core::backend::RawStream::LEGACY
 //! [`RawStream::PER_THREAD`]: cudabuf_core::backend::RawStream::PER_THREAD
 
@@ -247,6 +262,7 @@ mod faults;
 mod hook;
 mod ipc;
 mod leak;
+mod process;
 mod race;
 mod region;
 mod streams;
@@ -264,7 +280,7 @@ pub use hook::{RecordHook, Recorded};
 pub use ipc::SimIpcHandle;
 pub use leak::{LeakEntry, LeakReport};
 pub use race::{RaceRecord, RaceReport};
-pub use region::RegionKind;
+pub use region::{RegionKind, DEFAULT_UNINIT_FILL};
 pub use streams::{
     CostModel, RaceMode, Schedule, ScheduleEntry, RACES_VAR, SCHEDULE_VAR, SEED_VAR,
 };

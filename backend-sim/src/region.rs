@@ -113,20 +113,23 @@ impl Drop for RawHeap {
 // through the table, under the instance's mutex.
 unsafe impl Send for RawHeap {}
 
-/// The byte new device memory is filled with: `cuMemAlloc` does not clear memory, so the
-/// simulator does not hand out zeros that code could come to rely on.
-pub(crate) const UNINIT_FILL: u8 = 0xA5;
+/// The byte new device memory is filled with unless [`SimConfig::uninit_fill`] says
+/// otherwise: `cuMemAlloc` does not clear memory, so the simulator does not hand out zeros
+/// that code could come to rely on.
+///
+/// [`SimConfig::uninit_fill`]: crate::SimConfig::uninit_fill
+pub const DEFAULT_UNINIT_FILL: u8 = 0xA5;
 
-/// Plain device memory: heap memory filled with [`UNINIT_FILL`], 256-byte aligned like
+/// Plain device memory: heap memory filled with a byte (the instance's
+/// [`SimConfig::uninit_fill`](crate::SimConfig::uninit_fill)), 256-byte aligned like
 /// `cuMemAlloc`.
 #[derive(Debug)]
 pub(crate) struct HeapMemory(RawHeap);
 
 impl HeapMemory {
-    /// `size` bytes of [`UNINIT_FILL`] (`size > 0`), or `None` when the host is out of
-    /// memory.
-    pub(crate) fn uninit(size: usize) -> Option<Self> {
-        RawHeap::filled(size, 256, UNINIT_FILL).map(HeapMemory)
+    /// `size` bytes of `fill` (`size > 0`), or `None` when the host is out of memory.
+    pub(crate) fn uninit(size: usize, fill: u8) -> Option<Self> {
+        RawHeap::filled(size, 256, fill).map(HeapMemory)
     }
 }
 
@@ -290,7 +293,7 @@ mod tests {
 
     #[test]
     fn storage_kinds_dispatch() {
-        let heap = Storage::from(HeapMemory::uninit(300).unwrap());
+        let heap = Storage::from(HeapMemory::uninit(300, DEFAULT_UNINIT_FILL).unwrap());
         assert_eq!(heap.len(), 300);
         assert_eq!(heap.kind(), RegionKind::Device);
         assert_eq!(heap.as_ptr() as usize % 256, 0);
@@ -304,7 +307,7 @@ mod tests {
 
     #[test]
     fn impossible_sizes_are_none() {
-        assert!(HeapMemory::uninit(usize::MAX).is_none());
+        assert!(HeapMemory::uninit(usize::MAX, 0).is_none());
         assert!(PinnedMemory::zeroed(0).is_none());
     }
 }

@@ -68,6 +68,8 @@ impl Freed {
 pub(crate) struct Table {
     space: AddressSpace,
     capacity: usize,
+    /// The byte new device memory is filled with ([`SimConfig::uninit_fill`](crate::SimConfig::uninit_fill)).
+    fill: u8,
     regions: BTreeMap<DevicePtr, Region>,
     /// Pinned regions by host address of their first byte.
     pinned_by_host: BTreeMap<usize, DevicePtr>,
@@ -90,11 +92,13 @@ fn nonzero(operation: &'static str, len: usize) -> Result<()> {
 }
 
 impl Table {
-    /// An empty table for `devices` devices of `capacity` bytes each.
-    pub(crate) fn new(devices: usize, capacity: usize) -> Self {
+    /// An empty table for `devices` devices of `capacity` bytes each, whose new device
+    /// memory holds `fill`.
+    pub(crate) fn new(devices: usize, capacity: usize, fill: u8) -> Self {
         Table {
             space: AddressSpace::new(),
             capacity,
+            fill,
             regions: BTreeMap::new(),
             pinned_by_host: BTreeMap::new(),
             imports: HashMap::new(),
@@ -246,7 +250,7 @@ impl Table {
         if size > self.capacity - used {
             return Err(oom(format!("capacity {}, in use {used}", self.capacity)));
         }
-        let storage = HeapMemory::uninit(size)
+        let storage = HeapMemory::uninit(size, self.fill)
             .ok_or_else(|| oom("the host could not allocate the simulated memory".into()))?;
         let base = self
             .space

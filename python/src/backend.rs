@@ -3,7 +3,9 @@
 //!
 //! Objects keep the backend they were made with; a switch affects only what is made
 //! afterwards. Each backend is made once per process, so switching back to the simulator
-//! finds the same simulated devices and allocations.
+//! finds the same simulated devices and allocations. A child forked from the process
+//! inherits the current backend (whose calls the simulator then refuses, as CUDA refuses
+//! a forked child its parent's contexts), and makes its own on `set_backend`.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -20,6 +22,8 @@ const KNOWN: [&str; 2] = ["sim", "cuda"];
 struct Selection {
     current: Option<Backend>,
     made: HashMap<&'static str, Backend>,
+    /// The process `made` belongs to (0 before the first backend is made).
+    pid: u32,
 }
 
 static SELECTION: Mutex<Option<Selection>> = Mutex::new(None);
@@ -37,6 +41,12 @@ fn canonical(name: &str) -> &str {
 }
 
 fn make(selection: &mut Selection, name: &str) -> cudabuf::Result<Backend> {
+    let pid = std::process::id();
+    if selection.pid != pid {
+        // A forked child: the backends made so far are its parent's.
+        selection.made.clear();
+        selection.pid = pid;
+    }
     let backend = match selection.made.get(canonical(name)) {
         Some(backend) => backend.clone(),
         None => {
@@ -66,7 +76,9 @@ pub(crate) fn current() -> PyResult<Backend> {
 /// Use the backend called `name` for every context and host buffer made from now on:
 /// ``"sim"`` (the simulator, the default) or ``"cuda"`` (the CUDA driver, loaded now).
 ///
-/// Objects made before keep their backend. Overrides ``CUDABUF_BACKEND``. A test suite
+/// Objects made before keep their backend. Overrides ``CUDABUF_BACKEND``. In a child made
+/// by ``os.fork``, whose parent's simulator refuses it (``NoDriverError``, as CUDA
+/// refuses a forked child), it makes the child a backend of its own. A test suite
 /// that must run without a GPU calls ``cudabuf.set_backend("sim")`` in its
 /// ``conftest.py`` (or sets ``CUDABUF_BACKEND=sim``).
 ///

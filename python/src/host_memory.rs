@@ -420,6 +420,28 @@ impl HostMemory {
             .into_any())
     }
 
+    /// This memory as a ``pyarrow.Buffer``, without a copy (``pa.py_buffer(self)``): the
+    /// pyarrow buffer has the same address and size, and keeps this object, and so the
+    /// memory, alive for as long as it or any slice of it lives.
+    ///
+    /// Example::
+    ///
+    ///     host = dbuf.copy_to_host()          # a cudabuf.cuda.Buffer
+    ///     arrow = host.to_pyarrow()           # a pa.Buffer over the same bytes
+    ///     assert arrow.address == host.address
+    ///
+    /// Like any buffer-protocol view it is an export: while it lives, the bytes cannot be
+    /// lent to an asynchronous copy (``BufferInUseError``).
+    ///
+    /// Raises:
+    ///     ImportError: when pyarrow is not installed.
+    ///     BufferInUseError: while the bytes are lent to an asynchronous copy.
+    fn to_pyarrow<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        slf.py()
+            .import("pyarrow")?
+            .call_method1("py_buffer", (slf,))
+    }
+
     /// Whether ``other`` (any bytes-like object) holds the same bytes.
     fn equals(&self, other: &Bound<'_, PyAny>) -> PyResult<bool> {
         let other = HostBytes::read(other)?;

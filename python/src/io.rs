@@ -252,6 +252,37 @@ impl PyBufferReader {
         false
     }
 
+    /// This reader as a ``pyarrow.NativeFile`` (a ``pyarrow.PythonFile`` in mode ``"r"``)
+    /// that reads host copies of the device bytes, for every pyarrow API that takes a
+    /// file: ``pa.ipc.open_stream``, ``pa.ipc.open_file``, ``pa.input_stream``, ... It
+    /// shares this reader's position, and closing it closes this reader.
+    ///
+    /// ``pa.PythonFile(reader)`` itself cannot work: pyarrow calls a file object's
+    /// ``read_buffer`` whenever it has one and needs host bytes back, and this reader's
+    /// ``read_buffer`` returns device memory (as pyarrow.cuda's does). The file made here
+    /// has no ``read_buffer``, so pyarrow uses ``read``.
+    ///
+    /// Example::
+    ///
+    ///     stream = cuda.BufferReader(device_buffer_holding_an_ipc_stream)
+    ///     table = pa.ipc.open_stream(stream.to_pyarrow()).read_all()
+    ///
+    /// Raises:
+    ///     ImportError: when pyarrow is not installed.
+    fn to_pyarrow<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let pyarrow = py.import("pyarrow")?;
+        let file = Bound::new(
+            py,
+            ReaderHostFile {
+                reader: slf.clone().unbind(),
+            },
+        )?;
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("mode", "r")?;
+        pyarrow.getattr("PythonFile")?.call((file,), Some(&kwargs))
+    }
+
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
     }
@@ -259,6 +290,77 @@ impl PyBufferReader {
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
         self.close(py)
+    }
+}
+
+/// A ``BufferReader`` seen as a plain binary file on the host (what
+/// ``BufferReader.to_pyarrow`` hands to ``pyarrow.PythonFile``): ``read`` and
+/// ``readinto`` copy device bytes to the host; no ``read_buffer``. Every call goes to the
+/// reader it was made from (its position, its lock).
+#[pyclass(module = "cudabuf.cuda", name = "_ReaderHostFile", frozen)]
+pub(crate) struct ReaderHostFile {
+    reader: Py<PyBufferReader>,
+}
+
+#[pymethods]
+impl ReaderHostFile {
+    /// Up to ``nbytes`` (default or negative: all remaining) as ``bytes``.
+    #[pyo3(signature = (nbytes = None))]
+    fn read<'py>(&self, py: Python<'py>, nbytes: Option<i64>) -> PyResult<Bound<'py, PyBytes>> {
+        self.reader.get().read(py, nbytes)
+    }
+
+    /// Read into ``buffer`` as much as fits; returns the number of bytes read.
+    fn readinto(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.reader.get().readinto(py, buffer)
+    }
+
+    /// Move to ``position`` relative to ``whence``; returns the new position.
+    #[pyo3(signature = (position, whence = 0))]
+    fn seek(&self, py: Python<'_>, position: i64, whence: i32) -> PyResult<u64> {
+        self.reader.get().seek(py, position, whence)
+    }
+
+    /// The current position.
+    fn tell(&self, py: Python<'_>) -> PyResult<usize> {
+        self.reader.get().tell(py)
+    }
+
+    /// The size of the buffer.
+    fn size(&self, py: Python<'_>) -> PyResult<usize> {
+        self.reader.get().size(py)
+    }
+
+    /// Close the reader.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.reader.get().close(py)
+    }
+
+    /// Whether the reader is closed.
+    #[getter]
+    fn closed(&self, py: Python<'_>) -> PyResult<bool> {
+        self.reader.get().closed(py)
+    }
+
+    /// ``"rb"``.
+    #[getter]
+    fn mode(&self) -> &'static str {
+        "rb"
+    }
+
+    /// ``True``.
+    fn readable(&self) -> bool {
+        true
+    }
+
+    /// ``True``.
+    fn seekable(&self) -> bool {
+        true
+    }
+
+    /// ``False``.
+    fn writable(&self) -> bool {
+        false
     }
 }
 

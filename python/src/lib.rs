@@ -43,6 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<interop::CudaArrayView>()?;
     m.add_class::<ipc::PyIpcMemHandle>()?;
     m.add_class::<io::PyBufferReader>()?;
+    m.add_class::<io::ReaderHostFile>()?;
     m.add_class::<io::PyBufferWriter>()?;
     m.add_class::<arrow::PyMessage>()?;
     m.add_class::<arrow::PyDeviceRecordBatch>()?;

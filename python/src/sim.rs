@@ -84,7 +84,7 @@ pub(crate) struct PySimulator {
 #[pymethods]
 impl PySimulator {
     #[new]
-    #[pyo3(signature = (devices = 2, capacity = 1_073_741_824, *, seed = None, schedule = None, races = None, name = None))]
+    #[pyo3(signature = (devices = 2, capacity = 1_073_741_824, *, seed = None, schedule = None, races = None, name = None, fill = 0xA5))]
     fn py_new(
         devices: i64,
         capacity: i64,
@@ -92,9 +92,16 @@ impl PySimulator {
         schedule: Option<&str>,
         races: Option<&str>,
         name: Option<String>,
+        fill: i64,
     ) -> PyResult<Self> {
         let devices = non_negative("Simulator", "devices", devices)?;
         let capacity = non_negative("Simulator", "capacity", capacity)?;
+        let fill = u8::try_from(fill).map_err(|_| {
+            invalid_argument(
+                "Simulator",
+                format!("fill must be a byte value (0 to 255), got {fill}"),
+            )
+        })?;
         let schedule = schedule
             .map(|s| s.parse::<Schedule>())
             .transpose()
@@ -112,6 +119,7 @@ impl PySimulator {
             schedule,
             races,
             cost: defaults.cost,
+            uninit_fill: fill,
         };
         let sim = SimBackend::with_config(config).or_raise()?;
         let backend = cudabuf::Backend::new(sim.clone());
@@ -134,6 +142,13 @@ impl PySimulator {
     #[getter]
     fn name(&self) -> String {
         self.sim.config().name.clone()
+    }
+
+    /// The byte new device memory holds before anything is written to it (default
+    /// ``0xA5``; pinned host memory is zero-filled whatever it is).
+    #[getter]
+    fn fill(&self) -> u8 {
+        self.sim.config().uninit_fill
     }
 
     /// The seed of the stream scheduler.
@@ -302,12 +317,13 @@ impl PySimulator {
 
     fn __repr__(&self) -> String {
         format!(
-            "Simulator(devices={}, capacity={}, seed={}, schedule={:?}, races={:?})",
+            "Simulator(devices={}, capacity={}, seed={}, schedule={:?}, races={:?}, fill={:#04x})",
             self.sim.config().devices,
             self.sim.config().capacity_per_device,
             self.sim.seed(),
             self.sim.schedule().to_string(),
-            self.sim.race_mode().to_string()
+            self.sim.race_mode().to_string(),
+            self.sim.config().uninit_fill
         )
     }
 }

@@ -8,6 +8,7 @@ test cannot race; the race half of the teardown check is the same call
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,15 @@ def cuda_present() -> bool:
         cudabuf.set_backend(previous)
 
 
+def pytest11_entry_points() -> list[importlib.metadata.EntryPoint]:
+    if sys.version_info >= (3, 10):
+        return list(importlib.metadata.entry_points(group="pytest11"))
+    # Python 3.9: entry_points() is a dict of groups (no `group=` keyword yet).
+    return list(importlib.metadata.entry_points().get("pytest11", []))
+
+
 def test_plugin_is_registered_by_entry_point(request: pytest.FixtureRequest) -> None:
-    points = importlib.metadata.entry_points(group="pytest11")
+    points = pytest11_entry_points()
     assert [p.value for p in points if p.name == "cudabuf"] == ["cudabuf.pytest_plugin"]
     assert request.config.pluginmanager.has_plugin("cudabuf")
 

@@ -280,3 +280,29 @@ def test_arrow_files_through_a_simulator_leave_nothing(tmp_path: Path) -> None:
     assert batches[0].to_host().column(0).to_pylist() == list(range(1000))
     del batches
     s.assert_clean()
+
+
+@pytest.mark.parametrize("fill", [0x00, 0x3C, 0xFF])
+def test_the_fill_byte_of_new_device_memory_is_configurable(fill: int) -> None:
+    s = sim.Simulator(devices=1, fill=fill)
+    assert s.fill == fill
+    assert f"fill={fill:#04x}" in repr(s)
+    ctx = s.context(0)
+    buf = ctx.new_buffer(32)
+    assert buf.to_pybytes() == bytes([fill]) * 32
+    buf.copy_from_host(b"\x11" * 32)
+    del buf
+    # New memory again (not the bytes just freed), and pinned memory is zeroed.
+    assert ctx.new_buffer(32).to_pybytes() == bytes([fill]) * 32
+    assert s.new_host_buffer(8).to_pybytes() == bytes(8)
+    s.assert_clean()
+
+
+def test_the_default_fill_is_uninit_fill() -> None:
+    assert sim.Simulator().fill == sim.UNINIT_FILL == 0xA5
+
+
+@pytest.mark.parametrize("fill", [-1, 256, 1 << 40])
+def test_a_fill_that_is_no_byte_raises(fill: int) -> None:
+    with pytest.raises(cudabuf.InvalidArgumentError, match="fill"):
+        sim.Simulator(fill=fill)

@@ -8,7 +8,7 @@ use cudabuf_core::backend::{PinnedAlloc, Platform, RawContext, RawEvent, RawStre
 use cudabuf_core::{ErrorKind, Result};
 
 use super::tests::{ctx, free, read, write};
-use crate::region::UNINIT_FILL;
+use crate::region::DEFAULT_UNINIT_FILL as UNINIT_FILL;
 use crate::{CostModel, FaultOp, RaceMode, Schedule, SimBackend, SimConfig};
 
 /// Seeds every ordering test runs under (fewer under Miri, which is slow).

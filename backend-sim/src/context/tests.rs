@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudabuf_core::backend::{Platform, RawContext};
 use cudabuf_core::{BackendKind, Error, ErrorKind};
 
-use crate::region::UNINIT_FILL;
+use crate::region::DEFAULT_UNINIT_FILL as UNINIT_FILL;
 use crate::{FaultOp, RegionKind, SimBackend, SimConfig};
 
 pub(super) fn ctx(sim: &SimBackend, device: usize) -> Arc<dyn RawContext> {
@@ -652,4 +652,41 @@ fn many_threads_share_one_instance() {
         h.join().unwrap();
     }
     assert!(sim.leak_report().is_empty());
+}
+
+#[test]
+fn new_device_memory_holds_the_configured_fill_byte() {
+    assert_eq!(SimConfig::default().uninit_fill, 0xA5);
+    assert_eq!(UNINIT_FILL, 0xA5);
+    for fill in [0x00, 0x3C, 0xFF] {
+        let sim = SimBackend::with_config(SimConfig {
+            uninit_fill: fill,
+            ..SimConfig::default()
+        })
+        .unwrap();
+        assert_eq!(sim.config().uninit_fill, fill);
+        let c = ctx(&sim, 1);
+        let a = c.allocate(300).unwrap();
+        assert_eq!(
+            read(&*c, a, 300).unwrap(),
+            vec![fill; 300],
+            "fill {fill:#x}"
+        );
+        write(&*c, a, &[0x11; 300]).unwrap();
+        free(&*c, a).unwrap();
+        // A new allocation is new memory: the fill again, never the bytes just freed.
+        let b = c.allocate(300).unwrap();
+        assert_eq!(
+            read(&*c, b, 300).unwrap(),
+            vec![fill; 300],
+            "fill {fill:#x}"
+        );
+        // Pinned host memory is zeroed whatever the fill.
+        let pinned = c.alloc_host(64).unwrap();
+        assert_eq!(read(&*c, pinned.device_ptr(), 64).unwrap(), vec![0; 64]);
+        // SAFETY: allocated above by this context, freed once.
+        unsafe { c.free_host(pinned) }.unwrap();
+        free(&*c, b).unwrap();
+        assert!(sim.leak_report().is_empty());
+    }
 }

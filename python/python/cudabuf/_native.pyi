@@ -38,6 +38,7 @@ __all__ = [
     "Stream",
     "Transfer",
     "_HostMemory",
+    "_ReaderHostFile",
     "get_backend",
     "new_host_buffer",
     "read_ipc_file",
@@ -88,6 +89,8 @@ class _HostMemory:
     def equals(self, other: _BufferProtocol) -> bool:
         """Whether ``other`` holds the same bytes."""
     def __eq__(self, other: object, /) -> bool: ...
+    def to_pyarrow(self) -> Any:
+        """This memory as a ``pyarrow.Buffer``, zero-copy; it keeps this memory alive."""
 
 class Buffer(_HostMemory, _BufferProtocol):
     """Host memory owned by cudabuf; speaks the buffer protocol (zero-copy NumPy/pyarrow views)."""
@@ -431,8 +434,28 @@ class BufferReader:
     def readable(self) -> bool: ...
     def seekable(self) -> bool: ...
     def writable(self) -> bool: ...
+    def to_pyarrow(self) -> Any:
+        """This reader as a ``pyarrow.PythonFile`` reading host copies (shares the position)."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> None: ...
+
+@final
+class _ReaderHostFile:
+    """A ``BufferReader`` as a plain binary file on the host (no ``read_buffer``)."""
+
+    def read(self, nbytes: Optional[int] = None) -> bytes: ...
+    def readinto(self, buffer: _BufferProtocol) -> int: ...
+    def seek(self, position: int, whence: int = 0) -> int: ...
+    def tell(self) -> int: ...
+    def size(self) -> int: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def mode(self) -> str: ...
+    def readable(self) -> bool: ...
+    def seekable(self) -> bool: ...
+    def writable(self) -> bool: ...
 
 @final
 class BufferWriter:
@@ -565,6 +588,7 @@ class Simulator:
         schedule: Optional[Literal["deterministic", "threaded"]] = None,
         races: Optional[Literal["fail", "log", "off"]] = None,
         name: Optional[str] = None,
+        fill: int = 0xA5,
     ) -> Self: ...
     @property
     def devices(self) -> int:
@@ -575,6 +599,9 @@ class Simulator:
     @property
     def name(self) -> str:
         """The name of the devices and of the reports."""
+    @property
+    def fill(self) -> int:
+        """The byte new device memory holds before anything is written to it."""
     @property
     def seed(self) -> int:
         """The seed of the stream scheduler."""

@@ -19,10 +19,18 @@ its own code allocated and leaked, and can make calls fail on purpose::
 Defaults (those of the Rust ``SimConfig``): 2 devices of 1 GiB (:data:`DEFAULT_DEVICES`,
 :data:`DEFAULT_CAPACITY`); new device memory is filled with the byte ``0xA5``
 (:data:`UNINIT_FILL`; ``cuMemAlloc`` does not clear memory, so a program reading what it
-never wrote sees ``0xA5``, not zeros; pinned host memory is zero-filled); the stream
-scheduler's ``seed``, ``schedule`` and race mode ``races`` come from
-``CUDABUF_SIM_SEED`` (else 0), ``CUDABUF_SIM_SCHEDULE`` (else ``"deterministic"``) and
-``CUDABUF_SIM_RACES`` (else ``"fail"``) when not given.
+never wrote sees ``0xA5``, not zeros; ``fill=`` chooses another byte, e.g. ``fill=0x00``;
+pinned host memory is zero-filled whatever ``fill`` is); the stream scheduler's ``seed``,
+``schedule`` and race mode ``races`` come from ``CUDABUF_SIM_SEED`` (else 0),
+``CUDABUF_SIM_SCHEDULE`` (else ``"deterministic"``) and ``CUDABUF_SIM_RACES`` (else
+``"fail"``) when not given.
+
+Like CUDA, a simulator belongs to the process that made it: in a child made by
+``os.fork`` (or multiprocessing's ``"fork"`` start method) every call through the
+parent's simulator, contexts and buffers raises :class:`~cudabuf.NoDriverError`
+(CUDA's ``CUDA_ERROR_NOT_INITIALIZED``), as CUDA refuses a forked child its parent's
+contexts. Make a new :class:`Simulator` in the child, or start children with the
+``"spawn"`` or ``"forkserver"`` start method.
 
 Streams (:class:`cudabuf.cuda.Stream`) run asynchronously under the scheduler, and the
 race detector checks what Python issues: a missing ``wait_event`` or a read before a
@@ -63,7 +71,8 @@ DEFAULT_CAPACITY = 1 << 30
 """Each device's capacity in bytes (1 GiB) for a simulator made without ``capacity=``."""
 
 UNINIT_FILL = 0xA5
-"""The byte new device memory holds before anything is written to it."""
+"""The byte new device memory holds before anything is written to it, unless
+:class:`Simulator`'s ``fill`` says otherwise."""
 
 FAULT_OPS = ("allocate", "alloc_host", "copy", "ipc_export", "ipc_open", "synchronize")
 """The operations :meth:`Simulator.fail_nth` and :meth:`Simulator.fail_randomly` take."""
@@ -144,10 +153,12 @@ class Simulator(_NativeSimulator):
     """A simulator instance of its own: ``devices`` devices of ``capacity`` bytes each.
 
     ``Simulator(devices=2, capacity=1 << 30, *, seed=None, schedule=None, races=None,
-    name=None)``: ``schedule`` is ``"deterministic"`` or ``"threaded"``, ``races`` is
-    ``"fail"``, ``"log"`` or ``"off"``; ``None`` takes ``CUDABUF_SIM_SEED``,
+    name=None, fill=0xA5)``: ``schedule`` is ``"deterministic"`` or ``"threaded"``,
+    ``races`` is ``"fail"``, ``"log"`` or ``"off"``; ``None`` takes ``CUDABUF_SIM_SEED``,
     ``CUDABUF_SIM_SCHEDULE``, ``CUDABUF_SIM_RACES`` or the default (see the module).
     ``name`` names the devices and the reports (default ``"cudabuf simulated device"``).
+    ``fill`` is the byte new device memory holds (:data:`UNINIT_FILL` by default;
+    ``fill=0x00`` makes it look cleared).
 
     Its contexts (:meth:`context`) and host buffers (:meth:`new_host_buffer`) allocate
     from this instance only, whatever ``cudabuf.set_backend`` says; everything made from
@@ -155,8 +166,8 @@ class Simulator(_NativeSimulator):
 
     Raises:
         InvalidArgumentError: more devices than the simulator supports, a negative
-            number, or an unknown ``schedule`` / ``races`` (also one taken from the
-            environment).
+            number, a ``fill`` outside 0..255, or an unknown ``schedule`` / ``races``
+            (also one taken from the environment).
     """
 
     def leak_report(self) -> LeakReport:
