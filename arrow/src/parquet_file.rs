@@ -20,7 +20,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::ParquetMetaData;
 
-use self::decoders::{Decoders, Job};
+use self::decoders::{Decoders, Job, PositionedFile};
 use crate::batch::DeviceRecordBatch;
 use crate::file_io::SourceFile;
 use crate::layout::nested_fields;
@@ -147,7 +147,7 @@ impl DeviceParquetReader {
             .map_err(|e| crate::file_io::io_error("DeviceParquetReader::open", &name, &e))?;
         let job = Job {
             name: name.clone(),
-            file,
+            file: PositionedFile::new(file, source.len()),
             metadata,
             mask,
             order,

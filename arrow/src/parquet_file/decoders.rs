@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
+use std::io::{BufReader, Read};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
@@ -25,16 +26,80 @@ use cudabuf_core::{Error, Result};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
 use parquet::errors::ParquetError;
+use parquet::file::reader::{ChunkReader, Length};
 
 use super::{guarded, MAX_BATCH_ROWS, WHAT};
+use crate::file_io::pread;
 
 /// Decoded batches that may wait per row group before its thread waits too.
 const AHEAD: usize = 2;
 
+/// The file as the `parquet` crate's `ChunkReader`, read at positions (`pread`). The
+/// crate's own implementation for `File` seeks clones of the descriptor, which share one
+/// position: threads decoding row groups at once would move it under each other.
+#[derive(Clone)]
+pub(super) struct PositionedFile {
+    file: Arc<File>,
+    len: u64,
+}
+
+impl PositionedFile {
+    /// `file`, of `len` bytes when opened.
+    pub(super) fn new(file: File, len: u64) -> Self {
+        PositionedFile {
+            file: Arc::new(file),
+            len,
+        }
+    }
+}
+
+impl Length for PositionedFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ChunkReader for PositionedFile {
+    type T = BufReader<ReadAt>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(BufReader::new(ReadAt {
+            file: self.file.clone(),
+            pos: start,
+        }))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        let mut buffer = vec![0u8; length];
+        let mut reader = ReadAt {
+            file: self.file.clone(),
+            pos: start,
+        };
+        reader
+            .read_exact(&mut buffer)
+            .map_err(|e| ParquetError::EOF(format!("{length} bytes at byte {start}: {e}")))?;
+        Ok(buffer.into())
+    }
+}
+
+/// A file read from a position of its own on.
+pub(super) struct ReadAt {
+    file: Arc<File>,
+    pos: u64,
+}
+
+impl Read for ReadAt {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = pread(&self.file, buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
 /// What every decoding thread needs of the file.
 pub(super) struct Job {
     pub(super) name: String,
-    pub(super) file: File,
+    pub(super) file: PositionedFile,
     pub(super) metadata: ArrowReaderMetadata,
     pub(super) mask: ProjectionMask,
     /// The order to put the decoded columns in; `None`: as decoded.
@@ -49,12 +114,14 @@ impl Job {
     fn decode(&self, index: usize, rows: usize, mut hand: impl FnMut(Result<RecordBatch>) -> bool) {
         let what = format!("decoding row group {index}");
         let reader = guarded(&self.name, &what, || {
-            let file = self.file.try_clone().map_err(ParquetError::from)?;
-            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
-                .with_row_groups(vec![index])
-                .with_projection(self.mask.clone())
-                .with_batch_size(rows.min(MAX_BATCH_ROWS))
-                .build()
+            ParquetRecordBatchReaderBuilder::new_with_metadata(
+                self.file.clone(),
+                self.metadata.clone(),
+            )
+            .with_row_groups(vec![index])
+            .with_projection(self.mask.clone())
+            .with_batch_size(rows.min(MAX_BATCH_ROWS))
+            .build()
         });
         let mut reader = match reader {
             Ok(reader) => reader,
