@@ -139,10 +139,13 @@ impl<'a> Job<'a> {
     fn new(ctx: &'a Context, plans: &'a [Plan<'a>], bodies: &'a [DeviceBuffer]) -> Result<Self> {
         let tasks = tasks(plans);
         let largest = tasks.iter().map(|t| t.region.len()).max().unwrap_or(0);
+        // A power of two from 64 KiB up to the file chunk size, so that pooled chunks of
+        // similar bodies are reused (the pool matches sizes exactly).
+        let most = ctx.file_options().chunk_size();
         let chunk = largest
-            .max(MIN_CHUNK)
+            .clamp(MIN_CHUNK, most.max(MIN_CHUNK))
             .next_power_of_two()
-            .min(ctx.file_options().chunk_size());
+            .min(most);
         Ok(Job {
             ctx,
             plans,
