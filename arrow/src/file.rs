@@ -89,9 +89,22 @@ enum Landing<'a> {
 /// given.
 ///
 /// **Compressed bodies** (`LZ4_FRAME`, `ZSTD`; pyarrow's `feather.write_feather` writes LZ4
-/// by default) are read into host memory, decompressed on the host into pinned memory and
+/// by default) are decompressed **on the host** (no GPU decompressor is used) and
 /// uploaded: the batch's body is then the uncompressed body. Declared sizes are checked
 /// before anything is allocated (see [`set_decompression_limit`](Self::set_decompression_limit)).
+/// Up to the context's [`FileOptions::threads`](cudabuf_core::FileOptions::threads)
+/// host threads (`Context::set_file_options`; 8 at most by default, fewer on a host with
+/// fewer CPUs) decompress at once, each taking the next buffer (or run of buffers under
+/// 1 MiB) of the batch, or of every batch [`read_batches`](Self::read_batches) and
+/// [`read_all`](Self::read_all) read: each thread reads the compressed bytes from the
+/// file as its decoder needs them (never the whole body), fills a pinned chunk from the
+/// context's staging pool and uploads it while it fills another. Memory in flight is
+/// bounded: at most two pinned chunks of the context's
+/// [`FileOptions::chunk_size`](cudabuf_core::FileOptions::chunk_size) (8 MiB by
+/// default; smaller for smaller bodies), a read buffer of at most 256 KiB and the
+/// codec's own state per thread. With
+/// `threads` 1 the calling thread does it all. Iterating reads one batch at a time, so
+/// only that batch's buffers share the threads.
 ///
 /// Delta dictionaries are [`Error::Unsupported`], as in [`DeviceStreamReader`](crate::DeviceStreamReader).
 ///
@@ -439,9 +452,8 @@ impl DeviceFileReader {
     /// ctx.set_file_options(cudabuf_core::FileOptions::default().with_threads(2)?);
     /// let batch = RecordBatch::try_from_iter([("n", Arc::new(Int64Array::from_iter_values(0..1000)) as _)])?;
     /// let path = std::env::temp_dir().join(format!("cudabuf-doc-read-batches-{}.arrow", std::process::id()));
-    /// # #[cfg(any())] // LZ4 needs arrow-ipc's `lz4` feature, on in this crate's tests
+    /// // (Writing LZ4 needs arrow's `ipc_compression` feature; reading it does not.)
     /// let options = IpcWriteOptions::default().try_with_compression(Some(CompressionType::LZ4_FRAME))?;
-    /// # let options = IpcWriteOptions::default();
     /// let mut writer = FileWriter::try_new_with_options(std::fs::File::create(&path)?, &batch.schema(), options)?;
     /// for i in 0..4 {
     ///     writer.write(&batch.slice(i * 100, 100))?;

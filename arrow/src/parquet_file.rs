@@ -2,8 +2,9 @@
 //! (feature `parquet`, on by default).
 //!
 //! Decoding is on the host (arrow-rs's `parquet` crate: no GPU decoder is used); the
-//! decoded batches are uploaded. A worker thread decodes row group after row group while
-//! the reader uploads the previous one, so the host's decoding and the link overlap.
+//! decoded batches are uploaded. Several threads decode row groups at once
+//! ([`decoders`]) while the reader uploads earlier ones, so the host's decoding and the
+//! link overlap.
 
 mod decoders;
 
@@ -37,9 +38,17 @@ const MAX_BATCH_ROWS: usize = 1 << 20;
 ///
 /// **Decoding is on the host**, by arrow-rs's `parquet` crate (codecs Snappy, LZ4 and
 /// ZSTD; others are [`Error::Unsupported`]): the batches equal what arrow-rs's
-/// `ParquetRecordBatchReader` reads on the host. A worker thread decodes the next row
-/// group while the reader uploads the current one on its own stream; each batch is
-/// complete on the device (the stream synchronized) before it is returned. Opening reads
+/// `ParquetRecordBatchReader` reads on the host. Up to the context's
+/// [`FileOptions::threads`](cudabuf_core::FileOptions::threads) host threads, as the
+/// context's file options say when the reader is opened (`Context::set_file_options`; 8
+/// at most by default, fewer on a host with fewer CPUs), decode row groups at once, each
+/// with a reader of its own over the file, while the reader uploads the batches in file
+/// order on its own stream; each batch is complete on the device (the stream
+/// synchronized) before it is returned. Memory is bounded: a thread starts a row group
+/// only within `threads` row groups of the one being returned, and waits while two of
+/// its decoded batches wait, so at most `threads` row groups are in hand, each with at
+/// most two decoded batches (of at most a million rows) waiting. A row group that fails
+/// ends the iteration: the batches before it are returned, then its error. Opening reads
 /// the footer only.
 ///
 /// Column projection ([`open`](Self::open)'s `columns`): only those columns are decoded
