@@ -131,6 +131,7 @@ pub(crate) const FILE_CASES: &[Case] = cases![
     parallel::a_corrupt_body_in_the_middle_is_invalid_data_naming_the_file_and_byte,
     parallel::a_compressed_file_that_shrinks_while_read_is_a_file_error,
     parallel::empty_files_and_zero_row_batches_read_with_every_thread_count,
+    parallel::files_pyarrow_wrote_read_alike_with_every_thread_count,
 ];
 
 /// The Parquet cases (feature `parquet`).

@@ -225,6 +225,74 @@ pub(crate) fn a_compressed_file_that_shrinks_while_read_is_a_file_error(f: &Fixt
     Ok(())
 }
 
+/// Files pyarrow 26.0.1 wrote (`tests/data/pyarrow_*`): 6,000 rows of an int64 `i`
+/// (0, 1, ...), a float64 `x` (`i / 4`), a string `s` and an int32 `n` with nulls, as
+/// Feather (IPC) files with LZ4 and ZSTD bodies in batches of 750 rows and as Parquet
+/// (SNAPPY) in row groups of 500 rows:
+///
+/// ```text
+/// n = 6000; i = np.arange(n, dtype=np.int64)
+/// table = pa.table({"i": pa.array(i), "x": pa.array(i * 0.25),
+///     "s": pa.array([f"k{v % 37}" if v % 11 else None for v in range(n)]),
+///     "n": pa.array([v % 1000 if v % 7 else None for v in range(n)], type=pa.int32())})
+/// feather.write_feather(table, "pyarrow_lz4.arrow", compression="lz4", chunksize=750)
+/// feather.write_feather(table, "pyarrow_zstd.arrow", compression="zstd", chunksize=750)
+/// pq.write_table(table, "pyarrow.parquet", row_group_size=500)
+/// ```
+pub(crate) fn files_pyarrow_wrote_read_alike_with_every_thread_count(f: &Fixture) -> CaseResult {
+    let ctx = context(f);
+    let saved = ctx.file_options();
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    for name in ["pyarrow_lz4.arrow", "pyarrow_zstd.arrow"] {
+        let path = data.join(name);
+        let expected = arrow_rs_read_file(&path);
+        assert_eq!(expected.len(), 8, "{name}");
+        let ids = expected[3]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        assert_eq!(
+            ids.value(0),
+            3 * 750,
+            "{name}: arrow-rs reads pyarrow's values"
+        );
+        for threads in THREADS {
+            with_threads(&ctx, threads, 64 << 10);
+            let reader = DeviceFileReader::open(&path, &ctx).unwrap();
+            assert_eq!(
+                on_host(&reader.read_all().unwrap()),
+                expected,
+                "{name} {threads}"
+            );
+            let one: Vec<_> = reader.map(|b| b.unwrap().to_host().unwrap()).collect();
+            assert_eq!(one, expected, "{name} {threads}: one at a time");
+        }
+    }
+    #[cfg(feature = "parquet")]
+    {
+        let path = data.join("pyarrow.parquet");
+        let expected: Vec<RecordBatch> =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                std::fs::File::open(&path).unwrap(),
+            )
+            .unwrap()
+            .with_batch_size(500)
+            .build()
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(expected.len(), 12);
+        for threads in THREADS {
+            with_threads(&ctx, threads, 8 << 20);
+            let read = cudabuf_arrow::read_parquet(&path, &ctx, None).unwrap();
+            assert_eq!(on_host(&read), expected, "parquet, {threads} threads");
+        }
+    }
+    ctx.set_file_options(saved);
+    Ok(())
+}
+
 /// A file without batches and batches of zero rows, with every thread count.
 pub(crate) fn empty_files_and_zero_row_batches_read_with_every_thread_count(
     f: &Fixture,
