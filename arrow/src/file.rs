@@ -427,7 +427,8 @@ impl DeviceFileReader {
     /// codec; [`Error::File`] if reading fails (the file shrank); allocation and copy
     /// errors.
     pub fn read_batch(&self, index: usize) -> Result<DeviceRecordBatch> {
-        let mut batches = self.read_range(index..index + 1, "DeviceFileReader::read_batch")?;
+        let range = index..index.saturating_add(1);
+        let mut batches = self.read_range(range, "DeviceFileReader::read_batch")?;
         batches
             .pop()
             .ok_or_else(|| Error::invalid_data(WHAT, "one batch read, none returned"))

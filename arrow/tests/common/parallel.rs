@@ -308,8 +308,15 @@ pub(crate) fn empty_files_and_zero_row_batches_read_with_every_thread_count(
             with_threads(&ctx, threads, 8 << 20);
             let reader = DeviceFileReader::open(none.path(), &ctx).unwrap();
             assert!(reader.read_all().unwrap().is_empty());
-            let err = reader.read_batches(0..1).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::OutOfRange, "{err}");
+            let (past, reversed) = (usize::MAX, std::ops::Range { start: 1, end: 0 });
+            for err in [
+                reader.read_batches(0..1).unwrap_err(),
+                reader.read_batches(reversed).unwrap_err(),
+                reader.read_batches(0..past).unwrap_err(),
+                reader.read_batch(past).unwrap_err(),
+            ] {
+                assert_eq!(err.kind(), ErrorKind::OutOfRange, "{err}");
+            }
             let read = DeviceFileReader::open(zeros.path(), &ctx)
                 .unwrap()
                 .read_all()
