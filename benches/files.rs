@@ -17,6 +17,7 @@
 //! CUDABUF_BACKEND=cuda cargo bench --features cuda --bench files -- \
 //!     --dir /scratch --sizes 64M,256M,1G,4G --cold --keep --json files.json
 //! files [--dir DIR] [--sizes 64M,1G] [--reps N] [--threads N] [--cold] [--keep] [--json PATH]
+//!       [--arrow-sizes 64M,256M] [--arrow-threads 1,8]
 //! ```
 //!
 //! Each size gets a file `cudabuf-bench-<bytes>.bin` in `DIR` (reused when it is already
@@ -26,6 +27,19 @@
 //! (`posix_fadvise(POSIX_FADV_DONTNEED)` after `fdatasync`, which needs no privileges).
 //! Figures are medians; GB/s with 1 GB = 1e9 bytes. Each `cudabuf` row carries its ratio
 //! to the bound named beside it.
+//!
+//! With the `arrow` feature, Arrow files too (`files/arrow_files.rs`): at each size of
+//! `--arrow-sizes` (64M,256M by default; empty for none) an LZ4 Arrow IPC file and a
+//! Parquet file of an int64 and a float64 column in 1 Mi-row batches (the table
+//! `scripts/bench_files.py` writes with pyarrow), read to the device by
+//! `DeviceFileReader::read_all` and `read_parquet` with each thread count of
+//! `--arrow-threads` (1 and `--threads` by default), beside the bound: arrow-rs decoding
+//! the same file into host memory with as many threads.
+//!
+//! ```text
+//! cargo bench --features arrow --bench files -- --sizes "" --arrow-sizes 64M --arrow-threads 1,2
+//! CUDABUF_BACKEND=cuda cargo bench --features cuda,arrow --bench files -- --json files.json
+//! ```
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -37,6 +51,10 @@ use std::time::Instant;
 
 use cudabuf::{DirectIo, FileOptions};
 use serde_json::json;
+
+#[cfg(feature = "arrow")]
+#[path = "files/arrow_files.rs"]
+mod arrow_files;
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -52,6 +70,16 @@ struct Options {
     cold: bool,
     keep: bool,
     json: Option<PathBuf>,
+    arrow_sizes: Vec<usize>,
+    arrow_threads: Vec<usize>,
+}
+
+/// Sizes separated by commas; an empty string is none.
+fn parse_sizes(s: &str) -> AnyResult<Vec<usize>> {
+    s.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(parse_size)
+        .collect()
 }
 
 fn parse_size(s: &str) -> AnyResult<usize> {
@@ -77,17 +105,25 @@ fn parse_options() -> AnyResult<Options> {
         cold: false,
         keep: false,
         json: None,
+        arrow_sizes: if cfg!(feature = "arrow") {
+            vec![64 * MIB, 256 * MIB]
+        } else {
+            Vec::new()
+        },
+        arrow_threads: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
             "--dir" => o.dir = PathBuf::from(value()?),
-            "--sizes" => {
-                o.sizes = value()?
+            "--sizes" => o.sizes = parse_sizes(&value()?)?,
+            "--arrow-sizes" => o.arrow_sizes = parse_sizes(&value()?)?,
+            "--arrow-threads" => {
+                o.arrow_threads = value()?
                     .split(',')
-                    .map(parse_size)
-                    .collect::<AnyResult<_>>()?
+                    .map(|t| t.trim().parse())
+                    .collect::<Result<_, _>>()?
             }
             "--reps" => o.reps = value()?.parse()?,
             "--threads" => o.threads = value()?.parse()?,
@@ -98,6 +134,16 @@ fn parse_options() -> AnyResult<Options> {
             "--bench" => {}
             other => return Err(format!("unknown argument {other:?} (see the file's docs)").into()),
         }
+    }
+    if o.arrow_threads.is_empty() {
+        o.arrow_threads = if o.threads == 1 {
+            vec![1]
+        } else {
+            vec![1, o.threads]
+        };
+    }
+    if !cfg!(feature = "arrow") && !o.arrow_sizes.is_empty() {
+        return Err("--arrow-sizes needs the bench built with `--features arrow`".into());
     }
     Ok(o)
 }
@@ -464,6 +510,8 @@ fn run() -> AnyResult<()> {
             std::fs::remove_file(&path)?;
         }
     }
+    #[cfg(feature = "arrow")]
+    arrow_files::run(&ctx, base, &o, &mut record)?;
     if let Some(json_path) = &o.json {
         std::fs::write(
             json_path,

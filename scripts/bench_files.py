@@ -16,7 +16,9 @@ file's pages are dropped: ``fdatasync`` then ``posix_fadvise(POSIX_FADV_DONTNEED
 - Arrow: an IPC file (uncompressed and LZ4) and a Parquet file of the same table (int64
   and float64 columns of ``size`` bytes in all), read by pyarrow and copied with cudabuf
   (``serialize_record_batch`` per batch), and, where the package has them, read straight
-  to the device by cudabuf (``read_ipc_file``, ``read_parquet``).
+  to the device by cudabuf (``read_ipc_file``, ``read_parquet``); beside them, the decode
+  bound of the LZ4 and Parquet files: pyarrow's host-only read (``use_threads=True``, no
+  device), recorded as ``<file>: pyarrow host read, threads (decode bound, warm)``.
 
 A peer that is not installed is reported as not run, with the reason, in the table and in
 the JSON (``not_run``). With ``--ours`` (the JSON of ``cargo bench --bench files``) the
@@ -261,6 +263,16 @@ def arrow_paths(b: Bench, ctx: Any, directory: Path, sizes: list[int]) -> None:
         feather.write_feather(table, files["IPC file, LZ4"], compression="lz4", chunksize=1 << 20)
         pq.write_table(table, files["Parquet"], row_group_size=1 << 20)
 
+        def host_read(kind: str, path: Path) -> Callable[[], Any]:
+            """pyarrow's read into host memory with its thread pool: the decode bound."""
+
+            def run() -> Any:
+                if kind == "Parquet":
+                    return pq.read_table(path, use_threads=True)
+                return feather.read_table(path, use_threads=True)
+
+            return run
+
         def pyarrow_then_copy(kind: str, path: Path) -> Callable[[], Any]:
             def run() -> Any:
                 t = pq.read_table(path) if kind == "Parquet" else feather.read_table(path)
@@ -270,6 +282,12 @@ def arrow_paths(b: Bench, ctx: Any, directory: Path, sizes: list[int]) -> None:
 
         for kind, path in files.items():
             warm(path)
+            if kind != "IPC file":
+                b.record(
+                    f"{kind}: pyarrow host read, threads (decode bound, warm)",
+                    size,
+                    b.rate(size, lambda: None, host_read(kind, path)),
+                )
             b.record(f"{kind}: pyarrow read + cudabuf copy (warm)", size, b.rate(size, lambda: None, pyarrow_then_copy(kind, path)))
             reader = getattr(cuda, "read_parquet" if kind == "Parquet" else "read_ipc_file", None)
             if reader is None:

@@ -9,17 +9,24 @@
 //! produce from the bytes it has (LZ4 expands at most about 255 times, ZSTD at most
 //! 32768 times: a 4-byte run-length block of 128 KiB), the whole body must stay within
 //! the reader's limit, and the codec must produce exactly the declared number of bytes.
-//! The lengths are checked before anything is allocated; the data then streams through
-//! one pinned chunk of at most 8 MiB into the device buffer (decompressed a chunk at a
-//! time, each chunk uploaded when full), so pinned memory is taken for what the codec
-//! produces, never for what the body claims.
+//!
+//! The work runs in two steps. [`plan`] reads each buffer's length prefix (from host
+//! memory, or with a small read of the file) and checks every length before anything is
+//! allocated. [`decompress`] then allocates the uncompressed bodies of one or several
+//! batches and fills them with up to [`FileOptions::threads`](cudabuf_core::FileOptions)
+//! host threads ([`workers`]): each thread takes the next run of buffers, decompresses it
+//! (reading the compressed bytes from the file as it goes, never the whole body at once)
+//! into a pinned chunk from the context's staging pool, and uploads each full chunk while
+//! it fills the next. Pinned memory is taken for what the codec produces, a chunk at a
+//! time, never for what the body claims: at most two chunks per thread.
 
-use std::io::Read;
+mod workers;
 
 use arrow::ipc::{self, CompressionType};
 use cudabuf_core::{Context, DeviceBuffer, Error, Result};
 
 use crate::decode::BatchLayout;
+use crate::file_io::SourceFile;
 
 const WHAT: &str = "compressed Arrow IPC body";
 
@@ -34,13 +41,13 @@ pub const DEFAULT_DECOMPRESSION_LIMIT: usize = 4 << 30;
 
 /// The codec of a body, checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Codec {
+pub(crate) enum Codec {
     Lz4Frame,
     Zstd,
 }
 
 impl Codec {
-    fn of(compression: ipc::BodyCompression<'_>) -> Result<Self> {
+    pub(crate) fn of(compression: ipc::BodyCompression<'_>) -> Result<Self> {
         if compression.method() != ipc::BodyCompressionMethod::BUFFER {
             return Err(Error::unsupported(
                 "reading a compressed Arrow IPC body",
@@ -76,116 +83,124 @@ impl Codec {
             Codec::Zstd => "ZSTD",
         }
     }
+}
 
-    /// Data of this codec that does not decompress to its `declared` length.
-    fn wrong(self, declared: usize, detail: String) -> Error {
-        Error::invalid_data(
-            WHAT,
-            format!(
-                "{} data does not decompress to the declared {declared} bytes: {detail}",
-                self.name(),
-            ),
-        )
+/// Where a compressed body's bytes are read from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// In host memory: the buffer descriptors' offsets index it.
+    Host(&'a [u8]),
+    /// In a file: the body is the `len` bytes from byte `base`, and the buffer
+    /// descriptors' offsets are from `base`. Errors name the file's bytes.
+    File {
+        file: &'a SourceFile,
+        base: u64,
+        len: usize,
+    },
+}
+
+impl Source<'_> {
+    /// The body's size.
+    fn len(&self) -> usize {
+        match self {
+            Source::Host(bytes) => bytes.len(),
+            Source::File { len, .. } => *len,
+        }
     }
 
-    /// Decompress `input` into exactly `out`.
-    #[cfg(test)]
-    fn decompress(self, input: &[u8], out: &mut [u8]) -> Result<()> {
-        let declared = out.len();
-        let wrong = |detail: String| self.wrong(declared, detail);
+    /// Where byte `offset` of the body is, for messages.
+    fn locate(&self, offset: usize) -> String {
         match self {
-            Codec::Lz4Frame => {
-                let mut decoder = lz4_flex::frame::FrameDecoder::new(input);
-                decoder.read_exact(out).map_err(|e| wrong(e.to_string()))?;
-                let mut more = [0u8; 1];
-                match decoder.read(&mut more) {
-                    Ok(0) => Ok(()),
-                    Ok(_) => Err(wrong("it holds more".into())),
-                    Err(e) => Err(wrong(e.to_string())),
-                }
-            }
-            Codec::Zstd => {
-                let got = zstd::bulk::decompress_to_buffer(input, out)
-                    .map_err(|e| wrong(e.to_string()))?;
-                if got == out.len() {
-                    Ok(())
-                } else {
-                    Err(wrong(format!("it holds {got}")))
-                }
-            }
+            Source::Host(_) => format!("byte {offset} of the body"),
+            Source::File { base, .. } => format!("byte {} of the file", base + offset as u64),
         }
     }
 }
 
 /// One buffer of a compressed body: where its bytes are and what they become.
-struct Part<'a> {
-    /// The bytes after the length prefix.
-    data: &'a [u8],
+#[derive(Debug, Clone)]
+struct Part {
+    /// The buffer's index in the layout (for messages).
+    index: usize,
+    /// The buffer's offset in the body (its length prefix, if any).
+    offset: usize,
+    /// The offset in the body of the bytes after the length prefix.
+    data: usize,
+    /// The number of those bytes.
+    data_len: usize,
     /// The uncompressed length.
     len: usize,
     /// Stored as is (prefix -1).
     raw: bool,
 }
 
-/// For a record batch whose body is on the device: the body and layout to decode. An
-/// uncompressed body is used in place (`None`: the message's own layout); a compressed
-/// one is copied to the host, decompressed there and uploaded ([`decompress_body`]).
-pub(crate) fn device_body(
-    batch: ipc::RecordBatch<'_>,
-    body: &DeviceBuffer,
-    limit: usize,
-) -> Result<(DeviceBuffer, Option<BatchLayout>)> {
-    let Some(compression) = batch.compression() else {
-        return Ok((body.clone(), None));
-    };
-    Codec::of(compression)?;
-    let host = body.to_vec()?;
-    let (body, layout) = decompress_body(
-        compression,
-        &BatchLayout::of(batch),
-        &host,
-        body.context(),
-        limit,
-    )?;
-    Ok((body, Some(layout)))
+/// A compressed body checked and ready to decompress: its parts, where each lands in
+/// the uncompressed body, and that body's layout.
+#[derive(Debug)]
+pub(crate) struct Plan<'a> {
+    codec: Codec,
+    source: Source<'a>,
+    parts: Vec<Part>,
+    /// Where each part starts in the uncompressed body (64-byte aligned).
+    offsets: Vec<usize>,
+    /// The uncompressed body's size.
+    total: usize,
+    /// The uncompressed body's layout.
+    layout: BatchLayout,
 }
 
-/// Decompress the buffers `layout` describes in `compressed` (its offsets are into
-/// `compressed`) into a pinned staging buffer, upload it to a new device buffer of `ctx`,
-/// and give the layout of that uncompressed body (each buffer 64-byte aligned).
+impl Plan<'_> {
+    /// Where part `k`'s region of the uncompressed body ends (the next part's start, or
+    /// the body's end): its bytes, then zeros.
+    fn region_end(&self, k: usize) -> usize {
+        self.offsets.get(k + 1).copied().unwrap_or(self.total)
+    }
+}
+
+/// Check the buffers `layout` describes in the compressed body `source` and plan their
+/// decompression: every descriptor must lie in the body, every length prefix must be
+/// present and one the codec can reach from the bytes it has, and the uncompressed body
+/// (each buffer 64-byte aligned) must fit `limit`. Nothing is allocated on the device.
 ///
 /// # Errors
 /// [`Error::Unsupported`] for another codec or method; [`Error::InvalidData`] for a
-/// descriptor outside `compressed`, a buffer too short for its length prefix, a negative
-/// length other than -1, a length the codec cannot reach from the bytes given, a body
-/// larger than `limit`, or data that does not decompress to its length; allocation and
-/// copy errors.
-pub(crate) fn decompress_body(
+/// descriptor outside the body, a buffer too short for its length prefix, a negative
+/// length other than -1, a length the codec cannot reach from the bytes given, or a body
+/// larger than `limit`; [`Error::File`] if reading a prefix from the file fails.
+pub(crate) fn plan<'a>(
     compression: ipc::BodyCompression<'_>,
     layout: &BatchLayout,
-    compressed: &[u8],
-    ctx: &Context,
+    source: Source<'a>,
     limit: usize,
-) -> Result<(DeviceBuffer, BatchLayout)> {
-    let codec = Codec::of(compression)?;
+) -> Result<Plan<'a>> {
+    plan_with(Codec::of(compression)?, layout, source, limit)
+}
+
+/// [`plan`] for a codec already checked.
+fn plan_with<'a>(
+    codec: Codec,
+    layout: &BatchLayout,
+    source: Source<'a>,
+    limit: usize,
+) -> Result<Plan<'a>> {
     let mut parts = Vec::with_capacity(layout.buffers.len());
     let mut offsets = Vec::with_capacity(layout.buffers.len());
     let mut total = 0usize;
     for (i, &(offset, length)) in layout.buffers.iter().enumerate() {
-        let bytes = usize::try_from(offset)
+        let extent = usize::try_from(offset)
             .ok()
             .zip(usize::try_from(length).ok())
-            .and_then(|(o, l)| compressed.get(o..o.checked_add(l)?))
+            .filter(|&(o, l)| o.checked_add(l).is_some_and(|end| end <= source.len()))
             .ok_or_else(|| {
                 Error::invalid_data(
                     WHAT,
                     format!(
                         "buffer {i} at offset {offset} of length {length} lies outside the {}-byte body",
-                        compressed.len()
+                        source.len()
                     ),
                 )
             })?;
-        let part = part(codec, i, bytes)?;
+        let part = part(codec, i, extent, &source)?;
         offsets.push(total);
         total = total
             .checked_add(part.len.next_multiple_of(ALIGN))
@@ -200,80 +215,92 @@ pub(crate) fn decompress_body(
             })?;
         parts.push(part);
     }
-    let body = ctx.new_buffer(total)?;
-    if total > 0 {
-        // Through one pinned chunk, however large the body declares itself: pinned memory
-        // is taken for what the codec really produces, a chunk at a time, so a small file
-        // that lies about its lengths costs a chunk, not the lie.
-        let mut staging = ctx.staging_buffer(STAGING_CHUNK.min(total))?;
-        let uploaded = Upload {
-            body: &body,
-            staging: &mut staging,
-            filled: 0,
-            flushed: 0,
-        }
-        .parts(codec, &parts, &offsets, total);
-        ctx.recycle_staging_buffer(staging);
-        uploaded?;
-    }
     let buffers = parts
         .iter()
         .zip(&offsets)
         .map(|(p, &o)| (o as i64, p.len as i64))
         .collect();
-    Ok((
-        body,
-        BatchLayout {
+    Ok(Plan {
+        codec,
+        source,
+        parts,
+        offsets,
+        total,
+        layout: BatchLayout {
             nodes: layout.nodes.clone(),
             buffers,
             variadic_counts: layout.variadic_counts.clone(),
         },
-    ))
+    })
 }
 
-/// Read the length prefix of buffer `i` (`bytes`: its compressed bytes) and check it.
-fn part(codec: Codec, i: usize, bytes: &[u8]) -> Result<Part<'_>> {
-    if bytes.is_empty() {
+/// Read the length prefix of buffer `i` (`extent`: its offset and length in the body)
+/// and check it.
+fn part(
+    codec: Codec,
+    i: usize,
+    (offset, length): (usize, usize),
+    source: &Source<'_>,
+) -> Result<Part> {
+    if length == 0 {
         return Ok(Part {
-            data: bytes,
+            index: i,
+            offset,
+            data: offset,
+            data_len: 0,
             len: 0,
             raw: true,
         });
     }
-    let (prefix, data) = bytes.split_first_chunk::<8>().ok_or_else(|| {
-        Error::invalid_data(
+    if length < 8 {
+        return Err(Error::invalid_data(
             WHAT,
             format!(
-                "buffer {i} has {} byte(s), fewer than its 8-byte length prefix",
-                bytes.len()
+                "buffer {i} at {} has {length} byte(s), fewer than its 8-byte length prefix",
+                source.locate(offset)
             ),
-        )
-    })?;
-    match i64::from_le_bytes(*prefix) {
+        ));
+    }
+    let mut prefix = [0u8; 8];
+    match source {
+        Source::Host(bytes) => prefix.copy_from_slice(&bytes[offset..offset + 8]),
+        Source::File { file, base, .. } => file.read_exact_at(&mut prefix, base + offset as u64)?,
+    }
+    let (data, data_len) = (offset + 8, length - 8);
+    match i64::from_le_bytes(prefix) {
         -1 => Ok(Part {
+            index: i,
+            offset,
             data,
-            len: data.len(),
+            data_len,
+            len: data_len,
             raw: true,
         }),
         declared => {
             let len = usize::try_from(declared).map_err(|_| {
                 Error::invalid_data(
                     WHAT,
-                    format!("buffer {i} declares a negative uncompressed length {declared}"),
+                    format!(
+                        "buffer {i} at {} declares a negative uncompressed length {declared}",
+                        source.locate(offset)
+                    ),
                 )
             })?;
-            if len > codec.max_output(data.len()) {
+            if len > codec.max_output(data_len) {
                 return Err(Error::invalid_data(
                     WHAT,
                     format!(
-                        "buffer {i} declares {len} uncompressed bytes, more than {} bytes of {} can hold",
-                        data.len(),
+                        "buffer {i} at {} declares {len} uncompressed bytes, more than {data_len} bytes of {} can hold",
+                        source.locate(offset),
                         codec.name()
                     ),
                 ));
             }
             Ok(Part {
+                index: i,
+                offset,
                 data,
+                data_len,
                 len,
                 raw: false,
             })
@@ -281,169 +308,72 @@ fn part(codec: Codec, i: usize, bytes: &[u8]) -> Result<Part<'_>> {
     }
 }
 
-/// The pinned chunk a decompressed body goes to the device through.
-const STAGING_CHUNK: usize = 8 << 20;
-
-/// A decompressed body streamed through a pinned chunk into its device buffer.
-struct Upload<'a> {
-    body: &'a DeviceBuffer,
-    staging: &'a mut [u8],
-    /// Bytes in `staging` not uploaded yet.
-    filled: usize,
-    /// Bytes of `body` uploaded.
-    flushed: usize,
+/// Allocate the uncompressed body of every plan on `ctx`'s device and fill them: the
+/// buffers decompressed by up to `threads` host threads (see [`workers`]), each buffer at
+/// its planned offset and the padding between them zero. Gives each body with its layout,
+/// in the order of `plans`. On an error nothing is kept: the other threads stop after
+/// their current chunk, every upload in flight is waited for, the pinned chunks go back
+/// to the pool and the bodies are freed.
+///
+/// # Errors
+/// [`Error::InvalidData`] for data that does not decompress to its declared length (of
+/// several, the first in the order of `plans` and their buffers); [`Error::File`] if
+/// reading the file fails; allocation and copy errors.
+pub(crate) fn decompress(
+    ctx: &Context,
+    plans: Vec<Plan<'_>>,
+    threads: usize,
+) -> Result<Vec<(DeviceBuffer, BatchLayout)>> {
+    let bodies = plans
+        .iter()
+        .map(|p| ctx.new_buffer(p.total))
+        .collect::<Result<Vec<_>>>()?;
+    workers::run(ctx, &plans, &bodies, threads)?;
+    Ok(bodies
+        .into_iter()
+        .zip(plans)
+        .map(|(body, plan)| (body, plan.layout))
+        .collect())
 }
 
-impl Upload<'_> {
-    /// Every part at its offset, the padding between them zero, up to `total` bytes.
-    fn parts(
-        mut self,
-        codec: Codec,
-        parts: &[Part<'_>],
-        offsets: &[usize],
-        total: usize,
-    ) -> Result<()> {
-        for (part, &at) in parts.iter().zip(offsets) {
-            self.zeros_to(at)?;
-            if part.raw {
-                self.copy_from_reader(part.data, part.len, codec, false)?;
-            } else {
-                match codec {
-                    Codec::Lz4Frame => self.copy_from_reader(
-                        lz4_flex::frame::FrameDecoder::new(part.data),
-                        part.len,
-                        codec,
-                        true,
-                    )?,
-                    Codec::Zstd => {
-                        let decoder = zstd::stream::read::Decoder::with_buffer(part.data)
-                            .map_err(|e| codec.wrong(part.len, e.to_string()))?;
-                        self.copy_from_reader(decoder, part.len, codec, true)?
-                    }
-                }
-            }
-        }
-        self.zeros_to(total)?;
-        self.flush()
-    }
-
-    /// The body's bytes so far.
-    fn position(&self) -> usize {
-        self.flushed + self.filled
-    }
-
-    fn flush(&mut self) -> Result<()> {
-        if self.filled > 0 {
-            self.body
-                .copy_from_host(&self.staging[..self.filled], self.flushed, None)?;
-            self.flushed += self.filled;
-            self.filled = 0;
-        }
-        Ok(())
-    }
-
-    /// Room in the chunk (uploading it first when full).
-    fn room(&mut self) -> Result<usize> {
-        if self.filled == self.staging.len() {
-            self.flush()?;
-        }
-        Ok(self.staging.len() - self.filled)
-    }
-
-    fn zeros_to(&mut self, at: usize) -> Result<()> {
-        while self.position() < at {
-            let n = self.room()?.min(at - self.position());
-            self.staging[self.filled..self.filled + n].fill(0);
-            self.filled += n;
-        }
-        Ok(())
-    }
-
-    /// Exactly `len` bytes from `reader`, which must then be at its end.
-    fn copy_from_reader(
-        &mut self,
-        mut reader: impl Read,
-        len: usize,
-        codec: Codec,
-        compressed: bool,
-    ) -> Result<()> {
-        let wrong = |detail: String| {
-            if compressed {
-                codec.wrong(len, detail)
-            } else {
-                Error::invalid_data(WHAT, detail)
-            }
-        };
-        let mut remaining = len;
-        while remaining > 0 {
-            let n = self.room()?.min(remaining);
-            let got = match reader.read(&mut self.staging[self.filled..self.filled + n]) {
-                Ok(0) => return Err(wrong(format!("it ends {remaining} bytes short"))),
-                Ok(got) => got,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(wrong(e.to_string())),
-            };
-            self.filled += got;
-            remaining -= got;
-        }
-        let mut more = [0u8; 1];
-        match reader.read(&mut more) {
-            Ok(0) => Ok(()),
-            Ok(_) => Err(wrong("it holds more".into())),
-            Err(e) => Err(wrong(e.to_string())),
-        }
-    }
-}
-
-/// Decompress (or copy) every part into `out` at its offset, zeroing the padding.
-#[cfg(test)]
-fn fill(out: &mut [u8], codec: Codec, parts: &[Part<'_>], offsets: &[usize]) -> Result<()> {
-    out.fill(0);
-    for (part, &at) in parts.iter().zip(offsets) {
-        let dst = &mut out[at..at + part.len];
-        if part.raw {
-            dst.copy_from_slice(part.data);
-        } else {
-            codec.decompress(part.data, dst)?;
-        }
-    }
-    Ok(())
+/// For a record batch whose body is on the device: the body and layout to decode. An
+/// uncompressed body is used in place (`None`: the message's own layout); a compressed
+/// one is copied to the host, decompressed there by up to the context's
+/// [`FileOptions::threads`](cudabuf_core::FileOptions::threads) threads and uploaded.
+pub(crate) fn device_body(
+    batch: ipc::RecordBatch<'_>,
+    body: &DeviceBuffer,
+    limit: usize,
+) -> Result<(DeviceBuffer, Option<BatchLayout>)> {
+    let Some(compression) = batch.compression() else {
+        return Ok((body.clone(), None));
+    };
+    Codec::of(compression)?;
+    let host = body.to_vec()?;
+    let plan = plan(
+        compression,
+        &BatchLayout::of(batch),
+        Source::Host(&host),
+        limit,
+    )?;
+    let ctx = body.context();
+    let (body, layout) = decompress(ctx, vec![plan], ctx.file_options().threads())?
+        .pop()
+        .ok_or_else(|| Error::invalid_data(WHAT, "one body planned, none decompressed"))?;
+    Ok((body, Some(layout)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn lz4(bytes: &[u8]) -> Vec<u8> {
-        let mut encoder = lz4_flex::frame::FrameEncoder::new(Vec::new());
-        std::io::Write::write_all(&mut encoder, bytes).unwrap();
-        encoder.finish().unwrap()
-    }
-
-    #[test]
-    fn codecs_produce_exactly_the_declared_length() {
-        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 7) as u8).collect();
-        for (codec, packed) in [
-            (Codec::Lz4Frame, lz4(&data)),
-            (Codec::Zstd, zstd::bulk::compress(&data, 3).unwrap()),
-        ] {
-            let mut out = vec![0u8; data.len()];
-            codec.decompress(&packed, &mut out).unwrap();
-            assert_eq!(out, data);
-            let mut short = vec![0u8; data.len() - 1];
-            assert!(codec.decompress(&packed, &mut short).is_err(), "{codec:?}");
-            let mut long = vec![0u8; data.len() + 1];
-            assert!(codec.decompress(&packed, &mut long).is_err(), "{codec:?}");
-            let mut garbage = vec![0u8; 16];
-            assert!(codec.decompress(&[1, 2, 3, 4, 5], &mut garbage).is_err());
-        }
-    }
-
     #[test]
     fn ratio_bounds_hold_for_the_most_compressible_input() {
         let zeros = vec![0u8; 4 << 20];
+        let mut encoder = lz4_flex::frame::FrameEncoder::new(Vec::new());
+        std::io::Write::write_all(&mut encoder, &zeros).unwrap();
         for (codec, packed) in [
-            (Codec::Lz4Frame, lz4(&zeros)),
+            (Codec::Lz4Frame, encoder.finish().unwrap()),
             (Codec::Zstd, zstd::bulk::compress(&zeros, 19).unwrap()),
         ] {
             assert!(
@@ -455,96 +385,6 @@ mod tests {
         }
     }
 
-    /// Streaming through a chunk far smaller than the body (many uploads, parts and
-    /// padding split across chunks) gives the bytes `fill` gives all at once; a part
-    /// that decompresses to more or less than declared is refused.
-    #[test]
-    fn streaming_through_a_small_chunk_matches_filling_at_once() {
-        let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new())
-            .context(0)
-            .unwrap();
-        let data: Vec<Vec<u8>> = (0..6u32)
-            .map(|k| {
-                (0..(1000 + 777 * k))
-                    .map(|i| ((i * (k + 3)) % 251) as u8)
-                    .collect()
-            })
-            .collect();
-        for codec in [Codec::Lz4Frame, Codec::Zstd] {
-            let packed: Vec<Vec<u8>> = data
-                .iter()
-                .map(|d| match codec {
-                    Codec::Lz4Frame => lz4(d),
-                    Codec::Zstd => zstd::bulk::compress(d, 3).unwrap(),
-                })
-                .collect();
-            let parts: Vec<Part<'_>> = packed
-                .iter()
-                .zip(&data)
-                .enumerate()
-                .map(|(i, (p, d))| {
-                    if i % 3 == 2 {
-                        Part {
-                            data: d,
-                            len: d.len(),
-                            raw: true,
-                        }
-                    } else {
-                        Part {
-                            data: p,
-                            len: d.len(),
-                            raw: false,
-                        }
-                    }
-                })
-                .collect();
-            let mut offsets = Vec::new();
-            let mut total = 0;
-            for p in &parts {
-                offsets.push(total);
-                total += p.len.next_multiple_of(ALIGN);
-            }
-            let mut want = vec![0xFFu8; total];
-            fill(&mut want, codec, &parts, &offsets).unwrap();
-            for chunk in [1, 97, 4096, total] {
-                let body = ctx.new_buffer(total).unwrap();
-                let mut staging = vec![0u8; chunk];
-                Upload {
-                    body: &body,
-                    staging: &mut staging,
-                    filled: 0,
-                    flushed: 0,
-                }
-                .parts(codec, &parts, &offsets, total)
-                .unwrap();
-                assert_eq!(body.to_vec().unwrap(), want, "{codec:?}, chunk {chunk}");
-            }
-            for lie in [-1i64, 1] {
-                let mut lying: Vec<Part<'_>> = packed
-                    .iter()
-                    .zip(&data)
-                    .map(|(p, d)| Part {
-                        data: p,
-                        len: d.len(),
-                        raw: false,
-                    })
-                    .collect();
-                lying[1].len = (lying[1].len as i64 + lie) as usize;
-                let body = ctx.new_buffer(total + 64).unwrap();
-                let mut staging = vec![0u8; 500];
-                let e = Upload {
-                    body: &body,
-                    staging: &mut staging,
-                    filled: 0,
-                    flushed: 0,
-                }
-                .parts(codec, &lying, &offsets, total)
-                .unwrap_err();
-                assert_eq!(e.kind(), cudabuf_core::ErrorKind::InvalidData, "{e}");
-            }
-        }
-    }
-
     #[test]
     fn lying_prefixes_are_invalid_data() {
         let mut neg = (-2i64).to_le_bytes().to_vec();
@@ -552,12 +392,20 @@ mod tests {
         let mut huge = (1i64 << 40).to_le_bytes().to_vec();
         huge.extend_from_slice(b"abcd");
         for bytes in [&b"abc"[..], &neg, &huge] {
-            let e = part(Codec::Zstd, 0, bytes).err().unwrap();
+            let source = Source::Host(bytes);
+            let e = part(Codec::Zstd, 0, (0, bytes.len()), &source).unwrap_err();
             assert_eq!(e.kind(), cudabuf_core::ErrorKind::InvalidData, "{e}");
+            assert!(
+                e.to_string().contains("buffer 0 at byte 0 of the body"),
+                "{e}"
+            );
         }
         let mut raw = (-1i64).to_le_bytes().to_vec();
         raw.extend_from_slice(b"abcd");
-        let p = part(Codec::Lz4Frame, 0, &raw).unwrap();
-        assert!(p.raw && p.len == 4 && p.data == b"abcd");
+        let source = Source::Host(&raw);
+        let p = part(Codec::Lz4Frame, 0, (0, raw.len()), &source).unwrap();
+        assert!(p.raw && p.len == 4 && p.data == 8 && p.data_len == 4);
+        let empty = part(Codec::Lz4Frame, 3, (5, 0), &source).unwrap();
+        assert!(empty.len == 0 && empty.data_len == 0);
     }
 }

@@ -61,6 +61,14 @@ impl Block {
     }
 }
 
+/// A message body on its way to the device.
+enum Landing<'a> {
+    /// On the device, with its layout (`None`: the message's own).
+    Ready(DeviceBuffer, Option<BatchLayout>),
+    /// Compressed: checked and planned, to decompress.
+    Compressed(compression::Plan<'a>),
+}
+
 /// Reads an Arrow IPC file (Feather v2) into device memory, record batch by record batch,
 /// in any order ([`read_batch`](Self::read_batch)) or in file order (the reader is an
 /// iterator).
@@ -81,9 +89,22 @@ impl Block {
 /// given.
 ///
 /// **Compressed bodies** (`LZ4_FRAME`, `ZSTD`; pyarrow's `feather.write_feather` writes LZ4
-/// by default) are read into host memory, decompressed on the host into pinned memory and
+/// by default) are decompressed **on the host** (no GPU decompressor is used) and
 /// uploaded: the batch's body is then the uncompressed body. Declared sizes are checked
 /// before anything is allocated (see [`set_decompression_limit`](Self::set_decompression_limit)).
+/// Up to the context's [`FileOptions::threads`](cudabuf_core::FileOptions::threads)
+/// host threads (`Context::set_file_options`; 8 at most by default, fewer on a host with
+/// fewer CPUs) decompress at once, each taking the next buffer (or run of buffers under
+/// 1 MiB) of the batch, or of every batch [`read_batches`](Self::read_batches) and
+/// [`read_all`](Self::read_all) read: each thread reads the compressed bytes from the
+/// file as its decoder needs them (never the whole body), fills a pinned chunk from the
+/// context's staging pool and uploads it while it fills another. Memory in flight is
+/// bounded: at most two pinned chunks of the context's
+/// [`FileOptions::chunk_size`](cudabuf_core::FileOptions::chunk_size) (8 MiB by
+/// default; smaller for smaller bodies), a read buffer of at most 256 KiB and the
+/// codec's own state per thread. With
+/// `threads` 1 the calling thread does it all. Iterating reads one batch at a time, so
+/// only that batch's buffers share the threads.
 ///
 /// Delta dictionaries are [`Error::Unsupported`], as in [`DeviceStreamReader`](crate::DeviceStreamReader).
 ///
@@ -374,32 +395,160 @@ impl DeviceFileReader {
         self.decompression_limit = bytes;
     }
 
-    /// Read record batch `index` (random access: one `Block`).
+    /// Read record batch `index` (random access: one `Block`). A compressed body is
+    /// decompressed by up to the context's
+    /// [`FileOptions::threads`](cudabuf_core::FileOptions::threads) host threads, one
+    /// buffer (or run of small buffers) each.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::sync::Arc;
+    /// # use cudabuf_arrow::arrow::array::{Int64Array, RecordBatch};
+    /// # use cudabuf_arrow::arrow::ipc::writer::FileWriter;
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// # let batch = RecordBatch::try_from_iter([("n", Arc::new(Int64Array::from(vec![1, 2, 3])) as _)])?;
+    /// # let path = std::env::temp_dir().join(format!("cudabuf-doc-read-batch-{}.arrow", std::process::id()));
+    /// # let mut writer = FileWriter::try_new(std::fs::File::create(&path)?, &batch.schema())?;
+    /// # writer.write(&batch)?;
+    /// # writer.write(&batch.slice(0, 1))?;
+    /// # writer.finish()?;
+    /// let reader = cudabuf_arrow::DeviceFileReader::open(&path, &ctx)?;
+    /// assert_eq!(reader.read_batch(1)?.to_host()?, batch.slice(0, 1));
+    /// assert!(reader.read_batch(2).is_err()); // OutOfRange
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::OutOfRange`] past the last batch; [`Error::InvalidData`] for a truncated
     /// or corrupt message, body or dictionary (naming the file), or a compressed buffer
-    /// whose declared length lies; [`Error::Unsupported`] for a delta dictionary or an
-    /// unknown codec; allocation and copy errors.
+    /// whose declared length lies or whose data is corrupt (naming the file and the
+    /// buffer's byte in it); [`Error::Unsupported`] for a delta dictionary or an unknown
+    /// codec; [`Error::File`] if reading fails (the file shrank); allocation and copy
+    /// errors.
     pub fn read_batch(&self, index: usize) -> Result<DeviceRecordBatch> {
-        let block = *self.record_blocks.get(index).ok_or_else(|| {
-            Error::out_of_range(
-                "DeviceFileReader::read_batch",
+        let range = index..index.saturating_add(1);
+        let mut batches = self.read_range(range, "DeviceFileReader::read_batch")?;
+        batches
+            .pop()
+            .ok_or_else(|| Error::invalid_data(WHAT, "one batch read, none returned"))
+    }
+
+    /// Read the record batches `range` (indices, in file order). The compressed bodies
+    /// of all of them are decompressed together by up to the context's
+    /// [`FileOptions::threads`](cudabuf_core::FileOptions::threads) host threads (each
+    /// taking the next buffer, or run of small buffers, of any of the batches), so that
+    /// a file of few buffers per batch uses every thread; uncompressed bodies go from the
+    /// file to the device through core's parallel file pipeline, batch after batch. On
+    /// an error no batch is returned and nothing is kept on the device.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// use cudabuf_arrow::arrow::array::{Int64Array, RecordBatch};
+    /// use cudabuf_arrow::arrow::ipc::writer::{FileWriter, IpcWriteOptions};
+    /// use cudabuf_arrow::arrow::ipc::CompressionType;
+    ///
+    /// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_file_options(cudabuf_core::FileOptions::default().with_threads(2)?);
+    /// let batch = RecordBatch::try_from_iter([("n", Arc::new(Int64Array::from_iter_values(0..1000)) as _)])?;
+    /// let path = std::env::temp_dir().join(format!("cudabuf-doc-read-batches-{}.arrow", std::process::id()));
+    /// // (Writing LZ4 needs arrow's `ipc_compression` feature; reading it does not.)
+    /// let options = IpcWriteOptions::default().try_with_compression(Some(CompressionType::LZ4_FRAME))?;
+    /// let mut writer = FileWriter::try_new_with_options(std::fs::File::create(&path)?, &batch.schema(), options)?;
+    /// for i in 0..4 {
+    ///     writer.write(&batch.slice(i * 100, 100))?;
+    /// }
+    /// writer.finish()?;
+    ///
+    /// let reader = cudabuf_arrow::DeviceFileReader::open(&path, &ctx)?;
+    /// let middle = reader.read_batches(1..3)?;
+    /// assert_eq!(middle[1].to_host()?, batch.slice(200, 100));
+    /// assert_eq!(reader.read_all()?.len(), 4);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] for a range past the last batch; as
+    /// [`read_batch`](Self::read_batch) (of several failures, the one first in the file).
+    pub fn read_batches(&self, range: Range<usize>) -> Result<Vec<DeviceRecordBatch>> {
+        self.read_range(range, "DeviceFileReader::read_batches")
+    }
+
+    /// Read every record batch of the file: [`read_batches`](Self::read_batches) over
+    /// all of them (the iterator reads one batch at a time instead).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::sync::Arc;
+    /// # use cudabuf_arrow::arrow::array::{Int64Array, RecordBatch};
+    /// # use cudabuf_arrow::arrow::ipc::writer::FileWriter;
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// # let batch = RecordBatch::try_from_iter([("n", Arc::new(Int64Array::from(vec![1, 2, 3])) as _)])?;
+    /// # let path = std::env::temp_dir().join(format!("cudabuf-doc-read-all-{}.arrow", std::process::id()));
+    /// # let mut writer = FileWriter::try_new(std::fs::File::create(&path)?, &batch.schema())?;
+    /// # writer.write(&batch)?;
+    /// # writer.write(&batch)?;
+    /// # writer.finish()?;
+    /// let all = cudabuf_arrow::DeviceFileReader::open(&path, &ctx)?.read_all()?;
+    /// assert_eq!(all.len(), 2);
+    /// assert_eq!(all[1].to_host()?, batch);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`read_batches`](Self::read_batches).
+    pub fn read_all(&self) -> Result<Vec<DeviceRecordBatch>> {
+        self.read_range(0..self.record_blocks.len(), "DeviceFileReader::read_all")
+    }
+
+    fn read_range(
+        &self,
+        range: Range<usize>,
+        operation: &'static str,
+    ) -> Result<Vec<DeviceRecordBatch>> {
+        let count = self.record_blocks.len();
+        if range.start > range.end || range.end > count {
+            return Err(Error::out_of_range(
+                operation,
                 "record batches",
-                index,
-                1,
-                self.record_blocks.len(),
-            )
-        })?;
+                range.start,
+                range.end.saturating_sub(range.start).max(1),
+                count,
+            ));
+        }
+        if range.is_empty() {
+            return Ok(Vec::new());
+        }
         let dictionaries = self.dictionaries()?;
-        let message = self.read_metadata(block, MessageHeader::RecordBatch)?;
-        let fb = message.as_ref();
-        let batch = fb
-            .header_as_record_batch()
-            .ok_or_else(|| Error::invalid_data(WHAT, "a RecordBatch message without its header"))?;
-        let (body, layout) = self.land_body(batch, block, self.projection.as_deref())?;
-        DeviceRecordBatch::decode_parts(fb, &body, layout, &self.schema, &self.ids, dictionaries)
-            .map_err(|e| self.named(e))
+        let mut messages = Vec::with_capacity(range.len());
+        let mut landings = Vec::with_capacity(range.len());
+        for &block in &self.record_blocks[range] {
+            let message = self.read_metadata(block, MessageHeader::RecordBatch)?;
+            let batch = message.as_ref().header_as_record_batch().ok_or_else(|| {
+                Error::invalid_data(WHAT, "a RecordBatch message without its header")
+            })?;
+            landings.push(self.land_body(batch, block, self.projection.as_deref())?);
+            messages.push(message);
+        }
+        let bodies = self.finish_landings(landings)?;
+        messages
+            .iter()
+            .zip(bodies)
+            .map(|(message, (body, layout))| {
+                DeviceRecordBatch::decode_parts(
+                    message.as_ref(),
+                    &body,
+                    layout,
+                    &self.schema,
+                    &self.ids,
+                    dictionaries,
+                )
+                .map_err(|e| self.named(e))
+            })
+            .collect()
     }
 
     /// The dictionaries the projected columns use, read at the first call.
@@ -432,7 +581,11 @@ impl DeviceFileReader {
                     format!("dictionary {} has no record batch", batch.id()),
                 )
             })?;
-            let (body, layout) = self.land_body(data, block, None)?;
+            let landing = self.land_body(data, block, None)?;
+            let (body, layout) = self
+                .finish_landings(vec![landing])?
+                .pop()
+                .ok_or_else(|| Error::invalid_data(WHAT, "a dictionary body was not landed"))?;
             let (id, entry) = decode::decode_dictionary_batch(
                 batch,
                 layout,
@@ -493,15 +646,15 @@ impl DeviceFileReader {
     }
 
     /// Land the body of the message at `block` (record batch `batch`) on the device: the
-    /// whole body, or only the buffers of the `projection`'s columns; decompressed on the
-    /// host where it is compressed. `None`: the body is the message's own, to decode with
-    /// its own layout.
+    /// whole body, or only the buffers of the `projection`'s columns. A compressed body
+    /// is only planned (its lengths read and checked, nothing allocated), to be
+    /// decompressed with others by [`compression::decompress`].
     fn land_body(
         &self,
         batch: ipc::RecordBatch<'_>,
         block: Block,
         projection: Option<&[usize]>,
-    ) -> Result<(DeviceBuffer, Option<BatchLayout>)> {
+    ) -> Result<Landing<'_>> {
         let compression = batch.compression();
         let full = BatchLayout::of(batch);
         let (layout, groups) = match projection {
@@ -541,41 +694,69 @@ impl DeviceFileReader {
                 ));
             }
         }
-        if compression.is_none() && projection.is_none() {
+        if let Some(compression) = compression {
+            // Only the buffers wanted are read, straight from the file, as they are
+            // decompressed.
+            let source = compression::Source::File {
+                file: &self.source,
+                base: block.body_offset(),
+                len: block.body_len,
+            };
+            return compression::plan(compression, &layout, source, self.decompression_limit)
+                .map(Landing::Compressed)
+                .map_err(|e| self.named(e));
+        }
+        if projection.is_none() {
             let body = self.ctx.new_buffer(block.body_len)?;
             self.source.read_to_device(&body, block.body_offset())?;
-            return Ok((body, None));
+            return Ok(Landing::Ready(body, None));
         }
         let (spans, layout, total) = plan_spans(&layout, &groups, block.body_len);
-        match compression {
-            None => {
-                let body = self.ctx.new_buffer(total)?;
-                for span in &spans {
-                    let dst = body.slice(span.dst, span.src.len())?;
-                    self.source
-                        .read_to_device(&dst, block.body_offset() + span.src.start as u64)?;
+        let body = self.ctx.new_buffer(total)?;
+        for span in &spans {
+            let dst = body.slice(span.dst, span.src.len())?;
+            self.source
+                .read_to_device(&dst, block.body_offset() + span.src.start as u64)?;
+        }
+        Ok(Landing::Ready(body, Some(layout)))
+    }
+
+    /// Decompress the bodies of `landings` that are compressed, together (by up to the
+    /// context's [`FileOptions::threads`](cudabuf_core::FileOptions::threads) threads):
+    /// every body on the device, with its layout (`None`: the message's own).
+    fn finish_landings(
+        &self,
+        landings: Vec<Landing<'_>>,
+    ) -> Result<Vec<(DeviceBuffer, Option<BatchLayout>)>> {
+        let mut plans = Vec::new();
+        let mut out: Vec<Option<(DeviceBuffer, Option<BatchLayout>)>> = landings
+            .into_iter()
+            .map(|landing| match landing {
+                Landing::Ready(body, layout) => Some((body, layout)),
+                Landing::Compressed(plan) => {
+                    plans.push(plan);
+                    None
                 }
-                Ok((body, Some(layout)))
-            }
-            Some(compression) => {
-                let mut host = vec![0u8; total];
-                for span in &spans {
-                    self.source.read_exact_at(
-                        &mut host[span.dst..span.dst + span.src.len()],
-                        block.body_offset() + span.src.start as u64,
-                    )?;
-                }
-                let (body, layout) = compression::decompress_body(
-                    compression,
-                    &layout,
-                    &host,
-                    &self.ctx,
-                    self.decompression_limit,
-                )
-                .map_err(|e| self.named(e))?;
-                Ok((body, Some(layout)))
+            })
+            .collect();
+        if !plans.is_empty() {
+            let threads = self.ctx.file_options().threads();
+            let mut decompressed = compression::decompress(&self.ctx, plans, threads)
+                .map_err(|e| self.named(e))?
+                .into_iter();
+            for slot in out.iter_mut().filter(|slot| slot.is_none()) {
+                *slot = decompressed
+                    .next()
+                    .map(|(body, layout)| (body, Some(layout)));
             }
         }
+        out.into_iter()
+            .map(|slot| {
+                slot.ok_or_else(|| {
+                    Error::invalid_data(WHAT, "a compressed body planned was not decompressed")
+                })
+            })
+            .collect()
     }
 
     /// `e` with the file's name in front of its reason.

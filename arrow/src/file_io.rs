@@ -155,12 +155,16 @@ fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<(), (u64, i
     Ok(())
 }
 
+/// Read into `buf` from `file` at `offset` without moving the file's position (`pread`):
+/// how many bytes were read, 0 at the end of the file.
 #[cfg(unix)]
-fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     std::os::unix::fs::FileExt::read_at(file, buf, offset)
 }
 
+/// Read into `buf` from `file` at `offset` (`seek_read`): how many bytes were read, 0 at
+/// the end of the file.
 #[cfg(windows)]
-fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     std::os::windows::fs::FileExt::seek_read(file, buf, offset)
 }

@@ -25,10 +25,16 @@
 //! - Compressed IPC bodies (`BodyCompression`: `LZ4_FRAME`, `ZSTD`), in files and in
 //!   streams read by [`DeviceStreamReader`]: decompressed **on the host** into pinned
 //!   memory and uploaded as an uncompressed body (no GPU decompressor is used), after
-//!   every declared size is checked ([`DEFAULT_DECOMPRESSION_LIMIT`]).
+//!   every declared size is checked ([`DEFAULT_DECOMPRESSION_LIMIT`]). Up to the
+//!   context's [`FileOptions::threads`](cudabuf_core::FileOptions::threads) host threads
+//!   decompress at once, a buffer each, through at most two pinned chunks per thread
+//!   whose uploads overlap the decompression;
+//!   [`DeviceFileReader::read_all`] and [`DeviceFileReader::read_batches`] share the
+//!   threads among the buffers of several batches.
 //! - Parquet (feature `parquet`, on by default): [`DeviceParquetReader`] /
-//!   [`read_parquet`] decode **on the host** with arrow-rs's `parquet` crate, row group
-//!   by row group on a worker thread while the previous row group uploads.
+//!   [`read_parquet`] decode **on the host** with arrow-rs's `parquet` crate, up to the
+//!   context's `FileOptions::threads` row groups at once (each thread with its own
+//!   reader), returned in file order while earlier row groups upload.
 //! - On a [`Stream`](cudabuf_core::Stream): [`serialize_record_batch_on`],
 //!   [`serialize_stream_on`], [`Serializer::serialize_record_batch_on`] and
 //!   [`DeviceStreamWriter::finish_on`] issue their uploads on the stream and return;

@@ -2,27 +2,26 @@
 //! (feature `parquet`, on by default).
 //!
 //! Decoding is on the host (arrow-rs's `parquet` crate: no GPU decoder is used); the
-//! decoded batches are uploaded. A worker thread decodes row group after row group while
-//! the reader uploads the previous one, so the host's decoding and the link overlap.
+//! decoded batches are uploaded. Several threads decode row groups at once
+//! ([`decoders`]) while the reader uploads earlier ones, so the host's decoding and the
+//! link overlap.
+
+mod decoders;
 
 use std::fmt;
-use std::fs::File;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use cudabuf_core::{Context, Error, ErrorKind, Result, Stream, StreamFlags};
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
-};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::ProjectionMask;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::ParquetMetaData;
 
+use self::decoders::{Decoders, Job, PositionedFile};
 use crate::batch::DeviceRecordBatch;
 use crate::file_io::SourceFile;
 use crate::layout::nested_fields;
@@ -39,9 +38,17 @@ const MAX_BATCH_ROWS: usize = 1 << 20;
 ///
 /// **Decoding is on the host**, by arrow-rs's `parquet` crate (codecs Snappy, LZ4 and
 /// ZSTD; others are [`Error::Unsupported`]): the batches equal what arrow-rs's
-/// `ParquetRecordBatchReader` reads on the host. A worker thread decodes the next row
-/// group while the reader uploads the current one on its own stream; each batch is
-/// complete on the device (the stream synchronized) before it is returned. Opening reads
+/// `ParquetRecordBatchReader` reads on the host. Up to the context's
+/// [`FileOptions::threads`](cudabuf_core::FileOptions::threads) host threads, as the
+/// context's file options say when the reader is opened (`Context::set_file_options`; 8
+/// at most by default, fewer on a host with fewer CPUs), decode row groups at once, each
+/// with a reader of its own over the file, while the reader uploads the batches in file
+/// order on its own stream; each batch is complete on the device (the stream
+/// synchronized) before it is returned. Memory is bounded: a thread starts a row group
+/// only within `threads` row groups of the one being returned, and waits while two of
+/// its decoded batches wait, so at most `threads` row groups are in hand, each with at
+/// most two decoded batches (of at most a million rows) waiting. A row group that fails
+/// ends the iteration: the batches before it are returned, then its error. Opening reads
 /// the footer only.
 ///
 /// Column projection ([`open`](Self::open)'s `columns`): only those columns are decoded
@@ -89,8 +96,7 @@ pub struct DeviceParquetReader {
     num_row_groups: usize,
     /// Whether a column is dictionary-encoded (uploaded as a stream with its dictionary).
     dictionaries: bool,
-    receiver: Option<Receiver<Result<RecordBatch>>>,
-    worker: Option<JoinHandle<()>>,
+    decoders: Decoders,
     done: bool,
 }
 
@@ -148,10 +154,9 @@ impl DeviceParquetReader {
             .file()
             .try_clone()
             .map_err(|e| crate::file_io::io_error("DeviceParquetReader::open", &name, &e))?;
-        let (sender, receiver) = sync_channel(1);
         let job = Job {
             name: name.clone(),
-            file,
+            file: PositionedFile::new(file, source.len()),
             metadata,
             mask,
             order,
@@ -166,15 +171,7 @@ impl DeviceParquetReader {
             Err(e) if e.kind() == ErrorKind::Unsupported => None,
             Err(e) => return Err(e),
         };
-        let worker = std::thread::Builder::new()
-            .name("cudabuf-parquet".into())
-            .spawn(move || job.run(&sender))
-            .map_err(|e| {
-                Error::invalid_argument(
-                    "DeviceParquetReader::open",
-                    format!("cannot start the decoding thread: {e}"),
-                )
-            })?;
+        let decoders = Decoders::start(job, ctx.file_options().threads())?;
         let dictionaries = schema
             .fields()
             .iter()
@@ -187,8 +184,7 @@ impl DeviceParquetReader {
             num_rows,
             num_row_groups: row_groups.len(),
             dictionaries,
-            receiver: Some(receiver),
-            worker: Some(worker),
+            decoders,
             done: false,
         })
     }
@@ -250,8 +246,7 @@ impl Iterator for DeviceParquetReader {
         if self.done {
             return None;
         }
-        let received = self.receiver.as_ref().and_then(|r| r.recv().ok());
-        let result = match received {
+        let result = match self.decoders.next() {
             None => None,
             Some(Err(e)) => Some(Err(e)),
             Some(Ok(batch)) => Some(self.upload(&batch)),
@@ -260,18 +255,6 @@ impl Iterator for DeviceParquetReader {
             self.done = true;
         }
         result
-    }
-}
-
-impl Drop for DeviceParquetReader {
-    fn drop(&mut self) {
-        // The worker stops at its next send, which fails once the receiver is gone.
-        drop(self.receiver.take());
-        if let Some(worker) = self.worker.take() {
-            if worker.join().is_err() {
-                log::warn!("the Parquet decoding thread of {} panicked", self.name);
-            }
-        }
     }
 }
 
@@ -284,67 +267,6 @@ impl fmt::Debug for DeviceParquetReader {
             .field("num_row_groups", &self.num_row_groups)
             .field("done", &self.done)
             .finish()
-    }
-}
-
-/// What the decoding thread does: every row group in turn, each batch sent on.
-struct Job {
-    name: String,
-    file: File,
-    metadata: ArrowReaderMetadata,
-    mask: ProjectionMask,
-    /// The order to put the decoded columns in; `None`: as decoded.
-    order: Option<Vec<usize>>,
-    /// The rows of each row group, as the footer says.
-    row_groups: Vec<usize>,
-}
-
-impl Job {
-    fn run(self, sender: &SyncSender<Result<RecordBatch>>) {
-        for (index, &rows) in self.row_groups.iter().enumerate() {
-            if rows == 0 {
-                continue;
-            }
-            let what = format!("decoding row group {index}");
-            let reader = guarded(&self.name, &what, || {
-                let file = self.file.try_clone().map_err(ParquetError::from)?;
-                ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
-                    .with_row_groups(vec![index])
-                    .with_projection(self.mask.clone())
-                    .with_batch_size(rows.min(MAX_BATCH_ROWS))
-                    .build()
-            });
-            let mut reader = match reader {
-                Ok(reader) => reader,
-                Err(e) => {
-                    let _ = sender.send(Err(e));
-                    return;
-                }
-            };
-            loop {
-                let next = guarded(&self.name, &what, || {
-                    reader.next().transpose().map_err(ParquetError::from)
-                });
-                let batch = match next {
-                    Ok(Some(batch)) => self.reorder(batch),
-                    Ok(None) => break,
-                    Err(e) => Err(e),
-                };
-                let failed = batch.is_err();
-                if sender.send(batch).is_err() || failed {
-                    return;
-                }
-            }
-        }
-    }
-
-    fn reorder(&self, batch: RecordBatch) -> Result<RecordBatch> {
-        match &self.order {
-            None => Ok(batch),
-            Some(order) => batch.project(order).map_err(|e| {
-                Error::invalid_data(WHAT, format!("{}: projecting the columns: {e}", self.name))
-            }),
-        }
     }
 }
 

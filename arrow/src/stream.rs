@@ -25,8 +25,10 @@ const WHAT: &str = "Arrow IPC stream";
 ///
 /// Metadata goes to the host message by message; uncompressed bodies never leave the
 /// device. A compressed body (`BodyCompression` `LZ4_FRAME` or `ZSTD`) is copied to the
-/// host, decompressed there into pinned memory and uploaded as a new, uncompressed body
-/// (no GPU decompressor is used), after its declared sizes are checked. A
+/// host, decompressed there into pinned memory (its buffers shared among up to the
+/// context's [`FileOptions::threads`](cudabuf_core::FileOptions::threads) threads) and
+/// uploaded as a new, uncompressed body (no GPU decompressor is used), after its declared
+/// sizes are checked. A
 /// dictionary-encoded column's [`dictionary`](crate::DeviceArray::dictionary) is the
 /// dictionary batch's device arrays; a later dictionary batch with the same id
 /// (a replacement) applies to the batches after it, earlier batches keep theirs.

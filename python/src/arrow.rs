@@ -652,8 +652,9 @@ fn columns_arg(
 /// Read an Arrow IPC *file* (Feather v2; uncompressed, LZ4_FRAME or ZSTD bodies) into
 /// device record batches, one per record batch of the file. ``columns``: names or
 /// indices of the columns to read (only their buffers are read from disk and land on
-/// the device); ``None`` for all. Compressed bodies are decompressed on the host into
-/// pinned memory, then uploaded. Releases the GIL while reading.
+/// the device); ``None`` for all. Compressed bodies are decompressed on the host, by up to
+/// the context's file threads (``Context.file_options()["threads"]``) at once, into pinned
+/// memory, then uploaded. Releases the GIL while reading.
 ///
 /// Raises:
 ///     FileError: the file cannot be opened or read, or is not a regular file.
@@ -681,10 +682,8 @@ pub(crate) fn read_ipc_file(
             }
             Some(Columns::Indices(indices)) => reader.with_projection(indices)?,
         };
-        Ok((
-            reader.schema().clone(),
-            reader.collect::<cudabuf::Result<_>>()?,
-        ))
+        let batches = reader.read_all()?;
+        Ok((reader.schema().clone(), batches))
     })
 }
 
@@ -711,7 +710,9 @@ pub(crate) fn read_ipc_stream_file(
 }
 
 /// Read a Parquet file into device record batches, one per row group: decoded on the
-/// host (arrow-rs's ``parquet`` reader) while the previous row group uploads.
+/// host (arrow-rs's ``parquet`` reader), up to the context's file threads
+/// (``Context.file_options()["threads"]``) row groups at once, while earlier row groups
+/// upload.
 /// ``columns``: names of the columns to read; ``None`` for all. Releases the GIL while
 /// reading.
 ///

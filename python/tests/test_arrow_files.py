@@ -96,6 +96,31 @@ def test_parquet_files_land_equal_to_pyarrow(ctx: cuda.Context, tmp_path: Path, 
     assert projected.column("floats").equals(table.column("floats"))
 
 
+@pytest.mark.parametrize("threads", [1, 2, 8])
+def test_files_decoded_by_several_threads_equal_pyarrow(ctx: cuda.Context, tmp_path: Path, threads: int) -> None:
+    # Compressed IPC bodies and Parquet row groups are decoded by up to the context's
+    # file threads at once; every count lands what pyarrow reads.
+    table = sample_table(12_000)
+    lz4 = tmp_path / "t.feather"
+    feather.write_feather(table, lz4, compression="lz4", chunksize=1000)
+    parquet = tmp_path / "t.parquet"
+    pq.write_table(table, parquet, row_group_size=1000)
+    saved = ctx.file_options()
+    ctx.set_file_options(threads=threads, chunk_size=64 << 10)
+    try:
+        before = ctx.bytes_allocated
+        batches = cuda.read_ipc_file(lz4, ctx)
+        assert len(batches) == 12
+        assert on_host(batches).equals(feather.read_table(lz4))
+        row_groups = cuda.read_parquet(parquet, ctx)
+        assert len(row_groups) == 12
+        assert on_host(row_groups).equals(pq.read_table(parquet))
+        del batches, row_groups
+        assert ctx.bytes_allocated == before
+    finally:
+        ctx.set_file_options(threads=saved["threads"], chunk_size=saved["chunk_size"])
+
+
 def test_write_ipc_file_is_read_by_pyarrow(ctx: cuda.Context, tmp_path: Path) -> None:
     table = sample_table(3000)
     src = tmp_path / "src.arrow"

@@ -234,7 +234,7 @@ pub(crate) fn bit_flips_anywhere_in_an_ipc_file_never_panic(f: &Fixture) -> Case
 
 /// The file offset of the length prefix of the first compressed (not stored) buffer of
 /// record batch `index`, that buffer's compressed length, and the message's bytes.
-fn first_compressed_buffer(bytes: &[u8], index: usize) -> (usize, usize, &[u8]) {
+pub(crate) fn first_compressed_buffer(bytes: &[u8], index: usize) -> (usize, usize, &[u8]) {
     let (_, block) = record_block_at(bytes, index);
     let start = block.offset() as usize;
     let body = start + block.metaDataLength() as usize;

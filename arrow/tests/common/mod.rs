@@ -12,6 +12,7 @@ mod files;
 mod files_corrupt;
 mod on_stream;
 mod ordering;
+mod parallel;
 #[cfg(feature = "parquet")]
 mod parquet;
 mod roundtrip;
@@ -126,6 +127,11 @@ pub(crate) const FILE_CASES: &[Case] = cases![
     files_corrupt::bit_flips_anywhere_in_an_ipc_file_never_panic,
     files_corrupt::compressed_buffers_whose_lengths_lie_are_invalid_data,
     files_corrupt::missing_files_and_directories_are_file_errors,
+    parallel::compressed_ipc_files_read_alike_with_1_2_and_8_threads,
+    parallel::a_corrupt_body_in_the_middle_is_invalid_data_naming_the_file_and_byte,
+    parallel::a_compressed_file_that_shrinks_while_read_is_a_file_error,
+    parallel::empty_files_and_zero_row_batches_read_with_every_thread_count,
+    parallel::files_pyarrow_wrote_read_alike_with_every_thread_count,
 ];
 
 /// The Parquet cases (feature `parquet`).
@@ -136,6 +142,9 @@ pub(crate) const PARQUET_CASES: &[Case] = cases![
     parquet::corrupt_parquet_files_are_invalid_data_never_a_panic,
     parquet::parquet_missing_files_and_directories_are_file_errors,
     parquet::parquet_decoder_panic_is_invalid_data,
+    parallel::parquet_row_groups_decoded_in_parallel_arrive_in_file_order,
+    parallel::a_corrupt_row_group_in_the_middle_ends_the_file_there,
+    parallel::parquet_files_of_zero_rows_or_one_row_group_read_with_every_thread_count,
 ];
 
 /// Every case of this build: [`ARROW_CASES`], [`FILE_CASES`] and, with the `parquet`

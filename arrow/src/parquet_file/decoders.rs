@@ -1,0 +1,500 @@
+//! The threads that decode a Parquet file's row groups, and the hand-over of their
+//! batches in file order.
+//!
+//! Each thread takes the next row group not yet taken and decodes it with a reader of its
+//! own over the file (arrow-rs's `ParquetRecordBatchReaderBuilder` over a clone of the
+//! file descriptor, restricted to that row group), so up to `threads` row groups decode
+//! at once. Memory stays bounded: a row group is taken only while it lies within
+//! `threads` row groups of the one being handed over ([`State::next_out`]), and a row
+//! group's thread waits while [`AHEAD`] of its batches are waiting, so at most `threads`
+//! row groups are in hand at a time, each with at most [`AHEAD`] decoded batches waiting
+//! and one in the decoder. The reader takes the batches in file order.
+//!
+//! A row group that fails ends the file there: no later row group is started, threads
+//! on later ones stop at their next batch, and the reader gets every batch before the
+//! failure, then the error. Dropping the reader stops every thread at its next batch
+//! and joins them.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use arrow::record_batch::RecordBatch;
+use cudabuf_core::{Error, Result};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::ProjectionMask;
+use parquet::errors::ParquetError;
+use parquet::file::reader::{ChunkReader, Length};
+
+use super::{guarded, MAX_BATCH_ROWS, WHAT};
+use crate::file_io::pread;
+
+/// Decoded batches that may wait per row group before its thread waits too.
+const AHEAD: usize = 2;
+
+/// The file as the `parquet` crate's `ChunkReader`, read at positions (`pread`). The
+/// crate's own implementation for `File` seeks clones of the descriptor, which share one
+/// position: threads decoding row groups at once would move it under each other.
+#[derive(Clone)]
+pub(super) struct PositionedFile {
+    file: Arc<File>,
+    len: u64,
+}
+
+impl PositionedFile {
+    /// `file`, of `len` bytes when opened.
+    pub(super) fn new(file: File, len: u64) -> Self {
+        PositionedFile {
+            file: Arc::new(file),
+            len,
+        }
+    }
+}
+
+impl Length for PositionedFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ChunkReader for PositionedFile {
+    type T = BufReader<ReadAt>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(BufReader::new(ReadAt {
+            file: self.file.clone(),
+            pos: start,
+        }))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        let mut buffer = vec![0u8; length];
+        let mut reader = ReadAt {
+            file: self.file.clone(),
+            pos: start,
+        };
+        reader
+            .read_exact(&mut buffer)
+            .map_err(|e| ParquetError::EOF(format!("{length} bytes at byte {start}: {e}")))?;
+        Ok(buffer.into())
+    }
+}
+
+/// A file read from a position of its own on.
+pub(super) struct ReadAt {
+    file: Arc<File>,
+    pos: u64,
+}
+
+impl Read for ReadAt {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = pread(&self.file, buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+/// What every decoding thread needs of the file.
+pub(super) struct Job {
+    pub(super) name: String,
+    pub(super) file: PositionedFile,
+    pub(super) metadata: ArrowReaderMetadata,
+    pub(super) mask: ProjectionMask,
+    /// The order to put the decoded columns in; `None`: as decoded.
+    pub(super) order: Option<Vec<usize>>,
+    /// The rows of each row group, as the footer says.
+    pub(super) row_groups: Vec<usize>,
+}
+
+impl Job {
+    /// Decode row group `index` of `rows` rows, handing each batch to `hand` until it
+    /// says stop (`false`); the first error is handed over too, and ends the row group.
+    fn decode(&self, index: usize, rows: usize, mut hand: impl FnMut(Result<RecordBatch>) -> bool) {
+        let what = format!("decoding row group {index}");
+        let reader = guarded(&self.name, &what, || {
+            ParquetRecordBatchReaderBuilder::new_with_metadata(
+                self.file.clone(),
+                self.metadata.clone(),
+            )
+            .with_row_groups(vec![index])
+            .with_projection(self.mask.clone())
+            .with_batch_size(rows.min(MAX_BATCH_ROWS))
+            .build()
+        });
+        let mut reader = match reader {
+            Ok(reader) => reader,
+            Err(e) => {
+                hand(Err(e));
+                return;
+            }
+        };
+        loop {
+            let next = guarded(&self.name, &what, || {
+                reader.next().transpose().map_err(ParquetError::from)
+            });
+            let batch = match next {
+                Ok(Some(batch)) => self.reorder(batch),
+                Ok(None) => return,
+                Err(e) => Err(e),
+            };
+            let failed = batch.is_err();
+            if !hand(batch) || failed {
+                return;
+            }
+        }
+    }
+
+    fn reorder(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        match &self.order {
+            None => Ok(batch),
+            Some(order) => batch.project(order).map_err(|e| {
+                Error::invalid_data(WHAT, format!("{}: projecting the columns: {e}", self.name))
+            }),
+        }
+    }
+}
+
+/// The batches of one row group on their way to the reader.
+#[derive(Default)]
+struct Slot {
+    batches: VecDeque<Result<RecordBatch>>,
+    /// Its thread has handed over its last batch.
+    done: bool,
+}
+
+/// What the threads and the reader share.
+struct State {
+    /// The next row group a thread may take.
+    next_claim: usize,
+    /// The row group whose batches the reader takes.
+    next_out: usize,
+    /// One past the last row group to read: the count, or one past a row group that
+    /// failed.
+    end: usize,
+    /// The row groups taken and not yet handed over whole.
+    slots: BTreeMap<usize, Slot>,
+    /// The reader is gone: every thread stops.
+    closed: bool,
+    /// Threads still running.
+    alive: usize,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+    /// How many row groups may be in hand at once (the threads).
+    window: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed
+            .wait(state)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next row group to decode, once one lies within the window; `None` when there
+    /// is none left or the reader is gone.
+    fn claim(&self) -> Option<usize> {
+        let mut state = self.lock();
+        loop {
+            if state.closed || state.next_claim >= state.end {
+                return None;
+            }
+            if state.next_claim < state.next_out + self.window {
+                let index = state.next_claim;
+                state.next_claim += 1;
+                state.slots.insert(index, Slot::default());
+                return Some(index);
+            }
+            state = self.wait(state);
+        }
+    }
+
+    /// Hand over a batch of row group `index`, once fewer than [`AHEAD`] wait; `false`
+    /// when the thread is to stop (the reader is gone, or an earlier row group failed).
+    fn hand(&self, index: usize, batch: Result<RecordBatch>) -> bool {
+        let mut state = self.lock();
+        loop {
+            if state.closed || index >= state.end {
+                return false;
+            }
+            let waiting = state.slots.get(&index).map_or(0, |s| s.batches.len());
+            if waiting < AHEAD {
+                break;
+            }
+            state = self.wait(state);
+        }
+        if batch.is_err() {
+            state.end = state.end.min(index + 1);
+        }
+        state
+            .slots
+            .entry(index)
+            .or_default()
+            .batches
+            .push_back(batch);
+        self.changed.notify_all();
+        true
+    }
+
+    /// Row group `index` is handed over whole.
+    fn done(&self, index: usize) {
+        let mut state = self.lock();
+        if let Some(slot) = state.slots.get_mut(&index) {
+            slot.done = true;
+        }
+        self.changed.notify_all();
+    }
+}
+
+/// A decoding thread's mark: when it ends (a panic included), its row group in hand is
+/// ended with an error and the reader hears that one thread fewer runs.
+struct Running<'a> {
+    shared: &'a Shared,
+    name: &'a str,
+    group: Option<usize>,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(index) = self.group.take() {
+            let failed = Error::invalid_data(
+                WHAT,
+                format!(
+                    "{}: decoding row group {index}: the decoding thread stopped",
+                    self.name
+                ),
+            );
+            self.shared.hand(index, Err(failed));
+            self.shared.done(index);
+        }
+        let mut state = self.shared.lock();
+        state.alive -= 1;
+        self.shared.changed.notify_all();
+    }
+}
+
+fn work(job: &Job, shared: &Shared) {
+    let mut running = Running {
+        shared,
+        name: &job.name,
+        group: None,
+    };
+    while let Some(index) = shared.claim() {
+        running.group = Some(index);
+        let rows = job.row_groups[index];
+        if rows > 0 {
+            job.decode(index, rows, |batch| shared.hand(index, batch));
+        }
+        running.group = None;
+        shared.done(index);
+    }
+}
+
+/// The decoding threads of one reader.
+pub(super) struct Decoders {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    name: String,
+}
+
+impl Decoders {
+    /// Start up to `threads` threads (at least one; no more than there are row groups).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if not even one thread can be started.
+    pub(super) fn start(job: Job, threads: usize) -> Result<Self> {
+        let groups = job.row_groups.len();
+        let count = threads.clamp(1, groups.max(1));
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                next_claim: 0,
+                next_out: 0,
+                end: groups,
+                slots: BTreeMap::new(),
+                closed: false,
+                alive: count,
+            }),
+            changed: Condvar::new(),
+            window: count,
+        });
+        let name = job.name.clone();
+        let job = Arc::new(job);
+        let mut handles = Vec::with_capacity(count);
+        for i in 0..count {
+            let (job, worker_shared) = (job.clone(), shared.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("cudabuf-parquet-{i}"))
+                .spawn(move || work(&job, &worker_shared));
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                Err(e) => {
+                    shared.lock().alive -= 1;
+                    if handles.is_empty() && i + 1 == count {
+                        return Err(Error::invalid_argument(
+                            "DeviceParquetReader::open",
+                            format!("cannot start a decoding thread: {e}"),
+                        ));
+                    }
+                    log::debug!("{name}: decoding with fewer threads: {e}");
+                }
+            }
+        }
+        Ok(Decoders {
+            shared,
+            threads: handles,
+            name,
+        })
+    }
+
+    /// The next batch in file order (waiting for it to be decoded); `None` after the last.
+    pub(super) fn next(&self) -> Option<Result<RecordBatch>> {
+        let shared = &self.shared;
+        let mut state = shared.lock();
+        loop {
+            let index = state.next_out;
+            let (end, alive) = (state.end, state.alive);
+            if index >= end {
+                // (Row groups after a failed one may hold batches: never handed over.)
+                return None;
+            }
+            match state.slots.get_mut(&index) {
+                Some(slot) => {
+                    if let Some(batch) = slot.batches.pop_front() {
+                        shared.changed.notify_all();
+                        return Some(batch);
+                    }
+                    if slot.done {
+                        state.slots.remove(&index);
+                        state.next_out += 1;
+                        shared.changed.notify_all();
+                        continue;
+                    }
+                }
+                None if alive == 0 => {
+                    state.end = index;
+                    return Some(Err(Error::invalid_data(
+                        WHAT,
+                        format!(
+                            "{}: row group {index}: every decoding thread stopped",
+                            self.name
+                        ),
+                    )));
+                }
+                None => {}
+            }
+            state = shared.wait(state);
+        }
+    }
+}
+
+impl Drop for Decoders {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.changed.notify_all();
+        for handle in self.threads.drain(..) {
+            if handle.join().is_err() {
+                log::warn!("a Parquet decoding thread of {} panicked", self.name);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(groups: usize, window: usize) -> Shared {
+        Shared {
+            state: Mutex::new(State {
+                next_claim: 0,
+                next_out: 0,
+                end: groups,
+                slots: BTreeMap::new(),
+                closed: false,
+                alive: 1,
+            }),
+            changed: Condvar::new(),
+            window,
+        }
+    }
+
+    fn batch(n: i64) -> Result<RecordBatch> {
+        let column = Arc::new(arrow::array::Int64Array::from(vec![n])) as _;
+        Ok(RecordBatch::try_from_iter([("n", column)]).unwrap())
+    }
+
+    /// Row groups are claimed only within the window of the one handed over, and a
+    /// failure ends the file after it.
+    #[test]
+    fn claims_stay_within_the_window_and_a_failure_ends_the_file() {
+        let s = Arc::new(shared(10, 2));
+        assert_eq!(s.claim(), Some(0));
+        assert_eq!(s.claim(), Some(1));
+        // Row group 2 must wait until row group 0 is handed over whole.
+        let waiter = {
+            let s = s.clone();
+            std::thread::spawn(move || s.claim())
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(
+            !waiter.is_finished(),
+            "no third row group while two are in hand"
+        );
+        assert!(s.hand(0, batch(0)));
+        s.done(0);
+        let decoders = Decoders {
+            shared: s.clone(),
+            threads: Vec::new(),
+            name: "test".into(),
+        };
+        assert_eq!(decoders.next().unwrap().unwrap(), batch(0).unwrap());
+        // Taking the next batch moves the reader past row group 0: 2 may be claimed.
+        assert!(s.hand(1, batch(1)));
+        assert_eq!(decoders.next().unwrap().unwrap(), batch(1).unwrap());
+        assert_eq!(waiter.join().unwrap(), Some(2));
+        // Row group 1 fails: 2 is told to stop, nothing after 1 is claimed.
+        assert!(s.hand(1, Err(Error::invalid_data(WHAT, "bad page"))));
+        s.done(1);
+        assert!(!s.hand(2, batch(2)));
+        assert_eq!(s.claim(), None);
+        assert!(decoders.next().unwrap().is_err());
+        assert!(decoders.next().is_none());
+        // (No threads to join: `threads` is empty.)
+        drop(decoders);
+    }
+
+    /// A thread waits while AHEAD batches of its row group wait.
+    #[test]
+    fn a_row_group_hands_over_at_most_ahead_batches_before_they_are_taken() {
+        let s = Arc::new(shared(1, 1));
+        assert_eq!(s.claim(), Some(0));
+        for n in 0..AHEAD as i64 {
+            assert!(s.hand(0, batch(n)));
+        }
+        let blocked = {
+            let s = s.clone();
+            std::thread::spawn(move || s.hand(0, batch(99)))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!blocked.is_finished());
+        let decoders = Decoders {
+            shared: s.clone(),
+            threads: Vec::new(),
+            name: "test".into(),
+        };
+        assert_eq!(decoders.next().unwrap().unwrap(), batch(0).unwrap());
+        assert!(blocked.join().unwrap());
+        // Once the reader is gone a thread is told to stop, full or not.
+        s.lock().closed = true;
+        assert!(!s.hand(0, batch(101)));
+        assert_eq!(s.claim(), None);
+    }
+}
