@@ -101,33 +101,20 @@ fn rate_keeping<T>(
 /// `threads` threads read the IPC file into host memory with arrow-rs's `FileReader`,
 /// each its own reader and every `threads`-th batch: the host's decode of the file.
 fn host_ipc(path: &Path, threads: usize) -> AnyResult<Vec<RecordBatch>> {
-    let parts = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                s.spawn(move || -> Result<Vec<(usize, RecordBatch)>, String> {
-                    let file = File::open(path).map_err(|e| e.to_string())?;
-                    let mut reader = FileReader::try_new(file, None).map_err(|e| e.to_string())?;
-                    let mut out = Vec::new();
-                    for i in (t..reader.num_batches()).step_by(threads) {
-                        reader.set_index(i).map_err(|e| e.to_string())?;
-                        let batch = reader
-                            .next()
-                            .ok_or("a batch short")?
-                            .map_err(|e| e.to_string())?;
-                        out.push((i, batch));
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().map_err(|_| "a host thread panicked".to_string())?)
-            .collect::<Result<Vec<_>, String>>()
-    })?;
-    let mut all: Vec<(usize, RecordBatch)> = parts.into_iter().flatten().collect();
-    all.sort_by_key(|(i, _)| *i);
-    Ok(all.into_iter().map(|(_, b)| b).collect())
+    in_threads(threads, |t| {
+        let file = File::open(path).map_err(|e| e.to_string())?;
+        let mut reader = FileReader::try_new(file, None).map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        for i in (t..reader.num_batches()).step_by(threads) {
+            reader.set_index(i).map_err(|e| e.to_string())?;
+            let batch = reader
+                .next()
+                .ok_or("a batch short")?
+                .map_err(|e| e.to_string())?;
+            out.push((i, batch));
+        }
+        Ok(out)
+    })
 }
 
 /// `threads` threads decode the Parquet file into host memory with arrow-rs's reader,
@@ -136,34 +123,42 @@ fn host_parquet(path: &Path, threads: usize) -> AnyResult<Vec<RecordBatch>> {
     let groups = ParquetRecordBatchReaderBuilder::try_new(File::open(path)?)?
         .metadata()
         .num_row_groups();
+    in_threads(threads, |t| {
+        let mut out = Vec::new();
+        for g in (t..groups).step_by(threads) {
+            let file = File::open(path).map_err(|e| e.to_string())?;
+            let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+                .map_err(|e| e.to_string())?
+                .with_row_groups(vec![g])
+                .with_batch_size(ROWS_PER_BATCH)
+                .build()
+                .map_err(|e| e.to_string())?;
+            for b in reader {
+                out.push((g, b.map_err(|e| e.to_string())?));
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// Run `work(t)` for `t` in `0..threads` on scoped threads and put what they decoded
+/// (`(index, batch)`: a batch, or a row group's batches, in their order) back in index
+/// order.
+fn in_threads(
+    threads: usize,
+    work: impl Fn(usize) -> Result<Vec<(usize, RecordBatch)>, String> + Sync,
+) -> AnyResult<Vec<RecordBatch>> {
+    let work = &work;
     let parts = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                s.spawn(move || -> Result<Vec<(usize, RecordBatch)>, String> {
-                    let mut out = Vec::new();
-                    for g in (t..groups).step_by(threads) {
-                        let file = File::open(path).map_err(|e| e.to_string())?;
-                        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-                            .map_err(|e| e.to_string())?
-                            .with_row_groups(vec![g])
-                            .with_batch_size(ROWS_PER_BATCH)
-                            .build()
-                            .map_err(|e| e.to_string())?;
-                        for b in reader {
-                            out.push((g, b.map_err(|e| e.to_string())?));
-                        }
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
+        let workers: Vec<_> = (0..threads).map(|t| s.spawn(move || work(t))).collect();
         workers
             .into_iter()
             .map(|w| w.join().map_err(|_| "a host thread panicked".to_string())?)
             .collect::<Result<Vec<_>, String>>()
     })?;
     let mut all: Vec<(usize, RecordBatch)> = parts.into_iter().flatten().collect();
-    all.sort_by_key(|(g, _)| *g);
+    // Stable: a row group's batches keep their order.
+    all.sort_by_key(|(i, _)| *i);
     Ok(all.into_iter().map(|(_, b)| b).collect())
 }
 
