@@ -655,10 +655,13 @@ impl PyFlightServer {
         ctx: &PyContext,
         token: Option<String>,
         host: String,
-        port: u16,
+        port: i64,
         max_message_size: i64,
     ) -> PyResult<Self> {
         const OPERATION: &str = "FlightServer";
+        let port = u16::try_from(port).map_err(|_| {
+            invalid_argument(OPERATION, format!("port must be in 0..=65535, got {port}"))
+        })?;
         let token = token_arg(OPERATION, token)?;
         let max_message_size = limit_arg(OPERATION, max_message_size)?;
         let runtime = build_runtime("cudabuf-flight-server")?;
@@ -810,12 +813,12 @@ impl PyFlightServer {
     /// an error). Idempotent.
     #[pyo3(signature = (grace = 5.0))]
     fn shutdown(&self, py: Python<'_>, grace: f64) -> PyResult<()> {
-        if !(grace.is_finite() && grace >= 0.0) {
-            return Err(invalid_argument(
+        let grace = Duration::try_from_secs_f64(grace).map_err(|_| {
+            invalid_argument(
                 "FlightServer.shutdown",
-                format!("grace must be a number of seconds >= 0, got {grace}"),
-            ));
-        }
+                format!("grace must be a finite number of seconds >= 0, got {grace}"),
+            )
+        })?;
         let Some(serving) = self.lock().take() else {
             return Ok(());
         };
@@ -830,7 +833,6 @@ impl PyFlightServer {
         } = serving;
         let _ = stop.send(());
         // Graceful: no new connections; calls in progress finish, up to `grace`.
-        let grace = Duration::from_secs_f64(grace);
         let served = wait(py, &runtime, "FlightServer.shutdown", None, async move {
             match tokio::time::timeout(grace, task).await {
                 Ok(Ok(result)) => result.map(|()| true),

@@ -50,6 +50,19 @@ def big_table(mib: int) -> pa.Table:
     return pa.table({"v": pa.array(np.arange(rows, dtype=np.int64))})
 
 
+def pyarrow_put(client: Any, descriptor: Any, table: pa.Table, options: Any = None, max_chunksize: Any = None) -> None:
+    """``DoPut`` of ``table`` with pyarrow.flight's client (its schema alone when it has no
+    rows). The writer and reader are dropped before this returns or raises: pyarrow 21
+    keeps the call open until they are, which a server's graceful shutdown waits for."""
+    writer, reader = client.do_put(descriptor, table.schema, options or pa_flight.FlightCallOptions())
+    try:
+        if table.num_rows:
+            writer.write_table(table, max_chunksize=max_chunksize)
+        writer.close()
+    finally:
+        del writer, reader
+
+
 @pytest.fixture
 def sim_ctx(cudabuf_sim: sim.Simulator) -> cuda.Context:
     """Device 0 of a fresh simulator, checked for leaks and races after the test."""
@@ -137,9 +150,7 @@ def test_nothing_is_left_allocated(sim_ctx: cuda.Context) -> None:
                 gc.collect()
                 assert sim_ctx.bytes_allocated == served
         pa_client = pa_flight.connect(server.location)
-        writer, _ = pa_client.do_put(pa_flight.FlightDescriptor.for_path("up"), table.schema)
-        writer.write_table(table, max_chunksize=700)
-        writer.close()
+        pyarrow_put(pa_client, pa_flight.FlightDescriptor.for_path("up"), table, max_chunksize=700)
         pa_client.close()
         assert server.get("up") is not None
     # shutdown dropped the server's flights, the one DoPut landed included
@@ -175,11 +186,9 @@ def test_pyarrow_client_puts_into_device_memory(sim_ctx: cuda.Context, compressi
         client = pa_flight.connect(server.location)
         options = pa_flight.FlightCallOptions(write_options=pa.ipc.IpcWriteOptions(compression=compression))
         try:
-            writer, _ = client.do_put(pa_flight.FlightDescriptor.for_path("dir", "up"), table.schema, options)
-            writer.write_table(table, max_chunksize=800)
-            writer.close()
-            writer, _ = client.do_put(pa_flight.FlightDescriptor.for_command(b"\xff\x00cmd"), table.schema, options)
-            writer.close()  # schema only
+            pyarrow_put(client, pa_flight.FlightDescriptor.for_path("dir", "up"), table, options, max_chunksize=800)
+            no_rows = table.slice(0, 0)
+            pyarrow_put(client, pa_flight.FlightDescriptor.for_command(b"\xff\x00cmd"), no_rows, options)
         finally:
             client.close()
         assert server.keys() == [b"dir/up", b"\xff\x00cmd"]  # in byte order
@@ -253,10 +262,8 @@ def test_bearer_token(sim_ctx: cuda.Context) -> None:
         try:
             with pytest.raises(pa_flight.FlightUnauthenticatedError):
                 pa_client.do_get(pa_flight.Ticket(b"t")).read_all()
-            writer, _ = pa_client.do_put(pa_flight.FlightDescriptor.for_path("sneaky"), table.schema)
             with pytest.raises(pa_flight.FlightUnauthenticatedError):
-                writer.write_table(table)
-                writer.close()
+                pyarrow_put(pa_client, pa_flight.FlightDescriptor.for_path("sneaky"), table)
             options = pa_flight.FlightCallOptions(headers=[(b"authorization", b"Bearer s3cret")])
             assert pa_client.do_get(pa_flight.Ticket(b"t"), options).read_all().equals(table)
         finally:
@@ -284,6 +291,8 @@ def test_bad_locations() -> None:
         flight.FlightClient("grpc://127.0.0.1:1", max_message_size=0)
     with pytest.raises(cudabuf.InvalidArgumentError):
         flight.FlightClient("grpc://127.0.0.1:1", connect_timeout=-1)
+    with pytest.raises(flight.FlightUnavailableError):
+        flight.FlightClient("grpc://127.0.0.1:1", connect_timeout=1e15)
 
 
 def test_errors_are_typed(sim_ctx: cuda.Context) -> None:
@@ -306,8 +315,11 @@ def test_errors_are_typed(sim_ctx: cuda.Context) -> None:
                 client.get_flight_info(flight.FlightDescriptor.for_command(b"nothing"))
             with pytest.raises(cudabuf.InvalidTypeError):
                 client.do_get(5, sim_ctx)  # type: ignore[arg-type]
-            with pytest.raises(cudabuf.InvalidArgumentError):
-                client.do_get("small", sim_ctx, timeout=0)
+            for bad in (0, -1.0, float("nan"), float("inf"), 1e300):
+                with pytest.raises(cudabuf.InvalidArgumentError):
+                    client.do_get("small", sim_ctx, timeout=bad)
+            # A huge but valid timeout is no limit in practice (and no overflow).
+            assert client.do_get("small", sim_ctx, timeout=1e15).to_host().equals(table)
         # A message over the client's limit: refused before it is allocated.
         with flight.FlightClient(server.location, max_message_size=256) as client:
             assert client.max_message_size == 256
@@ -319,10 +331,8 @@ def test_errors_are_typed(sim_ctx: cuda.Context) -> None:
         assert server.max_message_size == 1024
         client = pa_flight.connect(server.location)
         try:
-            writer, _ = client.do_put(pa_flight.FlightDescriptor.for_path("big"), table.schema)
             with pytest.raises(pa.ArrowException):
-                writer.write_table(table)
-                writer.close()
+                pyarrow_put(client, pa_flight.FlightDescriptor.for_path("big"), table)
         finally:
             client.close()
         assert server.keys() == []
@@ -354,8 +364,12 @@ def test_closed_client_and_server(sim_ctx: cuda.Context) -> None:
     # Nobody listens there any more.
     with pytest.raises(flight.FlightUnavailableError):
         flight.FlightClient(location, connect_timeout=5)
-    with pytest.raises(cudabuf.InvalidArgumentError):
-        flight.FlightServer(sim_ctx).shutdown(grace=-1)
+    for bad in (-1.0, float("nan"), float("inf"), 1e300):
+        with pytest.raises(cudabuf.InvalidArgumentError):
+            flight.FlightServer(sim_ctx).shutdown(grace=bad)
+    for port in (-1, 65536):
+        with pytest.raises(cudabuf.InvalidArgumentError):
+            flight.FlightServer(sim_ctx, port=port)
 
 
 def test_a_port_in_use_is_an_error(sim_ctx: cuda.Context) -> None:
@@ -536,10 +550,8 @@ def test_dictionary_columns_are_refused_both_ways(sim_ctx: cuda.Context) -> None
     with flight.FlightServer(sim_ctx) as ours:
         client = pa_flight.connect(ours.location)
         try:
-            writer, _ = client.do_put(pa_flight.FlightDescriptor.for_path("dict"), table.schema)
             with pytest.raises(pa.ArrowException):
-                writer.write_table(table)
-                writer.close()
+                pyarrow_put(client, pa_flight.FlightDescriptor.for_path("dict"), table)
         finally:
             client.close()
         assert ours.keys() == []
