@@ -592,6 +592,63 @@ fn skip_bytes(parts: &[Buffer], mut skip: usize) -> Vec<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cudabuf_sim::{FaultOp, SimBackend};
+
+    /// Small messages of a context's first calls are gathered in pageable memory: nothing
+    /// pinned on their path (with every pinned allocation failing too), the staging
+    /// buffer pinned in the background afterwards, which the next message takes; the
+    /// bytes are arrow-rs's either way, and nothing leaks.
+    #[test]
+    fn first_small_messages_pin_nothing_on_their_path() {
+        let sim = SimBackend::new();
+        let ctx = cudabuf_core::Backend::new(sim.clone()).context(0).unwrap();
+        ctx.set_staging_pool_limit(1 << 20);
+        let batch = RecordBatch::try_from_iter([(
+            "v",
+            std::sync::Arc::new(arrow::array::Int32Array::from(
+                (0..1000).collect::<Vec<_>>(),
+            )) as arrow::array::ArrayRef,
+        )])
+        .unwrap();
+        let (parts, skip) = Serializer::new(&ctx).encode_record_batch(&batch).unwrap();
+        let expected: Vec<u8> = skip_bytes(&parts, skip).concat();
+        let injected = Error::OutOfMemory {
+            device: 0,
+            requested: 0,
+            detail: "injected".into(),
+        };
+        sim.fail_randomly(FaultOp::AllocHost, 1.0, 1, injected)
+            .unwrap();
+        let mut serializer = Serializer::new(&ctx);
+        let first = serializer.serialize_record_batch(&batch).unwrap();
+        assert_eq!(first.to_vec().unwrap(), expected);
+        assert_eq!(serializer.staging_size(), 0, "pageable");
+        ctx.wait_background_pinning();
+        assert_eq!(
+            sim.op_count(FaultOp::AllocHost),
+            1,
+            "the background try alone"
+        );
+        sim.clear_faults();
+        let second = serialize_record_batch(&batch, &ctx).unwrap();
+        assert_eq!(second.to_vec().unwrap(), expected);
+        ctx.wait_background_pinning();
+        assert_eq!(sim.op_count(FaultOp::AllocHost), 2);
+        assert_eq!(ctx.staging_buffers_pinned_in_background(), 1);
+        let third = serializer.serialize_record_batch(&batch).unwrap();
+        assert_eq!(third.to_vec().unwrap(), expected);
+        assert_eq!(serializer.staging_size(), MIN_STAGING, "the pooled buffer");
+        assert_eq!(
+            sim.op_count(FaultOp::AllocHost),
+            2,
+            "nothing pinned on the path"
+        );
+        drop((first, second, third, serializer));
+        assert_eq!(ctx.bytes_pooled(), MIN_STAGING, "back in the pool");
+        ctx.trim_cache();
+        drop(ctx);
+        sim.assert_clean();
+    }
 
     #[test]
     fn skip_bytes_across_parts() {
