@@ -16,7 +16,10 @@ impl Context {
     /// device-mapped, like [`new_host_buffer`](Self::new_host_buffer)). Unlike a new host
     /// buffer, its contents are unspecified. Give it back with
     /// [`recycle_staging_buffer`](Self::recycle_staging_buffer) when done, so that the next
-    /// writer (or Arrow serializer) does not pin memory again.
+    /// writer (or Arrow serializer) does not pin memory again. This pins on the caller's
+    /// path when the pool has no idle buffer of `size` bytes; cudabuf's own calls take
+    /// [`pooled_staging_buffer`](Self::pooled_staging_buffer) instead and stage through
+    /// pageable memory meanwhile.
     ///
     /// ```
     /// # fn main() -> cudabuf_core::Result<()> {
@@ -66,10 +69,12 @@ impl Context {
 
     /// Set the limit of idle pinned bytes this context's staging pool keeps (0: off,
     /// every recycled buffer is freed). The pool is on (256 MiB) exactly when the caching
-    /// allocator is on by default. File reads and writes take their pinned buffers from
-    /// it and have the missing ones pinned into it in the background, as far as the limit
-    /// allows; with it off they stage through pageable memory alone (see
-    /// [the file module](crate::file)).
+    /// allocator is on by default. cudabuf's calls take their pinned buffers from it
+    /// ([`pooled_staging_buffer`](Self::pooled_staging_buffer)) and have the missing ones
+    /// pinned into it in the background, as far as the limit allows; with it off, file
+    /// reads and writes, compressed Arrow IPC bodies and Arrow's `to_host` stage through
+    /// pageable memory alone (see [the file module](crate::file)), and a
+    /// [`BufferWriter`](crate::BufferWriter) pins its own staging buffers.
     ///
     /// ```
     /// # fn main() -> cudabuf_core::Result<()> {
@@ -118,16 +123,18 @@ impl Context {
     /// Wait until the pinned staging buffers this context is allocating in the background
     /// are in its pool.
     ///
-    /// A file read or write ([`DeviceBuffer::read_file_at`](crate::DeviceBuffer::read_file_at)
-    /// and the rest of [the file API](crate::file)) that finds too few pinned buffers in
-    /// the pool never pins on its own path: it stages its chunks through pageable memory
-    /// while a helper thread of this context pins the buffers it lacks and puts them in the
-    /// pool, where its later chunks and later calls find them. No call needs to wait for
-    /// that; a benchmark or a test that wants the next call to find a warm pool does. A
-    /// failed pinned allocation is not reported here (the calls stay pageable; it is
+    /// A call that finds too few pinned buffers in the pool (a file read or write,
+    /// [`DeviceBuffer::read_file_at`](crate::DeviceBuffer::read_file_at) and the rest of
+    /// [the file API](crate::file); a compressed Arrow IPC body, an Arrow `to_host`, ...)
+    /// never pins on its own path: it stages through pageable memory while a helper thread
+    /// of this context pins the buffers it lacks and puts them in the pool, where its later
+    /// chunks and later calls find them
+    /// ([`with_background_pinning`](Self::with_background_pinning)). No call needs to wait
+    /// for that; a benchmark or a test that wants the next call to find a warm pool does.
+    /// A failed pinned allocation is not reported here (the calls stay pageable; it is
     /// logged at debug level). Returns at once when nothing is being pinned, as on a
     /// context whose pool is off ([`set_staging_pool_limit`](Self::set_staging_pool_limit)
-    /// with 0: file calls then stage through pageable memory only).
+    /// with 0).
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
