@@ -33,7 +33,7 @@ impl DeviceBuffer {
     /// ```
     ///
     /// # Errors
-    /// [`Error::OutOfRange`] if `position + src.len() > size` (nothing is copied); the
+    /// [`Error::OutOfRange`](crate::Error::OutOfRange) if `position + src.len() > size` (nothing is copied); the
     /// backend's failure of the copy.
     #[track_caller]
     pub fn copy_from_host_unpinned(&self, src: &[u8], position: usize) -> Result<()> {
@@ -68,7 +68,7 @@ impl DeviceBuffer {
     /// ```
     ///
     /// # Errors
-    /// [`Error::OutOfRange`] if `position + dst.len() > size` (nothing is copied); the
+    /// [`Error::OutOfRange`](crate::Error::OutOfRange) if `position + dst.len() > size` (nothing is copied); the
     /// backend's failure of the copy.
     #[track_caller]
     pub fn copy_to_host_unpinned(&self, position: usize, dst: &mut [u8]) -> Result<()> {
