@@ -231,9 +231,13 @@ impl DeviceRecordBatch {
     /// lands in a pinned block from the pool (at the link's full speed, with no page
     /// faults on fresh memory) that the returned batch's buffers own: it goes back to the
     /// pool when arrow-rs drops the last of them, so converting batch after batch reuses
-    /// it. The first conversion of a size pins its block (slow: about 0.4 ms per MiB on an
-    /// H200 host); the pinned bytes lent out at once stay within the pool's limit (256 MiB
-    /// by default), beyond which bodies land in new vectors, as with the pool off
+    /// it. A conversion never pins on its own path (pinning costs about 0.4 ms per MiB on
+    /// an H200 host): where the pool has no idle block of the body's size (the first
+    /// conversion of a size), the body lands in a new vector through a copy that pins
+    /// nothing, and a block is pinned into the pool in the background for the next
+    /// conversions ([`Context::wait_background_pinning`] waits for it). The pinned bytes
+    /// lent out at once stay within the pool's limit (256 MiB by default), beyond which
+    /// bodies land in new vectors, as with the pool off
     /// ([`Context::set_staging_pool_limit`]`(0)`; the simulator's default).
     ///
     /// # Errors

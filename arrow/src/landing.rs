@@ -1,26 +1,37 @@
 //! Where device-to-host copies of whole message bodies land: a pinned block lent to
-//! arrow-rs, or a new vector.
+//! arrow-rs, or new pageable memory.
 //!
 //! Copying into fresh pageable memory costs a page fault per 4 KiB on the host (a 64 MiB
 //! body: about 10 ms on the H200 host, against under 2 ms into memory already touched),
-//! and pinned memory moves at the link's full speed. So a body is copied into a pinned
-//! block from its context's pool of staging buffers
-//! ([`Context::staging_buffer`](cudabuf_core::Context::staging_buffer)) and handed to
-//! arrow-rs as a `Buffer` over that block (`Buffer::from_custom_allocation`); the block
-//! goes back to the pool when the last arrow-rs buffer over it is dropped, so converting
-//! batch after batch reuses the same pinned memory. Blocks come in size classes (at most
-//! 12.5% larger than the body) so that bodies of similar sizes share them.
+//! and pinned memory moves at the link's full speed. So a body is copied into an idle
+//! pinned block from its context's pool of staging buffers
+//! ([`Context::pooled_staging_buffer`](cudabuf_core::Context::pooled_staging_buffer)) and
+//! handed to arrow-rs as a `Buffer` over that block (`Buffer::from_custom_allocation`);
+//! the block goes back to the pool when the last arrow-rs buffer over it is dropped, so
+//! converting batch after batch reuses the same pinned memory. Blocks come in size
+//! classes (at most 12.5% larger than the body) so that bodies of similar sizes share
+//! them.
 //!
-//! Pinned memory is a limited resource of the whole host, so this is bounded: the pool
+//! Pinning a block costs more than the copy it speeds up (on the H200 a first 64 MiB
+//! `to_host` that pinned its block took 40 ms, against 8 ms for a copy into a new vector:
+//! arrow/README.md), so a call never pins on its own path: when the pool holds no idle block
+//! of the class (a context's first conversions), the body lands in a new vector through
+//! a copy that pins nothing
+//! ([`DeviceBuffer::copy_to_host_unpinned`](cudabuf_core::DeviceBuffer::copy_to_host_unpinned)),
+//! and once the copy is done a block of the class is pinned into the pool in the
+//! background ([`Context::with_background_pinning`](cudabuf_core::Context::with_background_pinning)),
+//! for the next conversions.
+//!
+//! Pinned memory is a limited resource of the whole host, so lending is bounded: the pool
 //! must be on for the context and keep blocks of the class (its limit: 256 MiB by default
 //! on CUDA; the simulator's pool is off), and the pinned bytes lent to arrow-rs at once,
 //! across the process, stay within that limit too. Otherwise the body lands in a new
-//! vector, as before.
+//! vector and nothing is pinned.
 //!
-//! On a stream ([`start_copy_on`]) the block is handed to the stream's asynchronous copy
-//! (which owns it until the copy is waited for) and comes back into the loan before
-//! arrow-rs sees it; where no block can be lent, the body lands in a pinned staging
-//! buffer (pooled where the pool is on) and is copied from there into a new vector.
+//! On a stream ([`start_copy_on`]) a lent block is handed to the stream's asynchronous
+//! copy (which owns it until the copy is waited for) and comes back into the loan before
+//! arrow-rs sees it; where no block is lent, an event is recorded on the stream, and
+//! [`PendingCopy::finish`] waits for it and copies the body into a new vector as above.
 //!
 //! Soundness: the block is moved into the `Allocation` that owns the arrow-rs buffer, so
 //! nothing else can reach it (no `&mut`, no device view: the block never left this
@@ -33,7 +44,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arrow::buffer::Buffer;
-use cudabuf_core::{Context, DeviceBuffer, HostBuffer, Result, Stream, Transfer};
+use cudabuf_core::{Context, DeviceBuffer, Event, HostBuffer, Result, Stream, Transfer};
 
 /// Pinned bytes lent to arrow-rs buffers now, across the process.
 static LENT: AtomicUsize = AtomicUsize::new(0);
@@ -52,16 +63,46 @@ pub(crate) fn block_size(len: usize) -> usize {
 }
 
 /// The whole of `device` on the host: in a pinned block lent to arrow-rs when the
-/// context's pool allows it, else in a new vector.
+/// context's pool has one, else in a new vector (and a block of its class is pinned in
+/// the background when the pool could lend it).
 pub(crate) fn copy_to_host(device: &DeviceBuffer) -> Result<Buffer> {
-    match PinnedLoan::take(device.context(), device.size()) {
-        Some(mut loan) => {
+    let len = device.size();
+    match PinnedLoan::take(device.context(), len) {
+        Take::Lent(mut loan) => {
             let host = loan.host_mut();
-            device.copy_to_host_into(0, &mut host[..device.size()], None)?;
-            Ok(loan.into_buffer(device.size()))
+            device.copy_to_host_into(0, &mut host[..len], None)?;
+            Ok(loan.into_buffer(len))
         }
-        None => Ok(Buffer::from_vec(device.copy_to_host(0, None)?)),
+        Take::Missed(block) => {
+            let ctx = device.context();
+            ctx.with_background_pinning(len, block, block, 1, || land_pageable(device))
+        }
+        Take::Refused => land_pageable(device),
     }
+}
+
+/// The whole of `device` in a new vector, by a copy that pins nothing.
+///
+/// A plain `Vec` (`calloc`: fresh zero pages, no explicit zeroing pass), not a 64-byte
+/// aligned `MutableBuffer` (whose zeroed allocation writes every page before the copy:
+/// 36 ms instead of 10 ms for 64 MiB on the H200 host). Large allocations are 16-byte
+/// aligned, enough for every Arrow type; `align_buffers` copies any buffer that is not.
+pub(crate) fn land_pageable(device: &DeviceBuffer) -> Result<Buffer> {
+    let mut bytes = vec![0u8; device.size()];
+    device.copy_to_host_unpinned(0, &mut bytes)?;
+    Ok(Buffer::from_vec(bytes))
+}
+
+/// `dst.len()` bytes of `device` from `position`, after the work issued to `stream` so
+/// far (waited for on the host), by a synchronous copy that pins nothing.
+pub(crate) fn read_after(
+    device: &DeviceBuffer,
+    position: usize,
+    dst: &mut [u8],
+    stream: &Stream,
+) -> Result<()> {
+    stream.record_event()?.synchronize()?;
+    device.copy_to_host_unpinned(position, dst)
 }
 
 /// A copy of a whole device buffer to the host issued on a stream, not yet waited for:
@@ -76,43 +117,47 @@ pub(crate) enum PendingCopy {
         transfer: Transfer,
         len: usize,
     },
-    /// Into a staging buffer, then into a new vector.
-    Staged {
-        context: Context,
-        transfer: Transfer,
-        len: usize,
+    /// Not issued: [`finish`](Self::finish) waits for `after` (recorded on the stream
+    /// when the copy was asked for) and copies into a new vector; then, where the pool
+    /// had no block of class `pin` to lend, one is pinned in the background.
+    Pageable {
+        device: DeviceBuffer,
+        after: Event,
+        pin: Option<usize>,
     },
 }
 
 /// Issue a copy of the whole of `device` to the host on `stream` (after the work issued
-/// to it so far): into a pinned block lent to arrow-rs when the context's pool allows
-/// it, as [`copy_to_host`] does, else into a staging buffer.
+/// to it so far): into a pinned block lent to arrow-rs when the context's pool has one,
+/// as [`copy_to_host`] does, else (nothing issued) an event to wait for before a copy
+/// into a new vector.
 pub(crate) fn start_copy_on(device: &DeviceBuffer, stream: &Stream) -> Result<PendingCopy> {
     let len = device.size();
     if len == 0 {
         return Ok(PendingCopy::Empty);
     }
-    let context = device.context();
-    if let Some(mut loan) = PinnedLoan::take(context, len) {
-        let block = loan
-            .host
-            .take()
-            .expect("a new loan holds its block until it is handed to a copy");
-        // On error the block is dropped (freed, not pooled) and the loan gives back its
-        // reservation.
-        let transfer = stream.copy_to_host(device, block)?;
-        return Ok(PendingCopy::Lent {
-            loan,
-            transfer,
-            len,
-        });
-    }
-    let staging = context.staging_buffer(block_size(len))?;
-    let transfer = stream.copy_to_host(device, staging)?;
-    Ok(PendingCopy::Staged {
-        context: context.clone(),
-        transfer,
-        len,
+    let pin = match PinnedLoan::take(device.context(), len) {
+        Take::Lent(mut loan) => {
+            let block = loan
+                .host
+                .take()
+                .expect("a new loan holds its block until it is handed to a copy");
+            // On error the block is dropped (freed, not pooled) and the loan gives back its
+            // reservation.
+            let transfer = stream.copy_to_host(device, block)?;
+            return Ok(PendingCopy::Lent {
+                loan,
+                transfer,
+                len,
+            });
+        }
+        Take::Missed(block) => Some(block),
+        Take::Refused => None,
+    };
+    Ok(PendingCopy::Pageable {
+        device: device.clone(),
+        after: stream.record_event()?,
+        pin,
     })
 }
 
@@ -129,18 +174,32 @@ impl PendingCopy {
                 loan.host = Some(transfer.wait()?);
                 Ok(loan.into_buffer(len))
             }
-            PendingCopy::Staged {
-                context,
-                transfer,
-                len,
-            } => {
-                let staging = transfer.wait()?;
-                let bytes = Buffer::from_vec(staging[..len].to_vec());
-                context.recycle_staging_buffer(staging);
-                Ok(bytes)
+            PendingCopy::Pageable { device, after, pin } => {
+                after.synchronize()?;
+                let land = || land_pageable(&device);
+                match pin {
+                    Some(block) => {
+                        let len = device.size();
+                        device
+                            .context()
+                            .with_background_pinning(len, block, block, 1, land)
+                    }
+                    None => land(),
+                }
             }
         }
     }
+}
+
+/// What [`PinnedLoan::take`] found.
+enum Take {
+    /// An idle pooled block, lent.
+    Lent(PinnedLoan),
+    /// The pool could lend a block of this class but holds none idle.
+    Missed(usize),
+    /// Nothing to lend: an empty body, the pool off or too small for the class, or the
+    /// lent bytes at the limit.
+    Refused,
 }
 
 /// A pinned block taken for a copy, counted in [`LENT`] until dropped (and then back in
@@ -152,19 +211,19 @@ pub(crate) struct PinnedLoan {
 }
 
 impl PinnedLoan {
-    /// A block for `len` bytes, if the pool of `ctx` keeps blocks that size and the lent
-    /// bytes stay within its limit.
-    fn take(ctx: &Context, len: usize) -> Option<Self> {
+    /// An idle pooled block for `len` bytes, if the pool of `ctx` keeps blocks that size,
+    /// has one idle, and the lent bytes stay within its limit. Never pins.
+    fn take(ctx: &Context, len: usize) -> Take {
         let limit = ctx.staging_pool_limit();
         let size = block_size(len);
         if len == 0 || size > limit {
-            return None;
+            return Take::Refused;
         }
         let reserved = LENT.fetch_update(Ordering::AcqRel, Ordering::Acquire, |lent| {
             lent.checked_add(size).filter(|&after| after <= limit)
         });
         if reserved.is_err() {
-            return None;
+            return Take::Refused;
         }
         // From here on `Drop` gives the reservation back, whatever happens.
         let mut loan = PinnedLoan {
@@ -172,19 +231,12 @@ impl PinnedLoan {
             context: ctx.clone(),
             counted: size,
         };
-        match ctx.staging_buffer(size) {
-            Ok(host) if host.size() == size => {
+        match ctx.pooled_staging_buffer(size, size) {
+            Some(host) => {
                 loan.host = Some(host);
-                Some(loan)
+                Take::Lent(loan)
             }
-            Ok(other) => {
-                ctx.recycle_staging_buffer(other);
-                None
-            }
-            Err(e) => {
-                log::debug!("no pinned block of {size} bytes for a host copy: {e}");
-                None
-            }
+            None => Take::Missed(size),
         }
     }
 
@@ -231,9 +283,10 @@ impl Drop for PinnedLoan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cudabuf_sim::{FaultOp, SimBackend};
 
-    fn context_with_pool(limit: usize) -> Context {
-        let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new())
+    fn context_with_pool(sim: &SimBackend, limit: usize) -> Context {
+        let ctx = cudabuf_core::Backend::new(sim.clone())
             .context(0)
             .expect("simulator context");
         ctx.set_staging_pool_limit(limit);
@@ -252,87 +305,221 @@ mod tests {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn lent() -> usize {
+        LENT.load(Ordering::Acquire)
+    }
+
+    /// Every pinned allocation `sim` has seen was made by the background pinning of
+    /// `ctx`: none on a call's own path. Returns how many there were.
+    fn all_pinned_in_background(sim: &SimBackend, ctx: &Context) -> u64 {
+        ctx.wait_background_pinning();
+        let pins = sim.op_count(FaultOp::AllocHost);
+        assert_eq!(
+            pins,
+            ctx.staging_buffers_pinned_in_background(),
+            "a pinned allocation on a call's own path"
+        );
+        pins
+    }
+
     #[test]
-    fn bodies_land_in_pooled_pinned_blocks_that_come_back_when_arrow_drops_them() {
+    fn a_first_body_lands_unpinned_and_later_ones_in_the_block_pinned_meanwhile() {
         let _alone = lending_alone();
-        let ctx = context_with_pool(1 << 20);
+        let sim = SimBackend::new();
+        let ctx = context_with_pool(&sim, 1 << 20);
         let data = pattern(100_000);
         let device = ctx.buffer_from_data(&data).unwrap();
+        // The first conversion: a new vector, nothing pinned on its path, one block of
+        // its class pinned in the background once it is done.
         let first = copy_to_host(&device).unwrap();
         assert_eq!(first.as_slice(), &data[..]);
-        assert_eq!(LENT.load(Ordering::Acquire), block_size(100_000));
+        assert_eq!(lent(), 0, "nothing lent");
+        assert_eq!(all_pinned_in_background(&sim, &ctx), 1);
+        assert_eq!(ctx.bytes_pooled(), block_size(100_000));
+        // The next conversion is lent that block, and pins nothing.
+        let second = copy_to_host(&device).unwrap();
+        assert_eq!(second.as_slice(), &data[..]);
+        assert_eq!(lent(), block_size(100_000));
         assert_eq!(ctx.bytes_pooled(), 0, "the block is lent, not idle");
-        // A slice keeps the block alive after the first buffer goes.
-        let slice = first.slice_with_length(10, 20);
-        let at = first.as_ptr();
-        drop(first);
+        assert_eq!(
+            all_pinned_in_background(&sim, &ctx),
+            1,
+            "a warm call pins nothing"
+        );
+        // A slice keeps the block alive after the buffer goes.
+        let slice = second.slice_with_length(10, 20);
+        let at = second.as_ptr();
+        drop(second);
         assert_eq!(slice.as_slice(), &data[10..30]);
-        assert_eq!(LENT.load(Ordering::Acquire), block_size(100_000));
+        assert_eq!(lent(), block_size(100_000));
         drop(slice);
-        assert_eq!(LENT.load(Ordering::Acquire), 0);
+        assert_eq!(lent(), 0);
         assert_eq!(ctx.bytes_pooled(), block_size(100_000), "back in the pool");
         // A body of a size of the same class reuses the block.
         let other = ctx.buffer_from_data(&data[..99_000]).unwrap();
-        let second = copy_to_host(&other).unwrap();
-        assert_eq!(second.as_ptr(), at, "the same pinned block");
-        assert_eq!(second.as_slice(), &data[..99_000]);
-        // Beyond the limit (lent and pooled bytes alike): a new vector.
+        let third = copy_to_host(&other).unwrap();
+        assert_eq!(third.as_ptr(), at, "the same pinned block");
+        assert_eq!(third.as_slice(), &data[..99_000]);
+        // Beyond the limit: a new vector, and nothing pinned for it.
         let big = ctx.buffer_from_data(&pattern(2 << 20)).unwrap();
-        let third = copy_to_host(&big).unwrap();
-        assert_eq!(third.as_slice(), &pattern(2 << 20)[..]);
-        assert_eq!(LENT.load(Ordering::Acquire), block_size(99_000));
+        assert_eq!(
+            copy_to_host(&big).unwrap().as_slice(),
+            &pattern(2 << 20)[..]
+        );
+        assert_eq!(all_pinned_in_background(&sim, &ctx), 1);
+        // The block is lent: a second conversion of its class lands in a vector and has
+        // a second block pinned.
         let fourth = copy_to_host(&other).unwrap();
         assert_ne!(fourth.as_ptr(), at);
-        assert_eq!(
-            LENT.load(Ordering::Acquire),
-            2 * block_size(99_000),
-            "a second block of the class"
-        );
-        drop((second, fourth));
-        // The pool off: new vectors only.
-        let off = context_with_pool(0);
+        assert_eq!(fourth.as_slice(), &data[..99_000]);
+        assert_eq!(lent(), block_size(99_000));
+        assert_eq!(all_pinned_in_background(&sim, &ctx), 2);
+        drop((first, third, fourth));
+        assert_eq!(lent(), 0);
+        assert_eq!(ctx.bytes_pooled(), 2 * block_size(99_000));
+        // Nothing leaks: the device buffers gone, the pool emptied, the simulator holds
+        // nothing.
+        drop((device, other, big));
+        assert_eq!(ctx.bytes_allocated(), 0);
+        ctx.trim_cache();
+        assert_eq!(ctx.bytes_pooled(), 0);
+        sim.assert_clean();
+    }
+
+    #[test]
+    fn with_the_pool_off_or_pinning_failing_bodies_land_in_vectors_and_nothing_leaks() {
+        let _alone = lending_alone();
+        let sim = SimBackend::new();
+        let off = context_with_pool(&sim, 0);
+        let data = pattern(100_000);
         let device = off.buffer_from_data(&data).unwrap();
         assert_eq!(copy_to_host(&device).unwrap().as_slice(), &data[..]);
-        assert_eq!(LENT.load(Ordering::Acquire), 0);
         assert_eq!(copy_to_host(&off.new_buffer(0).unwrap()).unwrap().len(), 0);
+        assert_eq!(
+            all_pinned_in_background(&sim, &off),
+            0,
+            "the pool off: no pinning"
+        );
+        // Every pinned allocation failing changes nothing for a conversion.
+        let on = context_with_pool(&sim, 1 << 20);
+        sim.fail_randomly(
+            FaultOp::AllocHost,
+            1.0,
+            7,
+            cudabuf_core::Error::OutOfMemory {
+                device: 0,
+                requested: 0,
+                detail: "injected".into(),
+            },
+        )
+        .unwrap();
+        drop(device);
+        let device = on.buffer_from_data(&data).unwrap();
+        for _ in 0..2 {
+            assert_eq!(copy_to_host(&device).unwrap().as_slice(), &data[..]);
+            on.wait_background_pinning();
+        }
+        assert_eq!(sim.op_count(FaultOp::AllocHost), 2, "each try failed");
+        assert_eq!(on.staging_buffers_pinned_in_background(), 0);
+        assert_eq!(on.bytes_pooled(), 0);
+        sim.clear_faults();
+        drop(device);
+        sim.assert_clean();
+    }
+
+    #[test]
+    fn concurrent_first_conversions_are_right_and_pin_nothing_on_their_paths() {
+        let _alone = lending_alone();
+        let sim = SimBackend::new();
+        let ctx = context_with_pool(&sim, 4 << 20);
+        let threads = 4;
+        let bodies: Vec<Vec<u8>> = (0..threads)
+            .map(|t| pattern(200_000 + t * 1000).into_iter().rev().collect())
+            .collect();
+        let devices: Vec<DeviceBuffer> = bodies
+            .iter()
+            .map(|b| ctx.buffer_from_data(b).unwrap())
+            .collect();
+        for round in 0..3 {
+            let barrier = std::sync::Barrier::new(threads);
+            let landed: Vec<Buffer> = std::thread::scope(|scope| {
+                let handles: Vec<_> = devices
+                    .iter()
+                    .map(|device| {
+                        let barrier = &barrier;
+                        scope.spawn(move || {
+                            barrier.wait();
+                            copy_to_host(device).unwrap()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (host, body) in landed.iter().zip(&bodies) {
+                assert_eq!(host.as_slice(), &body[..], "round {round}");
+            }
+            drop(landed);
+            assert_eq!(lent(), 0);
+            all_pinned_in_background(&sim, &ctx);
+        }
+        // Every body is of one class: the blocks pinned meanwhile serve the threads
+        // now, and none is pinned on a thread's path.
+        assert!(ctx.bytes_pooled() >= block_size(200_000));
+        drop(devices);
+        ctx.trim_cache();
+        sim.assert_clean();
     }
 
     /// Small enough for Miri (`cargo +nightly miri test -p cudabuf-arrow --lib
     /// downloads_on_a_stream`).
     #[test]
-    fn downloads_on_a_stream_land_in_lent_blocks_or_through_staging() {
+    fn downloads_on_a_stream_land_in_lent_blocks_or_after_an_event() {
         let _alone = lending_alone();
-        let ctx = context_with_pool(1 << 20);
+        let sim = SimBackend::new();
+        let ctx = context_with_pool(&sim, 1 << 20);
         let data = pattern(1000);
-        // The block goes into the transfer, and back into the loan before arrow-rs sees it.
         let stream = ctx.new_stream().unwrap();
         let device = ctx.buffer_from_data(&data).unwrap();
+        // The first: nothing issued, nothing pinned on its path; a block pinned after.
+        let pending = start_copy_on(&device, &stream).unwrap();
+        assert!(matches!(
+            pending,
+            PendingCopy::Pageable {
+                pin: Some(MIN_BLOCK),
+                ..
+            }
+        ));
+        assert_eq!(pending.finish().unwrap().as_slice(), &data[..]);
+        assert_eq!(all_pinned_in_background(&sim, &ctx), 1);
+        // The block goes into the transfer, and back into the loan before arrow-rs sees it.
         let pending = start_copy_on(&device, &stream).unwrap();
         assert!(matches!(pending, PendingCopy::Lent { .. }));
-        assert_eq!(
-            LENT.load(Ordering::Acquire),
-            MIN_BLOCK,
-            "reserved in flight"
-        );
+        assert_eq!(lent(), MIN_BLOCK, "reserved in flight");
         let landed = pending.finish().unwrap();
         assert_eq!(landed.as_slice(), &data[..]);
-        assert_eq!(LENT.load(Ordering::Acquire), MIN_BLOCK);
+        assert_eq!(lent(), MIN_BLOCK);
         let slice = landed.slice_with_length(10, 20);
         drop(landed);
         assert_eq!(slice.as_slice(), &data[10..30]);
         drop(slice);
-        assert_eq!(LENT.load(Ordering::Acquire), 0);
+        assert_eq!(lent(), 0);
         assert_eq!(ctx.bytes_pooled(), MIN_BLOCK, "back in the pool");
-        // The pool off: through a staging buffer into a new vector.
-        let off = context_with_pool(0);
+        // The pool off: after an event, into a new vector; nothing pinned.
+        let off = context_with_pool(&sim, 0);
         let stream = off.new_stream().unwrap();
         let device = off.buffer_from_data(&data).unwrap();
         let pending = start_copy_on(&device, &stream).unwrap();
-        assert!(matches!(pending, PendingCopy::Staged { .. }));
+        assert!(matches!(pending, PendingCopy::Pageable { pin: None, .. }));
         assert_eq!(pending.finish().unwrap().as_slice(), &data[..]);
         let empty = start_copy_on(&off.new_buffer(0).unwrap(), &stream).unwrap();
         assert_eq!(empty.finish().unwrap().len(), 0);
-        assert_eq!(LENT.load(Ordering::Acquire), 0);
+        assert_eq!(lent(), 0);
+        off.wait_background_pinning();
+        assert_eq!(
+            sim.op_count(FaultOp::AllocHost),
+            1,
+            "the block of `ctx` alone"
+        );
     }
 
     #[test]

@@ -25,25 +25,20 @@ pub(crate) fn check_stream(ctx: &Context, stream: &Stream, operation: &'static s
     Ok(())
 }
 
-/// `len` bytes of `buffer` from `offset`, on the host: on `stream` (after the work issued
-/// to it so far, and waited for) or, without one, by a synchronous copy.
+/// `len` bytes of `buffer` from `offset`, on the host: after the work issued to `stream`
+/// so far (waited for), or, without one, by a synchronous copy. Either way the bytes land
+/// in a new vector by a copy that pins nothing (these are small reads: an offset, a
+/// validity bitmap).
 pub(crate) fn read_bytes(
     buffer: &DeviceBuffer,
     offset: usize,
     len: usize,
     stream: Option<&Stream>,
 ) -> Result<Vec<u8>> {
-    let Some(stream) = stream else {
-        return buffer.copy_to_host(offset, Some(len));
-    };
-    if len == 0 {
-        return Ok(Vec::new());
+    let mut bytes = vec![0u8; len];
+    match stream {
+        Some(stream) => crate::landing::read_after(buffer, offset, &mut bytes, stream)?,
+        None => buffer.copy_to_host_unpinned(offset, &mut bytes)?,
     }
-    let ctx = buffer.context();
-    let range = buffer.slice(offset, len)?;
-    let host = ctx.staging_buffer(len)?;
-    let host = stream.copy_to_host(&range, host)?.wait()?;
-    let bytes = host[..len].to_vec();
-    ctx.recycle_staging_buffer(host);
     Ok(bytes)
 }

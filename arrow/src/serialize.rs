@@ -41,7 +41,8 @@ const STREAM_CHUNK: usize = 4 << 20;
 ///
 /// This uses a fresh [`Serializer`], whose staging buffer (for a message of at most
 /// [`DEFAULT_STAGING_LIMIT`] bytes) comes from the context's pool of pinned staging
-/// buffers and goes back there after the call. The message's body is never copied whole
+/// buffers and goes back there after the call (where the pool has none, the message is
+/// gathered in pageable memory and one is pinned in the background: see [`Serializer`]). The message's body is never copied whole
 /// on the host: a large message goes to the device as one batched copy of arrow-rs's parts
 /// (the batch's own buffers), which on CUDA the staging threads gather into pinned chunks
 /// while earlier chunks are in flight.
@@ -142,7 +143,13 @@ pub fn serialize_stream<'a>(
 /// copies each gather the next few MiB of parts into their pinned chunks and send them
 /// while the others fill theirs, so the message moves at the speed of one large pageable
 /// copy. The staging buffer comes from the context's pool
-/// ([`Context::staging_buffer`]) and goes back there when the serializer is dropped.
+/// ([`Context::pooled_staging_buffer`]) and goes back there when the serializer is
+/// dropped. A small message that finds no idle buffer of its size in the pool (a
+/// context's first messages) is gathered in pageable memory instead and copied by a copy
+/// that pins nothing ([`DeviceBuffer::copy_from_host_unpinned`]), and a staging buffer of
+/// its size is pinned into the pool in the background for the next messages
+/// ([`Context::with_background_pinning`]); with the pool off the serializer pins its own,
+/// as [`Context::staging_buffer`] does.
 ///
 /// On a stream ([`serialize_record_batch_on`](Self::serialize_record_batch_on), ...) the
 /// bytes are the same and the copies asynchronous; see there.
@@ -250,7 +257,10 @@ impl Serializer {
     /// by one copy; a larger one is gathered chunk by chunk (4 MiB) and each chunk written
     /// by its own copy, so the host gathers the next chunk while the previous ones move.
     /// This serializer's own staging buffer is not used: the stream may still be reading
-    /// a buffer when the next call comes.
+    /// a buffer when the next call comes. Unlike the synchronous forms, this one pins the
+    /// staging buffers the pool cannot lend on its own path ([`Context::staging_buffer`]):
+    /// an asynchronous copy needs pinned memory, and a synchronous copy from pageable
+    /// memory would make the call wait for the work already queued on the device.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `stream` is not a stream of this serializer's
@@ -345,16 +355,24 @@ impl Serializer {
             return Ok(buffer);
         }
         if total <= self.staging_limit {
-            self.ensure_staging(total)?;
-            if let Some(staging) = self.staging.as_mut() {
-                let mut at = 0;
-                for part in parts {
-                    staging[at..at + part.len()].copy_from_slice(part);
-                    at += part.len();
+            if self.ensure_staging(total)? {
+                if let Some(staging) = self.staging.as_mut() {
+                    gather(parts, staging);
+                    buffer.copy_from_host(&staging[..total], 0, None)?;
+                    return Ok(buffer);
                 }
-                buffer.copy_from_host(&staging[..total], 0, None)?;
-                return Ok(buffer);
             }
+            // No pinned staging buffer to lend: gathered in pageable memory and copied by
+            // a copy that pins nothing; a staging buffer of the class is pinned in the
+            // background once it is done, for the next messages.
+            let wanted = self.staging_class(total);
+            self.context
+                .with_background_pinning(total, wanted, wanted, 1, || {
+                    let mut bytes = vec![0u8; total];
+                    gather(parts, &mut bytes);
+                    buffer.copy_from_host_unpinned(&bytes, 0)
+                })?;
+            return Ok(buffer);
         }
         let mut batch = Vec::with_capacity(parts.len());
         let mut at = 0;
@@ -432,15 +450,26 @@ impl Serializer {
     }
 
     /// Make the staging buffer big enough to gather a `total`-byte message (the caller
-    /// checked `total <= staging_limit`).
-    fn ensure_staging(&mut self, total: usize) -> Result<()> {
+    /// checked `total <= staging_limit`), without pinning on this path while the context's
+    /// pool is on: an idle pooled buffer of the message's class (or larger, up to the
+    /// limit). Whether there is one now; with the pool off (or smaller than the class) a
+    /// new one is pinned, as [`Context::staging_buffer`] does.
+    fn ensure_staging(&mut self, total: usize) -> Result<bool> {
         if self.staging_size() >= total {
-            return Ok(());
+            return Ok(true);
         }
         let wanted = self.staging_class(total);
+        let pooled = self
+            .context
+            .pooled_staging_buffer(wanted, self.staging_limit.max(wanted));
+        let staging = match pooled {
+            Some(staging) => staging,
+            None if self.context.staging_pool_limit() >= wanted => return Ok(false),
+            None => self.context.staging_buffer(wanted)?,
+        };
         self.release_staging();
-        self.staging = Some(self.context.staging_buffer(wanted)?);
-        Ok(())
+        self.staging = Some(staging);
+        Ok(true)
     }
 
     /// Give the staging buffer back to the context's pool.
@@ -448,6 +477,15 @@ impl Serializer {
         if let Some(staging) = self.staging.take() {
             self.context.recycle_staging_buffer(staging);
         }
+    }
+}
+
+/// `parts`, in order, at the start of `dst` (which holds them all).
+fn gather(parts: &[&[u8]], dst: &mut [u8]) {
+    let mut at = 0;
+    for part in parts {
+        dst[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
     }
 }
 
@@ -554,6 +592,63 @@ fn skip_bytes(parts: &[Buffer], mut skip: usize) -> Vec<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cudabuf_sim::{FaultOp, SimBackend};
+
+    /// Small messages of a context's first calls are gathered in pageable memory: nothing
+    /// pinned on their path (with every pinned allocation failing too), the staging
+    /// buffer pinned in the background afterwards, which the next message takes; the
+    /// bytes are arrow-rs's either way, and nothing leaks.
+    #[test]
+    fn first_small_messages_pin_nothing_on_their_path() {
+        let sim = SimBackend::new();
+        let ctx = cudabuf_core::Backend::new(sim.clone()).context(0).unwrap();
+        ctx.set_staging_pool_limit(1 << 20);
+        let batch = RecordBatch::try_from_iter([(
+            "v",
+            std::sync::Arc::new(arrow::array::Int32Array::from(
+                (0..1000).collect::<Vec<_>>(),
+            )) as arrow::array::ArrayRef,
+        )])
+        .unwrap();
+        let (parts, skip) = Serializer::new(&ctx).encode_record_batch(&batch).unwrap();
+        let expected: Vec<u8> = skip_bytes(&parts, skip).concat();
+        let injected = Error::OutOfMemory {
+            device: 0,
+            requested: 0,
+            detail: "injected".into(),
+        };
+        sim.fail_randomly(FaultOp::AllocHost, 1.0, 1, injected)
+            .unwrap();
+        let mut serializer = Serializer::new(&ctx);
+        let first = serializer.serialize_record_batch(&batch).unwrap();
+        assert_eq!(first.to_vec().unwrap(), expected);
+        assert_eq!(serializer.staging_size(), 0, "pageable");
+        ctx.wait_background_pinning();
+        assert_eq!(
+            sim.op_count(FaultOp::AllocHost),
+            1,
+            "the background try alone"
+        );
+        sim.clear_faults();
+        let second = serialize_record_batch(&batch, &ctx).unwrap();
+        assert_eq!(second.to_vec().unwrap(), expected);
+        ctx.wait_background_pinning();
+        assert_eq!(sim.op_count(FaultOp::AllocHost), 2);
+        assert_eq!(ctx.staging_buffers_pinned_in_background(), 1);
+        let third = serializer.serialize_record_batch(&batch).unwrap();
+        assert_eq!(third.to_vec().unwrap(), expected);
+        assert_eq!(serializer.staging_size(), MIN_STAGING, "the pooled buffer");
+        assert_eq!(
+            sim.op_count(FaultOp::AllocHost),
+            2,
+            "nothing pinned on the path"
+        );
+        drop((first, second, third, serializer));
+        assert_eq!(ctx.bytes_pooled(), MIN_STAGING, "back in the pool");
+        ctx.trim_cache();
+        drop(ctx);
+        sim.assert_clean();
+    }
 
     #[test]
     fn skip_bytes_across_parts() {

@@ -439,9 +439,10 @@ pub unsafe trait RawContext: Send + Sync + fmt::Debug {
     /// [`copy_host_to_device`](Self::copy_host_to_device) does, but without pinning host
     /// memory for it: a backend that stages pageable copies through pinned buffers of its
     /// own uses them only if it has them already, and otherwise hands the copy to the
-    /// driver as it is. The file pipeline's chunks go this way while its pinned staging
-    /// buffers are still being allocated in the background (pinning costs more per byte
-    /// than the copy would save).
+    /// driver as it is. cudabuf's calls that stage through pageable memory go this way
+    /// ([`DeviceBuffer::copy_from_host_unpinned`](crate::DeviceBuffer::copy_from_host_unpinned))
+    /// while their pinned staging buffers are still being allocated in the background
+    /// (pinning costs more per byte than the copy would save).
     ///
     /// The provided implementation calls [`copy_host_to_device`](Self::copy_host_to_device).
     ///

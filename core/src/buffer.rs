@@ -296,7 +296,12 @@ impl DeviceBuffer {
         self.slice(offset, self.size - offset)
     }
 
-    fn check_range(&self, operation: &'static str, position: usize, len: usize) -> Result<()> {
+    pub(crate) fn check_range(
+        &self,
+        operation: &'static str,
+        position: usize,
+        len: usize,
+    ) -> Result<()> {
         match position.checked_add(len) {
             Some(end) if end <= self.size => Ok(()),
             _ => Err(Error::out_of_range(

@@ -62,6 +62,7 @@ mod object;
 mod pinned_pool;
 mod reader;
 mod stream;
+mod unpinned_copy;
 mod writer;
 
 pub use allocator::{parse_size, AllocatorStats, ALLOCATOR_CACHE_VAR, DEFAULT_CACHE_LIMIT};

@@ -1,6 +1,8 @@
 //! [`PinnedPool`]: a context's pool of idle pinned host buffers, which writers, file
 //! reads and writes (and the Arrow path) reuse instead of pinning new memory each time
-//! (pinning costs about 0.3-1 ms per MiB on an H200 host).
+//! (pinning costs about 0.3-1 ms per MiB on an H200 host). Calls take only idle buffers
+//! from it and have the missing ones pinned into it in the background
+//! (`Context::with_background_pinning`, docs/PERFORMANCE.md).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;

@@ -2,6 +2,7 @@
 //! through pinned host memory.
 
 use std::io::{self, Seek, SeekFrom, Write};
+use std::ops::{Deref, DerefMut};
 
 use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};
@@ -26,6 +27,14 @@ use crate::stream::{Stream, Transfer};
 /// of its blocking streams, so reads through cudabuf see them at once; `flush` (and
 /// `seek`, `write_at`, `close`, drop) waits until they are on the device. On a backend
 /// without streams the writer copies synchronously.
+///
+/// The writer never pins memory on its own path while the context's staging pool is on
+/// (the default on CUDA): a staging buffer the pool cannot lend now is pageable memory of
+/// the writer's, sent with a synchronous copy that pins nothing, and once it is first
+/// sent the buffers the writer lacks are pinned into the pool in the background
+/// ([`Context::pin_staging_in_background`](crate::Context::pin_staging_in_background));
+/// the writer switches to them when it next starts filling a buffer. With the pool off
+/// it pins its staging buffers itself, as [`Context::staging_buffer`](crate::Context::staging_buffer) does.
 ///
 /// Every write is checked: a write that does not fit is refused whole
 /// ([`Error::OutOfRange`], nothing written).
@@ -65,6 +74,8 @@ pub struct BufferWriter {
     stream: Option<Stream>,
     /// Whether the primary came from the context's staging pool (it goes back there).
     primary_pooled: bool,
+    /// Whether the pinned buffers the writer lacks were asked for (once per size).
+    pinning_requested: bool,
     buffer: DeviceBuffer,
     /// The logical position: staged bytes count as written.
     position: usize,
@@ -73,7 +84,7 @@ pub struct BufferWriter {
     closed: bool,
 }
 
-/// A pinned staging buffer: ready to fill, or lent to the copy in flight from it.
+/// A staging buffer: ready to fill, or lent to the copy in flight from it.
 #[derive(Debug)]
 struct Slot {
     size: usize,
@@ -83,13 +94,50 @@ struct Slot {
     /// The buffer, when no copy holds it. Neither is set only after a copy failed in a
     /// way that keeps its memory (see [`CopyError`](crate::CopyError)): the slot is then
     /// replaced before it is filled again.
-    host: Option<HostBuffer>,
+    host: Option<Staging>,
+}
+
+/// A slot's memory: pinned, or pageable memory of the writer's own while the context's
+/// pool has no pinned buffer to lend.
+#[derive(Debug)]
+enum Staging {
+    Pinned(HostBuffer),
+    Pageable(Vec<u8>),
+}
+
+impl Deref for Staging {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Staging::Pinned(host) => host,
+            Staging::Pageable(bytes) => bytes,
+        }
+    }
+}
+
+impl DerefMut for Staging {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Staging::Pinned(host) => host,
+            Staging::Pageable(bytes) => bytes,
+        }
+    }
+}
+
+impl Staging {
+    fn pinned(self) -> Option<HostBuffer> {
+        match self {
+            Staging::Pinned(host) => Some(host),
+            Staging::Pageable(_) => None,
+        }
+    }
 }
 
 impl Slot {
-    fn new(host: HostBuffer) -> Self {
+    fn new(host: Staging) -> Self {
         Slot {
-            size: host.size(),
+            size: host.len(),
             sending: None,
             host: Some(host),
         }
@@ -99,19 +147,24 @@ impl Slot {
     fn ready(&mut self) -> Result<()> {
         if let Some(sending) = self.sending.take() {
             // One range of the whole buffer: it comes back whole.
-            self.host = sending.wait()?.into_buffer().ok();
+            self.host = sending.wait()?.into_buffer().ok().map(Staging::Pinned);
         }
         Ok(())
     }
 
     /// The staging bytes of a slot that is ready.
-    fn bytes(&mut self) -> Result<&mut HostBuffer> {
+    fn bytes(&mut self) -> Result<&mut Staging> {
         self.host.as_mut().ok_or_else(|| {
             Error::invalid_argument(
                 "BufferWriter",
                 "the staging buffer was kept by a copy that failed",
             )
         })
+    }
+
+    /// Whether the slot's memory is the writer's pageable memory.
+    fn is_pageable(&self) -> bool {
+        matches!(self.host, Some(Staging::Pageable(_)))
     }
 }
 
@@ -128,6 +181,7 @@ impl BufferWriter {
             current: 0,
             stream,
             primary_pooled: false,
+            pinning_requested: false,
             buffer,
             position: 0,
             staged: 0,
@@ -179,12 +233,33 @@ impl BufferWriter {
     /// Staged bytes are flushed first.
     ///
     /// The staging buffer comes from the context's pool of pinned staging buffers
-    /// ([`Context::staging_buffer`](crate::Context::staging_buffer)) and goes back there
-    /// when replaced or when the writer is dropped. While writing, the writer may take a
-    /// second one of the same size from the pool, to fill it while the first is copied.
+    /// ([`Context::pooled_staging_buffer`](crate::Context::pooled_staging_buffer)) and
+    /// goes back there when replaced or when the writer is dropped. While writing, the
+    /// writer may take a second one of the same size from the pool, to fill it while the
+    /// first is copied. Where the pool has none to lend, the writer stages in pageable
+    /// memory of its own until pinned buffers pinned in the background reach the pool
+    /// (see [`BufferWriter`]); with the pool off it pins them itself.
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// ctx.set_staging_pool_limit(1 << 20);
+    /// let buf = ctx.new_buffer(1000)?;
+    /// let mut writer = cudabuf_core::BufferWriter::new(buf.clone());
+    /// writer.set_buffer_size(256)?; // pageable: nothing pinned on this path
+    /// for _ in 0..10 {
+    ///     writer.write_all(&[1; 100])?; // once sent, the buffers it lacks are pinned
+    /// }
+    /// drop(writer); // flushed; pinned buffers it took go back to the pool
+    /// ctx.wait_background_pinning();
+    /// assert_eq!(ctx.bytes_pooled(), 2 * 256); // for the next writer
+    /// assert_eq!(buf.to_vec()?, [1; 1000]);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
-    /// As the flush, and the pinned allocation.
+    /// As the flush, and the pinned allocation (with the pool off).
     pub fn set_buffer_size(&mut self, buffer_size: usize) -> Result<()> {
         self.check_open()?;
         self.flush_staged()?;
@@ -193,15 +268,48 @@ impl BufferWriter {
         }
         self.release_slots();
         if buffer_size > 0 {
-            let host = self.buffer.context().staging_buffer(buffer_size)?;
+            let host = self.new_staging(buffer_size)?;
             self.slots[0] = Some(Slot::new(host));
             self.primary_pooled = true;
         }
         Ok(())
     }
 
+    /// A staging buffer of `size` bytes for a slot: an idle pinned one from the
+    /// context's pool, else (pool on) pageable memory, or (pool off) a new pinned one.
+    fn new_staging(&self, size: usize) -> Result<Staging> {
+        let ctx = self.buffer.context();
+        if let Some(host) = ctx.pooled_staging_buffer(size, size) {
+            return Ok(Staging::Pinned(host));
+        }
+        if ctx.staging_pool_limit() >= size {
+            return Ok(Staging::Pageable(vec![0; size]));
+        }
+        ctx.staging_buffer(size).map(Staging::Pinned)
+    }
+
+    /// A pageable slot is about to be sent: the first time, have the pinned buffers the
+    /// writer lacks (those of its slots that are not pinned) pinned in the background.
+    fn request_pinning(&mut self, size: usize) {
+        if self.pinning_requested {
+            return;
+        }
+        self.pinning_requested = true;
+        let missing = 2 - self
+            .slots
+            .iter()
+            .flatten()
+            .filter(|slot| !slot.is_pageable())
+            .count()
+            .min(2);
+        self.buffer
+            .context()
+            .pin_staging_in_background(size, size, missing);
+    }
+
     /// Use `staging` (pinned host memory the caller reuses across writers) as the staging
-    /// buffer; staged bytes are flushed first. Returns the previous staging buffer.
+    /// buffer; staged bytes are flushed first. Returns the previous staging buffer (`None`
+    /// if there was none, or if it was pageable memory of the writer's own).
     ///
     /// # Errors
     /// As the flush.
@@ -211,10 +319,15 @@ impl BufferWriter {
     ) -> Result<Option<HostBuffer>> {
         self.check_open()?;
         self.flush_staged()?;
-        let previous = self.slots[0].take().and_then(|slot| slot.host);
+        let previous = self.slots[0]
+            .take()
+            .and_then(|slot| slot.host)
+            .and_then(Staging::pinned);
         self.primary_pooled = false;
         self.release_slots();
-        self.slots[0] = staging.filter(|s| s.size() > 0).map(Slot::new);
+        self.slots[0] = staging
+            .filter(|s| s.size() > 0)
+            .map(|s| Slot::new(Staging::Pinned(s)));
         Ok(previous)
     }
 
@@ -222,38 +335,48 @@ impl BufferWriter {
     /// Nothing is staged or in flight (the caller flushed).
     fn release_slots(&mut self) {
         let ctx = self.buffer.context().clone();
-        if let Some(host) = self.slots[1].take().and_then(|spare| spare.host) {
-            // Flushed: nothing in flight. The spare always comes from the pool.
+        let pinned = |slot: Option<Slot>| slot.and_then(|s| s.host).and_then(Staging::pinned);
+        if let Some(host) = pinned(self.slots[1].take()) {
+            // Flushed: nothing in flight. A pinned spare always comes from the pool.
             ctx.recycle_staging_buffer(host);
         }
-        if let Some(host) = self.slots[0].take().and_then(|primary| primary.host) {
+        if let Some(host) = pinned(self.slots[0].take()) {
             if self.primary_pooled {
                 ctx.recycle_staging_buffer(host);
             }
         }
         self.primary_pooled = false;
+        self.pinning_requested = false;
         self.current = 0;
         self.staged = 0;
     }
 
     /// Make the current slot ready to fill: taken from the pool if it is the spare and
-    /// does not exist yet, and with no copy from it in flight.
-    fn ready_current(&mut self, size: usize) -> Result<&mut HostBuffer> {
+    /// does not exist yet, and with no copy from it in flight. A pageable slot holding no
+    /// staged bytes switches to an idle pinned buffer of the pool, if one has arrived.
+    fn ready_current(&mut self, size: usize) -> Result<&mut Staging> {
         if let Some(slot) = self.slots[self.current].as_mut() {
             slot.ready()?;
         }
-        if self.slots[self.current]
-            .as_ref()
-            .is_none_or(|slot| slot.host.is_none())
-        {
-            let host = self.buffer.context().staging_buffer(size)?;
+        let slot = self.slots[self.current].as_ref();
+        if slot.is_none_or(|slot| slot.host.is_none()) {
+            let host = self.new_staging(size)?;
             self.slots[self.current] = Some(Slot::new(host));
+        } else if self.staged == 0 && slot.is_some_and(Slot::is_pageable) {
+            if let Some(host) = self.buffer.context().pooled_staging_buffer(size, size) {
+                // The pooled buffer now stands for this slot: a primary goes back to the
+                // pool as one taken from there does.
+                if self.current == 0 {
+                    self.primary_pooled = true;
+                }
+                self.slots[self.current] = Some(Slot::new(Staging::Pinned(host)));
+            }
         }
         self.current_bytes()
     }
 
     /// The staging bytes of the current slot, which is ready.
-    fn current_bytes(&mut self) -> Result<&mut HostBuffer> {
+    fn current_bytes(&mut self) -> Result<&mut Staging> {
         match self.slots[self.current].as_mut() {
             Some(slot) => slot.bytes(),
             None => Err(Error::invalid_argument(
@@ -270,26 +393,37 @@ impl BufferWriter {
     /// buffer back) and nothing moved.
     fn send_current(&mut self, len: usize, position: usize) -> Result<()> {
         let no_buffer = || Error::invalid_argument("BufferWriter", "no staging buffer to send");
+        let slot = self.slots[self.current].as_ref().ok_or_else(no_buffer)?;
+        if slot.is_pageable() {
+            self.request_pinning(slot.size);
+        }
         let slot = self.slots[self.current].as_mut().ok_or_else(no_buffer)?;
-        match &self.stream {
-            None => {
-                // No streams: a synchronous copy straight from the staging bytes.
-                let host = slot.host.as_ref().ok_or_else(no_buffer)?;
-                self.buffer.copy_from_host(&host[..len], position, None)?;
+        match (&self.stream, slot.host.as_ref()) {
+            (None, Some(host)) | (Some(_), Some(host @ Staging::Pageable(_))) => {
+                // No streams, or pageable memory: a synchronous copy straight from the
+                // staging bytes (on the legacy default stream, after the copies in
+                // flight), which pins nothing.
+                self.buffer
+                    .copy_from_host_unpinned(&host[..len], position)?;
             }
-            Some(stream) => {
+            (Some(stream), Some(Staging::Pinned(_))) => {
                 // The caller checked `position + len` against the buffer's size.
                 let dst = self.buffer.slice(position, len)?;
-                let range = slot.host.take().ok_or_else(no_buffer)?.into_range(..len)?;
-                match stream.copy_from_host(&dst, range) {
+                let Some(Staging::Pinned(host)) = slot.host.take() else {
+                    return Err(no_buffer());
+                };
+                match stream.copy_from_host(&dst, host.into_range(..len)?) {
                     Ok(transfer) => slot.sending = Some(transfer),
                     Err(e) => {
                         let (error, range) = e.into_parts();
-                        slot.host = range.and_then(|range| range.into_buffer().ok());
+                        slot.host = range
+                            .and_then(|range| range.into_buffer().ok())
+                            .map(Staging::Pinned);
                         return Err(error);
                     }
                 }
             }
+            (_, None) => return Err(no_buffer()),
         }
         self.current ^= 1;
         Ok(())
@@ -461,10 +595,16 @@ impl BufferWriter {
             self.staged = 0;
             return Ok(());
         };
+        let pageable = matches!(bytes, Staging::Pageable(_));
         let start = self.position - self.staged;
+        // Pinned or pageable, a synchronous copy that pins nothing more.
         self.buffer
-            .copy_from_host(&bytes[..self.staged], start, None)?;
+            .copy_from_host_unpinned(&bytes[..self.staged], start)?;
+        let size = bytes.len();
         self.staged = 0;
+        if pageable {
+            self.request_pinning(size);
+        }
         Ok(())
     }
 
@@ -481,7 +621,8 @@ impl BufferWriter {
         self.staged = 0;
         // Flushed or failed: either way nothing is in flight any more (waiting consumed
         // every pending copy), so the spare can go back to the pool now.
-        if let Some(host) = self.slots[1].take().and_then(|spare| spare.host) {
+        let spare = self.slots[1].take().and_then(|spare| spare.host);
+        if let Some(host) = spare.and_then(Staging::pinned) {
             self.buffer.context().recycle_staging_buffer(host);
         }
         result

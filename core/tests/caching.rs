@@ -1,13 +1,14 @@
 //! The caching allocator (size classes, splitting, coalescing, one allocator per device
 //! context, the IPC rule) and the pinned staging pool, on the simulator (where they are
-//! off by default and switched on here), and the double-buffered writer against a model.
+//! off by default and switched on here), and the double-buffered writer against a model
+//! (its first staging buffers pageable, pinned in the background for later writes).
 
 use std::io::Write;
 
 use cudabuf_core::{
     Backend, BufferWriter, Context, ErrorKind, RawDeviceMemory, ALLOCATOR_CACHE_VAR,
 };
-use cudabuf_sim::SimBackend;
+use cudabuf_sim::{FaultOp, SimBackend};
 use cudabuf_test_support::{Rng, SimBuilder};
 
 fn sim_with(capacity: usize) -> (SimBackend, Backend) {
@@ -498,5 +499,87 @@ fn the_staging_buffer_given_by_the_caller_comes_back() {
     assert_eq!(writer.num_bytes_buffered(), 0);
     let expected: Vec<u8> = (0..100u8).flat_map(|i| pattern(37, i)).collect();
     assert_eq!(buf.copy_to_host(0, Some(3700)).unwrap(), expected);
-    assert_eq!(ctx.bytes_pooled(), 256, "the spare went back to the pool");
+    // The pool had no spare to lend: the writer staged in pageable memory and had one
+    // pinned in the background, which it used once it arrived or left in the pool.
+    ctx.wait_background_pinning();
+    assert_eq!(ctx.bytes_pooled(), 256, "the spare is in the pool");
+    assert_eq!(ctx.staging_buffers_pinned_in_background(), 1);
+}
+
+/// Asynchronous and synchronous uploads in `sim`'s trace since it was cleared.
+fn uploads(sim: &SimBackend) -> (usize, usize) {
+    let trace = sim.schedule_trace();
+    let count = |what: &str| trace.iter().filter(|e| e.what == what).count();
+    (count("H2D"), count("sync H2D"))
+}
+
+/// A first buffered writer pins nothing on its path: its staging buffers are pageable
+/// (sent with synchronous copies) until the two it can use, pinned in the background,
+/// reach the pool; the next writer takes them from the pool at once (asynchronous
+/// copies) and pins nothing. Several first writers at once on one context: right bytes,
+/// nothing pinned on their paths. Nothing leaks.
+#[test]
+fn a_first_buffered_writer_pins_nothing_on_its_path() {
+    let (sim, _backend, ctx) = cached_context(16 << 20);
+    let pins = || sim.op_count(FaultOp::AllocHost);
+    let data: Vec<u8> = (0..100u8).flat_map(|i| pattern(997, i)).collect();
+    let buf = ctx.new_buffer(data.len()).unwrap();
+    let write = |staging: usize| {
+        let mut writer = BufferWriter::new(buf.clone());
+        writer.set_buffer_size(staging).unwrap();
+        assert_eq!(writer.buffer_size(), staging);
+        for chunk in data.chunks(1000) {
+            writer.write_all(chunk).unwrap();
+        }
+        writer.close().unwrap();
+        assert_eq!(buf.to_vec().unwrap(), data);
+    };
+
+    // Nothing pinned on the writer's path; the pinning it asked for at its first send
+    // finishes whenever it does (the writer may have switched to its buffers meanwhile).
+    sim.clear_schedule_trace();
+    write(4096);
+    ctx.wait_background_pinning();
+    assert_eq!(pins(), 2, "the two buffers a writer can use");
+    assert_eq!(ctx.staging_buffers_pinned_in_background(), 2);
+    assert_eq!(ctx.bytes_pooled(), 2 * 4096);
+    let (first_async, first_sync) = uploads(&sim);
+    assert!(first_sync > 0, "pageable staging first");
+
+    // The next writer: pinned staging from the pool, copies overlapped, nothing pinned.
+    sim.clear_schedule_trace();
+    write(4096);
+    let (asynchronous, synchronous) = uploads(&sim);
+    assert!(synchronous <= 1, "the last flush alone: {synchronous}");
+    assert_eq!(
+        asynchronous + synchronous,
+        first_async + first_sync,
+        "the same sends"
+    );
+    assert_eq!(pins(), 2, "a warm writer pins nothing");
+    assert_eq!(ctx.bytes_pooled(), 2 * 4096, "back in the pool");
+
+    // Four first writers of another size at once, each into its own quarter.
+    let quarter = data.len() / 4;
+    std::thread::scope(|scope| {
+        for q in 0..4 {
+            let (buf, data) = (buf.clone(), &data);
+            scope.spawn(move || {
+                let part = buf.slice(q * quarter, quarter).unwrap();
+                let mut writer = BufferWriter::new(part.clone());
+                writer.set_buffer_size(1500).unwrap();
+                for chunk in data[q * quarter..(q + 1) * quarter].chunks(700) {
+                    writer.write_all(chunk).unwrap();
+                }
+                writer.close().unwrap();
+            });
+        }
+    });
+    assert_eq!(buf.to_vec().unwrap()[..4 * quarter], data[..4 * quarter]);
+    ctx.wait_background_pinning();
+    assert_eq!(pins(), ctx.staging_buffers_pinned_in_background());
+    drop(buf);
+    ctx.trim_cache();
+    assert_eq!((ctx.bytes_allocated(), ctx.bytes_pooled()), (0, 0));
+    assert!(sim.leak_report().is_empty(), "{}", sim.leak_report());
 }

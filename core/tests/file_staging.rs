@@ -4,7 +4,7 @@
 //! the pool and pin nothing; concurrent first calls on one context; a failing pinned
 //! allocation or copy in the middle, typed and leaking nothing; and the background
 //! pinning never outliving its context (a mock backend holds it inside an allocation
-//! while the context drops).
+//! while the context drops); the unpinned copies the pageable chunks use.
 //!
 //! The tests that count the process's pinning threads hold [`SERIAL`], so that no other
 //! test of this binary pins meanwhile.
@@ -637,4 +637,43 @@ fn a_pool_that_is_off_pins_nothing() {
     ctx.wait_background_pinning();
     assert_eq!(sim.op_count(FaultOp::AllocHost), before);
     assert_eq!(ctx.bytes_pooled(), 0);
+}
+
+/// The copies pageable chunks go through check their ranges against the buffer (a slice,
+/// not its parent) and move the bytes. Small enough for Miri (`cargo +nightly miri test
+/// -p cudabuf-core --test file_staging unpinned`).
+#[test]
+fn unpinned_copies_check_their_ranges_and_move_the_bytes() {
+    let sim = SimBackend::new();
+    let ctx = context(&sim);
+    let buf = ctx.buffer_from_data(&[0u8; 16]).unwrap();
+    let slice = buf.slice(4, 8).unwrap();
+    slice.copy_from_host_unpinned(b"abcdefgh", 0).unwrap();
+    assert_eq!(buf.to_vec().unwrap()[4..12], *b"abcdefgh");
+    let mut out = [0u8; 3];
+    slice.copy_to_host_unpinned(5, &mut out).unwrap();
+    assert_eq!(&out, b"fgh");
+    // Past the slice's end is refused, even where its parent has bytes; nothing moves.
+    let out_of_range = |r: cudabuf_core::Result<()>| r.unwrap_err().kind();
+    use cudabuf_core::ErrorKind::OutOfRange;
+    assert_eq!(
+        out_of_range(slice.copy_to_host_unpinned(6, &mut out)),
+        OutOfRange
+    );
+    assert_eq!(
+        out_of_range(slice.copy_from_host_unpinned(b"xyz", 6)),
+        OutOfRange
+    );
+    assert_eq!(
+        out_of_range(slice.copy_from_host_unpinned(b"x", usize::MAX)),
+        OutOfRange
+    );
+    assert_eq!(buf.to_vec().unwrap()[10..16], *b"gh\0\0\0\0");
+    assert_eq!(&out, b"fgh");
+    // Empty copies at the end are fine.
+    slice.copy_from_host_unpinned(b"", 8).unwrap();
+    slice.copy_to_host_unpinned(8, &mut []).unwrap();
+    assert_eq!(sim.op_count(FaultOp::AllocHost), 0, "nothing pinned");
+    drop((slice, buf, ctx));
+    sim.assert_clean();
 }

@@ -25,7 +25,7 @@ struct Pending {
 }
 
 enum Upload {
-    /// Nothing to wait for (an empty body).
+    /// Nothing to wait for (an empty body, or one copied synchronously).
     Done,
     /// A body staged in a pinned buffer, copied on the decoder's stream.
     Staged(Transfer<HostRange>),
@@ -38,9 +38,13 @@ enum Upload {
 ///
 /// The first message must be the schema. Each record batch body is checked against its
 /// metadata, copied once from the gRPC buffer into a pinned staging buffer from the
-/// context's pool ([`Context::staging_buffer`]) and uploaded on the decoder's own
+/// context's pool ([`Context::pooled_staging_buffer`]) and uploaded on the decoder's own
 /// [`Stream`]; [`push`](Self::push) returns the *previous* batch once its upload is done,
-/// so that each upload overlaps the receipt of the next message.
+/// so that each upload overlaps the receipt of the next message. Nothing is pinned on
+/// the decoder's path: a body that finds no idle pooled buffer of its size class (a
+/// first message, the pool off) is copied straight from the gRPC buffer by a synchronous
+/// copy that pins nothing, and the buffers are pinned into the pool in the background
+/// for the next messages.
 /// [`finish`](Self::finish) returns the last one. Batches are returned complete: their
 /// device memory holds the data, on any stream.
 ///
@@ -309,8 +313,22 @@ impl DeviceFlightDecoder {
                 upload: Upload::Done,
             });
         }
-        let mut staging = self.ctx.staging_buffer(body_len)?;
-        staging[..body_len].copy_from_slice(&data.data_body[..body_len]);
+        let body = &data.data_body[..body_len];
+        let class = staging_class(body_len);
+        let Some(mut staging) = self.ctx.pooled_staging_buffer(body_len, class) else {
+            // No pinned buffer to lend (a first message, a new size, the pool off): the
+            // body goes straight from gRPC's buffer with a copy that pins nothing, and the
+            // two buffers the decoder uses at once are pinned in the background.
+            self.ctx
+                .with_background_pinning(body_len, class, class, 2, || {
+                    device.copy_from_host_unpinned(body, 0)
+                })?;
+            return Ok(Pending {
+                batch,
+                upload: Upload::Done,
+            });
+        };
+        staging[..body_len].copy_from_slice(body);
         let staging = staging.into_range(..body_len)?;
         let transfer = self.stream.copy_from_host(&device, staging).map_err(|e| {
             let (error, host) = e.into_parts();
@@ -357,6 +375,12 @@ impl DeviceFlightDecoder {
         }
         Ok(Some(pending.batch))
     }
+}
+
+/// The staging buffer a body of `len` bytes is pinned in: a power of two from 64 KiB, so
+/// that bodies of similar sizes share pooled buffers.
+fn staging_class(len: usize) -> usize {
+    len.max(64 << 10).checked_next_power_of_two().unwrap_or(len)
 }
 
 /// Whether any field of an IPC schema (at any depth) is dictionary-encoded.

@@ -4,7 +4,8 @@
 //!   ([`DeviceRecordBatch`](cudabuf_arrow::DeviceRecordBatch)es): each `FlightData` body is
 //!   copied once from gRPC's buffer into pinned staging memory (the context's pool) and
 //!   uploaded on a cudabuf [`Stream`](cudabuf_core::Stream) while the next message is
-//!   received ([`DeviceFlightDecoder`]). [`BlockingFlightClient`] wraps it for programs
+//!   received, or, while the pool has no buffer to lend, copied straight to the device by
+//!   a copy that pins nothing ([`DeviceFlightDecoder`]). [`BlockingFlightClient`] wraps it for programs
 //!   without a tokio runtime.
 //! - [`DeviceFlightServer`]: a ready-made Flight service over an in-memory map of device
 //!   batches: `DoGet` (batches downloaded through pinned memory and encoded by arrow-rs,

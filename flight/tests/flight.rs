@@ -22,7 +22,7 @@ use cudabuf_core::{Backend, Context};
 use cudabuf_flight::{
     DeviceBatchStream, DeviceFlightDecoder, DeviceFlightServer, FlightDeviceClient, FlightError,
 };
-use cudabuf_sim::SimBackend;
+use cudabuf_sim::{FaultOp, SimBackend};
 use futures::{stream, StreamExt, TryStreamExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -625,25 +625,52 @@ fn empty_batches_decode_to_batches_of_no_rows() {
     assert_clean(sim, ctx);
 }
 
+/// The first body pins nothing on the decoder's path (it is copied straight from the
+/// message, every pinned allocation failing changes nothing); the two staging buffers of
+/// its size class are pinned in the background, and the bodies after it go through them,
+/// reused rather than pinned anew.
 #[test]
 fn bodies_go_through_two_pooled_pinned_staging_buffers() {
     let (sim, ctx) = new_sim();
     ctx.set_staging_pool_limit(1 << 20);
     let batch = mixed(0, 200);
     let message = batch_message(&batch);
-    let body = message.data_body.len();
+    let class = message.data_body.len().max(64 << 10).next_power_of_two();
     let mut decoder = DeviceFlightDecoder::new(&ctx).unwrap();
     decoder.push(&schema_message(&batch.schema())).unwrap();
-    let mut landed = Vec::new();
+    let injected = cudabuf_core::Error::OutOfMemory {
+        device: 0,
+        requested: 0,
+        detail: "injected".into(),
+    };
+    sim.fail_randomly(FaultOp::AllocHost, 1.0, 3, injected)
+        .unwrap();
+    let mut landed: Vec<_> = decoder.push(&message).unwrap().into_iter().collect();
+    ctx.wait_background_pinning();
+    assert_eq!(
+        sim.op_count(FaultOp::AllocHost),
+        1,
+        "the background try alone"
+    );
+    sim.clear_faults();
+    landed.extend(decoder.push(&message).unwrap());
+    ctx.wait_background_pinning();
+    assert_eq!(ctx.staging_buffers_pinned_in_background(), 2);
+    let pins = sim.op_count(FaultOp::AllocHost);
     for _ in 0..10 {
         landed.extend(decoder.push(&message).unwrap());
         // One body in flight, the one before it back in the pool: never more than two
-        // staging buffers, reused rather than pinned anew.
-        assert!(ctx.bytes_pooled() <= body, "{} pooled", ctx.bytes_pooled());
+        // staging buffers.
+        assert!(ctx.bytes_pooled() <= class, "{} pooled", ctx.bytes_pooled());
     }
     landed.extend(decoder.finish().unwrap());
-    assert_eq!(ctx.bytes_pooled(), 2 * body);
-    assert_eq!(landed.len(), 10);
+    assert_eq!(
+        sim.op_count(FaultOp::AllocHost),
+        pins,
+        "nothing pinned anew"
+    );
+    assert_eq!(ctx.bytes_pooled(), 2 * class);
+    assert_eq!(landed.len(), 12);
     for batch_on_device in &landed {
         assert_eq!(batch_on_device.to_host().unwrap(), batch);
     }

@@ -10,6 +10,13 @@
 //! synchronous copy), filling the next chunk while it moves. A thread holds at most
 //! [`DEPTH`] chunks; on a backend without streams it copies synchronously through one.
 //!
+//! No thread pins on its own path: one that finds no idle pinned chunk in the pool (a
+//! context's first calls, a pool that is off) decompresses into pageable memory of its own
+//! (at most [`PAGEABLE_CHUNK`] bytes, reused) and uploads it with a synchronous copy that
+//! pins nothing, and the chunks the threads could use are pinned into the pool in the
+//! background (`Context::with_background_pinning`: after the call, or from its start for a
+//! long one, whose threads then switch to them as they arrive).
+//!
 //! A failing task stops the tasks after it (each checks at every chunk) and none after it
 //! is started; the tasks before it run to their end, so the error reported is the first
 //! one in order whatever the threads' timing. Every upload in flight is waited for before
@@ -37,6 +44,10 @@ const MIN_TASK: usize = 1 << 20;
 
 /// The smallest pinned chunk.
 const MIN_CHUNK: usize = 64 << 10;
+
+/// The most bytes a thread stages in its pageable memory at once (fresh pages cost a
+/// fault each on first use: a small chunk, reused, costs fewer and stays in the caches).
+const PAGEABLE_CHUNK: usize = 2 << 20;
 
 /// The read buffer between a file and a decoder.
 const READ_BUFFER: usize = 256 << 10;
@@ -92,6 +103,8 @@ struct Job<'a> {
     tasks: Vec<Task>,
     /// The size of each pinned chunk.
     chunk: usize,
+    /// The largest idle pooled buffer a chunk takes (the file chunk size).
+    chunk_max: usize,
     stream: Option<Stream>,
     next: AtomicUsize,
     /// The first task that failed (`usize::MAX`: none): later tasks stop.
@@ -151,6 +164,7 @@ impl<'a> Job<'a> {
             plans,
             bodies,
             chunk,
+            chunk_max: most.max(chunk),
             stream: if tasks.is_empty() {
                 None
             } else {
@@ -164,33 +178,20 @@ impl<'a> Job<'a> {
     }
 
     /// Do every task with up to `threads` threads (the calling thread is one); the first
-    /// failure in task order, if any.
+    /// failure in task order, if any. The pinned chunks the threads can use (two each
+    /// where uploads run on a stream, one without; never more than the bodies have
+    /// chunks) and the pool lacks are pinned in the background.
     fn run(&self, threads: usize) -> Result<()> {
         let threads = threads.min(self.tasks.len());
-        if threads <= 1 {
-            worker(self);
-        } else {
-            std::thread::scope(|scope| {
-                let helpers: Vec<_> = (1..threads)
-                    .filter_map(|i| {
-                        std::thread::Builder::new()
-                            .name(format!("cudabuf-decompress-{i}"))
-                            .spawn_scoped(scope, || worker(self))
-                            .map_err(|e| log::debug!("decompressing with fewer threads: {e}"))
-                            .ok()
-                    })
-                    .collect();
-                worker(self);
-                for helper in helpers {
-                    if helper.join().is_err() {
-                        self.fail(
-                            0,
-                            Error::invalid_data(WHAT, "a decompressing thread panicked"),
-                        );
-                    }
-                }
+        let total: usize = self.tasks.iter().map(|t| t.region.len()).sum();
+        let per_thread = if self.stream.is_some() { DEPTH } else { 1 };
+        let wanted = total
+            .div_ceil(self.chunk)
+            .min(threads.max(1).saturating_mul(per_thread));
+        self.ctx
+            .with_background_pinning(total, self.chunk, self.chunk_max, wanted, || {
+                self.run_threads(threads)
             });
-        }
         match self
             .error
             .lock()
@@ -200,6 +201,33 @@ impl<'a> Job<'a> {
             Some((_, e)) => Err(e),
             None => Ok(()),
         }
+    }
+
+    fn run_threads(&self, threads: usize) {
+        if threads <= 1 {
+            worker(self);
+            return;
+        }
+        std::thread::scope(|scope| {
+            let helpers: Vec<_> = (1..threads)
+                .filter_map(|i| {
+                    std::thread::Builder::new()
+                        .name(format!("cudabuf-decompress-{i}"))
+                        .spawn_scoped(scope, || worker(self))
+                        .map_err(|e| log::debug!("decompressing with fewer threads: {e}"))
+                        .ok()
+                })
+                .collect();
+            worker(self);
+            for helper in helpers {
+                if helper.join().is_err() {
+                    self.fail(
+                        0,
+                        Error::invalid_data(WHAT, "a decompressing thread panicked"),
+                    );
+                }
+            }
+        });
     }
 }
 
@@ -223,6 +251,7 @@ fn worker(job: &Job<'_>) {
         job,
         free: Vec::new(),
         in_flight: VecDeque::new(),
+        pageable: Vec::new(),
         current: None,
         filled: 0,
         body: 0,
@@ -242,15 +271,23 @@ fn worker(job: &Job<'_>) {
     stager.finish();
 }
 
-/// A thread's pinned chunks and where the one being filled goes.
+/// The chunk a thread fills: a pinned one, or its pageable memory.
+enum Chunk {
+    Pinned(HostBuffer),
+    Pageable,
+}
+
+/// A thread's chunks and where the one being filled goes.
 struct Stager<'j> {
     job: &'j Job<'j>,
-    /// Chunks no copy uses.
+    /// Pinned chunks no copy uses.
     free: Vec<HostBuffer>,
     /// Uploads issued and not yet waited for, with their tasks.
     in_flight: VecDeque<(usize, Transfer<HostRange>)>,
+    /// The thread's pageable memory, once a chunk needed it (empty before).
+    pageable: Vec<u8>,
     /// The chunk being filled.
-    current: Option<HostBuffer>,
+    current: Option<Chunk>,
     /// Its bytes so far.
     filled: usize,
     /// The body it goes to, and where its first byte goes.
@@ -353,8 +390,8 @@ impl Stager<'_> {
         let mut remaining = len;
         while remaining > 0 {
             let n = self.room()?.min(remaining);
-            let chunk = self.current.as_mut().expect("room() leaves a chunk");
-            let got = match reader.read(&mut chunk[self.filled..self.filled + n]) {
+            let filled = self.filled;
+            let got = match reader.read(&mut self.bytes()[filled..filled + n]) {
                 Ok(0) => return Err(wrong(format!("it ends {remaining} bytes short")).into()),
                 Ok(got) => got,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -378,8 +415,8 @@ impl Stager<'_> {
     fn zeros_to(&mut self, end: usize) -> std::result::Result<(), Stop> {
         while self.position() < end {
             let n = self.room()?.min(end - self.position());
-            let chunk = self.current.as_mut().expect("room() leaves a chunk");
-            chunk[self.filled..self.filled + n].fill(0);
+            let filled = self.filled;
+            self.bytes()[filled..filled + n].fill(0);
             self.filled += n;
         }
         Ok(())
@@ -391,30 +428,58 @@ impl Stager<'_> {
         if self.job.abandoned(self.task) {
             return Err(Stop::Abandoned);
         }
-        if self
-            .current
-            .as_ref()
-            .is_some_and(|c| self.filled == c.len())
-        {
+        if self.current.is_some() && self.filled == self.capacity() {
             self.flush()?;
         }
         if self.current.is_none() {
             self.current = Some(self.chunk()?);
         }
-        Ok(self.job.chunk - self.filled)
+        Ok(self.capacity() - self.filled)
     }
 
-    /// A chunk no copy uses: an idle one, a new one while the thread holds fewer than
-    /// [`DEPTH`], or the oldest in flight once its upload is done.
-    fn chunk(&mut self) -> Result<HostBuffer> {
+    /// The bytes of the chunk being filled (there is one: `room` made sure).
+    fn bytes(&mut self) -> &mut [u8] {
+        match self.current.as_mut().expect("room() leaves a chunk") {
+            Chunk::Pinned(chunk) => &mut chunk[..self.job.chunk],
+            Chunk::Pageable => &mut self.pageable,
+        }
+    }
+
+    /// How many bytes the chunk being filled takes.
+    fn capacity(&self) -> usize {
+        match self.current {
+            Some(Chunk::Pageable) => self.pageable.len(),
+            _ => self.job.chunk,
+        }
+    }
+
+    /// A chunk no copy uses, without pinning anything: an idle one of the thread's, the
+    /// oldest in flight once its upload is done when [`DEPTH`] are, an idle one from the
+    /// context's pool, the oldest in flight (a thread that has pinned chunks keeps to
+    /// them), or else the thread's pageable memory.
+    fn chunk(&mut self) -> Result<Chunk> {
         if let Some(chunk) = self.free.pop() {
-            return Ok(chunk);
+            return Ok(Chunk::Pinned(chunk));
         }
-        if self.in_flight.len() < DEPTH {
-            return self.job.ctx.staging_buffer(self.job.chunk);
+        if self.in_flight.len() >= DEPTH {
+            let (_, oldest) = self.in_flight.pop_front().expect("DEPTH uploads in flight");
+            return self.settle(oldest).map(Chunk::Pinned);
         }
-        let (_, oldest) = self.in_flight.pop_front().expect("DEPTH uploads in flight");
-        self.settle(oldest)
+        if let Some(chunk) = self
+            .job
+            .ctx
+            .pooled_staging_buffer(self.job.chunk, self.job.chunk_max)
+        {
+            return Ok(Chunk::Pinned(chunk));
+        }
+        if let Some((_, oldest)) = self.in_flight.pop_front() {
+            return self.settle(oldest).map(Chunk::Pinned);
+        }
+        if self.pageable.is_empty() {
+            // Zeroed by the allocator from fresh pages: nothing is touched until filled.
+            self.pageable = vec![0; self.job.chunk.min(PAGEABLE_CHUNK)];
+        }
+        Ok(Chunk::Pageable)
     }
 
     /// Wait for an upload; its chunk back.
@@ -439,11 +504,25 @@ impl Stager<'_> {
         let at = self.at;
         self.at += n;
         self.filled = 0;
-        let Some(stream) = &self.job.stream else {
-            let chunk = self.current.as_ref().expect("a filled chunk");
-            return body.copy_from_host(&chunk[..n], at, None).map(drop);
+        let chunk = match self.current.take() {
+            Some(Chunk::Pinned(chunk)) => chunk,
+            Some(Chunk::Pageable) => {
+                // Synchronous, on the legacy default stream like the uploads in flight;
+                // the next chunk may be a pinned one that reached the pool meanwhile.
+                return body.copy_from_host_unpinned(&self.pageable[..n], at);
+            }
+            None => {
+                return Err(Error::invalid_argument(
+                    "decompressing an Arrow IPC body",
+                    "no chunk to upload",
+                ))
+            }
         };
-        let chunk = self.current.take().expect("a filled chunk");
+        let Some(stream) = &self.job.stream else {
+            let copied = body.copy_from_host(&chunk[..n], at, None).map(drop);
+            self.current = Some(Chunk::Pinned(chunk));
+            return copied;
+        };
         let range = chunk.into_range(..n)?;
         match stream.copy_from_host(&body.slice(at, n)?, range) {
             Ok(transfer) => {
@@ -467,7 +546,11 @@ impl Stager<'_> {
                 Err(e) => self.job.fail(t, e),
             }
         }
-        for chunk in self.free.drain(..).chain(self.current.take()) {
+        let current = match self.current.take() {
+            Some(Chunk::Pinned(chunk)) => Some(chunk),
+            _ => None,
+        };
+        for chunk in self.free.drain(..).chain(current) {
             self.job.ctx.recycle_staging_buffer(chunk);
         }
     }
@@ -520,12 +603,18 @@ mod tests {
     use crate::compression::{decompress, plan_with};
     use crate::decode::BatchLayout;
     use cudabuf_core::{Backend, FileOptions};
+    use cudabuf_sim::{FaultOp, SimBackend};
 
     fn ctx(chunk: usize) -> Context {
-        let ctx = Backend::new(cudabuf_sim::SimBackend::new())
-            .context(0)
-            .unwrap();
+        ctx_on(&SimBackend::new(), chunk, 0)
+    }
+
+    /// A context of `sim` with file chunks of `chunk` bytes and a staging pool of
+    /// `pool` bytes (0: off, the simulator's default).
+    fn ctx_on(sim: &SimBackend, chunk: usize, pool: usize) -> Context {
+        let ctx = Backend::new(sim.clone()).context(0).unwrap();
         ctx.set_file_options(FileOptions::default().with_chunk_size(chunk).unwrap());
+        ctx.set_staging_pool_limit(pool);
         ctx
     }
 
@@ -597,8 +686,17 @@ mod tests {
                 vec![pattern(5, 9)],
             ];
             let bodies: Vec<_> = sets.iter().map(|b| body(codec, b)).collect();
-            for chunk in [4096, 8 << 20] {
-                let ctx = ctx(chunk);
+            // The pool off: every chunk pageable; on: the first calls pageable, the
+            // later ones (and the later chunks of a call, once pinned buffers arrive)
+            // through pinned chunks.
+            for (chunk, pool) in [
+                (4096, 0),
+                (4096, 64 << 20),
+                (8 << 20, 0),
+                (8 << 20, 64 << 20),
+            ] {
+                let sim = SimBackend::new();
+                let ctx = ctx_on(&sim, chunk, pool);
                 for threads in [1, 2, 8] {
                     let plans = bodies
                         .iter()
@@ -642,8 +740,67 @@ mod tests {
                     drop(out);
                     assert_eq!(ctx.bytes_allocated(), 0);
                 }
+                ctx.wait_background_pinning();
+                assert_eq!(
+                    sim.op_count(FaultOp::AllocHost),
+                    ctx.staging_buffers_pinned_in_background(),
+                    "pinned on a call's path"
+                );
+                ctx.trim_cache();
+                drop(ctx);
+                sim.assert_clean();
             }
         }
+    }
+
+    /// Asynchronous and synchronous uploads in `sim`'s trace since it was cleared.
+    fn uploads(sim: &SimBackend) -> (usize, usize) {
+        let trace = sim.schedule_trace();
+        let count = |what: &str| trace.iter().filter(|e| e.what == what).count();
+        (count("H2D"), count("sync H2D"))
+    }
+
+    /// A first call pins nothing on its path: its chunks go through pageable memory
+    /// (synchronous uploads only) while the chunks its threads can use (two each) are
+    /// pinned in the background once it is done; the next call uploads from those
+    /// (asynchronously) and pins nothing. The bytes are the same either way.
+    #[test]
+    fn a_first_call_stages_through_pageable_memory_and_the_next_through_pooled_chunks() {
+        let sim = SimBackend::new();
+        let ctx = ctx_on(&sim, 64 << 10, 64 << 20);
+        let codec = Codec::Zstd;
+        let (packed, layout, plain) = body(codec, &buffers(4));
+        let call = || {
+            sim.clear_schedule_trace();
+            let plans = vec![plan_with(codec, &layout, Source::Host(&packed), usize::MAX).unwrap()];
+            let (device, _) = decompress(&ctx, plans, 2).unwrap().pop().unwrap();
+            assert_eq!(device.to_vec().unwrap(), plain);
+            ctx.wait_background_pinning();
+            uploads(&sim)
+        };
+        let (asynchronous, synchronous) = call();
+        assert_eq!(asynchronous, 0, "no pinned chunk on a first call");
+        assert!(synchronous > 0);
+        assert_eq!(sim.op_count(FaultOp::AllocHost), 4, "two chunks per thread");
+        assert_eq!(
+            ctx.staging_buffers_pinned_in_background(),
+            4,
+            "all in the background"
+        );
+        assert_eq!(ctx.bytes_pooled(), 4 * (64 << 10));
+        let (asynchronous, synchronous) = call();
+        assert!(asynchronous > 0, "pooled pinned chunks");
+        assert_eq!(synchronous, 0, "no pageable chunk with the pool warm");
+        assert_eq!(
+            sim.op_count(FaultOp::AllocHost),
+            4,
+            "a warm call pins nothing"
+        );
+        assert_eq!(ctx.bytes_pooled(), 4 * (64 << 10), "the chunks are back");
+        assert_eq!(ctx.bytes_allocated(), 0);
+        ctx.trim_cache();
+        drop(ctx);
+        sim.assert_clean();
     }
 
     #[test]

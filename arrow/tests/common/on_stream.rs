@@ -192,8 +192,9 @@ pub(crate) fn read_after_serialize_on_a_stream_follows_the_streams_rules(
 }
 
 /// `to_host_on` lands message bodies in pinned blocks from the context's pool, as
-/// `to_host` does (the pool switched on: the simulator's is off by default), and the
-/// serializer's staging buffers go back to the pool when the stream is done with them.
+/// `to_host` does (the pool switched on: the simulator's is off by default; the first
+/// conversion of a size has its block pinned in the background), and the serializer's
+/// staging buffers go back to the pool when the stream is done with them.
 pub(crate) fn to_host_on_a_stream_lands_in_pooled_pinned_blocks(f: &Fixture) -> CaseResult {
     let ctx = context(f);
     require_streams(&ctx, f)?;
@@ -205,11 +206,16 @@ pub(crate) fn to_host_on_a_stream_lands_in_pooled_pinned_blocks(f: &Fixture) -> 
     stream.synchronize().unwrap();
     // The next operation on the stream lets go of what completed work held.
     let read = read_record_batch(&message, &host.schema()).unwrap();
-    let back = read.to_host_on(&stream).unwrap();
+    let first = read.to_host_on(&stream).unwrap();
     assert!(
         ctx.bytes_pooled() > 0,
         "the staging chunks went back to the pool"
     );
+    assert_eq!(first, host);
+    // A conversion that found no block of its class in the pool landed in pageable
+    // memory and had one pinned in the background: the next one is lent it.
+    ctx.wait_background_pinning();
+    let back = read.to_host_on(&stream).unwrap();
     let address = back.column(0).to_data().buffers()[0].as_ptr() as u64;
     assert!(
         ctx.get_device_address(address).is_ok(),

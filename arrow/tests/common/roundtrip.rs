@@ -173,46 +173,76 @@ pub(crate) fn dictionary_column_in_one_message_is_unsupported(f: &Fixture) -> Ca
 
 pub(crate) fn serializer_reuses_its_pinned_staging_buffer(f: &Fixture) -> CaseResult {
     let ctx = context(f);
-    let mut serializer = Serializer::new(&ctx);
-    assert_eq!(serializer.staging_size(), 0);
-    let small = batch(vec![("ints", data::ints()), ("strings", data::strings())]);
-    let first = serializer.serialize_record_batch(&small).unwrap();
-    let staging = (serializer.staging_size(), serializer.staging_address());
-    assert!(
-        staging.0 > first.size(),
-        "the whole small message fits the staging buffer"
-    );
-    for _ in 0..3 {
-        let again = serializer.serialize_record_batch(&small).unwrap();
-        assert_eq!(again.to_vec().unwrap(), first.to_vec().unwrap());
+    let limit = ctx.staging_pool_limit();
+    // The pool off: the serializer pins its own staging buffer. On: its first messages
+    // are gathered in pageable memory (nothing pinned on their path) while a buffer of
+    // their size is pinned into the pool, which the next messages take.
+    for pool in [0, 1 << 20] {
+        ctx.set_staging_pool_limit(pool);
+        ctx.trim_cache();
+        let mut serializer = Serializer::new(&ctx);
+        assert_eq!(serializer.staging_size(), 0);
+        let small = batch(vec![("ints", data::ints()), ("strings", data::strings())]);
+        let first = serializer.serialize_record_batch(&small).unwrap();
+        if pool > 0 {
+            assert_eq!(
+                serializer.staging_size(),
+                0,
+                "nothing pinned on a first call"
+            );
+            ctx.wait_background_pinning();
+            let again = serializer.serialize_record_batch(&small).unwrap();
+            assert_eq!(again.to_vec().unwrap(), first.to_vec().unwrap());
+        }
+        let staging = (serializer.staging_size(), serializer.staging_address());
+        assert!(
+            staging.0 > first.size(),
+            "the whole small message fits the staging buffer"
+        );
+        for _ in 0..3 {
+            let again = serializer.serialize_record_batch(&small).unwrap();
+            assert_eq!(again.to_vec().unwrap(), first.to_vec().unwrap());
+            assert_eq!(
+                (serializer.staging_size(), serializer.staging_address()),
+                staging,
+                "the same staging buffer is reused"
+            );
+        }
+        // A bigger message grows it (with the pool on, once a buffer of its size has
+        // been pinned in the background), up to the limit, then it is reused again.
+        let large = data::large(1 << 12);
+        let big = serializer.serialize_record_batch(&large).unwrap();
+        assert_eq!(big.to_vec().unwrap(), arrow_rs_message(&large));
+        if pool > 0 {
+            assert_eq!(
+                serializer.staging_size(),
+                staging.0,
+                "not grown on this path"
+            );
+            ctx.wait_background_pinning();
+            let big = serializer.serialize_record_batch(&large).unwrap();
+            assert_eq!(big.to_vec().unwrap(), arrow_rs_message(&large));
+        }
+        assert!(serializer.staging_size() > staging.0);
+        assert!(serializer.staging_size() <= serializer.staging_limit());
+        let grown = (serializer.staging_size(), serializer.staging_address());
+        serializer.serialize_record_batch(&small).unwrap();
         assert_eq!(
             (serializer.staging_size(), serializer.staging_address()),
-            staging,
-            "the same staging buffer is reused"
+            grown
+        );
+        // A message beyond the limit goes as one batched copy of its parts: the same
+        // bytes, and the staging buffer stays as it was.
+        let larger = data::large(1 << 16);
+        let message = serializer.serialize_record_batch(&larger).unwrap();
+        assert!(message.size() > serializer.staging_limit());
+        assert_eq!(message.to_vec().unwrap(), arrow_rs_message(&larger));
+        assert_eq!(
+            (serializer.staging_size(), serializer.staging_address()),
+            grown
         );
     }
-    // A bigger message grows it, up to the limit, then it is reused again.
-    let large = data::large(1 << 12);
-    let big = serializer.serialize_record_batch(&large).unwrap();
-    assert_eq!(big.to_vec().unwrap(), arrow_rs_message(&large));
-    assert!(serializer.staging_size() > staging.0);
-    assert!(serializer.staging_size() <= serializer.staging_limit());
-    let grown = (serializer.staging_size(), serializer.staging_address());
-    serializer.serialize_record_batch(&small).unwrap();
-    assert_eq!(
-        (serializer.staging_size(), serializer.staging_address()),
-        grown
-    );
-    // A message beyond the limit goes as one batched copy of its parts: the same bytes,
-    // and the staging buffer stays as it was.
-    let larger = data::large(1 << 16);
-    let message = serializer.serialize_record_batch(&larger).unwrap();
-    assert!(message.size() > serializer.staging_limit());
-    assert_eq!(message.to_vec().unwrap(), arrow_rs_message(&larger));
-    assert_eq!(
-        (serializer.staging_size(), serializer.staging_address()),
-        grown
-    );
+    ctx.set_staging_pool_limit(limit);
     Ok(())
 }
 
@@ -221,8 +251,9 @@ pub(crate) fn to_host_lands_in_pooled_pinned_blocks_never_shared_by_live_batches
 ) -> CaseResult {
     let ctx = context(f);
     let limit = ctx.staging_pool_limit();
-    // The pool on (the simulator's is off by default), with room to spare.
+    // The pool on (the simulator's is off by default), with room to spare, and empty.
     ctx.set_staging_pool_limit(1 << 30);
+    ctx.trim_cache();
     let rows = 50_000i64;
     let a = batch(vec![(
         "v",
@@ -244,12 +275,28 @@ pub(crate) fn to_host_lands_in_pooled_pinned_blocks_never_shared_by_live_batches
         let address = batch.column(0).to_data().buffers()[0].as_ptr() as u64;
         ctx.get_device_address(address).is_ok()
     };
-    // Two conversions alive at once: two blocks, neither overwritten by the other.
+    // A first conversion pins nothing on its path: pageable memory, and a block of its
+    // class pinned in the background once it is done.
+    let first = to_host(&message_a);
+    assert!(
+        !is_pinned(&first),
+        "a first conversion lands in pageable memory"
+    );
+    assert_eq!(first, a);
+    ctx.wait_background_pinning();
+    // Two conversions alive at once: the pooled block for the one, pageable memory for
+    // the other (and a second block pinned meanwhile), then two blocks, neither
+    // overwritten by the other.
     let host_a = to_host(&message_a);
+    let host_b = to_host(&message_b);
+    assert!(is_pinned(&host_a) && !is_pinned(&host_b));
+    assert_eq!((&host_a, &host_b), (&a, &b));
+    ctx.wait_background_pinning();
     let host_b = to_host(&message_b);
     assert!(is_pinned(&host_a) && is_pinned(&host_b), "pinned blocks");
     assert_eq!(host_a, a);
     assert_eq!(host_b, b);
+    assert_eq!(first, a, "the pageable one is intact");
     // A column kept after its batch keeps the block: later conversions do not reuse it.
     let kept = host_a.column(0).clone();
     drop(host_a);
@@ -263,6 +310,7 @@ pub(crate) fn to_host_lands_in_pooled_pinned_blocks_never_shared_by_live_batches
     );
     drop((kept, host_b));
     // Blocks given back are reused, and stay correct.
+    ctx.wait_background_pinning();
     let again = to_host(&message_a);
     assert!(is_pinned(&again));
     assert_eq!(again, a);

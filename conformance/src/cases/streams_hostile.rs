@@ -324,13 +324,22 @@ pub(crate) fn event_of_another_context_cannot_be_recorded_or_timed(f: &Fixture) 
     Ok(())
 }
 
-/// A buffered writer with a copy in flight (a full staging buffer sent, not flushed).
+/// A buffered writer with a copy in flight (its full staging buffer sent, nothing else,
+/// not flushed). The staging buffer is pinned memory of the caller's: one from the
+/// context's pool may not be there yet, and the writer then stages in pageable memory,
+/// sent by synchronous copies (which leave nothing in flight).
 fn writer_with_a_copy_in_flight(ctx: &Context) -> (cudabuf_core::DeviceBuffer, BufferWriter) {
     let buf = ctx.new_buffer(8192).unwrap();
     let mut writer = BufferWriter::new(buf.clone());
-    writer.set_buffer_size(4096).unwrap();
+    let staging = ctx.new_host_buffer(4096).unwrap();
+    assert!(writer.set_staging_buffer(Some(staging)).unwrap().is_none());
     writer.write_all(&[1; 100]).unwrap();
-    writer.write_all(&[2; 4000]).unwrap();
+    writer.write_all(&[2; 3996]).unwrap();
+    assert_eq!(
+        writer.num_bytes_buffered(),
+        0,
+        "the staging buffer was sent whole"
+    );
     (buf, writer)
 }
 
@@ -354,7 +363,7 @@ pub(crate) fn race_non_blocking_read_of_unflushed_writer_bytes(f: &Fixture) -> C
             .wait()
             .expect("wait");
         assert!(
-            host[..100] == [1; 100] && host[100..4100] == [2; 4000],
+            host[..100] == [1; 100] && host[100..4096] == [2; 3996],
             "{}: the flushed bytes",
             run.schedule
         );

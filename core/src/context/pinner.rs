@@ -1,8 +1,9 @@
 //! Background pinning: a context's helper thread that allocates pinned staging buffers
-//! and puts them in the context's pool, so that a file read or write that finds the pool
-//! short never waits for pinning (which costs far more per byte than the copy it would
-//! speed up). The call meanwhile stages through pageable memory; later chunks and later
-//! calls find the pinned buffers in the pool.
+//! and puts them in the context's pool, so that a call that finds the pool short (a file
+//! read or write, a compressed Arrow IPC body, an Arrow `to_host`, ...) never waits for
+//! pinning (which costs far more per byte than the copy it would speed up). The call
+//! meanwhile stages through pageable memory; later chunks and later calls find the
+//! pinned buffers in the pool (`Context::pin_staging_in_background`).
 //!
 //! The thread is started on demand, ends when nothing is left to pin, and never outlives
 //! the context: the context's drop stops it and joins it (waiting for at most the
@@ -10,6 +11,7 @@
 //! [`Context`](super::Context) itself, so the last `Context` never drops on it.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
@@ -26,6 +28,8 @@ struct Shared {
     state: Mutex<State>,
     /// Notified when the thread runs out of work (or stops).
     idle: Condvar,
+    /// Buffers pinned so far.
+    pinned: AtomicU64,
 }
 
 #[derive(Default)]
@@ -46,6 +50,7 @@ impl Pinner {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
                 idle: Condvar::new(),
+                pinned: AtomicU64::new(0),
             }),
         }
     }
@@ -119,6 +124,11 @@ impl Pinner {
         }
     }
 
+    /// How many buffers the thread has pinned so far.
+    pub(crate) fn pinned(&self) -> u64 {
+        self.shared.pinned.load(Ordering::Relaxed)
+    }
+
     /// Stop for good and join the thread (the context is going).
     pub(crate) fn stop(&self) {
         let thread = {
@@ -184,6 +194,7 @@ fn pin(shared: &Shared, raw: &Arc<dyn RawContext>, pool: &PinnedPool) {
         }
         match HostBuffer::allocate(Arc::clone(raw), size) {
             Ok(buffer) => {
+                shared.pinned.fetch_add(1, Ordering::Relaxed);
                 if let Some(unkept) = pool.put_if_room(buffer) {
                     drop(unkept);
                     shared.lock().wanted.remove(&size);

@@ -217,65 +217,6 @@ fn whole(range: HostRange, operation: &'static str) -> Result<HostBuffer> {
     })
 }
 
-/// `device`'s bytes `position..position + len` must exist.
-fn check_span(
-    device: &DeviceBuffer,
-    position: usize,
-    len: usize,
-    operation: &'static str,
-) -> Result<()> {
-    if position
-        .checked_add(len)
-        .is_some_and(|end| end <= device.size())
-    {
-        return Ok(());
-    }
-    Err(Error::out_of_range(
-        operation,
-        "device buffer",
-        position,
-        len,
-        device.size(),
-    ))
-}
-
-/// Copy pageable `src` into `device` at `position`, synchronously, pinning nothing.
-fn upload_unpinned(
-    device: &DeviceBuffer,
-    position: usize,
-    src: &[u8],
-    operation: &'static str,
-) -> Result<()> {
-    check_span(device, position, src.len(), operation)?;
-    // SAFETY: `position + src.len() <= device.size()` was checked just above, and the
-    // buffer's range lies in its live memory (it is held), reachable from its context.
-    unsafe {
-        device
-            .context()
-            .raw()
-            .copy_host_to_device_unpinned(device.address() + position as u64, src)
-    }
-}
-
-/// Copy `dst.len()` bytes of `device` from `position` into pageable `dst`, synchronously,
-/// pinning nothing.
-fn download_unpinned(
-    device: &DeviceBuffer,
-    position: usize,
-    dst: &mut [u8],
-    operation: &'static str,
-) -> Result<()> {
-    check_span(device, position, dst.len(), operation)?;
-    // SAFETY: `position + dst.len() <= device.size()` was checked just above, and the
-    // buffer's range lies in its live memory (it is held), reachable from its context.
-    unsafe {
-        device
-            .context()
-            .raw()
-            .copy_device_to_host_unpinned(dst, device.address() + position as u64)
-    }
-}
-
 /// `len` bytes at `offset` must lie within a file of `size` bytes.
 pub(super) fn check_range(
     size: u64,
@@ -568,16 +509,12 @@ fn job<'a>(
     })
 }
 
-/// A call pins the buffers it lacks in the background while it runs only if its range
-/// is at least this many times their bytes; otherwise once it is done.
-const EARLY_PINNING: usize = 16;
-
 /// Run `worker` on up to `threads` threads (the calling thread is one of them); the first
 /// failure, if any. On the per-thread default stream every copy is issued from the
 /// calling thread (one thread): that handle names the issuing thread's own stream, so
 /// other threads' copies would not be ordered after the caller's earlier work. The pinned
 /// buffers the threads can use and the pool lacks are pinned in the background: from the
-/// start for a long call ([`EARLY_PINNING`]), after it for a short one.
+/// start for a long call, after it for a short one (`Context::with_background_pinning`).
 fn run(job: &Job<'_>, threads: usize, worker: fn(&Job<'_>) -> Result<()>) -> Result<()> {
     let per_thread = job.stream.as_ref().is_some_and(Stream::is_per_thread);
     let threads = if per_thread {
@@ -586,26 +523,19 @@ fn run(job: &Job<'_>, threads: usize, worker: fn(&Job<'_>) -> Result<()>) -> Res
         threads.min(job.chunks).max(1)
     };
     let wanted = job.pinned_wanted(threads);
-    let pin = || {
-        job.ctx
-            .pin_staging_in_background(job.buffer_size, job.buffer_max, wanted)
-    };
-    // Pinning competes with the call for the CPU (and the driver): only a call long
-    // enough to have pinned buffers for most of its chunks has them pinned while it
-    // runs; a shorter one has them pinned once it is done, for the next calls.
-    let early = job.device.size() / EARLY_PINNING >= wanted.saturating_mul(job.buffer_size);
-    if early {
-        pin();
-    }
-    let result = if threads == 1 {
-        worker(job)
-    } else {
-        run_threads(job, threads, worker)
-    };
-    if !early {
-        pin();
-    }
-    result
+    job.ctx.with_background_pinning(
+        job.device.size(),
+        job.buffer_size,
+        job.buffer_max,
+        wanted,
+        || {
+            if threads == 1 {
+                worker(job)
+            } else {
+                run_threads(job, threads, worker)
+            }
+        },
+    )
 }
 
 /// `worker` on `threads` threads, the calling thread one of them.
@@ -692,7 +622,8 @@ fn read_chunks(job: &Job<'_>, staging: &mut Staging<Transfer<HostRange>>) -> Res
             let buf = job.pageable(staging)?;
             for (at, len) in job.pieces(start, n) {
                 let head = fill(job, buf, at, len)?;
-                upload_unpinned(job.device, at, &buf[head..head + len], job.operation)?;
+                job.device
+                    .copy_from_host_unpinned(&buf[head..head + len], at)?;
             }
             continue;
         };
@@ -797,7 +728,7 @@ fn write_chunks(job: &Job<'_>, staging: &mut Staging<(usize, Transfer<HostRange>
             let buf = job.pageable(staging)?;
             for (piece, len) in job.pieces(start, n) {
                 let at = job.base + piece as u64;
-                download_unpinned(job.device, piece, &mut buf[..len], job.operation)?;
+                job.device.copy_to_host_unpinned(piece, &mut buf[..len])?;
                 job.file
                     .write_all_at(&buf[..len], at)
                     .map_err(|e| job.io_error(at, &e))?;

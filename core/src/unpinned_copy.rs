@@ -1,0 +1,89 @@
+//! [`DeviceBuffer::copy_from_host_unpinned`] and
+//! [`DeviceBuffer::copy_to_host_unpinned`]: synchronous copies between pageable host
+//! memory and a device buffer that pin no host memory for themselves, for the calls that
+//! stage through pageable memory while their pinned buffers are made in the background.
+
+use crate::backend::{enter_call, ApiCall};
+use crate::buffer::DeviceBuffer;
+use crate::error::Result;
+
+impl DeviceBuffer {
+    /// Copy all of `src` into this buffer at `position`, synchronously, without pinning
+    /// host memory for the copy.
+    ///
+    /// [`copy_from_host`](Self::copy_from_host) lets the backend stage a pageable copy
+    /// through pinned buffers of its own, which it may pin on first use (the CUDA backend
+    /// starts its staging threads, each with its pinned chunks, on a context's first large
+    /// pageable copy). This copy uses such buffers only if the backend has them already,
+    /// and otherwise hands the copy to the driver as it is. Pinning costs more per byte
+    /// than the copy it would speed up, so cudabuf's own calls that find no pinned staging
+    /// buffer in their context's pool (a context's first calls) copy this way while the
+    /// buffers they lack are pinned in the background
+    /// ([`Context::pin_staging_in_background`](crate::Context::pin_staging_in_background)).
+    /// Like every synchronous copy it runs on the context's legacy default stream.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.new_buffer(8)?;
+    /// buf.copy_from_host_unpinned(b"abcd", 2)?;
+    /// assert_eq!(buf.copy_to_host(2, Some(4))?, b"abcd");
+    /// assert!(buf.copy_from_host_unpinned(b"too long", 4).is_err()); // nothing copied
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`](crate::Error::OutOfRange) if `position + src.len() > size` (nothing is copied); the
+    /// backend's failure of the copy.
+    #[track_caller]
+    pub fn copy_from_host_unpinned(&self, src: &[u8], position: usize) -> Result<()> {
+        const OPERATION: &str = "copy_from_host_unpinned";
+        let _call = enter_call(
+            ApiCall::here("DeviceBuffer::copy_from_host_unpinned")
+                .with_buffer(self.address(), self.size()),
+        );
+        self.check_range(OPERATION, position, src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let dst = self.address() + position as u64;
+        // SAFETY: `position + src.len() <= self.size()` was checked just above, and this
+        // buffer's range lies in its live memory (we hold it), reachable from its context.
+        unsafe { self.context().raw().copy_host_to_device_unpinned(dst, src) }
+    }
+
+    /// Copy `dst.len()` bytes of this buffer from `position` into `dst`, synchronously,
+    /// without pinning host memory for the copy (see
+    /// [`copy_from_host_unpinned`](Self::copy_from_host_unpinned)).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let buf = ctx.buffer_from_data(b"hello world")?;
+    /// let mut out = vec![0u8; 5];
+    /// buf.copy_to_host_unpinned(6, &mut out)?;
+    /// assert_eq!(out, b"world");
+    /// assert!(buf.copy_to_host_unpinned(7, &mut out).is_err()); // past the end
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`](crate::Error::OutOfRange) if `position + dst.len() > size` (nothing is copied); the
+    /// backend's failure of the copy.
+    #[track_caller]
+    pub fn copy_to_host_unpinned(&self, position: usize, dst: &mut [u8]) -> Result<()> {
+        const OPERATION: &str = "copy_to_host_unpinned";
+        let _call = enter_call(
+            ApiCall::here("DeviceBuffer::copy_to_host_unpinned")
+                .with_buffer(self.address(), self.size()),
+        );
+        self.check_range(OPERATION, position, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let src = self.address() + position as u64;
+        // SAFETY: `position + dst.len() <= self.size()` was checked just above, and this
+        // buffer's range lies in its live memory (we hold it), reachable from its context.
+        unsafe { self.context().raw().copy_device_to_host_unpinned(dst, src) }
+    }
+}
