@@ -24,6 +24,7 @@
 
 mod auth;
 mod client;
+mod compressed;
 mod decode;
 mod encode;
 mod error;
