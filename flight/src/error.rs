@@ -34,6 +34,24 @@ pub enum FlightError {
     /// Valid Flight data this crate does not handle yet (dictionary batches, ...).
     #[error("unsupported Flight data: {0}")]
     Unsupported(String),
+    /// The peer went silent: no connection, no answer to a call, or no next message of a
+    /// stream within the configured timeout (see [`FlightDeviceClient::with_timeout`],
+    /// [`FlightDeviceClient::with_idle_timeout`], [`ServerLimits`]).
+    ///
+    /// [`FlightDeviceClient::with_timeout`]: crate::FlightDeviceClient::with_timeout
+    /// [`FlightDeviceClient::with_idle_timeout`]: crate::FlightDeviceClient::with_idle_timeout
+    /// [`ServerLimits`]: crate::ServerLimits
+    #[error("Flight {what}: nothing within {after:?}")]
+    Timeout {
+        /// What was waited for: `"connect"`, `"the answer to a call"`, `"the next message"`.
+        what: &'static str,
+        /// The timeout that passed.
+        after: std::time::Duration,
+    },
+    /// A bad argument from the caller, found before anything was sent (an `http://` URL
+    /// given to a TLS connection, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
 }
 
 impl FlightError {
@@ -41,9 +59,10 @@ impl FlightError {
         FlightError::InvalidData(what.into())
     }
 
-    /// The gRPC status a server answers this error with: `InvalidArgument` for bad data,
-    /// `ResourceExhausted` for an oversized message, `Unimplemented` for unsupported data,
-    /// `Internal` for a device failure, the status itself for a status.
+    /// The gRPC status a server answers this error with: `InvalidArgument` for bad data or
+    /// a bad argument, `ResourceExhausted` for an oversized message, `Unimplemented` for
+    /// unsupported data, `DeadlineExceeded` for a timeout, `Internal` for a device failure,
+    /// the status itself for a status.
     ///
     /// ```
     /// use cudabuf_flight::FlightError;
@@ -58,6 +77,8 @@ impl FlightError {
             FlightError::InvalidData(_) => tonic::Status::invalid_argument(self.to_string()),
             FlightError::TooLarge { .. } => tonic::Status::resource_exhausted(self.to_string()),
             FlightError::Unsupported(_) => tonic::Status::unimplemented(self.to_string()),
+            FlightError::Timeout { .. } => tonic::Status::deadline_exceeded(self.to_string()),
+            FlightError::InvalidArgument(_) => tonic::Status::invalid_argument(self.to_string()),
         }
     }
 

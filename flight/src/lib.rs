@@ -28,7 +28,9 @@ mod compressed;
 mod decode;
 mod encode;
 mod error;
+mod limits;
 mod server;
+mod timeout;
 
 /// The `arrow-flight` crate this one is built on (version 60, as `cudabuf_arrow::arrow`).
 pub use arrow_flight;
@@ -38,4 +40,6 @@ pub use client::{BlockingFlightClient, DeviceBatchStream, FlightDeviceClient};
 pub use decode::{DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
 pub use encode::encode_device_batches;
 pub use error::{FlightError, Result};
+pub use limits::ServerLimits;
 pub use server::{DeviceFlight, DeviceFlightServer};
+pub use timeout::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT};
