@@ -31,6 +31,8 @@ mod error;
 mod limits;
 mod server;
 mod timeout;
+#[cfg(feature = "tls")]
+mod tls;
 
 /// The `arrow-flight` crate this one is built on (version 60, as `cudabuf_arrow::arrow`).
 pub use arrow_flight;
@@ -43,3 +45,5 @@ pub use error::{FlightError, Result};
 pub use limits::ServerLimits;
 pub use server::{DeviceFlight, DeviceFlightServer};
 pub use timeout::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT};
+#[cfg(feature = "tls")]
+pub use tls::{ClientTls, ServerTls};
