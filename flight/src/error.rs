@@ -13,9 +13,10 @@ pub enum FlightError {
     /// call's stream broke (tonic reports a cut connection as a status too).
     #[error("Flight call failed: {}: {}", .0.code(), .0.message())]
     Status(Box<tonic::Status>),
-    /// The connection could not be made (bad address, refused, ...).
+    /// The connection could not be made (bad address, refused, a failed TLS handshake,
+    /// ...); its [`source`](std::error::Error::source) chain says why.
     #[error("Flight transport: {0}")]
-    Transport(Box<tonic::transport::Error>),
+    Transport(#[source] Box<tonic::transport::Error>),
     /// A device operation failed (allocation, a copy, decoding a batch against its body).
     #[error(transparent)]
     Device(#[from] cudabuf_core::Error),

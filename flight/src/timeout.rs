@@ -95,6 +95,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_connection_the_server_never_accepts_times_out() {
+        // A listener with a backlog of one that never accepts: once its queue is full,
+        // the kernel drops further connection requests and connect() waits.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(1).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut queued = Vec::new();
+        for _ in 0..4 {
+            let connect = tokio::net::TcpStream::connect(addr);
+            if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_millis(200), connect).await
+            {
+                queued.push(stream);
+            }
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}")).unwrap();
+        let limit = Duration::from_millis(200);
+        let start = std::time::Instant::now();
+        let err = connect_channel(endpoint, limit).await.unwrap_err();
+        // tonic's own connect timeout or ours, whichever fires first: either way typed.
+        assert!(
+            matches!(
+                err,
+                FlightError::Timeout {
+                    what: "connect",
+                    ..
+                } | FlightError::Transport(_)
+            ),
+            "{err:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        drop((queued, listener));
+    }
+
+    #[tokio::test]
     async fn without_a_limit_the_stream_is_unchanged() {
         let got: Vec<Result<i32>> = idle_bounded(futures::stream::iter([Ok(1), Ok(2)]), None)
             .collect()

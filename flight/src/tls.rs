@@ -197,3 +197,42 @@ impl DeviceFlightServer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_handshake_that_never_answers_times_out() {
+        // A server that accepts the connection and never says a word.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            std::future::pending::<()>().await;
+            drop(socket);
+        });
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let tls = ClientTls::new(ca.cert.pem());
+        let endpoint = Endpoint::from_shared(format!("https://{addr}"))
+            .unwrap()
+            .tls_config(tls.config)
+            .unwrap();
+        let start = std::time::Instant::now();
+        let err = connect_channel(endpoint, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, FlightError::Timeout { what: "connect", after } if after == Duration::from_millis(200)),
+            "{err:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        held.abort();
+    }
+}
