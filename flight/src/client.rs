@@ -24,9 +24,11 @@ use crate::timeout::{
     DEFAULT_TIMEOUT,
 };
 
-/// A Flight client (tonic, HTTP/2 without TLS) whose [`do_get`](Self::do_get) decodes
-/// the stream straight into device memory ([`DeviceFlightDecoder`]), sending
-/// `authorization: Bearer <token>` on every call when it has a token.
+/// A Flight client (tonic, HTTP/2; TLS with `connect_tls`, feature `tls`) whose
+/// [`do_get`](Self::do_get) decodes the stream straight into device memory
+/// ([`DeviceFlightDecoder`]), sending `authorization: Bearer <token>` on every call when
+/// it has a token. Its waits are bounded by timeouts ([`with_timeout`](Self::with_timeout),
+/// [`with_idle_timeout`](Self::with_idle_timeout)).
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -14,11 +14,16 @@
 //!   (`Unauthenticated` otherwise); the client sends it.
 //! - Untrusted peers: every message is checked before anything is allocated (size limit,
 //!   flatbuffer verification, body length against the metadata, buffers against the
-//!   body); failures are [`FlightError`]s, never panics, and what was allocated is freed.
+//!   body, compressed lengths against their codec and a limit); failures are
+//!   [`FlightError`]s, never panics, and what was allocated is freed. A silent peer is
+//!   bounded by timeouts: the client's ([`DEFAULT_CONNECT_TIMEOUT`], [`DEFAULT_TIMEOUT`],
+//!   [`DEFAULT_IDLE_TIMEOUT`]) and the server's [`ServerLimits`].
+//! - TLS (feature `tls`, on by default): `FlightDeviceClient::connect_tls` with a
+//!   `ClientTls`, `DeviceFlightServer::serve_tls` with a `ServerTls` (mutual TLS
+//!   optional).
 //!
 //! Not handled yet: dictionary-encoded columns (refused with
-//! [`FlightError::Unsupported`]), `DoExchange`, TLS (give [`FlightDeviceClient::new`] a
-//! TLS channel of your own).
+//! [`FlightError::Unsupported`]), `DoExchange`.
 //!
 //! See [`FlightDeviceClient`] for a complete round trip.
 
