@@ -79,8 +79,8 @@ impl ServerLimits {
 }
 
 impl DeviceFlightServer {
-    /// This server with `limits` (the clones made from it share its flights, not its
-    /// limits).
+    /// This server with `limits`. Each clone carries the limits it was made with: set
+    /// them before serving (the flights are shared by every clone all the same).
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
