@@ -1022,3 +1022,162 @@ fn the_mutation_test_streams_decode_untouched() {
     assert_eq!(ctx.bytes_allocated(), 0);
     assert_clean(sim, ctx);
 }
+
+// ---- The fuzz target's seeds ----------------------------------------------------------
+
+/// `messages` in the input form of `fuzz/fuzz_targets/flight_decoder.rs`: for each, three
+/// little-endian `u32` lengths (header, body, `app_metadata`), then those bytes.
+fn frame(messages: &[FlightData]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for m in messages {
+        for part in [&m.data_header, &m.data_body, &m.app_metadata] {
+            out.extend_from_slice(&u32::try_from(part.len()).unwrap().to_le_bytes());
+        }
+        for part in [&m.data_header, &m.data_body, &m.app_metadata] {
+            out.extend_from_slice(part);
+        }
+    }
+    out
+}
+
+/// The messages of a seed (its framing read strictly: every length within the input).
+fn unframe(mut data: &[u8]) -> Vec<FlightData> {
+    let mut messages = Vec::new();
+    while !data.is_empty() {
+        let (lengths, rest) = data.split_first_chunk::<12>().expect("three lengths");
+        data = rest;
+        let mut part = |at: usize| {
+            let len = u32::from_le_bytes(lengths[at..at + 4].try_into().unwrap()) as usize;
+            let (bytes, rest) = data.split_at(len);
+            data = rest;
+            Bytes::copy_from_slice(bytes)
+        };
+        let (header, body, app_metadata) = (part(0), part(4), part(8));
+        messages.push(
+            FlightData::new()
+                .with_data_header(header)
+                .with_data_body(body)
+                .with_app_metadata(app_metadata),
+        );
+    }
+    messages
+}
+
+/// The seed streams: real encoder output, by name (`dictionary` is refused with
+/// `Unsupported`; every other one decodes).
+fn seed_streams() -> Vec<(&'static str, Vec<FlightData>)> {
+    let rt = runtime();
+    let batches = [numbers(1, 20), numbers(2, 3)];
+    let with = |codec| {
+        IpcWriteOptions::default()
+            .try_with_compression(codec)
+            .unwrap()
+    };
+    let mut seeds = vec![
+        ("plain", rt.block_on(encoded(&batches, with(None)))),
+        (
+            "lz4",
+            rt.block_on(encoded(&batches, with(Some(CompressionType::LZ4_FRAME)))),
+        ),
+        (
+            "zstd",
+            rt.block_on(encoded(&batches, with(Some(CompressionType::ZSTD)))),
+        ),
+    ];
+    seeds.push(("schema_only", vec![seeds[0].1[0].clone()]));
+    let mut split = rt.block_on(async {
+        FlightDataEncoderBuilder::new()
+            .with_max_flight_data_size(400)
+            .build(stream::iter([Ok(RecordBatch::try_from_iter([(
+                "v",
+                Arc::new(Int64Array::from_iter_values(0..160)) as ArrayRef,
+            )])
+            .unwrap())]))
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+    });
+    assert!(split.len() > 3);
+    seeds.push(("split", std::mem::take(&mut split)));
+    let mut with_metadata = seeds[0].1.clone();
+    for m in &mut with_metadata {
+        m.app_metadata = Bytes::from_static(b"app metadata");
+    }
+    with_metadata.insert(
+        1,
+        FlightData::new().with_app_metadata(&b"metadata alone"[..]),
+    );
+    seeds.push(("app_metadata", with_metadata));
+    let list = cudabuf_arrow::arrow::array::ListArray::from_iter_primitive::<Int32Type, _, _>([
+        Some(vec![Some(1), None]),
+        None,
+        Some(vec![]),
+    ]);
+    let nested = RecordBatch::try_from_iter([
+        ("list", Arc::new(list) as ArrayRef),
+        (
+            "flag",
+            Arc::new(cudabuf_arrow::arrow::array::BooleanArray::from(vec![
+                Some(true),
+                None,
+                Some(false),
+            ])) as _,
+        ),
+    ])
+    .unwrap();
+    seeds.push(("nested", rt.block_on(encoded(&[nested], with(None)))));
+    let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a"].into_iter().collect();
+    let dict = RecordBatch::try_from_iter([("d", Arc::new(dict) as ArrayRef)]).unwrap();
+    seeds.push(("dictionary", rt.block_on(encoded(&[dict], with(None)))));
+    seeds
+}
+
+/// The seeds in `fuzz/seeds/flight_decoder/` are the streams of [`seed_streams`] in the
+/// fuzz target's framing, and decode (`CUDABUF_WRITE_FUZZ_SEEDS=1` writes them first).
+#[test]
+fn the_fuzz_seeds_are_real_streams_that_decode() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/flight_decoder");
+    let seeds = seed_streams();
+    if std::env::var("CUDABUF_WRITE_FUZZ_SEEDS").as_deref() == Ok("1") {
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, messages) in &seeds {
+            std::fs::write(dir.join(format!("{name}.flight")), frame(messages)).unwrap();
+        }
+    }
+    if !dir.is_dir() {
+        // A packaged crate has no fuzz/ beside it.
+        eprintln!(
+            "SKIPPED: {} not found (outside the repository)",
+            dir.display()
+        );
+        return;
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".flight"))
+        .collect();
+    names.sort();
+    let mut want: Vec<String> = seeds.iter().map(|(n, _)| format!("{n}.flight")).collect();
+    want.sort();
+    assert_eq!(names, want, "rerun with CUDABUF_WRITE_FUZZ_SEEDS=1");
+    let (sim, ctx) = new_sim();
+    for (name, _) in &seeds {
+        let bytes = std::fs::read(dir.join(format!("{name}.flight"))).unwrap();
+        assert!(bytes.len() < 4096, "{name}: {} bytes", bytes.len());
+        let (batches, err) = decode(&ctx, &unframe(&bytes), |d| d.with_max_message_size(1 << 20));
+        match *name {
+            "dictionary" => assert!(matches!(err, Some(FlightError::Unsupported(_))), "{err:?}"),
+            "schema_only" => assert!(err.is_none() && batches.is_empty(), "{err:?}"),
+            _ => {
+                assert!(err.is_none(), "{name}: {err:?}");
+                assert!(!batches.is_empty(), "{name}");
+                for batch in &batches {
+                    batch.to_host().unwrap();
+                }
+            }
+        }
+    }
+    assert_eq!(ctx.bytes_allocated(), 0);
+    assert_clean(sim, ctx);
+}
