@@ -485,6 +485,16 @@ async fn max_concurrent_streams_bounds_the_calls_of_one_connection() {
     .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
 
+    // What one stalled DoPut holds: its batch, decoded and waiting for the next message.
+    let one = {
+        let mut decoder = DeviceFlightDecoder::new(&ctx).unwrap();
+        assert!(decoder.push(&messages[0]).unwrap().is_none());
+        assert!(decoder.push(&messages[1]).unwrap().is_none());
+        ctx.bytes_allocated()
+    };
+    assert!(one >= 8000, "{one} bytes");
+    assert_eq!(ctx.bytes_allocated(), 0);
+
     // Three stalled DoPuts on the connection: two are served (each holds its batch on
     // the device), the third waits for a free stream.
     let calls: Vec<_> = (0..3)
@@ -495,12 +505,10 @@ async fn max_concurrent_streams_bounds_the_calls_of_one_connection() {
         })
         .collect();
     eventually("two stalled DoPuts", Duration::from_secs(10), || {
-        ctx.bytes_allocated() > 0
+        ctx.bytes_allocated() == 2 * one
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let one = ctx.bytes_allocated() / 2;
-    assert!(one >= 8000, "{} allocated", ctx.bytes_allocated());
     assert_eq!(ctx.bytes_allocated(), 2 * one, "a third call was admitted");
     // Each times out in turn, the third once a stream is free.
     for call in calls {
