@@ -2,6 +2,7 @@
 
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use arrow_flight::flight_service_client::FlightServiceClient;
@@ -18,10 +19,16 @@ use crate::auth::add_bearer;
 use crate::decode::{DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
 use crate::error::{FlightError, Result};
 use crate::server::GRPC_HEADROOM;
+use crate::timeout::{
+    bounded, connect_channel, idle_bounded, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_TIMEOUT,
+};
 
-/// A Flight client (tonic, HTTP/2 without TLS) whose [`do_get`](Self::do_get) decodes
-/// the stream straight into device memory ([`DeviceFlightDecoder`]), sending
-/// `authorization: Bearer <token>` on every call when it has a token.
+/// A Flight client (tonic, HTTP/2; TLS with `connect_tls`, feature `tls`) whose
+/// [`do_get`](Self::do_get) decodes the stream straight into device memory
+/// ([`DeviceFlightDecoder`]), sending `authorization: Bearer <token>` on every call when
+/// it has a token. Its waits are bounded by timeouts ([`with_timeout`](Self::with_timeout),
+/// [`with_idle_timeout`](Self::with_idle_timeout)).
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -62,11 +69,15 @@ pub struct FlightDeviceClient {
     inner: FlightServiceClient<Channel>,
     token: Option<String>,
     max_message_size: usize,
+    timeout: Option<Duration>,
+    idle_timeout: Option<Duration>,
 }
 
 impl FlightDeviceClient {
-    /// Connect to `url` (`http://host:port`), with an optional bearer token, and the
-    /// message limit [`DEFAULT_MAX_MESSAGE_SIZE`].
+    /// Connect to `url` (`http://host:port`), with an optional bearer token, the message
+    /// limit [`DEFAULT_MAX_MESSAGE_SIZE`] and the default timeouts: the connection within
+    /// [`DEFAULT_CONNECT_TIMEOUT`], then [`DEFAULT_TIMEOUT`] and [`DEFAULT_IDLE_TIMEOUT`]
+    /// ([`with_timeout`](Self::with_timeout), [`with_idle_timeout`](Self::with_idle_timeout)).
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -77,13 +88,17 @@ impl FlightDeviceClient {
     /// ```
     ///
     /// # Errors
-    /// [`FlightError::Transport`] for a bad URL or a failed connection.
+    /// [`FlightError::Transport`] for a bad URL or a failed connection;
+    /// [`FlightError::Timeout`] when the connection is not made within
+    /// [`DEFAULT_CONNECT_TIMEOUT`].
     pub async fn connect(url: &str, token: Option<&str>) -> Result<Self> {
-        let channel = Endpoint::from_shared(url.to_owned())?.connect().await?;
+        let endpoint = Endpoint::from_shared(url.to_owned())?;
+        let channel = connect_channel(endpoint, DEFAULT_CONNECT_TIMEOUT).await?;
         Ok(Self::new(channel, token))
     }
 
-    /// A client over a channel made elsewhere (TLS, timeouts, ... are the channel's).
+    /// A client over a channel made elsewhere (TLS, the connect timeout, ... are the
+    /// channel's), with the default call and idle timeouts.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -99,6 +114,8 @@ impl FlightDeviceClient {
             inner: FlightServiceClient::new(channel),
             token: token.map(str::to_owned),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            timeout: Some(DEFAULT_TIMEOUT),
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
         }
         .with_max_message_size(DEFAULT_MAX_MESSAGE_SIZE)
     }
@@ -140,6 +157,79 @@ impl FlightDeviceClient {
         self.max_message_size
     }
 
+    /// Set how long a call waits for the server's answer (`GetFlightInfo`'s reply, a
+    /// `DoGet`'s response headers), [`DEFAULT_TIMEOUT`] by default; past it the call fails
+    /// with [`FlightError::Timeout`] (and is cancelled). `None` waits for ever. The
+    /// messages of a stream are bounded by [`with_idle_timeout`](Self::with_idle_timeout)
+    /// instead, so a long `DoGet` is never cut for its length.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let runtime = tokio::runtime::Runtime::new()?;
+    /// # let _guard = runtime.enter();
+    /// use std::time::Duration;
+    /// # let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    /// let client = cudabuf_flight::FlightDeviceClient::new(channel, None)
+    ///     .with_timeout(Some(Duration::from_secs(5)));
+    /// assert_eq!(client.timeout(), Some(Duration::from_secs(5)));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long a call waits for the server's answer (`None`: for ever).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let runtime = tokio::runtime::Runtime::new()?;
+    /// # let _guard = runtime.enter();
+    /// # let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    /// let client = cudabuf_flight::FlightDeviceClient::new(channel, None);
+    /// assert_eq!(client.timeout(), Some(cudabuf_flight::DEFAULT_TIMEOUT));
+    /// # Ok(()) }
+    /// ```
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Set how long a stream waits for its next message (the schema included),
+    /// [`DEFAULT_IDLE_TIMEOUT`] by default: a server that goes silent mid-stream ends it
+    /// with [`FlightError::Timeout`] after the batches already complete, and the call is
+    /// cancelled. `None` waits for ever.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let runtime = tokio::runtime::Runtime::new()?;
+    /// # let _guard = runtime.enter();
+    /// use std::time::Duration;
+    /// # let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    /// let client = cudabuf_flight::FlightDeviceClient::new(channel, None)
+    ///     .with_idle_timeout(Some(Duration::from_secs(5)));
+    /// assert_eq!(client.idle_timeout(), Some(Duration::from_secs(5)));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// How long a stream waits for its next message (`None`: for ever).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let runtime = tokio::runtime::Runtime::new()?;
+    /// # let _guard = runtime.enter();
+    /// # let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    /// let client = cudabuf_flight::FlightDeviceClient::new(channel, None);
+    /// assert_eq!(client.idle_timeout(), Some(cudabuf_flight::DEFAULT_IDLE_TIMEOUT));
+    /// # Ok(()) }
+    /// ```
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        self.idle_timeout
+    }
+
     fn request<T>(&self, message: T) -> Result<Request<T>> {
         let mut request = Request::new(message);
         add_bearer(&mut request, self.token.as_deref())?;
@@ -157,10 +247,15 @@ impl FlightDeviceClient {
     /// ```
     ///
     /// # Errors
-    /// [`FlightError::Status`] with the server's answer.
+    /// [`FlightError::Status`] with the server's answer; [`FlightError::Timeout`] past
+    /// the [`timeout`](Self::timeout).
     pub async fn get_flight_info(&mut self, descriptor: FlightDescriptor) -> Result<FlightInfo> {
         let request = self.request(descriptor)?;
-        Ok(self.inner.get_flight_info(request).await?.into_inner())
+        let inner = &mut self.inner;
+        bounded("the answer to a call", self.timeout, async {
+            Ok(inner.get_flight_info(request).await?.into_inner())
+        })
+        .await
     }
 
     /// `DoGet` of `ticket` into the device of `ctx`: returns once the schema message has
@@ -180,8 +275,10 @@ impl FlightDeviceClient {
     /// # Errors
     /// [`FlightError::Status`] for the server's refusal (`Unauthenticated`, `NotFound`,
     /// ...) or a broken stream; what [`DeviceFlightDecoder::push`] returns for the first
-    /// message; [`FlightError::InvalidData`] when the stream ends before its schema. The
-    /// stream's items fail likewise, and the stream ends after its first error.
+    /// message; [`FlightError::InvalidData`] when the stream ends before its schema;
+    /// [`FlightError::Timeout`] past the [`timeout`](Self::timeout) (no answer) or the
+    /// [`idle_timeout`](Self::idle_timeout) (no next message). The stream's items fail
+    /// likewise, and the stream ends after its first error.
     pub async fn do_get(
         &mut self,
         ticket: impl Into<Bytes>,
@@ -190,9 +287,16 @@ impl FlightDeviceClient {
         let request = self.request(Ticket {
             ticket: ticket.into(),
         })?;
-        let incoming = self.inner.do_get(request).await?.into_inner();
+        let inner = &mut self.inner;
+        let incoming = bounded("the answer to a call", self.timeout, async {
+            Ok(inner.do_get(request).await?.into_inner())
+        })
+        .await?;
         DeviceBatchStream::start(
-            incoming.map(|m| m.map_err(FlightError::from)).boxed(),
+            idle_bounded(
+                incoming.map(|m| m.map_err(FlightError::from)),
+                self.idle_timeout,
+            ),
             DeviceFlightDecoder::new(ctx)?.with_max_message_size(self.max_message_size),
         )
         .await

@@ -11,6 +11,7 @@ use arrow_flight::FlightData;
 use cudabuf_arrow::{DeviceMessage, DeviceRecordBatch};
 use cudabuf_core::{Context, HostRange, Stream, Transfer};
 
+use crate::compressed::check_compressed_body;
 use crate::error::{FlightError, Result};
 
 /// The default limit on one decoded `FlightData` message (header and body): 64 MiB.
@@ -76,6 +77,7 @@ pub struct DeviceFlightDecoder {
     stream: Stream,
     schema: Option<SchemaRef>,
     max_message_size: usize,
+    decompression_limit: usize,
     pending: Option<Pending>,
     batches: usize,
 }
@@ -85,6 +87,7 @@ impl std::fmt::Debug for DeviceFlightDecoder {
         f.debug_struct("DeviceFlightDecoder")
             .field("schema", &self.schema)
             .field("max_message_size", &self.max_message_size)
+            .field("decompression_limit", &self.decompression_limit)
             .field("pending", &self.pending.is_some())
             .field("batches", &self.batches)
             .finish()
@@ -111,6 +114,7 @@ impl DeviceFlightDecoder {
             stream: ctx.new_stream()?,
             schema: None,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            decompression_limit: cudabuf_arrow::DEFAULT_DECOMPRESSION_LIMIT,
             pending: None,
             batches: 0,
         })
@@ -142,6 +146,36 @@ impl DeviceFlightDecoder {
     /// ```
     pub fn max_message_size(&self) -> usize {
         self.max_message_size
+    }
+
+    /// Set the limit on the decompressed size of one compressed message body (the
+    /// buffers' declared lengths together), [`cudabuf_arrow::DEFAULT_DECOMPRESSION_LIMIT`]
+    /// (4 GiB) by default: a body declaring more is [`FlightError::TooLarge`], refused
+    /// before anything is allocated.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let decoder = cudabuf_flight::DeviceFlightDecoder::new(&ctx)?.with_decompression_limit(256 << 20);
+    /// assert_eq!(decoder.decompression_limit(), 256 << 20);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_decompression_limit(mut self, bytes: usize) -> Self {
+        self.decompression_limit = bytes;
+        self
+    }
+
+    /// The limit on the decompressed size of one message body, in bytes.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let decoder = cudabuf_flight::DeviceFlightDecoder::new(&ctx)?;
+    /// assert_eq!(decoder.decompression_limit(), cudabuf_arrow::DEFAULT_DECOMPRESSION_LIMIT);
+    /// # Ok(()) }
+    /// ```
+    pub fn decompression_limit(&self) -> usize {
+        self.decompression_limit
     }
 
     /// The stream's schema, once its message has been pushed.
@@ -193,8 +227,10 @@ impl DeviceFlightDecoder {
     /// # Errors
     /// [`FlightError::TooLarge`] over the limit; [`FlightError::InvalidData`] for metadata
     /// the flatbuffer verifier rejects, a body shorter than the metadata's body length, a
-    /// record batch before the schema, a second schema, a batch whose buffers do not fit
-    /// its body; [`FlightError::Unsupported`] for dictionaries, a metadata version before
+    /// record batch or a dictionary batch before the schema, a second schema, a batch
+    /// whose buffers do not fit its body, a compressed buffer whose declared length its
+    /// codec cannot reach; [`FlightError::TooLarge`] for compressed buffers declaring
+    /// more than the [`decompression_limit`](Self::decompression_limit); [`FlightError::Unsupported`] for dictionaries, a metadata version before
     /// V4, other message types; [`FlightError::Device`] for a failed allocation or copy.
     /// After an error the decoder should be dropped (dropping it waits for its uploads and
     /// frees everything).
@@ -234,6 +270,9 @@ impl DeviceFlightDecoder {
                 let previous = self.complete_pending()?;
                 self.pending = Some(next);
                 Ok(previous)
+            }
+            MessageHeader::DictionaryBatch if self.schema.is_none() => {
+                Err(FlightError::invalid("a dictionary batch before the schema"))
             }
             MessageHeader::DictionaryBatch => Err(FlightError::Unsupported(
                 "dictionary batches (dictionary-encoded columns)".into(),
@@ -302,6 +341,7 @@ impl DeviceFlightDecoder {
             )));
         }
         if fb.compression().is_some() {
+            check_compressed_body(fb, &data.data_body[..body_len], self.decompression_limit)?;
             return self.read_compressed(data, schema);
         }
         let device = self.ctx.new_buffer(body_len)?;

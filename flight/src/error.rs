@@ -13,9 +13,10 @@ pub enum FlightError {
     /// call's stream broke (tonic reports a cut connection as a status too).
     #[error("Flight call failed: {}: {}", .0.code(), .0.message())]
     Status(Box<tonic::Status>),
-    /// The connection could not be made (bad address, refused, ...).
+    /// The connection could not be made (bad address, refused, a failed TLS handshake,
+    /// ...); its [`source`](std::error::Error::source) chain says why.
     #[error("Flight transport: {0}")]
-    Transport(Box<tonic::transport::Error>),
+    Transport(#[source] Box<tonic::transport::Error>),
     /// A device operation failed (allocation, a copy, decoding a batch against its body).
     #[error(transparent)]
     Device(#[from] cudabuf_core::Error),
@@ -34,6 +35,24 @@ pub enum FlightError {
     /// Valid Flight data this crate does not handle yet (dictionary batches, ...).
     #[error("unsupported Flight data: {0}")]
     Unsupported(String),
+    /// The peer went silent: no connection, no answer to a call, or no next message of a
+    /// stream within the configured timeout (see [`FlightDeviceClient::with_timeout`],
+    /// [`FlightDeviceClient::with_idle_timeout`], [`ServerLimits`]).
+    ///
+    /// [`FlightDeviceClient::with_timeout`]: crate::FlightDeviceClient::with_timeout
+    /// [`FlightDeviceClient::with_idle_timeout`]: crate::FlightDeviceClient::with_idle_timeout
+    /// [`ServerLimits`]: crate::ServerLimits
+    #[error("Flight {what}: nothing within {after:?}")]
+    Timeout {
+        /// What was waited for: `"connect"`, `"the answer to a call"`, `"the next message"`.
+        what: &'static str,
+        /// The timeout that passed.
+        after: std::time::Duration,
+    },
+    /// A bad argument from the caller, found before anything was sent (an `http://` URL
+    /// given to a TLS connection, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
 }
 
 impl FlightError {
@@ -41,9 +60,10 @@ impl FlightError {
         FlightError::InvalidData(what.into())
     }
 
-    /// The gRPC status a server answers this error with: `InvalidArgument` for bad data,
-    /// `ResourceExhausted` for an oversized message, `Unimplemented` for unsupported data,
-    /// `Internal` for a device failure, the status itself for a status.
+    /// The gRPC status a server answers this error with: `InvalidArgument` for bad data or
+    /// a bad argument, `ResourceExhausted` for an oversized message, `Unimplemented` for
+    /// unsupported data, `DeadlineExceeded` for a timeout, `Internal` for a device failure,
+    /// the status itself for a status.
     ///
     /// ```
     /// use cudabuf_flight::FlightError;
@@ -58,6 +78,8 @@ impl FlightError {
             FlightError::InvalidData(_) => tonic::Status::invalid_argument(self.to_string()),
             FlightError::TooLarge { .. } => tonic::Status::resource_exhausted(self.to_string()),
             FlightError::Unsupported(_) => tonic::Status::unimplemented(self.to_string()),
+            FlightError::Timeout { .. } => tonic::Status::deadline_exceeded(self.to_string()),
+            FlightError::InvalidArgument(_) => tonic::Status::invalid_argument(self.to_string()),
         }
     }
 

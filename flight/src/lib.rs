@@ -15,20 +15,30 @@
 //!   (`Unauthenticated` otherwise); the client sends it.
 //! - Untrusted peers: every message is checked before anything is allocated (size limit,
 //!   flatbuffer verification, body length against the metadata, buffers against the
-//!   body); failures are [`FlightError`]s, never panics, and what was allocated is freed.
+//!   body, compressed lengths against their codec and a limit); failures are
+//!   [`FlightError`]s, never panics, and what was allocated is freed. A silent peer is
+//!   bounded by timeouts: the client's ([`DEFAULT_CONNECT_TIMEOUT`], [`DEFAULT_TIMEOUT`],
+//!   [`DEFAULT_IDLE_TIMEOUT`]) and the server's [`ServerLimits`].
+//! - TLS (feature `tls`, on by default): `FlightDeviceClient::connect_tls` with a
+//!   `ClientTls`, `DeviceFlightServer::serve_tls` with a `ServerTls` (mutual TLS
+//!   optional).
 //!
 //! Not handled yet: dictionary-encoded columns (refused with
-//! [`FlightError::Unsupported`]), `DoExchange`, TLS (give [`FlightDeviceClient::new`] a
-//! TLS channel of your own).
+//! [`FlightError::Unsupported`]), `DoExchange`.
 //!
 //! See [`FlightDeviceClient`] for a complete round trip.
 
 mod auth;
 mod client;
+mod compressed;
 mod decode;
 mod encode;
 mod error;
+mod limits;
 mod server;
+mod timeout;
+#[cfg(feature = "tls")]
+mod tls;
 
 /// The `arrow-flight` crate this one is built on (version 60, as `cudabuf_arrow::arrow`).
 pub use arrow_flight;
@@ -38,4 +48,8 @@ pub use client::{BlockingFlightClient, DeviceBatchStream, FlightDeviceClient};
 pub use decode::{DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
 pub use encode::encode_device_batches;
 pub use error::{FlightError, Result};
+pub use limits::ServerLimits;
 pub use server::{DeviceFlight, DeviceFlightServer};
+pub use timeout::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT};
+#[cfg(feature = "tls")]
+pub use tls::{ClientTls, ServerTls};

@@ -22,6 +22,7 @@ use crate::auth::BearerAuth;
 use crate::decode::{DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
 use crate::encode::encode_device_batches;
 use crate::error::{FlightError, Result};
+use crate::limits::ServerLimits;
 
 /// What gRPC may add around a `FlightData`'s header and body: tonic's own limit is the
 /// decoder's plus this.
@@ -70,6 +71,7 @@ struct Inner {
 #[derive(Clone)]
 pub struct DeviceFlightServer {
     inner: Arc<Inner>,
+    pub(crate) limits: ServerLimits,
 }
 
 impl std::fmt::Debug for DeviceFlightServer {
@@ -77,6 +79,7 @@ impl std::fmt::Debug for DeviceFlightServer {
         f.debug_struct("DeviceFlightServer")
             .field("flights", &self.keys().len())
             .field("max_message_size", &self.inner.max_message_size)
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -112,6 +115,7 @@ impl DeviceFlightServer {
                 flights: Mutex::new(BTreeMap::new()),
                 max_message_size: bytes,
             }),
+            limits: ServerLimits::default(),
         }
     }
 
@@ -233,7 +237,8 @@ impl DeviceFlightServer {
         InterceptedService::new(server, BearerAuth::new(token))
     }
 
-    /// Serve on `listener` until `shutdown` completes.
+    /// Serve on `listener` until `shutdown` completes, with this server's
+    /// [`limits`](Self::limits).
     ///
     /// ```no_run
     /// # async fn serve(ctx: cudabuf_core::Context) -> Result<(), Box<dyn std::error::Error>> {
@@ -254,7 +259,8 @@ impl DeviceFlightServer {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<()> {
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        tonic::transport::Server::builder()
+        self.limits
+            .apply(tonic::transport::Server::builder())
             .add_service(self.service(token))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await?;
@@ -372,8 +378,8 @@ impl FlightService for DeviceFlightServer {
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
         let mut incoming = request.into_inner();
-        let first = incoming
-            .message()
+        let first = self
+            .next_message(&mut incoming)
             .await?
             .ok_or_else(|| Status::invalid_argument("an empty DoPut stream"))?;
         let key = key_of(first.flight_descriptor.as_ref())?;
@@ -381,7 +387,7 @@ impl FlightService for DeviceFlightServer {
             .with_max_message_size(self.inner.max_message_size);
         let mut batches = Vec::new();
         batches.extend(decoder.push(&first)?);
-        while let Some(data) = incoming.message().await? {
+        while let Some(data) = self.next_message(&mut incoming).await? {
             batches.extend(decoder.push(&data)?);
         }
         batches.extend(decoder.finish()?);
