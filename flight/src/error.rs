@@ -31,9 +31,13 @@ pub enum FlightError {
         /// The limit it broke.
         limit: usize,
     },
-    /// Valid Flight data this crate does not handle yet (dictionary batches, ...).
+    /// Valid Flight data this crate does not handle (delta dictionary batches, ...).
     #[error("unsupported Flight data: {0}")]
     Unsupported(String),
+    /// The tokio runtime could not run a step: a runtime could not be built, or a step on
+    /// a blocking thread did not finish (it panicked, or the runtime is shutting down).
+    #[error("Flight runtime: {0}")]
+    Runtime(String),
 }
 
 impl FlightError {
@@ -43,7 +47,8 @@ impl FlightError {
 
     /// The gRPC status a server answers this error with: `InvalidArgument` for bad data,
     /// `ResourceExhausted` for an oversized message, `Unimplemented` for unsupported data,
-    /// `Internal` for a device failure, the status itself for a status.
+    /// `Internal` for a device or runtime failure, `Unavailable` for a transport failure,
+    /// the status itself for a status.
     ///
     /// ```
     /// use cudabuf_flight::FlightError;
@@ -58,6 +63,7 @@ impl FlightError {
             FlightError::InvalidData(_) => tonic::Status::invalid_argument(self.to_string()),
             FlightError::TooLarge { .. } => tonic::Status::resource_exhausted(self.to_string()),
             FlightError::Unsupported(_) => tonic::Status::unimplemented(self.to_string()),
+            FlightError::Runtime(_) => tonic::Status::internal(self.to_string()),
         }
     }
 
