@@ -466,6 +466,42 @@ async fn do_exchange_runs_the_handler_on_each_batch() {
     assert_clean(client_sim, client_ctx);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_run_one_batch_ahead_of_the_encoder_and_no_further() {
+    let (sim, ctx) = new_sim();
+    let batches: Vec<RecordBatch> = (0..4).map(|i| tagged(i * 100, 100, &["a", "b"])).collect();
+    let on_device = upload(&batches, &ctx);
+    // Counted from here: the upload's copies are done (on a threaded simulator they may
+    // still be running).
+    ctx.synchronize().unwrap();
+    // The copies one batch's download makes (its body and its dictionary's).
+    let before = sim.op_count(FaultOp::Copy);
+    on_device[0].to_host().unwrap();
+    let per_batch = sim.op_count(FaultOp::Copy) - before;
+    assert!(per_batch > 0);
+    let start = sim.op_count(FaultOp::Copy);
+    let downloads = || (sim.op_count(FaultOp::Copy) - start) / per_batch;
+
+    let mut encoded = cudabuf_flight::encode_device_batches(batches[0].schema(), on_device, None);
+    let mut sent = vec![bounded(encoded.next()).await.unwrap().unwrap()];
+    assert_eq!(downloads(), 0, "the schema message needs no download");
+    // The first message of batch 0 (its dictionary): batch 1's download runs meanwhile,
+    // batch 2's does not start until the encoder asks for batch 1.
+    sent.push(bounded(encoded.next()).await.unwrap().unwrap());
+    bounded(async {
+        while downloads() < 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(downloads(), 2);
+    sent.extend(bounded(encoded.try_collect::<Vec<_>>()).await.unwrap());
+    assert_eq!(downloads(), 4);
+    assert_eq!(decode(&ctx, &sent).unwrap(), batches);
+    assert_clean(sim, ctx);
+}
+
 #[test]
 fn the_blocking_client_puts_and_exchanges() {
     let (sim, server_ctx) = new_sim();
