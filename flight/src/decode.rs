@@ -9,6 +9,8 @@ use arrow_flight::FlightData;
 use cudabuf_arrow::{DeviceMessage, DeviceRecordBatch, DeviceStreamDecoder};
 use cudabuf_core::{Context, DeviceBuffer, ErrorKind, HostRange, Stream, Transfer};
 
+use tokio::task::JoinHandle;
+
 use crate::error::{FlightError, Result};
 
 /// The default limit on one decoded `FlightData` message (header and body): 64 MiB.
@@ -523,12 +525,34 @@ impl Drop for AsyncDecoder {
 /// Run `f` on one of tokio's blocking threads.
 ///
 /// # Errors
-/// [`FlightError::Runtime`] when it could not finish (it panicked, or the runtime is
-/// shutting down).
+/// As [`spawn_blocking`] and [`joined`].
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
+    joined(spawn_blocking(f)?).await
+}
+
+/// Start `f` on one of tokio's blocking threads, now.
+///
+/// # Errors
+/// [`FlightError::Runtime`] outside a tokio runtime.
+pub(crate) fn spawn_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<JoinHandle<T>> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+        FlightError::Runtime(format!(
+            "this step runs on a tokio runtime's blocking threads: {e}"
+        ))
+    })?;
+    Ok(runtime.spawn_blocking(f))
+}
+
+/// The result of a step started with [`spawn_blocking`].
+///
+/// # Errors
+/// [`FlightError::Runtime`] when it did not finish (it panicked, or the runtime is
+/// shutting down).
+pub(crate) async fn joined<T>(step: JoinHandle<T>) -> Result<T> {
+    step.await
         .map_err(|e| FlightError::Runtime(format!("a blocking step did not finish: {e}")))
 }

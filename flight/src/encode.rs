@@ -11,7 +11,7 @@ use cudabuf_arrow::DeviceRecordBatch;
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt, TryStreamExt};
 
-use crate::decode::blocking;
+use crate::decode::{joined, spawn_blocking};
 use crate::error::{FlightError, Result};
 
 /// How many batches are downloaded ahead of the one being encoded and sent.
@@ -113,11 +113,11 @@ pub(crate) fn download_ahead(
     batches: impl Stream<Item = Result<DeviceRecordBatch>> + Send + 'static,
 ) -> impl Stream<Item = Result<RecordBatch>> + Send + 'static {
     batches
-        .map(|batch| async move {
-            let batch = batch?;
-            blocking(move || batch.to_host())
-                .await?
-                .map_err(FlightError::from)
+        .map(|batch| {
+            // Started here, when the buffer below takes the batch (not when its future is
+            // first polled), so that the next download runs while this batch is sent.
+            let started = batch.and_then(|batch| spawn_blocking(move || batch.to_host()));
+            async move { joined(started?).await?.map_err(FlightError::from) }
         })
         .buffered(DOWNLOADS_AHEAD + 1)
 }
