@@ -294,7 +294,29 @@ impl DeviceStreamDecoder {
     /// pinned chunks and uploaded, with no host copy of the whole body. Returns once the
     /// dictionary is on the device.
     ///
-    /// See the example on [`DeviceStreamDecoder`].
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::sync::Arc;
+    /// # use cudabuf_arrow::arrow::array::{DictionaryArray, RecordBatch};
+    /// # use cudabuf_arrow::arrow::datatypes::Int8Type;
+    /// # use cudabuf_arrow::arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+    /// # use cudabuf_arrow::arrow::ipc::CompressionType;
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// # let tags: DictionaryArray<Int8Type> = vec!["a", "b", "a"].into_iter().collect();
+    /// # let batch = RecordBatch::try_from_iter([("tag", Arc::new(tags) as _)])?;
+    /// // Messages whose bodies are compressed, on the host (as a transport received them).
+    /// let options = IpcWriteOptions::default().try_with_compression(Some(CompressionType::ZSTD))?;
+    /// # let generator = IpcDataGenerator::default();
+    /// # let mut tracker = DictionaryTracker::new(false);
+    /// # let schema = generator.schema_to_bytes_with_dictionary_tracker(&batch.schema(), &mut tracker, &options);
+    /// # let (dictionaries, data) = generator.encode(&batch, &mut tracker, &options, &mut Default::default())?;
+    /// # let header = cudabuf_arrow::arrow::ipc::root_as_message(&schema.ipc_message)?.header_as_schema().unwrap();
+    /// let mut decoder = cudabuf_arrow::DeviceStreamDecoder::new(header)?;
+    /// decoder.decode_dictionary_from_host(&dictionaries[0].ipc_message, &dictionaries[0].arrow_data, &ctx)?;
+    /// let on_device = decoder.decode_record_batch_from_host(&data.ipc_message, &data.arrow_data, &ctx)?;
+    /// assert_eq!(on_device.to_host()?, batch);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidData`] for metadata the flatbuffer verifier rejects, a metadata
@@ -317,7 +339,29 @@ impl DeviceStreamDecoder {
     /// [`decode_dictionary_from_host`](Self::decode_dictionary_from_host) reads a
     /// dictionary: returns once the batch is on the device.
     ///
-    /// See the example on [`DeviceStreamDecoder`].
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::sync::Arc;
+    /// # use cudabuf_arrow::arrow::array::{DictionaryArray, RecordBatch};
+    /// # use cudabuf_arrow::arrow::datatypes::Int8Type;
+    /// # use cudabuf_arrow::arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+    /// # use cudabuf_arrow::arrow::ipc::CompressionType;
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// # let tags: DictionaryArray<Int8Type> = vec!["a", "b", "a"].into_iter().collect();
+    /// # let batch = RecordBatch::try_from_iter([("tag", Arc::new(tags) as _)])?;
+    /// // Messages whose bodies are compressed, on the host (as a transport received them).
+    /// let options = IpcWriteOptions::default().try_with_compression(Some(CompressionType::ZSTD))?;
+    /// # let generator = IpcDataGenerator::default();
+    /// # let mut tracker = DictionaryTracker::new(false);
+    /// # let schema = generator.schema_to_bytes_with_dictionary_tracker(&batch.schema(), &mut tracker, &options);
+    /// # let (dictionaries, data) = generator.encode(&batch, &mut tracker, &options, &mut Default::default())?;
+    /// # let header = cudabuf_arrow::arrow::ipc::root_as_message(&schema.ipc_message)?.header_as_schema().unwrap();
+    /// let mut decoder = cudabuf_arrow::DeviceStreamDecoder::new(header)?;
+    /// decoder.decode_dictionary_from_host(&dictionaries[0].ipc_message, &dictionaries[0].arrow_data, &ctx)?;
+    /// let on_device = decoder.decode_record_batch_from_host(&data.ipc_message, &data.arrow_data, &ctx)?;
+    /// assert_eq!(on_device.to_host()?, batch);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidData`] for metadata the flatbuffer verifier rejects, a metadata

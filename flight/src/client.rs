@@ -565,6 +565,9 @@ fn with_upload_failure(
 
 /// A blocking [`FlightDeviceClient`]: its own tokio runtime, for programs without one.
 ///
+/// The runtime runs only during a call: between calls the connection is not served, so
+/// drop the client to close it (a server's graceful shutdown waits for open connections).
+///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
@@ -640,16 +643,36 @@ impl BlockingFlightClient {
 
     /// `DoPut` of `batches` from device memory ([`FlightDeviceClient::do_put`]).
     ///
-    /// ```no_run
+    /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # use std::sync::Arc;
-    /// # use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
-    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
-    /// # let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])?;
-    /// let on_device = cudabuf_arrow::DeviceRecordBatch::from_host(&batch, &ctx)?;
-    /// let mut client = cudabuf_flight::BlockingFlightClient::connect("http://127.0.0.1:8815", None)?;
-    /// let descriptor = arrow_flight::FlightDescriptor::new_path(vec!["uploaded".into()]);
-    /// let results = client.do_put(descriptor, batch.schema(), vec![on_device])?;
+    /// use std::sync::Arc;
+    /// use arrow_flight::FlightDescriptor;
+    /// use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// use cudabuf_arrow::DeviceRecordBatch;
+    /// use cudabuf_flight::{BlockingFlightClient, DeviceFlightServer};
+    ///
+    /// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])?;
+    /// // A server on a runtime of its own.
+    /// let server = DeviceFlightServer::new(&ctx);
+    /// let serving = tokio::runtime::Runtime::new()?;
+    /// let listener = serving.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    /// let url = format!("http://{}", listener.local_addr()?);
+    /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// let task = serving.spawn({
+    ///     let server = server.clone();
+    ///     async move { server.serve(listener, None, async { stopped.await.ok(); }).await }
+    /// });
+    ///
+    /// let mut client = BlockingFlightClient::connect(&url, None)?;
+    /// let on_device = DeviceRecordBatch::from_host(&batch, &ctx)?;
+    /// let descriptor = FlightDescriptor::new_path(vec!["uploaded".into()]);
+    /// client.do_put(descriptor, batch.schema(), vec![on_device])?;
+    /// assert_eq!(server.get(b"uploaded").unwrap().batches[0].to_host()?, batch);
+    ///
+    /// drop(client); // closes its connection: the server's shutdown waits for it
+    /// stop.send(()).ok();
+    /// serving.block_on(task)??;
     /// # Ok(()) }
     /// ```
     ///
@@ -668,16 +691,28 @@ impl BlockingFlightClient {
     /// `DoExchange` of `batches` from device memory, the answer landed on the device of
     /// `ctx` ([`FlightDeviceClient::do_exchange`]), every answer batch collected.
     ///
-    /// ```no_run
+    /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # use std::sync::Arc;
     /// # use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// # use cudabuf_arrow::DeviceRecordBatch;
     /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
     /// # let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])?;
-    /// let on_device = cudabuf_arrow::DeviceRecordBatch::from_host(&batch, &ctx)?;
-    /// let mut client = cudabuf_flight::BlockingFlightClient::connect("http://127.0.0.1:8815", None)?;
+    /// # let server = cudabuf_flight::DeviceFlightServer::new(&ctx);
+    /// # let serving = tokio::runtime::Runtime::new()?;
+    /// # let listener = serving.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    /// # let url = format!("http://{}", listener.local_addr()?);
+    /// # let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// # let task = serving.spawn(async move { server.serve(listener, None, async { stopped.await.ok(); }).await });
+    /// // With a DeviceFlightServer at `url`, which echoes exchanges:
+    /// let mut client = cudabuf_flight::BlockingFlightClient::connect(&url, None)?;
+    /// let on_device = DeviceRecordBatch::from_host(&batch, &ctx)?;
     /// let descriptor = arrow_flight::FlightDescriptor::new_cmd("echo");
     /// let (schema, answers) = client.do_exchange(descriptor, batch.schema(), vec![on_device], &ctx)?;
+    /// assert_eq!((schema, answers[0].to_host()?), (batch.schema(), batch));
+    /// # drop(client);
+    /// # stop.send(()).ok();
+    /// # serving.block_on(task)??;
     /// # Ok(()) }
     /// ```
     ///
