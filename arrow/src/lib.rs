@@ -10,6 +10,9 @@
 //!   metadata to the host, body left on the device.
 //! - [`read_record_batch`] / [`DeviceStreamReader`]: [`DeviceRecordBatch`]es whose column
 //!   buffers ([`DeviceArray`]) are zero-copy slices of the message body;
+//!   [`DeviceStreamDecoder`]: the same message by message, for a transport that brings
+//!   each message itself (Arrow Flight: metadata on the host, body on the device or on the
+//!   host), dictionaries and their replacements included;
 //!   [`DeviceRecordBatch::to_host`] makes an arrow-rs `RecordBatch` equal to the original.
 //! - [`export_device_record_batch`], [`export_device_array`], [`import_device_array`],
 //!   [`import_device_record_batch`]: the Arrow C Device Data Interface
@@ -134,6 +137,7 @@ mod ordering;
 mod parquet_file;
 mod serialize;
 mod stream;
+mod stream_decoder;
 
 /// The arrow-rs crate cudabuf-arrow is built on (version 60): use its types through this
 /// path (`cudabuf_arrow::arrow::record_batch::RecordBatch`, or `cudabuf::arrow` with the
@@ -160,3 +164,4 @@ pub use serialize::{
     Serializer, DEFAULT_STAGING_LIMIT,
 };
 pub use stream::{DeviceStreamReader, DeviceStreamWriter};
+pub use stream_decoder::DeviceStreamDecoder;

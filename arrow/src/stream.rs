@@ -2,20 +2,18 @@
 //! [`BufferReader`], [`DeviceStreamWriter`] writes one onto the device.
 
 use std::fmt;
-use std::sync::Arc;
 
 use arrow::buffer::Buffer;
 use arrow::datatypes::{Schema, SchemaRef};
-use arrow::ipc::convert::try_fb_to_schema;
 use arrow::ipc::writer::{IpcWriteOptions, StreamEncoder};
-use arrow::ipc::{Endianness, MessageHeader};
+use arrow::ipc::MessageHeader;
 use arrow::record_batch::RecordBatch;
 use cudabuf_core::{BufferReader, Context, DeviceBuffer, Error, Result, Stream};
 
 use crate::batch::DeviceRecordBatch;
-use crate::decode::{self, Dictionaries, DictionaryIds};
-use crate::message::{read_next_message, DeviceMessage};
+use crate::message::read_next_message;
 use crate::serialize::{encode_stream_batch, finish_stream, Serializer};
+use crate::stream_decoder::DeviceStreamDecoder;
 
 const WHAT: &str = "Arrow IPC stream";
 
@@ -52,11 +50,8 @@ const WHAT: &str = "Arrow IPC stream";
 /// ```
 pub struct DeviceStreamReader {
     reader: BufferReader,
-    schema: SchemaRef,
-    ids: DictionaryIds,
-    dictionaries: Dictionaries,
+    decoder: DeviceStreamDecoder,
     done: bool,
-    decompression_limit: usize,
 }
 
 impl DeviceStreamReader {
@@ -78,22 +73,10 @@ impl DeviceStreamReader {
                 ))
             }
         };
-        if schema.endianness() != Endianness::Little {
-            return Err(Error::unsupported(
-                "reading an Arrow IPC stream",
-                "the stream is big-endian; device buffers are read in place, without byte swapping",
-            ));
-        }
-        let ids = decode::dictionary_ids(schema);
-        let schema = try_fb_to_schema(schema)
-            .map_err(|e| Error::invalid_data(WHAT, format!("invalid schema message: {e}")))?;
         Ok(DeviceStreamReader {
             reader,
-            schema: Arc::new(schema),
-            ids,
-            dictionaries: Dictionaries::new(),
+            decoder: DeviceStreamDecoder::new(schema)?,
             done: false,
-            decompression_limit: crate::DEFAULT_DECOMPRESSION_LIMIT,
         })
     }
 
@@ -146,7 +129,7 @@ impl DeviceStreamReader {
     /// The most bytes a decompressed body may take
     /// ([`DEFAULT_DECOMPRESSION_LIMIT`](crate::DEFAULT_DECOMPRESSION_LIMIT) unless set).
     pub fn decompression_limit(&self) -> usize {
-        self.decompression_limit
+        self.decoder.decompression_limit()
     }
 
     /// Set the most bytes a decompressed message body may take: a body whose buffers
@@ -154,7 +137,7 @@ impl DeviceStreamReader {
     /// limit, every declared size must be one its codec can reach from the compressed
     /// bytes given.
     pub fn set_decompression_limit(&mut self, bytes: usize) {
-        self.decompression_limit = bytes;
+        self.decoder.set_decompression_limit(bytes);
     }
 
     /// Read the stream at the start of `buffer`.
@@ -167,7 +150,7 @@ impl DeviceStreamReader {
 
     /// The stream's schema.
     pub fn schema(&self) -> &SchemaRef {
-        &self.schema
+        self.decoder.schema()
     }
 
     /// The reader's position in the device buffer.
@@ -187,26 +170,9 @@ impl DeviceStreamReader {
             };
             match message.header_type() {
                 MessageHeader::RecordBatch => {
-                    let fb = message.message();
-                    let (body, layout) = match fb.header_as_record_batch() {
-                        Some(batch) => crate::compression::device_body(
-                            batch,
-                            message.body(),
-                            self.decompression_limit,
-                        )?,
-                        None => (message.body().clone(), None),
-                    };
-                    return DeviceRecordBatch::decode_parts(
-                        fb,
-                        &body,
-                        layout,
-                        &self.schema,
-                        &self.ids,
-                        &self.dictionaries,
-                    )
-                    .map(Some);
+                    return self.decoder.decode_record_batch(&message).map(Some)
                 }
-                MessageHeader::DictionaryBatch => self.read_dictionary(&message)?,
+                MessageHeader::DictionaryBatch => self.decoder.decode_dictionary(&message)?,
                 other => {
                     return Err(Error::invalid_data(
                         WHAT,
@@ -218,32 +184,6 @@ impl DeviceStreamReader {
                 }
             }
         }
-    }
-
-    fn read_dictionary(&mut self, message: &DeviceMessage) -> Result<()> {
-        let batch = message
-            .message()
-            .header_as_dictionary_batch()
-            .ok_or_else(|| {
-                Error::invalid_data(WHAT, "a DictionaryBatch message without its header")
-            })?;
-        let (body, layout) = match batch.data() {
-            Some(data) => {
-                crate::compression::device_body(data, message.body(), self.decompression_limit)?
-            }
-            None => (message.body().clone(), None),
-        };
-        let (id, entry) = decode::decode_dictionary_batch(
-            batch,
-            layout,
-            &body,
-            message.version(),
-            self.schema.fields(),
-            &self.ids,
-            &self.dictionaries,
-        )?;
-        self.dictionaries.insert(id, entry);
-        Ok(())
     }
 }
 
@@ -265,9 +205,9 @@ impl Iterator for DeviceStreamReader {
 impl fmt::Debug for DeviceStreamReader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceStreamReader")
-            .field("schema", &self.schema)
+            .field("schema", self.decoder.schema())
             .field("position", &self.reader.position())
-            .field("dictionaries", &self.dictionaries.len())
+            .field("dictionaries", &self.decoder.dictionaries())
             .field("done", &self.done)
             .finish()
     }

@@ -3,7 +3,7 @@
 //!
 //! Serves two flights from device memory: `numbers` (two batches: `id` int64, `score`
 //! float64 with nulls, `name` utf8) and `empty` (its schema, no batches); `DoPut` adds
-//! more. Prints `PORT <n>` once listening (port 0, the default, picks a free one) and
+//! more, and `DoExchange` answers with the batches it was sent (landed on the device). Prints `PORT <n>` once listening (port 0, the default, picks a free one) and
 //! serves on 127.0.0.1 until its standard input closes.
 
 use std::io::{BufRead, Write};

@@ -6,17 +6,20 @@ use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use arrow_flight::flight_service_client::FlightServiceClient;
-use arrow_flight::{FlightData, FlightDescriptor, FlightInfo, Ticket};
+use arrow_flight::{FlightData, FlightDescriptor, FlightInfo, PutResult, Ticket};
 use bytes::Bytes;
 use cudabuf_arrow::DeviceRecordBatch;
 use cudabuf_core::Context;
+use futures::future::{Fuse, FusedFuture};
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
+use tokio::sync::oneshot;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
 
 use crate::auth::add_bearer;
-use crate::decode::{DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
+use crate::decode::{AsyncDecoder, DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
+use crate::encode::encode;
 use crate::error::{FlightError, Result};
 use crate::server::GRPC_HEADROOM;
 use crate::timeout::{
@@ -301,10 +304,174 @@ impl FlightDeviceClient {
         )
         .await
     }
+    /// `DoPut` of `batches` (of `schema`) under `descriptor`, from device memory: returns
+    /// the server's `PutResult`s once it has answered the whole stream.
+    ///
+    /// Each batch is downloaded on a blocking thread (into a pinned block from the
+    /// context's staging pool, where it is on) while the batch before it is encoded and
+    /// sent, one batch ahead; arrow-rs encodes it (messages of at most 2 MiB of body,
+    /// dictionary-encoded columns as dictionary batches before each batch) and tonic
+    /// sends it. Host copies per byte: arrow-rs's IPC body and tonic's send buffer (two);
+    /// the download is DMA. At most about three batches are on the host at once (the one
+    /// being sent, the next, and the one after it being downloaded).
+    ///
+    /// If a download fails, the call is cancelled (the server sees a reset stream, never
+    /// a complete one) and the download's error is returned.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// use arrow_flight::FlightDescriptor;
+    /// use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// use cudabuf_arrow::DeviceRecordBatch;
+    /// use cudabuf_flight::{DeviceFlightServer, FlightDeviceClient};
+    ///
+    /// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])?;
+    /// let server = DeviceFlightServer::new(&ctx);
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// runtime.block_on(async {
+    ///     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    ///     let url = format!("http://{}", listener.local_addr()?);
+    ///     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    ///     let serving = tokio::spawn({
+    ///         let server = server.clone();
+    ///         async move { server.serve(listener, None, async { stopped.await.ok(); }).await }
+    ///     });
+    ///
+    ///     let mut client = FlightDeviceClient::connect(&url, None).await?;
+    ///     let on_device = DeviceRecordBatch::from_host(&batch, &ctx)?;
+    ///     let descriptor = FlightDescriptor::new_path(vec!["uploaded".into()]);
+    ///     client.do_put(descriptor, batch.schema(), vec![on_device]).await?;
+    ///
+    ///     stop.send(()).ok();
+    ///     serving.await??;
+    ///     Ok::<_, Box<dyn std::error::Error>>(())
+    /// })?;
+    /// assert_eq!(server.get(b"uploaded").unwrap().batches[0].to_host()?, batch);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`FlightError::InvalidData`] when a batch's schema differs from `schema` (before
+    /// anything is sent); [`FlightError::Status`] for the server's refusal
+    /// (`Unauthenticated`, `InvalidArgument`, ...) or a broken stream;
+    /// [`FlightError::Device`] when a download fails.
+    pub async fn do_put(
+        &mut self,
+        descriptor: FlightDescriptor,
+        schema: SchemaRef,
+        batches: Vec<DeviceRecordBatch>,
+    ) -> Result<Vec<PutResult>> {
+        let (outgoing, failed) = Outgoing::new(descriptor, schema, batches)?;
+        let mut failed = failed.fuse();
+        let request = self.request(outgoing)?;
+        let inner = &mut self.inner;
+        let (timeout, idle) = (self.timeout, self.idle_timeout);
+        let call = async move {
+            let answers = bounded("the answer to a call", timeout, async {
+                Ok(inner.do_put(request).await?.into_inner())
+            })
+            .await?;
+            futures::TryStreamExt::try_collect(idle_bounded(
+                answers.map(|m| m.map_err(FlightError::from)),
+                idle,
+            ))
+            .await
+        };
+        tokio::select! {
+            biased;
+            Ok(e) = &mut failed => Err(e),
+            done = call => done,
+        }
+    }
+
+    /// `DoExchange` under `descriptor`: sends `batches` (of `schema`) from device memory
+    /// as [`do_put`](Self::do_put) does, and lands the server's answer on the device of
+    /// `ctx` as [`do_get`](Self::do_get) does. Returns once the answer's schema has
+    /// arrived (the batches keep being sent meanwhile and after); the stream yields each
+    /// answer batch once its upload is complete. An upload failure ends the stream with
+    /// its error and cancels the call.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// use arrow_flight::FlightDescriptor;
+    /// use futures::TryStreamExt;
+    /// use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// use cudabuf_arrow::DeviceRecordBatch;
+    /// use cudabuf_flight::{DeviceFlightServer, FlightDeviceClient};
+    ///
+    /// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])?;
+    /// let server = DeviceFlightServer::new(&ctx); // answers DoExchange with what it got
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// runtime.block_on(async {
+    ///     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    ///     let url = format!("http://{}", listener.local_addr()?);
+    ///     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    ///     let serving = tokio::spawn(async move {
+    ///         server.serve(listener, None, async { stopped.await.ok(); }).await
+    ///     });
+    ///
+    ///     let mut client = FlightDeviceClient::connect(&url, None).await?;
+    ///     let on_device = DeviceRecordBatch::from_host(&batch, &ctx)?;
+    ///     let descriptor = FlightDescriptor::new_cmd("echo");
+    ///     let answer = client.do_exchange(descriptor, batch.schema(), vec![on_device], &ctx).await?;
+    ///     let echoed: Vec<DeviceRecordBatch> = answer.try_collect().await?;
+    ///     assert_eq!(echoed[0].to_host()?, batch);
+    ///
+    ///     stop.send(()).ok();
+    ///     serving.await??;
+    ///     Ok::<_, Box<dyn std::error::Error>>(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`do_put`](Self::do_put) for the sending side and
+    /// [`do_get`](Self::do_get) for the answer.
+    pub async fn do_exchange(
+        &mut self,
+        descriptor: FlightDescriptor,
+        schema: SchemaRef,
+        batches: Vec<DeviceRecordBatch>,
+        ctx: &Context,
+    ) -> Result<DeviceBatchStream> {
+        let decoder = DeviceFlightDecoder::new(ctx)?.with_max_message_size(self.max_message_size);
+        let (outgoing, failed) = Outgoing::new(descriptor, schema, batches)?;
+        let mut failed = failed.fuse();
+        let request = self.request(outgoing)?;
+        let response = tokio::select! {
+            biased;
+            Ok(e) = &mut failed => return Err(e),
+            response = bounded("the answer to a call", self.timeout, async {
+                Ok(self.inner.do_exchange(request).await?)
+            }) => response?,
+        };
+        let incoming = idle_bounded(
+            response.into_inner().map(|m| m.map_err(FlightError::from)),
+            self.idle_timeout,
+        );
+        let incoming = if failed.is_terminated() {
+            // The upload is complete already: nothing more can fail there.
+            incoming
+        } else {
+            with_upload_failure(incoming, failed)
+        };
+        DeviceBatchStream::start(incoming, decoder).await
+    }
 }
 
-/// The batches of a `DoGet` in device memory, in order: a [`Stream`] of
-/// `Result<DeviceRecordBatch>` that knows its schema ([`schema`](Self::schema)).
+/// The batches of a `DoGet` or a `DoExchange`'s answer in device memory, in order: a
+/// [`Stream`] of `Result<DeviceRecordBatch>` that knows its schema
+/// ([`schema`](Self::schema)).
+///
+/// Each message is decoded by a [`DeviceFlightDecoder`] on one of tokio's blocking
+/// threads (the staging copy and the wait for the previous upload never run on a worker
+/// thread, so a current-thread runtime keeps serving its other tasks). Dropped before its
+/// end, the stream cancels the call; uploads still in flight are waited for on a blocking
+/// thread, and their memory freed there.
 pub struct DeviceBatchStream {
     schema: SchemaRef,
     inner: BoxStream<'static, Result<DeviceRecordBatch>>,
@@ -320,7 +487,10 @@ impl std::fmt::Debug for DeviceBatchStream {
 
 impl DeviceBatchStream {
     /// Decode `incoming` (any source of `FlightData`: a tonic stream, a test's vector)
-    /// with `decoder`: waits for the schema message, then streams the batches.
+    /// with `decoder`: waits for the schema message, then streams the batches. When
+    /// `incoming` fails, the batch received whole before the failure comes out first,
+    /// then the failure, and the stream ends. Must be awaited, and the stream polled,
+    /// inside a tokio runtime.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -343,13 +513,17 @@ impl DeviceBatchStream {
     /// As [`FlightDeviceClient::do_get`].
     pub async fn start(
         mut incoming: BoxStream<'static, Result<FlightData>>,
-        mut decoder: DeviceFlightDecoder,
+        decoder: DeviceFlightDecoder,
     ) -> Result<Self> {
-        while decoder.schema().is_none() {
+        let mut decoder = AsyncDecoder::new(decoder);
+        let schema = loop {
+            if let Some(schema) = decoder.schema() {
+                break schema.clone();
+            }
             match incoming.next().await {
+                // A record batch cannot come first: push refuses it.
                 Some(data) => {
-                    // A record batch cannot come first: push refuses it.
-                    decoder.push(&data?)?;
+                    decoder.push(data?).await?;
                 }
                 None => {
                     return Err(FlightError::invalid(
@@ -357,30 +531,40 @@ impl DeviceBatchStream {
                     ))
                 }
             }
-        }
-        let schema = decoder
-            .schema()
-            .cloned()
-            .ok_or_else(|| FlightError::invalid("no schema"))?;
-        let state = Some((incoming, decoder));
-        let inner = futures::stream::unfold(state, |state| async move {
-            let (mut incoming, mut decoder) = state?;
+        };
+        // The state: the messages, the decoder, and an error to report after the batch
+        // the decoder held when the messages broke off.
+        let start = Some((incoming, decoder, None::<FlightError>));
+        let inner = futures::stream::unfold(start, |state| async move {
+            let (mut incoming, mut decoder, broken) = state?;
+            if let Some(e) = broken {
+                return Some((Err(e), None));
+            }
             loop {
-                let step = match incoming.next().await {
-                    Some(Ok(data)) => decoder.push(&data),
-                    Some(Err(e)) => Err(e),
+                match incoming.next().await {
+                    Some(Ok(data)) => match decoder.push(data).await {
+                        Ok(Some(batch)) => {
+                            return Some((Ok(batch), Some((incoming, decoder, None))))
+                        }
+                        Ok(None) => continue,
+                        Err(e) => return Some((Err(e), None)),
+                    },
+                    // The batch received whole before the break comes first.
+                    Some(Err(e)) => {
+                        return match decoder.finish().await {
+                            Ok(Some(batch)) => {
+                                Some((Ok(batch), Some((incoming, decoder, Some(e)))))
+                            }
+                            Ok(None) | Err(_) => Some((Err(e), None)),
+                        }
+                    }
                     None => {
-                        return match decoder.finish() {
+                        return match decoder.finish().await {
                             Ok(Some(batch)) => Some((Ok(batch), None)),
                             Ok(None) => None,
                             Err(e) => Some((Err(e), None)),
                         }
                     }
-                };
-                match step {
-                    Ok(Some(batch)) => return Some((Ok(batch), Some((incoming, decoder)))),
-                    Ok(None) => continue,
-                    Err(e) => return Some((Err(e), None)),
                 }
             }
         })
@@ -409,7 +593,90 @@ impl Stream for DeviceBatchStream {
     }
 }
 
+/// The request stream of a `DoPut` or `DoExchange`: the encoded batches, as tonic takes
+/// them (a stream of messages, without errors). On the first error the error goes to
+/// the call (through `failed`) and the stream never ends, so that the peer never sees a
+/// complete stream: the call, dropped on that error, resets it.
+struct Outgoing {
+    inner: BoxStream<'static, Result<FlightData>>,
+    failed: Option<oneshot::Sender<FlightError>>,
+    stalled: bool,
+}
+
+impl Outgoing {
+    /// The messages of `batches` (after `schema`'s, with `descriptor` on the first), and
+    /// the receiver of the first error in making them.
+    fn new(
+        descriptor: FlightDescriptor,
+        schema: SchemaRef,
+        batches: Vec<DeviceRecordBatch>,
+    ) -> Result<(Self, oneshot::Receiver<FlightError>)> {
+        if let Some(i) = batches.iter().position(|b| b.schema() != &schema) {
+            return Err(FlightError::invalid(format!(
+                "batch {i}'s schema differs from the stream's"
+            )));
+        }
+        let (tx, rx) = oneshot::channel();
+        let inner = encode(
+            Some(schema),
+            Some(descriptor),
+            futures::stream::iter(batches.into_iter().map(Ok)),
+            None,
+        );
+        Ok((
+            Outgoing {
+                inner,
+                failed: Some(tx),
+                stalled: false,
+            },
+            rx,
+        ))
+    }
+}
+
+impl Stream for Outgoing {
+    type Item = FlightData;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<FlightData>> {
+        if self.stalled {
+            // Failed: never end (see the type's docs).
+            return Poll::Pending;
+        }
+        match self.inner.poll_next_unpin(cx) {
+            Poll::Ready(Some(Ok(data))) => Poll::Ready(Some(data)),
+            Poll::Ready(Some(Err(e))) => {
+                log::debug!("a Flight upload failed, the call is dropped: {e}");
+                self.stalled = true;
+                if let Some(failed) = self.failed.take() {
+                    // The call may have ended already: then nobody needs the error.
+                    let _ = failed.send(e);
+                }
+                Poll::Pending
+            }
+            Poll::Ready(None) => {
+                // Done: the call's receiver sees the sender gone.
+                self.failed = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// `incoming`, with the upload's error (from `failed`) as an item as soon as it comes.
+fn with_upload_failure(
+    incoming: BoxStream<'static, Result<FlightData>>,
+    failed: Fuse<oneshot::Receiver<FlightError>>,
+) -> BoxStream<'static, Result<FlightData>> {
+    let failure =
+        futures::stream::once(failed).filter_map(|sent| async move { sent.ok().map(Err) });
+    futures::stream::select(incoming, failure).boxed()
+}
+
 /// A blocking [`FlightDeviceClient`]: its own tokio runtime, for programs without one.
+///
+/// The runtime runs only during a call: between calls the connection is not served, so
+/// drop the client to close it (a server's graceful shutdown waits for open connections).
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -433,12 +700,13 @@ impl BlockingFlightClient {
     /// ```
     ///
     /// # Errors
-    /// As [`FlightDeviceClient::connect`]; [`FlightError::Device`] is never returned.
+    /// As [`FlightDeviceClient::connect`]; [`FlightError::Runtime`] when the runtime
+    /// cannot be built.
     pub fn connect(url: &str, token: Option<&str>) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| FlightError::Status(Box::new(tonic::Status::internal(e.to_string()))))?;
+            .map_err(|e| FlightError::Runtime(format!("building a runtime: {e}")))?;
         let client = runtime.block_on(FlightDeviceClient::connect(url, token))?;
         Ok(BlockingFlightClient { runtime, client })
     }
@@ -480,6 +748,101 @@ impl BlockingFlightClient {
                 batches.push(batch?);
             }
             Ok((stream.schema().clone(), batches))
+        })
+    }
+
+    /// `DoPut` of `batches` from device memory ([`FlightDeviceClient::do_put`]).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// use arrow_flight::FlightDescriptor;
+    /// use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// use cudabuf_arrow::DeviceRecordBatch;
+    /// use cudabuf_flight::{BlockingFlightClient, DeviceFlightServer};
+    ///
+    /// let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])?;
+    /// // A server on a runtime of its own.
+    /// let server = DeviceFlightServer::new(&ctx);
+    /// let serving = tokio::runtime::Runtime::new()?;
+    /// let listener = serving.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    /// let url = format!("http://{}", listener.local_addr()?);
+    /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// let task = serving.spawn({
+    ///     let server = server.clone();
+    ///     async move { server.serve(listener, None, async { stopped.await.ok(); }).await }
+    /// });
+    ///
+    /// let mut client = BlockingFlightClient::connect(&url, None)?;
+    /// let on_device = DeviceRecordBatch::from_host(&batch, &ctx)?;
+    /// let descriptor = FlightDescriptor::new_path(vec!["uploaded".into()]);
+    /// client.do_put(descriptor, batch.schema(), vec![on_device])?;
+    /// assert_eq!(server.get(b"uploaded").unwrap().batches[0].to_host()?, batch);
+    ///
+    /// drop(client); // closes its connection: the server's shutdown waits for it
+    /// stop.send(()).ok();
+    /// serving.block_on(task)??;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`FlightDeviceClient::do_put`].
+    pub fn do_put(
+        &mut self,
+        descriptor: FlightDescriptor,
+        schema: SchemaRef,
+        batches: Vec<DeviceRecordBatch>,
+    ) -> Result<Vec<PutResult>> {
+        self.runtime
+            .block_on(self.client.do_put(descriptor, schema, batches))
+    }
+
+    /// `DoExchange` of `batches` from device memory, the answer landed on the device of
+    /// `ctx` ([`FlightDeviceClient::do_exchange`]), every answer batch collected.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::sync::Arc;
+    /// # use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// # use cudabuf_arrow::DeviceRecordBatch;
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// # let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2, 3])) as _)])?;
+    /// # let server = cudabuf_flight::DeviceFlightServer::new(&ctx);
+    /// # let serving = tokio::runtime::Runtime::new()?;
+    /// # let listener = serving.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    /// # let url = format!("http://{}", listener.local_addr()?);
+    /// # let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// # let task = serving.spawn(async move { server.serve(listener, None, async { stopped.await.ok(); }).await });
+    /// // With a DeviceFlightServer at `url`, which echoes exchanges:
+    /// let mut client = cudabuf_flight::BlockingFlightClient::connect(&url, None)?;
+    /// let on_device = DeviceRecordBatch::from_host(&batch, &ctx)?;
+    /// let descriptor = arrow_flight::FlightDescriptor::new_cmd("echo");
+    /// let (schema, answers) = client.do_exchange(descriptor, batch.schema(), vec![on_device], &ctx)?;
+    /// assert_eq!((schema, answers[0].to_host()?), (batch.schema(), batch));
+    /// # drop(client);
+    /// # stop.send(()).ok();
+    /// # serving.block_on(task)??;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`FlightDeviceClient::do_exchange`].
+    pub fn do_exchange(
+        &mut self,
+        descriptor: FlightDescriptor,
+        schema: SchemaRef,
+        batches: Vec<DeviceRecordBatch>,
+        ctx: &Context,
+    ) -> Result<(SchemaRef, Vec<DeviceRecordBatch>)> {
+        let client = &mut self.client;
+        self.runtime.block_on(async {
+            let mut stream = client.do_exchange(descriptor, schema, batches, ctx).await?;
+            let mut answers = Vec::new();
+            while let Some(batch) = stream.next().await {
+                answers.push(batch?);
+            }
+            Ok((stream.schema().clone(), answers))
         })
     }
 }

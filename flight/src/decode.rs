@@ -1,15 +1,15 @@
 //! [`DeviceFlightDecoder`]: `FlightData` messages to [`DeviceRecordBatch`]es, each body
 //! staged in pinned memory and uploaded on a stream while the next message arrives.
 
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
 
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use arrow::ipc::{self, MessageHeader, MetadataVersion};
 use arrow_flight::FlightData;
-use cudabuf_arrow::{DeviceMessage, DeviceRecordBatch};
-use cudabuf_core::{Context, HostRange, Stream, Transfer};
+use cudabuf_arrow::{DeviceMessage, DeviceRecordBatch, DeviceStreamDecoder};
+use cudabuf_core::{Context, DeviceBuffer, ErrorKind, HostRange, Stream, Transfer};
+
+use tokio::task::JoinHandle;
 
 use crate::compressed::check_compressed_body;
 use crate::error::{FlightError, Result};
@@ -26,16 +26,15 @@ struct Pending {
 }
 
 enum Upload {
-    /// Nothing to wait for (an empty body, or one copied synchronously).
+    /// Nothing to wait for (an empty body, a body copied synchronously, or one
+    /// decompressed and uploaded already).
     Done,
     /// A body staged in a pinned buffer, copied on the decoder's stream.
     Staged(Transfer<HostRange>),
-    /// Copies issued on the decoder's stream by cudabuf-arrow (a body decoded on the host).
-    OnStream,
 }
 
-/// Decodes a Flight stream (`DoGet`'s answer, `DoPut`'s request) into device memory, one
-/// `FlightData` at a time.
+/// Decodes a Flight stream (`DoGet`'s answer, `DoPut`'s and `DoExchange`'s requests) into
+/// device memory, one `FlightData` at a time.
 ///
 /// The first message must be the schema. Each record batch body is checked against its
 /// metadata, copied once from the gRPC buffer into a pinned staging buffer from the
@@ -49,9 +48,25 @@ enum Upload {
 /// [`finish`](Self::finish) returns the last one. Batches are returned complete: their
 /// device memory holds the data, on any stream.
 ///
-/// Bodies compressed with LZ4_FRAME or ZSTD are decoded on the host by arrow-rs and
-/// uploaded from there (two host copies more). Dictionary-encoded fields and dictionary
-/// batches are refused with [`FlightError::Unsupported`].
+/// **Dictionaries**: dictionary batches are staged and uploaded the same way (on the same
+/// stream, so a batch is complete only after the dictionaries before it) and decoded by
+/// cudabuf-arrow's [`DeviceStreamDecoder`]: a dictionary-encoded column of a batch uses
+/// the latest dictionary batch of its id before it (a replacement applies to the batches
+/// after it; batches already returned keep theirs). Delta dictionary batches are refused
+/// with [`FlightError::Unsupported`]: a dictionary is kept as zero-copy slices of one
+/// message body on the device, which cannot be appended to.
+///
+/// **Compressed bodies** (LZ4_FRAME or ZSTD, pyarrow's `IpcWriteOptions(compression=...)`)
+/// are decompressed on the host straight from the gRPC buffer into pinned chunks (by up to
+/// the context's [`FileOptions::threads`](cudabuf_core::FileOptions::threads) threads)
+/// and uploaded from there: the decompression writes each byte once, no other host copy.
+/// A compressed body may decompress to at most the message limit
+/// ([`max_message_size`](Self::max_message_size)); a body declaring more is
+/// [`FlightError::Device`] with `InvalidData`, refused before anything is allocated.
+///
+/// **Blocking**: `push` and `finish` wait for uploads and copy bodies on the calling
+/// thread. In async code call them from a blocking thread (`tokio::task::spawn_blocking`),
+/// as this crate's clients and server do; dropping a decoder waits for its uploads too.
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -75,20 +90,24 @@ enum Upload {
 pub struct DeviceFlightDecoder {
     ctx: Context,
     stream: Stream,
-    schema: Option<SchemaRef>,
+    /// The stream's schema and dictionaries, once the schema message has come.
+    state: Option<DeviceStreamDecoder>,
     max_message_size: usize,
     decompression_limit: usize,
     pending: Option<Pending>,
+    /// Uploads of dictionary bodies issued since the last batch was returned.
+    dictionary_uploads: Vec<Transfer<HostRange>>,
     batches: usize,
 }
 
 impl std::fmt::Debug for DeviceFlightDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceFlightDecoder")
-            .field("schema", &self.schema)
+            .field("schema", &self.schema())
             .field("max_message_size", &self.max_message_size)
             .field("decompression_limit", &self.decompression_limit)
             .field("pending", &self.pending.is_some())
+            .field("dictionary_uploads", &self.dictionary_uploads.len())
             .field("batches", &self.batches)
             .finish()
     }
@@ -112,16 +131,18 @@ impl DeviceFlightDecoder {
         Ok(DeviceFlightDecoder {
             ctx: ctx.clone(),
             stream: ctx.new_stream()?,
-            schema: None,
+            state: None,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             decompression_limit: cudabuf_arrow::DEFAULT_DECOMPRESSION_LIMIT,
             pending: None,
+            dictionary_uploads: Vec::new(),
             batches: 0,
         })
     }
 
     /// Set the limit on one message (header and body together, in bytes): a larger one is
-    /// [`FlightError::TooLarge`], refused before anything is allocated.
+    /// [`FlightError::TooLarge`], refused before anything is allocated. (What a compressed
+    /// body may decompress to is [`with_decompression_limit`](Self::with_decompression_limit).)
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -162,6 +183,9 @@ impl DeviceFlightDecoder {
     /// ```
     pub fn with_decompression_limit(mut self, bytes: usize) -> Self {
         self.decompression_limit = bytes;
+        if let Some(state) = &mut self.state {
+            state.set_decompression_limit(bytes);
+        }
         self
     }
 
@@ -193,7 +217,7 @@ impl DeviceFlightDecoder {
     /// # Ok(()) }
     /// ```
     pub fn schema(&self) -> Option<&SchemaRef> {
-        self.schema.as_ref()
+        self.state.as_ref().map(DeviceStreamDecoder::schema)
     }
 
     /// The record batches decoded so far (returned or pending).
@@ -208,10 +232,31 @@ impl DeviceFlightDecoder {
         self.batches
     }
 
-    /// Decode one message. A schema message sets the schema and returns `None`; a record
-    /// batch is checked, staged and its upload issued, and the batch before it (if any) is
-    /// returned once its upload is complete. A message with neither header nor body (only
-    /// `app_metadata`) is skipped.
+    /// The dictionaries known so far (one per dictionary id; a replacement does not add
+    /// one).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// assert_eq!(cudabuf_flight::DeviceFlightDecoder::new(&ctx)?.dictionaries(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn dictionaries(&self) -> usize {
+        self.state
+            .as_ref()
+            .map_or(0, DeviceStreamDecoder::dictionaries)
+    }
+
+    /// Whether uploads are in flight (dropping the decoder then waits for them).
+    pub(crate) fn has_pending(&self) -> bool {
+        self.pending.is_some() || !self.dictionary_uploads.is_empty()
+    }
+
+    /// Decode one message. A schema message sets the schema and returns `None`; a
+    /// dictionary batch is checked, staged, its upload issued, and returns `None`; a
+    /// record batch is checked, staged and its upload issued, and the batch before it (if
+    /// any) is returned once its upload is complete. A message with neither header nor
+    /// body (only `app_metadata`, or only a descriptor) is skipped.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -227,13 +272,15 @@ impl DeviceFlightDecoder {
     /// # Errors
     /// [`FlightError::TooLarge`] over the limit; [`FlightError::InvalidData`] for metadata
     /// the flatbuffer verifier rejects, a body shorter than the metadata's body length, a
-    /// record batch or a dictionary batch before the schema, a second schema, a batch
-    /// whose buffers do not fit its body, a compressed buffer whose declared length its
-    /// codec cannot reach; [`FlightError::TooLarge`] for compressed buffers declaring
-    /// more than the [`decompression_limit`](Self::decompression_limit); [`FlightError::Unsupported`] for dictionaries, a metadata version before
-    /// V4, other message types; [`FlightError::Device`] for a failed allocation or copy.
-    /// After an error the decoder should be dropped (dropping it waits for its uploads and
-    /// frees everything).
+    /// record batch or dictionary batch before the schema, a second schema, a compressed
+    /// buffer whose declared length its codec cannot reach; [`FlightError::TooLarge`] for
+    /// compressed buffers declaring more than the
+    /// [`decompression_limit`](Self::decompression_limit); [`FlightError::Device`] for a
+    /// batch whose buffers do not fit its body, a dictionary id no field uses, a
+    /// dictionary-encoded column before its dictionary, a failed allocation or copy;
+    /// [`FlightError::Unsupported`] for delta dictionaries, a big-endian schema, a metadata
+    /// version before V4, other message types. After an error the decoder should be
+    /// dropped (dropping it waits for its uploads and frees everything).
     pub fn push(&mut self, data: &FlightData) -> Result<Option<DeviceRecordBatch>> {
         let size = data.data_header.len().saturating_add(data.data_body.len());
         if size > self.max_message_size {
@@ -271,19 +318,18 @@ impl DeviceFlightDecoder {
                 self.pending = Some(next);
                 Ok(previous)
             }
-            MessageHeader::DictionaryBatch if self.schema.is_none() => {
-                Err(FlightError::invalid("a dictionary batch before the schema"))
+            MessageHeader::DictionaryBatch => {
+                self.read_dictionary(message, data)?;
+                Ok(None)
             }
-            MessageHeader::DictionaryBatch => Err(FlightError::Unsupported(
-                "dictionary batches (dictionary-encoded columns)".into(),
-            )),
             other => Err(FlightError::Unsupported(format!(
                 "a {other:?} message in a Flight stream"
             ))),
         }
     }
 
-    /// The end of the stream: the last batch, once its upload is complete.
+    /// The end of the stream: the last batch, once its upload (and those of the
+    /// dictionaries before it) is complete.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -300,37 +346,43 @@ impl DeviceFlightDecoder {
     }
 
     fn read_schema(&mut self, message: ipc::Message<'_>) -> Result<()> {
-        if self.schema.is_some() {
+        if self.state.is_some() {
             return Err(FlightError::invalid("a second schema message"));
         }
         let fb = message
             .header_as_schema()
             .ok_or_else(|| FlightError::invalid("a Schema message without its schema"))?;
-        if has_dictionary(fb) {
-            return Err(FlightError::Unsupported(
-                "dictionary-encoded fields (the stream would carry dictionary batches)".into(),
-            ));
-        }
         // arrow-rs converts a verified flatbuffer; a panic on a type it cannot express
         // would be a bug there, caught here as a last line of defence.
-        let schema: Schema = catch_unwind(AssertUnwindSafe(|| ipc::convert::try_fb_to_schema(fb)))
+        let mut state = catch_unwind(AssertUnwindSafe(|| DeviceStreamDecoder::new(fb)))
             .map_err(|_| {
                 log::error!("arrow-rs panicked converting a Flight schema");
                 FlightError::invalid("a schema arrow-rs cannot convert")
             })?
-            .map_err(|e| FlightError::invalid(format!("schema: {e}")))?;
-        self.schema = Some(Arc::new(schema));
+            .map_err(|e| match e.kind() {
+                ErrorKind::Unsupported => FlightError::Unsupported(e.to_string()),
+                _ => FlightError::invalid(format!("schema: {e}")),
+            })?;
+        state.set_decompression_limit(self.decompression_limit);
+        self.state = Some(state);
         Ok(())
     }
 
-    fn read_batch(&mut self, message: ipc::Message<'_>, data: &FlightData) -> Result<Pending> {
-        let schema = self
-            .schema
-            .clone()
-            .ok_or_else(|| FlightError::invalid("a record batch before the schema"))?;
-        let fb = message
-            .header_as_record_batch()
-            .ok_or_else(|| FlightError::invalid("a RecordBatch message without its header"))?;
+    /// The stream's state, or the error for a message before the schema.
+    fn state(&self, what: &str) -> Result<&DeviceStreamDecoder> {
+        self.state
+            .as_ref()
+            .ok_or_else(|| FlightError::invalid(format!("a {what} before the schema")))
+    }
+
+    fn state_mut(&mut self) -> Result<&mut DeviceStreamDecoder> {
+        self.state
+            .as_mut()
+            .ok_or_else(|| FlightError::invalid("a dictionary batch before the schema"))
+    }
+
+    /// The body length the metadata announces, checked against the body present.
+    fn body_len(message: ipc::Message<'_>, data: &FlightData) -> Result<usize> {
         let body_len = usize::try_from(message.bodyLength()).map_err(|_| {
             FlightError::invalid(format!("negative body length {}", message.bodyLength()))
         })?;
@@ -340,80 +392,115 @@ impl DeviceFlightDecoder {
                 data.data_body.len()
             )));
         }
+        Ok(body_len)
+    }
+
+    fn read_batch(&mut self, message: ipc::Message<'_>, data: &FlightData) -> Result<Pending> {
+        let state = self.state("record batch")?;
+        let fb = message
+            .header_as_record_batch()
+            .ok_or_else(|| FlightError::invalid("a RecordBatch message without its header"))?;
+        let body_len = Self::body_len(message, data)?;
         if fb.compression().is_some() {
             check_compressed_body(fb, &data.data_body[..body_len], self.decompression_limit)?;
-            return self.read_compressed(data, schema);
-        }
-        let device = self.ctx.new_buffer(body_len)?;
-        let device_message = DeviceMessage::from_parts(&data.data_header, &device)?;
-        let batch = DeviceRecordBatch::from_message(&device_message, &schema)?;
-        if body_len == 0 {
+            let batch = state
+                .decode_record_batch_from_host(&data.data_header, &data.data_body, &self.ctx)
+                .map_err(decoding_error)?;
             return Ok(Pending {
                 batch,
                 upload: Upload::Done,
             });
+        }
+        let device = self.ctx.new_buffer(body_len)?;
+        let device_message = DeviceMessage::from_parts(&data.data_header, &device)?;
+        let batch = state
+            .decode_record_batch(&device_message)
+            .map_err(decoding_error)?;
+        let upload = self.upload(&device, data, body_len)?;
+        Ok(Pending { batch, upload })
+    }
+
+    fn read_dictionary(&mut self, message: ipc::Message<'_>, data: &FlightData) -> Result<()> {
+        self.state("dictionary batch")?;
+        let fb = message
+            .header_as_dictionary_batch()
+            .ok_or_else(|| FlightError::invalid("a DictionaryBatch message without its header"))?;
+        let body_len = Self::body_len(message, data)?;
+        if let Some(batch) = fb.data().filter(|d| d.compression().is_some()) {
+            check_compressed_body(batch, &data.data_body[..body_len], self.decompression_limit)?;
+            let ctx = self.ctx.clone();
+            return self
+                .state_mut()?
+                .decode_dictionary_from_host(&data.data_header, &data.data_body, &ctx)
+                .map_err(decoding_error);
+        }
+        let device = self.ctx.new_buffer(body_len)?;
+        let device_message = DeviceMessage::from_parts(&data.data_header, &device)?;
+        self.state_mut()?
+            .decode_dictionary(&device_message)
+            .map_err(decoding_error)?;
+        if let Upload::Staged(transfer) = self.upload(&device, data, body_len)? {
+            self.dictionary_uploads.push(transfer);
+        }
+        Ok(())
+    }
+
+    /// Copy the first `body_len` bytes of the body into a pooled pinned staging buffer and
+    /// issue its upload into `device` on the decoder's stream; with no pooled buffer to lend
+    /// (a first message, a new size, the pool off), copy it straight from gRPC's buffer with
+    /// a copy that pins nothing, and have the two buffers the decoder uses at once pinned in
+    /// the background.
+    fn upload(&self, device: &DeviceBuffer, data: &FlightData, body_len: usize) -> Result<Upload> {
+        if body_len == 0 {
+            return Ok(Upload::Done);
         }
         let body = &data.data_body[..body_len];
         let class = staging_class(body_len);
         let Some(mut staging) = self.ctx.pooled_staging_buffer(body_len, class) else {
-            // No pinned buffer to lend (a first message, a new size, the pool off): the
-            // body goes straight from gRPC's buffer with a copy that pins nothing, and the
-            // two buffers the decoder uses at once are pinned in the background.
             self.ctx
                 .with_background_pinning(body_len, class, class, 2, || {
                     device.copy_from_host_unpinned(body, 0)
                 })?;
-            return Ok(Pending {
-                batch,
-                upload: Upload::Done,
-            });
+            return Ok(Upload::Done);
         };
         staging[..body_len].copy_from_slice(body);
         let staging = staging.into_range(..body_len)?;
-        let transfer = self.stream.copy_from_host(&device, staging).map_err(|e| {
+        let transfer = self.stream.copy_from_host(device, staging).map_err(|e| {
             let (error, host) = e.into_parts();
             if let Some(Ok(host)) = host.map(HostRange::into_buffer) {
                 self.ctx.recycle_staging_buffer(host);
             }
             error
         })?;
-        Ok(Pending {
-            batch,
-            upload: Upload::Staged(transfer),
-        })
+        Ok(Upload::Staged(transfer))
     }
 
-    fn read_compressed(&mut self, data: &FlightData, schema: SchemaRef) -> Result<Pending> {
-        let host = catch_unwind(AssertUnwindSafe(|| {
-            arrow_flight::utils::flight_data_to_arrow_batch(data, schema, &HashMap::new())
-        }))
-        .map_err(|_| {
-            log::error!("arrow-rs panicked decoding a compressed Flight body");
-            FlightError::invalid("a compressed body arrow-rs cannot decode")
-        })?
-        .map_err(|e| FlightError::invalid(format!("compressed body: {e}")))?;
-        let batch = DeviceRecordBatch::from_host_on(&host, &self.stream)?;
-        Ok(Pending {
-            batch,
-            upload: Upload::OnStream,
-        })
+    /// Wait for an upload and give its staging buffer back to the pool.
+    fn complete(&self, transfer: Transfer<HostRange>) -> Result<()> {
+        let range = transfer.wait().map_err(|e| e.into_parts().0)?;
+        if let Ok(host) = range.into_buffer() {
+            self.ctx.recycle_staging_buffer(host);
+        }
+        Ok(())
     }
 
     fn complete_pending(&mut self) -> Result<Option<DeviceRecordBatch>> {
-        let Some(pending) = self.pending.take() else {
-            return Ok(None);
-        };
-        match pending.upload {
-            Upload::Done => {}
-            Upload::Staged(transfer) => {
-                let range = transfer.wait().map_err(|e| e.into_parts().0)?;
-                if let Ok(host) = range.into_buffer() {
-                    self.ctx.recycle_staging_buffer(host);
-                }
-            }
-            Upload::OnStream => self.stream.synchronize()?,
+        // The dictionaries' uploads were issued before the pending batch's, on the same
+        // stream: all are waited for (and their staging buffers recycled) before the
+        // batch is handed out, even after an error.
+        let mut result = Ok(());
+        for transfer in std::mem::take(&mut self.dictionary_uploads) {
+            let waited = self.complete(transfer);
+            result = result.and(waited);
         }
-        Ok(Some(pending.batch))
+        let Some(Pending { batch, upload }) = self.pending.take() else {
+            return result.map(|()| None);
+        };
+        if let Upload::Staged(transfer) = upload {
+            let waited = self.complete(transfer);
+            result = result.and(waited);
+        }
+        result.map(|()| Some(batch))
     }
 }
 
@@ -423,12 +510,109 @@ fn staging_class(len: usize) -> usize {
     len.max(64 << 10).checked_next_power_of_two().unwrap_or(len)
 }
 
-/// Whether any field of an IPC schema (at any depth) is dictionary-encoded.
-fn has_dictionary(schema: ipc::Schema<'_>) -> bool {
-    fn any<'a>(fields: impl Iterator<Item = ipc::Field<'a>>) -> bool {
-        fields.into_iter().any(|field| {
-            field.dictionary().is_some() || field.children().is_some_and(|c| any(c.iter()))
-        })
+/// A cudabuf-arrow decoding error: `Unsupported` (a delta dictionary, another codec, ...)
+/// is [`FlightError::Unsupported`], the rest [`FlightError::Device`].
+fn decoding_error(e: cudabuf_core::Error) -> FlightError {
+    match e.kind() {
+        ErrorKind::Unsupported => FlightError::Unsupported(e.to_string()),
+        _ => FlightError::Device(e),
     }
-    schema.fields().is_some_and(|f| any(f.iter()))
+}
+
+/// A [`DeviceFlightDecoder`] driven from async code: each step that may wait for the
+/// device or copy a body runs on one of tokio's blocking threads, never on a worker (so
+/// a current-thread runtime keeps serving other tasks meanwhile). After an error the
+/// decoder is gone (dropped on the blocking thread). Dropped with uploads in flight, it
+/// is dropped on a blocking thread too.
+pub(crate) struct AsyncDecoder(Option<DeviceFlightDecoder>);
+
+impl AsyncDecoder {
+    pub(crate) fn new(decoder: DeviceFlightDecoder) -> Self {
+        AsyncDecoder(Some(decoder))
+    }
+
+    pub(crate) fn schema(&self) -> Option<&SchemaRef> {
+        self.0.as_ref().and_then(DeviceFlightDecoder::schema)
+    }
+
+    fn take(&mut self) -> Result<DeviceFlightDecoder> {
+        self.0
+            .take()
+            .ok_or_else(|| FlightError::Runtime("the decoder is gone after an error".into()))
+    }
+
+    /// [`DeviceFlightDecoder::push`] on a blocking thread.
+    pub(crate) async fn push(&mut self, data: FlightData) -> Result<Option<DeviceRecordBatch>> {
+        let mut decoder = self.take()?;
+        let (decoder, batch) = blocking(move || match decoder.push(&data) {
+            Ok(batch) => Ok((decoder, batch)),
+            Err(e) => {
+                drop(decoder);
+                Err(e)
+            }
+        })
+        .await??;
+        self.0 = Some(decoder);
+        Ok(batch)
+    }
+
+    /// [`DeviceFlightDecoder::finish`] on a blocking thread, where the decoder is then
+    /// dropped.
+    pub(crate) async fn finish(&mut self) -> Result<Option<DeviceRecordBatch>> {
+        let mut decoder = self.take()?;
+        blocking(move || {
+            let last = decoder.finish();
+            drop(decoder);
+            last
+        })
+        .await?
+    }
+}
+
+impl Drop for AsyncDecoder {
+    fn drop(&mut self) {
+        if let Some(decoder) = self.0.take() {
+            if decoder.has_pending() {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    // Detached: the uploads are waited for (and the memory freed) there.
+                    drop(runtime.spawn_blocking(move || drop(decoder)));
+                }
+            }
+        }
+    }
+}
+
+/// Run `f` on one of tokio's blocking threads.
+///
+/// # Errors
+/// As [`spawn_blocking`] and [`joined`].
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    joined(spawn_blocking(f)?).await
+}
+
+/// Start `f` on one of tokio's blocking threads, now.
+///
+/// # Errors
+/// [`FlightError::Runtime`] outside a tokio runtime.
+pub(crate) fn spawn_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<JoinHandle<T>> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+        FlightError::Runtime(format!(
+            "this step runs on a tokio runtime's blocking threads: {e}"
+        ))
+    })?;
+    Ok(runtime.spawn_blocking(f))
+}
+
+/// The result of a step started with [`spawn_blocking`].
+///
+/// # Errors
+/// [`FlightError::Runtime`] when it did not finish (it panicked, or the runtime is
+/// shutting down).
+pub(crate) async fn joined<T>(step: JoinHandle<T>) -> Result<T> {
+    step.await
+        .map_err(|e| FlightError::Runtime(format!("a blocking step did not finish: {e}")))
 }

@@ -32,7 +32,7 @@ pub enum FlightError {
         /// The limit it broke.
         limit: usize,
     },
-    /// Valid Flight data this crate does not handle yet (dictionary batches, ...).
+    /// Valid Flight data this crate does not handle (delta dictionary batches, ...).
     #[error("unsupported Flight data: {0}")]
     Unsupported(String),
     /// The peer went silent: no connection, no answer to a call, or no next message of a
@@ -53,6 +53,10 @@ pub enum FlightError {
     /// given to a TLS connection, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The tokio runtime could not run a step: a runtime could not be built, or a step on
+    /// a blocking thread did not finish (it panicked, or the runtime is shutting down).
+    #[error("Flight runtime: {0}")]
+    Runtime(String),
 }
 
 impl FlightError {
@@ -62,7 +66,8 @@ impl FlightError {
 
     /// The gRPC status a server answers this error with: `InvalidArgument` for bad data or
     /// a bad argument, `ResourceExhausted` for an oversized message, `Unimplemented` for
-    /// unsupported data, `DeadlineExceeded` for a timeout, `Internal` for a device failure,
+    /// unsupported data, `DeadlineExceeded` for a timeout, `Internal` for a device or
+    /// runtime failure, `Unavailable` for a transport failure,
     /// the status itself for a status.
     ///
     /// ```
@@ -80,6 +85,7 @@ impl FlightError {
             FlightError::Unsupported(_) => tonic::Status::unimplemented(self.to_string()),
             FlightError::Timeout { .. } => tonic::Status::deadline_exceeded(self.to_string()),
             FlightError::InvalidArgument(_) => tonic::Status::invalid_argument(self.to_string()),
+            FlightError::Runtime(_) => tonic::Status::internal(self.to_string()),
         }
     }
 

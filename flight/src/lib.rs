@@ -1,16 +1,28 @@
-//! cudabuf-flight: Arrow Flight straight into device memory, on cudabuf.
+//! cudabuf-flight: Arrow Flight straight into and out of device memory, on cudabuf.
 //!
 //! - [`FlightDeviceClient::do_get`]: a `DoGet` whose record batches land in device memory
 //!   ([`DeviceRecordBatch`](cudabuf_arrow::DeviceRecordBatch)es): each `FlightData` body is
 //!   copied once from gRPC's buffer into pinned staging memory (the context's pool) and
 //!   uploaded on a cudabuf [`Stream`](cudabuf_core::Stream) while the next message is
 //!   received, or, while the pool has no buffer to lend, copied straight to the device by
-//!   a copy that pins nothing ([`DeviceFlightDecoder`]). [`BlockingFlightClient`] wraps it for programs
-//!   without a tokio runtime.
+//!   a copy that pins nothing ([`DeviceFlightDecoder`]).
+//! - [`FlightDeviceClient::do_put`] and [`FlightDeviceClient::do_exchange`]: device
+//!   batches sent (each downloaded on a blocking thread while the one before is encoded
+//!   and sent, one batch ahead; a failed download cancels the call), and a `DoExchange`'s
+//!   answer landed on the device as a `DoGet`'s is. [`BlockingFlightClient`] wraps the
+//!   three for programs without a tokio runtime.
 //! - [`DeviceFlightServer`]: a ready-made Flight service over an in-memory map of device
-//!   batches: `DoGet` (batches downloaded through pinned memory and encoded by arrow-rs,
-//!   [`encode_device_batches`]), `DoPut` into device memory, `GetFlightInfo`,
-//!   `GetSchema`, `ListFlights`.
+//!   batches: `DoGet` (batches downloaded one batch ahead and encoded by arrow-rs,
+//!   [`encode_device_batches`]), `DoPut` into device memory, `DoExchange` (each received
+//!   batch lands on the device and a handler's answer, or the batch itself, is sent back:
+//!   [`DeviceFlightServer::with_exchange`]), `GetFlightInfo`, `GetSchema`, `ListFlights`.
+//! - Dictionary-encoded columns both ways: dictionary batches (and replacements) decoded
+//!   by cudabuf-arrow's [`DeviceStreamDecoder`](cudabuf_arrow::DeviceStreamDecoder),
+//!   dictionaries sent before the batches that use them; delta dictionaries are
+//!   [`FlightError::Unsupported`]. LZ4_FRAME and ZSTD bodies are decompressed from gRPC's
+//!   buffer into pinned chunks and uploaded.
+//! - Nothing blocks a runtime worker: every step that waits for the device or copies a
+//!   body runs on tokio's blocking threads, so a current-thread runtime keeps running.
 //! - [`BearerAuth`]: the server admits only calls with `authorization: Bearer <token>`
 //!   (`Unauthenticated` otherwise); the client sends it.
 //! - Untrusted peers: every message is checked before anything is allocated (size limit,
@@ -23,8 +35,11 @@
 //!   `ClientTls`, `DeviceFlightServer::serve_tls` with a `ServerTls` (mutual TLS
 //!   optional).
 //!
-//! Not handled yet: dictionary-encoded columns (refused with
-//! [`FlightError::Unsupported`]), `DoExchange`.
+//! Host copies per body byte: one into the device (into pinned staging; tonic's receive
+//! buffer aside), two out of it (arrow-rs's IPC body and tonic's send buffer; the
+//! download itself is DMA where the context's staging pool is on).
+//!
+//! Not handled: delta dictionaries.
 //!
 //! See [`FlightDeviceClient`] for a complete round trip.
 

@@ -2,9 +2,11 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
 use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
@@ -14,15 +16,17 @@ use arrow_flight::{
 use cudabuf_arrow::DeviceRecordBatch;
 use cudabuf_core::Context;
 use futures::stream::{self, BoxStream};
-use futures::StreamExt;
+use futures::{future, StreamExt, TryStreamExt};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::BearerAuth;
-use crate::decode::{DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
-use crate::encode::encode_device_batches;
+use crate::client::DeviceBatchStream;
+use crate::decode::{blocking, DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
+use crate::encode::{download_ahead, encode_device_batches, encode_host};
 use crate::error::{FlightError, Result};
 use crate::limits::ServerLimits;
+use crate::timeout::idle_bounded;
 
 /// What gRPC may add around a `FlightData`'s header and body: tonic's own limit is the
 /// decoder's plus this.
@@ -72,7 +76,12 @@ struct Inner {
 pub struct DeviceFlightServer {
     inner: Arc<Inner>,
     pub(crate) limits: ServerLimits,
+    /// What `DoExchange` does with each batch (`None`: echo it).
+    exchange: Option<Arc<ExchangeHandler>>,
 }
+
+/// A `DoExchange` handler: one answer batch per received batch.
+type ExchangeHandler = dyn Fn(DeviceRecordBatch) -> Result<DeviceRecordBatch> + Send + Sync;
 
 impl std::fmt::Debug for DeviceFlightServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -80,6 +89,10 @@ impl std::fmt::Debug for DeviceFlightServer {
             .field("flights", &self.keys().len())
             .field("max_message_size", &self.inner.max_message_size)
             .field("limits", &self.limits)
+            .field(
+                "exchange",
+                &self.exchange.as_ref().map_or("echo", |_| "handler"),
+            )
             .finish()
     }
 }
@@ -116,7 +129,62 @@ impl DeviceFlightServer {
                 max_message_size: bytes,
             }),
             limits: ServerLimits::default(),
+            exchange: None,
         }
+    }
+
+    /// Answer `DoExchange` with `handler`: each batch the client sends lands on the
+    /// device (as a `DoPut`'s do), `handler` runs on it on one of tokio's blocking
+    /// threads, and the batch it returns is sent back (as a `DoGet`'s are), in order; the
+    /// next received batch is decoded while one answer is downloaded and sent. Without a
+    /// handler the server echoes every batch it receives.
+    ///
+    /// The answer's schema is the first answer batch's; an exchange that sends a schema
+    /// and no batch is answered with its own schema and no batch, one that sends no
+    /// schema at all with `InvalidArgument`. Every answer must have the schema of the
+    /// first (else the exchange ends with `InvalidArgument`); an error of the handler ends
+    /// the exchange with its status ([`FlightError::to_status`]). The handler is shared by
+    /// every clone of the server made after this call.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// use cudabuf_arrow::arrow::array::{AsArray, Int32Array, RecordBatch};
+    /// use cudabuf_arrow::arrow::datatypes::Int32Type;
+    /// use cudabuf_arrow::DeviceRecordBatch;
+    /// use cudabuf_flight::{DeviceFlightServer, FlightError};
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// // Answer each batch of one int32 column with its negation (computed on the host
+    /// // here; a kernel on the device in real use).
+    /// let server = DeviceFlightServer::new(&ctx).with_exchange(|batch| {
+    ///     let host = batch.to_host()?;
+    ///     let negated: Int32Array = host.column(0).as_primitive::<Int32Type>().unary(|v| -v);
+    ///     let answer = RecordBatch::try_new(host.schema(), vec![Arc::new(negated)])
+    ///         .map_err(|e| FlightError::InvalidData(e.to_string()))?;
+    ///     Ok(DeviceRecordBatch::from_host(&answer, batch.context())?)
+    /// });
+    /// assert!(server.has_exchange_handler());
+    /// # Ok(()) }
+    /// ```
+    pub fn with_exchange<F>(mut self, handler: F) -> Self
+    where
+        F: Fn(DeviceRecordBatch) -> Result<DeviceRecordBatch> + Send + Sync + 'static,
+    {
+        self.exchange = Some(Arc::new(handler));
+        self
+    }
+
+    /// Whether `DoExchange` runs a handler ([`with_exchange`](Self::with_exchange)) rather
+    /// than echoing.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// assert!(!cudabuf_flight::DeviceFlightServer::new(&ctx).has_exchange_handler());
+    /// # Ok(()) }
+    /// ```
+    pub fn has_exchange_handler(&self) -> bool {
+        self.exchange.is_some()
     }
 
     /// The limit on one incoming message.
@@ -277,6 +345,24 @@ impl DeviceFlightServer {
             .with_total_records(i64::try_from(rows).unwrap_or(-1)))
     }
 
+    /// A decoder onto the server's device, with its message limit.
+    fn decoder(&self) -> Result<DeviceFlightDecoder, Status> {
+        Ok(DeviceFlightDecoder::new(&self.inner.ctx)?
+            .with_max_message_size(self.inner.max_message_size))
+    }
+
+    /// The messages of a request: `first` (read already, for its descriptor), then the
+    /// rest, each within the idle timeout of the server's [`ServerLimits`] (a silent client
+    /// ends the stream with [`FlightError::Timeout`]).
+    fn incoming(
+        &self,
+        first: FlightData,
+        rest: Streaming<FlightData>,
+    ) -> BoxStream<'static, Result<FlightData>> {
+        let rest = idle_bounded(rest.map_err(FlightError::from), self.limits.idle_timeout);
+        stream::once(future::ready(Ok(first))).chain(rest).boxed()
+    }
+
     fn lookup(&self, key: &[u8]) -> Result<DeviceFlight, Status> {
         self.get(key).ok_or_else(|| {
             Status::not_found(format!("no flight {:?}", String::from_utf8_lossy(key)))
@@ -383,18 +469,10 @@ impl FlightService for DeviceFlightServer {
             .await?
             .ok_or_else(|| Status::invalid_argument("an empty DoPut stream"))?;
         let key = key_of(first.flight_descriptor.as_ref())?;
-        let mut decoder = DeviceFlightDecoder::new(&self.inner.ctx)?
-            .with_max_message_size(self.inner.max_message_size);
-        let mut batches = Vec::new();
-        batches.extend(decoder.push(&first)?);
-        while let Some(data) = self.next_message(&mut incoming).await? {
-            batches.extend(decoder.push(&data)?);
-        }
-        batches.extend(decoder.finish()?);
-        let schema = decoder
-            .schema()
-            .cloned()
-            .ok_or_else(|| Status::invalid_argument("a DoPut stream without a schema"))?;
+        let stream =
+            DeviceBatchStream::start(self.incoming(first, incoming), self.decoder()?).await?;
+        let schema = stream.schema().clone();
+        let batches: Vec<DeviceRecordBatch> = stream.try_collect().await?;
         log::debug!(
             "DoPut {:?}: {} batch(es)",
             String::from_utf8_lossy(&key),
@@ -408,9 +486,24 @@ impl FlightService for DeviceFlightServer {
 
     async fn do_exchange(
         &self,
-        _request: Request<Streaming<FlightData>>,
+        request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        Err(Status::unimplemented("DoExchange"))
+        let mut incoming = request.into_inner();
+        let first = self
+            .next_message(&mut incoming)
+            .await?
+            .ok_or_else(|| Status::invalid_argument("an empty DoExchange stream"))?;
+        if let Some(descriptor) = first.flight_descriptor.as_ref() {
+            log::debug!(
+                "DoExchange {:?}",
+                key_of(Some(descriptor))
+                    .ok()
+                    .map(|k| String::from_utf8_lossy(&k).into_owned())
+            );
+        }
+        let received =
+            DeviceBatchStream::start(self.incoming(first, incoming), self.decoder()?).await?;
+        Ok(Response::new(exchange(received, self.exchange.clone())))
     }
 
     async fn do_action(
@@ -426,4 +519,37 @@ impl FlightService for DeviceFlightServer {
     ) -> Result<Response<Self::ListActionsStream>, Status> {
         Ok(Response::new(stream::empty().boxed()))
     }
+}
+
+/// The answer of a `DoExchange`: each batch of `received`, through `handler` (on a
+/// blocking thread; `None`: as it came), downloaded one batch ahead and encoded; the
+/// received stream's schema alone when no batch came.
+fn exchange(
+    received: DeviceBatchStream,
+    handler: Option<Arc<ExchangeHandler>>,
+) -> BoxStream<'static, Result<FlightData, Status>> {
+    let schema = received.schema().clone();
+    let answered = Arc::new(AtomicBool::new(false));
+    let answers = received.then(move |batch| {
+        let handler = handler.clone();
+        async move {
+            let batch = batch?;
+            match handler {
+                Some(handler) => blocking(move || handler(batch)).await?,
+                None => Ok(batch),
+            }
+        }
+    });
+    let seen = answered.clone();
+    let answers = answers.inspect_ok(move |_| seen.store(true, Ordering::Relaxed));
+    // Without any answer, an empty batch of the received schema: the encoder sends its
+    // schema message and nothing for the batch (it has no rows).
+    let schema_only = stream::once(async move {
+        (!answered.load(Ordering::Relaxed)).then(|| Ok(RecordBatch::new_empty(schema)))
+    })
+    .filter_map(future::ready);
+    let host = download_ahead(answers).chain(schema_only);
+    encode_host(None, None, host, None)
+        .map_err(|e| e.to_status())
+        .boxed()
 }

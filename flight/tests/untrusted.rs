@@ -317,7 +317,14 @@ async fn a_do_put_cut_anywhere_leaks_nothing_and_the_server_serves_on() {
             } else {
                 assert!(answer.is_err(), "{what}: answered Ok, stored nothing");
             }
-            assert_eq!(ctx.bytes_allocated(), held, "{what}: left allocated");
+            // A call's decoder is dropped on a blocking thread (it may wait for uploads),
+            // a moment after the call has ended.
+            eventually(
+                &format!("{what}: left allocated"),
+                Duration::from_secs(10),
+                || ctx.bytes_allocated() == held,
+            )
+            .await;
             cases += 1;
         }
     }
@@ -1175,7 +1182,6 @@ fn the_fuzz_seeds_are_real_streams_that_decode() {
         assert!(bytes.len() < 4096, "{name}: {} bytes", bytes.len());
         let (batches, err) = decode(&ctx, &unframe(&bytes), |d| d.with_max_message_size(1 << 20));
         match *name {
-            "dictionary" => assert!(matches!(err, Some(FlightError::Unsupported(_))), "{err:?}"),
             "schema_only" => assert!(err.is_none() && batches.is_empty(), "{err:?}"),
             _ => {
                 assert!(err.is_none(), "{name}: {err:?}");
