@@ -86,7 +86,10 @@ fn released(operation: &'static str, what: &str, method: &str) -> PyErr {
 }
 
 /// A schema from any object with `__arrow_c_schema__` (a pyarrow `Schema`, ...).
-fn import_schema(operation: &'static str, schema: &Bound<'_, PyAny>) -> PyResult<SchemaRef> {
+pub(crate) fn import_schema(
+    operation: &'static str,
+    schema: &Bound<'_, PyAny>,
+) -> PyResult<SchemaRef> {
     if !schema.hasattr("__arrow_c_schema__")? {
         return Err(invalid_type(
             operation,
@@ -347,7 +350,7 @@ pub(crate) fn read_message(
 /// ``pyarrow.RecordBatch``.
 #[pyclass(module = "cudabuf.cuda", name = "DeviceRecordBatch", frozen)]
 pub(crate) struct PyDeviceRecordBatch {
-    inner: DeviceRecordBatch,
+    pub(crate) inner: DeviceRecordBatch,
     schema: Py<PyAny>,
 }
 
@@ -566,7 +569,7 @@ impl HostSchema {
 
 /// `schema` as a `pyarrow.Schema` when pyarrow is importable, else as an object with
 /// `__arrow_c_schema__`.
-fn python_schema(py: Python<'_>, schema: &SchemaRef) -> PyResult<Py<PyAny>> {
+pub(crate) fn python_schema(py: Python<'_>, schema: &SchemaRef) -> PyResult<Py<PyAny>> {
     let exporter = Bound::new(
         py,
         HostSchema {
@@ -581,7 +584,7 @@ fn python_schema(py: Python<'_>, schema: &SchemaRef) -> PyResult<Py<PyAny>> {
 }
 
 /// Device batches as Python objects sharing one schema object.
-fn device_batches(
+pub(crate) fn device_batches(
     py: Python<'_>,
     schema: &SchemaRef,
     batches: Vec<DeviceRecordBatch>,

@@ -149,6 +149,27 @@ pub(crate) fn buffer_in_use(
     Python::attach(|py| raise(py, "BufferInUseError", message, "BufferInUse", (None, None)))
 }
 
+/// The `cudabuf.FlightError` (or its subclass for `code`: `FlightUnauthenticatedError`,
+/// `FlightNotFoundError`, `FlightUnavailableError`, `FlightTimedOutError`) for a gRPC
+/// status, with `code` (the number) and `code_name` set.
+pub(crate) fn flight_status(code: tonic::Code, message: String) -> PyErr {
+    Python::attach(|py| {
+        let module = match ERRORS_MODULE.get_or_try_init(py, || {
+            PyModule::import(py, "cudabuf._errors").map(Bound::unbind)
+        }) {
+            Ok(module) => module.bind(py),
+            Err(e) => return e,
+        };
+        match module
+            .getattr("_flight_error")
+            .and_then(|make| make.call1((message, code as i32)))
+        {
+            Ok(instance) => PyErr::from_value(instance),
+            Err(e) => e,
+        }
+    })
+}
+
 /// `ClosedError`: `what` (`"Stream"`, `"Event"`) was used after `close()`.
 pub(crate) fn closed(what: &'static str) -> PyErr {
     to_pyerr(Error::Closed { what })

@@ -14,6 +14,8 @@
 //!   callbacks written here (the buffer slot, capsule destructors, DLPack deleters) catch
 //!   panics.
 //! - The GIL is released around every copy, allocation, synchronization and IPC call.
+//! - Network calls (`cudabuf.flight`) run on tokio runtimes inside the extension; the
+//!   calling thread waits with the GIL released and checks for signals as it waits.
 //! - Interop by protocol only: the buffer protocol for host bytes, the Arrow PyCapsule
 //!   interface for Arrow data, `__cuda_array_interface__` and DLPack for device memory.
 
@@ -25,6 +27,7 @@ mod device_buffer;
 mod dlpack;
 mod errors;
 mod files;
+mod flight;
 mod host_memory;
 mod interop;
 mod io;
@@ -51,6 +54,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<streams::PyStream>()?;
     m.add_class::<streams::PyEvent>()?;
     m.add_class::<streams::PyTransfer>()?;
+    m.add_class::<flight::PyFlightClient>()?;
+    m.add_class::<flight::PyFlightServer>()?;
+    m.add(
+        "FLIGHT_DEFAULT_MAX_MESSAGE_SIZE",
+        cudabuf_flight::DEFAULT_MAX_MESSAGE_SIZE,
+    )?;
     host_memory::register(m)?;
     m.add_function(wrap_pyfunction!(host_memory::new_host_buffer, m)?)?;
     m.add_function(wrap_pyfunction!(arrow::serialize_record_batch, m)?)?;

@@ -5,6 +5,8 @@ processes, and Arrow record batches on the device, with the API of ``pyarrow.cud
 (``from cudabuf import cuda``), zero-copy with PyTorch, CuPy, JAX and NumPy, and a
 simulator backend so that GPU code runs in CI without a GPU.
 
+Arrow Flight into device memory: :mod:`cudabuf.flight`.
+
 Backends: ``"sim"`` (default) or ``"cuda"``, from ``CUDABUF_BACKEND`` or
 :func:`set_backend`.
 """
@@ -19,6 +21,11 @@ from cudabuf._errors import (
     DriverError,
     FileError,
     FilePermissionError,
+    FlightError,
+    FlightNotFoundError,
+    FlightTimedOutError,
+    FlightUnauthenticatedError,
+    FlightUnavailableError,
     MissingFileError,
     InvalidAddressError,
     InvalidArgumentError,
@@ -37,12 +44,13 @@ from cudabuf._errors import (
     UnsupportedError,
 )
 from cudabuf._native import get_backend, set_backend
-from cudabuf import cuda, sim
+from cudabuf import cuda, flight, sim
 
 __version__ = "0.1.0"
 
 __all__ = [
     "cuda",
+    "flight",
     "sim",
     "set_backend",
     "get_backend",
@@ -69,4 +77,9 @@ __all__ = [
     "MissingFileError",
     "FilePermissionError",
     "SimulatorNotCleanError",
+    "FlightError",
+    "FlightUnauthenticatedError",
+    "FlightNotFoundError",
+    "FlightUnavailableError",
+    "FlightTimedOutError",
 ]

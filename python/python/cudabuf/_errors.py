@@ -35,6 +35,11 @@ __all__ = [
     "MissingFileError",
     "FilePermissionError",
     "SimulatorNotCleanError",
+    "FlightError",
+    "FlightUnauthenticatedError",
+    "FlightNotFoundError",
+    "FlightUnavailableError",
+    "FlightTimedOutError",
 ]
 
 
@@ -200,3 +205,82 @@ class SimulatorNotCleanError(CudaError, AssertionError):
         super().__init__(message, "SimulatorNotClean")
         self.leaks = list(leaks) if leaks is not None else []
         self.races = list(races) if races is not None else []
+
+
+GRPC_CODE_NAMES = {
+    0: "OK",
+    1: "CANCELLED",
+    2: "UNKNOWN",
+    3: "INVALID_ARGUMENT",
+    4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND",
+    6: "ALREADY_EXISTS",
+    7: "PERMISSION_DENIED",
+    8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION",
+    10: "ABORTED",
+    11: "OUT_OF_RANGE",
+    12: "UNIMPLEMENTED",
+    13: "INTERNAL",
+    14: "UNAVAILABLE",
+    15: "DATA_LOSS",
+    16: "UNAUTHENTICATED",
+}
+"""gRPC's status codes by number, with their canonical names."""
+
+
+class FlightError(CudaError):
+    """An Arrow Flight call (:mod:`cudabuf.flight`) failed with a gRPC status: the
+    peer's refusal (``NOT_FOUND``, ``UNAUTHENTICATED``, ...), a stream that broke, a
+    connection that could not be made or a server that cannot listen (``UNAVAILABLE``),
+    a call past its ``timeout`` (``DEADLINE_EXCEEDED``), or a message over the size limit
+    (``RESOURCE_EXHAUSTED``; tonic's own refusal far over it: ``OUT_OF_RANGE``).
+    ``kind`` is ``"Flight"``.
+
+    Attributes:
+        code: the gRPC status code (``16`` for ``UNAUTHENTICATED``, ...).
+        code_name: its canonical name (``"UNAUTHENTICATED"``, ...).
+    """
+
+    code: int
+    code_name: str
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message, "Flight")
+        self.code = code
+        self.code_name = GRPC_CODE_NAMES.get(code, "UNKNOWN")
+
+
+class FlightUnauthenticatedError(FlightError):
+    """``UNAUTHENTICATED``: the server wants a bearer token, or another one."""
+
+
+class FlightNotFoundError(FlightError, KeyError):
+    """``NOT_FOUND``: the server has no flight for the ticket or descriptor (also a
+    ``KeyError``, as pyarrow.flight raises for this status)."""
+
+    def __str__(self) -> str:
+        # The message, as for every cudabuf error (KeyError's own form quotes it).
+        return str(self.args[0]) if self.args else ""
+
+
+class FlightUnavailableError(FlightError):
+    """``UNAVAILABLE``: the connection could not be made or broke, or the server could
+    not listen."""
+
+
+class FlightTimedOutError(FlightError):
+    """``DEADLINE_EXCEEDED``: the call did not finish within its ``timeout``."""
+
+
+_FLIGHT_ERRORS = {
+    16: FlightUnauthenticatedError,
+    5: FlightNotFoundError,
+    14: FlightUnavailableError,
+    4: FlightTimedOutError,
+}
+
+
+def _flight_error(message: str, code: int) -> FlightError:
+    """The exception for gRPC status ``code`` (the extension raises what this returns)."""
+    return _FLIGHT_ERRORS.get(code, FlightError)(message, code)

@@ -31,12 +31,15 @@ __all__ = [
     "CudaBuffer",
     "DeviceRecordBatch",
     "Event",
+    "FLIGHT_DEFAULT_MAX_MESSAGE_SIZE",
     "HostBuffer",
     "IpcMemHandle",
     "Message",
     "Simulator",
     "Stream",
     "Transfer",
+    "_FlightClient",
+    "_FlightServer",
     "_HostMemory",
     "_ReaderHostFile",
     "get_backend",
@@ -642,3 +645,78 @@ class Simulator:
         self, op: Literal["allocate", "alloc_host", "copy", "ipc_export", "ipc_open", "synchronize"]
     ) -> int:
         """How many calls of ``op`` this simulator has seen."""
+
+FLIGHT_DEFAULT_MAX_MESSAGE_SIZE: int
+"""The default limit on one incoming Flight message (64 MiB)."""
+
+_FlightDescriptorTuple = tuple[Optional[list[str]], Optional[bytes]]
+_FlightInfoTuple = tuple[
+    Any, Optional[_FlightDescriptorTuple], list[tuple[bytes, list[str], bytes]], int, int, bool, bytes
+]
+
+@disjoint_base
+class _FlightClient:
+    """The native part of ``cudabuf.flight.FlightClient``."""
+
+    def __new__(
+        cls,
+        location: str,
+        *,
+        token: Optional[str] = None,
+        max_message_size: int = 67108864,
+        connect_timeout: Optional[float] = 10.0,
+    ) -> Self: ...
+    @property
+    def location(self) -> str:
+        """The location, as given."""
+    @property
+    def max_message_size(self) -> int:
+        """The limit on one incoming message, in bytes."""
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+    def close(self) -> None:
+        """Close the connection."""
+    def _do_get(
+        self, ticket: bytes, ctx: Context, timeout: Optional[float] = None
+    ) -> tuple[Any, list[DeviceRecordBatch]]: ...
+    def _get_flight_info(
+        self, path: Optional[list[str]], command: Optional[bytes], timeout: Optional[float] = None
+    ) -> _FlightInfoTuple: ...
+    def _list_flights(self, criteria: bytes, timeout: Optional[float] = None) -> list[_FlightInfoTuple]: ...
+
+@disjoint_base
+class _FlightServer:
+    """The native part of ``cudabuf.flight.FlightServer``."""
+
+    def __new__(
+        cls,
+        ctx: Context,
+        *,
+        token: Optional[str] = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_message_size: int = 67108864,
+    ) -> Self: ...
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+    @property
+    def host(self) -> str:
+        """The host it listens on, as given."""
+    @property
+    def location(self) -> str:
+        """``grpc://host:port``."""
+    @property
+    def max_message_size(self) -> int:
+        """The limit on one incoming ``DoPut`` message, in bytes."""
+    @property
+    def closed(self) -> bool:
+        """Whether ``shutdown()`` was called."""
+    def keys(self) -> list[bytes]:
+        """Every key, in order."""
+    def shutdown(self, grace: float = 5.0) -> None:
+        """Stop serving and drop the flights; calls in progress get ``grace`` seconds."""
+    def _insert(self, key: bytes, batches: list[DeviceRecordBatch], schema: Optional[Any] = None) -> None: ...
+    def _get(self, key: bytes) -> Optional[tuple[Any, list[DeviceRecordBatch]]]: ...
+    def _remove(self, key: bytes) -> Optional[tuple[Any, list[DeviceRecordBatch]]]: ...
