@@ -228,7 +228,8 @@ def _info(raw: Tuple[Any, ...]) -> FlightInfo:
 
 
 class FlightClient(_FlightClient):
-    """A Flight client whose ``DoGet`` lands record batches in device memory.
+    """A Flight client whose ``DoGet`` lands record batches in device memory and whose
+    ``DoPut`` and ``DoExchange`` send them from it.
 
     ``FlightClient(location, *, token=None, max_message_size=DEFAULT_MAX_MESSAGE_SIZE,
     connect_timeout=10.0)``: ``location`` is ``"grpc://host:port"`` or
