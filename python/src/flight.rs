@@ -1,7 +1,7 @@
 //! `cudabuf.flight`'s native part: Arrow Flight into device memory over the Rust crate
-//! `cudabuf-flight`, a client (`DoGet` into device batches, `GetFlightInfo`,
-//! `ListFlights`) and a server of device batches (`DoGet`, `DoPut` into device memory,
-//! flight info), both running on tokio runtimes inside the extension.
+//! `cudabuf-flight`, a client (`DoGet` into device batches, `DoPut` and `DoExchange`
+//! from device batches, `GetFlightInfo`, `ListFlights`) and a server of device batches
+//! (`DoGet`, `DoPut` into device memory, `DoExchange` echoing, flight info), both running on tokio runtimes inside the extension.
 //!
 //! # Rules
 //! - Every network call runs as a task on a runtime; the calling Python thread waits for
@@ -456,22 +456,75 @@ impl PyFlightClient {
         command: Option<Vec<u8>>,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let descriptor = match (path, command) {
-            (Some(path), None) => FlightDescriptor::new_path(path),
-            (None, Some(command)) => FlightDescriptor::new_cmd(command),
-            _ => {
-                return Err(invalid_argument(
-                    "get_flight_info",
-                    "a descriptor is a path or a command, exactly one of them",
-                ))
-            }
-        };
+        let descriptor = descriptor_arg("get_flight_info", path, command)?;
         let timeout = timeout_arg("get_flight_info", timeout)?;
         let mut clients = self.clients("get_flight_info")?;
         let info = wait(py, &self.runtime, "get_flight_info", timeout, async move {
             clients.device.get_flight_info(descriptor).await
         })?;
         info_tuple(py, info)
+    }
+
+    /// ``DoPut`` of ``batches`` under the descriptor (a path or a command), from device
+    /// memory: the ``app_metadata`` of each ``PutResult`` the server answered with.
+    #[pyo3(signature = (path, command, batches, schema = None, timeout = None))]
+    fn _do_put<'py>(
+        &self,
+        py: Python<'py>,
+        path: Option<Vec<String>>,
+        command: Option<Vec<u8>>,
+        batches: Vec<Py<PyDeviceRecordBatch>>,
+        schema: Option<&Bound<'_, PyAny>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        const OPERATION: &str = "do_put";
+        let descriptor = descriptor_arg(OPERATION, path, command)?;
+        let (schema, batches) = batches_arg(OPERATION, batches, schema)?;
+        let timeout = timeout_arg(OPERATION, timeout)?;
+        let mut clients = self.clients(OPERATION)?;
+        let results = wait(py, &self.runtime, OPERATION, timeout, async move {
+            clients.device.do_put(descriptor, schema, batches).await
+        })?;
+        Ok(results
+            .iter()
+            .map(|r| PyBytes::new(py, &r.app_metadata))
+            .collect())
+    }
+
+    /// ``DoExchange`` under the descriptor (a path or a command): sends ``batches`` from
+    /// device memory and lands the answer on the device of ``ctx``:
+    /// ``(schema, [DeviceRecordBatch])``.
+    #[pyo3(signature = (path, command, batches, ctx, schema = None, timeout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn _do_exchange(
+        &self,
+        py: Python<'_>,
+        path: Option<Vec<String>>,
+        command: Option<Vec<u8>>,
+        batches: Vec<Py<PyDeviceRecordBatch>>,
+        ctx: &PyContext,
+        schema: Option<&Bound<'_, PyAny>>,
+        timeout: Option<f64>,
+    ) -> PyResult<(Py<PyAny>, Vec<PyDeviceRecordBatch>)> {
+        const OPERATION: &str = "do_exchange";
+        let descriptor = descriptor_arg(OPERATION, path, command)?;
+        let (schema, batches) = batches_arg(OPERATION, batches, schema)?;
+        let timeout = timeout_arg(OPERATION, timeout)?;
+        let mut clients = self.clients(OPERATION)?;
+        let ctx = ctx.inner.clone();
+        let (schema, batches) = wait(py, &self.runtime, OPERATION, timeout, async move {
+            let mut stream = clients
+                .device
+                .do_exchange(descriptor, schema, batches, &ctx)
+                .await?;
+            let mut batches = Vec::new();
+            while let Some(batch) = stream.next().await {
+                batches.push(batch?);
+            }
+            Ok((stream.schema().clone(), batches))
+        })?;
+        let schema_object = python_schema(py, &schema)?;
+        Ok((schema_object, device_batches(py, &schema, batches)?))
     }
 
     /// ``ListFlights`` with ``criteria``: one tuple per flight (see ``cudabuf/flight.py``).
@@ -508,6 +561,53 @@ impl PyFlightClient {
             if self.closed() { " closed" } else { "" }
         )
     }
+}
+
+/// A descriptor from its Python parts: a path or a command, exactly one of them.
+fn descriptor_arg(
+    operation: &'static str,
+    path: Option<Vec<String>>,
+    command: Option<Vec<u8>>,
+) -> PyResult<FlightDescriptor> {
+    match (path, command) {
+        (Some(path), None) => Ok(FlightDescriptor::new_path(path)),
+        (None, Some(command)) => Ok(FlightDescriptor::new_cmd(command)),
+        _ => Err(invalid_argument(
+            operation,
+            "a descriptor is a path or a command, exactly one of them",
+        )),
+    }
+}
+
+/// The batches of a stream to send or serve with their schema: `schema` where given
+/// (`None` or Python's `None`: the first batch's); every batch must have it.
+fn batches_arg(
+    operation: &'static str,
+    batches: Vec<Py<PyDeviceRecordBatch>>,
+    schema: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(SchemaRef, Vec<DeviceRecordBatch>)> {
+    let batches: Vec<DeviceRecordBatch> = batches.iter().map(|b| b.get().inner.clone()).collect();
+    let schema: SchemaRef = match (schema.filter(|s| !s.is_none()), batches.first()) {
+        (Some(schema), _) => import_schema(operation, schema)?,
+        (None, Some(first)) => first.schema().clone(),
+        (None, None) => {
+            return Err(invalid_argument(
+                operation,
+                "no batches and no schema: pass schema= for a stream without batches",
+            ))
+        }
+    };
+    if let Some(i) = batches.iter().position(|b| b.schema() != &schema) {
+        return Err(invalid_argument(
+            operation,
+            format!(
+                "batch {i}'s schema differs from the stream's: {} against {}",
+                fields(batches[i].schema()),
+                fields(&schema)
+            ),
+        ));
+    }
+    Ok((schema, batches))
 }
 
 /// A `FlightInfo` as `(schema or None, (path or None, command or None) or None,
@@ -753,28 +853,7 @@ impl PyFlightServer {
     ) -> PyResult<()> {
         const OPERATION: &str = "FlightServer.insert";
         let server = self.open()?;
-        let batches: Vec<DeviceRecordBatch> =
-            batches.iter().map(|b| b.get().inner.clone()).collect();
-        let schema: SchemaRef = match (schema.filter(|s| !s.is_none()), batches.first()) {
-            (Some(schema), _) => import_schema(OPERATION, schema)?,
-            (None, Some(first)) => first.schema().clone(),
-            (None, None) => {
-                return Err(invalid_argument(
-                    OPERATION,
-                    "no batches and no schema: pass schema= to serve a flight without batches",
-                ))
-            }
-        };
-        if let Some(i) = batches.iter().position(|b| b.schema() != &schema) {
-            return Err(invalid_argument(
-                OPERATION,
-                format!(
-                    "batch {i}'s schema differs from the flight's: {} against {}",
-                    fields(batches[i].schema()),
-                    fields(&schema)
-                ),
-            ));
-        }
+        let (schema, batches) = batches_arg(OPERATION, batches, schema)?;
         server.insert(key, schema, batches).map_err(flight_error)
     }
 

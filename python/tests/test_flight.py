@@ -1,6 +1,6 @@
-"""cudabuf.flight on the simulator, over loopback gRPC: the cudabuf client against the
-cudabuf server and against a pyarrow.flight server, pyarrow.flight's client (DoGet, DoPut)
-against the cudabuf server; bearer tokens, bad locations, typed errors, shutdown while a
+"""cudabuf.flight on the simulator, over loopback gRPC: the cudabuf client (DoGet, DoPut,
+DoExchange) against the cudabuf server and against a pyarrow.flight server,
+pyarrow.flight's client (DoGet, DoPut) against the cudabuf server; dictionary columns; bearer tokens, bad locations, typed errors, shutdown while a
 client reads, several threads at once, Ctrl-C and timeouts; nothing left allocated."""
 
 from __future__ import annotations
@@ -538,20 +538,264 @@ def test_a_client_and_server_made_before_fork_refuse_in_the_child(sim_ctx: cuda.
         client.close()
 
 
-def test_dictionary_columns_are_refused_both_ways(sim_ctx: cuda.Context) -> None:
-    table = pa.table({"d": pa.array(["a", "b", "a", None] * 25).dictionary_encode()})
+class PyarrowPeer(pa_flight.FlightServerBase):  # type: ignore[misc]
+    """A pyarrow.flight server that keeps what ``DoPut`` sends (answering one
+    ``PutResult`` with the row count) and answers ``DoExchange``: command ``echo`` with
+    what it got, command ``count`` with one row per received batch; path ``stall`` waits
+    for ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.received: dict[bytes, pa.Table] = {}
+        self.release = threading.Event()
+
+    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        if descriptor.path == [b"stall"]:
+            self.release.wait(30)
+            return
+        table = reader.read_all()
+        self.received[b"/".join(descriptor.path)] = table
+        writer.write(pa.py_buffer(f"rows={table.num_rows}".encode()))
+
+    def do_exchange(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        batches = [chunk.data for chunk in reader]
+        if descriptor.command == b"count":
+            answer = pa.table({"rows": pa.array([b.num_rows for b in batches], pa.int64())})
+        else:
+            answer = pa.Table.from_batches(batches, schema=reader.schema)
+        writer.begin(answer.schema)
+        writer.write_table(answer)
+
+
+@pytest.fixture
+def pyarrow_peer() -> Iterator[PyarrowPeer]:
+    server = PyarrowPeer()
+    yield server
+    server.release.set()
+    server.shutdown()
+
+
+def test_do_put_into_the_cudabuf_server(sim_ctx: cuda.Context) -> None:
+    table = sample_table()
+    with flight.FlightServer(sim_ctx) as server, flight.FlightClient(server.location) as client:
+        results = client.do_put("up", device_batches(table, sim_ctx, chunk=700), timeout=60)
+        assert results == [b""]  # cudabuf's server answers one empty PutResult
+        got = server.get("up")
+        assert got is not None and [b.num_rows for b in got] == [700, 700, 700, 700, 200]
+        assert got.to_host().equals(table)
+        # Descriptors: a path of several parts is the key a/b, a command its bytes.
+        client.do_put(flight.FlightDescriptor.for_path("a", "b"), device_batches(table, sim_ctx))
+        client.do_put(flight.FlightDescriptor.for_command(b"cmd"), device_batches(table, sim_ctx))
+        # A schema alone.
+        assert client.do_put("empty", [], schema=table.schema) == [b""]
+        empty = server.get("empty")
+        assert empty == [] and empty is not None and empty.schema.equals(table.schema)
+        assert server.keys() == [b"a/b", b"cmd", b"empty", b"up"]
+        assert server.get("a/b").to_host().equals(table)  # type: ignore[union-attr]
+        assert server.get("cmd").to_host().equals(table)  # type: ignore[union-attr]
+        # Bad input: typed errors, nothing sent.
+        with pytest.raises(cudabuf.InvalidArgumentError, match="no batches and no schema"):
+            client.do_put("nothing", [])
+        other = device_batches(pa.table({"x": pa.array([1, 2], pa.int32())}), sim_ctx)
+        with pytest.raises(cudabuf.InvalidArgumentError, match="batch 1's schema differs"):
+            client.do_put("mixed", device_batches(table, sim_ctx)[:1] + other)
+        with pytest.raises(cudabuf.InvalidArgumentError, match="batch 0's schema differs"):
+            client.do_put("mixed", other, schema=table.schema)
+        with pytest.raises(cudabuf.InvalidTypeError):
+            client.do_put(b"bytes", other)  # type: ignore[arg-type]
+        with pytest.raises(cudabuf.InvalidArgumentError):
+            client.do_put("t", other, timeout=-1)
+        assert server.keys() == [b"a/b", b"cmd", b"empty", b"up"]
+
+
+def test_do_put_into_a_pyarrow_server(sim_ctx: cuda.Context, pyarrow_peer: PyarrowPeer) -> None:
+    table = sample_table()
+    with flight.FlightClient(f"grpc://127.0.0.1:{pyarrow_peer.port}") as client:
+        results = client.do_put("up", device_batches(table, sim_ctx), timeout=60)
+        assert results == [b"rows=3000"]
+        assert pyarrow_peer.received[b"up"].equals(table)
+        assert client.do_put("empty", [], schema=table.schema) == [b"rows=0"]
+        received = pyarrow_peer.received[b"empty"]
+        assert received.num_rows == 0 and received.schema.equals(table.schema)
+
+
+def test_do_exchange_with_the_cudabuf_server_echoes(sim_ctx: cuda.Context) -> None:
+    table = sample_table()
+    with flight.FlightServer(sim_ctx) as server, flight.FlightClient(server.location) as client:
+        answer = client.do_exchange(
+            flight.FlightDescriptor.for_command("echo"), device_batches(table, sim_ctx), sim_ctx, timeout=60
+        )
+        assert isinstance(answer, flight.FlightBatches)
+        assert [b.num_rows for b in answer] == [1000, 1000, 1000]
+        assert all(b.context.device_number == 0 for b in answer)
+        assert answer.schema.equals(table.schema)
+        assert answer.to_host().equals(table)
+        # A schema alone is answered with that schema and no batch.
+        empty = client.do_exchange("e", [], sim_ctx, schema=table.schema)
+        assert empty == [] and empty.schema.equals(table.schema)
+        assert server.keys() == []  # an exchange keeps nothing
+        with pytest.raises(cudabuf.InvalidArgumentError, match="no batches and no schema"):
+            client.do_exchange("e", [], sim_ctx)
+
+
+def test_do_exchange_with_a_pyarrow_server(sim_ctx: cuda.Context, pyarrow_peer: PyarrowPeer) -> None:
+    table = sample_table()
+    with flight.FlightClient(f"grpc://127.0.0.1:{pyarrow_peer.port}") as client:
+        sent = device_batches(table, sim_ctx, chunk=700)
+        echoed = client.do_exchange(flight.FlightDescriptor.for_command("echo"), sent, sim_ctx, timeout=60)
+        assert echoed.to_host().equals(table)
+        counted = client.do_exchange(flight.FlightDescriptor.for_command("count"), sent, sim_ctx, timeout=60)
+        assert counted.schema.equals(pa.schema([("rows", pa.int64())]))
+        assert counted.to_host().column("rows").to_pylist() == [700, 700, 700, 700, 200]
+
+
+def dictionary_table() -> pa.Table:
+    return pa.table(
+        {
+            "d": pa.array(["a", "b", "a", None] * 25).dictionary_encode(),
+            "n": pa.array(np.arange(100, dtype=np.int32)),
+        }
+    )
+
+
+def test_dictionary_columns_round_trip_both_ways(sim_ctx: cuda.Context, pyarrow_peer: PyarrowPeer) -> None:
+    table = dictionary_table()
+    with flight.FlightServer(sim_ctx) as ours:
+        # pyarrow.flight's client into the cudabuf server: the batches land on the device.
+        pa_client = pa_flight.connect(ours.location)
+        try:
+            pyarrow_put(pa_client, pa_flight.FlightDescriptor.for_path("dict"), table, max_chunksize=40)
+            assert pa_client.do_get(pa_flight.Ticket(b"dict")).read_all().equals(table)
+        finally:
+            pa_client.close()
+        landed = ours.get("dict")
+        assert landed is not None and landed.to_host().equals(table)
+        on_device = list(landed)
+        with flight.FlightClient(ours.location) as client:
+            # cudabuf to cudabuf: DoGet, DoPut, DoExchange.
+            got = client.do_get("dict", sim_ctx)
+            assert got.schema.equals(table.schema) and got.to_host().equals(table)
+            client.do_put("again", on_device)
+            assert ours.get("again").to_host().equals(table)  # type: ignore[union-attr]
+            assert client.do_exchange("x", on_device, sim_ctx).to_host().equals(table)
+        # cudabuf's client with a pyarrow.flight server: DoPut, DoExchange, DoGet.
+        with flight.FlightClient(f"grpc://127.0.0.1:{pyarrow_peer.port}") as client:
+            assert client.do_put("dict", on_device) == [b"rows=100"]
+            assert pyarrow_peer.received[b"dict"].equals(table)
+            echoed = client.do_exchange(flight.FlightDescriptor.for_command("echo"), on_device, sim_ctx)
+            assert echoed.to_host().equals(table)
     server = PyarrowServer({b"dict": table})
     try:
         with flight.FlightClient(f"grpc://127.0.0.1:{server.port}") as client:
-            with pytest.raises(cudabuf.UnsupportedError):
-                client.do_get("dict", sim_ctx)
+            assert client.do_get("dict", sim_ctx).to_host().equals(table)
     finally:
         server.shutdown()
-    with flight.FlightServer(sim_ctx) as ours:
-        client = pa_flight.connect(ours.location)
-        try:
-            with pytest.raises(pa.ArrowException):
-                pyarrow_put(client, pa_flight.FlightDescriptor.for_path("dict"), table)
-        finally:
-            client.close()
-        assert ours.keys() == []
+
+
+def test_delta_dictionaries_are_refused(sim_ctx: cuda.Context) -> None:
+    dictionary = pa.array(["a", "b", "c"])
+    first = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), dictionary[:2])
+    second = pa.DictionaryArray.from_arrays(pa.array([2, 1, 0], pa.int32()), dictionary)
+    table = pa.Table.from_batches(
+        [pa.record_batch([first], names=["d"]), pa.record_batch([second], names=["d"])]
+    )
+    # The stream pyarrow writes has a delta dictionary batch (checked, so the test is real).
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True)) as w:
+        w.write_table(table)
+    assert w.stats.num_dictionary_deltas == 1
+    server = PyarrowServer({b"delta": table})
+    server.options = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True)
+    try:
+        with flight.FlightClient(f"grpc://127.0.0.1:{server.port}") as client:
+            with pytest.raises(cudabuf.UnsupportedError, match="delta dictionary"):
+                client.do_get("delta", sim_ctx)
+            # The same batches with the dictionary sent whole again (a replacement) land.
+            server.options = pa.ipc.IpcWriteOptions()
+            assert client.do_get("delta", sim_ctx).to_host().equals(table)
+    finally:
+        server.shutdown()
+
+
+def test_put_and_exchange_need_the_token(sim_ctx: cuda.Context) -> None:
+    table = sample_table(100)
+    with flight.FlightServer(sim_ctx, token="s3cret") as server:
+        for token in (None, "wrong"):
+            with flight.FlightClient(server.location, token=token) as client:
+                with pytest.raises(flight.FlightUnauthenticatedError) as raised:
+                    client.do_put("sneaky", device_batches(table, sim_ctx))
+                assert raised.value.code == 16
+                with pytest.raises(flight.FlightUnauthenticatedError):
+                    client.do_exchange("sneaky", device_batches(table, sim_ctx), sim_ctx)
+        assert server.keys() == []  # the refused DoPut landed nothing
+        with flight.FlightClient(server.location, token="s3cret") as client:
+            assert client.do_put("t", device_batches(table, sim_ctx)) == [b""]
+            assert client.do_exchange("t", device_batches(table, sim_ctx), sim_ctx).to_host().equals(table)
+        assert server.get("t").to_host().equals(table)  # type: ignore[union-attr]
+
+
+def test_do_put_timeout(sim_ctx: cuda.Context, pyarrow_peer: PyarrowPeer) -> None:
+    table = sample_table(100)
+    with flight.FlightClient(f"grpc://127.0.0.1:{pyarrow_peer.port}") as client:
+        t0 = time.monotonic()
+        with pytest.raises(flight.FlightTimedOutError) as raised:
+            client.do_put("stall", device_batches(table, sim_ctx), timeout=0.3)
+        assert 0.25 < time.monotonic() - t0 < 10
+        assert raised.value.code == 4
+        pyarrow_peer.release.set()
+        # The client still works after it.
+        assert client.do_put("after", device_batches(table, sim_ctx), timeout=60) == [b"rows=100"]
+
+
+def test_threads_put_at_once(sim_ctx: cuda.Context) -> None:
+    table = sample_table()
+    with flight.FlightServer(sim_ctx) as server:
+        shared = flight.FlightClient(server.location)
+        errors: List[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                own = flight.FlightClient(server.location) if i % 2 else None
+                for j in range(4):
+                    (own or shared).do_put(f"t{i}-{j}", device_batches(table, sim_ctx, chunk=600), timeout=60)
+                if own is not None:
+                    own.close()
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        shared.close()
+        assert not errors, errors
+        assert len(server.keys()) == 32
+        for key in server.keys():
+            assert server.get(key).to_host().equals(table)  # type: ignore[union-attr]
+
+
+def test_put_and_exchange_leave_nothing_allocated(sim_ctx: cuda.Context, pyarrow_peer: PyarrowPeer) -> None:
+    baseline = sim_ctx.bytes_allocated
+    table = sample_table()
+    with flight.FlightServer(sim_ctx) as server, flight.FlightClient(server.location) as client:
+        sent = device_batches(table, sim_ctx)
+        with_sent = sim_ctx.bytes_allocated
+        for _ in range(3):
+            client.do_put("t", sent)
+            answer = client.do_exchange("x", sent, sim_ctx)
+            assert answer.to_host().equals(table)
+            assert sim_ctx.bytes_allocated > with_sent
+            del answer
+            gc.collect()
+        with flight.FlightClient(f"grpc://127.0.0.1:{pyarrow_peer.port}") as other:
+            other.do_put("t", sent)
+            assert other.do_exchange(flight.FlightDescriptor.for_command("echo"), sent, sim_ctx).to_host().equals(table)
+            gc.collect()
+        assert server.remove("t") is not None
+        gc.collect()
+        assert sim_ctx.bytes_allocated == with_sent
+        del sent
+        gc.collect()
+    gc.collect()
+    assert sim_ctx.bytes_allocated == baseline

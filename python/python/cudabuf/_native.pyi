@@ -684,6 +684,23 @@ class _FlightClient:
         self, path: Optional[list[str]], command: Optional[bytes], timeout: Optional[float] = None
     ) -> _FlightInfoTuple: ...
     def _list_flights(self, criteria: bytes, timeout: Optional[float] = None) -> list[_FlightInfoTuple]: ...
+    def _do_put(
+        self,
+        path: Optional[list[str]],
+        command: Optional[bytes],
+        batches: list[DeviceRecordBatch],
+        schema: Optional[Any] = None,
+        timeout: Optional[float] = None,
+    ) -> list[bytes]: ...
+    def _do_exchange(
+        self,
+        path: Optional[list[str]],
+        command: Optional[bytes],
+        batches: list[DeviceRecordBatch],
+        ctx: Context,
+        schema: Optional[Any] = None,
+        timeout: Optional[float] = None,
+    ) -> tuple[Any, list[DeviceRecordBatch]]: ...
 
 @disjoint_base
 class _FlightServer:

@@ -1,9 +1,9 @@
 """``cudabuf.flight``: Arrow Flight straight into device memory.
 
-A client whose ``DoGet`` lands record batches on the device (:class:`FlightClient`,
-:func:`do_get_to_device`) and a server of device batches (:class:`FlightServer`:
-``DoGet``, ``DoPut`` into device memory, ``GetFlightInfo``, ``GetSchema``,
-``ListFlights``), over the Rust crate ``cudabuf-flight``. Both speak plain gRPC
+A client whose ``DoGet`` lands record batches on the device and whose ``DoPut`` and
+``DoExchange`` send them from it (:class:`FlightClient`, :func:`do_get_to_device`) and a
+server of device batches (:class:`FlightServer`: ``DoGet``, ``DoPut`` into device
+memory, ``DoExchange`` echoing, ``GetFlightInfo``, ``GetSchema``, ``ListFlights``), over the Rust crate ``cudabuf-flight``. Both speak plain gRPC
 (``grpc://host:port``) with pyarrow.flight and any other Flight peer, with an optional
 bearer token (``authorization: Bearer <token>``), and run on the simulator like the rest
 of cudabuf, so Flight code can be tested in CI without a GPU::
@@ -29,9 +29,10 @@ A gRPC status from the peer (a refusal, a broken stream, a failed connection) ra
 code; bytes that are no valid Flight data raise :class:`~cudabuf.InvalidDataError`;
 device failures raise the cudabuf error of their kind.
 
-Not there yet: the client's ``DoPut`` and ``DoExchange`` (the server accepts ``DoPut``),
-TLS, dictionary-encoded columns (refused with :class:`~cudabuf.UnsupportedError`), and a
-streaming reader (``do_get`` returns every batch at once).
+Dictionary-encoded columns travel both ways (delta dictionary batches are refused with
+:class:`~cudabuf.UnsupportedError`). Not there yet: TLS, a handler for the server's
+``DoExchange`` (it echoes), and streaming (``do_get`` and ``do_exchange`` return every
+batch at once, ``do_put`` takes them all at once).
 """
 
 from __future__ import annotations
@@ -190,6 +191,22 @@ class FlightBatches(List[DeviceRecordBatch]):
         return pa.Table.from_batches([b.to_host() for b in self], schema=self.schema)
 
 
+def _descriptor_parts(
+    operation: str, descriptor: Union[FlightDescriptor, str]
+) -> Tuple[Optional[List[str]], Optional[bytes]]:
+    """``descriptor`` (a ``str`` is a one-part path) as the native ``(path, command)``."""
+    if isinstance(descriptor, str):
+        descriptor = FlightDescriptor.for_path(descriptor)
+    if not isinstance(descriptor, FlightDescriptor):
+        raise InvalidTypeError(
+            f"invalid argument to {operation}: descriptor must be a FlightDescriptor or a str,"
+            f" got {type(descriptor).__name__}",
+            "InvalidArgument",
+        )
+    path = list(descriptor.path) if descriptor.path is not None else None
+    return path, descriptor.command
+
+
 def _info(raw: Tuple[Any, ...]) -> FlightInfo:
     schema, descriptor, endpoints, total_records, total_bytes, ordered, app_metadata = raw
     if descriptor is None:
@@ -211,7 +228,8 @@ def _info(raw: Tuple[Any, ...]) -> FlightInfo:
 
 
 class FlightClient(_FlightClient):
-    """A Flight client whose ``DoGet`` lands record batches in device memory.
+    """A Flight client whose ``DoGet`` lands record batches in device memory and whose
+    ``DoPut`` and ``DoExchange`` send them from it.
 
     ``FlightClient(location, *, token=None, max_message_size=DEFAULT_MAX_MESSAGE_SIZE,
     connect_timeout=10.0)``: ``location`` is ``"grpc://host:port"`` or
@@ -245,7 +263,7 @@ class FlightClient(_FlightClient):
                 ``FlightUnauthenticatedError``, ...), a broken stream, a message over
                 ``max_message_size``; ``FlightTimedOutError`` past ``timeout`` seconds.
             InvalidDataError: the server sent bytes that are no valid Flight stream.
-            UnsupportedError: dictionary-encoded columns.
+            UnsupportedError: delta dictionary batches.
             ClosedError: the client is closed.
         """
         schema, batches = self._do_get(_as_bytes("do_get", "ticket", ticket), ctx, timeout)
@@ -263,16 +281,64 @@ class FlightClient(_FlightClient):
             InvalidDataError: a schema that cannot be decoded.
             ClosedError: the client is closed.
         """
-        if isinstance(descriptor, str):
-            descriptor = FlightDescriptor.for_path(descriptor)
-        if not isinstance(descriptor, FlightDescriptor):
-            raise InvalidTypeError(
-                "invalid argument to get_flight_info: descriptor must be a FlightDescriptor or a str,"
-                f" got {type(descriptor).__name__}",
-                "InvalidArgument",
-            )
-        path = list(descriptor.path) if descriptor.path is not None else None
-        return _info(self._get_flight_info(path, descriptor.command, timeout))
+        path, command = _descriptor_parts("get_flight_info", descriptor)
+        return _info(self._get_flight_info(path, command, timeout))
+
+    def do_put(
+        self,
+        descriptor: Union[FlightDescriptor, str],
+        batches: Sequence[DeviceRecordBatch],
+        *,
+        schema: Optional[Any] = None,
+        timeout: Optional[float] = None,
+    ) -> List[bytes]:
+        """``DoPut`` of ``batches`` (device record batches, on any context) under the
+        flight ``descriptor`` (a ``str`` is a one-part path): returns the
+        ``app_metadata`` of each ``PutResult`` the server answered with, once it has
+        answered the whole stream.
+
+        ``schema`` (a pyarrow ``Schema`` or any ``__arrow_c_schema__`` object) is the
+        stream's; left out, the first batch's. An empty ``batches`` with a ``schema``
+        sends a stream of the schema alone. Each batch is copied to the host (through
+        pinned memory, one batch ahead of the one being sent) and encoded by arrow-rs;
+        dictionary-encoded columns travel as dictionary batches.
+
+        Raises:
+            InvalidArgumentError: no batches and no schema, or a batch of another schema.
+            FlightError: the server's refusal (``FlightUnauthenticatedError``, ...), a
+                broken stream; ``FlightTimedOutError`` past ``timeout`` seconds.
+            ClosedError: the client is closed.
+        """
+        path, command = _descriptor_parts("do_put", descriptor)
+        return self._do_put(path, command, list(batches), schema, timeout)
+
+    def do_exchange(
+        self,
+        descriptor: Union[FlightDescriptor, str],
+        batches: Sequence[DeviceRecordBatch],
+        ctx: Context,
+        *,
+        schema: Optional[Any] = None,
+        timeout: Optional[float] = None,
+    ) -> FlightBatches:
+        """``DoExchange`` under the flight ``descriptor`` (a ``str`` is a one-part path):
+        sends ``batches`` as :meth:`do_put` does and lands the server's answer on the
+        device of ``ctx`` as :meth:`do_get` does: every answer batch, in order, once the
+        server has ended its stream. ``schema`` is the sent stream's, as for
+        :meth:`do_put`; the answer's schema is :attr:`FlightBatches.schema`.
+
+        Raises:
+            InvalidArgumentError: no batches and no schema, or a batch of another schema.
+            FlightError: the server's refusal (``FlightUnauthenticatedError``, ...), a
+                broken stream, an answer message over ``max_message_size``;
+                ``FlightTimedOutError`` past ``timeout`` seconds.
+            InvalidDataError: the server answered bytes that are no valid Flight stream.
+            UnsupportedError: an answer with delta dictionary batches.
+            ClosedError: the client is closed.
+        """
+        path, command = _descriptor_parts("do_exchange", descriptor)
+        answer_schema, answer = self._do_exchange(path, command, list(batches), ctx, schema, timeout)
+        return FlightBatches(answer, answer_schema)
 
     def list_flights(
         self, criteria: Union[bytes, str] = b"", *, timeout: Optional[float] = None
@@ -339,8 +405,10 @@ class FlightServer(_FlightServer):
       ``["a", "b"]`` is ``b"a/b"``, a command its bytes), replacing what was there; read
       it with :meth:`get`;
     - ``GetFlightInfo``, ``GetSchema``, ``ListFlights``: one endpoint per flight, whose
-      ticket is the key. ``Handshake``, ``DoExchange`` and actions are
-      ``UNIMPLEMENTED``.
+      ticket is the key;
+    - ``DoExchange``: each batch received lands on the device of ``ctx`` and is sent
+      back as it came (an echo); a stream of a schema alone is answered with that
+      schema. ``Handshake`` and actions are ``UNIMPLEMENTED``.
 
     With a ``token``, every call must carry ``authorization: Bearer <token>``
     (``UNAUTHENTICATED`` otherwise). There is no TLS: the token crosses the network in
