@@ -5,7 +5,6 @@
 //! are held on the device. Every network call is bounded by a timeout; every case checks
 //! that nothing leaks and that the race detector saw nothing.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
@@ -23,39 +22,27 @@ use cudabuf_arrow::arrow::ipc::writer::{
 };
 use cudabuf_arrow::arrow::ipc::CompressionType;
 use cudabuf_arrow::{DeviceRecordBatch, DeviceStreamReader};
-use cudabuf_core::{Backend, Context};
+use cudabuf_core::Context;
 use cudabuf_flight::{
     BlockingFlightClient, DeviceFlightDecoder, DeviceFlightServer, FlightDeviceClient, FlightError,
 };
 use cudabuf_sim::{FaultOp, SimBackend};
 use futures::{stream, StreamExt, TryStreamExt};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-const LIMIT: Duration = Duration::from_secs(60);
+mod common;
+use common::{assert_clean, bounded, new_sim, to_host, Serving};
+
 const TOKEN: &str = "s3cret";
 
-/// `future`, failing the test if it takes longer than [`LIMIT`].
-async fn bounded<T>(future: impl Future<Output = T>) -> T {
-    tokio::time::timeout(LIMIT, future)
-        .await
-        .expect("the call did not finish in time")
-}
-
-fn new_sim() -> (SimBackend, Context) {
-    let sim = SimBackend::new();
-    let ctx = Backend::new(sim.clone()).context(0).expect("a context");
-    (sim, ctx)
-}
-
-/// A simulator's leak and race reports are empty once `ctx` and the backend are dropped.
-fn assert_clean(sim: SimBackend, ctx: Context) {
-    let probe = sim.leak_probe();
-    let races = sim.race_report();
-    assert!(races.is_empty(), "{races}");
-    drop((ctx, sim));
-    let leaks = probe.leak_report();
-    assert!(leaks.is_empty(), "{leaks}");
+/// `batches` on the device, through one device IPC stream (so batches with the same
+/// dictionary share it, as a reader of a stream gets them).
+fn upload(batches: &[RecordBatch], ctx: &Context) -> Vec<DeviceRecordBatch> {
+    let stream = cudabuf_arrow::serialize_stream(&batches[0].schema(), batches, ctx).unwrap();
+    DeviceStreamReader::from_buffer(&stream)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
 }
 
 /// Until `ctx` holds no device memory (a server frees a cancelled call's memory when it
@@ -67,40 +54,6 @@ async fn until_freed(ctx: &Context) {
         }
     })
     .await;
-}
-
-struct Serving {
-    url: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<cudabuf_flight::Result<()>>>,
-}
-
-impl Serving {
-    async fn start(server: DeviceFlightServer, token: Option<&'static str>) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server
-                .serve(listener, token, async {
-                    stopped.await.ok();
-                })
-                .await
-        });
-        Serving {
-            url,
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    async fn stop(mut self) {
-        self.stop.take().unwrap().send(()).ok();
-        bounded(self.task.take().unwrap())
-            .await
-            .unwrap()
-            .expect("the server stopped cleanly");
-    }
 }
 
 /// A batch with a dictionary-encoded column (its dictionary `words`, a different one per
@@ -149,18 +102,6 @@ fn tagged_batches() -> Vec<RecordBatch> {
 
 /// `batches` on the device of `ctx`, dictionaries included: written as one IPC stream
 /// into device memory and read back with cudabuf-arrow's stream reader.
-fn upload(batches: &[RecordBatch], ctx: &Context) -> Vec<DeviceRecordBatch> {
-    let stream = cudabuf_arrow::serialize_stream(&batches[0].schema(), batches, ctx).unwrap();
-    DeviceStreamReader::from_buffer(&stream)
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
-}
-
-fn to_host(batches: &[DeviceRecordBatch]) -> Vec<RecordBatch> {
-    batches.iter().map(|b| b.to_host().unwrap()).collect()
-}
-
 fn path(key: &str) -> FlightDescriptor {
     FlightDescriptor::new_path(vec![key.into()])
 }

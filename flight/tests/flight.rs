@@ -2,9 +2,7 @@
 //! DoPut into device memory, and an untrusted peer's bad messages (typed errors, nothing
 //! leaked). Every network call is bounded by a timeout.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::flight_service_client::FlightServiceClient;
@@ -18,73 +16,15 @@ use cudabuf_arrow::arrow::datatypes::{Int32Type, Schema};
 use cudabuf_arrow::arrow::ipc::writer::IpcWriteOptions;
 use cudabuf_arrow::arrow::ipc::CompressionType;
 use cudabuf_arrow::DeviceRecordBatch;
-use cudabuf_core::{Backend, Context};
+use cudabuf_core::Context;
 use cudabuf_flight::{
     DeviceBatchStream, DeviceFlightDecoder, DeviceFlightServer, FlightDeviceClient, FlightError,
 };
-use cudabuf_sim::{FaultOp, SimBackend};
+use cudabuf_sim::FaultOp;
 use futures::{stream, StreamExt, TryStreamExt};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-const LIMIT: Duration = Duration::from_secs(60);
-
-/// `future`, failing the test if it takes longer than [`LIMIT`].
-async fn bounded<T>(future: impl Future<Output = T>) -> T {
-    tokio::time::timeout(LIMIT, future)
-        .await
-        .expect("the call did not finish in time")
-}
-
-fn new_sim() -> (SimBackend, Context) {
-    let sim = SimBackend::new();
-    let ctx = Backend::new(sim.clone()).context(0).expect("a context");
-    (sim, ctx)
-}
-
-/// A simulator's leak and race reports are empty once `ctx` and the backend are dropped.
-fn assert_clean(sim: SimBackend, ctx: Context) {
-    let probe = sim.leak_probe();
-    let races = sim.race_report();
-    assert!(races.is_empty(), "{races}");
-    drop((ctx, sim));
-    let leaks = probe.leak_report();
-    assert!(leaks.is_empty(), "{leaks}");
-}
-
-struct Serving {
-    url: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<cudabuf_flight::Result<()>>>,
-}
-
-impl Serving {
-    async fn start(server: DeviceFlightServer, token: Option<&'static str>) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server
-                .serve(listener, token, async {
-                    stopped.await.ok();
-                })
-                .await
-        });
-        Serving {
-            url,
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    async fn stop(mut self) {
-        self.stop.take().unwrap().send(()).ok();
-        bounded(self.task.take().unwrap())
-            .await
-            .unwrap()
-            .expect("the server stopped cleanly");
-    }
-}
+mod common;
+use common::{assert_clean, bounded, new_sim, to_host, upload, Serving};
 
 fn mixed(start: i32, rows: i32) -> RecordBatch {
     let ids: Vec<i32> = (start..start + rows).collect();
@@ -130,17 +70,6 @@ fn mixed(start: i32, rows: i32) -> RecordBatch {
         ("list", Arc::new(list) as _, true),
     ])
     .unwrap()
-}
-
-fn upload(batches: &[RecordBatch], ctx: &Context) -> Vec<DeviceRecordBatch> {
-    batches
-        .iter()
-        .map(|b| DeviceRecordBatch::from_host(b, ctx).unwrap())
-        .collect()
-}
-
-fn to_host(batches: &[DeviceRecordBatch]) -> Vec<RecordBatch> {
-    batches.iter().map(|b| b.to_host().unwrap()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

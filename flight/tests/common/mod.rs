@@ -1,4 +1,4 @@
-//! What the untrusted-peer, TLS and load tests share: simulators and their reports, a
+//! What cudabuf-flight's tests share: simulators and their reports, a
 //! server on loopback, batches, and a TCP proxy that cuts or stalls a connection.
 
 // Each test file uses a part of this module.
@@ -93,6 +93,14 @@ pub fn upload(batches: &[RecordBatch], ctx: &Context) -> Vec<DeviceRecordBatch> 
     batches
         .iter()
         .map(|b| DeviceRecordBatch::from_host(b, ctx).expect("uploads"))
+        .collect()
+}
+
+/// Device batches back on the host.
+pub fn to_host(batches: &[DeviceRecordBatch]) -> Vec<RecordBatch> {
+    batches
+        .iter()
+        .map(|b| b.to_host().expect("downloads"))
         .collect()
 }
 
