@@ -34,7 +34,7 @@
 //! (`http2_adaptive_window`).
 //!
 //! ```text
-//! cargo bench -p cudabuf-flight --bench flight -- --total 64M --streams 1,4
+//! cargo bench -p cudabuf-flight --bench flight -- --total 64M --rows 128K --streams 1,4
 //! CUDABUF_BACKEND=cuda flight --streams 1,4,16 --message-sizes 2M,16M,64M --json flight.json
 //! flight [--total 1G] [--rows 1M] [--streams 1,4,16] [--reps N] [--message-sizes 2M,16M]
 //!        [--stream-window B] [--conn-window B] [--adaptive] [--json PATH]
@@ -579,7 +579,7 @@ fn run() -> AnyResult<()> {
         adaptive: o.adaptive,
     };
     println!(
-        "# flight: backend {:?}, {count} batches of {} rows x {COLUMNS} int64 ({:.1} MiB in all), \
+        "# flight: backend {}, {count} batches of {} rows x {COLUMNS} int64 ({:.1} MiB in all), \
          streams {:?}, {} reps, stream window {:?}, connection window {:?}, adaptive {}",
         backend.kind(),
         o.rows,
@@ -679,7 +679,7 @@ fn run() -> AnyResult<()> {
     if let Some(path) = &o.json {
         let doc = json!({
             "bench": "flight",
-            "backend": format!("{:?}", backend.kind()),
+            "backend": backend.kind().name(),
             "batches": count,
             "rows_per_batch": o.rows,
             "columns": COLUMNS,
