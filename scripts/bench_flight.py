@@ -176,13 +176,15 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001 - any failure means "not run"
         cupy_reason = f"CuPy or a GPU is missing: {type(e).__name__}: {e}"
 
+    child = None
+    rust_port = 0
+    if args.rust_bench is not None:
+        child, rust_port = start_rust_server(args.rust_bench, total, rows)
     server = make_server(batches)
     threading.Thread(target=server.serve, daemon=True).start()
     targets = [("pyarrow server", server.port)]
-    child = None
-    if args.rust_bench is not None:
-        child, port = start_rust_server(args.rust_bench, total, rows)
-        targets.append(("Rust host server", port))
+    if child is not None:
+        targets.append(("Rust host server", rust_port))
 
     def do_get(port: int, parts: int, device: bool) -> Callable[[int], int]:
         def one(i: int) -> int:

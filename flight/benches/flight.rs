@@ -161,7 +161,12 @@ fn parse_options() -> AnyResult<Options> {
     if o.reps == 0 || o.streams.is_empty() || o.message_sizes.is_empty() {
         return Err("--reps, --streams and --message-sizes need at least one".into());
     }
-    if let Some(&s) = o.streams.iter().find(|&&s| s == 0 || s > batches) {
+    // (`--serve-only` serves any split its clients ask for.)
+    if let Some(&s) = o
+        .streams
+        .iter()
+        .find(|&&s| o.serve_only.is_none() && (s == 0 || s > batches))
+    {
         return Err(format!("{s} streams for {batches} batches: each stream needs one").into());
     }
     Ok(o)
