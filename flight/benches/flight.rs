@@ -35,7 +35,8 @@
 //!
 //! ```text
 //! cargo bench -p cudabuf-flight --bench flight -- --total 64M --rows 128K --streams 1,4
-//! CUDABUF_BACKEND=cuda flight --streams 1,4,16 --message-sizes 2M,16M,64M --json flight.json
+//! CUDABUF_BACKEND=cuda cargo bench -p cudabuf-flight --features cudabuf/cuda --bench flight -- \
+//!     --streams 1,4,16 --message-sizes 2M,16M,64M --json flight.json
 //! flight [--total 1G] [--rows 1M] [--streams 1,4,16] [--reps N] [--message-sizes 2M,16M]
 //!        [--stream-window B] [--conn-window B] [--adaptive] [--json PATH]
 //! flight --serve-only PORT [--total ..] [--rows ..] [--message-sizes M]
