@@ -496,14 +496,29 @@ def test_timeout_and_ctrl_c_end_a_stalled_call(sim_ctx: cuda.Context, pyarrow_se
             client.do_get("stall", sim_ctx, timeout=0.3)
         assert 0.25 < time.monotonic() - t0 < 10
         assert raised.value.code == 4 and raised.value.code_name == "DEADLINE_EXCEEDED"
-        # Ctrl-C: a KeyboardInterrupt in the main thread ends the wait.
-        timer = threading.Timer(0.3, _thread.interrupt_main)
+        # Ctrl-C: a KeyboardInterrupt in the main thread ends the wait. The interrupt is
+        # repeated every 0.5 s until the wait has ended (one that lands between two
+        # bytecodes of the test rather than in the wait is still a KeyboardInterrupt).
+        waited = threading.Event()
+
+        def interrupt_until_waited() -> None:
+            while not waited.wait(0.5):
+                _thread.interrupt_main()
+
+        interrupter = threading.Thread(target=interrupt_until_waited, daemon=True)
         t0 = time.monotonic()
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            client.do_get("stall", sim_ctx)
+        interrupter.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                client.do_get("stall", sim_ctx)
+        finally:
+            waited.set()
         assert time.monotonic() - t0 < 10
-        timer.join()
+        try:
+            interrupter.join()
+            time.sleep(0.05)  # an interrupt sent just before `waited` was set lands here
+        except KeyboardInterrupt:
+            pass
         # The client still works after both.
         assert client.do_get("numbers", sim_ctx).to_host().equals(sample_table())
 
@@ -692,6 +707,11 @@ def test_dictionary_columns_round_trip_both_ways(sim_ctx: cuda.Context, pyarrow_
         server.shutdown()
 
 
+@pytest.mark.skipif(
+    int(pa.__version__.split(".")[0]) < 26,
+    reason=f"pyarrow {pa.__version__}: its Flight server sends no delta dictionary (pyarrow 21 sends "
+    "the dictionary whole; checked with 26); the refusal is also tested in Rust (flight/tests/exchange.rs)",
+)
 def test_delta_dictionaries_are_refused(sim_ctx: cuda.Context) -> None:
     dictionary = pa.array(["a", "b", "c"])
     first = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), dictionary[:2])
