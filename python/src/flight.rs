@@ -145,6 +145,17 @@ fn flight_error(error: FlightError) -> PyErr {
 /// signals every [`POLL`]: a signal handler's exception (`KeyboardInterrupt`) aborts the
 /// call and is raised; past `timeout` the call is dropped and `FlightTimedOutError`
 /// raised.
+/// Every batch of an answer, landed, with the answer's schema.
+async fn landed(
+    mut stream: cudabuf_flight::DeviceBatchStream,
+) -> Result<(SchemaRef, Vec<DeviceRecordBatch>), FlightError> {
+    let mut batches = Vec::new();
+    while let Some(batch) = stream.next().await {
+        batches.push(batch?);
+    }
+    Ok((stream.schema().clone(), batches))
+}
+
 fn wait<T, F>(
     py: Python<'_>,
     runtime: &Runtime,
@@ -435,12 +446,7 @@ impl PyFlightClient {
         let mut clients = self.clients("do_get")?;
         let ctx = ctx.inner.clone();
         let (schema, batches) = wait(py, &self.runtime, "do_get", timeout, async move {
-            let mut stream = clients.device.do_get(ticket, &ctx).await?;
-            let mut batches = Vec::new();
-            while let Some(batch) = stream.next().await {
-                batches.push(batch?);
-            }
-            Ok((stream.schema().clone(), batches))
+            landed(clients.device.do_get(ticket, &ctx).await?).await
         })?;
         let schema_object = python_schema(py, &schema)?;
         Ok((schema_object, device_batches(py, &schema, batches)?))
@@ -513,15 +519,13 @@ impl PyFlightClient {
         let mut clients = self.clients(OPERATION)?;
         let ctx = ctx.inner.clone();
         let (schema, batches) = wait(py, &self.runtime, OPERATION, timeout, async move {
-            let mut stream = clients
-                .device
-                .do_exchange(descriptor, schema, batches, &ctx)
-                .await?;
-            let mut batches = Vec::new();
-            while let Some(batch) = stream.next().await {
-                batches.push(batch?);
-            }
-            Ok((stream.schema().clone(), batches))
+            landed(
+                clients
+                    .device
+                    .do_exchange(descriptor, schema, batches, &ctx)
+                    .await?,
+            )
+            .await
         })?;
         let schema_object = python_schema(py, &schema)?;
         Ok((schema_object, device_batches(py, &schema, batches)?))
