@@ -184,6 +184,8 @@ def torch_bench(sizes: list[int], results: Results, live_levels: Iterable[int]) 
             results["torch"].append(figure("copies", name, size, gbps(nbytes, t), "GB/s", n))
         del pinned, pageable, d1, d2
         torch.cuda.empty_cache()
+    if COPIES_ONLY:
+        return
 
     def raw_alloc(size: int) -> Callable[[], None]:
         def f() -> None:
@@ -307,6 +309,8 @@ def cupy_bench(sizes: list[int], results: Results, live_levels: Iterable[int]) -
         del pinned, pageable, d1, d2
         cupy.get_default_memory_pool().free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()
+    if COPIES_ONLY:
+        return
 
     pool = cupy.get_default_memory_pool()
 
@@ -644,6 +648,43 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+# --copies-only: the peers' copies alone (the curve), not their allocators or the rest.
+COPIES_ONLY = False
+
+CURVE_OPS = ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "d2d")
+CURVE_TARGET = 0.95
+
+
+def curve(ours: list[Figure], results: Results, sizes: list[int]) -> list[dict[str, Any]]:
+    """Per copy path: cudabuf against the faster of PyTorch and CuPy at every size (the same
+    run), the smallest ratio and where it falls (target: >= CURVE_TARGET at every size)."""
+    out = []
+    for op in CURVE_OPS:
+        points: list[tuple[float, int, float, float]] = []
+        for size in sizes:
+            o = find(ours, "copies", op, size)
+            peers = [v for v in (find(results["torch"], "copies", op, size), find(results["cupy"], "copies", op, size))
+                     if v is not None]
+            if o is not None and peers and max(peers) > 0:
+                points.append((o / max(peers), size, o, max(peers)))
+        if not points:
+            continue
+        worst = min(points)
+        out.append({"op": op, "min_ratio": worst[0], "min_at": worst[1], "met": worst[0] >= CURVE_TARGET,
+                    "points": [{"size": sz, "ratio": r, "ours": o, "faster_peer": p} for r, sz, o, p in points]})
+    return out
+
+
+def curve_table(paths: list[dict[str, Any]]) -> str:
+    lines = ["| path | min ratio to the faster peer | at | ratio at each size | >= 0.95 everywhere |",
+             "|---|---|---|---|---|"]
+    for p in paths:
+        each = ", ".join(f"{human(q['size'])} {q['ratio']:.2f}" for q in p["points"])
+        lines.append(f"| {p['op']} | {p['min_ratio']:.3f} | {human(p['min_at'])} | {each} | "
+                     f"{'yes' if p['met'] else '**no**'} |")
+    return "\n".join(lines)
+
+
 def load(path: Optional[str], what: str) -> Optional[dict[str, Any]]:
     if path and os.path.exists(path):
         with open(path) as fh:
@@ -653,8 +694,12 @@ def load(path: Optional[str], what: str) -> Optional[dict[str, Any]]:
     return None
 
 
-def write_outputs(out_dir: str, info: dict[str, Any], results: Results, rows: list[Row], not_run: list[str], elapsed_s: float) -> str:
+def write_outputs(out_dir: str, info: dict[str, Any], results: Results, rows: list[Row], not_run: list[str],
+                  elapsed_s: float, paths: Optional[list[dict[str, Any]]] = None) -> str:
     text = table(rows)
+    if paths:
+        text += ("\n\nThe curve: cudabuf / the faster of PyTorch and CuPy, per path, at every size of the run\n\n"
+                 + curve_table(paths))
     missed = [r for r in rows if r.met is False]
     met = [r for r in rows if r.met is True]
     header = (f"cudabuf vs PyTorch {info.get('torch', '?')} / CuPy {info.get('cupy', '?')} on {info.get('gpu', '?')}, "
@@ -664,7 +709,7 @@ def write_outputs(out_dir: str, info: dict[str, Any], results: Results, rows: li
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "compare.json"), "w") as fh:
         json.dump({"info": info, "peers": {"torch": results["torch"], "cupy": results["cupy"]},
-                   "rows": [asdict(r) for r in rows]}, fh, indent=1)
+                   "rows": [asdict(r) for r in rows], "curve": paths or []}, fh, indent=1)
     with open(os.path.join(out_dir, "compare.md"), "w") as fh:
         fh.write(report)
     return report
@@ -685,6 +730,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--compare-only", action="store_true",
                     help="measure nothing: the table again from --peers (an earlier compare.json)")
     ap.add_argument("--peers", help="with --compare-only: an earlier compare.json")
+    ap.add_argument("--copies-only", action="store_true",
+                    help="measure only the peers' copies (the curve), not their allocators")
     ap.add_argument("--ipc-child")
     ap.add_argument("--alloc-child", action="store_true")
     args = ap.parse_args(argv)
@@ -695,6 +742,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.alloc_child:
         print("ALLOC_RESULT " + json.dumps(alloc_child(live_levels)), flush=True)
         return 0
+    global COPIES_ONLY
+    COPIES_ONLY = args.copies_only
     sizes, peer_sizes = parse_sizes(args.sizes), parse_sizes(args.peer_sizes)
     started = time.perf_counter()
     results: Results
@@ -708,7 +757,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         steps: list[tuple[str, Callable[[], None], bool]] = [
             ("torch", lambda: torch_bench(sizes, results, live_levels), args.skip_torch or args.peer_only),
             ("cupy", lambda: cupy_bench(sizes, results, live_levels), args.skip_cupy or args.peer_only),
-            ("cudaMalloc child", lambda: run_alloc_child(live_levels, results), args.skip_cupy or args.peer_only),
+            ("cudaMalloc child", lambda: run_alloc_child(live_levels, results),
+             args.skip_cupy or args.peer_only or args.copies_only),
             ("torch_peer", lambda: torch_peer_bench(peer_sizes, results), args.skip_peer or args.skip_torch),
         ]
         for name, step, skip in steps:
@@ -735,7 +785,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for key, value in info.items():
         if key.endswith("_error"):
             not_run.append(f"{key[:-len('_error')]} failed: {value}")
-    report = write_outputs(args.out, info, results, rows, not_run, time.perf_counter() - started)
+    paths = curve((ours_doc or {}).get("results", []), results, sizes) if not args.peer_only else []
+    report = write_outputs(args.out, info, results, rows, not_run, time.perf_counter() - started, paths)
     print()
     print(report)
     return 0

@@ -402,6 +402,23 @@ def run_bench(sizes: list[int], out_dir: str) -> dict[str, Any]:
             if label == "64 MiB" and ratio is not None:
                 verdicts.append({"operation": op, "ratio": round(ratio, 4), "within_5pct": ratio >= 0.95})
     table["target_64MiB"] = verdicts
+    # The curve: per operation, the smallest ratio to the faster peer over the sizes.
+    curve = []
+    for op in OPS:
+        points = []
+        for label, row in table["results"].items():
+            ours = (row.get("cudabuf") or {}).get(op)
+            peers = [p[op] for p in (row.get("torch"), row.get("cupy")) if p]
+            if ours and peers:
+                points.append((ours / max(peers), label))
+        if points:
+            worst = min(points)
+            curve.append({"operation": op, "min_ratio": round(worst[0], 4), "at": worst[1],
+                          "ratios": {label: round(r, 4) for r, label in points}})
+    table["curve"] = curve
+    lines += ["", "| operation | min ratio to the faster peer | at | >= 0.95 at every size |", "|---|---|---|---|"]
+    lines += [f"| {c['operation']} | {c['min_ratio']:.3f} | {c['at']} | {'yes' if c['min_ratio'] >= 0.95 else 'no'} |"
+              for c in curve]
     md = "\n".join(lines) + "\n"
     if verdicts:
         met = sum(v["within_5pct"] for v in verdicts)

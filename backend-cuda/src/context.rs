@@ -20,7 +20,8 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 
 use crate::current::PushedContext;
 use crate::driver_error::{check, CuFailure};
-use crate::staging::{Direction, Piece, StagingConfig, StagingEngine};
+use crate::staging::{Direction, Piece, StagingConfig};
+use staged::Staging;
 
 /// A batch of at least this many pieces goes through the staging workers whatever its
 /// size (one gathered copy instead of a synchronous driver copy per piece).
@@ -32,6 +33,7 @@ const DIRECT_PIECE_MIN: usize = 1 << 20;
 
 mod peer;
 mod per_thread;
+mod staged;
 mod streams;
 
 pub use peer::{peer_access_allowed, PEER_ACCESS_VAR};
@@ -115,16 +117,6 @@ pub struct CudaDriverContext {
     exit_token: Arc<per_thread::ExitToken>,
 }
 
-/// The staging state of a context.
-#[derive(Debug)]
-struct Staging {
-    config: StagingConfig,
-    /// Started on the first staged copy; `None` also after a failed start (then
-    /// `failed` is set and copies go to the driver unstaged).
-    engine: Option<Arc<StagingEngine>>,
-    failed: bool,
-}
-
 impl CudaDriverContext {
     fn new(ctx: CUcontext, device: CUdevice, ordinal: usize, ownership: Ownership) -> Self {
         CudaDriverContext {
@@ -133,11 +125,7 @@ impl CudaDriverContext {
             ordinal,
             ownership,
             peers: Mutex::new(HashMap::new()),
-            staging: Mutex::new(Staging {
-                config: StagingConfig::from_env(),
-                engine: None,
-                failed: false,
-            }),
+            staging: Mutex::new(Staging::new(StagingConfig::from_env())),
             // SAFETY: `ctx` is live while the wrapper is (its constructors' contracts),
             // and `Drop` retires the token before it lets the context go.
             exit_token: unsafe { per_thread::ExitToken::new(ctx) },
@@ -191,60 +179,9 @@ impl CudaDriverContext {
         matches!(self.ownership, Ownership::Primary)
     }
 
-    /// How pageable copies are staged now.
-    pub fn staging_config(&self) -> StagingConfig {
-        self.staging
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .config
-    }
-
-    /// Change how pageable copies are staged ([`StagingConfig::disabled`] turns staging
-    /// off). The worker threads and pinned chunks of the old setting are freed once no
-    /// copy uses them; the new ones are made on the next staged copy.
-    pub fn set_staging_config(&self, config: StagingConfig) {
-        let old = {
-            let mut staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
-            staging.config = config;
-            staging.failed = false;
-            staging.engine.take()
-        };
-        drop(old);
-    }
-
-    /// The staging engine for a copy of `len` bytes from or to host memory at `host`, if
-    /// such a copy is staged: staging is on, the copy is large enough, and the memory is
-    /// pageable. The engine is started on first use.
-    fn staging_engine(
-        &self,
-        pushed: &PushedContext,
-        host: *const u8,
-        len: usize,
-    ) -> Option<Arc<StagingEngine>> {
-        if !self.stages(len, 1) || !self.is_pageable(pushed, host) {
-            return None;
-        }
-        self.started_engine()
-    }
-
-    /// The staging engine for such a copy only if it is running already: starting it
-    /// pins its workers' chunks, which a copy that must pin nothing cannot wait for.
-    fn running_staging_engine(
-        &self,
-        pushed: &PushedContext,
-        host: *const u8,
-        len: usize,
-    ) -> Option<Arc<StagingEngine>> {
-        if !self.stages(len, 1) || !self.is_pageable(pushed, host) {
-            return None;
-        }
-        let staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
-        staging.engine.clone()
-    }
-
-    /// Copy `src` to the device at `dst` (`copy_host_to_device`); through the staging
-    /// engine if the copy is staged and (`start_engine`) it may be started for it, or it
-    /// is running.
+    /// Copy `src` to the device at `dst` (`copy_host_to_device`); staged if
+    /// [`plan`](Self::plan) says so (with `start_engine` false, only through an engine that
+    /// runs already).
     ///
     /// # Safety
     /// `dst..dst + src.len()` lies inside a live allocation reachable from this context.
@@ -253,40 +190,47 @@ impl CudaDriverContext {
             return Ok(());
         }
         let pushed = self.push()?;
-        let engine = if start_engine {
-            self.staging_engine(&pushed, src.as_ptr(), src.len())
-        } else {
-            self.running_staging_engine(&pushed, src.as_ptr(), src.len())
-        };
-        if let Some(engine) = engine {
+        let plan = self.plan(
+            &pushed,
+            Direction::HostToDevice,
+            src.as_ptr(),
+            src.len(),
+            start_engine,
+        );
+        let result = if let Some(engine) = &plan.engine {
             // SAFETY: `src` is readable for its length during the call (the engine only
             // reads it); the caller guarantees the device range. The engine's streams are
             // ordered with the legacy default stream, and `copy` returns when every part
             // is done.
-            return unsafe {
-                engine.copy(
+            let (copied, trace) = unsafe {
+                engine.copy_traced(
                     Direction::HostToDevice,
                     vec![Piece {
                         host: src.as_ptr() as usize,
                         device: dst,
                         len: src.len(),
                     }],
+                    plan.traced,
                 )
-            }
-            .map_err(|f| self.fail_copy(f, &[dst]));
-        }
-        // SAFETY: our context is pushed; `src` is readable for `src.len()` bytes; the
-        // caller guarantees `dst..dst + src.len()` is in a live allocation reachable from
-        // this context.
-        check("cuMemcpyHtoD_v2", unsafe {
-            sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast::<c_void>(), src.len())
-        })
-        .map_err(|f| self.fail_copy(f, &[dst]))?;
-        self.wait_default_stream(&pushed)
+            };
+            self.keep_trace(trace);
+            copied.map_err(|f| self.fail_copy(f, &[dst]))
+        } else {
+            // SAFETY: our context is pushed; `src` is readable for `src.len()` bytes; the
+            // caller guarantees `dst..dst + src.len()` is in a live allocation reachable
+            // from this context.
+            check("cuMemcpyHtoD_v2", unsafe {
+                sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast::<c_void>(), src.len())
+            })
+            .map_err(|f| self.fail_copy(f, &[dst]))
+            .and_then(|()| self.wait_default_stream(&pushed))
+        };
+        self.learn(&plan, Direction::HostToDevice, src.len(), result.is_ok());
+        result
     }
 
     /// Copy `dst.len()` bytes from the device at `src` into `dst`
-    /// (`copy_device_to_host`); through the staging engine as [`upload`](Self::upload).
+    /// (`copy_device_to_host`); staged as [`upload`](Self::upload) decides.
     ///
     /// # Safety
     /// `src..src + dst.len()` lies inside a live allocation reachable from this context.
@@ -295,69 +239,42 @@ impl CudaDriverContext {
             return Ok(());
         }
         let pushed = self.push()?;
-        let engine = if start_engine {
-            self.staging_engine(&pushed, dst.as_ptr(), dst.len())
-        } else {
-            self.running_staging_engine(&pushed, dst.as_ptr(), dst.len())
-        };
-        if let Some(engine) = engine {
+        let plan = self.plan(
+            &pushed,
+            Direction::DeviceToHost,
+            dst.as_ptr(),
+            dst.len(),
+            start_engine,
+        );
+        let result = if let Some(engine) = &plan.engine {
             // SAFETY: `dst` is writable for its length and exclusively ours during the
             // call; the caller guarantees the device range. The engine's streams are
             // ordered with the legacy default stream (so pending copies into the source
             // land first), and `copy` returns when every part is done.
-            return unsafe {
-                engine.copy(
+            let (copied, trace) = unsafe {
+                engine.copy_traced(
                     Direction::DeviceToHost,
                     vec![Piece {
                         host: dst.as_mut_ptr() as usize,
                         device: src,
                         len: dst.len(),
                     }],
+                    plan.traced,
                 )
-            }
-            .map_err(|f| self.fail_copy(f, &[src]));
-        }
-        // SAFETY: our context is pushed; `dst` is writable for `dst.len()` bytes; the
-        // caller guarantees `src..src + dst.len()` is in a live allocation reachable from
-        // this context. cuMemcpyDtoH returns once the copy is complete.
-        check("cuMemcpyDtoH_v2", unsafe {
-            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len())
-        })
-        .map_err(|f| self.fail_copy(f, &[src]))
-    }
-
-    /// Whether a copy of `len` bytes in `pieces` pieces is staged (if its memory is
-    /// pageable): staging is on, and the copy is large enough or has many pieces (which the
-    /// engine gathers, instead of one synchronous driver copy each).
-    fn stages(&self, len: usize, pieces: usize) -> bool {
-        let staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
-        staging.config.enabled()
-            && !staging.failed
-            && (len >= staging.config.min_bytes || pieces >= BATCH_STAGED_PIECES)
-    }
-
-    /// The staging engine, started on first use; `None` if staging is off or cannot start.
-    fn started_engine(&self) -> Option<Arc<StagingEngine>> {
-        let mut staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
-        if !staging.config.enabled() || staging.failed {
-            return None;
-        }
-        if staging.engine.is_none() {
-            // SAFETY: `self.ctx` is live while `self` is, and the engine is dropped (its
-            // workers joined) before the context is released (see `Drop`).
-            match unsafe { StagingEngine::start(self.ctx.0, staging.config) } {
-                Ok(engine) => staging.engine = Some(Arc::new(engine)),
-                Err(failure) => {
-                    log::warn!(
-                        "staging pageable copies is off for this context: {}",
-                        failure.reason()
-                    );
-                    staging.failed = true;
-                    return None;
-                }
-            }
-        }
-        staging.engine.clone()
+            };
+            self.keep_trace(trace);
+            copied.map_err(|f| self.fail_copy(f, &[src]))
+        } else {
+            // SAFETY: our context is pushed; `dst` is writable for `dst.len()` bytes; the
+            // caller guarantees `src..src + dst.len()` is in a live allocation reachable
+            // from this context. cuMemcpyDtoH returns once the copy is complete.
+            check("cuMemcpyDtoH_v2", unsafe {
+                sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len())
+            })
+            .map_err(|f| self.fail_copy(f, &[src]))
+        };
+        self.learn(&plan, Direction::DeviceToHost, dst.len(), result.is_ok());
+        result
     }
 
     /// Whether `ptr` is pageable host memory (unknown to CUDA), with our context pushed.
@@ -484,13 +401,10 @@ impl Drop for CudaDriverContext {
         self.exit_token.retire();
         // Stop the staging workers (they free their streams and pinned chunks) and destroy
         // the pooled events while the context is still alive.
-        let engine = self
-            .staging
+        self.staging
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
-            .engine
-            .take();
-        drop(engine);
+            .stop();
         match std::mem::replace(&mut self.ownership, Ownership::Shared) {
             Ownership::Primary => {
                 // SAFETY: this wrapper retained the primary context of `self.device` once
@@ -591,7 +505,7 @@ unsafe impl RawContext for CudaDriverContext {
         }
         let total: usize = copies.iter().map(|(_, src)| src.len()).sum();
         let engine = if self.stages(total, copies.len()) {
-            self.started_engine()
+            self.engine_or_start()
         } else {
             None
         };
@@ -636,10 +550,13 @@ unsafe impl RawContext for CudaDriverContext {
             }
         }
         let gathered = if direct.is_ok() {
+            let traced = self.take_trace_request();
             // SAFETY: every staged piece is readable host memory for the whole call, and
-            // the caller guarantees the device ranges; `copy` returns when every step is
-            // done.
-            let copied = unsafe { engine.copy(Direction::HostToDevice, staged) };
+            // the caller guarantees the device ranges; `copy_traced` returns when every
+            // step is done.
+            let (copied, trace) =
+                unsafe { engine.copy_traced(Direction::HostToDevice, staged, traced) };
+            self.keep_trace(trace);
             copied.map_err(|f| self.fail_copy(f, &destinations))
         } else {
             Ok(())

@@ -112,8 +112,9 @@ pub use interop::{
 };
 pub use platform::CudaBackend;
 pub use staging::{
-    StagingConfig, STAGING_CHUNK_VAR, STAGING_D2H_CHUNK_VAR, STAGING_D2H_THREADS_VAR,
-    STAGING_MIN_VAR, STAGING_THREADS_VAR, STAGING_VAR,
+    StagedStep, StagingConfig, StagingTrace, ADAPTIVE_BELOW, STAGING_ADAPTIVE_VAR,
+    STAGING_CHUNK_VAR, STAGING_D2H_CHUNK_VAR, STAGING_D2H_THREADS_VAR, STAGING_MIN_VAR,
+    STAGING_THREADS_VAR, STAGING_VAR,
 };
 
 /// The version of cudarc this crate is built on, re-exported so that users name the same

@@ -30,6 +30,7 @@
 //! staged") and docs/PERFORMANCE.md point here, and [`StagingConfig`] holds the defaults
 //! and switches.
 
+mod adaptive;
 mod pipeline;
 mod task;
 mod worker_resources;
@@ -37,16 +38,18 @@ mod worker_resources;
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use cudabuf_core::parse_size;
 use cudarc::driver::sys::{self, CUcontext};
 
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
-use task::Task;
+pub(crate) use adaptive::Chooser;
+use task::{Cut, Task};
 pub(crate) use task::{Direction, Piece};
 use worker_resources::WorkerResources;
 
@@ -67,12 +70,16 @@ pub const STAGING_D2H_CHUNK_VAR: &str = "CUDABUF_STAGING_D2H_CHUNK";
 /// The smallest copy that is staged (default 512K); smaller ones go to the driver as is.
 pub const STAGING_MIN_VAR: &str = "CUDABUF_STAGING_MIN";
 
+/// `0`/`off` turns adaptive staging ([`StagingConfig::adaptive`]) off: every pageable
+/// copy from `CUDABUF_STAGING_MIN` on is staged.
+pub const STAGING_ADAPTIVE_VAR: &str = "CUDABUF_STAGING_ADAPTIVE";
+
 /// How pageable copies are staged.
 ///
-/// The defaults come from the H200 host's sweep (16 cores, `perf`'s `sweep` section):
-/// host-to-device copies were fastest with 8 threads and 4 MiB steps, device-to-host ones
-/// with 12 threads and 2 MiB steps (smaller steps keep what the DMA wrote in the CPU's
-/// cache until the worker copies it out).
+/// The thread and step defaults come from the H200 host's sweep (16 cores, `perf`'s
+/// `sweep` section): host-to-device copies were fastest with 8 threads and 4 MiB steps,
+/// device-to-host ones with 12 threads and 2 MiB steps (smaller steps keep what the DMA
+/// wrote in the CPU's cache until the worker copies it out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StagingConfig {
     /// Worker threads that share a host-to-device copy; 0 (with `d2h_threads` 0) turns
@@ -86,12 +93,34 @@ pub struct StagingConfig {
     pub d2h_chunk_bytes: usize,
     /// Copies smaller than this go to the driver unstaged.
     pub min_bytes: usize,
+    /// Copies from `min_bytes` up to [`ADAPTIVE_BELOW`] are staged or sent to the driver
+    /// as is, per direction and size (a class per power of two), by which of the two was
+    /// faster so far in this context (each is tried at first, and the slower one again now
+    /// and then, less often each time it stays slower). Off: every such copy is staged.
+    pub adaptive: bool,
+    /// The calling thread takes steps of its own copy (through a lane of its own: a stream
+    /// and two pinned chunks) instead of only waiting for the workers; one caller at a
+    /// time, the others wait as without it.
+    pub caller_steps: bool,
+    /// Steps ramp up and down: each lane's first steps are a quarter and a half step (the
+    /// first DMA starts after a short fill), and near the end each claim takes a share of
+    /// what is left (the lanes finish together, after a short last DMA). Off: every step
+    /// has the same size.
+    pub ramp: bool,
+    /// Microseconds an idle worker spins, watching for the next copy, before it sleeps (a
+    /// copy that follows soon after another then starts without waking threads).
+    pub spin_micros: u32,
 }
+
+/// Adaptive staging ([`StagingConfig::adaptive`]) chooses below this size (64 MiB); from
+/// it on, a pageable copy of at least `min_bytes` is always staged.
+pub const ADAPTIVE_BELOW: usize = 64 << 20;
 
 impl StagingConfig {
     /// The defaults for this host: host-to-device with half the CPUs (2 to 8) threads and
     /// 4 MiB steps, device-to-host with three quarters of them (2 to 12) and 2 MiB steps,
-    /// copies from 512 KiB.
+    /// copies from 512 KiB, adaptive, the calling thread taking steps, ramped steps, and
+    /// workers that spin 50 us before they sleep.
     pub fn default_for_host() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
         StagingConfig {
@@ -100,10 +129,14 @@ impl StagingConfig {
             d2h_threads: (cpus * 3 / 4).clamp(2, 12),
             d2h_chunk_bytes: 2 << 20,
             min_bytes: 512 << 10,
+            adaptive: true,
+            caller_steps: true,
+            ramp: true,
+            spin_micros: 50,
         }
     }
 
-    /// The same threads and step size both ways.
+    /// The same threads and step size both ways; the other switches as the defaults.
     pub fn uniform(threads: usize, chunk_bytes: usize, min_bytes: usize) -> Self {
         StagingConfig {
             threads,
@@ -111,6 +144,20 @@ impl StagingConfig {
             d2h_threads: threads,
             d2h_chunk_bytes: chunk_bytes,
             min_bytes,
+            ..Self::default_for_host()
+        }
+    }
+
+    /// This configuration without the switches that came later: every copy from
+    /// `min_bytes` staged, in even steps, by the workers alone, which sleep at once (to
+    /// measure the switches against).
+    pub fn plain(self) -> Self {
+        StagingConfig {
+            adaptive: false,
+            caller_steps: false,
+            ramp: false,
+            spin_micros: 0,
+            ..self
         }
     }
 
@@ -121,7 +168,7 @@ impl StagingConfig {
 
     /// The defaults, overridden by `CUDABUF_STAGING`, `CUDABUF_STAGING_THREADS`,
     /// `CUDABUF_STAGING_D2H_THREADS`, `CUDABUF_STAGING_CHUNK`,
-    /// `CUDABUF_STAGING_D2H_CHUNK` and `CUDABUF_STAGING_MIN`.
+    /// `CUDABUF_STAGING_D2H_CHUNK`, `CUDABUF_STAGING_MIN` and `CUDABUF_STAGING_ADAPTIVE`.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if let Some(v) = var(STAGING_VAR) {
@@ -146,6 +193,9 @@ impl StagingConfig {
         }
         if let Some(n) = var(STAGING_MIN_VAR).and_then(|v| parse_size(&v)) {
             config.min_bytes = n;
+        }
+        if let Some(v) = var(STAGING_ADAPTIVE_VAR) {
+            config.adaptive = !matches!(v.trim(), "0" | "off" | "false" | "no");
         }
         if !config.enabled() {
             return Self::disabled();
@@ -185,6 +235,11 @@ struct Queue {
 struct Shared {
     queue: Mutex<Queue>,
     cv: Condvar,
+    /// Tasks queued so far (changed under the queue's lock): what a spinning worker
+    /// watches.
+    queued: AtomicUsize,
+    /// How long an idle worker spins before it sleeps.
+    spin: Duration,
 }
 
 /// A raw pointer or handle that crosses threads. Every use documents why that is sound.
@@ -195,12 +250,65 @@ struct SendPtr(*mut c_void);
 // worker is the only user of its own resources.
 unsafe impl Send for SendPtr {}
 
+/// The engine's context handle, usable from any thread.
+#[derive(Debug, Clone, Copy)]
+struct EngineContext(CUcontext);
+// SAFETY: a `CUcontext` is a driver handle, not thread-bound data: the driver API is
+// thread safe, and the engine only ever pushes it (`PushedContext`) on the thread that
+// uses it.
+unsafe impl Send for EngineContext {}
+// SAFETY: as for `Send`; the handle is never mutated.
+unsafe impl Sync for EngineContext {}
+
+/// One step of a traced staged copy ([`StagingTrace`]). Times count from the moment the
+/// copy was handed to the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagedStep {
+    /// Who ran it: 0 the calling thread, `i + 1` staging worker `i`.
+    pub lane: usize,
+    /// Where its bytes start in the copy.
+    pub offset: usize,
+    /// How many bytes it moved.
+    pub len: usize,
+    /// When the lane claimed it.
+    pub claimed: Duration,
+    /// Host to device: when its chunk was filled; device to host: when its chunk was
+    /// copied out into the caller's memory.
+    pub host_done: Duration,
+    /// When its DMA was handed to the driver (and its event recorded).
+    pub dma_issued: Duration,
+    /// When the lane saw its DMA done (host to device: at the lane's next wait for that
+    /// chunk, or its last synchronize).
+    pub dma_done: Duration,
+}
+
+/// The timeline of one staged copy, recorded when asked for
+/// ([`CudaDriverContext::trace_next_staged_copy`](crate::CudaDriverContext::trace_next_staged_copy)):
+/// where the time of a copy goes (the hand-off, each lane's first fill, its last DMA, the
+/// caller's wait).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagingTrace {
+    /// Host to device (else device to host).
+    pub host_to_device: bool,
+    /// The bytes of the copy.
+    pub bytes: usize,
+    /// From the hand-off to the moment the caller saw every step done.
+    pub elapsed: Duration,
+    /// Every step, by offset.
+    pub steps: Vec<StagedStep>,
+}
+
 /// The staging engine of one context: worker threads with their streams and pinned
-/// chunks. Dropping it stops the workers and frees their resources.
+/// chunks, and the calling thread's lane. Dropping it stops the workers and frees their
+/// resources.
 pub(crate) struct StagingEngine {
     config: StagingConfig,
+    ctx: EngineContext,
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// The lane of a calling thread that takes steps itself (`caller_steps`); one caller
+    /// at a time.
+    caller: Mutex<Option<WorkerResources>>,
 }
 
 impl fmt::Debug for StagingEngine {
@@ -214,7 +322,8 @@ impl fmt::Debug for StagingEngine {
 
 impl StagingEngine {
     /// Start the workers for context `ctx` (as many as the direction with more threads
-    /// uses), each with a stream, two events and two pinned chunks of the larger step.
+    /// uses), each with a stream, two events and two pinned chunks of the larger step, and
+    /// the caller's lane (the same) if the calling thread takes steps.
     ///
     /// # Safety
     /// `ctx` is a live context that outlives the engine.
@@ -225,12 +334,26 @@ impl StagingEngine {
                 shutdown: false,
             }),
             cv: Condvar::new(),
+            queued: AtomicUsize::new(0),
+            spin: Duration::from_micros(config.spin_micros.into()),
         });
         let mut engine = StagingEngine {
             config,
+            ctx: EngineContext(ctx),
             shared: Arc::clone(&shared),
             workers: Vec::new(),
+            caller: Mutex::new(None),
         };
+        if config.caller_steps {
+            // SAFETY: `ctx` is live (this function's contract).
+            let pushed = unsafe { PushedContext::push(ctx) }?;
+            let lane = WorkerResources::create(config.chunk_size())?;
+            drop(pushed);
+            *engine
+                .caller
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner) = Some(lane);
+        }
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), CuFailure>>();
         for i in 0..config.workers() {
             let shared = Arc::clone(&shared);
@@ -243,7 +366,7 @@ impl StagingEngine {
                     let ctx = ctx;
                     // SAFETY: the caller of `start` guarantees the context outlives the
                     // engine, and the engine joins this thread before it goes.
-                    unsafe { worker(ctx.0.cast(), chunk, &shared, &ready) }
+                    unsafe { worker(ctx.0.cast(), chunk, i + 1, &shared, &ready) }
                 });
             match spawned {
                 Ok(handle) => engine.workers.push(handle),
@@ -272,32 +395,84 @@ impl StagingEngine {
     }
 
     /// Copy every piece (host to device, or device to host), sharing the steps among the
-    /// workers; returns when every step is done.
+    /// workers (and the calling thread, with `caller_steps`); returns when every step is
+    /// done, with the copy's timeline if `traced`.
     ///
     /// # Safety
     /// For the whole call, each piece's host range is valid host memory (readable for
     /// host-to-device; writable and not otherwise accessed for device-to-host), and its
     /// device range lies in a live allocation of the engine's context. The host ranges of a
     /// device-to-host copy do not overlap each other.
-    pub(crate) unsafe fn copy(
+    pub(crate) unsafe fn copy_traced(
         &self,
         direction: Direction,
         pieces: Vec<Piece>,
-    ) -> Result<(), CuFailure> {
+        traced: bool,
+    ) -> (Result<(), CuFailure>, Option<StagingTrace>) {
+        let began = std::time::Instant::now();
         let (threads, max_step) = self.config.for_direction(direction);
-        let workers = threads.clamp(1, self.workers.len().max(1));
-        let Some(task) = Task::new(direction, pieces, workers, max_step) else {
-            return Ok(());
+        let cut = Cut {
+            workers: threads.clamp(1, self.workers.len().max(1)),
+            max_step,
+            ramp: self.config.ramp,
+        };
+        let Some(task) = Task::new(direction, pieces, cut, traced) else {
+            return (Ok(()), None);
         };
         let task = Arc::new(task);
-        self.shared
-            .queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .tasks
-            .push_back(Arc::clone(&task));
+        {
+            let mut queue = self
+                .shared
+                .queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            queue.tasks.push_back(Arc::clone(&task));
+            self.shared.queued.fetch_add(1, Ordering::Relaxed);
+        }
         self.shared.cv.notify_all();
-        task.wait()
+        if self.config.caller_steps {
+            self.take_steps(&task);
+        }
+        let result = task.wait();
+        let trace = traced.then(|| StagingTrace {
+            host_to_device: direction == Direction::HostToDevice,
+            bytes: task.total(),
+            elapsed: began.elapsed(),
+            steps: task
+                .take_trace()
+                .into_iter()
+                .map(|(lane, step, t)| StagedStep {
+                    lane,
+                    offset: step.offset,
+                    len: step.len,
+                    claimed: t.claimed,
+                    host_done: t.host_done,
+                    dma_issued: t.dma_issued,
+                    dma_done: t.dma_done,
+                })
+                .collect(),
+        });
+        (result, trace)
+    }
+
+    /// The calling thread takes steps of `task` through its lane, if no other caller holds
+    /// the lane; otherwise it leaves them to the workers.
+    fn take_steps(&self, task: &Task) {
+        let Ok(lane) = self.caller.try_lock() else {
+            return;
+        };
+        let Some(res) = lane.as_ref() else {
+            return;
+        };
+        // SAFETY: the engine's context outlives the engine (`start`'s contract).
+        let Ok(_pushed) = (unsafe { PushedContext::push(self.ctx.0) }) else {
+            return;
+        };
+        // SAFETY: the context is pushed; the task's memory is valid while its caller (this
+        // thread) waits, which it does after this returns; the lane's chunks hold a whole
+        // step (they are as large as the workers'); and `run_task` finishes a step only
+        // once it is done with it.
+        unsafe { pipeline::run_task(res, task, 0) };
     }
 }
 
@@ -312,11 +487,24 @@ impl Drop for StagingEngine {
         for handle in self.workers.drain(..) {
             let _ = handle.join();
         }
+        let lane = self
+            .caller
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(mut lane) = lane {
+            // SAFETY: the engine's context outlives the engine; the lane was made in it
+            // and nobody uses it any more (`&mut self`).
+            if let Ok(_pushed) = unsafe { PushedContext::push(self.ctx.0) } {
+                lane.destroy();
+            }
+        }
     }
 }
 
 /// The next task this worker joins: the first one with steps left and room for a
-/// worker; `None` at shutdown. Tasks whose steps are all claimed leave the queue.
+/// worker; `None` at shutdown. Tasks whose steps are all claimed leave the queue. An idle
+/// worker spins for `shared.spin` before it sleeps.
 fn next_task(shared: &Shared) -> Option<Arc<Task>> {
     let mut queue = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
     loop {
@@ -332,6 +520,21 @@ fn next_task(shared: &Shared) -> Option<Arc<Task>> {
         if queue.shutdown {
             return None;
         }
+        if !shared.spin.is_zero() {
+            // Watch for a new task without the lock. `queued` changes only under the lock,
+            // so a task queued after the check below (lock held) wakes the wait.
+            let seen = shared.queued.load(Ordering::Relaxed);
+            drop(queue);
+            let until = std::time::Instant::now() + shared.spin;
+            while shared.queued.load(Ordering::Relaxed) == seen && std::time::Instant::now() < until
+            {
+                std::hint::spin_loop();
+            }
+            queue = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            if shared.queued.load(Ordering::Relaxed) != seen {
+                continue;
+            }
+        }
         queue = shared
             .cv
             .wait(queue)
@@ -339,13 +542,15 @@ fn next_task(shared: &Shared) -> Option<Arc<Task>> {
     }
 }
 
-/// A worker: make its resources, report readiness, then run tasks until shutdown.
+/// A worker (lane `lane`): make its resources, report readiness, then run tasks until
+/// shutdown.
 ///
 /// # Safety
 /// `ctx` is a live context for as long as the thread runs.
 unsafe fn worker(
     ctx: CUcontext,
     chunk_bytes: usize,
+    lane: usize,
     shared: &Shared,
     ready: &mpsc::Sender<Result<(), CuFailure>>,
 ) {
@@ -372,11 +577,11 @@ unsafe fn worker(
             // SAFETY: the context is pushed; the task's memory is valid while its caller
             // waits, which it does until every step is finished (`StagingEngine::copy`'s
             // contract), and `run_task` finishes a step only once it is done with it.
-            Ok(_pushed) => unsafe { pipeline::run_task(&res, &task) },
+            Ok(_pushed) => unsafe { pipeline::run_task(&res, &task, lane) },
             Err(f) => {
                 task.abort();
-                while task.claim().is_some() {
-                    task.finish(Err(f));
+                while let Some(step) = task.claim() {
+                    task.finish(step, Err(f));
                 }
             }
         }

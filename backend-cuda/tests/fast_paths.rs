@@ -46,12 +46,18 @@ fn staged_pageable_copies_move_the_right_bytes() {
             d2h_threads: 5,
             d2h_chunk_bytes: 128 << 10,
             min_bytes: 0,
+            ..default.plain()
+        },
+        StagingConfig {
+            adaptive: false,
+            ..StagingConfig::uniform(4, 192 << 10, 0)
         },
         StagingConfig::disabled(),
     ];
     let sizes = [1usize, 4095, 512 << 10, (1 << 20) + 1, (17 << 20) + 4097];
     for (c, &config) in configs.iter().enumerate() {
         raw.set_staging_config(config);
+        assert_eq!(raw.start_staging().unwrap(), config.enabled(), "{config:?}");
         for (s, &size) in sizes.iter().enumerate() {
             let seed = (c * 10 + s) as u32;
             // Odd host offsets (a slice 3 bytes into a vector) and device offsets.
@@ -124,6 +130,7 @@ fn batched_copies_gather_pageable_and_pinned_pieces() {
     ];
     for config in configs {
         raw.set_staging_config(config);
+        assert_eq!(raw.start_staging().unwrap(), config.enabled(), "{config:?}");
         dev.copy_from_host(&vec![0xEEu8; size], 0, None).unwrap();
         let copied = dev.copy_from_host_batch(&parts).unwrap();
         assert_eq!(copied, sources.iter().map(|s| s.len()).sum::<usize>());

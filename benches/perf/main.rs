@@ -11,8 +11,9 @@
 //! Sections, one file each: `copies` (H2D/D2H pinned and pageable, D2D at each size; from
 //! 1 MiB the host's multi-threaded memcpy, the bound of a pageable copy, and a
 //! device-to-host copy into fresh memory; on the simulator a plain host memcpy of the same
-//! size, on CUDA the driver's own pageable path), `sweep` (CUDA: staging threads x step
-//! size), `alloc` (`new_buffer` + drop with and without the caching allocator, alone and
+//! size, on CUDA the driver's own pageable path), `switches` (CUDA: the staging
+//! engine's switches side by side from 1 MiB to 256 MiB, and the timeline of one 64 MiB
+//! copy each way), `sweep` (CUDA: staging threads x step size), `alloc` (`new_buffer` + drop with and without the caching allocator, alone and
 //! beside a live allocation; on CUDA a plain `cuMemAlloc` + `cuMemFree` too),
 //! `alloc_live` (the same against 0 to 10,000 live allocations), `ipc` (first and
 //! repeated open in re-executed children; on CUDA also a raw `cuIpcOpenMemHandle` in a
@@ -48,6 +49,7 @@ mod peer;
 mod raw_driver;
 mod report;
 mod sweep;
+mod switches;
 mod timing;
 mod writer;
 
@@ -133,13 +135,18 @@ fn run() -> AnyResult<()> {
         info["staging"] = json!({
             "threads": s.threads, "chunk_bytes": s.chunk_bytes,
             "d2h_threads": s.d2h_threads, "d2h_chunk_bytes": s.d2h_chunk_bytes,
-            "min_bytes": s.min_bytes
+            "min_bytes": s.min_bytes, "adaptive": s.adaptive, "caller_steps": s.caller_steps,
+            "ramp": s.ramp, "spin_micros": s.spin_micros
         });
+        // Timed copies meet a running engine (else their first ones go unstaged while it
+        // starts in the background).
+        raw.start_staging()?;
     }
     let mut records = Records::default();
     let started = Instant::now();
-    let sections: [(&str, SectionFn); 10] = [
+    let sections: [(&str, SectionFn); 11] = [
         ("copies", copies::copies),
+        ("switches", switches::switches),
         ("sweep", sweep::sweep),
         ("alloc", alloc::alloc),
         ("alloc_live", alloc_live::alloc_live),

@@ -46,6 +46,7 @@ pub(crate) fn sweep(
                 for &c in &chunks {
                     let config = StagingConfig::uniform(t, c, 0);
                     raw.set_staging_config(config);
+                    raw.start_staging()?;
                     let label = format!("t{t}_c{}", human(c).replace(' ', ""));
                     for (op, h2d) in [("h2d", true), ("d2h", false)] {
                         let r = time_calls(1, 3, 40, Duration::from_millis(150), || {
@@ -79,6 +80,7 @@ pub(crate) fn sweep(
                 }
             }
             raw.set_staging_config(default);
+            raw.start_staging()?;
             result
         }
     }

@@ -9,7 +9,9 @@
 
 use cudabuf_core::backend::DevicePtr;
 
-use super::task::{Direction, Task};
+use std::time::Duration;
+
+use super::task::{Direction, Stamps, Step, Task};
 use crate::driver_error::CuFailure;
 
 /// What a worker's pipeline needs: two pinned chunks, asynchronous copies between them
@@ -52,33 +54,39 @@ pub(super) unsafe trait StepCopier {
     fn sync(&self) -> Result<(), CuFailure>;
 }
 
-/// Claim and run steps of `task` until none is left.
+/// Claim and run steps of `task` until none is left, as lane `lane` (0: the calling
+/// thread; `i + 1`: worker `i`; only a traced copy records it).
 ///
 /// # Safety
 /// The task's pieces are valid as `StagingEngine::copy` requires while any of its steps
 /// is unfinished, and `copier`'s chunks hold a whole step.
-pub(super) unsafe fn run_task(copier: &impl StepCopier, task: &Task) {
-    // The steps whose copies may still be in flight, per chunk.
-    let mut inflight: [Option<usize>; 2] = [None, None];
+pub(super) unsafe fn run_task(copier: &impl StepCopier, task: &Task, lane: usize) {
+    // The steps whose copies may still be in flight, per chunk, with their times.
+    let mut inflight: [Option<(Step, Stamps)>; 2] = [None, None];
     let result = match task.direction {
         // SAFETY: forwarded from this function's contract.
-        Direction::HostToDevice => unsafe { host_to_device(copier, task, &mut inflight) },
+        Direction::HostToDevice => unsafe { host_to_device(copier, task, lane, &mut inflight) },
         // SAFETY: forwarded from this function's contract.
-        Direction::DeviceToHost => unsafe { device_to_host(copier, task, &mut inflight) },
+        Direction::DeviceToHost => unsafe { device_to_host(copier, task, lane, &mut inflight) },
     };
     if let Err(failure) = result {
         task.abort();
         // Leave nothing in flight from the caller's memory (or into the chunks, which the
         // next task reuses) before its steps count as finished.
         let _ = copier.sync();
-        for _ in inflight.iter_mut().filter_map(Option::take) {
-            task.finish(Err(failure));
+        for (step, _) in inflight.iter_mut().filter_map(Option::take) {
+            task.finish(step, Err(failure));
         }
         // The steps nobody claimed yet finish without work, so that the caller returns.
-        while task.claim().is_some() {
-            task.finish(Err(failure));
+        while let Some(step) = task.claim() {
+            task.finish(step, Err(failure));
         }
     }
+}
+
+/// The time since a traced copy began (zero when it is not traced).
+fn stamp(task: &Task) -> Duration {
+    task.now().unwrap_or_default()
 }
 
 /// # Safety
@@ -86,31 +94,43 @@ pub(super) unsafe fn run_task(copier: &impl StepCopier, task: &Task) {
 unsafe fn host_to_device(
     copier: &impl StepCopier,
     task: &Task,
-    inflight: &mut [Option<usize>; 2],
+    lane: usize,
+    inflight: &mut [Option<(Step, Stamps)>; 2],
 ) -> Result<(), CuFailure> {
+    // Step `done`'s DMA has been seen done: it counts as finished.
+    let done = |(step, mut stamps): (Step, Stamps)| {
+        stamps.dma_done = stamp(task);
+        task.record(lane, step, stamps);
+        task.finish(step, Ok(()));
+    };
     let mut slot = 0;
-    while let Some(k) = task.claim_live() {
+    while let Some(step) = task.claim_live() {
+        let mut stamps = Stamps {
+            claimed: stamp(task),
+            ..Stamps::default()
+        };
         if inflight[slot].is_some() {
             // The copies of this chunk's last step read it; wait for them before refilling.
             copier.wait(slot)?;
-            if inflight[slot].take().is_some() {
-                task.finish(Ok(()));
+            if let Some(last) = inflight[slot].take() {
+                done(last);
             }
         }
-        // From here on step k counts as in flight, so that a failure below finishes it
+        // From here on the step counts as in flight, so that a failure below finishes it
         // (after the stream is idle).
-        inflight[slot] = Some(k);
+        inflight[slot] = Some((step, stamps));
         let chunk = copier.chunk(slot);
-        for (part, at) in task.parts(k) {
+        for (part, at) in task.parts(step) {
             // SAFETY: the source is `part.len` readable bytes of a caller's piece (the
             // task's contract); the chunk holds a whole step (`at + part.len <= step`), is
-            // the worker's own, and no copy reads it now (waited above). They cannot
-            // overlap: the chunk is pinned memory of this worker.
+            // the lane's own, and no copy reads it now (waited above). They cannot
+            // overlap: the chunk is pinned memory of this lane.
             unsafe {
                 std::ptr::copy_nonoverlapping(part.host as *const u8, chunk.add(at), part.len)
             };
         }
-        for (device, at, len) in task.dmas(k) {
+        stamps.host_done = stamp(task);
+        for (device, at, len) in task.dmas(step) {
             // SAFETY: the range lies in the chunk (inside the step) and stays untouched
             // until this slot is waited for (above, before the next refill) or the stream
             // is synchronized; the device range lies in a live allocation (the task's
@@ -118,11 +138,22 @@ unsafe fn host_to_device(
             unsafe { copier.to_device(device, chunk.add(at), len)? };
         }
         copier.record(slot)?;
+        stamps.dma_issued = stamp(task);
+        inflight[slot] = Some((step, stamps));
         slot ^= 1;
     }
+    // A traced copy sees the older step's DMA done on its own (one more driver call).
+    if task.now().is_some() && inflight[slot].is_some() {
+        copier.wait(slot)?;
+        if let Some(older) = inflight[slot].take() {
+            done(older);
+        }
+    }
     copier.sync()?;
-    for _ in inflight.iter_mut().filter_map(Option::take) {
-        task.finish(Ok(()));
+    for last in [slot, slot ^ 1] {
+        if let Some(step) = inflight[last].take() {
+            done(step);
+        }
     }
     Ok(())
 }
@@ -132,12 +163,13 @@ unsafe fn host_to_device(
 unsafe fn device_to_host(
     copier: &impl StepCopier,
     task: &Task,
-    inflight: &mut [Option<usize>; 2],
+    lane: usize,
+    inflight: &mut [Option<(Step, Stamps)>; 2],
 ) -> Result<(), CuFailure> {
-    // Start the DMAs of step `k` into chunk `slot`.
-    let issue = |k: usize, slot: usize| -> Result<(), CuFailure> {
+    // Start the DMAs of `step` into chunk `slot`.
+    let issue = |step: Step, slot: usize| -> Result<(), CuFailure> {
         let chunk = copier.chunk(slot);
-        for (device, at, len) in task.dmas(k) {
+        for (device, at, len) in task.dmas(step) {
             // SAFETY: the range lies in the chunk (inside the step), which no one reads
             // or writes until the event recorded next is waited for (the CPU copy out of
             // its previous step finished before this call); the device range lies in a
@@ -146,29 +178,44 @@ unsafe fn device_to_host(
         }
         copier.record(slot)
     };
-    let Some(first) = task.claim_live() else {
-        return Ok(());
-    };
+    // Claim a step and start its DMAs into chunk `slot`.
+    let start =
+        |slot: usize, inflight: &mut [Option<(Step, Stamps)>; 2]| -> Result<(), CuFailure> {
+            if let Some(step) = task.claim_live() {
+                let claimed = stamp(task);
+                inflight[slot] = Some((
+                    step,
+                    Stamps {
+                        claimed,
+                        ..Stamps::default()
+                    },
+                ));
+                issue(step, slot)?;
+                if let Some((_, stamps)) = &mut inflight[slot] {
+                    stamps.dma_issued = stamp(task);
+                }
+            }
+            Ok(())
+        };
     let mut slot = 0;
-    inflight[slot] = Some(first);
-    issue(first, slot)?;
-    while let Some(k) = inflight[slot] {
+    start(slot, inflight)?;
+    while let Some((step, mut stamps)) = inflight[slot] {
         // The next step's DMAs run while this one is copied out.
-        if let Some(next) = task.claim_live() {
-            inflight[slot ^ 1] = Some(next);
-            issue(next, slot ^ 1)?;
-        }
+        start(slot ^ 1, inflight)?;
         copier.wait(slot)?;
+        stamps.dma_done = stamp(task);
         let chunk = copier.chunk(slot);
-        for (part, at) in task.parts(k) {
-            // SAFETY: the chunk holds step k's bytes (its DMAs are done, waited above);
+        for (part, at) in task.parts(step) {
+            // SAFETY: the chunk holds the step's bytes (its DMAs are done, waited above);
             // the part is `part.len` writable bytes of a caller's piece that only this
-            // worker writes (steps are disjoint and the pieces' host ranges do not
-            // overlap: the task's contract); chunk and destination do not overlap.
+            // lane writes (steps are disjoint and the pieces' host ranges do not overlap:
+            // the task's contract); chunk and destination do not overlap.
             unsafe { std::ptr::copy_nonoverlapping(chunk.add(at), part.host as *mut u8, part.len) };
         }
+        stamps.host_done = stamp(task);
         inflight[slot] = None;
-        task.finish(Ok(()));
+        task.record(lane, step, stamps);
+        task.finish(step, Ok(()));
         slot ^= 1;
     }
     Ok(())
@@ -182,7 +229,7 @@ mod tests {
     use cudarc::driver::sys::CUresult;
 
     use super::*;
-    use crate::staging::task::Piece;
+    use crate::staging::task::{Cut, Piece};
 
     /// A copy started on the fake stream: runs when a wait or sync reaches it.
     enum Op {
@@ -331,7 +378,7 @@ mod tests {
                     let copier = LateCopier::new(chunk, fail_at);
                     // SAFETY: the pieces are test buffers alive for the whole scope; the
                     // chunks hold `chunk` >= the step bytes.
-                    unsafe { run_task(&copier, &task) };
+                    unsafe { run_task(&copier, &task, 1) };
                 });
             }
             task.wait()
@@ -343,7 +390,16 @@ mod tests {
     #[test]
     fn every_byte_lands_both_ways_on_several_workers() {
         let total: usize = SIZES.iter().map(|s| s + 3).sum();
-        for (workers, max_step) in [(1, 4096), (3, 64 << 10), (4, 1 << 20)] {
+        let copied: usize = SIZES.iter().sum();
+        let runs = [(1, 4096, false), (3, 64 << 10, false), (4, 1 << 20, false)];
+        let ramped = [(1, 4096, true), (3, 64 << 10, true), (5, 256 << 10, true)];
+        for (i, (workers, max_step, ramp)) in runs.into_iter().chain(ramped).enumerate() {
+            let cut = Cut {
+                workers,
+                max_step,
+                ramp,
+            };
+            let traced = i % 2 == 0;
             let source = pattern(total, workers);
             let mut device = vec![0u8; total];
             let task = Task::new(
@@ -353,21 +409,24 @@ mod tests {
                     device.as_mut_ptr() as usize,
                     &SIZES,
                 ),
-                workers,
-                max_step,
+                cut,
+                traced,
             )
             .unwrap();
             let task = Arc::new(task);
             run_on_threads(&task, workers, max_step, None).unwrap();
+            check_trace(&task, traced, copied);
             let mut back = vec![0u8; total];
             let task = Task::new(
                 Direction::DeviceToHost,
                 pieces(back.as_mut_ptr() as usize, device.as_ptr() as usize, &SIZES),
-                workers,
-                max_step,
+                cut,
+                traced,
             )
             .unwrap();
-            run_on_threads(&Arc::new(task), workers, max_step, None).unwrap();
+            let task = Arc::new(task);
+            run_on_threads(&task, workers, max_step, None).unwrap();
+            check_trace(&task, traced, copied);
             let mut at = 0;
             for len in SIZES {
                 assert_eq!(device[at..at + len], source[at..at + len], "to the device");
@@ -378,6 +437,30 @@ mod tests {
         }
     }
 
+    /// A traced task recorded every step once, each with its times in order; an untraced
+    /// one recorded nothing.
+    fn check_trace(task: &Task, traced: bool, total: usize) {
+        let steps = task.take_trace();
+        if !traced {
+            assert!(steps.is_empty());
+            return;
+        }
+        let mut at = 0;
+        for (lane, step, t) in steps {
+            assert_eq!((lane, step.offset), (1, at));
+            at += step.len;
+            assert!(
+                t.claimed <= t.dma_issued && t.dma_issued <= t.dma_done,
+                "{t:?}"
+            );
+            match task.direction {
+                Direction::HostToDevice => assert!(t.host_done <= t.dma_issued, "{t:?}"),
+                Direction::DeviceToHost => assert!(t.dma_done <= t.host_done, "{t:?}"),
+            }
+        }
+        assert_eq!(at, total);
+    }
+
     #[test]
     fn a_failed_copy_finishes_every_step_with_the_failure() {
         let total: usize = SIZES.iter().map(|s| s + 3).sum();
@@ -385,11 +468,16 @@ mod tests {
             for fail_at in [1, 2, 5] {
                 let mut a = pattern(total, 1);
                 let mut b = vec![0u8; total];
+                let cut = Cut {
+                    workers: 3,
+                    max_step: 4096,
+                    ramp: fail_at == 2,
+                };
                 let task = Task::new(
                     direction,
                     pieces(a.as_mut_ptr() as usize, b.as_mut_ptr() as usize, &SIZES),
-                    3,
-                    4096,
+                    cut,
+                    fail_at == 5,
                 )
                 .unwrap();
                 let err = run_on_threads(&Arc::new(task), 3, 4096, Some(fail_at)).unwrap_err();

@@ -16,6 +16,11 @@ pub(super) struct WorkerResources {
     chunks: [*mut u8; 2],
 }
 
+// SAFETY: the stream, events and pinned chunks are driver handles and memory usable from
+// any thread with the context pushed (every user pushes it); one thread at a time uses a
+// lane (a worker owns its own; the caller's lane is behind a mutex).
+unsafe impl Send for WorkerResources {}
+
 impl WorkerResources {
     /// Create them with `ctx` pushed.
     pub(super) fn create(chunk_bytes: usize) -> Result<Self, CuFailure> {

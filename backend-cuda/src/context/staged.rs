@@ -1,0 +1,299 @@
+//! A context's staging state: its [`StagingConfig`], its staging engine (started in the
+//! background on the first copy that would use it), adaptive staging's [`Chooser`], and
+//! the traced copy a caller asked for. The engine itself is `crate::staging`.
+
+use std::sync::{Arc, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use cudabuf_core::Result;
+
+use super::{CuContext, CudaDriverContext, BATCH_STAGED_PIECES};
+use crate::current::PushedContext;
+use crate::driver_error::CuFailure;
+use crate::staging::{Chooser, Direction, StagingConfig, StagingEngine, StagingTrace};
+
+/// The staging state of a context.
+#[derive(Debug)]
+pub(super) struct Staging {
+    config: StagingConfig,
+    /// Running once started; `None` also after a failed start (then `failed` is set and
+    /// copies go to the driver unstaged).
+    engine: Option<Arc<StagingEngine>>,
+    /// A start in progress on a thread of its own.
+    starting: Option<JoinHandle<std::result::Result<StagingEngine, CuFailure>>>,
+    failed: bool,
+    chooser: Chooser,
+    /// The next staged copy records its timeline.
+    trace_requested: bool,
+    /// The last traced copy's timeline, until taken.
+    trace: Option<StagingTrace>,
+}
+
+impl Staging {
+    pub(super) fn new(config: StagingConfig) -> Self {
+        Staging {
+            config,
+            engine: None,
+            starting: None,
+            failed: false,
+            chooser: Chooser::default(),
+            trace_requested: false,
+            trace: None,
+        }
+    }
+
+    /// Stop the engine (its workers free their streams and pinned chunks), waiting for a
+    /// start in progress first: afterwards nothing of the engine uses the context.
+    pub(super) fn stop(&mut self) {
+        if let Some(starting) = self.starting.take() {
+            let _ = starting.join();
+        }
+        self.engine = None;
+    }
+
+    /// Install the engine a finished background start made (or note its failure).
+    fn collect_start(&mut self) {
+        if !self.starting.as_ref().is_some_and(JoinHandle::is_finished) {
+            return;
+        }
+        if let Some(starting) = self.starting.take() {
+            self.install(starting.join());
+        }
+    }
+
+    fn install(
+        &mut self,
+        started: std::thread::Result<std::result::Result<StagingEngine, CuFailure>>,
+    ) {
+        match started {
+            Ok(Ok(engine)) => self.engine = Some(Arc::new(engine)),
+            Ok(Err(failure)) => {
+                log::warn!(
+                    "staging pageable copies is off for this context: {}",
+                    failure.reason()
+                );
+                self.failed = true;
+            }
+            Err(_) => {
+                log::warn!("staging pageable copies is off for this context: its start panicked");
+                self.failed = true;
+            }
+        }
+    }
+}
+
+/// How one copy goes.
+pub(super) struct Plan {
+    /// Staged through this engine; else the driver's own copy.
+    pub(super) engine: Option<Arc<StagingEngine>>,
+    /// Adaptive staging chose the path: the copy's time is learned, from this moment.
+    timed: Option<Instant>,
+    /// The copy records its timeline.
+    pub(super) traced: bool,
+}
+
+impl CudaDriverContext {
+    /// How pageable copies are staged now.
+    pub fn staging_config(&self) -> StagingConfig {
+        self.lock_staging().config
+    }
+
+    /// Change how pageable copies are staged ([`StagingConfig::disabled`] turns staging
+    /// off). The worker threads and pinned chunks of the old setting are freed once no
+    /// copy uses them; the new ones are made in the background from the next copy that
+    /// would be staged (or at once by [`start_staging`](Self::start_staging)), and what
+    /// adaptive staging learnt starts over.
+    pub fn set_staging_config(&self, config: StagingConfig) {
+        let (engine, starting) = {
+            let mut staging = self.lock_staging();
+            let engine = staging.engine.take();
+            let starting = staging.starting.take();
+            *staging = Staging::new(config);
+            (engine, starting)
+        };
+        if let Some(starting) = starting {
+            let _ = starting.join();
+        }
+        drop(engine);
+    }
+
+    /// Start the staging engine now and wait until it runs (its worker threads started,
+    /// their pinned chunks allocated), instead of in the background on the first copy
+    /// that would use it, during which such copies go to the driver unstaged. Returns
+    /// whether it runs: `false` when staging is off, or an earlier start failed.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`](cudabuf_core::Error::Cuda) when the engine cannot start (pinned
+    /// memory or a stream refused); copies then go to the driver unstaged.
+    pub fn start_staging(&self) -> Result<bool> {
+        let mut staging = self.lock_staging();
+        if !staging.config.enabled() || staging.failed {
+            return Ok(false);
+        }
+        if staging.engine.is_some() {
+            return Ok(true);
+        }
+        if let Some(starting) = staging.starting.take() {
+            let started = starting.join();
+            staging.install(started);
+            return Ok(staging.engine.is_some());
+        }
+        // SAFETY: `self.ctx` is live while `self` is, and the engine is dropped (its
+        // workers joined) before the context is released (`Drop` stops it first).
+        match unsafe { StagingEngine::start(self.ctx.0, staging.config) } {
+            Ok(engine) => {
+                staging.engine = Some(Arc::new(engine));
+                Ok(true)
+            }
+            Err(failure) => {
+                let error = self.fail(failure);
+                staging.install(Ok(Err(failure)));
+                Err(error)
+            }
+        }
+    }
+
+    /// Record the timeline of the next staged copy on this context (through
+    /// [`take_staging_trace`](Self::take_staging_trace)): which lane took each step and
+    /// when each was claimed, filled or copied out, sent and seen done. A diagnostic of
+    /// where a copy's time goes; it costs a clock read per event and one driver call.
+    ///
+    /// ```no_run
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// use cudabuf_core::backend::RawContext;
+    /// use cudabuf_cuda::CudaBackend;
+    ///
+    /// let cuda = CudaBackend::new()?;
+    /// let raw = cuda.cuda_device(0)?.primary_driver_context()?;
+    /// raw.start_staging()?;
+    /// let data = vec![7u8; 64 << 20];
+    /// let dst = raw.allocate(data.len())?;
+    /// raw.trace_next_staged_copy();
+    /// // SAFETY: `dst` is a live allocation of `data.len()` bytes on this context.
+    /// unsafe { raw.copy_host_to_device(dst, &data)? };
+    /// if let Some(trace) = raw.take_staging_trace() {
+    ///     println!("{} steps in {:?}", trace.steps.len(), trace.elapsed);
+    /// }
+    /// // SAFETY: `dst` came from `allocate` on this context and is freed once.
+    /// unsafe { raw.free(dst)? };
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn trace_next_staged_copy(&self) {
+        self.lock_staging().trace_requested = true;
+    }
+
+    /// The timeline of the last traced copy, once ([`trace_next_staged_copy`](Self::trace_next_staged_copy)).
+    pub fn take_staging_trace(&self) -> Option<StagingTrace> {
+        self.lock_staging().trace.take()
+    }
+
+    fn lock_staging(&self) -> std::sync::MutexGuard<'_, Staging> {
+        self.staging.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a copy of `len` bytes in `pieces` pieces may be staged (if its memory is
+    /// pageable): staging is on, and the copy is large enough or has many pieces (which the
+    /// engine gathers, instead of one synchronous driver copy each).
+    pub(super) fn stages(&self, len: usize, pieces: usize) -> bool {
+        let staging = self.lock_staging();
+        staging.config.enabled()
+            && !staging.failed
+            && (len >= staging.config.min_bytes || pieces >= BATCH_STAGED_PIECES)
+    }
+
+    /// The running engine, or `None` while it starts: a start is begun in the background
+    /// if none runs (a copy never waits for the workers' pinned chunks).
+    pub(super) fn engine_or_start(&self) -> Option<Arc<StagingEngine>> {
+        let mut staging = self.lock_staging();
+        self.engine_locked(&mut staging, true)
+    }
+
+    fn engine_locked(&self, staging: &mut Staging, start: bool) -> Option<Arc<StagingEngine>> {
+        if !staging.config.enabled() || staging.failed {
+            return None;
+        }
+        staging.collect_start();
+        if staging.engine.is_none() && staging.starting.is_none() && !staging.failed && start {
+            let ctx: CuContext = self.ctx;
+            let config = staging.config;
+            let spawned = std::thread::Builder::new()
+                .name("cudabuf-staging-start".into())
+                .spawn(move || {
+                    let ctx = ctx;
+                    // SAFETY: the context is live until its wrapper drops, whose `Drop`
+                    // (and `set_staging_config`) joins this thread first and drops the
+                    // engine before the context is released.
+                    unsafe { StagingEngine::start(ctx.0, config) }
+                });
+            match spawned {
+                Ok(handle) => staging.starting = Some(handle),
+                Err(e) => log::warn!("staging engine not started: no thread ({e})"),
+            }
+        }
+        staging.engine.clone()
+    }
+
+    /// How a single copy of `len` bytes from or to host memory at `host` goes: staged if
+    /// staging is on, the copy is large enough, the memory is pageable, the engine runs
+    /// (else it is started in the background, if `start_engine`) and, below
+    /// [`ADAPTIVE_BELOW`](crate::staging::ADAPTIVE_BELOW), adaptive staging picks it.
+    pub(super) fn plan(
+        &self,
+        pushed: &PushedContext,
+        direction: Direction,
+        host: *const u8,
+        len: usize,
+        start_engine: bool,
+    ) -> Plan {
+        let direct = Plan {
+            engine: None,
+            timed: None,
+            traced: false,
+        };
+        if !self.stages(len, 1) || !self.is_pageable(pushed, host) {
+            return direct;
+        }
+        let mut staging = self.lock_staging();
+        let Some(engine) = self.engine_locked(&mut staging, start_engine) else {
+            return direct;
+        };
+        let timed = staging.config.adaptive && len < crate::staging::ADAPTIVE_BELOW;
+        if timed && !staging.chooser.stage(direction, len) {
+            return Plan {
+                engine: None,
+                timed: Some(Instant::now()),
+                traced: false,
+            };
+        }
+        let traced = std::mem::take(&mut staging.trace_requested);
+        Plan {
+            engine: Some(engine),
+            timed: timed.then(Instant::now),
+            traced,
+        }
+    }
+
+    /// After a copy that `plan` timed: learn its time (a failed copy teaches nothing).
+    pub(super) fn learn(&self, plan: &Plan, direction: Direction, len: usize, ok: bool) {
+        if let (Some(began), true) = (plan.timed, ok) {
+            let secs = began.elapsed().as_secs_f64();
+            self.lock_staging()
+                .chooser
+                .learn(direction, len, plan.engine.is_some(), secs);
+        }
+    }
+
+    /// Whether the next staged copy is traced (the request is taken).
+    pub(super) fn take_trace_request(&self) -> bool {
+        std::mem::take(&mut self.lock_staging().trace_requested)
+    }
+
+    /// Keep a traced copy's timeline for `take_staging_trace`.
+    pub(super) fn keep_trace(&self, trace: Option<StagingTrace>) {
+        if trace.is_some() {
+            self.lock_staging().trace = trace;
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! `switches` (CUDA): the staging engine's switches side by side on pageable copies of
+//! 1 MiB to 256 MiB, both ways: the driver's own copy (`direct`), the engine without the
+//! switches (`plain`: even steps, the workers alone, no spinning, always staged), each
+//! switch alone on top of it (`ramp`, `caller`, `spin`), every switch but adaptivity
+//! (`staged`), and the defaults (`default`, adaptive: staged or direct by what was faster
+//! so far). Then the timeline of one 64 MiB copy each way, plain and with every switch:
+//! when each lane claimed, filled, sent and saw each step done; its summary goes into the
+//! records and the whole timeline into `staging_trace.json` beside `--json`.
+
+use cudabuf::{Backend, Context};
+
+use crate::backend_under_test::Bench;
+use crate::options::Options;
+use crate::report::{progress, Records};
+use crate::AnyResult;
+
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+pub(crate) fn switches(
+    bench: &Bench,
+    _backend: &Backend,
+    ctx: &Context,
+    opts: &Options,
+    rec: &mut Records,
+) -> AnyResult<()> {
+    match bench {
+        Bench::Sim(_) => {
+            progress("switches: CUDA only (staging of pageable copies)");
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        Bench::Cuda(cuda) => {
+            let raw = cuda.cuda_device(0)?.primary_driver_context()?;
+            let default = raw.staging_config();
+            let result = cuda_switches(&raw, default, ctx, opts, rec);
+            raw.set_staging_config(default);
+            raw.start_staging()?;
+            result
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_switches(
+    raw: &cudabuf::cuda::CudaDriverContext,
+    default: cudabuf::cuda::StagingConfig,
+    ctx: &Context,
+    opts: &Options,
+    rec: &mut Records,
+) -> AnyResult<()> {
+    use cudabuf::cuda::StagingConfig;
+
+    use crate::report::human;
+    use crate::timing::{copy_budget, gbps, median, pattern, time_calls};
+    use crate::MIB;
+
+    let plain = default.plain();
+    let variants: [(&str, StagingConfig); 7] = [
+        ("direct", StagingConfig::disabled()),
+        ("plain", plain),
+        (
+            "ramp",
+            StagingConfig {
+                ramp: true,
+                ..plain
+            },
+        ),
+        (
+            "caller",
+            StagingConfig {
+                caller_steps: true,
+                ..plain
+            },
+        ),
+        (
+            "spin",
+            StagingConfig {
+                spin_micros: default.spin_micros.max(50),
+                ..plain
+            },
+        ),
+        (
+            "staged",
+            StagingConfig {
+                adaptive: false,
+                ..default
+            },
+        ),
+        ("default", default),
+    ];
+    let sizes: Vec<usize> = if opts.quick {
+        vec![MIB, 16 * MIB]
+    } else {
+        vec![
+            MIB,
+            2 * MIB,
+            4 * MIB,
+            8 * MIB,
+            16 * MIB,
+            64 * MIB,
+            256 * MIB,
+        ]
+    };
+    let largest = sizes.iter().copied().max().unwrap_or(MIB);
+    let d = ctx.new_buffer(largest)?;
+    let src = pattern(largest);
+    let mut dst = vec![0u8; largest];
+    for (name, config) in variants {
+        progress(format!("switches: {name}"));
+        raw.set_staging_config(config);
+        raw.start_staging()?;
+        for &size in &sizes {
+            let (warm, min, max, budget) = copy_budget(size);
+            // Adaptive staging tries both paths over its first copies of a size: warm it.
+            let warm = warm.max(8);
+            for (op, h2d) in [("h2d", true), ("d2h", false)] {
+                let mut s = time_calls(warm, min, max, budget, || {
+                    if h2d {
+                        d.copy_from_host(&src[..size], 0, None)?;
+                    } else {
+                        d.copy_to_host_into(0, &mut dst[..size], None)?;
+                    }
+                    Ok(())
+                })?;
+                let n = s.len();
+                let v = gbps(size, median(&mut s));
+                rec.push(
+                    "switches",
+                    format!("{op}_{name}"),
+                    Some(size),
+                    v,
+                    "GB/s",
+                    n,
+                    "",
+                );
+            }
+        }
+        if dst[..largest] != src[..] {
+            return Err(format!("switches: {name}: the bytes came back wrong").into());
+        }
+        dst.fill(0);
+    }
+    // The timeline of one 64 MiB copy each way, plain and with every switch (3 copies
+    // before it, so the lanes are warm).
+    let size = (64 * MIB).min(largest);
+    let mut traces = Vec::new();
+    for (name, config) in [
+        ("plain", plain),
+        (
+            "staged",
+            StagingConfig {
+                adaptive: false,
+                ..default
+            },
+        ),
+    ] {
+        raw.set_staging_config(config);
+        raw.start_staging()?;
+        for h2d in [true, false] {
+            let copy = |dst: &mut [u8]| -> AnyResult<()> {
+                if h2d {
+                    d.copy_from_host(&src[..size], 0, None)?;
+                } else {
+                    d.copy_to_host_into(0, &mut dst[..size], None)?;
+                }
+                Ok(())
+            };
+            for _ in 0..3 {
+                copy(&mut dst)?;
+            }
+            raw.trace_next_staged_copy();
+            copy(&mut dst)?;
+            let Some(trace) = raw.take_staging_trace() else {
+                return Err(format!("switches: no timeline for the {name} copy").into());
+            };
+            let op = if h2d { "h2d" } else { "d2h" };
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            let first_dma = trace
+                .steps
+                .iter()
+                .map(|s| s.dma_issued)
+                .min()
+                .unwrap_or_default();
+            let last_done = trace
+                .steps
+                .iter()
+                .map(|s| s.dma_done.max(s.host_done))
+                .max()
+                .unwrap_or_default();
+            let lanes = {
+                let mut l: Vec<usize> = trace.steps.iter().map(|s| s.lane).collect();
+                l.sort_unstable();
+                l.dedup();
+                l.len()
+            };
+            let label = format!("{op}_{name}_{}", human(size).replace(' ', ""));
+            let note = format!("{} steps on {lanes} lanes", trace.steps.len());
+            rec.push(
+                "timeline",
+                format!("{label}_elapsed"),
+                Some(size),
+                ms(trace.elapsed),
+                "ms",
+                1,
+                note.clone(),
+            );
+            rec.push(
+                "timeline",
+                format!("{label}_first_dma"),
+                Some(size),
+                ms(first_dma),
+                "ms",
+                1,
+                note.clone(),
+            );
+            rec.push(
+                "timeline",
+                format!("{label}_last_step_done"),
+                Some(size),
+                ms(last_done),
+                "ms",
+                1,
+                note,
+            );
+            let steps: Vec<serde_json::Value> = trace
+                .steps
+                .iter()
+                .map(|s| {
+                    serde_json::json!({
+                        "lane": s.lane, "offset": s.offset, "len": s.len,
+                        "claimed_us": s.claimed.as_secs_f64() * 1e6,
+                        "host_done_us": s.host_done.as_secs_f64() * 1e6,
+                        "dma_issued_us": s.dma_issued.as_secs_f64() * 1e6,
+                        "dma_done_us": s.dma_done.as_secs_f64() * 1e6,
+                    })
+                })
+                .collect();
+            traces.push(serde_json::json!({
+                "copy": label, "host_to_device": trace.host_to_device, "bytes": trace.bytes,
+                "elapsed_us": trace.elapsed.as_secs_f64() * 1e6, "steps": steps,
+            }));
+        }
+    }
+    if let Some(json) = &opts.json {
+        let path = std::path::Path::new(json).with_file_name("staging_trace.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&traces)?)?;
+        progress(format!("switches: timelines in {}", path.display()));
+    }
+    Ok(())
+}
