@@ -31,7 +31,10 @@
 //!   streams (ordered with the legacy default stream, where every other copy runs); no
 //!   memory is pinned per call. A batch of host ranges (`copy_host_to_device_batch`,
 //!   behind `DeviceBuffer::copy_from_host_batch` and the Arrow serializer) is gathered
-//!   by the same workers as one copy.
+//!   by the same workers as one copy. The calling thread takes steps too; below
+//!   [`ADAPTIVE_BELOW`] (64 MiB) each direction and size goes staged or straight to the
+//!   driver by which was faster so far; the engine starts in the background on the first
+//!   copy that would use it ([`CudaDriverContext::start_staging`] starts it at once).
 //!   `CUDABUF_STAGING=0` (or [`CudaDriverContext::set_staging_config`]) turns it off;
 //!   [`StagingConfig`] has the other switches and the defaults, and the engine's design is
 //!   described in the module docs of `src/staging.rs`.

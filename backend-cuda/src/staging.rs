@@ -4,27 +4,49 @@
 //! The driver copies pageable memory through its own small staging buffers, one piece at a
 //! time, at 7-17 GB/s on an H200 host (pinned memory moves at about 55 GB/s). Here a pool
 //! of worker threads, each with its own stream and two pinned chunks allocated once per
-//! context, shares the copy: the copy is cut into steps of at most a chunk, and each worker
-//! claims the next unclaimed step until none is left (so a slow worker, one that meets
-//! page faults say, takes fewer steps instead of holding up the end). Each worker
-//! pipelines its steps through its two chunks: while the copy engine moves one chunk, the
-//! worker copies the other between pageable and pinned memory on the CPU. Several workers
-//! run the CPU copies in parallel, since one core's memcpy is slower than the link.
-//! Steps are multiples of 4 KiB, at least 64 KiB and at most a chunk, and a copy large
-//! enough gets at least four per worker. Only pageable memory is staged (the context asks
-//! the driver, `cuPointerGetAttribute`); pinned memory, cudabuf's or anybody's, goes to
-//! the driver as is. No memory is pinned per call.
+//! context, shares the copy: the copy is cut into steps of at most a chunk, and each lane
+//! (a worker, or the calling thread: below) claims the next unclaimed step until none is
+//! left (so a slow lane, one that meets page faults say, takes fewer steps instead of
+//! holding up the end). Each lane pipelines its steps through its two chunks: while the
+//! copy engine moves one chunk, the lane copies the other between pageable and pinned
+//! memory on the CPU. Several lanes run the CPU copies in parallel, since one core's
+//! memcpy is slower than the link. Only pageable memory is staged (the context asks the
+//! driver, `cuPointerGetAttribute`); pinned memory, cudabuf's or anybody's, goes to the
+//! driver as is. No memory is pinned per call.
+//!
+//! What a copy costs beyond its bytes, and the switches of [`StagingConfig`] that cut it:
+//! - **The hand-off.** Waking the workers takes tens of microseconds. With
+//!   `caller_steps` the calling thread takes steps itself, through a lane of its own, from
+//!   the moment the copy is queued; workers that wake later join for the rest. Idle workers
+//!   spin `spin_micros` before they sleep, so a copy that follows another soon finds them
+//!   awake.
+//! - **The fill and the drain.** A lane's first DMA waits for its first fill, and its last
+//!   fill is followed by a DMA nothing overlaps. With `ramp` the steps are cut unevenly:
+//!   the first claim of each lane is a quarter step and the second a half, the middle ones
+//!   whole (at least four per worker when the copy is big enough: multiples of 4 KiB, at
+//!   least 64 KiB, at most a chunk), and near the end each claim takes a share of what is
+//!   left (at least an eighth of a step), so that the lanes finish together after short
+//!   last DMAs. Without it every step has the same size.
+//! - **Small copies.** Below [`ADAPTIVE_BELOW`] the driver's own copy can win. With
+//!   `adaptive` the context times both paths per direction and power-of-two size class and
+//!   takes the faster (the `adaptive` module says how it keeps checking).
+//! - **The first copy.** Starting the engine pins every lane's chunks (tens of
+//!   milliseconds). The first copy that would be staged starts it on a thread of its own
+//!   and goes to the driver as is; copies are staged once it runs
+//!   (`CudaDriverContext::start_staging` starts it at once and waits).
 //!
 //! A copy is a list of pieces (host range, device range of the same length), so that
-//! several host ranges can go to the device as one copy ([`StagingEngine::copy`] with
-//! many pieces: the parts of an Arrow IPC message, the columns of a record batch): a step
-//! covers the next bytes of the pieces taken in order, and its device ranges that follow
-//! each other go as one DMA.
+//! several host ranges can go to the device as one copy (a batch of many pieces: the parts
+//! of an Arrow IPC message, the columns of a record batch): a step covers the next bytes
+//! of the pieces taken in order, and its device ranges that follow each other go as one
+//! DMA.
 //!
-//! Copies stay synchronous from the caller's view: the caller waits for every step.
-//! The workers' streams are blocking streams (created without `CU_STREAM_NON_BLOCKING`),
-//! so their copies are ordered with the context's legacy default stream, where every other
-//! copy of the backend runs.
+//! Copies stay synchronous from the caller's view: the caller returns when every step is
+//! done. The lanes' streams are blocking streams (created without
+//! `CU_STREAM_NON_BLOCKING`), so their copies are ordered with the context's legacy
+//! default stream, where every other copy of the backend runs. A copy can record its
+//! timeline ([`StagingTrace`]: who took each step, when it was claimed, filled, sent and
+//! seen done).
 //!
 //! This is the engine's one description: the crate docs' summary ("Pageable copies are
 //! staged") and docs/PERFORMANCE.md point here, and [`StagingConfig`] holds the defaults

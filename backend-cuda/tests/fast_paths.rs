@@ -82,6 +82,62 @@ fn staged_pageable_copies_move_the_right_bytes() {
 }
 
 #[test]
+fn the_engine_starts_in_the_background_and_a_copy_can_be_traced() {
+    let Some(cuda) = backend("the_engine_starts_in_the_background_and_a_copy_can_be_traced") else {
+        return;
+    };
+    let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
+    let raw = cuda
+        .cuda_device(0)
+        .unwrap()
+        .primary_driver_context()
+        .unwrap();
+    let default = raw.staging_config();
+    let ctx = Backend::new(cuda.clone()).context(0).unwrap();
+    let size = (16 << 20) + 4096 * 3 + 5;
+    let host = pattern(size, 77);
+    let dev = ctx.new_buffer(size).unwrap();
+    // A new configuration runs no engine: the first copy goes to the driver as is while
+    // the engine starts in the background.
+    raw.set_staging_config(StagingConfig {
+        adaptive: false,
+        ..default
+    });
+    dev.copy_from_host(&host, 0, None).unwrap();
+    assert!(raw.start_staging().unwrap(), "the engine runs");
+    for h2d in [true, false] {
+        raw.trace_next_staged_copy();
+        let mut back = vec![0u8; size];
+        if h2d {
+            dev.copy_from_host(&host, 0, None).unwrap();
+        } else {
+            dev.copy_to_host_into(0, &mut back, None).unwrap();
+            assert!(back == host, "the bytes came back");
+        }
+        let trace = raw
+            .take_staging_trace()
+            .expect("the traced copy's timeline");
+        assert_eq!((trace.host_to_device, trace.bytes), (h2d, size));
+        let mut at = 0;
+        for step in &trace.steps {
+            assert_eq!(step.offset, at, "the steps tile the copy: {trace:?}");
+            at += step.len;
+            assert!(
+                step.claimed <= step.dma_issued
+                    && step.dma_issued <= step.dma_done
+                    && step.dma_done.max(step.host_done) <= trace.elapsed,
+                "{step:?}"
+            );
+        }
+        assert_eq!(at, size);
+        assert!(raw.take_staging_trace().is_none(), "taken once");
+    }
+    raw.set_staging_config(StagingConfig::disabled());
+    assert!(!raw.start_staging().unwrap(), "staging off: no engine");
+    raw.set_staging_config(default);
+}
+
+#[test]
 fn batched_copies_gather_pageable_and_pinned_pieces() {
     let Some(cuda) = backend("batched_copies_gather_pageable_and_pinned_pieces") else {
         return;
