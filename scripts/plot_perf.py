@@ -3,7 +3,7 @@
 
 Reads `perf --json` (cudabuf's figures; `--ours`) and, when given, `bench_compare.py`'s
 compare.json (PyTorch's and CuPy's figures from the same run; `--peers`), and
-writes three plots into `--out`:
+writes these plots into `--out`:
 
 - `perf-<label>-bandwidth.png`: GB/s against size (4 KiB to 1 GiB) for H2D and D2H from
   pinned and from pageable memory and D2D, cudabuf beside PyTorch and CuPy (and the
@@ -15,7 +15,9 @@ writes three plots into `--out`:
   and off, a plain `cuMemAlloc` + `cuMemFree`, PyTorch's caching allocator, CuPy's pool,
   `cudaMalloc` + `cudaFree`;
 - `perf-<label>-ipc.png`: microseconds per IPC open against the number of handles open
-  in the process (0 to 10,000): first open of a new handle, open + close, repeated open.
+  in the process (0 to 10,000): first open of a new handle, open + close, repeated open;
+- `perf-<label>-ratio.png` (with `--peers`): per copy path, cudabuf against the faster of
+  PyTorch and CuPy at each size (compare.json's `curve`), with the 0.95 target.
 
 A plot whose figures are all missing is not written (and the script says so); a missing
 series is left out of its panel.
@@ -208,6 +210,30 @@ def plot_ipc(ours: list[Figure], title: str, path: str) -> bool:
     return save(fig, path, drawn)
 
 
+def plot_ratio(curve: list[dict[str, Any]], title: str, path: str) -> bool:
+    """cudabuf / the faster of PyTorch and CuPy against size, one line per copy path, with the
+    0.95 target."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    drawn = 0
+    sizes: list[float] = []
+    for path_curve in curve:
+        points = path_curve.get("points", [])
+        if not points:
+            continue
+        xs = [float(p["size"]) for p in points]
+        ax.plot(xs, [float(p["ratio"]) for p in points], marker="o", label=path_curve["op"])
+        sizes += xs
+        drawn += 1
+    if drawn:
+        ax.axhline(0.95, color="grey", linestyle="--", linewidth=1, label="0.95 (target)")
+        ax.axhline(1.0, color="black", linewidth=0.5)
+        size_axis(ax, sizes)
+        ax.set_ylabel("cudabuf / faster peer")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    return save(fig, path, drawn)
+
+
 def save(fig: Any, path: str, drawn: int) -> bool:
     if drawn == 0:
         plt.close(fig)
@@ -241,6 +267,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         plot_bandwidth(ours, torch, cupy, f"Copy bandwidth against size\n{where}", base + "-bandwidth.png"),
         plot_alloc(ours, torch, cupy, f"Allocation against live allocations\n{where}", base + "-alloc.png"),
         plot_ipc(ours, f"IPC opens against handles open\n{where}", base + "-ipc.png"),
+        plot_ratio(peers_doc.get("curve", []), f"cudabuf against the faster of PyTorch and CuPy\n{where}",
+                   base + "-ratio.png"),
     ]
     return 0 if any(written) else 1
 
