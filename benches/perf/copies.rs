@@ -197,6 +197,47 @@ pub(crate) fn copies(
                 raw.set_staging_config(staged);
                 raw.start_staging()?;
                 direct?;
+                // The plain driver's copies (the context pushed once, no checks): the
+                // bound of cudabuf's synchronous copies, in two forms.
+                let mut pinned_bytes = ctx.new_host_buffer(size)?;
+                for (what, host_is_pinned) in [("h2d", true), ("d2h", true), ("d2d", false)] {
+                    for (form, sync_form) in [("async", false), ("sync", true)] {
+                        let host: &mut [u8] = if host_is_pinned {
+                            &mut pinned_bytes
+                        } else {
+                            &mut pageable_dst
+                        };
+                        let mut s = crate::raw_driver::copy_samples(
+                            ctx,
+                            what,
+                            sync_form,
+                            &d2,
+                            &d1,
+                            host,
+                            (warm, min, max, budget),
+                        )?;
+                        let n = s.len();
+                        let bytes = if what == "d2d" { 2 * size } else { size };
+                        let note = if sync_form {
+                            "cuMemcpy* + cuStreamSynchronize, pushed once"
+                        } else {
+                            "cuMemcpy*Async(null stream) + cuStreamSynchronize, pushed once"
+                        };
+                        let op = match what {
+                            "d2d" => format!("d2d_raw_{form}"),
+                            _ => format!("{what}_pinned_raw_{form}"),
+                        };
+                        rec.push(
+                            "copies",
+                            op,
+                            Some(size),
+                            gbps(bytes, median(&mut s)),
+                            "GB/s",
+                            n,
+                            note,
+                        );
+                    }
+                }
             }
         }
         // Check that the copies moved the right bytes.

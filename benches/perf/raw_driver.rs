@@ -167,3 +167,62 @@ pub(crate) fn double_buffer_samples(
 ) -> AnyResult<Vec<f64>> {
     Err("raw driver calls need the cuda feature".into())
 }
+
+/// The plain driver's copies, the bound of cudabuf's (CUDA only): with the context pushed
+/// once for the whole measurement (cudabuf pushes and pops around every call), each copy
+/// is `cuMemcpy*Async` on the legacy default stream followed by `cuStreamSynchronize`
+/// (what a synchronous copy needs at least), or, with `sync_form`, the synchronous
+/// `cuMemcpy*` followed by the same wait (cudabuf's form). `what`: "h2d" (from `host`),
+/// "d2h" (into `host`) or "d2d" (from `src` to `dst`). Seconds per call.
+#[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy_samples(
+    ctx: &Context,
+    what: &str,
+    sync_form: bool,
+    dst: &cudabuf::DeviceBuffer,
+    src: &cudabuf::DeviceBuffer,
+    host: &mut [u8],
+    budget: (usize, usize, usize, std::time::Duration),
+) -> AnyResult<Vec<f64>> {
+    use std::ffi::c_void;
+
+    use cudabuf::cuda::cudarc::driver::sys;
+
+    let len = host.len().min(dst.size()).min(src.size());
+    let (d, s, h) = (dst.address(), src.address(), host.as_mut_ptr());
+    let cu_ctx = ctx.handle() as sys::CUcontext;
+    // SAFETY: `cu_ctx` is the handle of a live CUDA context, retained by `ctx` for this
+    // whole call; it is popped below.
+    let status = unsafe { sys::cuCtxPushCurrent_v2(cu_ctx) };
+    if status != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuCtxPushCurrent: {status:?}").into());
+    }
+    let null: sys::CUstream = std::ptr::null_mut();
+    let (warm, min, max, time) = budget;
+    let samples = crate::timing::time_calls(warm, min, max, time, || {
+        // SAFETY: a context is current; `d` and `s` are live allocations of at least `len`
+        // bytes in it (device buffers of `ctx`, alive for this call), `h` is `len`
+        // writable bytes of the caller's; each copy is waited for before the next.
+        let copied = unsafe {
+            match (what, sync_form) {
+                ("h2d", false) => sys::cuMemcpyHtoDAsync_v2(d, h.cast::<c_void>(), len, null),
+                ("h2d", true) => sys::cuMemcpyHtoD_v2(d, h.cast::<c_void>(), len),
+                ("d2h", false) => sys::cuMemcpyDtoHAsync_v2(h.cast::<c_void>(), s, len, null),
+                ("d2h", true) => sys::cuMemcpyDtoH_v2(h.cast::<c_void>(), s, len),
+                (_, false) => sys::cuMemcpyDtoDAsync_v2(d, s, len, null),
+                (_, true) => sys::cuMemcpyDtoD_v2(d, s, len),
+            }
+        };
+        // SAFETY: a context is current; the null stream is its legacy default stream.
+        let waited = unsafe { sys::cuStreamSynchronize(null) };
+        match (copied, waited) {
+            (sys::CUresult::CUDA_SUCCESS, sys::CUresult::CUDA_SUCCESS) => Ok(()),
+            (c, w) => Err(format!("raw {what} copy of {len} bytes: {c:?} / {w:?}").into()),
+        }
+    });
+    let mut popped: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    samples
+}
