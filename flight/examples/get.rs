@@ -1,5 +1,6 @@
-//! `DoGet` from any Flight server into device memory (the simulator), then back to the
-//! host into an Arrow IPC file, for checking:
+//! `DoGet` from any Flight server into device memory (the simulator, or a GPU with
+//! `CUDABUF_BACKEND=cuda` and `--features cudabuf/cuda`), then back to the host into an
+//! Arrow IPC file, for checking:
 //! `cargo run -p cudabuf-flight --example get -- URL TICKET OUT.arrow [--token T]`.
 //!
 //! Prints `BATCHES <n> ROWS <n>` and the device bytes the batches held.
@@ -20,7 +21,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let [url, ticket, out] = <[String; 3]>::try_from(positional)
         .map_err(|_| "usage: get URL TICKET OUT.arrow [--token T]")?;
 
-    let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    // The simulator unless CUDABUF_BACKEND=cuda (built with `--features cudabuf/cuda`).
+    let ctx = cudabuf::backend_from_env()?.context(0)?;
     let mut client = BlockingFlightClient::connect(&url, token.as_deref())?;
     let (schema, batches) = client.do_get(ticket.into_bytes(), &ctx)?;
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();

@@ -1,5 +1,6 @@
-//! A cudabuf Flight server on the simulator, for interop tests and trying things out:
-//! `cargo run -p cudabuf-flight --example serve -- [--port N] [--token T]`.
+//! A cudabuf Flight server, for interop tests and trying things out:
+//! `cargo run -p cudabuf-flight --example serve -- [--port N] [--token T]`, on the
+//! simulator, or on a GPU with `CUDABUF_BACKEND=cuda` (built with `--features cudabuf/cuda`).
 //!
 //! Serves two flights from device memory: `numbers` (two batches: `id` int64, `score`
 //! float64 with nulls, `name` utf8) and `empty` (its schema, no batches); `DoPut` adds
@@ -39,7 +40,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             other => return Err(format!("unknown argument {other:?}").into()),
         }
     }
-    let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    // The simulator unless CUDABUF_BACKEND=cuda (built with `--features cudabuf/cuda`).
+    let ctx = cudabuf::backend_from_env()?.context(0)?;
     let server = DeviceFlightServer::new(&ctx);
     let batches = [numbers(0, 1000), numbers(1000, 24)];
     let schema = batches[0].schema();
