@@ -124,8 +124,9 @@ impl CudaDriverContext {
     /// whether it runs: `false` when staging is off, or an earlier start failed.
     ///
     /// # Errors
-    /// [`Error::Cuda`](cudabuf_core::Error::Cuda) when the engine cannot start (pinned
-    /// memory or a stream refused); copies then go to the driver unstaged.
+    /// The driver's error ([`Error::OutOfMemory`](cudabuf_core::Error::OutOfMemory) for
+    /// pinned memory, [`Error::Driver`](cudabuf_core::Error::Driver) otherwise) when the
+    /// engine cannot start; copies then go to the driver unstaged.
     pub fn start_staging(&self) -> Result<bool> {
         let mut staging = self.lock_staging();
         if !staging.config.enabled() || staging.failed {
