@@ -15,6 +15,8 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::oneshot;
 use tonic::transport::{Channel, Endpoint};
+
+use crate::abort::{AbortSignal, Abortable};
 use tonic::Request;
 
 use crate::auth::add_bearer;
@@ -69,7 +71,7 @@ use crate::timeout::{
 /// ```
 #[derive(Debug, Clone)]
 pub struct FlightDeviceClient {
-    inner: FlightServiceClient<Channel>,
+    inner: FlightServiceClient<Abortable<Channel>>,
     token: Option<String>,
     max_message_size: usize,
     timeout: Option<Duration>,
@@ -114,7 +116,7 @@ impl FlightDeviceClient {
     /// ```
     pub fn new(channel: Channel, token: Option<&str>) -> Self {
         FlightDeviceClient {
-            inner: FlightServiceClient::new(channel),
+            inner: FlightServiceClient::new(Abortable(channel)),
             token: token.map(str::to_owned),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             timeout: Some(DEFAULT_TIMEOUT),
@@ -365,7 +367,9 @@ impl FlightDeviceClient {
     ) -> Result<Vec<PutResult>> {
         let (outgoing, failed) = Outgoing::new(descriptor, schema, batches)?;
         let mut failed = failed.fuse();
-        let request = self.request(outgoing)?;
+        let mut request = self.request(outgoing)?;
+        let abort = AbortSignal::default();
+        request.extensions_mut().insert(abort.clone());
         let inner = &mut self.inner;
         let (timeout, idle) = (self.timeout, self.idle_timeout);
         let call = async move {
@@ -381,7 +385,11 @@ impl FlightDeviceClient {
         };
         tokio::select! {
             biased;
-            Ok(e) = &mut failed => Err(e),
+            Ok(e) = &mut failed => {
+                // The server must see a reset stream, also if its answer has begun.
+                abort.abort();
+                Err(e)
+            }
             done = call => done,
         }
     }
@@ -441,10 +449,15 @@ impl FlightDeviceClient {
         let decoder = DeviceFlightDecoder::new(ctx)?.with_max_message_size(self.max_message_size);
         let (outgoing, failed) = Outgoing::new(descriptor, schema, batches)?;
         let mut failed = failed.fuse();
-        let request = self.request(outgoing)?;
+        let mut request = self.request(outgoing)?;
+        let abort = AbortSignal::default();
+        request.extensions_mut().insert(abort.clone());
         let response = tokio::select! {
             biased;
-            Ok(e) = &mut failed => return Err(e),
+            Ok(e) = &mut failed => {
+                abort.abort();
+                return Err(e);
+            }
             response = bounded("the answer to a call", self.timeout, async {
                 Ok(self.inner.do_exchange(request).await?)
             }) => response?,
@@ -457,7 +470,7 @@ impl FlightDeviceClient {
             // The upload is complete already: nothing more can fail there.
             incoming
         } else {
-            with_upload_failure(incoming, failed)
+            with_upload_failure(incoming, failed, abort)
         };
         DeviceBatchStream::start(incoming, decoder).await
     }
@@ -596,7 +609,7 @@ impl Stream for DeviceBatchStream {
 /// The request stream of a `DoPut` or `DoExchange`: the encoded batches, as tonic takes
 /// them (a stream of messages, without errors). On the first error the error goes to
 /// the call (through `failed`) and the stream never ends, so that the peer never sees a
-/// complete stream: the call, dropped on that error, resets it.
+/// complete stream: the call resets it (`abort.rs`).
 struct Outgoing {
     inner: BoxStream<'static, Result<FlightData>>,
     failed: Option<oneshot::Sender<FlightError>>,
@@ -663,13 +676,21 @@ impl Stream for Outgoing {
     }
 }
 
-/// `incoming`, with the upload's error (from `failed`) as an item as soon as it comes.
+/// `incoming`, with the upload's error (from `failed`) as an item as soon as it comes;
+/// the error also resets the call's stream (`abort`).
 fn with_upload_failure(
     incoming: BoxStream<'static, Result<FlightData>>,
     failed: Fuse<oneshot::Receiver<FlightError>>,
+    abort: AbortSignal,
 ) -> BoxStream<'static, Result<FlightData>> {
-    let failure =
-        futures::stream::once(failed).filter_map(|sent| async move { sent.ok().map(Err) });
+    let failure = futures::stream::once(failed).filter_map(move |sent| {
+        let abort = abort.clone();
+        async move {
+            let e = sent.ok()?;
+            abort.abort();
+            Some(Err(e))
+        }
+    });
     futures::stream::select(incoming, failure).boxed()
 }
 

@@ -43,6 +43,7 @@
 //!
 //! See [`FlightDeviceClient`] for a complete round trip.
 
+mod abort;
 mod auth;
 mod client;
 mod compressed;
