@@ -40,7 +40,7 @@ pub use peer::{peer_access_allowed, PEER_ACCESS_VAR};
 
 /// A raw `CUcontext` that may be used from any thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct CuContext(CUcontext);
+pub(crate) struct CuContext(pub(crate) CUcontext);
 
 // SAFETY: a `CUcontext` is a driver handle, not thread-bound data: the driver API is
 // thread safe and a context may be made current on any thread (which is what every use

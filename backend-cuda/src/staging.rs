@@ -58,7 +58,6 @@ mod task;
 mod worker_resources;
 
 use std::collections::VecDeque;
-use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
@@ -68,6 +67,7 @@ use std::time::Duration;
 use cudabuf_core::parse_size;
 use cudarc::driver::sys::{self, CUcontext};
 
+use crate::context::CuContext;
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
 pub(crate) use adaptive::Chooser;
@@ -264,24 +264,6 @@ struct Shared {
     spin: Duration,
 }
 
-/// A raw pointer or handle that crosses threads. Every use documents why that is sound.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut c_void);
-// SAFETY: only driver handles (contexts, streams, events) and pinned allocations owned by
-// one worker cross threads in this wrapper; the driver API is thread safe and each
-// worker is the only user of its own resources.
-unsafe impl Send for SendPtr {}
-
-/// The engine's context handle, usable from any thread.
-#[derive(Debug, Clone, Copy)]
-struct EngineContext(CUcontext);
-// SAFETY: a `CUcontext` is a driver handle, not thread-bound data: the driver API is
-// thread safe, and the engine only ever pushes it (`PushedContext`) on the thread that
-// uses it.
-unsafe impl Send for EngineContext {}
-// SAFETY: as for `Send`; the handle is never mutated.
-unsafe impl Sync for EngineContext {}
-
 /// One step of a traced staged copy ([`StagingTrace`]). Times count from the moment the
 /// copy was handed to the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -325,7 +307,7 @@ pub struct StagingTrace {
 /// resources.
 pub(crate) struct StagingEngine {
     config: StagingConfig,
-    ctx: EngineContext,
+    ctx: CuContext,
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     /// The lane of a calling thread that takes steps itself (`caller_steps`); one caller
@@ -361,7 +343,7 @@ impl StagingEngine {
         });
         let mut engine = StagingEngine {
             config,
-            ctx: EngineContext(ctx),
+            ctx: CuContext(ctx),
             shared: Arc::clone(&shared),
             workers: Vec::new(),
             caller: Mutex::new(None),
@@ -380,7 +362,7 @@ impl StagingEngine {
         for i in 0..config.workers() {
             let shared = Arc::clone(&shared);
             let ready = ready_tx.clone();
-            let ctx = SendPtr(ctx.cast());
+            let ctx = CuContext(ctx);
             let chunk = config.chunk_size();
             let spawned = std::thread::Builder::new()
                 .name(format!("cudabuf-staging-{i}"))
@@ -388,7 +370,7 @@ impl StagingEngine {
                     let ctx = ctx;
                     // SAFETY: the caller of `start` guarantees the context outlives the
                     // engine, and the engine joins this thread before it goes.
-                    unsafe { worker(ctx.0.cast(), chunk, i + 1, &shared, &ready) }
+                    unsafe { worker(ctx.0, chunk, i + 1, &shared, &ready) }
                 });
             match spawned {
                 Ok(handle) => engine.workers.push(handle),
