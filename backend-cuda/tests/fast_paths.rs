@@ -12,13 +12,24 @@
 //! `CUDABUF_REQUIRE_CUDA=1`, which makes a missing driver a failure.
 
 use std::io::Write;
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
-use cudabuf_core::{Backend, BufferWriter, ErrorKind};
-use cudabuf_cuda::StagingConfig;
+use cudabuf_core::{Backend, BufferWriter, Context, ErrorKind};
+use cudabuf_cuda::{CudaBackend, CudaDriverContext, StagingConfig};
 
 mod common;
 use common::{backend, pattern};
+
+/// Device 0's primary context, raw (for its staging settings) and as a `Context`.
+fn primary(cuda: &CudaBackend) -> (Arc<CudaDriverContext>, Context) {
+    let raw = cuda
+        .cuda_device(0)
+        .unwrap()
+        .primary_driver_context()
+        .unwrap();
+    let ctx = Backend::new(cuda.clone()).context(0).unwrap();
+    (raw, ctx)
+}
 
 /// Keeps the caching allocator's test apart from the others (see the module doc).
 static ALLOCATOR: RwLock<()> = RwLock::new(());
@@ -29,13 +40,8 @@ fn staged_pageable_copies_move_the_right_bytes() {
         return;
     };
     let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
-    let raw = cuda
-        .cuda_device(0)
-        .unwrap()
-        .primary_driver_context()
-        .unwrap();
+    let (raw, ctx) = primary(&cuda);
     let default = raw.staging_config();
-    let ctx = Backend::new(cuda.clone()).context(0).unwrap();
     let configs = [
         default,
         StagingConfig::uniform(3, 256 << 10, 0),
@@ -87,13 +93,8 @@ fn the_engine_starts_in_the_background_and_a_copy_can_be_traced() {
         return;
     };
     let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
-    let raw = cuda
-        .cuda_device(0)
-        .unwrap()
-        .primary_driver_context()
-        .unwrap();
+    let (raw, ctx) = primary(&cuda);
     let default = raw.staging_config();
-    let ctx = Backend::new(cuda.clone()).context(0).unwrap();
     let size = (16 << 20) + 4096 * 3 + 5;
     let host = pattern(size, 77);
     let dev = ctx.new_buffer(size).unwrap();
@@ -143,13 +144,8 @@ fn batched_copies_gather_pageable_and_pinned_pieces() {
         return;
     };
     let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
-    let raw = cuda
-        .cuda_device(0)
-        .unwrap()
-        .primary_driver_context()
-        .unwrap();
+    let (raw, ctx) = primary(&cuda);
     let default = raw.staging_config();
-    let ctx = Backend::new(cuda.clone()).context(0).unwrap();
     // A large pinned piece (copied by the driver directly), and pageable pieces of every
     // size: single bytes, hundreds of small ones (an Arrow message's metadata and
     // padding), some across chunk boundaries, one of several chunks.
@@ -204,12 +200,7 @@ fn staged_copies_are_ordered_with_the_default_stream() {
         return;
     };
     let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
-    let raw = cuda
-        .cuda_device(0)
-        .unwrap()
-        .primary_driver_context()
-        .unwrap();
-    let ctx = Backend::new(cuda.clone()).context(0).unwrap();
+    let (raw, ctx) = primary(&cuda);
     let size = 8 << 20;
     let dev = ctx.new_buffer(size).unwrap();
     let mut pinned = ctx.new_host_buffer(size).unwrap();
