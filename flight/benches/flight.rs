@@ -30,15 +30,16 @@
 //! and the host client's DoPut, one pass per size: 2M by default; the device server and
 //! `FlightDeviceClient::do_put` encode with cudabuf-flight's fixed 2 MiB),
 //! `--stream-window BYTES` and `--conn-window BYTES` (HTTP/2 `initial_stream_window_size`
-//! and `initial_connection_window_size`; tonic's defaults when absent) and `--adaptive`
-//! (`http2_adaptive_window`).
+//! and `initial_connection_window_size`; cudabuf-flight's defaults when absent,
+//! `DEFAULT_STREAM_WINDOW` and `DEFAULT_CONNECTION_WINDOW`), `--tonic-windows` (neither
+//! set: tonic's and hyper's defaults) and `--adaptive` (`http2_adaptive_window`).
 //!
 //! ```text
 //! cargo bench -p cudabuf-flight --bench flight -- --total 64M --rows 128K --streams 1,4
 //! CUDABUF_BACKEND=cuda cargo bench -p cudabuf-flight --features cudabuf/cuda --bench flight -- \
 //!     --streams 1,4,16 --message-sizes 2M,16M,64M --json flight.json
 //! flight [--total 1G] [--rows 1M] [--streams 1,4,16] [--reps N] [--message-sizes 2M,16M]
-//!        [--stream-window B] [--conn-window B] [--adaptive] [--json PATH]
+//!        [--stream-window B] [--conn-window B] [--tonic-windows] [--adaptive] [--json PATH]
 //! flight --serve-only PORT [--total ..] [--rows ..] [--message-sizes M]
 //! ```
 //!
@@ -125,8 +126,8 @@ fn parse_options() -> AnyResult<Options> {
         streams: vec![1, 4, 16],
         reps: 5,
         message_sizes: vec![2 * MIB],
-        stream_window: None,
-        conn_window: None,
+        stream_window: Some(cudabuf_flight::DEFAULT_STREAM_WINDOW),
+        conn_window: Some(cudabuf_flight::DEFAULT_CONNECTION_WINDOW),
         adaptive: false,
         json: None,
         serve_only: None,
@@ -142,6 +143,7 @@ fn parse_options() -> AnyResult<Options> {
             "--message-sizes" => o.message_sizes = parse_list(&value()?, parse_size)?,
             "--stream-window" => o.stream_window = Some(parse_window(&value()?)?),
             "--conn-window" => o.conn_window = Some(parse_window(&value()?)?),
+            "--tonic-windows" => (o.stream_window, o.conn_window) = (None, None),
             "--adaptive" => o.adaptive = true,
             "--json" => o.json = Some(PathBuf::from(value()?)),
             "--serve-only" => o.serve_only = Some(value()?.parse()?),
@@ -347,7 +349,9 @@ impl Serving {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let port = listener.local_addr()?.port();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        // TCP_NODELAY, as `DeviceFlightServer::serve` sets it.
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
             stopped.await.ok();
         }));

@@ -83,6 +83,9 @@ impl FlightDeviceClient {
     /// limit [`DEFAULT_MAX_MESSAGE_SIZE`] and the default timeouts: the connection within
     /// [`DEFAULT_CONNECT_TIMEOUT`], then [`DEFAULT_TIMEOUT`] and [`DEFAULT_IDLE_TIMEOUT`]
     /// ([`with_timeout`](Self::with_timeout), [`with_idle_timeout`](Self::with_idle_timeout)).
+    /// The connection's HTTP/2 receive windows are
+    /// [`DEFAULT_STREAM_WINDOW`](crate::DEFAULT_STREAM_WINDOW) per call and
+    /// [`DEFAULT_CONNECTION_WINDOW`](crate::DEFAULT_CONNECTION_WINDOW) in all.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

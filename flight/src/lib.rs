@@ -64,7 +64,7 @@ pub use client::{BlockingFlightClient, DeviceBatchStream, FlightDeviceClient};
 pub use decode::{DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
 pub use encode::encode_device_batches;
 pub use error::{FlightError, Result};
-pub use limits::ServerLimits;
+pub use limits::{ServerLimits, DEFAULT_CONNECTION_WINDOW, DEFAULT_STREAM_WINDOW};
 pub use server::{DeviceFlight, DeviceFlightServer};
 pub use timeout::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT};
 #[cfg(feature = "tls")]

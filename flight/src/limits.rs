@@ -11,6 +11,19 @@ use crate::error::FlightError;
 use crate::server::DeviceFlightServer;
 use crate::timeout::DEFAULT_IDLE_TIMEOUT;
 
+/// The HTTP/2 flow-control window of each call (stream) that [`ServerLimits`] gives a
+/// server and [`FlightDeviceClient::connect`](crate::FlightDeviceClient::connect) gives a
+/// client by default: 8 MiB, how many bytes of a call a peer may send before the receiver
+/// has read them. One call moves at most a window per round trip: 8 GB/s at 1 ms, where
+/// hyper's own 1 MiB (server) and 2 MiB (client) windows allow 1 and 2 GB/s
+/// (docs/HOSTS.md).
+pub const DEFAULT_STREAM_WINDOW: u32 = 8 << 20;
+
+/// The HTTP/2 flow-control window of each connection set by default (see
+/// [`DEFAULT_STREAM_WINDOW`]): 32 MiB, the most bytes all the calls of one connection may
+/// have sent and not yet had read.
+pub const DEFAULT_CONNECTION_WINDOW: u32 = 32 << 20;
+
 /// The bounds a [`DeviceFlightServer`] puts on its clients, beyond the message size limit
 /// ([`DeviceFlightServer::max_message_size`]). Set them with
 /// [`DeviceFlightServer::with_limits`]; [`serve`](DeviceFlightServer::serve) and
@@ -26,6 +39,7 @@ use crate::timeout::DEFAULT_IDLE_TIMEOUT;
 /// assert_eq!(limits.idle_timeout, Some(Duration::from_secs(60)));
 /// limits.idle_timeout = Some(Duration::from_secs(5));
 /// limits.max_concurrent_streams = Some(16);
+/// assert_eq!(limits.http2_stream_window, Some(cudabuf_flight::DEFAULT_STREAM_WINDOW));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -48,6 +62,15 @@ pub struct ServerLimits {
     /// How long a TLS handshake may take (`serve_tls` only): a client that connects and
     /// goes silent is dropped after it. Default 10 s.
     pub tls_handshake_timeout: Duration,
+    /// The HTTP/2 receive window of each call: how many bytes of a `DoPut` a client may
+    /// send before the server has read them. Default [`DEFAULT_STREAM_WINDOW`] (8 MiB);
+    /// `None` leaves hyper's default (1 MiB).
+    pub http2_stream_window: Option<u32>,
+    /// The HTTP/2 receive window of each connection: the most bytes all its calls may have
+    /// sent unread, so at most this much memory per connection beyond the messages being
+    /// decoded. Default [`DEFAULT_CONNECTION_WINDOW`] (32 MiB); `None` leaves hyper's default
+    /// (1 MiB).
+    pub http2_connection_window: Option<u32>,
 }
 
 impl Default for ServerLimits {
@@ -58,13 +81,18 @@ impl Default for ServerLimits {
             http2_keepalive_timeout: Duration::from_secs(20),
             max_concurrent_streams: Some(100),
             tls_handshake_timeout: Duration::from_secs(10),
+            http2_stream_window: Some(DEFAULT_STREAM_WINDOW),
+            http2_connection_window: Some(DEFAULT_CONNECTION_WINDOW),
         }
     }
 }
 
 impl ServerLimits {
-    /// `server` with these limits' HTTP/2 settings (keepalive, concurrent streams): what
-    /// [`DeviceFlightServer::serve`] starts from, for a router of your own.
+    /// `server` with these limits' HTTP/2 settings (keepalive, concurrent streams,
+    /// flow-control windows) and `TCP_NODELAY`: what [`DeviceFlightServer::serve`] starts
+    /// from, for a router of your own. tonic's `Server` applies `TCP_NODELAY` only in
+    /// `serve(addr)`; serving with `serve_with_incoming`, set it on the incoming
+    /// connections too (`TcpIncoming::with_nodelay(Some(true))`), as `serve` does.
     ///
     /// ```
     /// let server = cudabuf_flight::ServerLimits::default().apply(tonic::transport::Server::builder());
@@ -75,6 +103,9 @@ impl ServerLimits {
             .http2_keepalive_interval(self.http2_keepalive_interval)
             .http2_keepalive_timeout(Some(self.http2_keepalive_timeout))
             .max_concurrent_streams(self.max_concurrent_streams)
+            .initial_stream_window_size(self.http2_stream_window)
+            .initial_connection_window_size(self.http2_connection_window)
+            .tcp_nodelay(true)
     }
 }
 

@@ -42,7 +42,10 @@ pub(crate) async fn bounded<T>(
 /// Connect `endpoint` within `limit`: TCP (tonic's `connect_timeout`) and everything after
 /// it (the TLS handshake) together.
 pub(crate) async fn connect_channel(endpoint: Endpoint, limit: Duration) -> Result<Channel> {
-    let endpoint = endpoint.connect_timeout(limit);
+    let endpoint = endpoint
+        .connect_timeout(limit)
+        .initial_stream_window_size(crate::limits::DEFAULT_STREAM_WINDOW)
+        .initial_connection_window_size(crate::limits::DEFAULT_CONNECTION_WINDOW);
     bounded("connect", Some(limit), async {
         Ok(endpoint.connect().await?)
     })
