@@ -29,7 +29,8 @@
 //!   last DMAs. Without it every step has the same size.
 //! - **Small copies.** Below [`ADAPTIVE_BELOW`] the driver's own copy can win. With
 //!   `adaptive` the context times both paths per direction and power-of-two size class and
-//!   takes the faster (the `adaptive` module says how it keeps checking).
+//!   takes the faster by each path's best recent time, changing only for a clear margin
+//!   (the `adaptive` module says how it estimates and keeps checking).
 //! - **The first copy.** Starting the engine pins every lane's chunks (tens of
 //!   milliseconds). The first copy that would be staged starts it on a thread of its own
 //!   and goes to the driver as is; copies are staged once it runs
@@ -116,9 +117,11 @@ pub struct StagingConfig {
     /// Copies smaller than this go to the driver unstaged.
     pub min_bytes: usize,
     /// Copies from `min_bytes` up to [`ADAPTIVE_BELOW`] are staged or sent to the driver
-    /// as is, per direction and size (a class per power of two), by which of the two was
-    /// faster so far in this context (each is tried at first, and the slower one again now
-    /// and then, less often each time it stays slower). Off: every such copy is staged.
+    /// as is, per direction and size (a class per power of two), by which of the two is
+    /// faster in this context: each is tried at first, then the winner is kept unless the
+    /// other path's best recent time beats the winner's by more than a margin (the slower
+    /// one is tried again now and then, less often each time it stays slower). Off: every
+    /// such copy is staged.
     pub adaptive: bool,
     /// The calling thread takes steps of its own copy (through a lane of its own: a stream
     /// and two pinned chunks) instead of only waiting for the workers; one caller at a
