@@ -26,7 +26,7 @@
 //!   whole (at least four per worker when the copy is big enough: multiples of 4 KiB, at
 //!   least 64 KiB, at most a chunk), and near the end each claim takes a share of what is
 //!   left (at least an eighth of a step), so that the lanes finish together after short
-//!   last DMAs. Without it every step has the same size.
+//!   last DMAs. Without it (the default: measured slower) every step has the same size.
 //! - **Small copies.** Below [`ADAPTIVE_BELOW`] the driver's own copy can win. With
 //!   `adaptive` the context times both paths per direction and power-of-two size class and
 //!   takes the faster by each path's best recent time, changing only for a clear margin
@@ -129,8 +129,11 @@ pub struct StagingConfig {
     pub caller_steps: bool,
     /// Steps ramp up and down: each lane's first steps are a quarter and a half step (the
     /// first DMA starts after a short fill), and near the end each claim takes a share of
-    /// what is left (the lanes finish together, after a short last DMA). Off: every step
-    /// has the same size.
+    /// what is left (the lanes finish together, after a short last DMA). Off (the
+    /// default): every step has the same size. Off by default: in two runs on an H100,
+    /// ramped steps alone against even ones, at 1-256 MiB, were slower host to device at
+    /// 13 of 14 sizes (by up to 15%) and device to host at 9 of 14 (docs/PERFORMANCE.md,
+    /// "The curve").
     pub ramp: bool,
     /// Microseconds an idle worker spins, watching for the next copy, before it sleeps (a
     /// copy that follows soon after another then starts without waking threads).
@@ -144,8 +147,8 @@ pub const ADAPTIVE_BELOW: usize = 64 << 20;
 impl StagingConfig {
     /// The defaults for this host: host-to-device with half the CPUs (2 to 8) threads and
     /// 4 MiB steps, device-to-host with three quarters of them (2 to 12) and 2 MiB steps,
-    /// copies from 512 KiB, adaptive, the calling thread taking steps, ramped steps, and
-    /// workers that spin 50 us before they sleep.
+    /// copies from 512 KiB, adaptive, the calling thread taking steps, even steps (no
+    /// ramp), and workers that spin 50 us before they sleep.
     pub fn default_for_host() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
         StagingConfig {
@@ -156,7 +159,7 @@ impl StagingConfig {
             min_bytes: 512 << 10,
             adaptive: true,
             caller_steps: true,
-            ramp: true,
+            ramp: false,
             spin_micros: 50,
         }
     }
