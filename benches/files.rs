@@ -3,9 +3,11 @@
 //! page cache is warm, and the disk's rate when it is cold), one thread's read, the pinned
 //! host-to-device copy, the host's parallel `pwrite`, and the path that pins nothing
 //! (threads `pread` chunks into pageable memory of their own and copy each synchronously,
-//! as a first call does while it has no pinned buffers: the bound the first call of a
-//! context is held to). On the backend `CUDABUF_BACKEND` names (`sim`, the default, or
-//! `cuda`).
+//! as a first call does while it has no pinned buffers), once on the bench's context and
+//! once on a context of a new backend each repetition (the bound the first call of a
+//! context is held to: on CUDA the bench's context has its staging engine running, which
+//! the copies that pin nothing use, a new one has not). On the backend `CUDABUF_BACKEND`
+//! names (`sim`, the default, or `cuda`).
 //!
 //! The first call of a context is timed on a context of a backend made for it (a
 //! `Backend`'s `context(0)` is cached, so a context of the bench's own backend would find
@@ -410,6 +412,25 @@ fn run() -> AnyResult<()> {
             unpinned,
             Some(("host pread parallel", bound)),
         );
+        // The path that pins nothing on a context of a new backend, as a first call finds
+        // it: on CUDA its staging engine has not started (the bench's context above has
+        // one running, which the copies that pin nothing use).
+        let mut fresh_unpinned = Vec::new();
+        for _ in 0..o.reps.max(1) {
+            let fresh_backend = cudabuf::backend_from_env()?;
+            let fresh = fresh_backend.context(0)?;
+            let dst = fresh.new_buffer(size)?;
+            let t = Instant::now();
+            unpinned_read(&file, &dst, o.threads)?;
+            fresh_unpinned.push(size as f64 / t.elapsed().as_secs_f64() / 1e9);
+        }
+        let fresh_unpinned = median(fresh_unpinned);
+        record(
+            "no pinning, on a new context (warm)",
+            size,
+            fresh_unpinned,
+            Some(("host pread parallel", bound)),
+        );
         // The first call of a context: each repetition on a context of a new backend
         // (nothing pinned, its pool empty), timed alone.
         let mut firsts = Vec::new();
@@ -427,7 +448,7 @@ fn run() -> AnyResult<()> {
             "cudabuf read_file_at, first call of a context (warm)",
             size,
             median(firsts),
-            Some(("no pinning", unpinned)),
+            Some(("no pinning, new context", fresh_unpinned)),
         );
         // Warm: the page cache and the staging pool (one call, then the pinning it
         // started in the background waited for).

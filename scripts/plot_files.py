@@ -25,6 +25,7 @@ CURVES = {
         ("cudabuf read_file_at", ["cudabuf read_file_at (warm)"]),
         ("cudabuf, first call of a context", ["cudabuf read_file_at, first call of a context (warm)"]),
         ("no pinning: pread + pageable copy", ["no pinning: pread + pageable copy, parallel (warm)"]),
+        ("no pinning, on a new context", ["no pinning, on a new context (warm)"]),
         ("KvikIO CuFile.pread (defaults)", ["KvikIO CuFile.pread (warm)"]),
         ("KvikIO, 8 threads, 8 MiB tasks", ["KvikIO CuFile.pread, 8 threads, 8 MiB tasks (warm)"]),
         ("torch.from_file().cuda()", ["torch.from_file().cuda() (warm)"]),
