@@ -262,6 +262,27 @@ fn unpinned_read(file: &File, device: &cudabuf::DeviceBuffer, threads: usize) ->
     })
 }
 
+/// GB/s of `call` on a device buffer of `size` bytes of a context of a new backend (set up
+/// by `setup`, untimed), once per repetition (at least one): the median.
+fn on_new_contexts(
+    reps: usize,
+    size: usize,
+    setup: impl Fn(&cudabuf::Context),
+    call: impl Fn(&cudabuf::DeviceBuffer) -> AnyResult<()>,
+) -> AnyResult<f64> {
+    let mut rates = Vec::new();
+    for _ in 0..reps.max(1) {
+        let backend = cudabuf::backend_from_env()?;
+        let fresh = backend.context(0)?;
+        setup(&fresh);
+        let dst = fresh.new_buffer(size)?;
+        let t = Instant::now();
+        call(&dst)?;
+        rates.push(size as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    Ok(median(rates))
+}
+
 /// `threads` threads `pread` the `size`-byte file in `CHUNK`s, each into a chunk buffer of
 /// its own, reused: what reading the file costs, without a large destination's misses.
 fn host_parallel_scratch(file: &File, size: usize, threads: usize) -> AnyResult<()> {
@@ -415,16 +436,12 @@ fn run() -> AnyResult<()> {
         // The path that pins nothing on a context of a new backend, as a first call finds
         // it: on CUDA its staging engine has not started (the bench's context above has
         // one running, which the copies that pin nothing use).
-        let mut fresh_unpinned = Vec::new();
-        for _ in 0..o.reps.max(1) {
-            let fresh_backend = cudabuf::backend_from_env()?;
-            let fresh = fresh_backend.context(0)?;
-            let dst = fresh.new_buffer(size)?;
-            let t = Instant::now();
-            unpinned_read(&file, &dst, o.threads)?;
-            fresh_unpinned.push(size as f64 / t.elapsed().as_secs_f64() / 1e9);
-        }
-        let fresh_unpinned = median(fresh_unpinned);
+        let fresh_unpinned = on_new_contexts(
+            o.reps,
+            size,
+            |_| {},
+            |dst| unpinned_read(&file, dst, o.threads),
+        )?;
         record(
             "no pinning, on a new context (warm)",
             size,
@@ -433,21 +450,19 @@ fn run() -> AnyResult<()> {
         );
         // The first call of a context: each repetition on a context of a new backend
         // (nothing pinned, its pool empty), timed alone.
-        let mut firsts = Vec::new();
-        for _ in 0..o.reps.max(1) {
-            let fresh_backend = cudabuf::backend_from_env()?;
-            let fresh = fresh_backend.context(0)?;
-            fresh.set_staging_pool_limit(ctx.staging_pool_limit());
-            fresh.set_file_options(base);
-            let dst = fresh.new_buffer(size)?;
-            let t = Instant::now();
-            dst.read_file_at(&file, 0)?;
-            firsts.push(size as f64 / t.elapsed().as_secs_f64() / 1e9);
-        }
+        let first = on_new_contexts(
+            o.reps,
+            size,
+            |fresh| {
+                fresh.set_staging_pool_limit(ctx.staging_pool_limit());
+                fresh.set_file_options(base);
+            },
+            |dst| Ok(dst.read_file_at(&file, 0)?),
+        )?;
         record(
             "cudabuf read_file_at, first call of a context (warm)",
             size,
-            median(firsts),
+            first,
             Some(("no pinning, new context", fresh_unpinned)),
         );
         // Warm: the page cache and the staging pool (one call, then the pinning it

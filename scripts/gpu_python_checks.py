@@ -385,22 +385,17 @@ def run_bench(sizes: list[int], out_dir: str) -> dict[str, Any]:
     table: dict[str, Any] = {"sizes": sizes, "results": {}, "unit": "GB/s (1e9 bytes/s), median", "notes": []}
     for size in sizes:
         row: dict[str, Any] = {}
-        failed: set[str] = set()
         for _ in range(ROUNDS):
             for name, fn in (("cudabuf", bench_cudabuf), ("torch", bench_torch), ("cupy", bench_cupy)):
-                if name in failed:
-                    continue
+                if name in row and row[name] is None:
+                    continue  # not installed, or failed in an earlier turn
                 try:
                     seconds = fn(size)
-                except ImportError as e:
+                except Exception as e:
                     row[name] = None
-                    failed.add(name)
-                    table["notes"].append(f"{name} not run at {human(size)}: {e}")
-                    continue
-                except Exception:
-                    row[name] = None
-                    failed.add(name)
-                    table["notes"].append(f"{name} failed at {human(size)}: {traceback.format_exc(limit=3)}")
+                    why = (f"not run at {human(size)}: {e}" if isinstance(e, ImportError)
+                           else f"failed at {human(size)}: {traceback.format_exc(limit=3)}")
+                    table["notes"].append(f"{name} {why}")
                     continue
                 best = row.setdefault(name, {})
                 for op, secs in seconds.items():

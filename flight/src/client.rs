@@ -15,10 +15,9 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::oneshot;
 use tonic::transport::{Channel, Endpoint};
-
-use crate::abort::{AbortSignal, Abortable};
 use tonic::Request;
 
+use crate::abort::{AbortSignal, Abortable};
 use crate::auth::add_bearer;
 use crate::decode::{AsyncDecoder, DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
 use crate::encode::encode;
@@ -244,6 +243,15 @@ impl FlightDeviceClient {
         Ok(request)
     }
 
+    /// [`request`](Self::request) for an upload, with the signal that resets its stream
+    /// when the upload fails.
+    fn upload_request<T>(&self, message: T) -> Result<(Request<T>, AbortSignal)> {
+        let mut request = self.request(message)?;
+        let abort = AbortSignal::default();
+        request.extensions_mut().insert(abort.clone());
+        Ok((request, abort))
+    }
+
     /// `GetFlightInfo` for `descriptor`.
     ///
     /// ```no_run
@@ -370,9 +378,7 @@ impl FlightDeviceClient {
     ) -> Result<Vec<PutResult>> {
         let (outgoing, failed) = Outgoing::new(descriptor, schema, batches)?;
         let mut failed = failed.fuse();
-        let mut request = self.request(outgoing)?;
-        let abort = AbortSignal::default();
-        request.extensions_mut().insert(abort.clone());
+        let (request, abort) = self.upload_request(outgoing)?;
         let inner = &mut self.inner;
         let (timeout, idle) = (self.timeout, self.idle_timeout);
         let call = async move {
@@ -452,9 +458,7 @@ impl FlightDeviceClient {
         let decoder = DeviceFlightDecoder::new(ctx)?.with_max_message_size(self.max_message_size);
         let (outgoing, failed) = Outgoing::new(descriptor, schema, batches)?;
         let mut failed = failed.fuse();
-        let mut request = self.request(outgoing)?;
-        let abort = AbortSignal::default();
-        request.extensions_mut().insert(abort.clone());
+        let (request, abort) = self.upload_request(outgoing)?;
         let response = tokio::select! {
             biased;
             Ok(e) = &mut failed => {

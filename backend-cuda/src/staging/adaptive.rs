@@ -312,6 +312,17 @@ mod tests {
         noise_sum: f64,
     }
 
+    impl Run {
+        /// The copies that took the slower of two paths of `staged` and `direct` seconds.
+        fn slower(&self, staged: f64, direct: f64) -> usize {
+            let staged_is_faster = staged < direct;
+            self.picks
+                .iter()
+                .filter(|&&s| s != staged_is_faster)
+                .count()
+        }
+    }
+
     /// Run `calls` copies of `len` bytes whose staged and direct copies take `staged` and
     /// `direct` seconds, times a noise factor from `noise`.
     fn run(
@@ -504,8 +515,7 @@ mod tests {
             let mut noise = Noise::new(seed);
             let mut c = Chooser::default();
             let r = run(&mut c, 8 << 20, 2000, staged, direct, || noise.symmetric());
-            let staged_is_faster = staged < direct;
-            let slower = r.picks.iter().filter(|&&s| s != staged_is_faster).count();
+            let slower = r.slower(staged, direct);
             prop_assert!(slower <= WARM as usize + 11, "{} copies on the slower path", slower);
             prop_assert_eq!(r.switches, 0);
         }
@@ -527,15 +537,14 @@ mod tests {
             let mut noise = Noise::new(seed);
             let mut c = Chooser::default();
             let r = run(&mut c, 2 << 20, 2000, staged, direct, || noise.one_sided());
-            let staged_is_faster = staged < direct;
-            let slower = r.picks.iter().filter(|&&s| s != staged_is_faster).count();
+            let slower = r.slower(staged, direct);
             let bound = WARM as usize + r.retries + 8 * PROBE_FIRST as usize;
             prop_assert!(
                 slower <= bound,
                 "{} copies on the slower path, {} retries, {} switches",
                 slower, r.retries, r.switches
             );
-            let (fast, slow) = if staged_is_faster { (staged, direct) } else { (direct, staged) };
+            let (fast, slow) = if staged < direct { (staged, direct) } else { (direct, staged) };
             let always_fast = fast * r.noise_sum;
             let retry_cost = (WARM as usize + r.retries) as f64 * (slow - fast) * MAX_NOISE;
             prop_assert!(
