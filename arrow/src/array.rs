@@ -178,6 +178,108 @@ impl DeviceArray {
     }
 }
 
+/// What [`DeviceArray::row_slice`] copies for a run of rows of a fixed-width array.
+pub(crate) struct RowSlice {
+    /// Where the rows start in the copied buffers, in slots (below 8: the copies start at
+    /// a whole byte of every bitmap).
+    offset: usize,
+    /// Whether `parts` starts with the validity bitmap's bytes.
+    validity: bool,
+    /// The device ranges to copy: the validity bitmap's bytes (when `validity`), then one
+    /// range of each data buffer.
+    pub(crate) parts: Vec<DeviceBuffer>,
+}
+
+impl DeviceArray {
+    /// Whether the array has a fixed-width layout: no children, no dictionary, and only
+    /// buffers of fixed-size elements or bits (primitives, booleans, decimals, temporal
+    /// types, fixed-size binary, `Null`), so that a run of rows lies in one byte range of
+    /// each buffer.
+    pub(crate) fn is_fixed_width(&self) -> bool {
+        self.children.is_empty()
+            && self.dictionary.is_none()
+            && type_layout(&self.data_type).is_ok_and(|layout| {
+                !layout.variadic
+                    && layout.children.is_empty()
+                    && layout
+                        .buffers
+                        .iter()
+                        .all(|b| matches!(b, BufferKind::Fixed(_) | BufferKind::Bits))
+            })
+    }
+
+    /// The device ranges that rows `offset..offset + length` of a fixed-width array
+    /// ([`is_fixed_width`](Self::is_fixed_width)) lie in, starting at a whole byte of
+    /// every bitmap. The caller checked the rows are within the array.
+    pub(crate) fn row_slice(&self, offset: usize, length: usize) -> Result<RowSlice> {
+        const OPERATION: &str = "DeviceRecordBatch::to_host_slice";
+        let overflow =
+            || cudabuf_core::Error::invalid_data("Arrow array", "its slots overflow usize");
+        let first = self.offset.checked_add(offset).ok_or_else(overflow)?;
+        let end = first.checked_add(length).ok_or_else(overflow)?;
+        let start = first - first % 8;
+        let bits = |buffer: &DeviceBuffer| buffer.slice(start / 8, end.div_ceil(8) - start / 8);
+        let validity = self.null_count > 0 && self.nulls.is_some();
+        let mut parts = Vec::with_capacity(self.buffers.len() + 1);
+        if let (true, Some(nulls)) = (validity, &self.nulls) {
+            parts.push(bits(nulls)?);
+        }
+        let layout = type_layout(&self.data_type)?;
+        for (buffer, kind) in self.buffers.iter().zip(&layout.buffers) {
+            parts.push(match kind {
+                BufferKind::Bits => bits(buffer)?,
+                BufferKind::Fixed(width) => {
+                    let from = start.checked_mul(*width).ok_or_else(overflow)?;
+                    let to = end.checked_mul(*width).ok_or_else(overflow)?;
+                    buffer.slice(from, to - from)?
+                }
+                _ => {
+                    return Err(cudabuf_core::Error::invalid_argument(
+                        OPERATION,
+                        "not a fixed-width array",
+                    ))
+                }
+            });
+        }
+        Ok(RowSlice {
+            offset: first % 8,
+            validity,
+            parts,
+        })
+    }
+
+    /// The host array of `length` rows over the host copies of `slice`'s parts, taken
+    /// from `host` in order (null count counted on the host).
+    pub(crate) fn rows_from_host(
+        &self,
+        slice: &RowSlice,
+        length: usize,
+        host: &mut impl Iterator<Item = Buffer>,
+    ) -> Result<ArrayRef> {
+        let mut next = || {
+            host.next().ok_or_else(|| {
+                cudabuf_core::Error::invalid_argument(
+                    "DeviceRecordBatch::to_host_slice",
+                    "fewer host copies than device ranges",
+                )
+            })
+        };
+        let nulls = if slice.validity { Some(next()?) } else { None };
+        let buffers = (0..slice.parts.len() - usize::from(slice.validity))
+            .map(|_| next())
+            .collect::<Result<Vec<_>>>()?;
+        ArrayData::builder(self.data_type.clone())
+            .len(length)
+            .offset(slice.offset)
+            .buffers(buffers)
+            .null_bit_buffer(nulls)
+            .align_buffers(true)
+            .build()
+            .map(make_array)
+            .map_err(|e| arrow_error::invalid_data("Arrow array copied from the device", e))
+    }
+}
+
 impl fmt::Debug for DeviceArray {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceArray")

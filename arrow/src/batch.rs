@@ -287,6 +287,93 @@ impl DeviceRecordBatch {
         self.build_host(&HostCopy::new_on(&self.regions, &buffers, stream)?)
     }
 
+    /// Whether every column has a fixed-width layout: primitives, booleans, decimals,
+    /// temporal types, fixed-size binary and `Null`, without dictionaries or child arrays.
+    /// Then a run of rows lies in one byte range of each column buffer, and
+    /// [`to_host_slice`](Self::to_host_slice) copies only those ranges.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::sync::Arc;
+    /// # use cudabuf_arrow::arrow::array::{Int64Array, RecordBatch, StringArray};
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let numbers = RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from(vec![1, 2])) as _)])?;
+    /// let words = RecordBatch::try_from_iter([("w", Arc::new(StringArray::from(vec!["a", "b"])) as _)])?;
+    /// assert!(cudabuf_arrow::DeviceRecordBatch::from_host(&numbers, &ctx)?.is_fixed_width());
+    /// assert!(!cudabuf_arrow::DeviceRecordBatch::from_host(&words, &ctx)?.is_fixed_width());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_fixed_width(&self) -> bool {
+        self.columns.iter().all(DeviceArray::is_fixed_width)
+    }
+
+    /// Rows `offset..offset + length` on the host: the batch that
+    /// `self.to_host()?.slice(offset, length)` gives, copying less where it can. Where the
+    /// batch [`is_fixed_width`](Self::is_fixed_width), only the byte ranges of those rows
+    /// are copied (from the byte that holds the first row's bit, in bitmaps), all into
+    /// one landing area: a pinned block lent from the context's pool as
+    /// [`to_host`](Self::to_host) lends one, or a new vector; the null counts are counted
+    /// on the host. Otherwise (variable-size data, dictionaries, nested types) the whole
+    /// batch is copied as `to_host` copies it, and sliced on the host.
+    ///
+    /// This is how a consumer that sends a large batch in pieces (a Flight upload) copies
+    /// a piece at a time, so that its first bytes go out before the whole batch is down.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::sync::Arc;
+    /// # use cudabuf_arrow::arrow::array::{Int64Array, RecordBatch};
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let host = RecordBatch::try_from_iter([(
+    ///     "x",
+    ///     Arc::new(Int64Array::from(vec![Some(1), None, Some(3), Some(4)])) as _,
+    /// )])?;
+    /// let batch = cudabuf_arrow::DeviceRecordBatch::from_host(&host, &ctx)?;
+    /// assert_eq!(batch.to_host_slice(1, 2)?, host.slice(1, 2));
+    /// assert!(batch.to_host_slice(3, 2).is_err()); // past the last row
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the rows are not all within the batch; as
+    /// [`to_host`](Self::to_host).
+    pub fn to_host_slice(&self, offset: usize, length: usize) -> Result<RecordBatch> {
+        if offset
+            .checked_add(length)
+            .is_none_or(|end| end > self.num_rows)
+        {
+            return Err(Error::invalid_argument(
+                "DeviceRecordBatch::to_host_slice",
+                format!(
+                    "rows {offset}..{offset}+{length} are not within the batch's {} rows",
+                    self.num_rows
+                ),
+            ));
+        }
+        if !self.is_fixed_width() {
+            return Ok(self.to_host()?.slice(offset, length));
+        }
+        let slices = self
+            .columns
+            .iter()
+            .map(|c| c.row_slice(offset, length))
+            .collect::<Result<Vec<_>>>()?;
+        let parts: Vec<DeviceBuffer> = slices.iter().flat_map(|s| s.parts.clone()).collect();
+        let mut host = crate::landing::copy_parts_to_host(&self.context, &parts)?.into_iter();
+        let columns = self
+            .columns
+            .iter()
+            .zip(&slices)
+            .map(|(column, slice)| column.rows_from_host(slice, length, &mut host))
+            .collect::<Result<Vec<_>>>()?;
+        RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(length)),
+        )
+        .map_err(|e| arrow_error::invalid_data("record batch copied from the device", e))
+    }
+
     /// The arrow-rs batch over the host copies in `host`.
     fn build_host(&self, host: &HostCopy) -> Result<RecordBatch> {
         let columns = self

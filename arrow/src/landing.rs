@@ -81,6 +81,60 @@ pub(crate) fn copy_to_host(device: &DeviceBuffer) -> Result<Buffer> {
     }
 }
 
+/// Where each part starts in one landing area: every part at a 64-byte boundary (the
+/// alignment arrow-rs prefers), and the area's length; `None` on overflow.
+fn layout_parts(parts: &[DeviceBuffer]) -> Option<(Vec<usize>, usize)> {
+    let mut starts = Vec::with_capacity(parts.len());
+    let mut end = 0usize;
+    for part in parts {
+        let start = end.checked_next_multiple_of(64)?;
+        starts.push(start);
+        end = start.checked_add(part.size())?;
+    }
+    Some((starts, end))
+}
+
+/// Each of `parts` (buffers of `ctx`) on the host, all in one landing area, as
+/// [`copy_to_host`] lands one buffer: a pinned block lent to arrow-rs when the pool has
+/// one of the area's class, else a new vector (and a block of the class pinned in the
+/// background when the pool could lend one). Returns one arrow-rs buffer per part, each
+/// a slice of the area.
+pub(crate) fn copy_parts_to_host(ctx: &Context, parts: &[DeviceBuffer]) -> Result<Vec<Buffer>> {
+    let Some((starts, len)) = layout_parts(parts) else {
+        return Err(cudabuf_core::Error::invalid_argument(
+            "DeviceRecordBatch::to_host_slice",
+            "the buffers' sizes overflow usize",
+        ));
+    };
+    let area = match PinnedLoan::take(ctx, len) {
+        Take::Lent(mut loan) => {
+            let host = loan.host_mut();
+            for (part, &start) in parts.iter().zip(&starts) {
+                part.copy_to_host_into(0, &mut host[start..start + part.size()], None)?;
+            }
+            loan.into_buffer(len)
+        }
+        Take::Missed(block) => {
+            ctx.with_background_pinning(len, block, block, 1, || land_parts(parts, &starts, len))?
+        }
+        Take::Refused => land_parts(parts, &starts, len)?,
+    };
+    Ok(parts
+        .iter()
+        .zip(&starts)
+        .map(|(part, &start)| area.slice_with_length(start, part.size()))
+        .collect())
+}
+
+/// `parts` at `starts` of a new `len`-byte vector, by copies that pin nothing.
+fn land_parts(parts: &[DeviceBuffer], starts: &[usize], len: usize) -> Result<Buffer> {
+    let mut bytes = vec![0u8; len];
+    for (part, &start) in parts.iter().zip(starts) {
+        part.copy_to_host_unpinned(0, &mut bytes[start..start + part.size()])?;
+    }
+    Ok(Buffer::from_vec(bytes))
+}
+
 /// The whole of `device` in a new vector, by a copy that pins nothing.
 ///
 /// A plain `Vec` (`calloc`: fresh zero pages, no explicit zeroing pass), not a 64-byte

@@ -2,9 +2,11 @@
 //! curves of docs/PERFORMANCE.md with `--sizes 4K,16K,...,1G`); on the simulator a plain
 //! host memcpy of the same size, on CUDA the driver's own pageable path. From 1 MiB also
 //! what bounds a pageable copy: the host's multi-threaded memcpy between pageable buffers
-//! (with the staging threads' count and with every CPU), and a device-to-host copy into
-//! fresh memory (a new vector, as `to_vec` makes) beside the same memcpy into fresh
-//! memory (first-touch page faults).
+//! (with the staging threads' count and with every CPU), that memcpy run at the same time
+//! as a pinned DMA of the same size (`{h2d,d2h}_overlap_bound_mt{n}`: the work of a staged
+//! copy with no dependency between its two halves), and a device-to-host copy into fresh
+//! memory (a new vector, as `to_vec` makes) beside the same memcpy into fresh memory
+//! (first-touch page faults).
 
 use std::hint::black_box;
 
@@ -100,6 +102,50 @@ pub(crate) fn copies(
                         Ok(())
                     },
                 )?;
+            }
+            // What a staged pageable copy must do at the least, both at once and with no
+            // dependency between the two: a DMA of every byte between pinned memory and
+            // the device, and the staging threads' memcpy of every byte between pageable
+            // and pinned memory. No pipeline of the two finishes sooner where they share
+            // the host's memory bandwidth: the bound of `h2d_pageable`/`d2h_pageable`.
+            let stream = ctx.new_stream()?;
+            let mut dma_host = Some(ctx.new_host_buffer(size)?);
+            let mut staging = ctx.new_host_buffer(size)?;
+            for threads in &copy_threads {
+                let n = threads.len();
+                for h2d in [true, false] {
+                    let (op, note) = if h2d {
+                        (
+                            "h2d",
+                            "pinned H2D DMA beside {n} threads' memcpy pageable -> pinned",
+                        )
+                    } else {
+                        (
+                            "d2h",
+                            "pinned D2H DMA beside {n} threads' memcpy pinned -> pageable",
+                        )
+                    };
+                    run(
+                        &format!("{op}_overlap_bound_mt{n}"),
+                        size,
+                        &note.replace("{n}", &n.to_string()),
+                        &mut || {
+                            let host = dma_host.take().ok_or("the DMA buffer came back")?;
+                            let transfer = if h2d {
+                                stream.copy_from_host(&d2, host)?
+                            } else {
+                                stream.copy_to_host(&d1, host)?
+                            };
+                            if h2d {
+                                threads.copy(black_box(&pageable), &mut staging);
+                            } else {
+                                threads.copy(black_box(&staging), &mut pageable_dst);
+                            }
+                            dma_host = Some(transfer.wait()?);
+                            Ok(())
+                        },
+                    )?;
+                }
             }
             run(
                 "d2h_pageable_fresh",

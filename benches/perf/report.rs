@@ -232,6 +232,20 @@ pub(crate) fn summarize(bench: &Bench, rec: &Records, opts: &Options) -> Value {
             if let Some(m) = memcpy {
                 bound.insert(format!("{op}/host_memcpy_mt@{at}"), json!(v / m));
             }
+            let direction = &op[..3];
+            let overlap = best(&format!("{direction}_overlap_bound_mt"), "");
+            if let Some(o) = overlap {
+                bound.insert(
+                    format!("{op}/{direction}_overlap_bound_mt@{at}"),
+                    json!(v / o),
+                );
+                if let Some(p) = rec.find("copies", pinned, Some(size)) {
+                    bound.insert(
+                        format!("{direction}_overlap_bound_mt/{pinned}@{at}"),
+                        json!(o / p),
+                    );
+                }
+            }
         }
         if let (Some(v), Some(m)) = (
             rec.find("copies", "d2h_pageable_fresh", Some(size)),

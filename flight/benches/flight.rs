@@ -26,9 +26,10 @@
 //! batches hold, not the bytes on the wire).
 //!
 //! Knobs (the same on the client's `Endpoint` and the server's `Server::builder`):
-//! `--message-sizes` (the arrow-rs encoder's `max_flight_data_size` of the host server
-//! and the host client's DoPut, one pass per size: 2M by default; the device server and
-//! `FlightDeviceClient::do_put` encode with cudabuf-flight's fixed 2 MiB),
+//! `--message-sizes` (the most bytes of body in one message every sender makes: the
+//! arrow-rs encoder's `max_flight_data_size` of the host server and the host client's
+//! DoPut, `with_max_flight_data_size` of the `DeviceFlightServer` and of
+//! `FlightDeviceClient`; one pass per size, 2M by default),
 //! `--stream-window BYTES` and `--conn-window BYTES` (HTTP/2 `initial_stream_window_size`
 //! and `initial_connection_window_size`; cudabuf-flight's defaults when absent,
 //! `DEFAULT_STREAM_WINDOW` and `DEFAULT_CONNECTION_WINDOW`), `--tonic-windows` (neither
@@ -481,7 +482,8 @@ async fn one_stream(setup: Arc<Setup>, mode: Mode, parts: usize, i: usize) -> An
             Ok(rows)
         }
         Mode::DevicePut | Mode::DevicePutKeep => {
-            let mut client = FlightDeviceClient::new(channel, None);
+            let mut client = FlightDeviceClient::new(channel, None)
+                .with_max_flight_data_size(setup.message_size);
             let batches = part(&setup.device, parts, i);
             let rows = batches.iter().map(|b| b.num_rows()).sum();
             let descriptor = FlightDescriptor::new_path(vec![format!("put/{parts}/{i}")]);
@@ -612,7 +614,8 @@ fn run() -> AnyResult<()> {
                 })))
                 .await?;
             let device_server =
-                DeviceFlightServer::with_max_message_size(&ctx, decoding_limit(message_size));
+                DeviceFlightServer::with_max_message_size(&ctx, decoding_limit(message_size))
+                    .with_max_flight_data_size(message_size);
             for &parts in &o.streams {
                 for i in 0..parts {
                     device_server.insert(

@@ -20,7 +20,7 @@ use tonic::Request;
 use crate::abort::{AbortSignal, Abortable};
 use crate::auth::add_bearer;
 use crate::decode::{AsyncDecoder, DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
-use crate::encode::encode;
+use crate::encode::{encode, message_size, DEFAULT_MAX_FLIGHT_DATA_SIZE};
 use crate::error::{FlightError, Result};
 use crate::server::GRPC_HEADROOM;
 use crate::timeout::{
@@ -73,6 +73,7 @@ pub struct FlightDeviceClient {
     inner: FlightServiceClient<Abortable<Channel>>,
     token: Option<String>,
     max_message_size: usize,
+    max_flight_data_size: usize,
     timeout: Option<Duration>,
     idle_timeout: Option<Duration>,
 }
@@ -121,6 +122,7 @@ impl FlightDeviceClient {
             inner: FlightServiceClient::new(Abortable(channel)),
             token: token.map(str::to_owned),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            max_flight_data_size: DEFAULT_MAX_FLIGHT_DATA_SIZE,
             timeout: Some(DEFAULT_TIMEOUT),
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
         }
@@ -162,6 +164,46 @@ impl FlightDeviceClient {
     /// ```
     pub fn max_message_size(&self) -> usize {
         self.max_message_size
+    }
+
+    /// Set the most bytes of body in one message the client sends (`DoPut`,
+    /// `DoExchange`; [`DEFAULT_MAX_FLIGHT_DATA_SIZE`] by default, at least
+    /// [`MIN_MAX_FLIGHT_DATA_SIZE`](crate::MIN_MAX_FLIGHT_DATA_SIZE)): arrow-rs's encoder splits larger batches by rows, as
+    /// arrow-flight's `FlightDataEncoderBuilder::with_max_flight_data_size` does. The
+    /// server's limit on incoming messages must allow it (plus the message's header).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let runtime = tokio::runtime::Runtime::new()?;
+    /// # let _guard = runtime.enter();
+    /// # let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    /// let client = cudabuf_flight::FlightDeviceClient::new(channel, None)
+    ///     .with_max_flight_data_size(16 << 20);
+    /// assert_eq!(client.max_flight_data_size(), 16 << 20);
+    /// assert_eq!(
+    ///     client.with_max_flight_data_size(0).max_flight_data_size(),
+    ///     cudabuf_flight::MIN_MAX_FLIGHT_DATA_SIZE
+    /// );
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_flight_data_size(mut self, bytes: usize) -> Self {
+        self.max_flight_data_size = message_size(bytes);
+        self
+    }
+
+    /// The most bytes of body in one message the client sends.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let runtime = tokio::runtime::Runtime::new()?;
+    /// # let _guard = runtime.enter();
+    /// # let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    /// let client = cudabuf_flight::FlightDeviceClient::new(channel, None);
+    /// assert_eq!(client.max_flight_data_size(), cudabuf_flight::DEFAULT_MAX_FLIGHT_DATA_SIZE);
+    /// # Ok(()) }
+    /// ```
+    pub fn max_flight_data_size(&self) -> usize {
+        self.max_flight_data_size
     }
 
     /// Set how long a call waits for the server's answer (`GetFlightInfo`'s reply, a
@@ -321,12 +363,15 @@ impl FlightDeviceClient {
     /// the server's `PutResult`s once it has answered the whole stream.
     ///
     /// Each batch is downloaded on a blocking thread (into a pinned block from the
-    /// context's staging pool, where it is on) while the batch before it is encoded and
-    /// sent, one batch ahead; arrow-rs encodes it (messages of at most 2 MiB of body,
-    /// dictionary-encoded columns as dictionary batches before each batch) and tonic
+    /// context's staging pool, where it is on) while the one before it is encoded and
+    /// sent, one download ahead; a fixed-width batch
+    /// ([`DeviceRecordBatch::is_fixed_width`]) of more than 4 MiB is downloaded a run of
+    /// rows of at most 4 MiB at a time, so its first messages go out while the rest is
+    /// still on the device. arrow-rs encodes each download (messages of at most
+    /// [`max_flight_data_size`](Self::max_flight_data_size) bytes of body, 2 MiB by default; dictionary-encoded columns as dictionary batches before each batch) and tonic
     /// sends it. Host copies per byte: arrow-rs's IPC body and tonic's send buffer (two);
-    /// the download is DMA. At most about three batches are on the host at once (the one
-    /// being sent, the next, and the one after it being downloaded).
+    /// the download is DMA. At most about three downloads are on the host at once (the
+    /// one being sent, the next, and the one after it being downloaded).
     ///
     /// If a download fails, the call is cancelled (the server sees a reset stream, never
     /// a complete one) and the download's error is returned.
@@ -376,7 +421,8 @@ impl FlightDeviceClient {
         schema: SchemaRef,
         batches: Vec<DeviceRecordBatch>,
     ) -> Result<Vec<PutResult>> {
-        let (outgoing, failed) = Outgoing::new(descriptor, schema, batches)?;
+        let (outgoing, failed) =
+            Outgoing::new(descriptor, schema, batches, self.max_flight_data_size)?;
         let mut failed = failed.fuse();
         let (request, abort) = self.upload_request(outgoing)?;
         let inner = &mut self.inner;
@@ -456,7 +502,8 @@ impl FlightDeviceClient {
         ctx: &Context,
     ) -> Result<DeviceBatchStream> {
         let decoder = DeviceFlightDecoder::new(ctx)?.with_max_message_size(self.max_message_size);
-        let (outgoing, failed) = Outgoing::new(descriptor, schema, batches)?;
+        let (outgoing, failed) =
+            Outgoing::new(descriptor, schema, batches, self.max_flight_data_size)?;
         let mut failed = failed.fuse();
         let (request, abort) = self.upload_request(outgoing)?;
         let response = tokio::select! {
@@ -624,12 +671,14 @@ struct Outgoing {
 }
 
 impl Outgoing {
-    /// The messages of `batches` (after `schema`'s, with `descriptor` on the first), and
+    /// The messages of `batches` (after `schema`'s, with `descriptor` on the first; bodies
+    /// of at most `max_flight_data_size` bytes), and
     /// the receiver of the first error in making them.
     fn new(
         descriptor: FlightDescriptor,
         schema: SchemaRef,
         batches: Vec<DeviceRecordBatch>,
+        max_flight_data_size: usize,
     ) -> Result<(Self, oneshot::Receiver<FlightError>)> {
         if let Some(i) = batches.iter().position(|b| b.schema() != &schema) {
             return Err(FlightError::invalid(format!(
@@ -641,7 +690,7 @@ impl Outgoing {
             Some(schema),
             Some(descriptor),
             futures::stream::iter(batches.into_iter().map(Ok)),
-            None,
+            Some(max_flight_data_size),
         );
         Ok((
             Outgoing {
@@ -749,6 +798,21 @@ impl BlockingFlightClient {
     /// ```
     pub fn client(&self) -> &FlightDeviceClient {
         &self.client
+    }
+
+    /// Set the most bytes of body in one message the client sends
+    /// ([`FlightDeviceClient::with_max_flight_data_size`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = cudabuf_flight::BlockingFlightClient::connect("http://127.0.0.1:8815", None)?
+    ///     .with_max_flight_data_size(16 << 20);
+    /// assert_eq!(client.client().max_flight_data_size(), 16 << 20);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_flight_data_size(mut self, bytes: usize) -> Self {
+        self.client = self.client.with_max_flight_data_size(bytes);
+        self
     }
 
     /// `DoGet` of `ticket` into the device of `ctx`, every batch collected.

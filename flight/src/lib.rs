@@ -8,11 +8,12 @@
 //!   a copy that pins nothing ([`DeviceFlightDecoder`]).
 //! - [`FlightDeviceClient::do_put`] and [`FlightDeviceClient::do_exchange`]: device
 //!   batches sent (each downloaded on a blocking thread while the one before is encoded
-//!   and sent, one batch ahead; a failed download cancels the call), and a `DoExchange`'s
+//!   and sent, one download ahead, a large fixed-width batch a piece of rows at a time; a
+//!   failed download cancels the call), and a `DoExchange`'s
 //!   answer landed on the device as a `DoGet`'s is. [`BlockingFlightClient`] wraps the
 //!   three for programs without a tokio runtime.
 //! - [`DeviceFlightServer`]: a ready-made Flight service over an in-memory map of device
-//!   batches: `DoGet` (batches downloaded one batch ahead and encoded by arrow-rs,
+//!   batches: `DoGet` (batches downloaded one download ahead and encoded by arrow-rs,
 //!   [`encode_device_batches`]), `DoPut` into device memory, `DoExchange` (each received
 //!   batch lands on the device and a handler's answer, or the batch itself, is sent back:
 //!   [`DeviceFlightServer::with_exchange`]), `GetFlightInfo`, `GetSchema`, `ListFlights`.
@@ -62,7 +63,7 @@ pub use arrow_flight;
 pub use auth::BearerAuth;
 pub use client::{BlockingFlightClient, DeviceBatchStream, FlightDeviceClient};
 pub use decode::{DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
-pub use encode::encode_device_batches;
+pub use encode::{encode_device_batches, DEFAULT_MAX_FLIGHT_DATA_SIZE, MIN_MAX_FLIGHT_DATA_SIZE};
 pub use error::{FlightError, Result};
 pub use limits::{ServerLimits, DEFAULT_CONNECTION_WINDOW, DEFAULT_STREAM_WINDOW};
 pub use server::{DeviceFlight, DeviceFlightServer};

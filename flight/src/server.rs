@@ -23,7 +23,10 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::BearerAuth;
 use crate::client::DeviceBatchStream;
 use crate::decode::{blocking, DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
-use crate::encode::{download_ahead, encode_device_batches, encode_host};
+use crate::encode::{
+    download_ahead, encode_device_batches, encode_host, message_size, piece_for,
+    DEFAULT_MAX_FLIGHT_DATA_SIZE,
+};
 use crate::error::{FlightError, Result};
 use crate::limits::ServerLimits;
 use crate::timeout::idle_bounded;
@@ -78,6 +81,8 @@ pub struct DeviceFlightServer {
     pub(crate) limits: ServerLimits,
     /// What `DoExchange` does with each batch (`None`: echo it).
     exchange: Option<Arc<ExchangeHandler>>,
+    /// The most bytes of body in one message sent.
+    max_flight_data_size: usize,
 }
 
 /// A `DoExchange` handler: one answer batch per received batch.
@@ -130,6 +135,7 @@ impl DeviceFlightServer {
             }),
             limits: ServerLimits::default(),
             exchange: None,
+            max_flight_data_size: DEFAULT_MAX_FLIGHT_DATA_SIZE,
         }
     }
 
@@ -185,6 +191,38 @@ impl DeviceFlightServer {
     /// ```
     pub fn has_exchange_handler(&self) -> bool {
         self.exchange.is_some()
+    }
+
+    /// Set the most bytes of body in one message the server sends (`DoGet`, `DoExchange`
+    /// answers; [`DEFAULT_MAX_FLIGHT_DATA_SIZE`] by default, at least
+    /// [`MIN_MAX_FLIGHT_DATA_SIZE`](crate::MIN_MAX_FLIGHT_DATA_SIZE)): larger batches are
+    /// split by rows, as arrow-flight's `FlightDataEncoderBuilder::with_max_flight_data_size`
+    /// splits them. Clients must accept messages of that size (tonic's default limit on a
+    /// decoded message, which arrow-flight's `FlightClient` keeps unless raised, is 4 MiB).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let server = cudabuf_flight::DeviceFlightServer::new(&ctx).with_max_flight_data_size(16 << 20);
+    /// assert_eq!(server.max_flight_data_size(), 16 << 20);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_flight_data_size(mut self, bytes: usize) -> Self {
+        self.max_flight_data_size = message_size(bytes);
+        self
+    }
+
+    /// The most bytes of body in one message the server sends.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let server = cudabuf_flight::DeviceFlightServer::new(&ctx);
+    /// assert_eq!(server.max_flight_data_size(), cudabuf_flight::DEFAULT_MAX_FLIGHT_DATA_SIZE);
+    /// # Ok(()) }
+    /// ```
+    pub fn max_flight_data_size(&self) -> usize {
+        self.max_flight_data_size
     }
 
     /// The limit on one incoming message.
@@ -458,7 +496,7 @@ impl FlightService for DeviceFlightServer {
         Ok(Response::new(encode_device_batches(
             flight.schema,
             flight.batches,
-            None,
+            Some(self.max_flight_data_size),
         )))
     }
 
@@ -506,7 +544,11 @@ impl FlightService for DeviceFlightServer {
         }
         let received =
             DeviceBatchStream::start(self.incoming(first, incoming), self.decoder()?).await?;
-        Ok(Response::new(exchange(received, self.exchange.clone())))
+        Ok(Response::new(exchange(
+            received,
+            self.exchange.clone(),
+            self.max_flight_data_size,
+        )))
     }
 
     async fn do_action(
@@ -525,11 +567,12 @@ impl FlightService for DeviceFlightServer {
 }
 
 /// The answer of a `DoExchange`: each batch of `received`, through `handler` (on a
-/// blocking thread; `None`: as it came), downloaded one batch ahead and encoded; the
+/// blocking thread; `None`: as it came), downloaded one download ahead and encoded; the
 /// received stream's schema alone when no batch came.
 fn exchange(
     received: DeviceBatchStream,
     handler: Option<Arc<ExchangeHandler>>,
+    max_flight_data_size: usize,
 ) -> BoxStream<'static, Result<FlightData, Status>> {
     let schema = received.schema().clone();
     let answered = Arc::new(AtomicBool::new(false));
@@ -551,8 +594,9 @@ fn exchange(
         (!answered.load(Ordering::Relaxed)).then(|| Ok(RecordBatch::new_empty(schema)))
     })
     .filter_map(future::ready);
-    let host = download_ahead(answers).chain(schema_only);
-    encode_host(None, None, host, None)
+    let size = Some(max_flight_data_size);
+    let host = download_ahead(answers, piece_for(size)).chain(schema_only);
+    encode_host(None, None, host, size)
         .map_err(|e| e.to_status())
         .boxed()
 }

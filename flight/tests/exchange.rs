@@ -455,6 +455,110 @@ async fn downloads_run_one_batch_ahead_of_the_encoder_and_no_further() {
     assert_clean(sim, ctx);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_fixed_width_batch_is_downloaded_a_piece_at_a_time() {
+    let (sim, ctx) = new_sim();
+    // 200 000 rows of 8 int64 columns, one with nulls: about 12 MiB, several pieces.
+    let rows = 200_000i64;
+    let columns: Vec<(String, ArrayRef)> = (0..8)
+        .map(|c| {
+            let values = (0..rows).map(|i| (c != 3 || i % 7 != 2).then_some(i * 8 + c));
+            (
+                format!("c{c}"),
+                Arc::new(Int64Array::from_iter(values)) as ArrayRef,
+            )
+        })
+        .collect();
+    let batch = RecordBatch::try_from_iter(columns).unwrap();
+    let on_device = DeviceRecordBatch::from_host(&batch, &ctx).unwrap();
+    assert!(on_device.is_fixed_width());
+    ctx.synchronize().unwrap();
+    let start = sim.op_count(FaultOp::Copy);
+    let copies = || sim.op_count(FaultOp::Copy) - start;
+
+    let mut encoded = cudabuf_flight::encode_device_batches(batch.schema(), vec![on_device], None);
+    let mut sent = vec![bounded(encoded.next()).await.unwrap().unwrap()];
+    sent.push(bounded(encoded.next()).await.unwrap().unwrap());
+    // The first message is out; the next piece may be downloading (9 copies a piece:
+    // the bitmap and 8 columns), no more until the encoder asks for it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let early = copies();
+    assert!(
+        (9..=18).contains(&early),
+        "{early} copies when the first message went out"
+    );
+    sent.extend(bounded(encoded.try_collect::<Vec<_>>()).await.unwrap());
+    let pieces = copies() / 9;
+    assert!(pieces >= 3, "{pieces} pieces");
+    assert_eq!(copies(), pieces * 9);
+    for message in &sent {
+        assert!(
+            message.data_body.len() <= 2 << 20,
+            "messages of at most 2 MiB"
+        );
+    }
+    // Sized by the rows' bytes, not by the landing area each column is a slice of: the
+    // messages but one a piece hold more than 1 MiB.
+    let body: usize = sent.iter().map(|m| m.data_body.len()).sum();
+    assert!(
+        sent.len() - 1 <= body.div_ceil(1 << 20) + pieces as usize,
+        "{} messages for {body} bytes in {pieces} pieces",
+        sent.len() - 1
+    );
+    let got = decode(&ctx, &sent).unwrap();
+    assert!(got.len() as u64 >= pieces, "at least one message a piece");
+    assert_eq!(concat_batches(&batch.schema(), &got).unwrap(), batch);
+    drop(got);
+    assert_clean(sim, ctx);
+}
+
+#[test]
+fn the_message_size_splits_what_client_and_server_send() {
+    let (sim, server_ctx) = new_sim();
+    let (client_sim, client_ctx) = new_sim();
+    let server = DeviceFlightServer::new(&server_ctx).with_max_flight_data_size(64 << 10);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let serving = runtime.block_on(Serving::start(server.clone(), None));
+    // 1 MiB of one int64 column with nulls.
+    let rows = 128 << 10;
+    let batch = RecordBatch::try_from_iter([(
+        "v",
+        Arc::new(Int64Array::from_iter(
+            (0..rows).map(|i| (i % 5 != 0).then_some(i)),
+        )) as ArrayRef,
+    )])
+    .unwrap();
+    let on_device = vec![DeviceRecordBatch::from_host(&batch, &client_ctx).unwrap()];
+
+    // Default: one message (and so one batch kept by the server).
+    let mut client = BlockingFlightClient::connect(&serving.url, None).unwrap();
+    client
+        .do_put(path("whole"), batch.schema(), on_device.clone())
+        .unwrap();
+    assert_eq!(server.get(b"whole").unwrap().batches.len(), 1);
+    // 64 KiB messages: 16 or more.
+    let mut client = client.with_max_flight_data_size(64 << 10);
+    client
+        .do_put(path("split"), batch.schema(), on_device)
+        .unwrap();
+    let kept = to_host(&server.get(b"split").unwrap().batches);
+    assert!(kept.len() >= 16, "{} batches kept", kept.len());
+    assert_eq!(concat_batches(&batch.schema(), &kept).unwrap(), batch);
+    // The server sends 64 KiB messages too.
+    let (_, got) = client.do_get("whole", &client_ctx).unwrap();
+    assert!(got.len() >= 16, "{} batches received", got.len());
+    assert_eq!(
+        concat_batches(&batch.schema(), &to_host(&got)).unwrap(),
+        batch
+    );
+
+    drop((client, got));
+    runtime.block_on(serving.stop());
+    drop((server, runtime));
+    assert_clean(sim, server_ctx);
+    assert_clean(client_sim, client_ctx);
+}
+
 #[test]
 fn the_blocking_client_puts_and_exchanges() {
     let (sim, server_ctx) = new_sim();

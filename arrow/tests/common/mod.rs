@@ -16,6 +16,7 @@ mod parallel;
 #[cfg(feature = "parquet")]
 mod parquet;
 mod roundtrip;
+mod slices;
 mod stream;
 mod sync_event;
 
@@ -59,6 +60,9 @@ pub(crate) const ARROW_CASES: &[Case] = cases![
     roundtrip::read_record_batch_with_wrong_schema_is_invalid_data,
     roundtrip::dictionary_column_in_one_message_is_invalid_argument,
     roundtrip::bytes_allocated_returns_to_start_after_drops,
+    slices::to_host_slice_of_fixed_width_columns_equals_arrow_rs_slice,
+    slices::to_host_slice_of_other_columns_copies_the_batch_and_slices_it,
+    slices::to_host_slice_outside_the_batch_is_invalid_argument,
     stream::stream_bytes_match_arrow_rs_stream_writer,
     stream::stream_with_dictionaries_reads_back_through_buffer_reader,
     stream::stream_dictionaries_stay_on_device_and_are_shared,

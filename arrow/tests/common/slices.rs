@@ -1,0 +1,201 @@
+//! `DeviceRecordBatch::to_host_slice`: a run of rows on the host, against arrow-rs's own
+//! `RecordBatch::slice` of the whole batch (the oracle).
+
+use std::sync::Arc;
+
+use arrow::array::*;
+use arrow::datatypes::i256;
+use arrow::record_batch::RecordBatch;
+use cudabuf_arrow::DeviceRecordBatch;
+use cudabuf_conformance::{CaseResult, Fixture};
+use cudabuf_core::{Context, ErrorKind};
+
+use super::context;
+use super::data::{self, batch};
+
+/// 1000 rows of every fixed-width kind of column: bytes, words, floats, bits, decimals,
+/// dates, timestamps, fixed-size binary and nulls, most with nulls in a pattern that is
+/// not a multiple of 8.
+fn fixed_width(rows: usize) -> RecordBatch {
+    let null_at = |i: usize, k: usize| i % k == 3;
+    let n = rows as i64;
+    batch(vec![
+        (
+            "i8",
+            Arc::new(Int8Array::from_iter(
+                (0..rows).map(|i| (!null_at(i, 5)).then_some(i as i8)),
+            )) as ArrayRef,
+        ),
+        ("i64", Arc::new(Int64Array::from_iter_values(0..n)) as _),
+        (
+            "f32",
+            Arc::new(Float32Array::from_iter(
+                (0..rows).map(|i| (!null_at(i, 7)).then_some(i as f32 * 0.5)),
+            )) as _,
+        ),
+        (
+            "bool",
+            Arc::new(BooleanArray::from_iter(
+                (0..rows).map(|i| (!null_at(i, 11)).then_some(i % 3 == 0)),
+            )) as _,
+        ),
+        (
+            "bits",
+            Arc::new(BooleanArray::from_iter((0..rows).map(|i| Some(i % 5 < 2)))) as _,
+        ),
+        (
+            "dec",
+            Arc::new(
+                Decimal128Array::from_iter(
+                    (0..n).map(|i| (i % 9 != 4).then_some(i as i128 * 1_000_003)),
+                )
+                .with_precision_and_scale(38, 3)
+                .expect("decimal type"),
+            ) as _,
+        ),
+        (
+            "dec256",
+            Arc::new(Decimal256Array::from_iter_values(
+                (0..n).map(|i| i256::from_i128(i as i128 - 17)),
+            )) as _,
+        ),
+        (
+            "date",
+            Arc::new(Date32Array::from_iter_values((0..n).map(|i| i as i32))) as _,
+        ),
+        (
+            "ts",
+            Arc::new(TimestampMicrosecondArray::from_iter(
+                (0..n).map(|i| (i % 13 != 0).then_some(i * 7)),
+            )) as _,
+        ),
+        (
+            "fsb",
+            Arc::new(
+                FixedSizeBinaryArray::try_from_sparse_iter_with_size(
+                    (0..rows).map(|i| (!null_at(i, 6)).then_some([i as u8, 1, 2])),
+                    3,
+                )
+                .expect("fixed-size binary"),
+            ) as _,
+        ),
+        ("null", Arc::new(NullArray::new(rows)) as _),
+    ])
+}
+
+/// Runs of rows at and around every byte and word boundary, empty runs, the whole batch
+/// and its tail.
+fn runs(rows: usize) -> Vec<(usize, usize)> {
+    let starts = [0, 1, 7, 8, 9, 63, 64, 65, 500, rows - 1, rows];
+    let lengths = [0, 1, 7, 8, 9, 100, 511, rows];
+    let mut out = Vec::new();
+    for &start in &starts {
+        for &length in &lengths {
+            out.push((start, length.min(rows - start)));
+        }
+    }
+    out
+}
+
+/// Check every run of `device` against `host.slice`, null counts included.
+fn check_runs(device: &DeviceRecordBatch, host: &RecordBatch) {
+    for (offset, length) in runs(host.num_rows()) {
+        let got = device
+            .to_host_slice(offset, length)
+            .unwrap_or_else(|e| panic!("rows {offset}+{length}: {e}"));
+        let want = host.slice(offset, length);
+        assert_eq!(got, want, "rows {offset}+{length}");
+        for (g, w) in got.columns().iter().zip(want.columns()) {
+            assert_eq!(
+                g.logical_null_count(),
+                w.logical_null_count(),
+                "rows {offset}+{length}, column {:?}",
+                g.data_type()
+            );
+        }
+    }
+}
+
+/// Whether `batch`'s `i64` column lives in pinned memory the context knows.
+fn in_pinned_memory(ctx: &Context, batch: &RecordBatch) -> bool {
+    let address = batch.column(1).to_data().buffers()[0].as_ptr() as u64;
+    ctx.get_device_address(address).is_ok()
+}
+
+pub(crate) fn to_host_slice_of_fixed_width_columns_equals_arrow_rs_slice(
+    f: &Fixture,
+) -> CaseResult {
+    let ctx = context(f);
+    let host = fixed_width(1000);
+    let device = DeviceRecordBatch::from_host(&host, &ctx).unwrap();
+    assert!(device.is_fixed_width());
+    let limit = ctx.staging_pool_limit();
+    // Pool off: every run lands in a new vector.
+    ctx.set_staging_pool_limit(0);
+    check_runs(&device, &host);
+    // Pool on: a first run of a size pins a block in the background; the next run of
+    // that size lands in it.
+    ctx.set_staging_pool_limit(1 << 30);
+    let first = device.to_host_slice(8, 512).unwrap();
+    ctx.wait_background_pinning();
+    let again = device.to_host_slice(8, 512).unwrap();
+    assert!(
+        in_pinned_memory(&ctx, &again),
+        "a run of rows lands in a pooled pinned block once one is pinned"
+    );
+    assert_eq!((first, again), (host.slice(8, 512), host.slice(8, 512)));
+    check_runs(&device, &host);
+    ctx.set_staging_pool_limit(limit);
+    Ok(())
+}
+
+pub(crate) fn to_host_slice_of_other_columns_copies_the_batch_and_slices_it(
+    f: &Fixture,
+) -> CaseResult {
+    let ctx = context(f);
+    let rows = 1000;
+    let words = StringArray::from_iter((0..rows).map(|i| (i % 4 != 1).then(|| "x".repeat(i % 9))));
+    let lists = ListArray::from_iter_primitive::<arrow::datatypes::Int32Type, _, _>(
+        (0..rows).map(|i| (i % 6 != 2).then(|| (0..(i % 5) as i32).map(Some).collect::<Vec<_>>())),
+    );
+    let host = batch(vec![
+        ("s", Arc::new(words) as ArrayRef),
+        ("l", Arc::new(lists) as _),
+        (
+            "i",
+            Arc::new(Int32Array::from_iter_values(0..rows as i32)) as _,
+        ),
+    ]);
+    let device = DeviceRecordBatch::from_host(&host, &ctx).unwrap();
+    assert!(!device.is_fixed_width());
+    check_runs(&device, &host);
+    Ok(())
+}
+
+pub(crate) fn to_host_slice_outside_the_batch_is_invalid_argument(f: &Fixture) -> CaseResult {
+    let ctx = context(f);
+    let host = fixed_width(100);
+    let device = DeviceRecordBatch::from_host(&host, &ctx).unwrap();
+    let allocated = ctx.bytes_allocated();
+    for (offset, length) in [
+        (101, 0),
+        (100, 1),
+        (0, 101),
+        (1, usize::MAX),
+        (usize::MAX, 1),
+    ] {
+        let err = device.to_host_slice(offset, length).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    }
+    assert_eq!(device.to_host_slice(100, 0).unwrap().num_rows(), 0);
+    assert_eq!(
+        ctx.bytes_allocated(),
+        allocated,
+        "nothing allocated on the device"
+    );
+    // A batch that is not fixed width refuses such runs too.
+    let words = DeviceRecordBatch::from_host(&batch(vec![("s", data::strings())]), &ctx).unwrap();
+    let err = words.to_host_slice(words.num_rows(), 1).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    Ok(())
+}
