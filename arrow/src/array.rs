@@ -178,39 +178,112 @@ impl DeviceArray {
     }
 }
 
-/// What [`DeviceArray::row_slice`] copies for a run of rows of a fixed-width array.
+/// What [`DeviceArray::row_slice`] copies for a run of rows of a flat array.
 pub(crate) struct RowSlice {
     /// Where the rows start in the copied buffers, in slots (below 8: the copies start at
     /// a whole byte of every bitmap).
     offset: usize,
     /// Whether `parts` starts with the validity bitmap's bytes.
     validity: bool,
-    /// The device ranges to copy: the validity bitmap's bytes (when `validity`), then one
-    /// range of each data buffer.
+    /// The device ranges to copy first: the validity bitmap's bytes (when `validity`),
+    /// then one range of each buffer but a variable-size data buffer.
     pub(crate) parts: Vec<DeviceBuffer>,
+    /// Variable-size binary and strings: the width of the offsets (the last of `parts`)
+    /// and the whole data buffer, whose range between the first and the last of those
+    /// offsets is copied once they are on the host.
+    pub(crate) variable: Option<(usize, DeviceBuffer)>,
+}
+
+impl RowSlice {
+    /// The data range of a variable-size column: the bytes between the first and the last
+    /// of its copied `offsets` (`None` for other columns), and the first offset.
+    pub(crate) fn data_range(&self, offsets: &Buffer) -> Result<Option<(DeviceBuffer, i64)>> {
+        let Some((width, data)) = &self.variable else {
+            return Ok(None);
+        };
+        let (first, last) = (
+            read_offset(offsets, 0, *width),
+            read_offset(offsets, offsets.len().saturating_sub(*width), *width),
+        );
+        let bad = |why: String| {
+            cudabuf_core::Error::invalid_data("Arrow array copied from the device", why)
+        };
+        let (Some(first), Some(last)) = (first, last) else {
+            return Err(bad("its offsets are shorter than its rows".into()));
+        };
+        if first < 0 || last < first {
+            return Err(bad(format!(
+                "offsets {first}..{last} of the copied rows run backwards or below 0"
+            )));
+        }
+        let (start, end) = (first as u64, last as u64);
+        if end > data.size() as u64 {
+            return Err(bad(format!(
+                "offsets up to {end} past the {}-byte data buffer",
+                data.size()
+            )));
+        }
+        Ok(Some((
+            data.slice(start as usize, (end - start) as usize)?,
+            first,
+        )))
+    }
+}
+
+/// The offset of `width` (4 or 8) bytes at byte `at` of `offsets`, if there.
+fn read_offset(offsets: &[u8], at: usize, width: usize) -> Option<i64> {
+    let bytes = offsets.get(at..at.checked_add(width)?)?;
+    Some(match width {
+        4 => i64::from(i32::from_le_bytes(bytes.try_into().ok()?)),
+        _ => i64::from_le_bytes(bytes.try_into().ok()?),
+    })
+}
+
+/// `offsets` (of `width` bytes each) less `base`: offsets into the copied data range.
+/// Wrapping: offsets that run backwards are left for arrow-rs's validation to refuse.
+fn rebase(offsets: &Buffer, width: usize, base: i64) -> Buffer {
+    if width == 4 {
+        let base = base as i32;
+        Buffer::from_vec(
+            offsets
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]).wrapping_sub(base))
+                .collect::<Vec<i32>>(),
+        )
+    } else {
+        Buffer::from_vec(
+            offsets
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])).wrapping_sub(base))
+                .collect::<Vec<i64>>(),
+        )
+    }
 }
 
 impl DeviceArray {
-    /// Whether the array has a fixed-width layout: no children, no dictionary, and only
-    /// buffers of fixed-size elements or bits (primitives, booleans, decimals, temporal
-    /// types, fixed-size binary, `Null`), so that a run of rows lies in one byte range of
-    /// each buffer.
-    pub(crate) fn is_fixed_width(&self) -> bool {
+    /// Whether the array is flat: no children, no dictionary, and buffers of fixed-size
+    /// elements or bits (primitives, booleans, decimals, temporal types, fixed-size
+    /// binary, `Null`) or offsets and data (binary and strings, and their large forms), so
+    /// that a run of rows lies in one byte range of each buffer.
+    pub(crate) fn is_flat(&self) -> bool {
         self.children.is_empty()
             && self.dictionary.is_none()
             && type_layout(&self.data_type).is_ok_and(|layout| {
                 !layout.variadic
                     && layout.children.is_empty()
-                    && layout
-                        .buffers
-                        .iter()
-                        .all(|b| matches!(b, BufferKind::Fixed(_) | BufferKind::Bits))
+                    && match layout.buffers.as_slice() {
+                        [BufferKind::Offsets(_), BufferKind::Data] => true,
+                        buffers => buffers
+                            .iter()
+                            .all(|b| matches!(b, BufferKind::Fixed(_) | BufferKind::Bits)),
+                    }
             })
     }
 
-    /// The device ranges that rows `offset..offset + length` of a fixed-width array
-    /// ([`is_fixed_width`](Self::is_fixed_width)) lie in, starting at a whole byte of
-    /// every bitmap. The caller checked the rows are within the array.
+    /// The device ranges that rows `offset..offset + length` of a flat array
+    /// ([`is_flat`](Self::is_flat)) lie in, starting at a whole byte of every bitmap (the
+    /// data of binary and strings comes after their offsets: [`RowSlice::data_range`]).
+    /// The caller checked the rows are within the array.
     pub(crate) fn row_slice(&self, offset: usize, length: usize) -> Result<RowSlice> {
         const OPERATION: &str = "DeviceRecordBatch::to_host_slice";
         let overflow =
@@ -221,11 +294,20 @@ impl DeviceArray {
         let bits = |buffer: &DeviceBuffer| buffer.slice(start / 8, end.div_ceil(8) - start / 8);
         let validity = self.null_count > 0 && self.nulls.is_some();
         let mut parts = Vec::with_capacity(self.buffers.len() + 1);
+        let mut variable = None;
         if let (true, Some(nulls)) = (validity, &self.nulls) {
             parts.push(bits(nulls)?);
         }
         let layout = type_layout(&self.data_type)?;
         for (buffer, kind) in self.buffers.iter().zip(&layout.buffers) {
+            if let BufferKind::Data = kind {
+                let width = match layout.buffers.first() {
+                    Some(BufferKind::Offsets(width)) => *width,
+                    _ => 0,
+                };
+                variable = Some((width, buffer.clone()));
+                continue;
+            }
             parts.push(match kind {
                 BufferKind::Bits => bits(buffer)?,
                 BufferKind::Fixed(width) => {
@@ -233,10 +315,19 @@ impl DeviceArray {
                     let to = end.checked_mul(*width).ok_or_else(overflow)?;
                     buffer.slice(from, to - from)?
                 }
-                _ => {
+                BufferKind::Offsets(width) => {
+                    // One offset more than rows: where the last row ends.
+                    let from = start.checked_mul(*width).ok_or_else(overflow)?;
+                    let to = end
+                        .checked_add(1)
+                        .and_then(|n| n.checked_mul(*width))
+                        .ok_or_else(overflow)?;
+                    buffer.slice(from, to - from)?
+                }
+                BufferKind::Data => {
                     return Err(cudabuf_core::Error::invalid_argument(
                         OPERATION,
-                        "not a fixed-width array",
+                        "not a flat array",
                     ))
                 }
             });
@@ -245,16 +336,19 @@ impl DeviceArray {
             offset: first % 8,
             validity,
             parts,
+            variable,
         })
     }
 
     /// The host array of `length` rows over the host copies of `slice`'s parts, taken
-    /// from `host` in order (null count counted on the host).
+    /// from `host` in order, and of its data range (variable-size columns: `data`, with the
+    /// first offset; null count counted on the host).
     pub(crate) fn rows_from_host(
         &self,
         slice: &RowSlice,
         length: usize,
         host: &mut impl Iterator<Item = Buffer>,
+        data: Option<(Buffer, i64)>,
     ) -> Result<ArrayRef> {
         let mut next = || {
             host.next().ok_or_else(|| {
@@ -265,9 +359,15 @@ impl DeviceArray {
             })
         };
         let nulls = if slice.validity { Some(next()?) } else { None };
-        let buffers = (0..slice.parts.len() - usize::from(slice.validity))
+        let mut buffers = (0..slice.parts.len() - usize::from(slice.validity))
             .map(|_| next())
             .collect::<Result<Vec<_>>>()?;
+        if let (Some((width, _)), Some((bytes, base))) = (&slice.variable, data) {
+            if let Some(offsets) = buffers.last_mut() {
+                *offsets = rebase(offsets, *width, base);
+            }
+            buffers.push(bytes);
+        }
         ArrayData::builder(self.data_type.clone())
             .len(length)
             .offset(slice.offset)

@@ -287,34 +287,40 @@ impl DeviceRecordBatch {
         self.build_host(&HostCopy::new_on(&self.regions, &buffers, stream)?)
     }
 
-    /// Whether every column has a fixed-width layout: primitives, booleans, decimals,
-    /// temporal types, fixed-size binary and `Null`, without dictionaries or child arrays.
-    /// Then a run of rows lies in one byte range of each column buffer, and
-    /// [`to_host_slice`](Self::to_host_slice) copies only those ranges.
+    /// Whether every column is flat: primitives, booleans, decimals, temporal types,
+    /// fixed-size binary, binary and strings (and their large forms) and `Null`, without
+    /// dictionaries or child arrays. Then a run of rows lies in one byte range of each
+    /// column buffer, and [`to_host_slice`](Self::to_host_slice) copies only those ranges.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # use std::sync::Arc;
-    /// # use cudabuf_arrow::arrow::array::{Int64Array, RecordBatch, StringArray};
+    /// # use cudabuf_arrow::arrow::array::{Int64Array, ListArray, RecordBatch};
+    /// # use cudabuf_arrow::arrow::datatypes::Int64Type;
     /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
     /// let numbers = RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from(vec![1, 2])) as _)])?;
-    /// let words = RecordBatch::try_from_iter([("w", Arc::new(StringArray::from(vec!["a", "b"])) as _)])?;
-    /// assert!(cudabuf_arrow::DeviceRecordBatch::from_host(&numbers, &ctx)?.is_fixed_width());
-    /// assert!(!cudabuf_arrow::DeviceRecordBatch::from_host(&words, &ctx)?.is_fixed_width());
+    /// let lists = RecordBatch::try_from_iter([(
+    ///     "l",
+    ///     Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>([Some([Some(1)])])) as _,
+    /// )])?;
+    /// assert!(cudabuf_arrow::DeviceRecordBatch::from_host(&numbers, &ctx)?.is_flat());
+    /// assert!(!cudabuf_arrow::DeviceRecordBatch::from_host(&lists, &ctx)?.is_flat());
     /// # Ok(()) }
     /// ```
-    pub fn is_fixed_width(&self) -> bool {
-        self.columns.iter().all(DeviceArray::is_fixed_width)
+    pub fn is_flat(&self) -> bool {
+        self.columns.iter().all(DeviceArray::is_flat)
     }
 
     /// Rows `offset..offset + length` on the host: the batch that
     /// `self.to_host()?.slice(offset, length)` gives, copying less where it can. Where the
-    /// batch [`is_fixed_width`](Self::is_fixed_width), only the byte ranges of those rows
-    /// are copied (from the byte that holds the first row's bit, in bitmaps), all into
-    /// one landing area: a pinned block lent from the context's pool as
-    /// [`to_host`](Self::to_host) lends one, or a new vector; the null counts are counted
-    /// on the host. Otherwise (variable-size data, dictionaries, nested types) the whole
-    /// batch is copied as `to_host` copies it, and sliced on the host.
+    /// batch [`is_flat`](Self::is_flat), only the byte ranges of those rows are copied
+    /// (from the byte that holds the first row's bit, in bitmaps), all into one landing
+    /// area: a pinned block lent from the context's pool as [`to_host`](Self::to_host)
+    /// lends one, or a new vector. Binary and string columns take a second copy: their
+    /// offsets come first, then the data between the first and the last of them (into a
+    /// second landing area), and the offsets are rebased to it on the host. The null counts
+    /// are counted on the host. Otherwise (dictionaries, nested types) the whole batch is
+    /// copied as `to_host` copies it, and sliced on the host.
     ///
     /// This is how a consumer that sends a large batch in pieces (a Flight upload) copies
     /// a piece at a time, so that its first bytes go out before the whole batch is down.
@@ -350,7 +356,7 @@ impl DeviceRecordBatch {
                 ),
             ));
         }
-        if !self.is_fixed_width() {
+        if !self.is_flat() {
             return Ok(self.to_host()?.slice(offset, length));
         }
         let slices = self
@@ -359,12 +365,41 @@ impl DeviceRecordBatch {
             .map(|c| c.row_slice(offset, length))
             .collect::<Result<Vec<_>>>()?;
         let parts: Vec<DeviceBuffer> = slices.iter().flat_map(|s| s.parts.clone()).collect();
-        let mut host = crate::landing::copy_parts_to_host(&self.context, &parts)?.into_iter();
+        let host = crate::landing::copy_parts_to_host(&self.context, &parts)?;
+        // Then the data of binary and string columns, between their copied offsets.
+        let mut data = Vec::with_capacity(slices.len());
+        let mut at = 0;
+        for slice in &slices {
+            at += slice.parts.len();
+            let offsets = at.checked_sub(1).and_then(|i| host.get(i));
+            data.push(match offsets {
+                Some(offsets) => slice.data_range(offsets)?,
+                None => None,
+            });
+        }
+        let ranges: Vec<DeviceBuffer> = data.iter().flatten().map(|(r, _)| r.clone()).collect();
+        let mut data_host = crate::landing::copy_parts_to_host(&self.context, &ranges)?.into_iter();
+        let mut host = host.into_iter();
         let columns = self
             .columns
             .iter()
             .zip(&slices)
-            .map(|(column, slice)| column.rows_from_host(slice, length, &mut host))
+            .zip(data)
+            .map(|((column, slice), data)| {
+                let data = match data {
+                    Some((_, base)) => Some((
+                        data_host.next().ok_or_else(|| {
+                            Error::invalid_argument(
+                                "DeviceRecordBatch::to_host_slice",
+                                "fewer host copies than data ranges",
+                            )
+                        })?,
+                        base,
+                    )),
+                    None => None,
+                };
+                column.rows_from_host(slice, length, &mut host, data)
+            })
             .collect::<Result<Vec<_>>>()?;
         RecordBatch::try_new_with_options(
             self.schema.clone(),

@@ -44,6 +44,19 @@ impl Bench {
 
     /// The staging threads of device-to-host pageable copies (CUDA; `None` on the
     /// simulator, which does not stage).
+    /// The staging threads of host-to-device copies (CUDA, staging on).
+    pub(crate) fn h2d_staging_threads(&self) -> Option<usize> {
+        match self {
+            Bench::Sim(_) => None,
+            #[cfg(feature = "cuda")]
+            Bench::Cuda(cuda) => {
+                let raw = cuda.cuda_device(0).ok()?.primary_driver_context().ok()?;
+                let config = raw.staging_config();
+                config.enabled().then_some(config.threads)
+            }
+        }
+    }
+
     pub(crate) fn d2h_staging_threads(&self) -> Option<usize> {
         match self {
             Bench::Sim(_) => None,

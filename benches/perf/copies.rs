@@ -30,10 +30,12 @@ pub(crate) fn copies(
     rec: &mut Records,
 ) -> AnyResult<()> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // The bound's thread counts: the staging threads of device-to-host copies (CUDA; half
-    // the CPUs on the simulator), and every CPU.
+    // The bound's thread counts: the staging threads of host-to-device and of
+    // device-to-host copies (CUDA; half the CPUs on the simulator), and every CPU.
     let staging_threads = bench.d2h_staging_threads().unwrap_or((cpus / 2).max(1));
-    let mut thread_counts = vec![staging_threads.min(cpus), cpus];
+    let h2d_threads = bench.h2d_staging_threads().unwrap_or(staging_threads);
+    let mut thread_counts = vec![h2d_threads.min(cpus), staging_threads.min(cpus), cpus];
+    thread_counts.sort_unstable();
     thread_counts.dedup();
     let copy_threads: Vec<CopyThreads> =
         thread_counts.iter().map(|&n| CopyThreads::new(n)).collect();

@@ -5,7 +5,7 @@
 //! cargo bench --bench perf                                   # the simulator
 //! CUDABUF_BACKEND=cuda cargo bench --features cuda --bench perf -- --json out.json
 //! perf [--json PATH] [--only SECTION,...] [--sizes 1M,64M,1G] [--quick]
-//!      [--peer-sizes 64M,1G] [--sim-devices N]
+//!      [--peer-sizes 64M,1G] [--sim-devices N] [--sweep-size 256M]
 //! ```
 //!
 //! Sections, one file each: `copies` (H2D/D2H pinned and pageable, D2D at each size; from

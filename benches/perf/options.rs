@@ -19,6 +19,9 @@ pub(crate) struct Options {
     pub(crate) peer_sizes: Vec<usize>,
     /// Devices of the simulator (the `peer` section needs 2).
     pub(crate) sim_devices: usize,
+    /// The copy size of the `sweep` section (`--sweep-size`; 256 MiB, 16 MiB with
+    /// `--quick`).
+    pub(crate) sweep_size: Option<usize>,
 }
 
 pub(crate) fn parse_options() -> AnyResult<Options> {
@@ -29,6 +32,7 @@ pub(crate) fn parse_options() -> AnyResult<Options> {
         quick: false,
         peer_sizes: vec![64 * MIB, GIB],
         sim_devices: 2,
+        sweep_size: None,
     };
     let mut peer_sizes_given = false;
     let mut args = std::env::args().skip(1);
@@ -57,6 +61,11 @@ pub(crate) fn parse_options() -> AnyResult<Options> {
             "--sim-devices" => {
                 let n = args.next().ok_or("--sim-devices needs a number")?;
                 opts.sim_devices = n.parse().map_err(|e| format!("--sim-devices {n}: {e}"))?;
+            }
+            "--sweep-size" => {
+                let s = args.next().ok_or("--sweep-size needs a size")?;
+                opts.sweep_size =
+                    Some(parse_size(&s).ok_or_else(|| format!("--sweep-size {s}: not a size"))?);
             }
             "--quick" => {
                 opts.quick = true;

@@ -35,7 +35,9 @@ pub(crate) fn sweep(
             use cudabuf::cuda::StagingConfig;
             let raw = cuda.cuda_device(0)?.primary_driver_context()?;
             let default = raw.staging_config();
-            let size = if opts.quick { 16 * MIB } else { 256 * MIB };
+            let size = opts
+                .sweep_size
+                .unwrap_or(if opts.quick { 16 * MIB } else { 256 * MIB });
             let d = ctx.new_buffer(size)?;
             let src = pattern(size);
             let mut dst = pattern(size);

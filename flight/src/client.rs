@@ -364,8 +364,8 @@ impl FlightDeviceClient {
     ///
     /// Each batch is downloaded on a blocking thread (into a pinned block from the
     /// context's staging pool, where it is on) while the one before it is encoded and
-    /// sent, one download ahead; a fixed-width batch
-    /// ([`DeviceRecordBatch::is_fixed_width`]) of more than 4 MiB is downloaded a run of
+    /// sent, one download ahead; a flat batch
+    /// ([`DeviceRecordBatch::is_flat`]) of more than 4 MiB is downloaded a run of
     /// rows of at most 4 MiB at a time, so its first messages go out while the rest is
     /// still on the device. arrow-rs encodes each download (messages of at most
     /// [`max_flight_data_size`](Self::max_flight_data_size) bytes of body, 2 MiB by default; dictionary-encoded columns as dictionary batches before each batch) and tonic

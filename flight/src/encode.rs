@@ -1,6 +1,6 @@
 //! Device record batches to `FlightData`: each batch downloaded to the host (into pinned
 //! memory from the context's pool, where it is on) on a blocking thread, one download
-//! ahead of the encoder (a large fixed-width batch a piece of rows at a time), and
+//! ahead of the encoder (a large flat batch a piece of rows at a time), and
 //! encoded by arrow-rs's `FlightDataEncoder` (dictionaries sent as dictionary batches).
 
 use arrow::array::Array;
@@ -34,7 +34,7 @@ const DOWNLOADS_AHEAD: usize = 1;
 /// batches), as a `DoGet` or `DoPut` sends it: each batch is copied to the host with
 /// [`DeviceRecordBatch::to_host`] on a blocking thread of the tokio runtime, the next
 /// download running while the one before is encoded and sent (one download ahead; a
-/// fixed-width batch of more than 4 MiB is downloaded a run of rows of at most 4 MiB at
+/// flat batch ([`DeviceRecordBatch::is_flat`]) of more than 4 MiB is downloaded a run of rows of at most 4 MiB at
 /// a time, with [`DeviceRecordBatch::to_host_slice`], so that its first message goes out
 /// before the whole batch is down), and
 /// encoded by arrow-rs (messages of at most `max_flight_data_size` bytes of body, larger
@@ -161,20 +161,20 @@ fn split_by_size(batch: RecordBatch, max: usize) -> Vec<RecordBatch> {
         .collect()
 }
 
-/// The most host memory one download of a fixed-width batch lands in: a larger batch is
+/// The most host memory one download of a flat batch lands in: a larger batch is
 /// downloaded a run of rows at a time ([`DeviceRecordBatch::to_host_slice`]), so that
 /// its first messages go out while the rest is still on the device, and so that the
 /// downloads of many concurrent streams fit the context's pool of pinned blocks
 /// (16 streams, each with a piece downloading and one being encoded: under 256 MiB).
 pub(crate) const PIECE_BYTES: usize = 4 << 20;
 
-/// The runs of rows `batch` is downloaded by, each of at most `piece` bytes (at least 64
-/// rows, a multiple of 64 rows but the last): the whole batch where it is not fixed
-/// width, has no rows or fits one piece.
+/// The runs of rows `batch` is downloaded by, each of about `piece` bytes at the batch's
+/// average bytes per row (at least 64 rows, a multiple of 64 rows but the last): the
+/// whole batch where it is not flat, has no rows or fits one piece.
 fn pieces(batch: &DeviceRecordBatch, piece: usize) -> Vec<(usize, usize)> {
     let rows = batch.num_rows();
     let whole = vec![(0, rows)];
-    if rows == 0 || !batch.is_fixed_width() {
+    if rows == 0 || !batch.is_flat() {
         return whole;
     }
     let bytes: usize = batch
@@ -195,7 +195,7 @@ fn pieces(batch: &DeviceRecordBatch, piece: usize) -> Vec<(usize, usize)> {
 }
 
 /// `batches` copied to the host on blocking threads, [`DOWNLOADS_AHEAD`] downloads ahead
-/// of the consumer: a fixed-width batch of more than `piece` bytes as runs of rows of at
+/// of the consumer: a flat batch of more than `piece` bytes as runs of rows of at
 /// most `piece` bytes (see [`PIECE_BYTES`]), each its own host batch; any other batch
 /// whole.
 pub(crate) fn download_ahead(

@@ -8,7 +8,7 @@
 //!   a copy that pins nothing ([`DeviceFlightDecoder`]).
 //! - [`FlightDeviceClient::do_put`] and [`FlightDeviceClient::do_exchange`]: device
 //!   batches sent (each downloaded on a blocking thread while the one before is encoded
-//!   and sent, one download ahead, a large fixed-width batch a piece of rows at a time; a
+//!   and sent, one download ahead, a large flat batch a piece of rows at a time; a
 //!   failed download cancels the call), and a `DoExchange`'s
 //!   answer landed on the device as a `DoGet`'s is. [`BlockingFlightClient`] wraps the
 //!   three for programs without a tokio runtime.
