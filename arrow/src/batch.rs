@@ -314,7 +314,8 @@ impl DeviceRecordBatch {
     /// Rows `offset..offset + length` on the host: the batch that
     /// `self.to_host()?.slice(offset, length)` gives, copying less where it can. Where the
     /// batch [`is_flat`](Self::is_flat), only the byte ranges of those rows are copied
-    /// (from the byte that holds the first row's bit, in bitmaps), all into one landing
+    /// (from up to 7 rows before the first, so that every bitmap starts at a whole byte),
+    /// all into one landing
     /// area: a pinned block lent from the context's pool as [`to_host`](Self::to_host)
     /// lends one, or a new vector. Binary and string columns take a second copy: their
     /// offsets come first, then the data between the first and the last of them (into a
@@ -355,6 +356,10 @@ impl DeviceRecordBatch {
                     self.num_rows
                 ),
             ));
+        }
+        if length == 0 {
+            // Nothing to copy (and a string column of no slots may have no offsets).
+            return Ok(RecordBatch::new_empty(self.schema.clone()));
         }
         if !self.is_flat() {
             return Ok(self.to_host()?.slice(offset, length));

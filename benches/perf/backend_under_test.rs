@@ -42,30 +42,29 @@ impl Bench {
         matches!(self, Bench::Sim(_))
     }
 
-    /// The staging threads of device-to-host pageable copies (CUDA; `None` on the
-    /// simulator, which does not stage).
+    /// The staging configuration of device 0's primary context (CUDA, staging on).
+    #[cfg(feature = "cuda")]
+    fn staging(cuda: &cudabuf::cuda::CudaBackend) -> Option<cudabuf::cuda::StagingConfig> {
+        let raw = cuda.cuda_device(0).ok()?.primary_driver_context().ok()?;
+        let config = raw.staging_config();
+        config.enabled().then_some(config)
+    }
+
     /// The staging threads of host-to-device copies (CUDA, staging on).
     pub(crate) fn h2d_staging_threads(&self) -> Option<usize> {
         match self {
             Bench::Sim(_) => None,
             #[cfg(feature = "cuda")]
-            Bench::Cuda(cuda) => {
-                let raw = cuda.cuda_device(0).ok()?.primary_driver_context().ok()?;
-                let config = raw.staging_config();
-                config.enabled().then_some(config.threads)
-            }
+            Bench::Cuda(cuda) => Self::staging(cuda).map(|c| c.threads),
         }
     }
 
+    /// The staging threads of device-to-host copies (CUDA, staging on).
     pub(crate) fn d2h_staging_threads(&self) -> Option<usize> {
         match self {
             Bench::Sim(_) => None,
             #[cfg(feature = "cuda")]
-            Bench::Cuda(cuda) => {
-                let raw = cuda.cuda_device(0).ok()?.primary_driver_context().ok()?;
-                let config = raw.staging_config();
-                config.enabled().then_some(config.d2h_threads)
-            }
+            Bench::Cuda(cuda) => Self::staging(cuda).map(|c| c.d2h_threads),
         }
     }
 }

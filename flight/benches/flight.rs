@@ -34,13 +34,18 @@
 //! and `initial_connection_window_size`; cudabuf-flight's defaults when absent,
 //! `DEFAULT_STREAM_WINDOW` and `DEFAULT_CONNECTION_WINDOW`), `--tonic-windows` (neither
 //! set: tonic's and hyper's defaults) and `--adaptive` (`http2_adaptive_window`).
+//! `--pool-limit BYTES` sets the context's staging pool limit (`256M` by default on CUDA):
+//! the bench's clients and servers share one process and one context, so their pinned
+//! blocks and staging buffers come from one pool, where two processes would have one
+//! each.
 //!
 //! ```text
 //! cargo bench -p cudabuf-flight --bench flight -- --total 64M --rows 128K --streams 1,4
 //! CUDABUF_BACKEND=cuda cargo bench -p cudabuf-flight --features cudabuf/cuda --bench flight -- \
 //!     --streams 1,4,16 --message-sizes 2M,16M,64M --json flight.json
 //! flight [--total 1G] [--rows 1M] [--streams 1,4,16] [--reps N] [--message-sizes 2M,16M]
-//!        [--stream-window B] [--conn-window B] [--tonic-windows] [--adaptive] [--json PATH]
+//!        [--stream-window B] [--conn-window B] [--tonic-windows] [--adaptive]
+//!        [--pool-limit B] [--json PATH]
 //! flight --serve-only PORT [--total ..] [--rows ..] [--message-sizes M]
 //! ```
 //!
@@ -90,6 +95,8 @@ struct Options {
     stream_window: Option<u32>,
     conn_window: Option<u32>,
     adaptive: bool,
+    /// The context's staging pool limit (`Context::set_staging_pool_limit`), if given.
+    pool_limit: Option<usize>,
     json: Option<PathBuf>,
     serve_only: Option<u16>,
 }
@@ -130,6 +137,7 @@ fn parse_options() -> AnyResult<Options> {
         stream_window: Some(cudabuf_flight::DEFAULT_STREAM_WINDOW),
         conn_window: Some(cudabuf_flight::DEFAULT_CONNECTION_WINDOW),
         adaptive: false,
+        pool_limit: None,
         json: None,
         serve_only: None,
     };
@@ -146,6 +154,7 @@ fn parse_options() -> AnyResult<Options> {
             "--conn-window" => o.conn_window = Some(parse_window(&value()?)?),
             "--tonic-windows" => (o.stream_window, o.conn_window) = (None, None),
             "--adaptive" => o.adaptive = true,
+            "--pool-limit" => o.pool_limit = Some(parse_size(&value()?)?),
             "--json" => o.json = Some(PathBuf::from(value()?)),
             "--serve-only" => o.serve_only = Some(value()?.parse()?),
             // `cargo bench` passes `--bench`.
@@ -576,6 +585,9 @@ fn run() -> AnyResult<()> {
     }
     let backend = cudabuf::backend_from_env()?;
     let ctx = backend.context(0)?;
+    if let Some(limit) = o.pool_limit {
+        ctx.set_staging_pool_limit(limit);
+    }
     let count = o.total / (o.rows * COLUMNS * 8);
     let host = make_batches(count, o.rows)?;
     let schema = host[0].schema();
@@ -592,7 +604,8 @@ fn run() -> AnyResult<()> {
     };
     println!(
         "# flight: backend {}, {count} batches of {} rows x {COLUMNS} int64 ({:.1} MiB in all), \
-         streams {:?}, {} reps, stream window {:?}, connection window {:?}, adaptive {}",
+         streams {:?}, {} reps, stream window {:?}, connection window {:?}, adaptive {}, \
+         staging pool limit {} MiB",
         backend.kind(),
         o.rows,
         bytes / MIB as f64,
@@ -600,7 +613,8 @@ fn run() -> AnyResult<()> {
         o.reps,
         o.stream_window,
         o.conn_window,
-        o.adaptive
+        o.adaptive,
+        ctx.staging_pool_limit() >> 20
     );
     let runtime = Runtime::new()?;
     let mut results = Vec::new();
@@ -701,6 +715,7 @@ fn run() -> AnyResult<()> {
             "stream_window": o.stream_window,
             "conn_window": o.conn_window,
             "adaptive_window": o.adaptive,
+            "staging_pool_limit": ctx.staging_pool_limit(),
             "results": results,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;

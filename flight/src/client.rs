@@ -166,11 +166,13 @@ impl FlightDeviceClient {
         self.max_message_size
     }
 
-    /// Set the most bytes of body in one message the client sends (`DoPut`,
+    /// Set about the most bytes of body in one message the client sends (`DoPut`,
     /// `DoExchange`; [`DEFAULT_MAX_FLIGHT_DATA_SIZE`] by default, at least
-    /// [`MIN_MAX_FLIGHT_DATA_SIZE`](crate::MIN_MAX_FLIGHT_DATA_SIZE)): arrow-rs's encoder splits larger batches by rows, as
-    /// arrow-flight's `FlightDataEncoderBuilder::with_max_flight_data_size` does. The
-    /// server's limit on incoming messages must allow it (plus the message's header).
+    /// [`MIN_MAX_FLIGHT_DATA_SIZE`](crate::MIN_MAX_FLIGHT_DATA_SIZE)): larger batches are
+    /// split by rows, as arrow-flight's `FlightDataEncoderBuilder::with_max_flight_data_size`
+    /// splits them, by the bytes of their buffers (a message can pass the size by its
+    /// padding and by uneven rows). The server's limit on incoming messages must allow it,
+    /// with room for the message's header.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -364,12 +366,12 @@ impl FlightDeviceClient {
     ///
     /// Each batch is downloaded on a blocking thread (into a pinned block from the
     /// context's staging pool, where it is on) while the one before it is encoded and
-    /// sent, one download ahead; a flat batch
-    /// ([`DeviceRecordBatch::is_flat`]) of more than 4 MiB is downloaded a run of
-    /// rows of at most 4 MiB at a time, so its first messages go out while the rest is
-    /// still on the device. arrow-rs encodes each download (messages of at most
-    /// [`max_flight_data_size`](Self::max_flight_data_size) bytes of body, 2 MiB by default; dictionary-encoded columns as dictionary batches before each batch) and tonic
-    /// sends it. Host copies per byte: arrow-rs's IPC body and tonic's send buffer (two);
+    /// sent, one download ahead; a flat batch ([`DeviceRecordBatch::is_flat`]) of more
+    /// than 4 MiB is downloaded a run of rows of about 4 MiB at a time, so its first
+    /// messages go out while the rest is still on the device. arrow-rs encodes each
+    /// download (messages of about [`max_flight_data_size`](Self::max_flight_data_size)
+    /// bytes of body, 2 MiB by default; dictionary-encoded columns as dictionary batches
+    /// before each batch) and tonic sends it. Host copies per byte: arrow-rs's IPC body and tonic's send buffer (two);
     /// the download is DMA. At most about three downloads are on the host at once (the
     /// one being sent, the next, and the one after it being downloaded).
     ///

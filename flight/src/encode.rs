@@ -3,7 +3,8 @@
 //! ahead of the encoder (a large flat batch a piece of rows at a time), and
 //! encoded by arrow-rs's `FlightDataEncoder` (dictionaries sent as dictionary batches).
 
-use arrow::array::Array;
+use arrow::array::{Array, ArrayData};
+use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
@@ -34,11 +35,11 @@ const DOWNLOADS_AHEAD: usize = 1;
 /// batches), as a `DoGet` or `DoPut` sends it: each batch is copied to the host with
 /// [`DeviceRecordBatch::to_host`] on a blocking thread of the tokio runtime, the next
 /// download running while the one before is encoded and sent (one download ahead; a
-/// flat batch ([`DeviceRecordBatch::is_flat`]) of more than 4 MiB is downloaded a run of rows of at most 4 MiB at
-/// a time, with [`DeviceRecordBatch::to_host_slice`], so that its first message goes out
-/// before the whole batch is down), and
-/// encoded by arrow-rs (messages of at most `max_flight_data_size` bytes of body, larger
-/// batches split by rows, default 2 MiB; no message for a batch of 0 rows).
+/// flat batch ([`DeviceRecordBatch::is_flat`]) of more than 4 MiB is downloaded a run of
+/// rows of about 4 MiB at a time, with [`DeviceRecordBatch::to_host_slice`], so that its
+/// first message goes out before the whole batch is down), and encoded by arrow-rs
+/// (larger batches split by rows into messages of about `max_flight_data_size` bytes of
+/// body, default 2 MiB; no message for a batch of 0 rows).
 /// Dictionary-encoded columns are sent as dictionary batches (arrow-rs's
 /// `DictionaryHandling::Resend`: the dictionaries before every batch, which a reader takes
 /// as replacements), so the schema sent is `schema` itself.
@@ -134,20 +135,18 @@ pub(crate) fn encode_host(
     builder.build(host).map_err(from_encoder).boxed()
 }
 
-/// `batch` in runs of rows of at most about `max` bytes each, as arrow-rs's encoder
-/// splits a batch, but sized by the bytes the rows hold (`get_slice_memory_size`), not by
-/// the capacity of the allocations under them: a downloaded batch's columns are slices
-/// of one landing area, whose whole capacity arrow-rs would count once per column (a
-/// 64 MiB batch of 8 columns would go out as 256 messages of 256 KiB, not 32 of 2 MiB).
+/// `batch` in runs of rows of about `max` bytes each, as arrow-rs's encoder splits a
+/// batch, but sized by the bytes of the buffers themselves (their lengths, children and
+/// bitmaps included), not by the capacity of the allocations under them: a downloaded
+/// batch's columns are slices of one landing area, whose whole capacity arrow-rs would
+/// count once per column (a 64 MiB batch of 8 columns would go out as 256 messages of
+/// 256 KiB, not 32 of 2 MiB). (Not arrow-rs's `get_slice_memory_size` either: it panics
+/// on a string array of no rows whose offsets buffer is empty, which IPC allows.)
 fn split_by_size(batch: RecordBatch, max: usize) -> Vec<RecordBatch> {
     let size: usize = batch
         .columns()
         .iter()
-        .map(|c| {
-            c.to_data()
-                .get_slice_memory_size()
-                .unwrap_or_else(|_| c.get_buffer_memory_size())
-        })
+        .map(|c| data_bytes(&c.to_data()))
         .sum();
     let rows = batch.num_rows();
     let parts = size.div_ceil(max).max(1);
@@ -161,28 +160,45 @@ fn split_by_size(batch: RecordBatch, max: usize) -> Vec<RecordBatch> {
         .collect()
 }
 
-/// The most host memory one download of a flat batch lands in: a larger batch is
+/// The bytes of `data`'s buffers, validity bitmap and children (and dictionary).
+fn data_bytes(data: &ArrayData) -> usize {
+    let own: usize = data.buffers().iter().map(Buffer::len).sum();
+    let nulls = data.nulls().map_or(0, |n| n.buffer().len());
+    let children: usize = data.child_data().iter().map(data_bytes).sum();
+    own + nulls + children
+}
+
+/// About the most host memory one download of a flat batch lands in: a larger batch is
 /// downloaded a run of rows at a time ([`DeviceRecordBatch::to_host_slice`]), so that
 /// its first messages go out while the rest is still on the device, and so that the
-/// downloads of many concurrent streams fit the context's pool of pinned blocks
-/// (16 streams, each with a piece downloading and one being encoded: under 256 MiB).
+/// downloads of many concurrent streams fit the context's pool of pinned blocks (by
+/// count: 16 streams, each with at most three pieces of 4.5 MiB blocks on the host, hold
+/// at most 216 MiB, within the pool's default 256 MiB).
 pub(crate) const PIECE_BYTES: usize = 4 << 20;
 
+/// The least average bytes of one buffer's range in a piece (see [`pieces`]).
+const MIN_PART: usize = 64 << 10;
+
 /// The runs of rows `batch` is downloaded by, each of about `piece` bytes at the batch's
-/// average bytes per row (at least 64 rows, a multiple of 64 rows but the last): the
-/// whole batch where it is not flat, has no rows or fits one piece.
+/// average bytes per row (at least 64 rows, a multiple of 64 rows but the last; more
+/// bytes where the batch has so many buffers that their ranges would average less than
+/// 64 KiB): the whole batch where it is not flat, has no rows or fits one piece.
 fn pieces(batch: &DeviceRecordBatch, piece: usize) -> Vec<(usize, usize)> {
     let rows = batch.num_rows();
     let whole = vec![(0, rows)];
     if rows == 0 || !batch.is_flat() {
         return whole;
     }
-    let bytes: usize = batch
+    let buffers: Vec<usize> = batch
         .columns()
         .iter()
         .flat_map(|c| c.device_buffers())
         .map(|b| b.size())
-        .sum();
+        .collect();
+    let bytes: usize = buffers.iter().sum();
+    // A piece copies each buffer's range on its own: with many columns, a piece grows so
+    // that those copies average at least `MIN_PART` bytes.
+    let piece = piece.max(buffers.len().saturating_mul(MIN_PART));
     let per_row = bytes.div_ceil(rows).max(1);
     let step = (piece / per_row / 64 * 64).max(64);
     if step >= rows {
@@ -195,8 +211,8 @@ fn pieces(batch: &DeviceRecordBatch, piece: usize) -> Vec<(usize, usize)> {
 }
 
 /// `batches` copied to the host on blocking threads, [`DOWNLOADS_AHEAD`] downloads ahead
-/// of the consumer: a flat batch of more than `piece` bytes as runs of rows of at
-/// most `piece` bytes (see [`PIECE_BYTES`]), each its own host batch; any other batch
+/// of the consumer: a flat batch of more than `piece` bytes as runs of rows of about
+/// `piece` bytes ([`pieces`], [`PIECE_BYTES`]), each its own host batch; any other batch
 /// whole.
 pub(crate) fn download_ahead(
     batches: impl Stream<Item = Result<DeviceRecordBatch>> + Send + 'static,
@@ -253,5 +269,93 @@ fn from_encoder(e: arrow_flight::error::FlightError) -> FlightError {
         Encoder::Tonic(status) => FlightError::Status(status),
         Encoder::NotYetImplemented(what) => FlightError::Unsupported(what),
         other => FlightError::invalid(format!("encoding: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int64Array, ListArray};
+    use arrow::datatypes::Int64Type;
+
+    use super::*;
+
+    fn on_device(columns: usize, rows: i64) -> DeviceRecordBatch {
+        let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new())
+            .context(0)
+            .expect("simulator context");
+        let batch = RecordBatch::try_from_iter((0..columns).map(|c| {
+            let values = Int64Array::from_iter_values(0..rows);
+            (format!("c{c}"), Arc::new(values) as ArrayRef)
+        }))
+        .expect("batch");
+        DeviceRecordBatch::from_host(&batch, &ctx).expect("upload")
+    }
+
+    /// Every run tiles the batch in order, each a multiple of 64 rows but the last.
+    fn check_tiles(runs: &[(usize, usize)], rows: usize) {
+        let mut next = 0;
+        for (i, &(offset, length)) in runs.iter().enumerate() {
+            assert_eq!(offset, next);
+            assert!(length > 0);
+            if i + 1 < runs.len() {
+                assert_eq!(length % 64, 0);
+            }
+            next += length;
+        }
+        assert_eq!(next, rows);
+    }
+
+    #[test]
+    fn pieces_are_about_the_piece_size_and_grow_with_many_columns() {
+        // 8 columns of 256 Ki rows: 16 MiB, pieces of 4 MiB.
+        let batch = on_device(8, 256 << 10);
+        let runs = pieces(&batch, PIECE_BYTES);
+        check_tiles(&runs, batch.num_rows());
+        assert_eq!(runs.len(), 4, "{runs:?}");
+        // 200 columns of 8 Ki rows (12.5 MiB): a 4 MiB piece would give each column
+        // 20 KiB; pieces grow to 200 x 64 KiB = 12.5 MiB, the whole batch.
+        let wide = on_device(200, 8 << 10);
+        assert_eq!(pieces(&wide, PIECE_BYTES), vec![(0, wide.num_rows())]);
+        // A batch that fits one piece, and one of no rows: whole.
+        let small = on_device(2, 1000);
+        assert_eq!(pieces(&small, PIECE_BYTES), vec![(0, 1000)]);
+        let empty = on_device(2, 0);
+        assert_eq!(pieces(&empty, PIECE_BYTES), vec![(0, 0)]);
+    }
+
+    #[test]
+    fn nested_batches_are_downloaded_whole() {
+        let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new())
+            .context(0)
+            .expect("simulator context");
+        let lists = ListArray::from_iter_primitive::<Int64Type, _, _>(
+            (0..200_000).map(|i| Some(vec![Some(i); 4])),
+        );
+        let batch =
+            RecordBatch::try_from_iter([("l", Arc::new(lists) as ArrayRef)]).expect("batch");
+        let device = DeviceRecordBatch::from_host(&batch, &ctx).expect("upload");
+        assert!(!device.is_flat());
+        assert_eq!(pieces(&device, PIECE_BYTES), vec![(0, 200_000)]);
+    }
+
+    #[test]
+    fn split_by_size_counts_the_buffers_not_their_allocations() {
+        // 8 columns, each a slice of one 2 MiB allocation: 2 MiB of rows in all (arrow-rs,
+        // counting the allocation under each column, would count 16 MiB).
+        let rows = 32 << 10;
+        let area = Buffer::from_vec(vec![0i64; 8 * rows]);
+        let columns: Vec<(String, ArrayRef)> = (0..8)
+            .map(|c| {
+                let values = area.slice_with_length(c * rows * 8, rows * 8);
+                let array = Int64Array::new(values.into(), None);
+                (format!("c{c}"), Arc::new(array) as ArrayRef)
+            })
+            .collect();
+        let batch = RecordBatch::try_from_iter(columns).expect("batch");
+        let parts = split_by_size(batch.clone(), 1 << 20);
+        assert_eq!(parts.len(), 2, "2 MiB in messages of 1 MiB");
+        assert_eq!(split_by_size(batch, 2 << 20).len(), 1);
     }
 }

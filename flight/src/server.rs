@@ -193,12 +193,14 @@ impl DeviceFlightServer {
         self.exchange.is_some()
     }
 
-    /// Set the most bytes of body in one message the server sends (`DoGet`, `DoExchange`
-    /// answers; [`DEFAULT_MAX_FLIGHT_DATA_SIZE`] by default, at least
+    /// Set about the most bytes of body in one message the server sends (`DoGet`,
+    /// `DoExchange` answers; [`DEFAULT_MAX_FLIGHT_DATA_SIZE`] by default, at least
     /// [`MIN_MAX_FLIGHT_DATA_SIZE`](crate::MIN_MAX_FLIGHT_DATA_SIZE)): larger batches are
     /// split by rows, as arrow-flight's `FlightDataEncoderBuilder::with_max_flight_data_size`
-    /// splits them. Clients must accept messages of that size (tonic's default limit on a
-    /// decoded message, which arrow-flight's `FlightClient` keeps unless raised, is 4 MiB).
+    /// splits them, by the bytes of their buffers (a message can pass the size by its
+    /// padding and by uneven rows). Clients must accept messages of that size, with room
+    /// for the header (tonic's default limit on a decoded message, which arrow-flight's
+    /// `FlightClient` keeps unless raised, is 4 MiB).
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

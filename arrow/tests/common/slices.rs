@@ -292,3 +292,30 @@ pub(crate) fn to_host_slice_outside_the_batch_is_invalid_argument(f: &Fixture) -
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     Ok(())
 }
+
+pub(crate) fn to_host_slice_of_no_rows_is_empty_even_without_offsets(f: &Fixture) -> CaseResult {
+    let ctx = context(f);
+    let host = batch(vec![
+        (
+            "s",
+            Arc::new(StringArray::from(Vec::<&str>::new())) as ArrayRef,
+        ),
+        ("i", Arc::new(Int64Array::from(Vec::<i64>::new())) as _),
+    ]);
+    let device = DeviceRecordBatch::from_host(&host, &ctx).unwrap();
+    // Through the C Device Data Interface a string column of no slots comes with no
+    // offsets at all (as Arrow allows).
+    let mut exported = cudabuf_arrow::export_device_record_batch(&device).unwrap();
+    // SAFETY: exported by cudabuf just above, for this schema and context.
+    let imported =
+        unsafe { cudabuf_arrow::import_device_record_batch(&mut exported, host.schema(), &ctx) }
+            .unwrap();
+    assert!(imported.columns()[0].buffers()[0].is_empty(), "no offsets");
+    for batch in [&device, &imported] {
+        assert_eq!(batch.to_host_slice(0, 0).unwrap(), host);
+        assert_eq!(batch.to_host().unwrap(), host);
+        let err = batch.to_host_slice(0, 1).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    }
+    Ok(())
+}

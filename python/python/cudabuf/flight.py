@@ -301,7 +301,7 @@ class FlightClient(_FlightClient):
         stream's; left out, the first batch's. An empty ``batches`` with a ``schema``
         sends a stream of the schema alone. Each batch is copied to the host (through
         pinned memory, one download ahead of the one being sent; a flat batch
-        larger than 4 MiB 4 MiB of rows at a time) and encoded by arrow-rs;
+        larger than 4 MiB about 4 MiB of rows at a time) and encoded by arrow-rs;
         dictionary-encoded columns travel as dictionary batches.
 
         Raises:
