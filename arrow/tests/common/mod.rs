@@ -65,6 +65,7 @@ pub(crate) const ARROW_CASES: &[Case] = cases![
     slices::to_host_slice_of_nested_columns_copies_the_batch_and_slices_it,
     slices::to_host_slice_of_corrupt_offsets_is_invalid_data,
     slices::to_host_slice_of_no_rows_is_empty_even_without_offsets,
+    slices::to_host_slice_of_columns_with_an_offset_equals_arrow_rs_slice,
     slices::to_host_slice_outside_the_batch_is_invalid_argument,
     stream::stream_bytes_match_arrow_rs_stream_writer,
     stream::stream_with_dictionaries_reads_back_through_buffer_reader,

@@ -10,6 +10,7 @@ use cudabuf_arrow::DeviceRecordBatch;
 use cudabuf_conformance::{CaseResult, Fixture};
 use cudabuf_core::{Context, ErrorKind};
 
+use super::c_device_edit::{edit_node, Step};
 use super::context;
 use super::data::{self, batch};
 
@@ -317,5 +318,50 @@ pub(crate) fn to_host_slice_of_no_rows_is_empty_even_without_offsets(f: &Fixture
         let err = batch.to_host_slice(0, 1).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     }
+    Ok(())
+}
+
+pub(crate) fn to_host_slice_of_columns_with_an_offset_equals_arrow_rs_slice(
+    f: &Fixture,
+) -> CaseResult {
+    let ctx = context(f);
+    let mut host = fixed_width(1000);
+    let strings =
+        StringArray::from_iter((0..1000).map(|i| (i % 3 != 0).then(|| "ab".repeat(i % 5))));
+    let mut columns: Vec<(String, ArrayRef)> = host
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .zip(host.columns().iter().cloned())
+        .collect();
+    columns.push(("s".to_owned(), Arc::new(strings) as ArrayRef));
+    host = RecordBatch::try_from_iter(columns).unwrap();
+    let device = DeviceRecordBatch::from_host(&host, &ctx).unwrap();
+    // Exported, then every column edited to start 13 rows in (as a producer that slices
+    // does), its null count unknown, and imported: columns with an offset.
+    let skip = 13;
+    let mut exported = cudabuf_arrow::export_device_record_batch(&device).unwrap();
+    for i in 0..host.num_columns() {
+        // SAFETY: an unreleased array exported just above; the child keeps its buffers and
+        // gets an offset and length within them, which is a valid array.
+        unsafe {
+            edit_node(&mut exported, &[Step::Child(i)], |parts| {
+                parts.offset += skip as i64;
+                parts.length -= skip as i64;
+                parts.null_count = -1;
+            })
+        };
+    }
+    // SAFETY: as above, for the root: its length follows its children's.
+    unsafe { edit_node(&mut exported, &[], |parts| parts.length -= skip as i64) };
+    // SAFETY: exported by cudabuf and edited into a valid array, for this schema.
+    let imported =
+        unsafe { cudabuf_arrow::import_device_record_batch(&mut exported, host.schema(), &ctx) }
+            .unwrap();
+    assert_eq!(imported.columns()[1].offset(), skip);
+    let want = host.slice(skip, host.num_rows() - skip);
+    assert_eq!(imported.to_host().unwrap(), want);
+    check_runs(&imported, &want);
     Ok(())
 }
