@@ -312,16 +312,16 @@ impl DeviceRecordBatch {
     }
 
     /// Rows `offset..offset + length` on the host: the batch that
-    /// `self.to_host()?.slice(offset, length)` gives, copying less where it can. Where the
-    /// batch [`is_flat`](Self::is_flat), only the byte ranges of those rows are copied
-    /// (from up to 7 rows before the first, so that every bitmap starts at a whole byte),
-    /// all into one landing
-    /// area: a pinned block lent from the context's pool as [`to_host`](Self::to_host)
-    /// lends one, or a new vector. Binary and string columns take a second copy: their
-    /// offsets come first, then the data between the first and the last of them (into a
-    /// second landing area), and the offsets are rebased to it on the host. The null counts
-    /// are counted on the host. Otherwise (dictionaries, nested types) the whole batch is
-    /// copied as `to_host` copies it, and sliced on the host.
+    /// `self.to_host()?.slice(offset, length)` gives, copying less where it can. A run of
+    /// every row is `to_host` itself. Otherwise, where the batch [`is_flat`](Self::is_flat),
+    /// only the byte ranges of those rows are copied (from up to 7 rows before the first,
+    /// so that every bitmap starts at a whole byte), all into one landing area: a pinned
+    /// block lent from the context's pool as [`to_host`](Self::to_host) lends one, or a
+    /// new vector. Binary and string columns take a second copy: their offsets come first,
+    /// then the data between the first and the last of them (into a second landing area),
+    /// and the offsets are rebased to it on the host. The null counts are counted on the
+    /// host. A batch that is not flat (dictionaries, nested types) is copied whole as
+    /// `to_host` copies it, and sliced on the host.
     ///
     /// This is how a consumer that sends a large batch in pieces (a Flight upload) copies
     /// a piece at a time, so that its first bytes go out before the whole batch is down.
@@ -360,6 +360,9 @@ impl DeviceRecordBatch {
         if length == 0 {
             // Nothing to copy (and a string column of no slots may have no offsets).
             return Ok(RecordBatch::new_empty(self.schema.clone()));
+        }
+        if offset == 0 && length == self.num_rows {
+            return self.to_host();
         }
         if !self.is_flat() {
             return Ok(self.to_host()?.slice(offset, length));

@@ -66,19 +66,11 @@ pub(crate) fn block_size(len: usize) -> usize {
 /// context's pool has one, else in a new vector (and a block of its class is pinned in
 /// the background when the pool could lend it).
 pub(crate) fn copy_to_host(device: &DeviceBuffer) -> Result<Buffer> {
-    let len = device.size();
-    match PinnedLoan::take(device.context(), len) {
-        Take::Lent(mut loan) => {
-            let host = loan.host_mut();
-            device.copy_to_host_into(0, &mut host[..len], None)?;
-            Ok(loan.into_buffer(len))
-        }
-        Take::Missed(block) => {
-            let ctx = device.context();
-            ctx.with_background_pinning(len, block, block, 1, || land_pageable(device))
-        }
-        Take::Refused => land_pageable(device),
-    }
+    let mut landed = copy_parts_to_host(device.context(), std::slice::from_ref(device))?;
+    // One part, one buffer: the whole landing area.
+    Ok(landed
+        .pop()
+        .unwrap_or_else(|| Buffer::from_vec(Vec::<u8>::new())))
 }
 
 /// Where each part starts in one landing area: every part at a 64-byte boundary (the
@@ -102,7 +94,7 @@ fn layout_parts(parts: &[DeviceBuffer]) -> Option<(Vec<usize>, usize)> {
 pub(crate) fn copy_parts_to_host(ctx: &Context, parts: &[DeviceBuffer]) -> Result<Vec<Buffer>> {
     let Some((starts, len)) = layout_parts(parts) else {
         return Err(cudabuf_core::Error::invalid_argument(
-            "DeviceRecordBatch::to_host_slice",
+            "copy to the host",
             "the buffers' sizes overflow usize",
         ));
     };
@@ -127,6 +119,11 @@ pub(crate) fn copy_parts_to_host(ctx: &Context, parts: &[DeviceBuffer]) -> Resul
 }
 
 /// `parts` at `starts` of a new `len`-byte vector, by copies that pin nothing.
+///
+/// A plain `Vec` (`calloc`: fresh zero pages, no explicit zeroing pass), not a 64-byte
+/// aligned `MutableBuffer` (whose zeroed allocation writes every page before the copy:
+/// 36 ms instead of 10 ms for 64 MiB on the H200 host). Large allocations are 16-byte
+/// aligned, enough for every Arrow type; `align_buffers` copies any buffer that is not.
 fn land_parts(parts: &[DeviceBuffer], starts: &[usize], len: usize) -> Result<Buffer> {
     let mut bytes = vec![0u8; len];
     for (part, &start) in parts.iter().zip(starts) {
@@ -135,16 +132,9 @@ fn land_parts(parts: &[DeviceBuffer], starts: &[usize], len: usize) -> Result<Bu
     Ok(Buffer::from_vec(bytes))
 }
 
-/// The whole of `device` in a new vector, by a copy that pins nothing.
-///
-/// A plain `Vec` (`calloc`: fresh zero pages, no explicit zeroing pass), not a 64-byte
-/// aligned `MutableBuffer` (whose zeroed allocation writes every page before the copy:
-/// 36 ms instead of 10 ms for 64 MiB on the H200 host). Large allocations are 16-byte
-/// aligned, enough for every Arrow type; `align_buffers` copies any buffer that is not.
+/// The whole of `device` in a new vector, by a copy that pins nothing ([`land_parts`]).
 pub(crate) fn land_pageable(device: &DeviceBuffer) -> Result<Buffer> {
-    let mut bytes = vec![0u8; device.size()];
-    device.copy_to_host_unpinned(0, &mut bytes)?;
-    Ok(Buffer::from_vec(bytes))
+    land_parts(std::slice::from_ref(device), &[0], device.size())
 }
 
 /// `dst.len()` bytes of `device` from `position`, after the work issued to `stream` so

@@ -116,21 +116,15 @@ pub(crate) fn copies(
             for threads in &copy_threads {
                 let n = threads.len();
                 for h2d in [true, false] {
-                    let (op, note) = if h2d {
-                        (
-                            "h2d",
-                            "pinned H2D DMA beside {n} threads' memcpy pageable -> pinned",
-                        )
+                    let (op, dma, memcpy) = if h2d {
+                        ("h2d", "H2D", "pageable -> pinned")
                     } else {
-                        (
-                            "d2h",
-                            "pinned D2H DMA beside {n} threads' memcpy pinned -> pageable",
-                        )
+                        ("d2h", "D2H", "pinned -> pageable")
                     };
                     run(
                         &format!("{op}_overlap_bound_mt{n}"),
                         size,
-                        &note.replace("{n}", &n.to_string()),
+                        &format!("pinned {dma} DMA beside {n} threads' memcpy {memcpy}"),
                         &mut || {
                             let host = dma_host.take().ok_or("the DMA buffer came back")?;
                             let transfer = if h2d {

@@ -233,13 +233,7 @@ pub(crate) fn download_ahead(
             // Started here, when the buffer below takes the run (not when its future is
             // first polled), so that the next download runs while this one is sent.
             let started = run.and_then(|(batch, offset, length)| {
-                spawn_blocking(move || {
-                    if offset == 0 && length == batch.num_rows() {
-                        batch.to_host()
-                    } else {
-                        batch.to_host_slice(offset, length)
-                    }
-                })
+                spawn_blocking(move || batch.to_host_slice(offset, length))
             });
             async move { joined(started?).await?.map_err(FlightError::from) }
         })
