@@ -55,12 +55,14 @@
 
 mod adaptive;
 mod pipeline;
+mod ring;
+mod stream_copy;
 mod task;
 mod worker_resources;
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -72,9 +74,10 @@ use crate::context::CuContext;
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
 pub(crate) use adaptive::Chooser;
+use ring::{RingCopier, RingTask};
 use task::{Cut, Task};
 pub(crate) use task::{Direction, Piece};
-use worker_resources::WorkerResources;
+use worker_resources::{RingResources, WorkerResources};
 
 /// The environment variable that turns staging off (`0`/`off`) for contexts made after it
 /// is read.
@@ -92,6 +95,10 @@ pub const STAGING_CHUNK_VAR: &str = "CUDABUF_STAGING_CHUNK";
 pub const STAGING_D2H_CHUNK_VAR: &str = "CUDABUF_STAGING_D2H_CHUNK";
 /// The smallest copy that is staged (default 512K); smaller ones go to the driver as is.
 pub const STAGING_MIN_VAR: &str = "CUDABUF_STAGING_MIN";
+
+/// The number of slots of the staging ring that every lane shares
+/// ([`StagingConfig::ring_slots`]); `0` turns the ring off.
+pub const STAGING_RING_VAR: &str = "CUDABUF_STAGING_RING";
 
 /// `0`/`off` turns adaptive staging ([`StagingConfig::adaptive`]) off: every pageable
 /// copy from `CUDABUF_STAGING_MIN` on is staged.
@@ -138,6 +145,17 @@ pub struct StagingConfig {
     /// Microseconds an idle worker spins, watching for the next copy, before it sleeps (a
     /// copy that follows soon after another then starts without waking threads).
     pub spin_micros: u32,
+    /// Slots (each as large as a chunk) of a ring that every lane shares, one copy at a
+    /// time; 0: no ring. Through the ring a step is cut into parts, one per lane, that
+    /// every lane fills at once (or copies out), and every step goes through one stream;
+    /// without it (or while another copy holds it) each lane fills and sends whole steps
+    /// of its own (the module docs of `staging` compare the two).
+    pub ring_slots: usize,
+    /// Host to device, the CPU copies into pinned memory use streaming (non-temporal)
+    /// stores on x86-64: the bytes go past the CPU's caches to memory, so that the DMA that
+    /// follows does not read lines the CPU holds modified (slower: the `stream_copy`
+    /// module's docs give the figures).
+    pub streaming_stores: bool,
 }
 
 /// Adaptive staging ([`StagingConfig::adaptive`]) chooses below this size (64 MiB); from
@@ -161,6 +179,8 @@ impl StagingConfig {
             caller_steps: true,
             ramp: false,
             spin_micros: 50,
+            ring_slots: 16,
+            streaming_stores: true,
         }
     }
 
@@ -185,6 +205,8 @@ impl StagingConfig {
             caller_steps: false,
             ramp: false,
             spin_micros: 0,
+            ring_slots: 0,
+            streaming_stores: false,
             ..self
         }
     }
@@ -196,7 +218,8 @@ impl StagingConfig {
 
     /// The defaults, overridden by `CUDABUF_STAGING`, `CUDABUF_STAGING_THREADS`,
     /// `CUDABUF_STAGING_D2H_THREADS`, `CUDABUF_STAGING_CHUNK`,
-    /// `CUDABUF_STAGING_D2H_CHUNK`, `CUDABUF_STAGING_MIN` and `CUDABUF_STAGING_ADAPTIVE`.
+    /// `CUDABUF_STAGING_D2H_CHUNK`, `CUDABUF_STAGING_MIN`, `CUDABUF_STAGING_RING` and
+    /// `CUDABUF_STAGING_ADAPTIVE`.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if let Some(v) = var(STAGING_VAR) {
@@ -222,6 +245,9 @@ impl StagingConfig {
         if let Some(n) = var(STAGING_MIN_VAR).and_then(|v| parse_size(&v)) {
             config.min_bytes = n;
         }
+        if let Some(n) = var(STAGING_RING_VAR).and_then(|v| v.trim().parse().ok()) {
+            config.ring_slots = n;
+        }
         if let Some(v) = var(STAGING_ADAPTIVE_VAR) {
             config.adaptive = !matches!(v.trim(), "0" | "off" | "false" | "no");
         }
@@ -246,6 +272,12 @@ impl StagingConfig {
         self.chunk_bytes.max(self.d2h_chunk_bytes)
     }
 
+    /// The bytes of each ring slot, and the ring's step both ways: the smaller step of the
+    /// two directions.
+    fn ring_step(&self) -> usize {
+        self.chunk_bytes.min(self.d2h_chunk_bytes)
+    }
+
     /// (threads, largest step) of a copy in `direction`.
     fn for_direction(&self, direction: Direction) -> (usize, usize) {
         match direction {
@@ -255,8 +287,62 @@ impl StagingConfig {
     }
 }
 
+/// A copy the workers join: through their own lanes, or through the ring.
+#[derive(Clone)]
+enum Job {
+    Lanes(Arc<Task>),
+    Ring(Arc<RingTask>, Arc<RingResources>),
+}
+
+impl Job {
+    /// Whether every step (or part) is claimed.
+    fn exhausted(&self) -> bool {
+        match self {
+            Job::Lanes(task) => task.exhausted(),
+            Job::Ring(ring, _) => ring.exhausted(),
+        }
+    }
+
+    /// The workers that joined, and the most that may.
+    fn workers(&self) -> (&AtomicUsize, usize) {
+        match self {
+            Job::Lanes(task) => (&task.joined, task.max_workers),
+            Job::Ring(ring, _) => (&ring.joined, ring.max_workers),
+        }
+    }
+
+    /// Whether another worker may join.
+    fn has_room(&self) -> bool {
+        let (joined, max) = self.workers();
+        !self.exhausted() && joined.load(Ordering::Relaxed) < max
+    }
+
+    /// Join as a worker if there is room (called under the queue's lock).
+    fn join(&self) -> bool {
+        let (joined, max) = self.workers();
+        if joined.load(Ordering::Relaxed) < max {
+            joined.fetch_add(1, Ordering::Relaxed);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// After a failure before any step ran: claim every step and finish it with `f`.
+    fn fail(&self, f: CuFailure) {
+        if let Job::Lanes(task) = self {
+            task.abort();
+            while let Some(step) = task.claim() {
+                task.finish(step, Err(f));
+            }
+        } else if let Job::Ring(ring, _) = self {
+            ring.fail(f);
+        }
+    }
+}
+
 struct Queue {
-    tasks: VecDeque<Arc<Task>>,
+    tasks: VecDeque<Job>,
     shutdown: bool,
 }
 
@@ -268,6 +354,19 @@ struct Shared {
     queued: AtomicUsize,
     /// How long an idle worker spins before it sleeps.
     spin: Duration,
+    /// Workers asleep on `cv` (changed under the queue's lock).
+    sleepers: AtomicUsize,
+}
+
+impl Shared {
+    /// After a job was queued (and the queue's lock let go): wake one sleeping worker, if
+    /// any; each worker that joins wakes the next while the job has room
+    /// ([`next_task`]), so that the caller pays for one wake-up, not one per worker.
+    fn wake_one(&self) {
+        if self.sleepers.load(Ordering::Relaxed) > 0 {
+            self.cv.notify_one();
+        }
+    }
 }
 
 /// One step of a traced staged copy ([`StagingTrace`]). Times count from the moment the
@@ -319,6 +418,9 @@ pub(crate) struct StagingEngine {
     /// The lane of a calling thread that takes steps itself (`caller_steps`); one caller
     /// at a time.
     caller: Mutex<Option<WorkerResources>>,
+    /// The ring that every lane shares (`ring_slots`), and whether a copy holds it.
+    ring: Option<Arc<RingResources>>,
+    ring_busy: AtomicBool,
 }
 
 impl fmt::Debug for StagingEngine {
@@ -346,6 +448,7 @@ impl StagingEngine {
             cv: Condvar::new(),
             queued: AtomicUsize::new(0),
             spin: Duration::from_micros(config.spin_micros.into()),
+            sleepers: AtomicUsize::new(0),
         });
         let mut engine = StagingEngine {
             config,
@@ -353,7 +456,16 @@ impl StagingEngine {
             shared: Arc::clone(&shared),
             workers: Vec::new(),
             caller: Mutex::new(None),
+            ring: None,
+            ring_busy: AtomicBool::new(false),
         };
+        if config.ring_slots > 0 {
+            // SAFETY: `ctx` is live (this function's contract).
+            let pushed = unsafe { PushedContext::push(ctx) }?;
+            let ring = RingResources::create(config.ring_slots, config.ring_step())?;
+            drop(pushed);
+            engine.ring = Some(Arc::new(ring));
+        }
         if config.caller_steps {
             // SAFETY: `ctx` is live (this function's contract).
             let pushed = unsafe { PushedContext::push(ctx) }?;
@@ -420,11 +532,18 @@ impl StagingEngine {
         traced: bool,
     ) -> (Result<(), CuFailure>, Option<StagingTrace>) {
         let began = std::time::Instant::now();
+        if let Some(ring) = self.claim_ring() {
+            // SAFETY: forwarded from this function's contract.
+            let copied = unsafe { self.copy_ring(&ring, direction, pieces, traced, began) };
+            self.ring_busy.store(false, Ordering::Release);
+            return copied;
+        }
         let (threads, max_step) = self.config.for_direction(direction);
         let cut = Cut {
             workers: threads.clamp(1, self.workers.len().max(1)),
             max_step,
             ramp: self.config.ramp,
+            streaming: self.config.streaming_stores,
         };
         let Some(task) = Task::new(direction, pieces, cut, traced) else {
             return (Ok(()), None);
@@ -436,10 +555,10 @@ impl StagingEngine {
                 .queue
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            queue.tasks.push_back(Arc::clone(&task));
+            queue.tasks.push_back(Job::Lanes(Arc::clone(&task)));
             self.shared.queued.fetch_add(1, Ordering::Relaxed);
         }
-        self.shared.cv.notify_all();
+        self.shared.wake_one();
         if self.config.caller_steps {
             self.take_steps(&task);
         }
@@ -461,6 +580,103 @@ impl StagingEngine {
                     dma_done: t.dma_done,
                 })
                 .collect(),
+        });
+        (result, trace)
+    }
+
+    /// The ring, if this engine has one and no other copy holds it (the caller clears
+    /// `ring_busy` when its copy is done).
+    fn claim_ring(&self) -> Option<Arc<RingResources>> {
+        let ring = self.ring.as_ref()?;
+        self.ring_busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| Arc::clone(ring))
+    }
+
+    /// [`copy_traced`](Self::copy_traced) through the ring, which the caller holds.
+    ///
+    /// # Safety
+    /// As [`copy_traced`](Self::copy_traced).
+    unsafe fn copy_ring(
+        &self,
+        ring: &Arc<RingResources>,
+        direction: Direction,
+        pieces: Vec<Piece>,
+        traced: bool,
+        began: std::time::Instant,
+    ) -> (Result<(), CuFailure>, Option<StagingTrace>) {
+        let (threads, max_step) = self.config.for_direction(direction);
+        let workers = threads.clamp(1, self.workers.len().max(1));
+        let lanes = workers + usize::from(self.config.caller_steps);
+        let Some(task) = RingTask::new(
+            direction,
+            pieces,
+            (ring.block().1, ring.events()),
+            max_step,
+            (lanes, workers),
+            self.config.streaming_stores,
+            traced,
+        ) else {
+            return (Ok(()), None);
+        };
+        let task = Arc::new(task);
+        // SAFETY: the engine's context outlives the engine (`start`'s contract).
+        let _pushed = match unsafe { PushedContext::push(self.ctx.0) } {
+            Ok(pushed) => pushed,
+            Err(f) => return (Err(f), None),
+        };
+        // SAFETY: the context is pushed; the pieces are valid while this thread waits
+        // (below); the ring's slots hold a whole step (chunk-sized); this copy holds the
+        // ring (`ring_busy`), and the ring is idle (each ring copy synchronizes it before
+        // it lets go).
+        if let Err(f) = unsafe { task.start(&**ring, 0) } {
+            let _ = ring.sync();
+            return (Err(f), None);
+        }
+        {
+            let mut queue = self
+                .shared
+                .queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            queue
+                .tasks
+                .push_back(Job::Ring(Arc::clone(&task), Arc::clone(ring)));
+            self.shared.queued.fetch_add(1, Ordering::Relaxed);
+        }
+        self.shared.wake_one();
+        if self.config.caller_steps {
+            // SAFETY: as above; `run_ring` finishes a part only once it is done with it.
+            unsafe { ring::run_ring(&**ring, &task, 0) };
+        }
+        let mut result = task.wait();
+        // Every part is finished, so no lane touches the ring for this copy any more;
+        // leave its stream idle (host to device, its last DMAs are still running).
+        let synced = ring.sync();
+        if result.is_ok() {
+            result = synced;
+        }
+        let trace = traced.then(|| {
+            let synced_at = task.elapsed().unwrap_or_default();
+            StagingTrace {
+                host_to_device: direction == Direction::HostToDevice,
+                bytes: task.total(),
+                elapsed: began.elapsed(),
+                steps: task
+                    .take_trace(synced_at)
+                    .into_iter()
+                    .map(|(lane, step, t)| StagedStep {
+                        lane,
+                        offset: step.offset,
+                        len: step.len,
+                        claimed: t.claimed,
+                        host_done: t.host_done,
+                        dma_issued: t.dma_issued,
+                        dma_done: t.dma_done,
+                    })
+                    .collect(),
+            }
         });
         (result, trace)
     }
@@ -502,11 +718,18 @@ impl Drop for StagingEngine {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        if let Some(mut lane) = lane {
-            // SAFETY: the engine's context outlives the engine; the lane was made in it
-            // and nobody uses it any more (`&mut self`).
+        let ring = self.ring.take().and_then(Arc::into_inner);
+        if lane.is_some() || ring.is_some() {
+            // SAFETY: the engine's context outlives the engine; the lane and the ring were
+            // made in it and nobody uses them any more (`&mut self`, the workers joined:
+            // the ring's last reference is this one).
             if let Ok(_pushed) = unsafe { PushedContext::push(self.ctx.0) } {
-                lane.destroy();
+                if let Some(mut lane) = lane {
+                    lane.destroy();
+                }
+                if let Some(mut ring) = ring {
+                    ring.destroy();
+                }
             }
         }
     }
@@ -515,17 +738,16 @@ impl Drop for StagingEngine {
 /// The next task this worker joins: the first one with steps left and room for a
 /// worker; `None` at shutdown. Tasks whose steps are all claimed leave the queue. An idle
 /// worker spins for `shared.spin` before it sleeps.
-fn next_task(shared: &Shared) -> Option<Arc<Task>> {
+fn next_task(shared: &Shared) -> Option<Job> {
     let mut queue = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
     loop {
         queue.tasks.retain(|t| !t.exhausted());
-        let open = queue
-            .tasks
-            .iter()
-            .find(|t| t.joined.load(Ordering::Relaxed) < t.max_workers);
-        if let Some(task) = open {
-            task.joined.fetch_add(1, Ordering::Relaxed);
-            return Some(Arc::clone(task));
+        if let Some(job) = queue.tasks.iter().find(|t| t.join()) {
+            let job = job.clone();
+            if job.has_room() {
+                shared.wake_one();
+            }
+            return Some(job);
         }
         if queue.shutdown {
             return None;
@@ -545,10 +767,12 @@ fn next_task(shared: &Shared) -> Option<Arc<Task>> {
                 continue;
             }
         }
+        shared.sleepers.fetch_add(1, Ordering::Relaxed);
         queue = shared
             .cv
             .wait(queue)
             .unwrap_or_else(PoisonError::into_inner);
+        shared.sleepers.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -581,19 +805,19 @@ unsafe fn worker(
             return;
         }
     };
-    while let Some(task) = next_task(shared) {
+    while let Some(job) = next_task(shared) {
         // SAFETY: `ctx` is live (this function's contract).
-        match unsafe { PushedContext::push(ctx) } {
+        let pushed = unsafe { PushedContext::push(ctx) };
+        match (&job, pushed) {
             // SAFETY: the context is pushed; the task's memory is valid while its caller
             // waits, which it does until every step is finished (`StagingEngine::copy`'s
             // contract), and `run_task` finishes a step only once it is done with it.
-            Ok(_pushed) => unsafe { pipeline::run_task(&res, &task, lane) },
-            Err(f) => {
-                task.abort();
-                while let Some(step) = task.claim() {
-                    task.finish(step, Err(f));
-                }
-            }
+            (Job::Lanes(task), Ok(_pushed)) => unsafe { pipeline::run_task(&res, task, lane) },
+            // SAFETY: as above; the ring is held by the task's caller, who synchronizes it
+            // after every part is finished, and `run_ring` finishes a part only once it is
+            // done with it.
+            (Job::Ring(task, ring), Ok(_pushed)) => unsafe { ring::run_ring(&**ring, task, lane) },
+            (_, Err(f)) => job.fail(f),
         }
     }
     // SAFETY: `ctx` is live; the resources were made in it.

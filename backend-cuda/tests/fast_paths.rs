@@ -58,6 +58,21 @@ fn staged_pageable_copies_move_the_right_bytes() {
             adaptive: false,
             ..StagingConfig::uniform(4, 192 << 10, 0)
         },
+        // The ring that every lane shares: default steps; one slot; small steps, the
+        // workers alone.
+        StagingConfig {
+            adaptive: false,
+            ring_slots: 8,
+            ..default
+        },
+        StagingConfig {
+            ring_slots: 1,
+            ..StagingConfig::uniform(3, 256 << 10, 0)
+        },
+        StagingConfig {
+            ring_slots: 3,
+            ..StagingConfig::uniform(2, 64 << 10, 0).plain()
+        },
         StagingConfig::disabled(),
     ];
     let sizes = [1usize, 4095, 512 << 10, (1 << 20) + 1, (17 << 20) + 4097];
@@ -98,40 +113,44 @@ fn the_engine_starts_in_the_background_and_a_copy_can_be_traced() {
     let size = (16 << 20) + 4096 * 3 + 5;
     let host = pattern(size, 77);
     let dev = ctx.new_buffer(size).unwrap();
-    // A new configuration runs no engine: the first copy goes to the driver as is while
-    // the engine starts in the background.
-    raw.set_staging_config(StagingConfig {
-        adaptive: false,
-        ..default
-    });
-    dev.copy_from_host(&host, 0, None).unwrap();
-    assert!(raw.start_staging().unwrap(), "the engine runs");
-    for h2d in [true, false] {
-        raw.trace_next_staged_copy();
-        let mut back = vec![0u8; size];
-        if h2d {
-            dev.copy_from_host(&host, 0, None).unwrap();
-        } else {
-            dev.copy_to_host_into(0, &mut back, None).unwrap();
-            assert!(back == host, "the bytes came back");
+    // Through the lanes, then through the ring.
+    for ring_slots in [0, 4] {
+        // A new configuration runs no engine: the first copy goes to the driver as is while
+        // the engine starts in the background.
+        raw.set_staging_config(StagingConfig {
+            adaptive: false,
+            ring_slots,
+            ..default
+        });
+        dev.copy_from_host(&host, 0, None).unwrap();
+        assert!(raw.start_staging().unwrap(), "the engine runs");
+        for h2d in [true, false] {
+            raw.trace_next_staged_copy();
+            let mut back = vec![0u8; size];
+            if h2d {
+                dev.copy_from_host(&host, 0, None).unwrap();
+            } else {
+                dev.copy_to_host_into(0, &mut back, None).unwrap();
+                assert!(back == host, "the bytes came back");
+            }
+            let trace = raw
+                .take_staging_trace()
+                .expect("the traced copy's timeline");
+            assert_eq!((trace.host_to_device, trace.bytes), (h2d, size));
+            let mut at = 0;
+            for step in &trace.steps {
+                assert_eq!(step.offset, at, "the steps tile the copy: {trace:?}");
+                at += step.len;
+                assert!(
+                    step.claimed <= step.dma_issued
+                        && step.dma_issued <= step.dma_done
+                        && step.dma_done.max(step.host_done) <= trace.elapsed,
+                    "{step:?}"
+                );
+            }
+            assert_eq!(at, size);
+            assert!(raw.take_staging_trace().is_none(), "taken once");
         }
-        let trace = raw
-            .take_staging_trace()
-            .expect("the traced copy's timeline");
-        assert_eq!((trace.host_to_device, trace.bytes), (h2d, size));
-        let mut at = 0;
-        for step in &trace.steps {
-            assert_eq!(step.offset, at, "the steps tile the copy: {trace:?}");
-            at += step.len;
-            assert!(
-                step.claimed <= step.dma_issued
-                    && step.dma_issued <= step.dma_done
-                    && step.dma_done.max(step.host_done) <= trace.elapsed,
-                "{step:?}"
-            );
-        }
-        assert_eq!(at, size);
-        assert!(raw.take_staging_trace().is_none(), "taken once");
     }
     raw.set_staging_config(StagingConfig::disabled());
     assert!(!raw.start_staging().unwrap(), "staging off: no engine");
@@ -178,6 +197,10 @@ fn batched_copies_gather_pageable_and_pinned_pieces() {
         default,
         StagingConfig::uniform(3, 256 << 10, 0),
         StagingConfig::uniform(1, 64 << 10, 1 << 30),
+        StagingConfig {
+            ring_slots: 2,
+            ..StagingConfig::uniform(3, 256 << 10, 0)
+        },
         StagingConfig::disabled(),
     ];
     for config in configs {
@@ -191,6 +214,40 @@ fn batched_copies_gather_pageable_and_pinned_pieces() {
             "config {config:?}: the bytes differ"
         );
     }
+    raw.set_staging_config(default);
+}
+
+#[test]
+fn threads_copying_at_once_share_the_ring_and_the_lanes() {
+    let Some(cuda) = backend("threads_copying_at_once_share_the_ring_and_the_lanes") else {
+        return;
+    };
+    let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
+    let (raw, ctx) = primary(&cuda);
+    let default = raw.staging_config();
+    // One copy at a time holds the ring; the others go through the lanes at once.
+    raw.set_staging_config(StagingConfig {
+        ring_slots: 3,
+        adaptive: false,
+        ..StagingConfig::uniform(3, 256 << 10, 0)
+    });
+    assert!(raw.start_staging().unwrap());
+    std::thread::scope(|s| {
+        for t in 0..6u32 {
+            let ctx = &ctx;
+            s.spawn(move || {
+                let size = (3 << 20) + 4096 * t as usize + 11;
+                let dev = ctx.new_buffer(size).unwrap();
+                let mut back = vec![0u8; size];
+                for round in 0..20 {
+                    let host = pattern(size, t * 100 + round);
+                    dev.copy_from_host(&host, 0, None).unwrap();
+                    dev.copy_to_host_into(0, &mut back, None).unwrap();
+                    assert!(back == host, "thread {t}, round {round}: the bytes differ");
+                }
+            });
+        }
+    });
     raw.set_staging_config(default);
 }
 

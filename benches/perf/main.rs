@@ -12,9 +12,11 @@
 //! 1 MiB the host's multi-threaded memcpy, the bound of a pageable copy, and a
 //! device-to-host copy into fresh memory; on the simulator a plain host memcpy of the same
 //! size, on CUDA the driver's own pageable path), `switches` (CUDA: the staging
-//! engine's switches side by side from 1 MiB to 256 MiB, and the timeline of one 64 MiB
-//! copy each way), `sweep` (CUDA: staging threads x step size), `alloc` (`new_buffer` + drop with and without the caching allocator, alone and
-//! beside a live allocation; on CUDA a plain `cuMemAlloc` + `cuMemFree` too),
+//! engine's switches side by side from 1 MiB to 256 MiB, with and without the ring, and
+//! the timeline of one 64 MiB copy each way), `dma` (CUDA: a pinned DMA beside threads
+//! copying host memory), `sweep` (CUDA: staging threads x step size), `alloc`
+//! (`new_buffer` + drop with and without the caching allocator, alone and beside a live
+//! allocation; on CUDA a plain `cuMemAlloc` + `cuMemFree` too),
 //! `alloc_live` (the same against 0 to 10,000 live allocations), `ipc` (first and
 //! repeated open in re-executed children; on CUDA also a raw `cuIpcOpenMemHandle` in a
 //! fresh child), `ipc_scale` (first open, open + close and repeated open against 0 to
@@ -40,6 +42,7 @@ mod alloc_live;
 mod backend_under_test;
 mod copies;
 mod dispatch;
+mod dma;
 mod from_data;
 mod host_copy;
 mod ipc;
@@ -136,7 +139,8 @@ fn run() -> AnyResult<()> {
             "threads": s.threads, "chunk_bytes": s.chunk_bytes,
             "d2h_threads": s.d2h_threads, "d2h_chunk_bytes": s.d2h_chunk_bytes,
             "min_bytes": s.min_bytes, "adaptive": s.adaptive, "caller_steps": s.caller_steps,
-            "ramp": s.ramp, "spin_micros": s.spin_micros
+            "ramp": s.ramp, "spin_micros": s.spin_micros, "ring_slots": s.ring_slots,
+            "streaming_stores": s.streaming_stores
         });
         // Timed copies meet a running engine (else their first ones go unstaged while it
         // starts in the background).
@@ -144,9 +148,10 @@ fn run() -> AnyResult<()> {
     }
     let mut records = Records::default();
     let started = Instant::now();
-    let sections: [(&str, SectionFn); 11] = [
+    let sections: [(&str, SectionFn); 12] = [
         ("copies", copies::copies),
         ("switches", switches::switches),
+        ("dma", dma::dma),
         ("sweep", sweep::sweep),
         ("alloc", alloc::alloc),
         ("alloc_live", alloc_live::alloc_live),

@@ -226,3 +226,127 @@ pub(crate) fn copy_samples(
     let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
     samples
 }
+
+/// One pinned copy of the whole of `host` to (`h2d`) or from `dev`, cut into DMAs of `step`
+/// bytes issued back to back round-robin on `streams` new streams, an event recorded after
+/// each (as the staging engine does), then every stream synchronized: seconds per copy,
+/// over `reps` copies after two unmeasured ones. What cutting a DMA into steps costs.
+#[cfg(feature = "cuda")]
+pub(crate) fn dma_steps_samples(
+    ctx: &Context,
+    dev: &cudabuf::DeviceBuffer,
+    host: &mut cudabuf::HostBuffer,
+    step: usize,
+    streams: usize,
+    h2d: bool,
+    reps: usize,
+) -> AnyResult<Vec<f64>> {
+    use std::ffi::{c_uint, c_void};
+    use std::time::Instant;
+
+    use cudabuf::cuda::cudarc::driver::sys;
+
+    fn ok(what: &str, status: sys::CUresult) -> AnyResult<()> {
+        if status == sys::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("{what}: {status:?}").into())
+        }
+    }
+
+    let len = host.len().min(dev.size());
+    let (d, h) = (dev.address(), host.as_mut_ptr());
+    let cu_ctx = ctx.handle() as sys::CUcontext;
+    // SAFETY: `cu_ctx` is the handle of a live CUDA context, retained by `ctx` for this
+    // whole call; it is popped at the end.
+    ok("cuCtxPushCurrent", unsafe {
+        sys::cuCtxPushCurrent_v2(cu_ctx)
+    })?;
+    let mut made: Vec<(sys::CUstream, sys::CUevent)> = Vec::new();
+    let run = (|| -> AnyResult<Vec<f64>> {
+        for _ in 0..streams.max(1) {
+            let (mut stream, mut event): (sys::CUstream, sys::CUevent) =
+                (std::ptr::null_mut(), std::ptr::null_mut());
+            // SAFETY: a context is current; valid out-pointers.
+            ok("cuStreamCreate", unsafe {
+                sys::cuStreamCreate(
+                    &mut stream,
+                    sys::CUstream_flags::CU_STREAM_DEFAULT as c_uint,
+                )
+            })?;
+            made.push((stream, std::ptr::null_mut()));
+            // SAFETY: as above.
+            ok("cuEventCreate", unsafe {
+                sys::cuEventCreate(
+                    &mut event,
+                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint,
+                )
+            })?;
+            if let Some(last) = made.last_mut() {
+                last.1 = event;
+            }
+        }
+        let mut samples = Vec::new();
+        for rep in 0..reps + 2 {
+            let t = Instant::now();
+            let mut at = 0;
+            let mut k = 0;
+            while at < len {
+                let n = step.min(len - at);
+                let (stream, event) = made[k % made.len()];
+                // SAFETY: a context is current; `d + at .. + n` lies in `dev` and
+                // `h + at .. + n` in `host` (pinned), both alive and not otherwise used
+                // until the streams are synchronized below.
+                let copied = unsafe {
+                    if h2d {
+                        sys::cuMemcpyHtoDAsync_v2(
+                            d + at as u64,
+                            h.add(at).cast::<c_void>(),
+                            n,
+                            stream,
+                        )
+                    } else {
+                        sys::cuMemcpyDtoHAsync_v2(
+                            h.add(at).cast::<c_void>(),
+                            d + at as u64,
+                            n,
+                            stream,
+                        )
+                    }
+                };
+                ok("cuMemcpyAsync", copied)?;
+                // SAFETY: the event and stream are this call's own.
+                ok("cuEventRecord", unsafe {
+                    sys::cuEventRecord(event, stream)
+                })?;
+                at += n;
+                k += 1;
+            }
+            for &(stream, _) in &made {
+                // SAFETY: this call's own stream.
+                ok("cuStreamSynchronize", unsafe {
+                    sys::cuStreamSynchronize(stream)
+                })?;
+            }
+            if rep >= 2 {
+                samples.push(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(samples)
+    })();
+    for (stream, event) in made {
+        // SAFETY: made above in the current context, idle (synchronized, or never used
+        // after a failure that left nothing queued past a synchronize below).
+        unsafe {
+            let _ = sys::cuStreamSynchronize(stream);
+            if !event.is_null() {
+                let _ = sys::cuEventDestroy_v2(event);
+            }
+            let _ = sys::cuStreamDestroy_v2(stream);
+        }
+    }
+    let mut popped: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    run
+}

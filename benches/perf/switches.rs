@@ -2,10 +2,14 @@
 //! 1 MiB to 256 MiB, both ways: the driver's own copy (`direct`), the engine without the
 //! switches (`plain`: even steps, the workers alone, no spinning, always staged), each
 //! switch alone on top of it (`ramp`, `caller`, `spin`), every switch but adaptivity
-//! (`staged`), and the defaults (`default`, adaptive: staged or direct by what was faster
-//! so far). Then the timeline of one 64 MiB copy each way, plain and with every switch:
-//! when each lane claimed, filled, sent and saw each step done; its summary goes into the
-//! records and the whole timeline into `staging_trace.json` beside `--json`.
+//! through the workers' own lanes with plain stores (`lanes`), with streaming stores
+//! (`lanes_nt`), through the ring that every lane shares (`ring`), through both (`staged`,
+//! and with host-to-device steps of 2 MiB and 8 MiB: `staged_h2d_2m`, `staged_h2d_8m`),
+//! and the defaults (`default`, adaptive: staged or direct by what was faster so far).
+//! Then the timeline of one 64 MiB copy each way, plain, through the lanes, through the
+//! ring, and with every switch: when each lane claimed, filled, sent and saw each step
+//! done; its summary goes into the records and the whole timeline into
+//! `staging_trace.json` beside `--json`.
 
 use cudabuf::{Backend, Context};
 
@@ -54,7 +58,25 @@ fn cuda_switches(
     use crate::MIB;
 
     let plain = default.plain();
-    let variants: [(&str, StagingConfig); 7] = [
+    // Every switch but adaptivity, through the workers' own lanes (no ring) and plain
+    // stores, then with each of the two later switches, then both (`staged`).
+    let lanes = StagingConfig {
+        adaptive: false,
+        ring_slots: 0,
+        streaming_stores: false,
+        ..default
+    };
+    let ring_slots = if default.ring_slots > 0 {
+        default.ring_slots
+    } else {
+        16
+    };
+    let staged = StagingConfig {
+        ring_slots,
+        streaming_stores: true,
+        ..lanes
+    };
+    let variants: [(&str, StagingConfig); 12] = [
         ("direct", StagingConfig::disabled()),
         ("plain", plain),
         (
@@ -78,11 +100,34 @@ fn cuda_switches(
                 ..plain
             },
         ),
+        ("lanes", lanes),
         (
-            "staged",
+            "lanes_nt",
             StagingConfig {
-                adaptive: false,
-                ..default
+                streaming_stores: true,
+                ..lanes
+            },
+        ),
+        (
+            "ring",
+            StagingConfig {
+                ring_slots,
+                ..lanes
+            },
+        ),
+        ("staged", staged),
+        (
+            "staged_h2d_2m",
+            StagingConfig {
+                chunk_bytes: 2 * MIB,
+                ..staged
+            },
+        ),
+        (
+            "staged_h2d_8m",
+            StagingConfig {
+                chunk_bytes: 8 * MIB,
+                ..staged
             },
         ),
         ("default", default),
@@ -145,13 +190,15 @@ fn cuda_switches(
     let mut traces = Vec::new();
     for (name, config) in [
         ("plain", plain),
+        ("lanes", lanes),
         (
-            "staged",
+            "ring",
             StagingConfig {
-                adaptive: false,
-                ..default
+                ring_slots,
+                ..lanes
             },
         ),
+        ("staged", staged),
     ] {
         raw.set_staging_config(config);
         raw.start_staging()?;

@@ -11,6 +11,7 @@ use cudabuf_core::backend::DevicePtr;
 
 use std::time::Duration;
 
+use super::stream_copy;
 use super::task::{Direction, Stamps, Step, Task};
 use crate::driver_error::CuFailure;
 
@@ -126,7 +127,12 @@ unsafe fn host_to_device(
             // the lane's own, and no copy reads it now (waited above). They cannot
             // overlap: the chunk is pinned memory of this lane.
             unsafe {
-                std::ptr::copy_nonoverlapping(part.host as *const u8, chunk.add(at), part.len)
+                stream_copy::fill(
+                    chunk.add(at),
+                    part.host as *const u8,
+                    part.len,
+                    task.streaming,
+                )
             };
         }
         stamps.host_done = stamp(task);
@@ -398,6 +404,7 @@ mod tests {
                 workers,
                 max_step,
                 ramp,
+                streaming: !ramp,
             };
             let traced = i % 2 == 0;
             let source = pattern(total, workers);
@@ -472,6 +479,7 @@ mod tests {
                     workers: 3,
                     max_step: 4096,
                     ramp: fail_at == 2,
+                    streaming: fail_at == 1,
                 };
                 let task = Task::new(
                     direction,

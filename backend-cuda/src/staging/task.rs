@@ -60,12 +60,16 @@ pub(super) struct Cut {
     /// towards the end (the lanes finish together, after a short last DMA); else every
     /// step has the same size.
     pub(super) ramp: bool,
+    /// Host to device, fill pinned memory with streaming stores (`stream_copy::fill`).
+    pub(super) streaming: bool,
 }
 
 /// A copy in progress: its pieces, cut into steps that lanes (workers and the calling
 /// thread) claim one by one.
 pub(super) struct Task {
     pub(super) direction: Direction,
+    /// Host to device, fill pinned memory with streaming stores.
+    pub(super) streaming: bool,
     pieces: Vec<Piece>,
     /// Where each piece starts in the pieces taken in order.
     starts: Vec<usize>,
@@ -120,6 +124,7 @@ impl Task {
             .clamp(min_step, cut.max_step);
         let mut task = Task {
             direction,
+            streaming: cut.streaming,
             pieces,
             starts,
             total,
@@ -202,6 +207,11 @@ impl Task {
     /// After a failure: the steps claimed from now on finish without work.
     pub(super) fn abort(&self) {
         self.abort.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the copy failed somewhere (its remaining steps finish without work).
+    pub(super) fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Relaxed)
     }
 
     /// The parts of the pieces that `step` covers, in order: (part, offset into the
@@ -325,6 +335,7 @@ mod tests {
             workers,
             max_step,
             ramp,
+            streaming: ramp,
         }
     }
 
