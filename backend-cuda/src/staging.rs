@@ -3,36 +3,53 @@
 //!
 //! The driver copies pageable memory through its own small staging buffers, one piece at a
 //! time, at 7-17 GB/s on an H200 host (pinned memory moves at about 55 GB/s). Here a pool
-//! of worker threads, each with its own stream and two pinned chunks allocated once per
-//! context, shares the copy: the copy is cut into steps of at most a chunk, and each lane
-//! (a worker, or the calling thread: below) claims the next unclaimed step until none is
-//! left (so a slow lane, one that meets page faults say, takes fewer steps instead of
-//! holding up the end). Each lane pipelines its steps through its two chunks: while the
-//! copy engine moves one chunk, the lane copies the other between pageable and pinned
-//! memory on the CPU. Several lanes run the CPU copies in parallel, since one core's
-//! memcpy is slower than the link. Only pageable memory is staged (the context asks the
-//! driver, `cuPointerGetAttribute`); pinned memory, cudabuf's or anybody's, goes to the
-//! driver as is. No memory is pinned per call.
+//! of worker threads and the calling thread (the lanes) share the copy, through pinned
+//! memory allocated once per context; several lanes run the CPU copies in parallel, since
+//! one core's memcpy is slower than the link. Only pageable memory is staged (the context
+//! asks the driver, `cuPointerGetAttribute`); pinned memory, cudabuf's or anybody's, goes
+//! to the driver as is. No memory is pinned per call. A copy goes one of two ways:
+//!
+//! - **Through the ring** (`ring_slots`, the default), one copy at a time: a block of
+//!   pinned memory cut into slots of the copy's step, one stream, an event per slot. The
+//!   copy is cut into steps (the first three an eighth, a quarter and a half of a slot, so
+//!   that the first DMA starts after a short fill; then whole slots) and each step into
+//!   parts, about one per lane, which the lanes claim in order: every lane fills (or copies
+//!   out) a part of the same step at once, so a step is ready after one lane's fill of a
+//!   part, and every DMA goes on the one stream, in step order. Host to device, the lane
+//!   that fills a step's last part sends it; device to host, the first steps are sent
+//!   before any lane starts and the lane that copies out a step's last part sends the step
+//!   a ring later into the slot it freed. The `ring` module has the protocol.
+//! - **Through the lanes' own chunks**, when the ring is off or another copy holds it:
+//!   each worker has its own stream and two pinned chunks, the copy is cut into steps of
+//!   at most a chunk, and each lane claims the next unclaimed step until none is left (so
+//!   a slow lane, one that meets page faults say, takes fewer steps instead of holding up
+//!   the end). Each lane pipelines its steps through its two chunks: while the copy engine
+//!   moves one chunk, the lane copies the other between pageable and pinned memory.
+//!
+//! Host to device, the CPU copies into pinned memory use streaming stores
+//! (`streaming_stores`): a DMA that reads lines the CPU holds modified in its caches runs
+//! at a fraction of the link's rate (the `stream_copy` module has the figures).
 //!
 //! What a copy costs beyond its bytes, and the switches of [`StagingConfig`] that cut it:
 //! - **The hand-off.** Waking the workers takes tens of microseconds. With
 //!   `caller_steps` the calling thread takes steps itself, through a lane of its own, from
 //!   the moment the copy is queued; workers that wake later join for the rest. Idle workers
 //!   spin `spin_micros` before they sleep, so a copy that follows another soon finds them
-//!   awake.
+//!   awake (and the caller skips the wake-up call when none sleeps).
 //! - **The fill and the drain.** A lane's first DMA waits for its first fill, and its last
-//!   fill is followed by a DMA nothing overlaps. With `ramp` the steps are cut unevenly:
-//!   the first claim of each lane is a quarter step and the second a half, the middle ones
-//!   whole (at least four per worker when the copy is big enough: multiples of 4 KiB, at
-//!   least 64 KiB, at most a chunk), and near the end each claim takes a share of what is
-//!   left (at least an eighth of a step), so that the lanes finish together after short
-//!   last DMAs. Without it (the default: measured slower) every step has the same size.
+//!   fill is followed by a DMA nothing overlaps. The ring cuts both short (above). Through
+//!   the lanes, with `ramp` the steps are cut unevenly: the first claim of each lane is a
+//!   quarter step and the second a half, the middle ones whole (at least four per worker
+//!   when the copy is big enough: multiples of 4 KiB, at least 64 KiB, at most a chunk),
+//!   and near the end each claim takes a share of what is left (at least an eighth of a
+//!   step), so that the lanes finish together after short last DMAs. Without it (the
+//!   default: measured slower) every step has the same size.
 //! - **Small copies.** Below [`ADAPTIVE_BELOW`] the driver's own copy can win. With
 //!   `adaptive` the context times both paths per direction and power-of-two size class and
 //!   takes the faster by each path's best recent time, changing only for a clear margin
 //!   (the `adaptive` module says how it estimates and keeps checking).
-//! - **The first copy.** Starting the engine pins every lane's chunks (tens of
-//!   milliseconds). The first copy that would be staged starts it on a thread of its own
+//! - **The first copy.** Starting the engine pins every lane's chunks and the ring (tens
+//!   of milliseconds). The first copy that would be staged starts it on a thread of its own
 //!   and goes to the driver as is; copies are staged once it runs
 //!   (`CudaDriverContext::start_staging` starts it at once and waits).
 //!
@@ -43,11 +60,11 @@
 //! DMA.
 //!
 //! Copies stay synchronous from the caller's view: the caller returns when every step is
-//! done. The lanes' streams are blocking streams (created without
+//! done. The lanes' and the ring's streams are blocking streams (created without
 //! `CU_STREAM_NON_BLOCKING`), so their copies are ordered with the context's legacy
 //! default stream, where every other copy of the backend runs. A copy can record its
 //! timeline ([`StagingTrace`]: who took each step, when it was claimed, filled, sent and
-//! seen done).
+//! seen done, and how many lanes worked on it).
 //!
 //! This is the engine's one description: the crate docs' summary ("Pageable copies are
 //! staged") and docs/PERFORMANCE.md point here, and [`StagingConfig`] holds the defaults
@@ -145,11 +162,13 @@ pub struct StagingConfig {
     /// Microseconds an idle worker spins, watching for the next copy, before it sleeps (a
     /// copy that follows soon after another then starts without waking threads).
     pub spin_micros: u32,
-    /// Slots (each as large as a chunk) of a ring that every lane shares, one copy at a
-    /// time; 0: no ring. Through the ring a step is cut into parts, one per lane, that
-    /// every lane fills at once (or copies out), and every step goes through one stream;
-    /// without it (or while another copy holds it) each lane fills and sends whole steps
-    /// of its own (the module docs of `staging` compare the two).
+    /// The size of the ring that every lane shares, one copy at a time, in slots of the
+    /// smaller step of the two directions (its pinned block is `ring_slots` times that
+    /// step, and a copy cuts it into slots of its own direction's step, at most
+    /// `ring_slots` of them); 0: no ring. Through the ring a step is cut into parts, about
+    /// one per lane, that every lane fills (or copies out) at once, and every step goes
+    /// through one stream; without it (or while another copy holds it) each lane fills and
+    /// sends whole steps of its own (the module docs of `staging` describe both).
     pub ring_slots: usize,
     /// Host to device, the CPU copies into pinned memory use streaming (non-temporal)
     /// stores on x86-64: the bytes go past the CPU's caches to memory, so that the DMA that
@@ -166,7 +185,8 @@ impl StagingConfig {
     /// The defaults for this host: host-to-device with half the CPUs (2 to 8) threads and
     /// 4 MiB steps, device-to-host with three quarters of them (2 to 12) and 2 MiB steps,
     /// copies from 512 KiB, adaptive, the calling thread taking steps, even steps (no
-    /// ramp), and workers that spin 50 us before they sleep.
+    /// ramp), workers that spin 50 us before they sleep, a ring of 16 slots of 2 MiB
+    /// (32 MiB pinned) and streaming stores.
     pub fn default_for_host() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
         StagingConfig {
@@ -311,12 +331,6 @@ impl Job {
         }
     }
 
-    /// Whether another worker may join.
-    fn has_room(&self) -> bool {
-        let (joined, max) = self.workers();
-        !self.exhausted() && joined.load(Ordering::Relaxed) < max
-    }
-
     /// Join as a worker if there is room (called under the queue's lock).
     fn join(&self) -> bool {
         let (joined, max) = self.workers();
@@ -359,12 +373,11 @@ struct Shared {
 }
 
 impl Shared {
-    /// After a job was queued (and the queue's lock let go): wake one sleeping worker, if
-    /// any; each worker that joins wakes the next while the job has room
-    /// ([`next_task`]), so that the caller pays for one wake-up, not one per worker.
-    fn wake_one(&self) {
+    /// After a job was queued (and the queue's lock let go): wake the sleeping workers, if
+    /// any (spinning ones see the job without it, and the caller saves the system call).
+    fn wake(&self) {
         if self.sleepers.load(Ordering::Relaxed) > 0 {
-            self.cv.notify_one();
+            self.cv.notify_all();
         }
     }
 }
@@ -389,6 +402,9 @@ pub struct StagedStep {
     /// When the lane saw its DMA done (host to device: at the lane's next wait for that
     /// chunk, or its last synchronize).
     pub dma_done: Duration,
+    /// How many lanes filled or copied out its bytes (through the ring, the lanes that
+    /// took its parts; otherwise 1).
+    pub lanes: usize,
 }
 
 /// The timeline of one staged copy, recorded when asked for
@@ -558,7 +574,7 @@ impl StagingEngine {
             queue.tasks.push_back(Job::Lanes(Arc::clone(&task)));
             self.shared.queued.fetch_add(1, Ordering::Relaxed);
         }
-        self.shared.wake_one();
+        self.shared.wake();
         if self.config.caller_steps {
             self.take_steps(&task);
         }
@@ -578,6 +594,7 @@ impl StagingEngine {
                     host_done: t.host_done,
                     dma_issued: t.dma_issued,
                     dma_done: t.dma_done,
+                    lanes: 1,
                 })
                 .collect(),
         });
@@ -645,7 +662,7 @@ impl StagingEngine {
                 .push_back(Job::Ring(Arc::clone(&task), Arc::clone(ring)));
             self.shared.queued.fetch_add(1, Ordering::Relaxed);
         }
-        self.shared.wake_one();
+        self.shared.wake();
         if self.config.caller_steps {
             // SAFETY: as above; `run_ring` finishes a part only once it is done with it.
             unsafe { ring::run_ring(&**ring, &task, 0) };
@@ -674,6 +691,7 @@ impl StagingEngine {
                         host_done: t.host_done,
                         dma_issued: t.dma_issued,
                         dma_done: t.dma_done,
+                        lanes: t.lane_count(),
                     })
                     .collect(),
             }
@@ -743,11 +761,7 @@ fn next_task(shared: &Shared) -> Option<Job> {
     loop {
         queue.tasks.retain(|t| !t.exhausted());
         if let Some(job) = queue.tasks.iter().find(|t| t.join()) {
-            let job = job.clone();
-            if job.has_room() {
-                shared.wake_one();
-            }
-            return Some(job);
+            return Some(job.clone());
         }
         if queue.shutdown {
             return None;

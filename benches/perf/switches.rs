@@ -4,7 +4,8 @@
 //! switch alone on top of it (`ramp`, `caller`, `spin`), every switch but adaptivity
 //! through the workers' own lanes with plain stores (`lanes`), with streaming stores
 //! (`lanes_nt`), through the ring that every lane shares (`ring`), through both (`staged`,
-//! and with host-to-device steps of 2 MiB and 8 MiB: `staged_h2d_2m`, `staged_h2d_8m`),
+//! and with as many host-to-device threads as device-to-host ones: `staged_t12`, or with
+//! workers that spin 200 us: `staged_spin200`),
 //! and the defaults (`default`, adaptive: staged or direct by what was faster so far).
 //! Then the timeline of one 64 MiB copy each way, plain, through the lanes, through the
 //! ring, and with every switch: when each lane claimed, filled, sent and saw each step
@@ -117,16 +118,16 @@ fn cuda_switches(
         ),
         ("staged", staged),
         (
-            "staged_h2d_2m",
+            "staged_t12",
             StagingConfig {
-                chunk_bytes: 2 * MIB,
+                threads: staged.d2h_threads,
                 ..staged
             },
         ),
         (
-            "staged_h2d_8m",
+            "staged_spin200",
             StagingConfig {
-                chunk_bytes: 8 * MIB,
+                spin_micros: 200,
                 ..staged
             },
         ),
@@ -278,6 +279,7 @@ fn cuda_switches(
                         "host_done_us": s.host_done.as_secs_f64() * 1e6,
                         "dma_issued_us": s.dma_issued.as_secs_f64() * 1e6,
                         "dma_done_us": s.dma_done.as_secs_f64() * 1e6,
+                        "lanes": s.lanes,
                     })
                 })
                 .collect();

@@ -399,6 +399,7 @@ impl RingTask {
                 )
             };
         }
+        self.stamp(i, |s| s.lanes |= 1 << lane.min(63));
         if self.parts_done[i].fetch_add(1, Ordering::AcqRel) + 1 == self.parts_in(i) {
             let now = self.now();
             self.stamp(i, |s| s.host_done = now);
@@ -442,6 +443,7 @@ impl RingTask {
                 )
             };
         }
+        self.stamp(i, |s| s.lanes |= 1 << lane.min(63));
         if self.parts_done[i].fetch_add(1, Ordering::AcqRel) + 1 == self.parts_in(i) {
             let now = self.now();
             self.stamp(i, |s| s.host_done = now);

@@ -44,6 +44,15 @@ pub(super) struct Stamps {
     pub(super) host_done: Duration,
     pub(super) dma_issued: Duration,
     pub(super) dma_done: Duration,
+    /// The lanes that worked on it, one bit each (lanes from 64 on share the last bit).
+    pub(super) lanes: u64,
+}
+
+impl Stamps {
+    /// How many lanes worked on the step (at least 1).
+    pub(super) fn lane_count(&self) -> usize {
+        (self.lanes.count_ones() as usize).max(1)
+    }
 }
 
 /// A traced step: its lane, the step, and its times.
