@@ -71,6 +71,8 @@
 //! and switches.
 
 mod adaptive;
+#[cfg(test)]
+mod late_stream;
 mod pipeline;
 mod ring;
 mod stream_copy;
@@ -91,6 +93,7 @@ use crate::context::CuContext;
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
 pub(crate) use adaptive::Chooser;
+use pipeline::StreamCopies;
 use ring::{RingCopier, RingTask};
 use task::{Cut, Task};
 pub(crate) use task::{Direction, Piece};
@@ -407,6 +410,20 @@ pub struct StagedStep {
     pub lanes: usize,
 }
 
+/// A traced step as the public trace gives it.
+fn staged_step((lane, step, t): task::Traced) -> StagedStep {
+    StagedStep {
+        lane,
+        offset: step.offset,
+        len: step.len,
+        claimed: t.claimed,
+        host_done: t.host_done,
+        dma_issued: t.dma_issued,
+        dma_done: t.dma_done,
+        lanes: t.lane_count(),
+    }
+}
+
 /// The timeline of one staged copy, recorded when asked for
 /// ([`CudaDriverContext::trace_next_staged_copy`](crate::CudaDriverContext::trace_next_staged_copy)):
 /// where the time of a copy goes (the hand-off, each lane's first fill, its last DMA, the
@@ -583,20 +600,7 @@ impl StagingEngine {
             host_to_device: direction == Direction::HostToDevice,
             bytes: task.total(),
             elapsed: began.elapsed(),
-            steps: task
-                .take_trace()
-                .into_iter()
-                .map(|(lane, step, t)| StagedStep {
-                    lane,
-                    offset: step.offset,
-                    len: step.len,
-                    claimed: t.claimed,
-                    host_done: t.host_done,
-                    dma_issued: t.dma_issued,
-                    dma_done: t.dma_done,
-                    lanes: 1,
-                })
-                .collect(),
+            steps: task.take_trace().into_iter().map(staged_step).collect(),
         });
         (result, trace)
     }
@@ -648,7 +652,7 @@ impl StagingEngine {
         // ring (`ring_busy`), and the ring is idle (each ring copy synchronizes it before
         // it lets go).
         if let Err(f) = unsafe { task.start(&**ring, 0) } {
-            let _ = ring.sync();
+            let _ = ring.stream().sync();
             return (Err(f), None);
         }
         {
@@ -670,7 +674,7 @@ impl StagingEngine {
         let mut result = task.wait();
         // Every part is finished, so no lane touches the ring for this copy any more;
         // leave its stream idle (host to device, its last DMAs are still running).
-        let synced = ring.sync();
+        let synced = ring.stream().sync();
         if result.is_ok() {
             result = synced;
         }
@@ -683,16 +687,7 @@ impl StagingEngine {
                 steps: task
                     .take_trace(synced_at)
                     .into_iter()
-                    .map(|(lane, step, t)| StagedStep {
-                        lane,
-                        offset: step.offset,
-                        len: step.len,
-                        claimed: t.claimed,
-                        host_done: t.host_done,
-                        dma_issued: t.dma_issued,
-                        dma_done: t.dma_done,
-                        lanes: t.lane_count(),
-                    })
+                    .map(staged_step)
                     .collect(),
             }
         });

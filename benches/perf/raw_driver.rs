@@ -39,6 +39,16 @@ pub(crate) fn alloc_free(_ctx: &Context, _size: usize) -> AnyResult<()> {
     Err("raw driver calls need the cuda feature".into())
 }
 
+/// `Ok` if a driver call succeeded, else an error naming it.
+#[cfg(feature = "cuda")]
+fn ok(what: &str, status: cudabuf::cuda::cudarc::driver::sys::CUresult) -> AnyResult<()> {
+    if status == cudabuf::cuda::cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{what}: {status:?}").into())
+    }
+}
+
 /// The writer's loop on plain driver calls (CUDA only): two pinned buffers of `staging`
 /// bytes filled in turn with `hot` chunks, each sent whole with `cuMemcpyHtoDAsync` on a
 /// non-blocking stream followed by an event, which is synchronized before the buffer is
@@ -55,14 +65,6 @@ pub(crate) fn double_buffer_samples(
     use std::time::{Duration, Instant};
 
     use cudabuf::cuda::cudarc::driver::sys;
-
-    fn ok(what: &str, status: sys::CUresult) -> AnyResult<()> {
-        if status == sys::CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(format!("{what}: {status:?}").into())
-        }
-    }
 
     let mut bufs = [ctx.new_host_buffer(staging)?, ctx.new_host_buffer(staging)?];
     let cu_ctx = ctx.handle() as sys::CUcontext;
@@ -245,14 +247,6 @@ pub(crate) fn dma_steps_samples(
     use std::time::Instant;
 
     use cudabuf::cuda::cudarc::driver::sys;
-
-    fn ok(what: &str, status: sys::CUresult) -> AnyResult<()> {
-        if status == sys::CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(format!("{what}: {status:?}").into())
-        }
-    }
 
     let len = host.len().min(dev.size());
     let (d, h) = (dev.address(), host.as_mut_ptr());

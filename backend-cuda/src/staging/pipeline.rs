@@ -15,23 +15,20 @@ use super::stream_copy;
 use super::task::{Direction, Stamps, Step, Task};
 use crate::driver_error::CuFailure;
 
-/// What a worker's pipeline needs: two pinned chunks, asynchronous copies between them
-/// and the device on the worker's stream, an event per chunk, and a stream synchronize.
+/// The driver calls on one stream that a lane's pipeline and the ring make: asynchronous
+/// copies between pinned memory and the device, events (by index), a synchronize.
 ///
 /// # Safety
-/// [`chunk`](Self::chunk) returns, for slot 0 and 1, distinct memory valid for reads and
-/// writes of at least the task's step size for the implementer's whole life, which only
-/// the pipeline uses; copies run in the order they were started.
-pub(super) unsafe trait StepCopier {
-    /// Chunk `slot` (0 or 1).
-    fn chunk(&self, slot: usize) -> *mut u8;
-
-    /// Start copying `len` bytes at `src` (inside a chunk) to the device at `device`.
+/// Copies run in the order they were started; an event recorded by
+/// [`record`](Self::record) completes after every copy started before the call (on any
+/// thread, as far as that start happened before the call).
+pub(super) unsafe trait StreamCopies {
+    /// Start copying `len` bytes at `src` (pinned memory) to the device at `device`.
     ///
     /// # Safety
-    /// `src..src + len` lies in a chunk and is left untouched until the copy is known to
-    /// be done ([`wait`](Self::wait) on an event recorded after it, or [`sync`](Self::sync));
-    /// the device range lies in a live allocation.
+    /// `src..src + len` is left untouched until the copy is known to be done
+    /// ([`wait`](Self::wait) on an event recorded after it, or [`sync`](Self::sync)); the
+    /// device range lies in a live allocation.
     unsafe fn to_device(
         &self,
         device: DevicePtr,
@@ -39,20 +36,38 @@ pub(super) unsafe trait StepCopier {
         len: usize,
     ) -> Result<(), CuFailure>;
 
-    /// Start copying `len` bytes from the device at `device` to `dst` (inside a chunk).
+    /// Start copying `len` bytes from the device at `device` to `dst` (pinned memory).
     ///
     /// # Safety
     /// As [`to_device`](Self::to_device), with `dst` neither read nor written until then.
     unsafe fn to_host(&self, dst: *mut u8, device: DevicePtr, len: usize) -> Result<(), CuFailure>;
 
-    /// Record chunk `slot`'s event after the copies started so far.
-    fn record(&self, slot: usize) -> Result<(), CuFailure>;
+    /// Record event `event` after the copies started so far.
+    fn record(&self, event: usize) -> Result<(), CuFailure>;
 
-    /// Wait for chunk `slot`'s last recorded event.
-    fn wait(&self, slot: usize) -> Result<(), CuFailure>;
+    /// Wait for event `event`'s last record.
+    fn wait(&self, event: usize) -> Result<(), CuFailure>;
 
     /// Wait for every copy started so far.
     fn sync(&self) -> Result<(), CuFailure>;
+}
+
+/// What a worker's pipeline needs: two pinned chunks, and a stream with an event per
+/// chunk.
+///
+/// # Safety
+/// [`chunk`](Self::chunk) returns, for slot 0 and 1, distinct memory valid for reads and
+/// writes of at least the task's step size for the implementer's whole life, which only
+/// the pipeline uses; the stream has events 0 and 1.
+pub(super) unsafe trait StepCopier {
+    /// The stream the chunks' copies go on.
+    type Stream: StreamCopies;
+
+    /// The stream.
+    fn stream(&self) -> &Self::Stream;
+
+    /// Chunk `slot` (0 or 1).
+    fn chunk(&self, slot: usize) -> *mut u8;
 }
 
 /// Claim and run steps of `task` until none is left, as lane `lane` (0: the calling
@@ -74,7 +89,7 @@ pub(super) unsafe fn run_task(copier: &impl StepCopier, task: &Task, lane: usize
         task.abort();
         // Leave nothing in flight from the caller's memory (or into the chunks, which the
         // next task reuses) before its steps count as finished.
-        let _ = copier.sync();
+        let _ = copier.stream().sync();
         for (step, _) in inflight.iter_mut().filter_map(Option::take) {
             task.finish(step, Err(failure));
         }
@@ -112,7 +127,7 @@ unsafe fn host_to_device(
         };
         if inflight[slot].is_some() {
             // The copies of this chunk's last step read it; wait for them before refilling.
-            copier.wait(slot)?;
+            copier.stream().wait(slot)?;
             if let Some(last) = inflight[slot].take() {
                 done(last);
             }
@@ -141,21 +156,21 @@ unsafe fn host_to_device(
             // until this slot is waited for (above, before the next refill) or the stream
             // is synchronized; the device range lies in a live allocation (the task's
             // contract).
-            unsafe { copier.to_device(device, chunk.add(at), len)? };
+            unsafe { copier.stream().to_device(device, chunk.add(at), len)? };
         }
-        copier.record(slot)?;
+        copier.stream().record(slot)?;
         stamps.dma_issued = stamp(task);
         inflight[slot] = Some((step, stamps));
         slot ^= 1;
     }
     // A traced copy sees the older step's DMA done on its own (one more driver call).
     if task.now().is_some() && inflight[slot].is_some() {
-        copier.wait(slot)?;
+        copier.stream().wait(slot)?;
         if let Some(older) = inflight[slot].take() {
             done(older);
         }
     }
-    copier.sync()?;
+    copier.stream().sync()?;
     for last in [slot, slot ^ 1] {
         if let Some(step) = inflight[last].take() {
             done(step);
@@ -180,9 +195,9 @@ unsafe fn device_to_host(
             // or writes until the event recorded next is waited for (the CPU copy out of
             // its previous step finished before this call); the device range lies in a
             // live allocation (the task's contract).
-            unsafe { copier.to_host(chunk.add(at), device, len)? };
+            unsafe { copier.stream().to_host(chunk.add(at), device, len)? };
         }
-        copier.record(slot)
+        copier.stream().record(slot)
     };
     // Claim a step and start its DMAs into chunk `slot`.
     let start =
@@ -208,7 +223,7 @@ unsafe fn device_to_host(
     while let Some((step, mut stamps)) = inflight[slot] {
         // The next step's DMAs run while this one is copied out.
         start(slot ^ 1, inflight)?;
-        copier.wait(slot)?;
+        copier.stream().wait(slot)?;
         stamps.dma_done = stamp(task);
         let chunk = copier.chunk(slot);
         for (part, at) in task.parts(step) {
@@ -229,19 +244,11 @@ unsafe fn device_to_host(
 
 #[cfg(test)]
 mod tests {
-    use std::cell::{Cell, RefCell};
     use std::sync::Arc;
 
-    use cudarc::driver::sys::CUresult;
-
     use super::*;
-    use crate::staging::task::{Cut, Piece};
-
-    /// A copy started on the fake stream: runs when a wait or sync reaches it.
-    enum Op {
-        Copy { dst: usize, src: usize, len: usize },
-        Record(usize),
-    }
+    use crate::staging::late_stream::{pattern, pieces, LateStream};
+    use crate::staging::task::Cut;
 
     /// A copier whose copies run late (at the `wait` for an event recorded after them,
     /// or at `sync`), as on a stream, and whose `fail_at`-th copy fails.
@@ -249,9 +256,7 @@ mod tests {
         /// Two boxed chunks, owned through raw pointers (freed on drop) so that writes
         /// through them are allowed.
         chunks: [*mut [u8]; 2],
-        ops: RefCell<Vec<Op>>,
-        copies: Cell<usize>,
-        fail_at: Option<usize>,
+        stream: LateStream,
     }
 
     impl LateCopier {
@@ -261,33 +266,7 @@ mod tests {
                     Box::into_raw(vec![0xAAu8; chunk].into_boxed_slice()),
                     Box::into_raw(vec![0xBBu8; chunk].into_boxed_slice()),
                 ],
-                ops: RefCell::new(Vec::new()),
-                copies: Cell::new(0),
-                fail_at,
-            }
-        }
-
-        fn start(&self, dst: usize, src: usize, len: usize) -> Result<(), CuFailure> {
-            self.copies.set(self.copies.get() + 1);
-            if Some(self.copies.get()) == self.fail_at {
-                return Err(CuFailure {
-                    call: "fake copy",
-                    code: CUresult::CUDA_ERROR_UNKNOWN,
-                });
-            }
-            self.ops.borrow_mut().push(Op::Copy { dst, src, len });
-            Ok(())
-        }
-
-        /// Run the queued copies up to the `n`-th op.
-        fn run(&self, n: usize) {
-            let ops: Vec<Op> = self.ops.borrow_mut().drain(..n).collect();
-            for op in ops {
-                if let Op::Copy { dst, src, len } = op {
-                    // SAFETY: test memory: chunks and the fake device and host buffers,
-                    // all alive for the test and disjoint.
-                    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
-                }
+                stream: LateStream::new(fail_at),
             }
         }
     }
@@ -302,71 +281,15 @@ mod tests {
     }
 
     // SAFETY: two distinct boxed chunks, alive as long as the copier, used only by the
-    // pipeline; copies run in the order they were queued.
+    // pipeline.
     unsafe impl StepCopier for LateCopier {
+        type Stream = LateStream;
+        fn stream(&self) -> &LateStream {
+            &self.stream
+        }
         fn chunk(&self, slot: usize) -> *mut u8 {
             self.chunks[slot].cast::<u8>()
         }
-        unsafe fn to_device(
-            &self,
-            device: DevicePtr,
-            src: *const u8,
-            len: usize,
-        ) -> Result<(), CuFailure> {
-            self.start(device as usize, src as usize, len)
-        }
-        unsafe fn to_host(
-            &self,
-            dst: *mut u8,
-            device: DevicePtr,
-            len: usize,
-        ) -> Result<(), CuFailure> {
-            self.start(dst as usize, device as usize, len)
-        }
-        fn record(&self, slot: usize) -> Result<(), CuFailure> {
-            self.ops.borrow_mut().push(Op::Record(slot));
-            Ok(())
-        }
-        fn wait(&self, slot: usize) -> Result<(), CuFailure> {
-            let last = self
-                .ops
-                .borrow()
-                .iter()
-                .rposition(|op| matches!(op, Op::Record(s) if *s == slot));
-            if let Some(i) = last {
-                self.run(i + 1);
-            }
-            Ok(())
-        }
-        fn sync(&self) -> Result<(), CuFailure> {
-            let n = self.ops.borrow().len();
-            self.run(n);
-            Ok(())
-        }
-    }
-
-    fn pattern(len: usize, seed: usize) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i * 31 + seed * 7 + i / 251) as u8)
-            .collect()
-    }
-
-    /// Pieces of `sizes`, from `host` to `device` with a 3-byte gap after each on both
-    /// sides.
-    fn pieces(host: usize, device: usize, sizes: &[usize]) -> Vec<Piece> {
-        let mut at = 0;
-        sizes
-            .iter()
-            .map(|&len| {
-                let p = Piece {
-                    host: host + at,
-                    device: (device + at) as DevicePtr,
-                    len,
-                };
-                at += len + 3;
-                p
-            })
-            .collect()
     }
 
     /// Run `task` on `workers` threads, each with its own late copier (each failing at

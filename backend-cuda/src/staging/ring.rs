@@ -23,63 +23,42 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use cudabuf_core::backend::DevicePtr;
-
+use super::pipeline::StreamCopies;
 use super::stream_copy;
-use super::task::{Cut, Direction, Piece, Stamps, Step, Task};
+use super::task::{Cut, Direction, Piece, Stamps, Step, Task, Traced};
 use crate::driver_error::CuFailure;
 
-/// The smallest part a lane claims (a smaller copy has fewer parts per step).
+/// The smallest part a lane claims (a smaller copy has fewer parts per step). Under Miri
+/// 4 KiB, so that its runs of the tests (at a sixteenth of the sizes) still cut copies into
+/// many steps and parts.
+#[cfg(not(miri))]
 const MIN_PART: usize = 64 << 10;
+#[cfg(miri)]
+const MIN_PART: usize = 4 << 10;
 /// The steps a copy is cut into at least, when it is big enough (so that the first DMA
 /// starts after an eighth of the copy at most).
 const MIN_STEPS: usize = 8;
 
 /// What the ring needs: a block of pinned memory (each copy cuts it into slots of its
-/// step), asynchronous copies between it and the device on one stream, events (one per
-/// slot, up to [`events`](Self::events) slots), and a stream synchronize; used by several
-/// lanes at once.
+/// step), and a stream with events (one per slot, up to [`events`](Self::events) slots);
+/// used by several lanes at once.
 ///
 /// # Safety
 /// [`block`](Self::block) returns memory valid for reads and writes of its length for the
-/// implementer's whole life, which only the ring uses. Copies run in the order they were
-/// started; an event recorded by [`record`](Self::record) completes after every copy
-/// started before the call (on any thread, as far as that start happened before the
-/// call). Every method may be called from several threads at once.
+/// implementer's whole life, which only the ring uses; the stream has `events()` events.
+/// Every method, and the stream's, may be called from several threads at once.
 pub(super) unsafe trait RingCopier: Sync {
+    /// The stream every DMA of the ring goes on.
+    type Stream: StreamCopies + Sync;
+
+    /// The stream.
+    fn stream(&self) -> &Self::Stream;
+
     /// The pinned block and its length in bytes.
     fn block(&self) -> (*mut u8, usize);
 
-    /// The number of events (`record` and `wait` take `0..events()`).
+    /// The number of events (the most slots a copy cuts the block into).
     fn events(&self) -> usize;
-
-    /// Start copying `len` bytes at `src` (inside a slot) to the device at `device`.
-    ///
-    /// # Safety
-    /// `src..src + len` lies in a slot and is left untouched until the copy is known to be
-    /// done ([`wait`](Self::wait) on an event recorded after it, or [`sync`](Self::sync));
-    /// the device range lies in a live allocation.
-    unsafe fn to_device(
-        &self,
-        device: DevicePtr,
-        src: *const u8,
-        len: usize,
-    ) -> Result<(), CuFailure>;
-
-    /// Start copying `len` bytes from the device at `device` to `dst` (inside a slot).
-    ///
-    /// # Safety
-    /// As [`to_device`](Self::to_device), with `dst` neither read nor written until then.
-    unsafe fn to_host(&self, dst: *mut u8, device: DevicePtr, len: usize) -> Result<(), CuFailure>;
-
-    /// Record event `slot` after the copies started so far.
-    fn record(&self, slot: usize) -> Result<(), CuFailure>;
-
-    /// Wait for event `slot`'s last record.
-    fn wait(&self, slot: usize) -> Result<(), CuFailure>;
-
-    /// Wait for every copy started so far.
-    fn sync(&self) -> Result<(), CuFailure>;
 }
 
 /// A copy in progress through the ring: its pieces, cut into steps of at most a slot, each
@@ -293,7 +272,7 @@ impl RingTask {
         }
         // The slot's last event is that of its `rounds`-th step: the next one is sent only
         // after the part this lane holds is done.
-        copier.wait(slot)?;
+        copier.stream().wait(slot)?;
         if self.seen[slot].fetch_max(rounds, Ordering::AcqRel) < rounds {
             let now = self.now();
             self.stamp((rounds - 1) * self.slots + slot, |s| s.dma_done = now);
@@ -324,13 +303,17 @@ impl RingTask {
                 // lane filling the slot again waits for it first), or the stream is
                 // synchronized; the device range lies in a live allocation (the task's
                 // contract).
-                Direction::HostToDevice => unsafe { copier.to_device(device, base.add(at), len)? },
+                Direction::HostToDevice => unsafe {
+                    copier.stream().to_device(device, base.add(at), len)?
+                },
                 // SAFETY: as above; no lane touches the slot before it has waited for the
                 // event recorded below (this function's contract).
-                Direction::DeviceToHost => unsafe { copier.to_host(base.add(at), device, len)? },
+                Direction::DeviceToHost => unsafe {
+                    copier.stream().to_host(base.add(at), device, len)?
+                },
             }
         }
-        copier.record(slot)?;
+        copier.stream().record(slot)?;
         self.sent[slot].store(i / self.slots + 1, Ordering::Release);
         let now = self.now();
         let d2h = self.task.direction == Direction::DeviceToHost;
@@ -484,7 +467,7 @@ impl RingTask {
 
     /// The recorded steps of a traced copy, by offset, the DMAs not seen done by a lane
     /// counted done at `synced` (the caller's last synchronize).
-    pub(super) fn take_trace(&self, synced: Duration) -> Vec<(usize, Step, Stamps)> {
+    pub(super) fn take_trace(&self, synced: Duration) -> Vec<Traced> {
         let Some(stamps) = &self.stamps else {
             return Vec::new();
         };
@@ -537,15 +520,8 @@ pub(super) unsafe fn run_ring(copier: &impl RingCopier, ring: &RingTask, lane: u
 mod tests {
     use std::sync::Arc;
 
-    use cudarc::driver::sys::CUresult;
-
     use super::*;
-
-    /// A copy started on the fake stream: runs when a wait or sync reaches it.
-    enum Op {
-        Copy { dst: usize, src: usize, len: usize },
-        Record(usize),
-    }
+    use crate::staging::late_stream::{pattern, pieces, LateStream};
 
     /// A ring copier, shared by threads, whose copies run late (at the `wait` for an event
     /// recorded after them, or at `sync`, on whichever thread waits), as on a stream, and
@@ -556,13 +532,11 @@ mod tests {
         block: *mut [u8],
         slot_bytes: usize,
         slots: usize,
-        ops: Mutex<Vec<Op>>,
-        copies: AtomicUsize,
-        fail_at: Option<usize>,
+        stream: LateStream,
     }
 
     // SAFETY: the block is written only through the ring's protocol (which the tests
-    // check) and the fake stream's ops, run under the `ops` lock.
+    // check) and the fake stream's ops, run under its lock.
     unsafe impl Sync for LateRing {}
     // SAFETY: as for `Sync`; the block is owned (freed once, on drop).
     unsafe impl Send for LateRing {}
@@ -573,36 +547,7 @@ mod tests {
                 block: Box::into_raw(vec![0xAAu8; slots * slot_bytes].into_boxed_slice()),
                 slot_bytes,
                 slots,
-                ops: Mutex::new(Vec::new()),
-                copies: AtomicUsize::new(0),
-                fail_at,
-            }
-        }
-
-        fn start(&self, dst: usize, src: usize, len: usize) -> Result<(), CuFailure> {
-            let n = self.copies.fetch_add(1, Ordering::Relaxed) + 1;
-            if Some(n) == self.fail_at {
-                return Err(CuFailure {
-                    call: "fake copy",
-                    code: CUresult::CUDA_ERROR_UNKNOWN,
-                });
-            }
-            self.ops.lock().unwrap().push(Op::Copy { dst, src, len });
-            Ok(())
-        }
-
-        /// Run the queued ops up to the last that `upto` picks.
-        fn run(&self, upto: impl Fn(&[Op]) -> Option<usize>) {
-            let mut ops = self.ops.lock().unwrap();
-            let Some(last) = upto(&ops) else {
-                return;
-            };
-            for op in ops.drain(..=last) {
-                if let Op::Copy { dst, src, len } = op {
-                    // SAFETY: test memory: the slots and the fake device and host buffers,
-                    // all alive for the test and disjoint.
-                    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
-                }
+                stream: LateStream::new(fail_at),
             }
         }
     }
@@ -614,71 +559,19 @@ mod tests {
         }
     }
 
-    // SAFETY: `slots` distinct slots of `slot_bytes` in one boxed block, alive as long as
-    // the copier and used only by the ring; copies run in the order they were queued (one
-    // lock), and an event covers every copy queued before it.
+    // SAFETY: one boxed block of `slots * slot_bytes`, alive as long as the copier and used
+    // only by the ring; the fake stream has an event per slot.
     unsafe impl RingCopier for LateRing {
+        type Stream = LateStream;
+        fn stream(&self) -> &LateStream {
+            &self.stream
+        }
         fn block(&self) -> (*mut u8, usize) {
             (self.block.cast::<u8>(), self.slots * self.slot_bytes)
         }
         fn events(&self) -> usize {
             self.slots
         }
-        unsafe fn to_device(
-            &self,
-            device: DevicePtr,
-            src: *const u8,
-            len: usize,
-        ) -> Result<(), CuFailure> {
-            self.start(device as usize, src as usize, len)
-        }
-        unsafe fn to_host(
-            &self,
-            dst: *mut u8,
-            device: DevicePtr,
-            len: usize,
-        ) -> Result<(), CuFailure> {
-            self.start(dst as usize, device as usize, len)
-        }
-        fn record(&self, slot: usize) -> Result<(), CuFailure> {
-            self.ops.lock().unwrap().push(Op::Record(slot));
-            Ok(())
-        }
-        fn wait(&self, slot: usize) -> Result<(), CuFailure> {
-            self.run(|ops| {
-                ops.iter()
-                    .rposition(|op| matches!(op, Op::Record(s) if *s == slot))
-            });
-            Ok(())
-        }
-        fn sync(&self) -> Result<(), CuFailure> {
-            self.run(|ops| ops.len().checked_sub(1));
-            Ok(())
-        }
-    }
-
-    fn pattern(len: usize, seed: usize) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i * 31 + seed * 7 + i / 251) as u8)
-            .collect()
-    }
-
-    /// Pieces of `sizes`, from `host` to `device` with a 3-byte gap after each on both
-    /// sides.
-    fn pieces(host: usize, device: usize, sizes: &[usize]) -> Vec<Piece> {
-        let mut at = 0;
-        sizes
-            .iter()
-            .map(|&len| {
-                let p = Piece {
-                    host: host + at,
-                    device: (device + at) as DevicePtr,
-                    len,
-                };
-                at += len + 3;
-                p
-            })
-            .collect()
     }
 
     /// Run `ring` as the engine does: start it, share it with `workers` threads and the
@@ -691,7 +584,7 @@ mod tests {
         // SAFETY: the pieces are test buffers alive for the whole call; the slots hold a
         // step (the tests size them so); nothing else uses the copier.
         if let Err(f) = unsafe { ring.start(&**copier, 0) } {
-            copier.sync()?;
+            copier.stream().sync()?;
             return Err(f);
         }
         let result = std::thread::scope(|s| {
@@ -706,15 +599,24 @@ mod tests {
             unsafe { run_ring(&**copier, ring, 0) };
             ring.wait()
         });
-        copier.sync()?;
+        copier.stream().sync()?;
         result
     }
 
-    /// The pieces' sizes (smaller under Miri, which runs the same cases).
-    #[cfg(not(miri))]
-    const SIZES: [usize; 7] = [1, 700_000, 5, 3_000_000, 4096, 1_234_567, 64];
-    #[cfg(miri)]
-    const SIZES: [usize; 7] = [1, 70_000, 5, 300_000, 4096, 123_457, 64];
+    /// Miri runs the same cases with sizes and steps a sixteenth as large (and parts of
+    /// 4 KiB: `MIN_PART`).
+    const SCALE: usize = if cfg!(miri) { 16 } else { 1 };
+
+    /// The pieces' sizes.
+    const SIZES: [usize; 7] = [
+        1,
+        700_000 / SCALE,
+        5,
+        3_000_000 / SCALE,
+        4096,
+        1_234_567 / SCALE,
+        64,
+    ];
 
     #[test]
     fn every_byte_lands_both_ways_through_the_ring() {
@@ -730,6 +632,7 @@ mod tests {
             (5, 16, 512 << 10),
         ];
         for (k, (workers, slots, max_step)) in runs.into_iter().enumerate() {
+            let max_step = max_step / SCALE;
             let traced = k % 2 == 0;
             let source = pattern(total, k);
             let mut device = vec![0u8; total];
@@ -918,7 +821,7 @@ mod tests {
                 let mut a = pattern(total, 1);
                 let mut b = vec![0u8; total];
                 let slots = 2;
-                let max_step = 128 << 10;
+                let max_step = (128 << 10) / SCALE;
                 let copier = Arc::new(LateRing::new(slots, max_step, Some(fail_at)));
                 let ring = RingTask::new(
                     direction,
@@ -932,7 +835,7 @@ mod tests {
                 .unwrap();
                 let err = run_on_threads(&Arc::new(ring), &copier, 3).unwrap_err();
                 assert_eq!(err.call, "fake copy", "{direction:?}, copy {fail_at}");
-                assert!(copier.ops.lock().unwrap().is_empty(), "the stream is idle");
+                assert!(copier.stream.idle(), "the stream is idle");
             }
         }
     }
@@ -948,7 +851,8 @@ mod tests {
             slots in 1usize..6,
             max_step_kib in 4usize..600,
         ) {
-            let max_step = max_step_kib << 10;
+            let max_step = (max_step_kib << 10) / SCALE;
+            let sizes: Vec<usize> = sizes.iter().map(|s| (s / SCALE).max(1)).collect();
             let total: usize = sizes.iter().map(|s| s + 3).sum();
             let source = pattern(total, sizes.len());
             let mut device = vec![0u8; total];

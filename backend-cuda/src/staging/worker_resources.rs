@@ -1,88 +1,75 @@
 //! [`WorkerResources`]: one staging worker's stream, events and pinned chunks, and the
 //! driver calls of its pipeline ([`StepCopier`]); [`RingResources`]: the same for the ring
-//! that every lane shares ([`RingCopier`]).
+//! that every lane shares ([`RingCopier`]). Both are a [`Lane`] (a stream and its events)
+//! with pinned memory.
 
 use std::ffi::{c_uint, c_void};
 
 use cudabuf_core::backend::DevicePtr;
 use cudarc::driver::sys::{self, CUevent, CUstream};
 
-use super::pipeline::StepCopier;
+use super::pipeline::{StepCopier, StreamCopies};
 use super::ring::RingCopier;
 use crate::driver_error::{check, CuFailure};
 
-/// One worker's driver resources, made and used with the engine's context pushed.
-pub(super) struct WorkerResources {
+/// A blocking stream and its events, made and used with the engine's context pushed.
+pub(super) struct Lane {
     stream: CUstream,
-    events: [CUevent; 2],
-    chunks: [*mut u8; 2],
+    events: Vec<CUevent>,
 }
 
-// SAFETY: the stream, events and pinned chunks are driver handles and memory usable from
-// any thread with the context pushed (every user pushes it); one thread at a time uses a
-// lane (a worker owns its own; the caller's lane is behind a mutex).
-unsafe impl Send for WorkerResources {}
+// SAFETY: a stream and events are driver handles usable from any thread with the context
+// pushed (every user pushes it), and the driver's calls on them are thread-safe.
+unsafe impl Send for Lane {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Lane {}
 
-impl WorkerResources {
-    /// Create them with `ctx` pushed.
-    pub(super) fn create(chunk_bytes: usize) -> Result<Self, CuFailure> {
-        let mut res = WorkerResources {
+impl Lane {
+    /// A stream with `events` events; what was made is freed on failure.
+    fn create(events: usize) -> Result<Self, CuFailure> {
+        let mut lane = Lane {
             stream: std::ptr::null_mut(),
-            events: [std::ptr::null_mut(); 2],
-            chunks: [std::ptr::null_mut(); 2],
+            events: Vec::with_capacity(events),
         };
-        // On failure `destroy` frees what was made (it skips null handles).
         let made = (|| {
-            // SAFETY: the caller pushed the context; `res.stream` is a valid out-pointer.
+            // SAFETY: the caller pushed the context; `lane.stream` is a valid out-pointer.
             // A blocking stream (CU_STREAM_DEFAULT): ordered with the legacy stream.
             check("cuStreamCreate", unsafe {
                 sys::cuStreamCreate(
-                    &mut res.stream,
+                    &mut lane.stream,
                     sys::CUstream_flags::CU_STREAM_DEFAULT as c_uint,
                 )
             })?;
-            for event in &mut res.events {
+            for _ in 0..events {
+                let mut event: CUevent = std::ptr::null_mut();
                 // SAFETY: the context is pushed; `event` is a valid out-pointer.
                 check("cuEventCreate", unsafe {
-                    sys::cuEventCreate(event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint)
+                    sys::cuEventCreate(
+                        &mut event,
+                        sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint,
+                    )
                 })?;
-            }
-            for chunk in &mut res.chunks {
-                let mut host: *mut c_void = std::ptr::null_mut();
-                // SAFETY: the context is pushed; `host` is a valid out-pointer. Portable,
-                // not write-combined (the CPU reads chunks back for device-to-host).
-                check("cuMemHostAlloc", unsafe {
-                    sys::cuMemHostAlloc(&mut host, chunk_bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
-                })?;
-                *chunk = host.cast();
+                lane.events.push(event);
             }
             Ok(())
         })();
         match made {
-            Ok(()) => Ok(res),
+            Ok(()) => Ok(lane),
             Err(f) => {
-                res.destroy();
+                lane.destroy();
                 Err(f)
             }
         }
     }
 
-    /// Free them, with the context pushed and the stream idle.
-    pub(super) fn destroy(&mut self) {
+    /// Free the stream and events, with the context pushed and the stream idle.
+    fn destroy(&mut self) {
         // SAFETY: each handle was created by `create` in the pushed context and is
-        // destroyed once (nulled after); the stream is idle (every task synchronizes it).
+        // destroyed once (drained or nulled after); the stream is idle (every task
+        // synchronizes it).
         unsafe {
-            for chunk in &mut self.chunks {
-                if !chunk.is_null() {
-                    let _ = sys::cuMemFreeHost(chunk.cast());
-                    *chunk = std::ptr::null_mut();
-                }
-            }
-            for event in &mut self.events {
-                if !event.is_null() {
-                    let _ = sys::cuEventDestroy_v2(*event);
-                    *event = std::ptr::null_mut();
-                }
+            for event in self.events.drain(..) {
+                let _ = sys::cuEventDestroy_v2(event);
             }
             if !self.stream.is_null() {
                 let _ = sys::cuStreamDestroy_v2(self.stream);
@@ -92,23 +79,18 @@ impl WorkerResources {
     }
 }
 
-// SAFETY: the chunks are two distinct pinned allocations of the chunk size (>= every
-// step), alive until `destroy`, used by this worker only; the copies run on one stream,
-// in order. The caller of each method has the worker's context pushed (the worker pushes
-// it around every task).
-unsafe impl StepCopier for WorkerResources {
-    fn chunk(&self, slot: usize) -> *mut u8 {
-        self.chunks[slot]
-    }
-
+// SAFETY: one stream: its copies run in the order they were started, and an event recorded
+// on it completes after every copy started before (on any thread). The caller of each
+// method has the engine's context pushed (every user of a lane or of the ring pushes it).
+unsafe impl StreamCopies for Lane {
     unsafe fn to_device(
         &self,
         device: DevicePtr,
         src: *const u8,
         len: usize,
     ) -> Result<(), CuFailure> {
-        // SAFETY: the context is pushed; `src` is pinned chunk memory left untouched until
-        // the copy is waited for, and the device range lies in a live allocation (this
+        // SAFETY: the context is pushed; `src` is pinned memory left untouched until the
+        // copy is waited for, and the device range lies in a live allocation (this
         // method's contract).
         check("cuMemcpyHtoDAsync_v2", unsafe {
             sys::cuMemcpyHtoDAsync_v2(device, src.cast::<c_void>(), len, self.stream)
@@ -122,26 +104,100 @@ unsafe impl StepCopier for WorkerResources {
         })
     }
 
-    fn record(&self, slot: usize) -> Result<(), CuFailure> {
-        // SAFETY: the event and stream are the worker's own, of the pushed context.
+    fn record(&self, event: usize) -> Result<(), CuFailure> {
+        // SAFETY: the event and stream are this lane's own, of the pushed context.
         check("cuEventRecord", unsafe {
-            sys::cuEventRecord(self.events[slot], self.stream)
+            sys::cuEventRecord(self.events[event], self.stream)
         })
     }
 
-    fn wait(&self, slot: usize) -> Result<(), CuFailure> {
-        // SAFETY: the event is the worker's own (recorded on its stream, or never: then
-        // the wait returns at once).
+    fn wait(&self, event: usize) -> Result<(), CuFailure> {
+        // SAFETY: the event is this lane's own (recorded on its stream, or never: then the
+        // wait returns at once).
         check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(self.events[slot])
+            sys::cuEventSynchronize(self.events[event])
         })
     }
 
     fn sync(&self) -> Result<(), CuFailure> {
-        // SAFETY: the stream is the worker's own, of the pushed context.
+        // SAFETY: the stream is this lane's own, of the pushed context.
         check("cuStreamSynchronize", unsafe {
             sys::cuStreamSynchronize(self.stream)
         })
+    }
+}
+
+/// `bytes` of pinned memory (portable, not write-combined: the CPU reads it back for
+/// device-to-host copies), with the context pushed.
+fn alloc_pinned(bytes: usize) -> Result<*mut u8, CuFailure> {
+    let mut host: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the caller pushed the context; `host` is a valid out-pointer.
+    check("cuMemHostAlloc", unsafe {
+        sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
+    })?;
+    Ok(host.cast())
+}
+
+/// Free pinned memory from [`alloc_pinned`] (null: nothing), with the context pushed.
+fn free_pinned(ptr: &mut *mut u8) {
+    if !ptr.is_null() {
+        // SAFETY: from `alloc_pinned` in the pushed context, freed once (nulled after),
+        // and no copy uses it any more (the owner's stream is idle).
+        let _ = unsafe { sys::cuMemFreeHost(ptr.cast()) };
+        *ptr = std::ptr::null_mut();
+    }
+}
+
+/// One worker's driver resources, made and used with the engine's context pushed.
+pub(super) struct WorkerResources {
+    lane: Lane,
+    chunks: [*mut u8; 2],
+}
+
+// SAFETY: the stream, events and pinned chunks are driver handles and memory usable from
+// any thread with the context pushed (every user pushes it); one thread at a time uses a
+// lane (a worker owns its own; the caller's lane is behind a mutex).
+unsafe impl Send for WorkerResources {}
+
+impl WorkerResources {
+    /// Create them with `ctx` pushed.
+    pub(super) fn create(chunk_bytes: usize) -> Result<Self, CuFailure> {
+        let mut res = WorkerResources {
+            lane: Lane::create(2)?,
+            chunks: [std::ptr::null_mut(); 2],
+        };
+        for i in 0..2 {
+            match alloc_pinned(chunk_bytes) {
+                Ok(chunk) => res.chunks[i] = chunk,
+                Err(f) => {
+                    res.destroy();
+                    return Err(f);
+                }
+            }
+        }
+        Ok(res)
+    }
+
+    /// Free them, with the context pushed and the stream idle.
+    pub(super) fn destroy(&mut self) {
+        for chunk in &mut self.chunks {
+            free_pinned(chunk);
+        }
+        self.lane.destroy();
+    }
+}
+
+// SAFETY: the chunks are two distinct pinned allocations of the chunk size (>= every
+// step), alive until `destroy`, used by this worker only; its stream has two events.
+unsafe impl StepCopier for WorkerResources {
+    type Stream = Lane;
+
+    fn stream(&self) -> &Lane {
+        &self.lane
+    }
+
+    fn chunk(&self, slot: usize) -> *mut u8 {
+        self.chunks[slot]
     }
 }
 
@@ -149,8 +205,7 @@ unsafe impl StepCopier for WorkerResources {
 /// slots, one after another in one pinned block; made and used with the engine's context
 /// pushed.
 pub(super) struct RingResources {
-    stream: CUstream,
-    events: Vec<CUevent>,
+    lane: Lane,
     block: *mut u8,
     bytes: usize,
 }
@@ -172,124 +227,41 @@ impl RingResources {
             code: sys::CUresult::CUDA_ERROR_INVALID_VALUE,
         })?;
         let mut res = RingResources {
-            stream: std::ptr::null_mut(),
-            events: Vec::with_capacity(slots),
+            lane: Lane::create(slots)?,
             block: std::ptr::null_mut(),
             bytes,
         };
-        // On failure `destroy` frees what was made (it skips null handles).
-        let made = (|| {
-            // SAFETY: the caller pushed the context; `res.stream` is a valid out-pointer.
-            // A blocking stream (CU_STREAM_DEFAULT): ordered with the legacy stream.
-            check("cuStreamCreate", unsafe {
-                sys::cuStreamCreate(
-                    &mut res.stream,
-                    sys::CUstream_flags::CU_STREAM_DEFAULT as c_uint,
-                )
-            })?;
-            for _ in 0..slots {
-                let mut event: CUevent = std::ptr::null_mut();
-                // SAFETY: the context is pushed; `event` is a valid out-pointer.
-                check("cuEventCreate", unsafe {
-                    sys::cuEventCreate(
-                        &mut event,
-                        sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint,
-                    )
-                })?;
-                res.events.push(event);
-            }
-            let mut host: *mut c_void = std::ptr::null_mut();
-            // SAFETY: the context is pushed; `host` is a valid out-pointer. Portable, not
-            // write-combined (the CPU reads the slots back for device-to-host).
-            check("cuMemHostAlloc", unsafe {
-                sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
-            })?;
-            res.block = host.cast();
-            Ok(())
-        })();
-        match made {
-            Ok(()) => Ok(res),
+        match alloc_pinned(bytes) {
+            Ok(block) => res.block = block,
             Err(f) => {
                 res.destroy();
-                Err(f)
+                return Err(f);
             }
         }
+        Ok(res)
     }
 
     /// Free them, with the context pushed and the stream idle.
     pub(super) fn destroy(&mut self) {
-        // SAFETY: each handle was created by `create` in the pushed context and is
-        // destroyed once (nulled or drained after); the stream is idle (every ring copy
-        // synchronizes it).
-        unsafe {
-            if !self.block.is_null() {
-                let _ = sys::cuMemFreeHost(self.block.cast());
-                self.block = std::ptr::null_mut();
-            }
-            for event in self.events.drain(..) {
-                let _ = sys::cuEventDestroy_v2(event);
-            }
-            if !self.stream.is_null() {
-                let _ = sys::cuStreamDestroy_v2(self.stream);
-                self.stream = std::ptr::null_mut();
-            }
-        }
+        free_pinned(&mut self.block);
+        self.lane.destroy();
     }
 }
 
 // SAFETY: the block is `bytes` of pinned memory, alive until `destroy`, used by the ring
-// only; the copies run on one stream, in order, and an event recorded after a copy was
-// started (on any thread) completes after it. The caller of each method has the engine's
-// context pushed.
+// only; its stream has an event per slot, and the driver's calls are thread-safe.
 unsafe impl RingCopier for RingResources {
+    type Stream = Lane;
+
+    fn stream(&self) -> &Lane {
+        &self.lane
+    }
+
     fn block(&self) -> (*mut u8, usize) {
         (self.block, self.bytes)
     }
 
     fn events(&self) -> usize {
-        self.events.len()
-    }
-
-    unsafe fn to_device(
-        &self,
-        device: DevicePtr,
-        src: *const u8,
-        len: usize,
-    ) -> Result<(), CuFailure> {
-        // SAFETY: the context is pushed; `src` is pinned slot memory left untouched until
-        // the copy is waited for, and the device range lies in a live allocation (this
-        // method's contract).
-        check("cuMemcpyHtoDAsync_v2", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(device, src.cast::<c_void>(), len, self.stream)
-        })
-    }
-
-    unsafe fn to_host(&self, dst: *mut u8, device: DevicePtr, len: usize) -> Result<(), CuFailure> {
-        // SAFETY: as `to_device`, the other way.
-        check("cuMemcpyDtoHAsync_v2", unsafe {
-            sys::cuMemcpyDtoHAsync_v2(dst.cast::<c_void>(), device, len, self.stream)
-        })
-    }
-
-    fn record(&self, slot: usize) -> Result<(), CuFailure> {
-        // SAFETY: the event and stream are the ring's own, of the pushed context.
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(self.events[slot], self.stream)
-        })
-    }
-
-    fn wait(&self, slot: usize) -> Result<(), CuFailure> {
-        // SAFETY: the event is the ring's own (recorded on its stream, or never: then the
-        // wait returns at once).
-        check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(self.events[slot])
-        })
-    }
-
-    fn sync(&self) -> Result<(), CuFailure> {
-        // SAFETY: the stream is the ring's own, of the pushed context.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.stream)
-        })
+        self.lane.events.len()
     }
 }
