@@ -74,15 +74,15 @@ mod adaptive;
 #[cfg(test)]
 mod late_stream;
 mod pipeline;
+mod queue;
 mod ring;
 mod stream_copy;
 mod task;
 mod worker_resources;
 
-use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -94,6 +94,7 @@ use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
 pub(crate) use adaptive::Chooser;
 use pipeline::StreamCopies;
+use queue::{JobQueue, Joinable};
 use ring::{RingCopier, RingTask};
 use task::{Cut, Task};
 pub(crate) use task::{Direction, Piece};
@@ -317,8 +318,7 @@ enum Job {
     Ring(Arc<RingTask>, Arc<RingResources>),
 }
 
-impl Job {
-    /// Whether every step (or part) is claimed.
+impl Joinable for Job {
     fn exhausted(&self) -> bool {
         match self {
             Job::Lanes(task) => task.exhausted(),
@@ -326,17 +326,11 @@ impl Job {
         }
     }
 
-    /// The workers that joined, and the most that may.
-    fn workers(&self) -> (&AtomicUsize, usize) {
-        match self {
+    fn join(&self) -> bool {
+        let (joined, max) = match self {
             Job::Lanes(task) => (&task.joined, task.max_workers),
             Job::Ring(ring, _) => (&ring.joined, ring.max_workers),
-        }
-    }
-
-    /// Join as a worker if there is room (called under the queue's lock).
-    fn join(&self) -> bool {
-        let (joined, max) = self.workers();
+        };
         if joined.load(Ordering::Relaxed) < max {
             joined.fetch_add(1, Ordering::Relaxed);
             true
@@ -344,7 +338,9 @@ impl Job {
             false
         }
     }
+}
 
+impl Job {
     /// After a failure before any step ran: claim every step and finish it with `f`.
     fn fail(&self, f: CuFailure) {
         if let Job::Lanes(task) = self {
@@ -354,33 +350,6 @@ impl Job {
             }
         } else if let Job::Ring(ring, _) = self {
             ring.fail(f);
-        }
-    }
-}
-
-struct Queue {
-    tasks: VecDeque<Job>,
-    shutdown: bool,
-}
-
-struct Shared {
-    queue: Mutex<Queue>,
-    cv: Condvar,
-    /// Tasks queued so far (changed under the queue's lock): what a spinning worker
-    /// watches.
-    queued: AtomicUsize,
-    /// How long an idle worker spins before it sleeps.
-    spin: Duration,
-    /// Workers asleep on `cv` (changed under the queue's lock).
-    sleepers: AtomicUsize,
-}
-
-impl Shared {
-    /// After a job was queued (and the queue's lock let go): wake the sleeping workers, if
-    /// any (spinning ones see the job without it, and the caller saves the system call).
-    fn wake(&self) {
-        if self.sleepers.load(Ordering::Relaxed) > 0 {
-            self.cv.notify_all();
         }
     }
 }
@@ -446,7 +415,7 @@ pub struct StagingTrace {
 pub(crate) struct StagingEngine {
     config: StagingConfig,
     ctx: CuContext,
-    shared: Arc<Shared>,
+    shared: Arc<JobQueue<Job>>,
     workers: Vec<JoinHandle<()>>,
     /// The lane of a calling thread that takes steps itself (`caller_steps`); one caller
     /// at a time.
@@ -473,16 +442,9 @@ impl StagingEngine {
     /// # Safety
     /// `ctx` is a live context that outlives the engine.
     pub(crate) unsafe fn start(ctx: CUcontext, config: StagingConfig) -> Result<Self, CuFailure> {
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue {
-                tasks: VecDeque::new(),
-                shutdown: false,
-            }),
-            cv: Condvar::new(),
-            queued: AtomicUsize::new(0),
-            spin: Duration::from_micros(config.spin_micros.into()),
-            sleepers: AtomicUsize::new(0),
-        });
+        let shared = Arc::new(JobQueue::new(Duration::from_micros(
+            config.spin_micros.into(),
+        )));
         let mut engine = StagingEngine {
             config,
             ctx: CuContext(ctx),
@@ -582,16 +544,7 @@ impl StagingEngine {
             return (Ok(()), None);
         };
         let task = Arc::new(task);
-        {
-            let mut queue = self
-                .shared
-                .queue
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            queue.tasks.push_back(Job::Lanes(Arc::clone(&task)));
-            self.shared.queued.fetch_add(1, Ordering::Relaxed);
-        }
-        self.shared.wake();
+        self.shared.push(Job::Lanes(Arc::clone(&task)));
         if self.config.caller_steps {
             self.take_steps(&task);
         }
@@ -655,18 +608,8 @@ impl StagingEngine {
             let _ = ring.stream().sync();
             return (Err(f), None);
         }
-        {
-            let mut queue = self
-                .shared
-                .queue
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            queue
-                .tasks
-                .push_back(Job::Ring(Arc::clone(&task), Arc::clone(ring)));
-            self.shared.queued.fetch_add(1, Ordering::Relaxed);
-        }
-        self.shared.wake();
+        self.shared
+            .push(Job::Ring(Arc::clone(&task), Arc::clone(ring)));
         if self.config.caller_steps {
             // SAFETY: as above; `run_ring` finishes a part only once it is done with it.
             unsafe { ring::run_ring(&**ring, &task, 0) };
@@ -717,12 +660,7 @@ impl StagingEngine {
 
 impl Drop for StagingEngine {
     fn drop(&mut self) {
-        self.shared
-            .queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .shutdown = true;
-        self.shared.cv.notify_all();
+        self.shared.shut_down();
         for handle in self.workers.drain(..) {
             let _ = handle.join();
         }
@@ -748,43 +686,6 @@ impl Drop for StagingEngine {
     }
 }
 
-/// The next task this worker joins: the first one with steps left and room for a
-/// worker; `None` at shutdown. Tasks whose steps are all claimed leave the queue. An idle
-/// worker spins for `shared.spin` before it sleeps.
-fn next_task(shared: &Shared) -> Option<Job> {
-    let mut queue = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
-    loop {
-        queue.tasks.retain(|t| !t.exhausted());
-        if let Some(job) = queue.tasks.iter().find(|t| t.join()) {
-            return Some(job.clone());
-        }
-        if queue.shutdown {
-            return None;
-        }
-        if !shared.spin.is_zero() {
-            // Watch for a new task without the lock. `queued` changes only under the lock,
-            // so a task queued after the check below (lock held) wakes the wait.
-            let seen = shared.queued.load(Ordering::Relaxed);
-            drop(queue);
-            let until = std::time::Instant::now() + shared.spin;
-            while shared.queued.load(Ordering::Relaxed) == seen && std::time::Instant::now() < until
-            {
-                std::hint::spin_loop();
-            }
-            queue = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            if shared.queued.load(Ordering::Relaxed) != seen {
-                continue;
-            }
-        }
-        shared.sleepers.fetch_add(1, Ordering::Relaxed);
-        queue = shared
-            .cv
-            .wait(queue)
-            .unwrap_or_else(PoisonError::into_inner);
-        shared.sleepers.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// A worker (lane `lane`): make its resources, report readiness, then run tasks until
 /// shutdown.
 ///
@@ -794,7 +695,7 @@ unsafe fn worker(
     ctx: CUcontext,
     chunk_bytes: usize,
     lane: usize,
-    shared: &Shared,
+    shared: &JobQueue<Job>,
     ready: &mpsc::Sender<Result<(), CuFailure>>,
 ) {
     let made = {
@@ -814,7 +715,7 @@ unsafe fn worker(
             return;
         }
     };
-    while let Some(job) = next_task(shared) {
+    while let Some(job) = shared.next() {
         // SAFETY: `ctx` is live (this function's contract).
         let pushed = unsafe { PushedContext::push(ctx) };
         match (&job, pushed) {

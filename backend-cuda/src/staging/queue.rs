@@ -1,0 +1,270 @@
+//! [`JobQueue`]: the copies waiting for workers to join them, and how an idle worker
+//! waits for the next one: it spins a while watching a counter, then sleeps on a condition
+//! variable; a new copy wakes the sleepers, if there are any.
+//!
+//! It knows nothing of CUDA, so that its one promise, no copy is left without a worker
+//! while a worker idles (no lost wake-up), is tested on the CPU with many threads.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// A copy in the queue, as workers see it.
+pub(super) trait Joinable: Clone {
+    /// Whether every step is claimed (it then leaves the queue).
+    fn exhausted(&self) -> bool;
+
+    /// Join as a worker if there is room (called under the queue's lock).
+    fn join(&self) -> bool;
+}
+
+struct Queue<J> {
+    jobs: VecDeque<J>,
+    shutdown: bool,
+}
+
+/// The queue, shared by the engine and its workers.
+pub(super) struct JobQueue<J> {
+    queue: Mutex<Queue<J>>,
+    cv: Condvar,
+    /// Jobs queued so far (changed under the lock): what a spinning worker watches.
+    queued: AtomicUsize,
+    /// How long an idle worker spins before it sleeps.
+    spin: Duration,
+    /// Workers asleep on `cv` (changed under the lock).
+    sleepers: AtomicUsize,
+    /// Tests: runs in a worker about to sleep, with the lock held (to force the
+    /// interleaving a lost wake-up needs).
+    #[cfg(test)]
+    before_sleep: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl<J: Joinable> JobQueue<J> {
+    /// An empty queue whose idle workers spin for `spin` before they sleep.
+    pub(super) fn new(spin: Duration) -> Self {
+        JobQueue {
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                shutdown: false,
+            }),
+            cv: Condvar::new(),
+            queued: AtomicUsize::new(0),
+            spin,
+            sleepers: AtomicUsize::new(0),
+            #[cfg(test)]
+            before_sleep: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue<J>> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queue `job`, and wake the sleeping workers if there are any (spinning ones see it
+    /// without: the caller saves the system call). A worker that counted itself asleep did
+    /// so under the lock, before this push took it, so this sees it.
+    pub(super) fn push(&self, job: J) {
+        {
+            let mut queue = self.lock();
+            queue.jobs.push_back(job);
+            self.queued.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.sleepers.load(Ordering::Relaxed) > 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Stop: every worker's next [`next`](Self::next) returns `None`.
+    pub(super) fn shut_down(&self) {
+        self.lock().shutdown = true;
+        self.cv.notify_all();
+    }
+
+    /// The next job this worker joins: the first one with steps left and room for a
+    /// worker; `None` at shutdown. Jobs whose steps are all claimed leave the queue. An idle
+    /// worker spins for the queue's `spin` before it sleeps.
+    pub(super) fn next(&self) -> Option<J> {
+        let mut queue = self.lock();
+        loop {
+            queue.jobs.retain(|j| !j.exhausted());
+            if let Some(job) = queue.jobs.iter().find(|j| j.join()) {
+                return Some(job.clone());
+            }
+            if queue.shutdown {
+                return None;
+            }
+            if !self.spin.is_zero() {
+                // Watch for a new job without the lock. `queued` changes only under the
+                // lock, so a job queued after the check below (lock held) is seen there.
+                let seen = self.queued.load(Ordering::Relaxed);
+                drop(queue);
+                let until = Instant::now() + self.spin;
+                while self.queued.load(Ordering::Relaxed) == seen && Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                queue = self.lock();
+                if self.queued.load(Ordering::Relaxed) != seen {
+                    continue;
+                }
+            }
+            #[cfg(test)]
+            if let Some(hook) = self.before_sleep.get() {
+                hook();
+            }
+            self.sleepers.fetch_add(1, Ordering::Relaxed);
+            queue = self.cv.wait(queue).unwrap_or_else(PoisonError::into_inner);
+            self.sleepers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A job of `steps` steps that at most `max` workers join.
+    struct Steps {
+        left: Mutex<usize>,
+        done: AtomicUsize,
+        joined: AtomicUsize,
+        max: usize,
+        claimed_all: AtomicBool,
+    }
+
+    #[derive(Clone)]
+    struct Fake(Arc<Steps>);
+
+    impl Joinable for Fake {
+        fn exhausted(&self) -> bool {
+            self.0.claimed_all.load(Ordering::Relaxed)
+        }
+        fn join(&self) -> bool {
+            if self.0.joined.load(Ordering::Relaxed) < self.0.max {
+                self.0.joined.fetch_add(1, Ordering::Relaxed);
+                true
+            } else {
+                false
+            }
+        }
+    }
+
+    impl Fake {
+        fn new(steps: usize, max: usize) -> Self {
+            Fake(Arc::new(Steps {
+                left: Mutex::new(steps),
+                done: AtomicUsize::new(0),
+                joined: AtomicUsize::new(0),
+                max,
+                claimed_all: AtomicBool::new(false),
+            }))
+        }
+        /// Claim and do steps until none is left, as a worker does.
+        fn run(&self) {
+            loop {
+                {
+                    let mut left = self.0.left.lock().unwrap();
+                    if *left == 0 {
+                        return;
+                    }
+                    *left -= 1;
+                    if *left == 0 {
+                        self.0.claimed_all.store(true, Ordering::Relaxed);
+                    }
+                }
+                self.0.done.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+
+    /// The interleaving a lost wake-up needs, forced: a job is pushed while a worker, lock
+    /// held, is about to sleep. The push waits for the lock, so it sees the sleeper and
+    /// wakes it (a push that looked for sleepers before taking the lock would not).
+    #[test]
+    fn a_job_pushed_while_a_worker_goes_to_sleep_wakes_it() {
+        let queue = Arc::new(JobQueue::<Fake>::new(Duration::ZERO));
+        let (paused_tx, paused_rx) = std::sync::mpsc::channel::<()>();
+        let paused_tx = Mutex::new(paused_tx);
+        let first = AtomicBool::new(true);
+        let hook = move || {
+            if first.swap(false, Ordering::Relaxed) {
+                let _ = paused_tx.lock().unwrap().send(());
+                // The pusher runs meanwhile, up to the lock this worker holds.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        assert!(queue.before_sleep.set(Box::new(hook)).is_ok());
+        let (got_tx, got_rx) = std::sync::mpsc::channel();
+        let worker = {
+            let queue = Arc::clone(&queue);
+            std::thread::spawn(move || {
+                let job = queue.next();
+                let _ = got_tx.send(job.is_some());
+                if let Some(job) = job {
+                    job.run();
+                }
+                while queue.next().is_some() {}
+            })
+        };
+        paused_rx.recv().unwrap();
+        queue.push(Fake::new(1, 1));
+        let woke = got_rx.recv_timeout(Duration::from_secs(5));
+        queue.shut_down();
+        worker.join().unwrap();
+        assert_eq!(
+            woke,
+            Ok(true),
+            "the sleeping worker was not woken for the job"
+        );
+    }
+
+    /// Jobs pushed one after another, each waited for by the pusher, who takes no step
+    /// itself: every job is run by a worker, whether the workers spin, sleep, or both, and
+    /// however their waits and the pushes interleave. A lost wake-up would leave a job
+    /// unrun (the wait below gives up after 10 s).
+    #[test]
+    fn every_job_finds_a_worker_whether_workers_spin_or_sleep() {
+        let rounds = if cfg!(miri) { 20 } else { 3000 };
+        for (workers, spin_us) in [(1, 0), (3, 0), (2, 5), (4, 50)] {
+            let queue = Arc::new(JobQueue::<Fake>::new(Duration::from_micros(spin_us)));
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    let queue = Arc::clone(&queue);
+                    std::thread::spawn(move || {
+                        let mut ran = 0usize;
+                        while let Some(job) = queue.next() {
+                            job.run();
+                            ran += 1;
+                        }
+                        ran
+                    })
+                })
+                .collect();
+            for round in 0..rounds {
+                let steps = 1 + round % 3;
+                let job = Fake::new(steps, 1 + round % workers);
+                // Now and then the workers have time to fall asleep first; otherwise the
+                // push meets them spinning, or on their way to sleep.
+                if round % 5 == 0 {
+                    std::thread::sleep(Duration::from_micros(spin_us + 100));
+                }
+                queue.push(job.clone());
+                let began = Instant::now();
+                while job.0.done.load(Ordering::Acquire) < steps {
+                    assert!(
+                        began.elapsed() < Duration::from_secs(10),
+                        "round {round} ({workers} workers, spin {spin_us} us): no worker ran it"
+                    );
+                    std::thread::yield_now();
+                }
+                assert!(job.0.joined.load(Ordering::Relaxed) <= job.0.max);
+            }
+            queue.shut_down();
+            let ran: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+            assert!(ran >= rounds, "{ran} joins for {rounds} jobs");
+        }
+    }
+}
