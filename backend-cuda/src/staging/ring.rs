@@ -349,92 +349,66 @@ impl RingTask {
         Ok(())
     }
 
-    /// Host to device: fill part `part` of step `i` into its slot, and send the step if
-    /// this was its last part. `false` if the copy failed meanwhile.
+    /// Do part `part` of step `i` once its slot is ready, as lane `lane`: host to device,
+    /// fill it into the slot once the DMA of the step before in the slot is done; device to
+    /// host, copy it out once the step's own DMA is done. If it was the step's last part,
+    /// send what follows: host to device the step itself, device to host the step a ring
+    /// later, into the slot it freed. Returns early, with nothing done, if the copy failed
+    /// meanwhile.
     ///
     /// # Safety
     /// As [`run_ring`].
-    unsafe fn fill(
+    unsafe fn run_part(
         &self,
         copier: &impl RingCopier,
         i: usize,
         part: Step,
         lane: usize,
     ) -> Result<(), CuFailure> {
+        let to_device = self.task.direction == Direction::HostToDevice;
         let slot = i % self.slots;
-        if !self.await_slot(copier, slot, i / self.slots)? {
+        let rounds = i / self.slots + usize::from(!to_device);
+        if !self.await_slot(copier, slot, rounds)? {
             return Ok(());
         }
         let base = self.slot(copier, i);
         let into_step = part.offset - self.step_at(i).offset;
         for (piece, at) in self.task.parts(part) {
-            // SAFETY: the source is `piece.len` readable bytes of a caller's piece (the
-            // task's contract); the destination lies in the slot (inside the step), which
-            // no DMA reads now (the step before in this slot is done: waited above) and no
-            // other lane writes there (parts are disjoint). Pinned slot memory and the
-            // caller's memory do not overlap.
-            unsafe {
-                stream_copy::fill(
-                    base.add(into_step + at),
-                    piece.host as *const u8,
-                    piece.len,
-                    self.task.streaming,
-                )
-            };
+            let pinned = base.wrapping_add(into_step + at);
+            if to_device {
+                // SAFETY: the source is `piece.len` readable bytes of a caller's piece (the
+                // task's contract); the destination lies in the slot (inside the step),
+                // which no DMA reads now (the step before in this slot is done: waited
+                // above) and no other lane writes there (parts are disjoint). Pinned slot
+                // memory and the caller's memory do not overlap.
+                unsafe {
+                    stream_copy::fill(
+                        pinned,
+                        piece.host as *const u8,
+                        piece.len,
+                        self.task.streaming,
+                    )
+                };
+            } else {
+                // SAFETY: the slot holds the step's bytes (its DMA is done: waited above)
+                // and no DMA writes it until every part is copied out (below); the
+                // destination is `piece.len` writable bytes of a caller's piece that only
+                // this lane writes (parts are disjoint, the pieces' host ranges do not
+                // overlap: the task's contract); slot and destination do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(pinned, piece.host as *mut u8, piece.len) };
+            }
         }
         self.stamp(i, |s| s.lanes |= 1 << lane.min(63));
         if self.parts_done[i].fetch_add(1, Ordering::AcqRel) + 1 == self.parts_in(i) {
             let now = self.now();
             self.stamp(i, |s| s.host_done = now);
-            // SAFETY: every part of the step is filled, and each lane's writes happened
-            // before its increment of `parts_done`, which this lane's read-modify-write
-            // acquired.
-            unsafe { self.send(copier, i, lane)? };
-        }
-        Ok(())
-    }
-
-    /// Device to host: copy part `part` of step `i` out of its slot once the step's DMA is
-    /// done, and, if this was its last part, send the step a ring later into the slot.
-    ///
-    /// # Safety
-    /// As [`run_ring`].
-    unsafe fn empty(
-        &self,
-        copier: &impl RingCopier,
-        i: usize,
-        part: Step,
-        lane: usize,
-    ) -> Result<(), CuFailure> {
-        let slot = i % self.slots;
-        if !self.await_slot(copier, slot, i / self.slots + 1)? {
-            return Ok(());
-        }
-        let base = self.slot(copier, i);
-        let into_step = part.offset - self.step_at(i).offset;
-        for (piece, at) in self.task.parts(part) {
-            // SAFETY: the slot holds the step's bytes (its DMA is done: waited above) and
-            // no DMA writes it until every part is copied out (below); the destination is
-            // `piece.len` writable bytes of a caller's piece that only this lane writes
-            // (parts are disjoint, the pieces' host ranges do not overlap: the task's
-            // contract); slot and destination do not overlap.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    base.add(into_step + at),
-                    piece.host as *mut u8,
-                    piece.len,
-                )
-            };
-        }
-        self.stamp(i, |s| s.lanes |= 1 << lane.min(63));
-        if self.parts_done[i].fetch_add(1, Ordering::AcqRel) + 1 == self.parts_in(i) {
-            let now = self.now();
-            self.stamp(i, |s| s.host_done = now);
-            let next = i + self.slots;
+            let next = if to_device { i } else { i + self.slots };
             if next < self.steps {
-                // SAFETY: every part of step `i` is copied out of the slot, and each lane's
-                // reads happened before its increment, which this lane acquired; the lanes
-                // of step `next` wait for the event recorded in `send`.
+                // SAFETY: every part of step `i` is filled into (host to device) or copied
+                // out of (device to host) the slot, and each lane's accesses happened
+                // before its increment of `parts_done`, which this lane's read-modify-write
+                // acquired. Host to device the slot holds step `i`; device to host the
+                // lanes of step `next` wait for the event recorded in `send`.
                 unsafe { self.send(copier, next, lane)? };
             }
         }
@@ -501,12 +475,8 @@ pub(super) unsafe fn run_ring(copier: &impl RingCopier, ring: &RingTask, lane: u
         let result = if ring.task.aborted() {
             Ok(())
         } else {
-            match ring.task.direction {
-                // SAFETY: forwarded from this function's contract.
-                Direction::HostToDevice => unsafe { ring.fill(copier, i, part, lane) },
-                // SAFETY: forwarded from this function's contract.
-                Direction::DeviceToHost => unsafe { ring.empty(copier, i, part, lane) },
-            }
+            // SAFETY: forwarded from this function's contract.
+            unsafe { ring.run_part(copier, i, part, lane) }
         };
         if result.is_err() {
             ring.abort();
