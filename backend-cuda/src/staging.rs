@@ -10,12 +10,13 @@
 //! to the driver as is. No memory is pinned per call. A copy goes one of two ways:
 //!
 //! - **Through the ring** (`ring_slots`, the default), one copy at a time: a block of
-//!   pinned memory cut into slots of the copy's step, one stream, an event per slot. The
-//!   copy is cut into steps (the first three an eighth, a quarter and a half of a slot, so
-//!   that the first DMA starts after a short fill; then whole slots) and each step into
-//!   parts, about one per lane, which the lanes claim in order: every lane fills (or copies
-//!   out) a part of the same step at once, so a step is ready after one lane's fill of a
-//!   part, and every DMA goes on the one stream, in step order. Host to device, the lane
+//!   pinned memory cut into slots of the direction's step, one stream, an event per slot.
+//!   The copy is cut into steps (an eighth of the copy, at most a slot, and at least
+//!   64 KiB; the first three an eighth, a quarter and a half of that, so that the first DMA
+//!   starts after a short fill) and each step into parts, about one per lane, which the
+//!   lanes claim in order: every lane fills (or copies out) a part of the same step at
+//!   once, so a step is ready after one lane's fill of a part, and every DMA goes on the
+//!   one stream, nearly in step order. Host to device, the lane
 //!   that fills a step's last part sends it; device to host, the first steps are sent
 //!   before any lane starts and the lane that copies out a step's last part sends the step
 //!   a ring later into the slot it freed. The `ring` module has the protocol.
@@ -109,10 +110,10 @@ pub const STAGING_THREADS_VAR: &str = "CUDABUF_STAGING_THREADS";
 /// The number of staging worker threads for device-to-host copies.
 pub const STAGING_D2H_THREADS_VAR: &str = "CUDABUF_STAGING_D2H_THREADS";
 /// The size of each pinned chunk and the largest host-to-device step (default 4M; binary
-/// suffixes K, M, G), and the largest device-to-host step unless
+/// suffixes K, M, G; at least 4K), and the largest device-to-host step unless
 /// [`STAGING_D2H_CHUNK_VAR`] says otherwise.
 pub const STAGING_CHUNK_VAR: &str = "CUDABUF_STAGING_CHUNK";
-/// The largest device-to-host step (default 2M).
+/// The largest device-to-host step (default 2M; at least 4K).
 pub const STAGING_D2H_CHUNK_VAR: &str = "CUDABUF_STAGING_D2H_CHUNK";
 /// The smallest copy that is staged (default 512K); smaller ones go to the driver as is.
 pub const STAGING_MIN_VAR: &str = "CUDABUF_STAGING_MIN";
@@ -133,8 +134,8 @@ pub const STAGING_ADAPTIVE_VAR: &str = "CUDABUF_STAGING_ADAPTIVE";
 /// wrote in the CPU's cache until the worker copies it out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StagingConfig {
-    /// Worker threads that share a host-to-device copy; 0 (with `d2h_threads` 0) turns
-    /// staging off.
+    /// Worker threads that share a host-to-device copy; 0 turns staging off (as does
+    /// `d2h_threads` 0).
     pub threads: usize,
     /// Bytes of the largest host-to-device step.
     pub chunk_bytes: usize,
@@ -151,9 +152,10 @@ pub struct StagingConfig {
     /// one is tried again now and then, less often each time it stays slower). Off: every
     /// such copy is staged.
     pub adaptive: bool,
-    /// The calling thread takes steps of its own copy (through a lane of its own: a stream
-    /// and two pinned chunks) instead of only waiting for the workers; one caller at a
-    /// time, the others wait as without it.
+    /// The calling thread takes steps of its own copy instead of only waiting for the
+    /// workers: through the ring, parts like any lane; through the lanes, through a lane of
+    /// its own (a stream and two pinned chunks), one caller at a time, the others waiting
+    /// as without it.
     pub caller_steps: bool,
     /// Steps ramp up and down: each lane's first steps are a quarter and a half step (the
     /// first DMA starts after a short fill), and near the end each claim takes a share of
@@ -259,12 +261,13 @@ impl StagingConfig {
         if let Some(n) = var(STAGING_D2H_THREADS_VAR).and_then(|v| v.trim().parse().ok()) {
             config.d2h_threads = n;
         }
+        // Steps of at least 4 KiB (a 1-byte step would cut a copy into one DMA per byte).
         if let Some(n) = var(STAGING_CHUNK_VAR).and_then(|v| parse_size(&v)) {
-            config.chunk_bytes = n;
-            config.d2h_chunk_bytes = n;
+            config.chunk_bytes = n.max(4096);
+            config.d2h_chunk_bytes = n.max(4096);
         }
         if let Some(n) = var(STAGING_D2H_CHUNK_VAR).and_then(|v| parse_size(&v)) {
-            config.d2h_chunk_bytes = n;
+            config.d2h_chunk_bytes = n.max(4096);
         }
         if let Some(n) = var(STAGING_MIN_VAR).and_then(|v| parse_size(&v)) {
             config.min_bytes = n;
@@ -529,9 +532,7 @@ impl StagingEngine {
         let began = std::time::Instant::now();
         if let Some(ring) = self.claim_ring() {
             // SAFETY: forwarded from this function's contract.
-            let copied = unsafe { self.copy_ring(&ring, direction, pieces, traced, began) };
-            self.ring_busy.store(false, Ordering::Release);
-            return copied;
+            return unsafe { self.copy_ring(&ring, direction, pieces, traced, began) };
         }
         let (threads, max_step) = self.config.for_direction(direction);
         let cut = Cut {
@@ -558,8 +559,8 @@ impl StagingEngine {
         (result, trace)
     }
 
-    /// The ring, if this engine has one and no other copy holds it (the caller clears
-    /// `ring_busy` when its copy is done).
+    /// The ring, if this engine has one and no other copy holds it (the copy lets go of it
+    /// with [`release_ring`](Self::release_ring)).
     fn claim_ring(&self) -> Option<Arc<RingResources>> {
         let ring = self.ring.as_ref()?;
         self.ring_busy
@@ -568,7 +569,19 @@ impl StagingEngine {
             .map(|_| Arc::clone(ring))
     }
 
-    /// [`copy_traced`](Self::copy_traced) through the ring, which the caller holds.
+    /// Let go of the ring after a copy: for the next copy if its stream is `idle`, else
+    /// never again (a failed synchronize may leave DMAs of the copy running; the engine's
+    /// copies then go through the lanes).
+    fn release_ring(&self, idle: bool) {
+        if idle {
+            self.ring_busy.store(false, Ordering::Release);
+        } else {
+            log::warn!("staging ring retired: its stream failed to synchronize");
+        }
+    }
+
+    /// [`copy_traced`](Self::copy_traced) through the ring, which the caller holds and
+    /// lets go of on return.
     ///
     /// # Safety
     /// As [`copy_traced`](Self::copy_traced).
@@ -592,20 +605,24 @@ impl StagingEngine {
             self.config.streaming_stores,
             traced,
         ) else {
+            self.release_ring(true);
             return (Ok(()), None);
         };
         let task = Arc::new(task);
         // SAFETY: the engine's context outlives the engine (`start`'s contract).
         let _pushed = match unsafe { PushedContext::push(self.ctx.0) } {
             Ok(pushed) => pushed,
-            Err(f) => return (Err(f), None),
+            Err(f) => {
+                self.release_ring(true);
+                return (Err(f), None);
+            }
         };
         // SAFETY: the context is pushed; the pieces are valid while this thread waits
         // (below); the ring's slots hold a whole step (chunk-sized); this copy holds the
         // ring (`ring_busy`), and the ring is idle (each ring copy synchronizes it before
         // it lets go).
         if let Err(f) = unsafe { task.start(&**ring, 0) } {
-            let _ = ring.stream().sync();
+            self.release_ring(ring.stream().sync().is_ok());
             return (Err(f), None);
         }
         self.shared
@@ -618,6 +635,7 @@ impl StagingEngine {
         // Every part is finished, so no lane touches the ring for this copy any more;
         // leave its stream idle (host to device, its last DMAs are still running).
         let synced = ring.stream().sync();
+        self.release_ring(synced.is_ok());
         if result.is_ok() {
             result = synced;
         }

@@ -20,31 +20,48 @@ enum Op {
     Record(usize),
 }
 
-/// The fake stream: its queued ops, the copies started so far, and which copy fails.
+/// Which call of a fake stream fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fail {
+    Never,
+    /// The n-th copy started (from 1).
+    Copy(usize),
+    /// The n-th event wait (from 1).
+    Wait(usize),
+}
+
+/// The fake stream: its queued ops, the copies and waits so far, and which call fails.
 pub(super) struct LateStream {
     ops: Mutex<Vec<Op>>,
     copies: AtomicUsize,
-    fail_at: Option<usize>,
+    waits: AtomicUsize,
+    fail: Fail,
 }
 
 impl LateStream {
-    /// A stream whose `fail_at`-th copy fails when it is started.
-    pub(super) fn new(fail_at: Option<usize>) -> Self {
+    /// A stream whose call `fail` fails (a copy when it is started, a wait before it
+    /// runs anything).
+    pub(super) fn new(fail: Fail) -> Self {
         LateStream {
             ops: Mutex::new(Vec::new()),
             copies: AtomicUsize::new(0),
-            fail_at,
+            waits: AtomicUsize::new(0),
+            fail,
+        }
+    }
+
+    fn failure() -> CuFailure {
+        CuFailure {
+            call: "fake copy",
+            code: CUresult::CUDA_ERROR_UNKNOWN,
         }
     }
 
     /// Queue a copy of `len` bytes from address `src` to address `dst`.
     fn start(&self, dst: usize, src: usize, len: usize) -> Result<(), CuFailure> {
         let n = self.copies.fetch_add(1, Ordering::Relaxed) + 1;
-        if Some(n) == self.fail_at {
-            return Err(CuFailure {
-                call: "fake copy",
-                code: CUresult::CUDA_ERROR_UNKNOWN,
-            });
+        if self.fail == Fail::Copy(n) {
+            return Err(Self::failure());
         }
         self.ops().push(Op::Copy { dst, src, len });
         Ok(())
@@ -93,6 +110,10 @@ unsafe impl StreamCopies for LateStream {
     }
 
     fn wait(&self, event: usize) -> Result<(), CuFailure> {
+        let n = self.waits.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.fail == Fail::Wait(n) {
+            return Err(Self::failure());
+        }
         let mut ops = self.ops();
         let last = ops
             .iter()

@@ -127,7 +127,12 @@ unsafe fn host_to_device(
         };
         if inflight[slot].is_some() {
             // The copies of this chunk's last step read it; wait for them before refilling.
-            copier.stream().wait(slot)?;
+            if let Err(failure) = copier.stream().wait(slot) {
+                // The step just claimed is in no chunk yet: it finishes here, with the
+                // failure (the caller finishes the ones in flight).
+                task.finish(step, Err(failure));
+                return Err(failure);
+            }
             if let Some(last) = inflight[slot].take() {
                 done(last);
             }
@@ -247,11 +252,11 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::staging::late_stream::{pattern, pieces, LateStream};
+    use crate::staging::late_stream::{pattern, pieces, Fail, LateStream};
     use crate::staging::task::Cut;
 
     /// A copier whose copies run late (at the `wait` for an event recorded after them,
-    /// or at `sync`), as on a stream, and whose `fail_at`-th copy fails.
+    /// or at `sync`), as on a stream, and whose call `fail` fails.
     struct LateCopier {
         /// Two boxed chunks, owned through raw pointers (freed on drop) so that writes
         /// through them are allowed.
@@ -260,13 +265,13 @@ mod tests {
     }
 
     impl LateCopier {
-        fn new(chunk: usize, fail_at: Option<usize>) -> Self {
+        fn new(chunk: usize, fail: Fail) -> Self {
             LateCopier {
                 chunks: [
                     Box::into_raw(vec![0xAAu8; chunk].into_boxed_slice()),
                     Box::into_raw(vec![0xBBu8; chunk].into_boxed_slice()),
                 ],
-                stream: LateStream::new(fail_at),
+                stream: LateStream::new(fail),
             }
         }
     }
@@ -293,18 +298,18 @@ mod tests {
     }
 
     /// Run `task` on `workers` threads, each with its own late copier (each failing at
-    /// its `fail_at`-th copy), and wait for it.
+    /// its call `fail`), and wait for it.
     fn run_on_threads(
         task: &Arc<Task>,
         workers: usize,
         chunk: usize,
-        fail_at: Option<usize>,
+        fail: Fail,
     ) -> Result<(), CuFailure> {
         std::thread::scope(|s| {
             for _ in 0..workers {
                 let task = Arc::clone(task);
                 s.spawn(move || {
-                    let copier = LateCopier::new(chunk, fail_at);
+                    let copier = LateCopier::new(chunk, fail);
                     // SAFETY: the pieces are test buffers alive for the whole scope; the
                     // chunks hold `chunk` >= the step bytes.
                     unsafe { run_task(&copier, &task, 1) };
@@ -344,7 +349,7 @@ mod tests {
             )
             .unwrap();
             let task = Arc::new(task);
-            run_on_threads(&task, workers, max_step, None).unwrap();
+            run_on_threads(&task, workers, max_step, Fail::Never).unwrap();
             check_trace(&task, traced, copied);
             let mut back = vec![0u8; total];
             let task = Task::new(
@@ -355,7 +360,7 @@ mod tests {
             )
             .unwrap();
             let task = Arc::new(task);
-            run_on_threads(&task, workers, max_step, None).unwrap();
+            run_on_threads(&task, workers, max_step, Fail::Never).unwrap();
             check_trace(&task, traced, copied);
             let mut at = 0;
             for len in SIZES {
@@ -392,10 +397,15 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_copy_finishes_every_step_with_the_failure() {
+    fn a_failed_copy_or_wait_finishes_every_step_with_the_failure() {
         let total: usize = SIZES.iter().map(|s| s + 3).sum();
+        let fails = [1, 2, 5]
+            .map(Fail::Copy)
+            .into_iter()
+            .chain([1, 2].map(Fail::Wait));
         for direction in [Direction::HostToDevice, Direction::DeviceToHost] {
-            for fail_at in [1, 2, 5] {
+            for (k, fail) in fails.clone().enumerate() {
+                let fail_at = k + 1;
                 let mut a = pattern(total, 1);
                 let mut b = vec![0u8; total];
                 let cut = Cut {
@@ -411,8 +421,8 @@ mod tests {
                     fail_at == 5,
                 )
                 .unwrap();
-                let err = run_on_threads(&Arc::new(task), 3, 4096, Some(fail_at)).unwrap_err();
-                assert_eq!(err.call, "fake copy", "{direction:?}, copy {fail_at}");
+                let err = run_on_threads(&Arc::new(task), 3, 4096, fail).unwrap_err();
+                assert_eq!(err.call, "fake copy", "{direction:?}, {fail:?}");
             }
         }
     }

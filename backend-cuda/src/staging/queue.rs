@@ -104,7 +104,9 @@ impl<J: Joinable> JobQueue<J> {
                     std::hint::spin_loop();
                 }
                 queue = self.lock();
-                if self.queued.load(Ordering::Relaxed) != seen {
+                // A job queued meanwhile, or a shutdown (whose wake-up found this worker
+                // spinning, not waiting): look again.
+                if self.queued.load(Ordering::Relaxed) != seen || queue.shutdown {
                     continue;
                 }
             }
@@ -176,6 +178,32 @@ mod tests {
                     }
                 }
                 self.0.done.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+
+    /// A shutdown while the workers spin (its wake-up finds nobody waiting) still ends
+    /// every worker: they look at the queue again after their spin.
+    #[test]
+    fn a_shutdown_while_workers_spin_ends_them() {
+        for spin_ms in [0, 20] {
+            let queue = Arc::new(JobQueue::<Fake>::new(Duration::from_millis(spin_ms)));
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            for _ in 0..3 {
+                let (queue, done) = (Arc::clone(&queue), done_tx.clone());
+                std::thread::spawn(move || {
+                    while queue.next().is_some() {}
+                    let _ = done.send(());
+                });
+            }
+            // The workers are spinning now (or, without a spin, asleep).
+            std::thread::sleep(Duration::from_millis(2));
+            queue.shut_down();
+            for w in 0..3 {
+                assert!(
+                    done_rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+                    "worker {w} still waits after the shutdown (spin {spin_ms} ms)"
+                );
             }
         }
     }

@@ -65,8 +65,9 @@ pub(super) unsafe trait RingCopier: Sync {
 /// cut into parts that lanes (workers and the calling thread) claim in order.
 pub(super) struct RingTask {
     task: Task,
-    /// The steps, in order: the first three an eighth, a quarter and a half of the rest (so
-    /// the first DMA starts after a short fill), the rest whole (the last one what is left).
+    /// The steps, in order: the first three an eighth, a quarter and a half of a middle
+    /// step (so the first DMA starts after a short fill), the rest whole middle steps (the
+    /// last one what is left).
     cuts: Vec<Step>,
     /// The bytes of every part of a step but its last.
     part: usize,
@@ -491,11 +492,11 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::staging::late_stream::{pattern, pieces, LateStream};
+    use crate::staging::late_stream::{pattern, pieces, Fail, LateStream};
 
     /// A ring copier, shared by threads, whose copies run late (at the `wait` for an event
     /// recorded after them, or at `sync`, on whichever thread waits), as on a stream, and
-    /// whose `fail_at`-th copy fails.
+    /// whose call `fail` fails.
     struct LateRing {
         /// The slots, one boxed block owned through a raw pointer (freed on drop) so that
         /// writes through it are allowed.
@@ -512,12 +513,12 @@ mod tests {
     unsafe impl Send for LateRing {}
 
     impl LateRing {
-        fn new(slots: usize, slot_bytes: usize, fail_at: Option<usize>) -> Self {
+        fn new(slots: usize, slot_bytes: usize, fail: Fail) -> Self {
             LateRing {
                 block: Box::into_raw(vec![0xAAu8; slots * slot_bytes].into_boxed_slice()),
                 slot_bytes,
                 slots,
-                stream: LateStream::new(fail_at),
+                stream: LateStream::new(fail),
             }
         }
     }
@@ -606,7 +607,7 @@ mod tests {
             let traced = k % 2 == 0;
             let source = pattern(total, k);
             let mut device = vec![0u8; total];
-            let copier = Arc::new(LateRing::new(slots, max_step, None));
+            let copier = Arc::new(LateRing::new(slots, max_step, Fail::Never));
             let ring = RingTask::new(
                 Direction::HostToDevice,
                 pieces(
@@ -784,15 +785,20 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_copy_finishes_every_part_with_the_failure() {
+    fn a_failed_copy_or_wait_finishes_every_part_with_the_failure() {
         let total: usize = SIZES.iter().map(|s| s + 3).sum();
+        let fails = [1, 2, 5, 9]
+            .map(Fail::Copy)
+            .into_iter()
+            .chain([1, 3].map(Fail::Wait));
         for direction in [Direction::HostToDevice, Direction::DeviceToHost] {
-            for fail_at in [1, 2, 5, 9] {
+            for (k, fail) in fails.clone().enumerate() {
+                let fail_at = k + 1;
                 let mut a = pattern(total, 1);
                 let mut b = vec![0u8; total];
                 let slots = 2;
                 let max_step = (128 << 10) / SCALE;
-                let copier = Arc::new(LateRing::new(slots, max_step, Some(fail_at)));
+                let copier = Arc::new(LateRing::new(slots, max_step, fail));
                 let ring = RingTask::new(
                     direction,
                     pieces(a.as_mut_ptr() as usize, b.as_mut_ptr() as usize, &SIZES),
@@ -804,7 +810,7 @@ mod tests {
                 )
                 .unwrap();
                 let err = run_on_threads(&Arc::new(ring), &copier, 3).unwrap_err();
-                assert_eq!(err.call, "fake copy", "{direction:?}, copy {fail_at}");
+                assert_eq!(err.call, "fake copy", "{direction:?}, {fail:?}");
                 assert!(copier.stream.idle(), "the stream is idle");
             }
         }
@@ -827,7 +833,7 @@ mod tests {
             let source = pattern(total, sizes.len());
             let mut device = vec![0u8; total];
             let mut back = vec![0u8; total];
-            let copier = Arc::new(LateRing::new(slots, max_step, None));
+            let copier = Arc::new(LateRing::new(slots, max_step, Fail::Never));
             for (direction, host, dev) in [
                 (Direction::HostToDevice, source.as_ptr() as usize, device.as_mut_ptr() as usize),
                 (Direction::DeviceToHost, back.as_mut_ptr() as usize, device.as_ptr() as usize),
