@@ -346,13 +346,9 @@ impl Joinable for Job {
 impl Job {
     /// After a failure before any step ran: claim every step and finish it with `f`.
     fn fail(&self, f: CuFailure) {
-        if let Job::Lanes(task) = self {
-            task.abort();
-            while let Some(step) = task.claim() {
-                task.finish(step, Err(f));
-            }
-        } else if let Job::Ring(ring, _) = self {
-            ring.fail(f);
+        match self {
+            Job::Lanes(task) => task.fail(f),
+            Job::Ring(ring, _) => ring.fail(f),
         }
     }
 }

@@ -94,9 +94,7 @@ pub(super) unsafe fn run_task(copier: &impl StepCopier, task: &Task, lane: usize
             task.finish(step, Err(failure));
         }
         // The steps nobody claimed yet finish without work, so that the caller returns.
-        while let Some(step) = task.claim() {
-            task.finish(step, Err(failure));
-        }
+        task.fail(failure);
     }
 }
 

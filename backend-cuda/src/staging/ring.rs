@@ -71,7 +71,6 @@ pub(super) struct RingTask {
     cuts: Vec<Step>,
     /// The bytes of every part of a step but its last.
     part: usize,
-    steps: usize,
     /// The slots the block is cut into for this copy, of `slot_bytes` each.
     slots: usize,
     slot_bytes: usize,
@@ -151,7 +150,6 @@ impl RingTask {
             task,
             cuts,
             part,
-            steps,
             slots,
             slot_bytes: max_step,
             cursor: Mutex::new((0, 0)),
@@ -196,7 +194,7 @@ impl RingTask {
     fn claim(&self) -> Option<(usize, Step)> {
         let mut cursor = self.cursor.lock().unwrap_or_else(PoisonError::into_inner);
         let (i, j) = *cursor;
-        if i >= self.steps {
+        if i >= self.cuts.len() {
             return None;
         }
         let step = self.step_at(i);
@@ -207,7 +205,7 @@ impl RingTask {
         } else {
             (i, j + 1)
         };
-        if cursor.0 >= self.steps {
+        if cursor.0 >= self.cuts.len() {
             self.claimed_all.store(true, Ordering::Relaxed);
         }
         drop(cursor);
@@ -341,7 +339,7 @@ impl RingTask {
         lane: usize,
     ) -> Result<(), CuFailure> {
         if self.task.direction == Direction::DeviceToHost {
-            for i in 0..self.steps.min(self.slots) {
+            for i in 0..self.cuts.len().min(self.slots) {
                 // SAFETY: forwarded from this function's contract; no lane uses the ring
                 // yet.
                 unsafe { self.send(copier, i, lane)? };
@@ -404,7 +402,7 @@ impl RingTask {
             let now = self.now();
             self.stamp(i, |s| s.host_done = now);
             let next = if to_device { i } else { i + self.slots };
-            if next < self.steps {
+            if next < self.cuts.len() {
                 // SAFETY: every part of step `i` is filled into (host to device) or copied
                 // out of (device to host) the slot, and each lane's accesses happened
                 // before its increment of `parts_done`, which this lane's read-modify-write
@@ -446,7 +444,7 @@ impl RingTask {
         let Some(stamps) = &self.stamps else {
             return Vec::new();
         };
-        (0..self.steps)
+        (0..self.cuts.len())
             .map(|i| {
                 let (lane, mut s) = *stamps[i].lock().unwrap_or_else(PoisonError::into_inner);
                 if s.dma_done.is_zero() {

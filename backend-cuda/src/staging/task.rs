@@ -218,6 +218,15 @@ impl Task {
         self.abort.store(true, Ordering::Relaxed);
     }
 
+    /// After a failure: abort, and finish every step nobody claimed yet with `failure`,
+    /// so that the caller returns.
+    pub(super) fn fail(&self, failure: CuFailure) {
+        self.abort();
+        while let Some(step) = self.claim() {
+            self.finish(step, Err(failure));
+        }
+    }
+
     /// Whether the copy failed somewhere (its remaining steps finish without work).
     pub(super) fn aborted(&self) -> bool {
         self.abort.load(Ordering::Relaxed)
