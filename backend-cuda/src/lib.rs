@@ -115,7 +115,7 @@ pub use interop::{
 };
 pub use platform::CudaBackend;
 pub use staging::{
-    StagedStep, StagingConfig, StagingTrace, ADAPTIVE_BELOW, STAGING_ADAPTIVE_VAR,
+    fill_for_dma, StagedStep, StagingConfig, StagingTrace, ADAPTIVE_BELOW, STAGING_ADAPTIVE_VAR,
     STAGING_CHUNK_VAR, STAGING_D2H_CHUNK_VAR, STAGING_D2H_THREADS_VAR, STAGING_MIN_VAR,
     STAGING_RING_VAR, STAGING_THREADS_VAR, STAGING_VAR,
 };

@@ -35,8 +35,10 @@
 //! - **The hand-off.** Waking the workers takes tens of microseconds. With
 //!   `caller_steps` the calling thread takes steps itself, through a lane of its own, from
 //!   the moment the copy is queued; workers that wake later join for the rest. Idle workers
-//!   spin `spin_micros` before they sleep, so a copy that follows another soon finds them
-//!   awake (and the caller skips the wake-up call when none sleeps).
+//!   spin while any copy is in flight (host to device, its last DMAs run long after the
+//!   last fill) and `spin_micros` after the last one ended before they sleep, so a copy
+//!   that follows another soon finds them awake (and the caller skips the wake-up call
+//!   when none sleeps).
 //! - **The fill and the drain.** A lane's first DMA waits for its first fill, and its last
 //!   fill is followed by a DMA nothing overlaps. The ring cuts both short (above). Through
 //!   the lanes, with `ramp` the steps are cut unevenly: the first claim of each lane is a
@@ -80,6 +82,8 @@ mod ring;
 mod stream_copy;
 mod task;
 mod worker_resources;
+
+pub use stream_copy::fill_for_dma;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -165,8 +169,10 @@ pub struct StagingConfig {
     /// 13 of 14 sizes (by up to 15%) and device to host at 9 of 14 (docs/PERFORMANCE.md,
     /// "The curve").
     pub ramp: bool,
-    /// Microseconds an idle worker spins, watching for the next copy, before it sleeps (a
-    /// copy that follows soon after another then starts without waking threads).
+    /// Microseconds an idle worker spins, watching for the next copy, after the last copy
+    /// in flight ended, before it sleeps (a copy that follows soon after another then
+    /// starts without waking threads). While a copy is in flight (its caller waits for
+    /// it), idle workers spin; with 0 they sleep at once, in flight or not.
     pub spin_micros: u32,
     /// The size of the ring that every lane shares, one copy at a time, in slots of the
     /// smaller step of the two directions (its pinned block is `ring_slots` times that
@@ -191,7 +197,7 @@ impl StagingConfig {
     /// The defaults for this host: host-to-device with half the CPUs (2 to 8) threads and
     /// 4 MiB steps, device-to-host with three quarters of them (2 to 12) and 2 MiB steps,
     /// copies from 512 KiB, adaptive, the calling thread taking steps, even steps (no
-    /// ramp), workers that spin 50 us before they sleep, a ring of 16 slots of 2 MiB
+    /// ramp), workers that spin through copies and 50 us after before they sleep, a ring of 16 slots of 2 MiB
     /// (32 MiB pinned) and streaming stores.
     pub fn default_for_host() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
@@ -541,7 +547,7 @@ impl StagingEngine {
             return (Ok(()), None);
         };
         let task = Arc::new(task);
-        self.shared.push(Job::Lanes(Arc::clone(&task)));
+        let _in_flight = self.shared.push(Job::Lanes(Arc::clone(&task)));
         if self.config.caller_steps {
             self.take_steps(&task);
         }
@@ -621,7 +627,8 @@ impl StagingEngine {
             self.release_ring(ring.stream().sync().is_ok());
             return (Err(f), None);
         }
-        self.shared
+        let _in_flight = self
+            .shared
             .push(Job::Ring(Arc::clone(&task), Arc::clone(ring)));
         if self.config.caller_steps {
             // SAFETY: as above; `run_ring` finishes a part only once it is done with it.

@@ -12,7 +12,9 @@
 //!   what cutting a staged copy into steps costs the link.
 //! - `h2d_dma_after_write`: the DMA alone, right after 8 threads wrote its whole source
 //!   (its lines still in the CPU's caches, as a staging slot's are when its DMA starts),
-//!   timed from the DMA's start.
+//!   timed from the DMA's start; `h2d_dma_after_nt_write`: the same after the staging
+//!   engine's streaming stores (`cudabuf::cuda::fill_for_dma`). `h2d_fill_mt8` and
+//!   `h2d_fill_nt_mt8`: those writes' own rate, pageable to pinned.
 
 use cudabuf::{Backend, Context};
 
@@ -172,25 +174,46 @@ fn cuda_dma(ctx: &Context, opts: &Options, rec: &mut Records) -> AnyResult<()> {
                 }
             }
         }
-        // The DMA right after its source was written by 8 threads.
-        let mut secs = Vec::new();
-        for rep in 0..REPS + 2 {
-            let mut host = dma_host.take().ok_or("the DMA buffer came back")?;
-            writers.copy(&source, &mut host);
-            let t = Instant::now();
-            let transfer = stream.copy_from_host(&dev, host)?;
-            dma_host = Some(transfer.wait()?);
-            if rep >= 2 {
-                secs.push(t.elapsed().as_secs_f64());
+        // The DMA right after its source was written by 8 threads, with plain stores and
+        // with the staging engine's streaming stores; and those writes' own rate.
+        for (streaming, kind) in [(false, ""), (true, "_nt")] {
+            let mut secs = Vec::new();
+            let mut fill_secs = Vec::new();
+            for rep in 0..REPS + 2 {
+                let mut host = dma_host.take().ok_or("the DMA buffer came back")?;
+                let t = Instant::now();
+                if streaming {
+                    writers.copy_streaming(&source, &mut host);
+                } else {
+                    writers.copy(&source, &mut host);
+                }
+                let filled = t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                let transfer = stream.copy_from_host(&dev, host)?;
+                dma_host = Some(transfer.wait()?);
+                if rep >= 2 {
+                    secs.push(t.elapsed().as_secs_f64());
+                    fill_secs.push(filled);
+                }
             }
+            let n = secs.len();
+            let stores = if streaming { "streaming" } else { "plain" };
+            push(
+                format!("h2d_dma_after{kind}_write"),
+                gbps(size, median(&mut secs)),
+                n,
+                &format!(
+                    "its source just written by {} threads, {stores} stores",
+                    writers.len()
+                ),
+            );
+            push(
+                format!("h2d_fill{kind}_mt{}", writers.len()),
+                gbps(size, median(&mut fill_secs)),
+                n,
+                &format!("those {} threads' writes, {stores} stores", writers.len()),
+            );
         }
-        let n = secs.len();
-        push(
-            "h2d_dma_after_write".into(),
-            gbps(size, median(&mut secs)),
-            n,
-            &format!("its source just written by {} threads", writers.len()),
-        );
     }
     Ok(())
 }

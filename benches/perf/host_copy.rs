@@ -14,6 +14,8 @@ struct Job {
     src: usize,
     dst: usize,
     len: usize,
+    /// Through the staging engine's streaming stores (`cudabuf::cuda::fill_for_dma`).
+    streaming: bool,
 }
 
 struct State {
@@ -66,12 +68,25 @@ impl CopyThreads {
 
     /// Copy `src` into `dst` (same length) on every thread; returns when all are done.
     pub(crate) fn copy(&self, src: &[u8], dst: &mut [u8]) {
+        self.copy_with(src, dst, false);
+    }
+
+    /// As [`CopyThreads::copy`], with the stores the staging engine fills pinned memory
+    /// with (streaming stores past the caches where the build has the CUDA backend and the
+    /// CPU has them).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn copy_streaming(&self, src: &[u8], dst: &mut [u8]) {
+        self.copy_with(src, dst, true);
+    }
+
+    fn copy_with(&self, src: &[u8], dst: &mut [u8], streaming: bool) {
         assert_eq!(src.len(), dst.len(), "CopyThreads::copy: lengths differ");
         let mut state = self.shared.state.lock().expect("copy threads");
         state.job = Some(Job {
             src: src.as_ptr() as usize,
             dst: dst.as_mut_ptr() as usize,
             len: src.len(),
+            streaming,
         });
         state.done = 0;
         state.generation += 1;
@@ -118,13 +133,13 @@ fn run(shared: &Shared, index: usize, n: usize) {
                 // SAFETY: the caller of `copy` holds `&src` and `&mut dst` (same length)
                 // until every thread reported done below; the threads' parts are disjoint;
                 // source and destination are distinct borrows, so they do not overlap.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        (job.src + start) as *const u8,
-                        (job.dst + start) as *mut u8,
-                        end - start,
-                    );
-                }
+                let (src, dst) = unsafe {
+                    (
+                        std::slice::from_raw_parts((job.src + start) as *const u8, end - start),
+                        std::slice::from_raw_parts_mut((job.dst + start) as *mut u8, end - start),
+                    )
+                };
+                fill(dst, src, job.streaming);
             }
         }
         let mut state = shared.state.lock().expect("copy threads");
@@ -133,4 +148,15 @@ fn run(shared: &Shared, index: usize, n: usize) {
             shared.cv.notify_all();
         }
     }
+}
+
+/// One thread's part of a job: plain or streaming stores.
+fn fill(dst: &mut [u8], src: &[u8], streaming: bool) {
+    #[cfg(feature = "cuda")]
+    if streaming {
+        cudabuf::cuda::fill_for_dma(dst, src);
+        return;
+    }
+    let _ = streaming;
+    dst.copy_from_slice(src);
 }

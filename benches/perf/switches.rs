@@ -185,8 +185,8 @@ fn cuda_switches(
         }
         dst.fill(0);
     }
-    // The timeline of one 64 MiB copy each way, plain and with every switch (3 copies
-    // before it, so the lanes are warm).
+    // The timeline of one 64 MiB copy each way, plain, with every switch, and with every
+    // switch and workers that spin 200 us (3 copies before it, so the lanes are warm).
     let size = (64 * MIB).min(largest);
     let mut traces = Vec::new();
     for (name, config) in [
@@ -200,6 +200,13 @@ fn cuda_switches(
             },
         ),
         ("staged", staged),
+        (
+            "staged_spin200",
+            StagingConfig {
+                spin_micros: 200,
+                ..staged
+            },
+        ),
     ] {
         raw.set_staging_config(config);
         raw.start_staging()?;

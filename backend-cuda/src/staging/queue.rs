@@ -1,6 +1,12 @@
 //! [`JobQueue`]: the copies waiting for workers to join them, and how an idle worker
-//! waits for the next one: it spins a while watching a counter, then sleeps on a condition
-//! variable; a new copy wakes the sleepers, if there are any.
+//! waits for the next one: it spins watching a counter while any copy is in flight and for
+//! a while after the last one ended, then sleeps on a condition variable; a new copy wakes
+//! the sleepers, if there are any.
+//!
+//! Spinning through a copy in flight matters host to device: its last DMAs run for
+//! hundreds of microseconds after the workers filled their last parts, so workers that
+//! spun only a fixed time after their last part would be asleep when the next copy
+//! starts, and a sleeping thread takes as long again to wake on a loaded host.
 //!
 //! It knows nothing of CUDA, so that its one promise, no copy is left without a worker
 //! while a worker idles (no lost wake-up), is tested on the CPU with many threads.
@@ -34,6 +40,8 @@ pub(super) struct JobQueue<J> {
     spin: Duration,
     /// Workers asleep on `cv` (changed under the lock).
     sleepers: AtomicUsize,
+    /// Copies pushed whose [`InFlight`] guard is alive (their callers still wait).
+    in_flight: AtomicUsize,
     /// Tests: runs in a worker about to sleep, with the lock held (to force the
     /// interleaving a lost wake-up needs).
     #[cfg(test)]
@@ -52,6 +60,7 @@ impl<J: Joinable> JobQueue<J> {
             queued: AtomicUsize::new(0),
             spin,
             sleepers: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
             #[cfg(test)]
             before_sleep: std::sync::OnceLock::new(),
         }
@@ -63,8 +72,12 @@ impl<J: Joinable> JobQueue<J> {
 
     /// Queue `job`, and wake the sleeping workers if there are any (spinning ones see it
     /// without: the caller saves the system call). A worker that counted itself asleep did
-    /// so under the lock, before this push took it, so this sees it.
-    pub(super) fn push(&self, job: J) {
+    /// so under the lock, before this push took it, so this sees it. The copy counts as in
+    /// flight, and idle workers keep spinning, until the returned guard is dropped (when
+    /// its caller is done waiting for it).
+    pub(super) fn push(&self, job: J) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let guard = InFlight(&self.in_flight);
         {
             let mut queue = self.lock();
             queue.jobs.push_back(job);
@@ -73,6 +86,7 @@ impl<J: Joinable> JobQueue<J> {
         if self.sleepers.load(Ordering::Relaxed) > 0 {
             self.cv.notify_all();
         }
+        guard
     }
 
     /// Stop: every worker's next [`next`](Self::next) returns `None`.
@@ -83,7 +97,8 @@ impl<J: Joinable> JobQueue<J> {
 
     /// The next job this worker joins: the first one with steps left and room for a
     /// worker; `None` at shutdown. Jobs whose steps are all claimed leave the queue. An idle
-    /// worker spins for the queue's `spin` before it sleeps.
+    /// worker spins while a copy is in flight and for the queue's `spin` after, then sleeps
+    /// (a `spin` of zero: it sleeps at once).
     pub(super) fn next(&self) -> Option<J> {
         let mut queue = self.lock();
         loop {
@@ -99,8 +114,14 @@ impl<J: Joinable> JobQueue<J> {
                 // lock, so a job queued after the check below (lock held) is seen there.
                 let seen = self.queued.load(Ordering::Relaxed);
                 drop(queue);
-                let until = Instant::now() + self.spin;
-                while self.queued.load(Ordering::Relaxed) == seen && Instant::now() < until {
+                let mut until = Instant::now() + self.spin;
+                while self.queued.load(Ordering::Relaxed) == seen {
+                    let now = Instant::now();
+                    if self.in_flight.load(Ordering::Relaxed) > 0 {
+                        until = now + self.spin;
+                    } else if now >= until {
+                        break;
+                    }
                     std::hint::spin_loop();
                 }
                 queue = self.lock();
@@ -118,6 +139,17 @@ impl<J: Joinable> JobQueue<J> {
             queue = self.cv.wait(queue).unwrap_or_else(PoisonError::into_inner);
             self.sleepers.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// A copy in flight (from [`JobQueue::push`]): while one is alive, idle workers spin
+/// instead of sleeping.
+#[must_use = "the copy is in flight until the guard is dropped"]
+pub(super) struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -238,7 +270,7 @@ mod tests {
             })
         };
         paused_rx.recv().unwrap();
-        queue.push(Fake::new(1, 1));
+        let _copy = queue.push(Fake::new(1, 1));
         let woke = got_rx.recv_timeout(Duration::from_secs(5));
         queue.shut_down();
         worker.join().unwrap();
@@ -279,7 +311,7 @@ mod tests {
                 if round % 5 == 0 {
                     std::thread::sleep(Duration::from_micros(spin_us + 100));
                 }
-                queue.push(job.clone());
+                let copy = queue.push(job.clone());
                 let began = Instant::now();
                 while job.0.done.load(Ordering::Acquire) < steps {
                     assert!(
@@ -289,10 +321,72 @@ mod tests {
                     std::thread::yield_now();
                 }
                 assert!(job.0.joined.load(Ordering::Relaxed) <= job.0.max);
+                drop(copy);
             }
             queue.shut_down();
             let ran: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
             assert!(ran >= rounds, "{ran} joins for {rounds} jobs");
         }
+    }
+
+    /// An idle worker spins, not sleeps, while a copy is in flight (its DMAs still run),
+    /// however long that is, and sleeps once the copy ended and its spin ran out; with no
+    /// spin at all it sleeps at once, in flight or not.
+    #[test]
+    fn idle_workers_spin_through_a_copy_in_flight_then_sleep() {
+        if cfg!(miri) {
+            return; // timing: tens of milliseconds of spinning
+        }
+        for spin_us in [0u64, 500] {
+            let queue = Arc::new(JobQueue::<Fake>::new(Duration::from_micros(spin_us)));
+            let worker = {
+                let queue = Arc::clone(&queue);
+                std::thread::spawn(move || {
+                    while let Some(job) = queue.next() {
+                        job.run();
+                    }
+                })
+            };
+            let job = Fake::new(1, 1);
+            let copy = queue.push(job.clone());
+            let began = Instant::now();
+            while job.0.done.load(Ordering::Acquire) < 1 {
+                assert!(
+                    began.elapsed() < Duration::from_secs(10),
+                    "the job never ran"
+                );
+                std::thread::yield_now();
+            }
+            // The worker is idle now, the copy still in flight: 100 spins' worth of time.
+            std::thread::sleep(Duration::from_micros(spin_us * 100 + 20_000));
+            let asleep = queue.sleepers.load(Ordering::Relaxed);
+            if spin_us == 0 {
+                assert!(
+                    wait_for(|| queue.sleepers.load(Ordering::Relaxed) == 1),
+                    "a worker with no spin did not sleep"
+                );
+            } else {
+                assert_eq!(asleep, 0, "the worker slept while a copy was in flight");
+            }
+            drop(copy);
+            assert!(
+                wait_for(|| queue.sleepers.load(Ordering::Relaxed) == 1),
+                "the worker still spins {spin_us} us after the copy ended"
+            );
+            queue.shut_down();
+            worker.join().unwrap();
+        }
+    }
+
+    /// Whether `cond` holds within 5 s.
+    fn wait_for(cond: impl Fn() -> bool) -> bool {
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(5) {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
     }
 }

@@ -8,6 +8,28 @@
 //! send the bytes past the caches to memory, where the DMA reads them at the link's rate;
 //! they also skip reading the destination's lines before writing them.
 
+/// Copy `src` into the start of `dst` as the staging engine fills a pinned chunk before
+/// its DMA: through streaming (non-temporal) stores on x86-64, so that the bytes reach
+/// memory instead of staying modified in this CPU's caches, where a DMA reads them slowly;
+/// a plain copy elsewhere. Copies `min(src.len(), dst.len())` bytes and returns that count.
+///
+/// For code that fills pinned memory itself before a copy to the device (and for the
+/// `perf` bench's `dma` section, which measures what the stores change).
+///
+/// ```
+/// let src = vec![7u8; 10_000];
+/// let mut pinned_like = vec![0u8; 10_000];
+/// assert_eq!(cudabuf_cuda::fill_for_dma(&mut pinned_like, &src), 10_000);
+/// assert_eq!(pinned_like, src);
+/// ```
+pub fn fill_for_dma(dst: &mut [u8], src: &[u8]) -> usize {
+    let len = src.len().min(dst.len());
+    // SAFETY: `len` bytes are inside both slices, and a shared and a unique borrow do not
+    // overlap.
+    unsafe { fill(dst.as_mut_ptr(), src.as_ptr(), len, true) };
+    len
+}
+
 /// Copy `len` bytes from `src` to `dst`; with `streaming`, through non-temporal stores
 /// (x86-64; elsewhere, and for short copies, a plain copy), which are ordered before
 /// this thread's later stores (a fence at the end) and so seen by another thread that
