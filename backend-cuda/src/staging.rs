@@ -385,6 +385,43 @@ pub struct StagedStep {
 }
 
 /// A traced step as the public trace gives it.
+/// The failure the steps of a copy finish with when its calling thread unwinds before it
+/// waited for them ([`SettleOnUnwind`]).
+const UNWOUND: CuFailure = CuFailure {
+    call: "staged copy (its calling thread unwound)",
+    code: sys::CUresult::CUDA_ERROR_UNKNOWN,
+};
+
+/// Runs its closure if dropped while the thread unwinds before [`disarm`](Self::disarm),
+/// and never otherwise: a staged copy's calling thread holds one from queueing the copy
+/// until it waited for it, with a closure that finishes the unclaimed steps and waits for
+/// the claimed ones. So if that thread panics in between (no panic is known to be reachable
+/// there), the unwinding frees the caller's memory only once no lane uses it, instead of
+/// under the lanes' feet. (A step that the unwinding thread itself had claimed is never
+/// finished, so it then waits for good: a hang, where there would be a use after free.)
+struct SettleOnUnwind<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> SettleOnUnwind<F> {
+    fn new(settle: F) -> Self {
+        SettleOnUnwind(Some(settle))
+    }
+
+    /// The copy was waited for: nothing to settle any more.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for SettleOnUnwind<F> {
+    fn drop(&mut self) {
+        if let Some(settle) = self.0.take() {
+            if std::thread::panicking() {
+                settle();
+            }
+        }
+    }
+}
+
 fn staged_step((lane, step, t): task::Traced) -> StagedStep {
     StagedStep {
         lane,
@@ -548,10 +585,15 @@ impl StagingEngine {
         };
         let task = Arc::new(task);
         let _in_flight = self.shared.push(Job::Lanes(Arc::clone(&task)));
+        let settle = SettleOnUnwind::new(|| {
+            task.fail(UNWOUND);
+            let _ = task.wait();
+        });
         if self.config.caller_steps {
             self.take_steps(&task);
         }
         let result = task.wait();
+        settle.disarm();
         let trace = traced.then(|| StagingTrace {
             host_to_device: direction == Direction::HostToDevice,
             bytes: task.total(),
@@ -630,11 +672,17 @@ impl StagingEngine {
         let _in_flight = self
             .shared
             .push(Job::Ring(Arc::clone(&task), Arc::clone(ring)));
+        let settle = SettleOnUnwind::new(|| {
+            task.fail(UNWOUND);
+            let _ = task.wait();
+            self.release_ring(ring.stream().sync().is_ok());
+        });
         if self.config.caller_steps {
             // SAFETY: as above; `run_ring` finishes a part only once it is done with it.
             unsafe { ring::run_ring(&**ring, &task, 0) };
         }
         let mut result = task.wait();
+        settle.disarm();
         // Every part is finished, so no lane touches the ring for this copy any more;
         // leave its stream idle (host to device, its last DMAs are still running).
         let synced = ring.stream().sync();
@@ -760,6 +808,41 @@ unsafe fn worker(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The guard of a copy's calling thread settles the copy when that thread unwinds
+    /// before the wait, and neither on a plain drop nor once disarmed.
+    #[test]
+    fn a_copy_is_settled_only_when_its_caller_unwinds_before_the_wait() {
+        use std::sync::atomic::AtomicUsize;
+        let settled = AtomicUsize::new(0);
+        let settle = || {
+            settled.fetch_add(1, Ordering::Relaxed);
+        };
+        drop(SettleOnUnwind::new(settle));
+        SettleOnUnwind::new(settle).disarm();
+        assert_eq!(
+            settled.load(Ordering::Relaxed),
+            0,
+            "settled without unwinding"
+        );
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _guard = SettleOnUnwind::new(settle);
+            panic!("a bug between the queueing and the wait");
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(
+            settled.load(Ordering::Relaxed),
+            1,
+            "not settled on unwinding"
+        );
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let guard = SettleOnUnwind::new(settle);
+            guard.disarm();
+            panic!("a bug after the wait");
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(settled.load(Ordering::Relaxed), 1, "settled after the wait");
+    }
 
     #[test]
     fn config_defaults_and_switches() {
