@@ -167,7 +167,7 @@ pub struct StagingConfig {
     /// default): every step has the same size. Off by default: in two runs on an H100,
     /// ramped steps alone against even ones, at 1-256 MiB, were slower host to device at
     /// 13 of 14 sizes (by up to 15%) and device to host at 9 of 14 (docs/PERFORMANCE.md,
-    /// "The curve").
+    /// "The staging engine").
     pub ramp: bool,
     /// Microseconds an idle worker spins, watching for the next copy, after the last copy
     /// in flight ended, before it sleeps (a copy that follows soon after another then
