@@ -172,7 +172,9 @@ pub struct StagingConfig {
     /// Microseconds an idle worker spins, watching for the next copy, after the last copy
     /// in flight ended, before it sleeps (a copy that follows soon after another then
     /// starts without waking threads). While a copy is in flight (its caller waits for
-    /// it), idle workers spin; with 0 they sleep at once, in flight or not.
+    /// it), idle workers spin, each on a core (those the copy does not use too: host to
+    /// device uses fewer workers than device to host); with 0 they sleep at once, in
+    /// flight or not.
     pub spin_micros: u32,
     /// The size of the ring that every lane shares, one copy at a time, in slots of the
     /// smaller step of the two directions (its pinned block is `ring_slots` times that
