@@ -199,8 +199,8 @@ impl StagingConfig {
     /// The defaults for this host: host-to-device with half the CPUs (2 to 8) threads and
     /// 4 MiB steps, device-to-host with three quarters of them (2 to 12) and 2 MiB steps,
     /// copies from 512 KiB, adaptive, the calling thread taking steps, even steps (no
-    /// ramp), workers that spin through copies and 50 us after before they sleep, a ring of 16 slots of 2 MiB
-    /// (32 MiB pinned) and streaming stores.
+    /// ramp), workers that spin through copies and 50 us after before they sleep, a ring
+    /// of 16 slots of 2 MiB (32 MiB pinned) and streaming stores.
     pub fn default_for_host() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
         StagingConfig {
@@ -386,7 +386,6 @@ pub struct StagedStep {
     pub lanes: usize,
 }
 
-/// A traced step as the public trace gives it.
 /// The failure the steps of a copy finish with when its calling thread unwinds before it
 /// waited for them ([`SettleOnUnwind`]).
 const UNWOUND: CuFailure = CuFailure {
@@ -424,6 +423,7 @@ impl<F: FnOnce()> Drop for SettleOnUnwind<F> {
     }
 }
 
+/// A traced step as the public trace gives it.
 fn staged_step((lane, step, t): task::Traced) -> StagedStep {
     StagedStep {
         lane,
