@@ -197,12 +197,13 @@ impl CudaDriverContext {
             src.len(),
             start_engine,
         );
+        let mut cold = false;
         let result = if let Some(engine) = &plan.engine {
             // SAFETY: `src` is readable for its length during the call (the engine only
             // reads it); the caller guarantees the device range. The engine's streams are
             // ordered with the legacy default stream, and `copy` returns when every part
             // is done.
-            let (copied, trace) = unsafe {
+            let done = unsafe {
                 engine.copy_traced(
                     Direction::HostToDevice,
                     vec![Piece {
@@ -213,8 +214,9 @@ impl CudaDriverContext {
                     plan.traced,
                 )
             };
-            self.keep_trace(trace);
-            copied.map_err(|f| self.fail_copy(f, &[dst]))
+            self.keep_trace(done.trace);
+            cold = done.woke_workers;
+            done.result.map_err(|f| self.fail_copy(f, &[dst]))
         } else {
             // SAFETY: our context is pushed; `src` is readable for `src.len()` bytes; the
             // caller guarantees `dst..dst + src.len()` is in a live allocation reachable
@@ -225,7 +227,13 @@ impl CudaDriverContext {
             .map_err(|f| self.fail_copy(f, &[dst]))
             .and_then(|()| self.wait_default_stream(&pushed))
         };
-        self.learn(&plan, Direction::HostToDevice, src.len(), result.is_ok());
+        self.learn(
+            &plan,
+            Direction::HostToDevice,
+            src.len(),
+            result.is_ok(),
+            cold,
+        );
         result
     }
 
@@ -246,12 +254,13 @@ impl CudaDriverContext {
             dst.len(),
             start_engine,
         );
+        let mut cold = false;
         let result = if let Some(engine) = &plan.engine {
             // SAFETY: `dst` is writable for its length and exclusively ours during the
             // call; the caller guarantees the device range. The engine's streams are
             // ordered with the legacy default stream (so pending copies into the source
             // land first), and `copy` returns when every part is done.
-            let (copied, trace) = unsafe {
+            let done = unsafe {
                 engine.copy_traced(
                     Direction::DeviceToHost,
                     vec![Piece {
@@ -262,8 +271,9 @@ impl CudaDriverContext {
                     plan.traced,
                 )
             };
-            self.keep_trace(trace);
-            copied.map_err(|f| self.fail_copy(f, &[src]))
+            self.keep_trace(done.trace);
+            cold = done.woke_workers;
+            done.result.map_err(|f| self.fail_copy(f, &[src]))
         } else {
             // SAFETY: our context is pushed; `dst` is writable for `dst.len()` bytes; the
             // caller guarantees `src..src + dst.len()` is in a live allocation reachable
@@ -273,7 +283,13 @@ impl CudaDriverContext {
             })
             .map_err(|f| self.fail_copy(f, &[src]))
         };
-        self.learn(&plan, Direction::DeviceToHost, dst.len(), result.is_ok());
+        self.learn(
+            &plan,
+            Direction::DeviceToHost,
+            dst.len(),
+            result.is_ok(),
+            cold,
+        );
         result
     }
 
@@ -554,10 +570,9 @@ unsafe impl RawContext for CudaDriverContext {
             // SAFETY: every staged piece is readable host memory for the whole call, and
             // the caller guarantees the device ranges; `copy_traced` returns when every
             // step is done.
-            let (copied, trace) =
-                unsafe { engine.copy_traced(Direction::HostToDevice, staged, traced) };
-            self.keep_trace(trace);
-            copied.map_err(|f| self.fail_copy(f, &destinations))
+            let done = unsafe { engine.copy_traced(Direction::HostToDevice, staged, traced) };
+            self.keep_trace(done.trace);
+            done.result.map_err(|f| self.fail_copy(f, &destinations))
         } else {
             Ok(())
         };

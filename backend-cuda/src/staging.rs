@@ -97,7 +97,7 @@ use cudarc::driver::sys::{self, CUcontext};
 use crate::context::CuContext;
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
-pub(crate) use adaptive::Chooser;
+pub(crate) use adaptive::{Chooser, Path};
 use pipeline::StreamCopies;
 use queue::{JobQueue, Joinable};
 use ring::{RingCopier, RingTask};
@@ -423,6 +423,29 @@ impl<F: FnOnce()> Drop for SettleOnUnwind<F> {
     }
 }
 
+/// What a staged copy ([`StagingEngine::copy_traced`]) ends with.
+#[derive(Debug)]
+pub(crate) struct CopyDone {
+    /// Whether every step was done.
+    pub(crate) result: Result<(), CuFailure>,
+    /// The copy's timeline, if it was traced.
+    pub(crate) trace: Option<StagingTrace>,
+    /// The copy found the workers asleep and woke them: it started cold, and took longer
+    /// than one that follows another closely (adaptive staging then times a second one).
+    pub(crate) woke_workers: bool,
+}
+
+impl CopyDone {
+    /// A copy that queued nothing: no timeline, no worker woken.
+    fn nothing(result: Result<(), CuFailure>) -> Self {
+        CopyDone {
+            result,
+            trace: None,
+            woke_workers: false,
+        }
+    }
+}
+
 /// A traced step as the public trace gives it.
 fn staged_step((lane, step, t): task::Traced) -> StagedStep {
     StagedStep {
@@ -557,7 +580,7 @@ impl StagingEngine {
 
     /// Copy every piece (host to device, or device to host), sharing the steps among the
     /// workers (and the calling thread, with `caller_steps`); returns when every step is
-    /// done, with the copy's timeline if `traced`.
+    /// done, with the copy's timeline if `traced` and whether it woke sleeping workers.
     ///
     /// # Safety
     /// For the whole call, each piece's host range is valid host memory (readable for
@@ -569,7 +592,7 @@ impl StagingEngine {
         direction: Direction,
         pieces: Vec<Piece>,
         traced: bool,
-    ) -> (Result<(), CuFailure>, Option<StagingTrace>) {
+    ) -> CopyDone {
         let began = std::time::Instant::now();
         if let Some(ring) = self.claim_ring() {
             // SAFETY: forwarded from this function's contract.
@@ -583,10 +606,10 @@ impl StagingEngine {
             streaming: self.config.streaming_stores,
         };
         let Some(task) = Task::new(direction, pieces, cut, traced) else {
-            return (Ok(()), None);
+            return CopyDone::nothing(Ok(()));
         };
         let task = Arc::new(task);
-        let _in_flight = self.shared.push(Job::Lanes(Arc::clone(&task)));
+        let in_flight = self.shared.push(Job::Lanes(Arc::clone(&task)));
         let settle = SettleOnUnwind::new(|| {
             task.fail(UNWOUND);
             let _ = task.wait();
@@ -602,7 +625,11 @@ impl StagingEngine {
             elapsed: began.elapsed(),
             steps: task.take_trace().into_iter().map(staged_step).collect(),
         });
-        (result, trace)
+        CopyDone {
+            result,
+            trace,
+            woke_workers: in_flight.woke_workers(),
+        }
     }
 
     /// The ring, if this engine has one and no other copy holds it (the copy lets go of it
@@ -638,7 +665,7 @@ impl StagingEngine {
         pieces: Vec<Piece>,
         traced: bool,
         began: std::time::Instant,
-    ) -> (Result<(), CuFailure>, Option<StagingTrace>) {
+    ) -> CopyDone {
         let (threads, max_step) = self.config.for_direction(direction);
         let workers = threads.clamp(1, self.workers.len().max(1));
         let lanes = workers + usize::from(self.config.caller_steps);
@@ -652,7 +679,7 @@ impl StagingEngine {
             traced,
         ) else {
             self.release_ring(true);
-            return (Ok(()), None);
+            return CopyDone::nothing(Ok(()));
         };
         let task = Arc::new(task);
         // SAFETY: the engine's context outlives the engine (`start`'s contract).
@@ -660,7 +687,7 @@ impl StagingEngine {
             Ok(pushed) => pushed,
             Err(f) => {
                 self.release_ring(true);
-                return (Err(f), None);
+                return CopyDone::nothing(Err(f));
             }
         };
         // SAFETY: the context is pushed; the pieces are valid while this thread waits
@@ -669,9 +696,9 @@ impl StagingEngine {
         // it lets go).
         if let Err(f) = unsafe { task.start(&**ring, 0) } {
             self.release_ring(ring.stream().sync().is_ok());
-            return (Err(f), None);
+            return CopyDone::nothing(Err(f));
         }
-        let _in_flight = self
+        let in_flight = self
             .shared
             .push(Job::Ring(Arc::clone(&task), Arc::clone(ring)));
         let settle = SettleOnUnwind::new(|| {
@@ -705,7 +732,11 @@ impl StagingEngine {
                     .collect(),
             }
         });
-        (result, trace)
+        CopyDone {
+            result,
+            trace,
+            woke_workers: in_flight.woke_workers(),
+        }
     }
 
     /// The calling thread takes steps of `task` through its lane, if no other caller holds

@@ -180,6 +180,36 @@ fn cuda_switches(
                 );
             }
         }
+        if name == "staged" {
+            // The same copies after the workers fell asleep (1 ms apart; they spin
+            // `spin_micros` after a copy): what a cold start costs, which adaptive
+            // staging must not take for the staged path's steady state.
+            for &size in sizes.iter().filter(|&&s| s <= 16 * MIB) {
+                for (op, h2d) in [("h2d", true), ("d2h", false)] {
+                    let mut s = Vec::with_capacity(20);
+                    for _ in 0..20 {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        let t = std::time::Instant::now();
+                        if h2d {
+                            d.copy_from_host(&src[..size], 0, None)?;
+                        } else {
+                            d.copy_to_host_into(0, &mut dst[..size], None)?;
+                        }
+                        s.push(t.elapsed().as_secs_f64());
+                    }
+                    let n = s.len();
+                    rec.push(
+                        "switches",
+                        format!("{op}_staged_after_idle"),
+                        Some(size),
+                        gbps(size, median(&mut s)),
+                        "GB/s",
+                        n,
+                        "each copy 1 ms after the last (the workers asleep)",
+                    );
+                }
+            }
+        }
         if dst[..largest] != src[..] {
             return Err(format!("switches: {name}: the bytes came back wrong").into());
         }

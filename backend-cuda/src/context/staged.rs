@@ -11,7 +11,7 @@ use cudabuf_core::Result;
 use super::{CuContext, CudaDriverContext, BATCH_STAGED_PIECES};
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
-use crate::staging::{Chooser, Direction, StagingConfig, StagingEngine, StagingTrace};
+use crate::staging::{Chooser, Direction, Path, StagingConfig, StagingEngine, StagingTrace};
 
 /// The staging state of a context.
 #[derive(Debug)]
@@ -276,13 +276,26 @@ impl CudaDriverContext {
         }
     }
 
-    /// After a copy that `plan` timed: learn its time (a failed copy teaches nothing).
-    pub(super) fn learn(&self, plan: &Plan, direction: Direction, len: usize, ok: bool) {
+    /// After a copy that `plan` timed: learn its time (a failed copy teaches nothing);
+    /// `cold`: the staged copy woke the engine's sleeping workers.
+    pub(super) fn learn(
+        &self,
+        plan: &Plan,
+        direction: Direction,
+        len: usize,
+        ok: bool,
+        cold: bool,
+    ) {
         if let (Some(began), true) = (plan.timed, ok) {
             let secs = began.elapsed().as_secs_f64();
+            let path = match (&plan.engine, cold) {
+                (None, _) => Path::Direct,
+                (Some(_), false) => Path::Staged,
+                (Some(_), true) => Path::StagedCold,
+            };
             self.lock_staging()
                 .chooser
-                .learn(direction, len, plan.engine.is_some(), secs);
+                .learn(direction, len, path, secs);
         }
     }
 

@@ -77,16 +77,19 @@ impl<J: Joinable> JobQueue<J> {
     /// its caller is done waiting for it).
     pub(super) fn push(&self, job: J) -> InFlight<'_> {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        let guard = InFlight(&self.in_flight);
         {
             let mut queue = self.lock();
             queue.jobs.push_back(job);
             self.queued.fetch_add(1, Ordering::Relaxed);
         }
-        if self.sleepers.load(Ordering::Relaxed) > 0 {
+        let woke = self.sleepers.load(Ordering::Relaxed) > 0;
+        if woke {
             self.cv.notify_all();
         }
-        guard
+        InFlight {
+            count: &self.in_flight,
+            woke,
+        }
     }
 
     /// Stop: every worker's next [`next`](Self::next) returns `None`.
@@ -145,11 +148,23 @@ impl<J: Joinable> JobQueue<J> {
 /// A copy in flight (from [`JobQueue::push`]): while one is alive, idle workers spin
 /// instead of sleeping.
 #[must_use = "the copy is in flight until the guard is dropped"]
-pub(super) struct InFlight<'a>(&'a AtomicUsize);
+pub(super) struct InFlight<'a> {
+    count: &'a AtomicUsize,
+    woke: bool,
+}
+
+impl InFlight<'_> {
+    /// Whether the push found workers asleep and woke them: the copy started cold, its
+    /// first steps waiting for threads to be scheduled (a copy that follows another
+    /// within the spin finds them spinning).
+    pub(super) fn woke_workers(&self) -> bool {
+        self.woke
+    }
+}
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.count.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -376,6 +391,73 @@ mod tests {
                 wait_for(|| queue.sleepers.load(Ordering::Relaxed) == 1),
                 "the worker still spins {spin_us} us after the copy ended"
             );
+            queue.shut_down();
+            worker.join().unwrap();
+        }
+    }
+
+    /// A push says whether it found the workers asleep (and woke them): not while an idle
+    /// worker spins through a copy in flight, but once it slept after the copy ended; with
+    /// no spin, always.
+    #[test]
+    fn a_push_says_whether_it_woke_sleeping_workers() {
+        if cfg!(miri) {
+            return; // timing: it waits for the worker to spin or sleep
+        }
+        for spin_us in [0u64, 500] {
+            let queue = Arc::new(JobQueue::<Fake>::new(Duration::from_micros(spin_us)));
+            let worker = {
+                let queue = Arc::clone(&queue);
+                std::thread::spawn(move || {
+                    while let Some(job) = queue.next() {
+                        job.run();
+                    }
+                })
+            };
+            let run = |job: &Fake| {
+                let began = Instant::now();
+                while job.0.done.load(Ordering::Acquire) < 1 {
+                    assert!(began.elapsed() < Duration::from_secs(10), "a job never ran");
+                    std::thread::yield_now();
+                }
+            };
+            assert!(
+                wait_for(|| queue.sleepers.load(Ordering::Relaxed) == 1),
+                "the new worker never slept"
+            );
+            let first = Fake::new(1, 1);
+            let copy = queue.push(first.clone());
+            assert!(copy.woke_workers(), "the first push found nobody asleep");
+            run(&first);
+            // The worker is idle, the first copy still in flight: asleep without a spin,
+            // else spinning.
+            if spin_us == 0 {
+                assert!(wait_for(|| queue.sleepers.load(Ordering::Relaxed) == 1));
+            } else {
+                std::thread::sleep(Duration::from_millis(5));
+                assert_eq!(queue.sleepers.load(Ordering::Relaxed), 0);
+            }
+            let second = Fake::new(1, 1);
+            let next = queue.push(second.clone());
+            assert_eq!(
+                next.woke_workers(),
+                spin_us == 0,
+                "spin {spin_us} us: a push while a copy is in flight"
+            );
+            run(&second);
+            drop((copy, next));
+            assert!(
+                wait_for(|| queue.sleepers.load(Ordering::Relaxed) == 1),
+                "the worker never slept after the copies"
+            );
+            let third = Fake::new(1, 1);
+            let last = queue.push(third.clone());
+            assert!(
+                last.woke_workers(),
+                "spin {spin_us} us: a push after the worker slept"
+            );
+            run(&third);
+            drop(last);
             queue.shut_down();
             worker.join().unwrap();
         }
