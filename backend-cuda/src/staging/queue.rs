@@ -353,25 +353,10 @@ mod tests {
             return; // timing: tens of milliseconds of spinning
         }
         for spin_us in [0u64, 500] {
-            let queue = Arc::new(JobQueue::<Fake>::new(Duration::from_micros(spin_us)));
-            let worker = {
-                let queue = Arc::clone(&queue);
-                std::thread::spawn(move || {
-                    while let Some(job) = queue.next() {
-                        job.run();
-                    }
-                })
-            };
+            let (queue, worker) = one_worker(spin_us);
             let job = Fake::new(1, 1);
             let copy = queue.push(job.clone());
-            let began = Instant::now();
-            while job.0.done.load(Ordering::Acquire) < 1 {
-                assert!(
-                    began.elapsed() < Duration::from_secs(10),
-                    "the job never ran"
-                );
-                std::thread::yield_now();
-            }
+            wait_until_run(&job);
             // The worker is idle now, the copy still in flight: 100 spins' worth of time.
             std::thread::sleep(Duration::from_micros(spin_us * 100 + 20_000));
             if spin_us == 0 {
@@ -405,22 +390,7 @@ mod tests {
             return; // timing: it waits for the worker to spin or sleep
         }
         for spin_us in [0u64, 500] {
-            let queue = Arc::new(JobQueue::<Fake>::new(Duration::from_micros(spin_us)));
-            let worker = {
-                let queue = Arc::clone(&queue);
-                std::thread::spawn(move || {
-                    while let Some(job) = queue.next() {
-                        job.run();
-                    }
-                })
-            };
-            let run = |job: &Fake| {
-                let began = Instant::now();
-                while job.0.done.load(Ordering::Acquire) < 1 {
-                    assert!(began.elapsed() < Duration::from_secs(10), "a job never ran");
-                    std::thread::yield_now();
-                }
-            };
+            let (queue, worker) = one_worker(spin_us);
             assert!(
                 wait_for(|| queue.sleepers.load(Ordering::Relaxed) == 1),
                 "the new worker never slept"
@@ -428,7 +398,7 @@ mod tests {
             let first = Fake::new(1, 1);
             let copy = queue.push(first.clone());
             assert!(copy.woke_workers(), "the first push found nobody asleep");
-            run(&first);
+            wait_until_run(&first);
             // The worker is idle, the first copy still in flight: asleep without a spin,
             // else spinning.
             if spin_us == 0 {
@@ -444,7 +414,7 @@ mod tests {
                 spin_us == 0,
                 "spin {spin_us} us: a push while a copy is in flight"
             );
-            run(&second);
+            wait_until_run(&second);
             drop((copy, next));
             assert!(
                 wait_for(|| queue.sleepers.load(Ordering::Relaxed) == 1),
@@ -456,10 +426,36 @@ mod tests {
                 last.woke_workers(),
                 "spin {spin_us} us: a push after the worker slept"
             );
-            run(&third);
+            wait_until_run(&third);
             drop(last);
             queue.shut_down();
             worker.join().unwrap();
+        }
+    }
+
+    /// A queue with a spin of `spin_us` and one worker that runs its jobs until shutdown.
+    fn one_worker(spin_us: u64) -> (Arc<JobQueue<Fake>>, std::thread::JoinHandle<()>) {
+        let queue = Arc::new(JobQueue::<Fake>::new(Duration::from_micros(spin_us)));
+        let worker = {
+            let queue = Arc::clone(&queue);
+            std::thread::spawn(move || {
+                while let Some(job) = queue.next() {
+                    job.run();
+                }
+            })
+        };
+        (queue, worker)
+    }
+
+    /// Wait (at most 10 s) until a worker has run the one step of `job`.
+    fn wait_until_run(job: &Fake) {
+        let began = Instant::now();
+        while job.0.done.load(Ordering::Acquire) < 1 {
+            assert!(
+                began.elapsed() < Duration::from_secs(10),
+                "the job never ran"
+            );
+            std::thread::yield_now();
         }
     }
 
