@@ -154,19 +154,21 @@ fn cuda_switches(
         progress(format!("switches: {name}"));
         raw.set_staging_config(config);
         raw.start_staging()?;
+        // One copy of `size` bytes each way through the context.
+        let mut copy = |h2d: bool, size: usize| -> AnyResult<()> {
+            if h2d {
+                d.copy_from_host(&src[..size], 0, None)?;
+            } else {
+                d.copy_to_host_into(0, &mut dst[..size], None)?;
+            }
+            Ok(())
+        };
         for &size in &sizes {
             let (warm, min, max, budget) = copy_budget(size);
             // Adaptive staging tries both paths over its first copies of a size: warm it.
             let warm = warm.max(8);
             for (op, h2d) in [("h2d", true), ("d2h", false)] {
-                let mut s = time_calls(warm, min, max, budget, || {
-                    if h2d {
-                        d.copy_from_host(&src[..size], 0, None)?;
-                    } else {
-                        d.copy_to_host_into(0, &mut dst[..size], None)?;
-                    }
-                    Ok(())
-                })?;
+                let mut s = time_calls(warm, min, max, budget, || copy(h2d, size))?;
                 let n = s.len();
                 let v = gbps(size, median(&mut s));
                 rec.push(
@@ -190,11 +192,7 @@ fn cuda_switches(
                     for _ in 0..20 {
                         std::thread::sleep(std::time::Duration::from_millis(1));
                         let t = std::time::Instant::now();
-                        if h2d {
-                            d.copy_from_host(&src[..size], 0, None)?;
-                        } else {
-                            d.copy_to_host_into(0, &mut dst[..size], None)?;
-                        }
+                        copy(h2d, size)?;
                         s.push(t.elapsed().as_secs_f64());
                     }
                     let n = s.len();

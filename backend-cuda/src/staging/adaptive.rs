@@ -267,8 +267,7 @@ impl Chooser {
         let per_byte = secs / len as f64;
         match path {
             Path::Direct => class.direct.add(per_byte),
-            Path::Staged => class.staged.add(per_byte),
-            Path::StagedCold => class.staged.add(per_byte),
+            Path::Staged | Path::StagedCold => class.staged.add(per_byte),
         }
         class.follow_up = match (path, class.follow_up) {
             (Path::StagedCold, FollowUp::None) => FollowUp::Due,
@@ -561,18 +560,17 @@ mod tests {
         let mut last_staged = false;
         for _ in 0..calls {
             let s = chooser.stage(H2D, len);
-            let woke = s && (far_apart || !last_staged);
-            let secs = noise()
-                * match (s, woke) {
-                    (false, _) => direct,
-                    (true, false) => warm,
-                    (true, true) => cold,
-                };
-            let path = match (s, woke) {
+            let path = match (s, far_apart || !last_staged) {
                 (false, _) => Path::Direct,
                 (true, false) => Path::Staged,
                 (true, true) => Path::StagedCold,
             };
+            let secs = noise()
+                * match path {
+                    Path::Direct => direct,
+                    Path::Staged => warm,
+                    Path::StagedCold => cold,
+                };
             chooser.learn(H2D, len, path, secs);
             picks.push(s);
             total += secs;
