@@ -35,6 +35,9 @@ Usage:
     python3 scripts/bench_compare.py --ours OUT/perf.json --arrow OUT/arrow.json --out OUT
     python3 scripts/bench_compare.py --ours OUT/ours.json --out OUT --peer-only   # several GPUs
     python3 scripts/bench_compare.py --compare-only --ours ... --peers OUT/compare.json  # table again
+    # rounds: run perf and this script (which measures the peers) in turn N times, then
+    python3 scripts/bench_compare.py --compare-only --ours R1/perf.json R2/perf.json R3/perf.json \
+        --peers R1/compare.json R2/compare.json R3/compare.json --out OUT   # medians over the rounds
     python3 scripts/bench_compare.py --ipc-child HEX     # internal: one raw IPC open
     python3 scripts/bench_compare.py --alloc-child       # internal: cudaMalloc alone
 """
@@ -460,6 +463,45 @@ class Row:
     bound_what: str = ""
 
 
+def median_of_rounds(rounds: list[list[Figure]]) -> list[Figure]:
+    """One figure per (section, op, size, x) from several rounds of the same measurements:
+    the median of the rounds' values (each already a median over repetitions), so that
+    one round's slow or fast process moves no figure on its own; `rounds` and `values`
+    keep what went in. With one round the figures come back as they are."""
+    if len(rounds) == 1:
+        return rounds[0]
+    merged: dict[tuple[Any, ...], Figure] = {}
+    values: dict[tuple[Any, ...], list[float]] = {}
+    for rows in rounds:
+        for r in rows:
+            key = (r["section"], r["op"], r.get("size"), r.get("x"))
+            if key not in merged:
+                merged[key] = dict(r, samples=0)
+                values[key] = []
+            merged[key]["samples"] += r.get("samples") or 0
+            if r.get("value") is not None:
+                values[key].append(float(r["value"]))
+    for key, fig in merged.items():
+        vs = values[key]
+        fig["value"] = statistics.median(vs) if vs else None
+        fig["rounds"] = len(vs)
+        fig["values"] = vs
+    return list(merged.values())
+
+
+def merge_ours(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs of `perf --json` as one: the median of each figure over the runs, the
+    first run's info (with the number of runs), every section any run did not run."""
+    merged = dict(docs[0])
+    merged["results"] = median_of_rounds([d.get("results", []) for d in docs])
+    merged["info"] = dict(docs[0].get("info", {}), rounds=len(docs))
+    not_run: dict[str, Any] = {}
+    for d in docs:
+        not_run.update(d.get("not_run") or {})
+    merged["not_run"] = not_run
+    return merged
+
+
 def find(rows: list[Figure], section: str, op: str, size: Optional[int], x: Optional[int] = None) -> Optional[float]:
     for r in rows:
         if (r["section"] == section and r["op"] == op and r.get("size") == size and r.get("x") == x
@@ -725,7 +767,7 @@ def write_outputs(out_dir: str, info: dict[str, Any], results: Results, rows: li
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ours", help="cudabuf's perf --json output")
+    ap.add_argument("--ours", nargs="+", help="cudabuf's perf --json output; several runs: the median of each figure")
     ap.add_argument("--arrow", help="cudabuf-arrow's arrow_throughput --json output")
     ap.add_argument("--out", default=".", help="where compare.json and compare.md go")
     ap.add_argument("--sizes", default=CURVE_SIZES)
@@ -737,7 +779,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--peer-only", action="store_true", help="only the copies between GPUs (several-GPU runs)")
     ap.add_argument("--compare-only", action="store_true",
                     help="measure nothing: the table again from --peers (an earlier compare.json)")
-    ap.add_argument("--peers", help="with --compare-only: an earlier compare.json")
+    ap.add_argument("--peers", nargs="+",
+                    help="with --compare-only: an earlier compare.json; several: the median of each peer figure")
     ap.add_argument("--copies-only", action="store_true",
                     help="measure only the peers' copies (the curve), not their allocators")
     ap.add_argument("--ipc-child")
@@ -756,8 +799,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.perf_counter()
     results: Results
     if args.compare_only:
-        earlier = load(args.peers, "earlier comparison") or {}
-        results = {"info": earlier.get("info", {}), **earlier.get("peers", {"torch": [], "cupy": []})}
+        earlier = [doc for doc in (load(path, "earlier comparison") for path in args.peers or []) if doc]
+        info = dict(earlier[0].get("info", {}), peer_rounds=len(earlier)) if earlier else {}
+        results = {"info": info, **{lib: median_of_rounds([doc.get("peers", {}).get(lib, []) for doc in earlier] or [[]])
+                                    for lib in ("torch", "cupy")}}
     else:
         results = {"info": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                             "python": sys.version.split()[0], "sizes": sizes, "live_levels": live_levels},
@@ -777,7 +822,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             except Exception as e:  # keep the other steps' figures
                 log(f"{name} FAILED: {e!r}")
                 results["info"][f"{name}_error"] = repr(e)
-    ours_doc = load(args.ours, "cudabuf figures")
+    ours_docs = [doc for doc in (load(path, "cudabuf figures") for path in args.ours or []) if doc]
+    ours_doc = merge_ours(ours_docs) if ours_docs else None
     arrow_doc = load(args.arrow, "Arrow figures") if args.arrow else None
     if ours_doc:
         results["info"]["ours"] = ours_doc.get("info", {})

@@ -8,9 +8,9 @@
 //! workers that spin 200 us: `staged_spin200`),
 //! and the defaults (`default`, adaptive: staged or direct by what was faster so far).
 //! Then the timeline of one 64 MiB copy each way, plain, through the lanes, through the
-//! ring, and with every switch: when each lane claimed, filled, sent and saw each step
-//! done; its summary goes into the records and the whole timeline into
-//! `staging_trace.json` beside `--json`.
+//! ring, with every switch (`staged`, `staged_t12`, `staged_spin200`): when each lane
+//! claimed, filled, sent and saw each step done; its summary goes into the records and
+//! the whole timeline into `staging_trace.json` beside `--json`.
 
 use cudabuf::{Backend, Context};
 
@@ -213,8 +213,10 @@ fn cuda_switches(
         }
         dst.fill(0);
     }
-    // The timeline of one 64 MiB copy each way, plain, with every switch, and with every
-    // switch and workers that spin 200 us (3 copies before it, so the lanes are warm).
+    // The timeline of one 64 MiB copy each way, plain, through the lanes, through the ring,
+    // with every switch, with every switch and as many host-to-device threads as
+    // device-to-host ones, and with every switch and workers that spin 200 us (3 copies
+    // before it, so the lanes are warm).
     let size = (64 * MIB).min(largest);
     let mut traces = Vec::new();
     for (name, config) in [
@@ -228,6 +230,13 @@ fn cuda_switches(
             },
         ),
         ("staged", staged),
+        (
+            "staged_t12",
+            StagingConfig {
+                threads: staged.d2h_threads,
+                ..staged
+            },
+        ),
         (
             "staged_spin200",
             StagingConfig {

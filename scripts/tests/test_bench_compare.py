@@ -111,3 +111,40 @@ def test_compare_only_writes_the_table_from_earlier_figures(tmp_path: Path) -> N
     assert "peer section did not run: needs 2 devices" in md
     saved = json.loads((out / "compare.json").read_text())
     assert saved["peers"]["torch"][0]["value"] == 54.0
+
+
+def test_rounds_take_the_median_of_each_figure() -> None:
+    rounds = [[fig("copies", "h2d_pageable", 256 << 10, v), fig("copies", "d2d", GIB, 2000.0)] for v in (8.1, 9.9, 8.6)]
+    rounds[1].append(fig("copies", "h2d_pinned", GIB, 55.0))  # only one round has it
+    merged = bc.median_of_rounds(rounds)
+    assert bc.find(merged, "copies", "h2d_pageable", 256 << 10) == 8.6
+    assert bc.find(merged, "copies", "d2d", GIB) == 2000.0
+    assert bc.find(merged, "copies", "h2d_pinned", GIB) == 55.0
+    row = next(r for r in merged if r["op"] == "h2d_pageable")
+    assert row["rounds"] == 3 and row["values"] == [8.1, 9.9, 8.6] and row["samples"] == 3
+    assert bc.median_of_rounds([rounds[0]]) is rounds[0], "one round comes back as it is"
+
+
+def test_compare_only_over_rounds_holds_medians_against_medians(tmp_path: Path) -> None:
+    size = 256 << 10
+    ours_paths, peer_paths = [], []
+    # Each round alone would say something else: 0.83, 1.21, 0.98 of CuPy.
+    for k, (ours_v, cupy_v) in enumerate(((8.1, 9.8), (9.9, 8.2), (8.6, 8.8))):
+        ours = tmp_path / f"perf{k}.json"
+        ours.write_text(json.dumps({"info": {"gpu": "x"}, "results": [fig("copies", "h2d_pageable", size, ours_v)],
+                                    "not_run": {"peer": "needs 2 devices"} if k == 2 else {}}))
+        peers = tmp_path / f"compare{k}.json"
+        peers.write_text(json.dumps({"info": {"cupy": "14"}, "peers": {
+            "torch": [fig("copies", "h2d_pageable", size, 6.0 + k)], "cupy": [fig("copies", "h2d_pageable", size, cupy_v)]}}))
+        ours_paths.append(str(ours))
+        peer_paths.append(str(peers))
+    out = tmp_path / "out"
+    assert bc.main(["--compare-only", "--ours", *ours_paths, "--peers", *peer_paths, "--out", str(out),
+                    "--sizes", "256K", "--skip-peer"]) == 0
+    saved = json.loads((out / "compare.json").read_text())
+    point = next(p for p in saved["curve"] if p["op"] == "h2d_pageable")["points"][0]
+    assert point["ours"] == 8.6 and point["faster_peer"] == 8.8
+    assert abs(point["ratio"] - 8.6 / 8.8) < 1e-12
+    assert saved["info"]["peer_rounds"] == 3 and saved["info"]["ours"]["rounds"] == 3
+    assert saved["peers"]["torch"][0]["value"] == 7.0
+    assert "peer section did not run: needs 2 devices" in (out / "compare.md").read_text()
