@@ -754,6 +754,9 @@ def write_outputs(out_dir: str, info: dict[str, Any], results: Results, rows: li
     met = [r for r in rows if r.met is True]
     header = (f"cudabuf vs PyTorch {info.get('torch', '?')} / CuPy {info.get('cupy', '?')} on {info.get('gpu', '?')}, "
               f"driver {info.get('driver_version', '?')}, {info.get('date', '?')} (compare took {elapsed_s:.0f} s)")
+    rounds = (info.get("ours") or {}).get("rounds", 1), info.get("peer_rounds", 1)
+    if max(rounds) > 1:
+        header += f"; each figure the median of {rounds[0]} runs of cudabuf's perf and {rounds[1]} of the peers'"
     report = header + "\n\n" + text + f"\n\ntargets met: {len(met)}, missed: {len(missed)}\n" + "".join(
         line + "\n" for line in not_run)
     os.makedirs(out_dir, exist_ok=True)

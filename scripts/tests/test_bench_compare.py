@@ -148,3 +148,4 @@ def test_compare_only_over_rounds_holds_medians_against_medians(tmp_path: Path) 
     assert saved["info"]["peer_rounds"] == 3 and saved["info"]["ours"]["rounds"] == 3
     assert saved["peers"]["torch"][0]["value"] == 7.0
     assert "peer section did not run: needs 2 devices" in (out / "compare.md").read_text()
+    assert "the median of 3 runs of cudabuf's perf and 3 of the peers'" in (out / "compare.md").read_text()
