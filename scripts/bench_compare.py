@@ -38,6 +38,7 @@ Usage:
     # rounds: run perf and this script (which measures the peers) in turn N times, then
     python3 scripts/bench_compare.py --compare-only --ours R1/perf.json R2/perf.json R3/perf.json \
         --peers R1/compare.json R2/compare.json R3/compare.json --out OUT   # medians over the rounds
+    # (with several --ours, OUT/perf-median.json holds cudabuf's medians, for plot_perf.py)
     python3 scripts/bench_compare.py --ipc-child HEX     # internal: one raw IPC open
     python3 scripts/bench_compare.py --alloc-child       # internal: cudaMalloc alone
 """
@@ -827,6 +828,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                 results["info"][f"{name}_error"] = repr(e)
     ours_docs = [doc for doc in (load(path, "cudabuf figures") for path in args.ours or []) if doc]
     ours_doc = merge_ours(ours_docs) if ours_docs else None
+    if ours_doc and len(ours_docs) > 1:
+        # The medians as one perf JSON (for scripts/plot_perf.py --ours).
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "perf-median.json"), "w") as fh:
+            json.dump(ours_doc, fh, indent=1)
     arrow_doc = load(args.arrow, "Arrow figures") if args.arrow else None
     if ours_doc:
         results["info"]["ours"] = ours_doc.get("info", {})

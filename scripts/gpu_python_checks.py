@@ -13,7 +13,8 @@ Subcommands (each prints one JSON line per check and writes OUT/<name>.json):
   (pyarrow's 72-byte format built from the raw handle), checks and writes back.
 - ``bench``: copy bandwidth (H2D/D2H pinned and pageable, D2D) at each size through the
   cudabuf Python API, PyTorch and CuPy in this one process: median GB/s (1 GB = 1e9
-  bytes; D2D counts bytes read plus written), the best of three turns per library, ratios,
+  bytes; D2D counts bytes read plus written) over at least 20 ms of calls (at least 5-50
+  calls), the best of three turns per library, ratios,
   and whether cudabuf is within 5% of the faster peer at 64 MiB. cudabuf's D2D is issued
   on the legacy default stream (``Stream.copy_device``) like the peers' copies; its
   synchronous ``copy_from_device`` (pyarrow's semantics) is a row of its own. Writes
@@ -284,11 +285,18 @@ def ipc_checks() -> list[Callable[[], None]]:
 # ---- bench -------------------------------------------------------------------------
 
 
+#: Each operation is timed at least `reps_for(size)` times and for at least this long (at
+#: most MAX_SAMPLES times), so that copies of ~10 us get hundreds of samples, not 20.
+MIN_SECONDS = 0.02
+MAX_SAMPLES = 5000
+
+
 def timed(fn: Callable[[], None], sync: Callable[[], None], reps: int) -> float:
     fn()
     sync()
-    samples = []
-    for _ in range(reps):
+    samples: list[float] = []
+    began = time.perf_counter()
+    while len(samples) < reps or (time.perf_counter() - began < MIN_SECONDS and len(samples) < MAX_SAMPLES):
         start = time.perf_counter()
         fn()
         sync()

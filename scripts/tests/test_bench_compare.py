@@ -149,3 +149,6 @@ def test_compare_only_over_rounds_holds_medians_against_medians(tmp_path: Path) 
     assert saved["peers"]["torch"][0]["value"] == 7.0
     assert "peer section did not run: needs 2 devices" in (out / "compare.md").read_text()
     assert "the median of 3 runs of cudabuf's perf and 3 of the peers'" in (out / "compare.md").read_text()
+    median_doc = json.loads((out / "perf-median.json").read_text())
+    assert bc.find(median_doc["results"], "copies", "h2d_pageable", size) == 8.6
+    assert median_doc["info"]["rounds"] == 3 and median_doc["not_run"] == {"peer": "needs 2 devices"}
