@@ -1,0 +1,3 @@
+#!/bin/bash
+# On the warm machine of c2: the Python bench twice, then arrow_throughput.
+site=/tmp/site; rm -rf $site; python3 -m pip install --no-index --no-deps --target $site .whl/cudabuf-*.whl >/dev/null 2>&1; mkdir -p $OUT/p1 $OUT/p2; for k in 1 2; do PYTHONPATH=$site timeout 120 python3 scripts/gpu_python_checks.py bench --out $OUT/p$k --sizes 4096 16384 65536 262144 1048576 4194304 16777216 67108864 268435456 1073741824 > $OUT/p$k/log 2>&1; sed -n '/^| operation | min ratio/,/^$/p' $OUT/p$k/bench.md; done; ls .gpu/bin >/dev/null 2>&1 || (cd .gpu && tar xJf bin.tar.xz); CUDABUF_BACKEND=cuda timeout 60 .gpu/bin/arrow_throughput --bench --json $OUT/arrow2.json > $OUT/arrow2.log 2>&1; grep -E "first call|new Vec|existing" $OUT/arrow2.log | head
