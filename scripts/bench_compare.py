@@ -492,8 +492,9 @@ def median_of_rounds(rounds: list[list[Figure]]) -> list[Figure]:
 
 def merge_ours(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """Several runs of `perf --json` as one: the median of each figure over the runs, the
-    first run's info (with the number of runs), every section any run did not run."""
-    merged = dict(docs[0])
+    first run's info (with the number of runs), every section any run did not run. Other
+    keys (`perf`'s own `summary` of ratios) are left out: they would be one run's."""
+    merged: dict[str, Any] = {}
     merged["results"] = median_of_rounds([d.get("results", []) for d in docs])
     merged["info"] = dict(docs[0].get("info", {}), rounds=len(docs))
     not_run: dict[str, Any] = {}

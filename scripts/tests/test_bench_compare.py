@@ -131,7 +131,8 @@ def test_compare_only_over_rounds_holds_medians_against_medians(tmp_path: Path) 
     # Each round alone would say something else: 0.83, 1.21, 0.98 of CuPy.
     for k, (ours_v, cupy_v) in enumerate(((8.1, 9.8), (9.9, 8.2), (8.6, 8.8))):
         ours = tmp_path / f"perf{k}.json"
-        ours.write_text(json.dumps({"info": {"gpu": "x"}, "results": [fig("copies", "h2d_pageable", size, ours_v)],
+        ours.write_text(json.dumps({"info": {"gpu": "x"}, "summary": {"one run's": k},
+                                    "results": [fig("copies", "h2d_pageable", size, ours_v)],
                                     "not_run": {"peer": "needs 2 devices"} if k == 2 else {}}))
         peers = tmp_path / f"compare{k}.json"
         peers.write_text(json.dumps({"info": {"cupy": "14"}, "peers": {
@@ -152,3 +153,4 @@ def test_compare_only_over_rounds_holds_medians_against_medians(tmp_path: Path) 
     median_doc = json.loads((out / "perf-median.json").read_text())
     assert bc.find(median_doc["results"], "copies", "h2d_pageable", size) == 8.6
     assert median_doc["info"]["rounds"] == 3 and median_doc["not_run"] == {"peer": "needs 2 devices"}
+    assert "summary" not in median_doc, "one run's summary does not pass for the medians'"

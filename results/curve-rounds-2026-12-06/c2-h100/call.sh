@@ -1,7 +1,7 @@
 #!/bin/bash
 # The curve in three rounds (perf's copies, then the peers, in turn; the table from the
 # medians), the CUDA tests, the switches with their timelines (staged_t12 traced too),
-# arrow_throughput (the first to_host) and the Python layer's bench. Binaries of 1d004d4.
+# arrow_throughput (the first to_host) and the Python layer's bench. Binaries of 207e127, perf of 1d004d4.
 set -u
 T0=$SECONDS; TOTAL=${TOTAL:-480}
 O="$OUT/r"; mkdir -p "$O"
