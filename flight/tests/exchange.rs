@@ -46,15 +46,24 @@ fn upload(batches: &[RecordBatch], ctx: &Context) -> Vec<DeviceRecordBatch> {
         .unwrap()
 }
 
-/// Until `ctx` holds no device memory (a server frees a cancelled call's memory when it
-/// sees the reset, a moment after the client has returned).
-async fn until_freed(ctx: &Context) {
-    bounded(async {
+/// Until `ctx` (of `sim`) holds no device memory (a server frees a cancelled call's memory
+/// when it sees the reset, a moment after the client has returned). Past
+/// [`common::LIMIT`] the test fails with what is still held.
+async fn until_freed(ctx: &Context, sim: &SimBackend) {
+    let freed = tokio::time::timeout(common::LIMIT, async {
         while ctx.bytes_allocated() != 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await;
+    if freed.is_err() {
+        panic!(
+            "{} bytes of device memory still held after {:?}: {}",
+            ctx.bytes_allocated(),
+            common::LIMIT,
+            sim.leak_report()
+        );
+    }
 }
 
 /// A batch with a dictionary-encoded column (its dictionary `words`, a different one per
@@ -178,6 +187,9 @@ async fn a_failed_download_cancels_the_put_and_the_server_keeps_nothing() {
     let (client_sim, client_ctx) = new_sim();
     // A short idle timeout: should the reset not reach the server (seen twice in a few
     // hundred runs, not explained yet), it still frees the call's memory within seconds.
+    // Yet about one run of the whole file in 60 (on a 2-core machine) finds the memory
+    // still held after a minute, past the idle timeout too: not explained yet; the
+    // failure then lists the live allocations.
     let mut limits = ServerLimits::default();
     limits.idle_timeout = Some(Duration::from_secs(5));
     let server = DeviceFlightServer::new(&server_ctx).with_limits(limits);
@@ -212,7 +224,7 @@ async fn a_failed_download_cancels_the_put_and_the_server_keeps_nothing() {
     // The server saw a reset stream (or, at worst, its idle timeout), never a complete
     // one: it stores nothing and frees what it had received.
     let waited = std::time::Instant::now();
-    until_freed(&server_ctx).await;
+    until_freed(&server_ctx, &sim).await;
     assert!(server.keys().is_empty());
     if waited.elapsed() > Duration::from_secs(2) {
         eprintln!(
@@ -414,7 +426,7 @@ async fn do_exchange_runs_the_handler_on_each_batch() {
     drop(client);
     serving.stop().await;
     drop(server);
-    until_freed(&server_ctx).await;
+    until_freed(&server_ctx, &sim).await;
     assert_clean(sim, server_ctx);
     assert_clean(client_sim, client_ctx);
 }
