@@ -189,9 +189,9 @@ async fn a_failed_download_cancels_the_put_and_the_server_keeps_nothing() {
     // hundred runs, not explained yet), it still frees the call's memory within seconds.
     // Yet about one run of the whole file in 50-200 (on a 2-core machine) fails: the
     // server took the cancelled put for a complete one (its handler collected the stream
-    // without an error and stored the 2 batches that had arrived), so its memory stays held (the
-    // failure then lists the live allocations) or the key later holds a partial flight.
-    // An open defect, not explained yet.
+    // without an error and stored the 2 batches that had arrived), so its memory stays
+    // held (the failure then lists the live allocations) or the key later holds a
+    // partial flight. An open defect, not explained yet.
     let mut limits = ServerLimits::default();
     limits.idle_timeout = Some(Duration::from_secs(5));
     let server = DeviceFlightServer::new(&server_ctx).with_limits(limits);
