@@ -28,6 +28,10 @@ use crate::timeout::{
     DEFAULT_TIMEOUT,
 };
 
+/// How long a `DoPut` whose download failed waits for its cancelled call to end (the
+/// stream's reset for the body's error to go out) before it returns the error.
+const ABORT_GRACE: Duration = Duration::from_secs(5);
+
 /// A Flight client (tonic, HTTP/2; TLS with `connect_tls`, feature `tls`) whose
 /// [`do_get`](Self::do_get) decodes the stream straight into device memory
 /// ([`DeviceFlightDecoder`]), sending `authorization: Bearer <token>` on every call when
@@ -440,14 +444,21 @@ impl FlightDeviceClient {
             ))
             .await
         };
+        tokio::pin!(call);
         tokio::select! {
             biased;
             Ok(e) = &mut failed => {
                 // The server must see a reset stream, also if its answer has begun.
                 abort.abort();
+                // The call is kept until it ends (within ABORT_GRACE): the connection then
+                // resets the stream for the body's error (`INTERNAL_ERROR`). Dropped at
+                // once, it could reset it for the drop (`CANCEL`) first, and a tonic
+                // server reads a request cancelled so as a stream that ended: it would
+                // take the put for a complete one.
+                let _ = tokio::time::timeout(ABORT_GRACE, &mut call).await;
                 Err(e)
             }
-            done = call => done,
+            done = &mut call => done,
         }
     }
 

@@ -187,11 +187,10 @@ async fn a_failed_download_cancels_the_put_and_the_server_keeps_nothing() {
     let (client_sim, client_ctx) = new_sim();
     // A short idle timeout: should the reset not reach the server (seen twice in a few
     // hundred runs, not explained yet), it still frees the call's memory within seconds.
-    // Yet about one run of the whole file in 50-200 (on a 2-core machine) fails: the
-    // server took the cancelled put for a complete one (its handler collected the stream
-    // without an error and stored the 2 batches that had arrived), so its memory stays
-    // held (the failure then lists the live allocations) or the key later holds a
-    // partial flight. An open defect, not explained yet.
+    // A failed put is cancelled with the body's error, not by dropping the call: a drop
+    // could reset the stream with CANCEL, which tonic's server reads as the end of a
+    // complete stream (about one run of the whole file in 70 failed so before). Should the
+    // server keep memory, the failure lists the live allocations.
     let mut limits = ServerLimits::default();
     limits.idle_timeout = Some(Duration::from_secs(5));
     let server = DeviceFlightServer::new(&server_ctx).with_limits(limits);
