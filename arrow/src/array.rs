@@ -10,7 +10,7 @@ use arrow::datatypes::DataType;
 use cudabuf_core::{DeviceBuffer, Result, Stream};
 
 use crate::arrow_error;
-use crate::landing;
+use crate::landing::{self, PinAsks};
 use crate::layout::{type_layout, BufferKind};
 use crate::ordering::check_stream;
 
@@ -401,6 +401,9 @@ pub(crate) struct HostCopy {
     regions: Vec<(DeviceBuffer, Buffer)>,
     /// Where buffers outside every region are copied: on this stream, or synchronously.
     stream: Option<Stream>,
+    /// The pinned blocks the copies lacked, pinned in the background when this is dropped:
+    /// after the conversion that holds it has built its arrays, not beside its copies.
+    asks: PinAsks,
 }
 
 /// Whether `inner` lies within `outer` (same context, address range inside).
@@ -418,13 +421,15 @@ impl HostCopy {
     /// Copy each of `regions` to the host once (into a pinned block lent to arrow-rs
     /// where the context's pool allows it: see `landing`).
     pub(crate) fn new(regions: &[DeviceBuffer]) -> Result<Self> {
+        let asks = PinAsks::default();
         let regions = regions
             .iter()
-            .map(|r| Ok((r.clone(), landing::copy_to_host(r)?)))
+            .map(|r| Ok((r.clone(), landing::copy_to_host_asking(r, &asks)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(HostCopy {
             regions,
             stream: None,
+            asks,
         })
     }
 
@@ -448,14 +453,16 @@ impl HostCopy {
             .iter()
             .map(|r| landing::start_copy_on(r, stream))
             .collect::<Result<Vec<_>>>()?;
+        let asks = PinAsks::default();
         let regions = wanted
             .into_iter()
             .zip(pending)
-            .map(|(region, copy)| Ok((region, copy.finish()?)))
+            .map(|(region, copy)| Ok((region, copy.finish(&asks)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(HostCopy {
             regions,
             stream: Some(stream.clone()),
+            asks,
         })
     }
 
@@ -471,7 +478,7 @@ impl HostCopy {
             }
         }
         match &self.stream {
-            Some(stream) => landing::start_copy_on(device, stream)?.finish(),
+            Some(stream) => landing::start_copy_on(device, stream)?.finish(&self.asks),
             // A buffer outside every region (arrays imported through the C Device Data
             // Interface, say): a copy of its own, into a new vector.
             None => landing::land_pageable(device),

@@ -373,7 +373,10 @@ impl DeviceRecordBatch {
             .map(|c| c.row_slice(offset, length))
             .collect::<Result<Vec<_>>>()?;
         let parts: Vec<DeviceBuffer> = slices.iter().flat_map(|s| s.parts.clone()).collect();
-        let host = crate::landing::copy_parts_to_host(&self.context, &parts)?;
+        // The blocks the two copies lacked are pinned once the slice is built (when this
+        // is dropped), not beside the second copy.
+        let asks = crate::landing::PinAsks::default();
+        let host = crate::landing::copy_parts_to_host_asking(&self.context, &parts, &asks)?;
         // Then the data of binary and string columns, between their copied offsets.
         let mut data = Vec::with_capacity(slices.len());
         let mut at = 0;
@@ -386,7 +389,8 @@ impl DeviceRecordBatch {
             });
         }
         let ranges: Vec<DeviceBuffer> = data.iter().flatten().map(|(r, _)| r.clone()).collect();
-        let mut data_host = crate::landing::copy_parts_to_host(&self.context, &ranges)?.into_iter();
+        let mut data_host =
+            crate::landing::copy_parts_to_host_asking(&self.context, &ranges, &asks)?.into_iter();
         let mut host = host.into_iter();
         let columns = self
             .columns

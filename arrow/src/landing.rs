@@ -18,9 +18,11 @@
 //! of the class (a context's first conversions), the body lands in a new vector through
 //! a copy that pins nothing
 //! ([`DeviceBuffer::copy_to_host_unpinned`](cudabuf_core::DeviceBuffer::copy_to_host_unpinned)),
-//! and once the copy is done a block of the class is pinned into the pool in the
-//! background ([`Context::with_background_pinning`](cudabuf_core::Context::with_background_pinning)),
-//! for the next conversions.
+//! and once the whole conversion is done (every body copied, the arrow-rs arrays built:
+//! [`PinAsks`] holds the blocks it lacked until then) a block of each class it lacked is
+//! pinned into the pool in the background
+//! ([`Context::pin_staging_in_background`](cudabuf_core::Context::pin_staging_in_background)),
+//! for the next conversions. So no pinning runs beside a conversion's own later copies.
 //!
 //! Pinned memory is a limited resource of the whole host, so lending is bounded: the pool
 //! must be on for the context and keep blocks of the class (its limit: 256 MiB by default
@@ -41,7 +43,7 @@
 use std::panic::{AssertUnwindSafe, RefUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow::buffer::Buffer;
 use cudabuf_core::{Context, DeviceBuffer, Event, HostBuffer, Result, Stream, Transfer};
@@ -62,11 +64,58 @@ pub(crate) fn block_size(len: usize) -> usize {
     len.next_multiple_of(floor / 8)
 }
 
+/// The pinned blocks a conversion could have borrowed but its context's pool lacked, to
+/// be pinned in the background once the conversion is done: when this is dropped, a
+/// block of each class for each time one was lacked (so a conversion of two bodies of one
+/// class finds two next time), as far as each pool's limit allows. A conversion holds one
+/// until it has copied every body and built its result, so that no pinning competes with
+/// its own later copies.
+#[derive(Default)]
+pub(crate) struct PinAsks {
+    /// (context, block size, how many).
+    wanted: Mutex<Vec<(Context, usize, usize)>>,
+}
+
+impl PinAsks {
+    /// One more block of `block` bytes lacked in the pool of `ctx`.
+    fn add(&self, ctx: &Context, block: usize) {
+        let mut wanted = self.wanted.lock().unwrap_or_else(PoisonError::into_inner);
+        match wanted
+            .iter_mut()
+            .find(|(c, size, _)| *size == block && c.same_as(ctx))
+        {
+            Some((_, _, count)) => *count += 1,
+            None => wanted.push((ctx.clone(), block, 1)),
+        }
+    }
+}
+
+impl Drop for PinAsks {
+    fn drop(&mut self) {
+        let wanted = std::mem::take(
+            self.wanted
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for (ctx, block, count) in wanted {
+            ctx.pin_staging_in_background(block, block, count);
+        }
+    }
+}
+
 /// The whole of `device` on the host: in a pinned block lent to arrow-rs when the
 /// context's pool has one, else in a new vector (and a block of its class is pinned in
-/// the background when the pool could lend it).
+/// the background once this returns, when the pool could lend it).
+#[cfg(test)]
 pub(crate) fn copy_to_host(device: &DeviceBuffer) -> Result<Buffer> {
-    let mut landed = copy_parts_to_host(device.context(), std::slice::from_ref(device))?;
+    copy_to_host_asking(device, &PinAsks::default())
+}
+
+/// [`copy_to_host`], with the block it lacked added to `asks` (pinned when `asks` is
+/// dropped).
+pub(crate) fn copy_to_host_asking(device: &DeviceBuffer, asks: &PinAsks) -> Result<Buffer> {
+    let mut landed =
+        copy_parts_to_host_asking(device.context(), std::slice::from_ref(device), asks)?;
     // One part, one buffer: the whole landing area.
     Ok(landed
         .pop()
@@ -89,9 +138,13 @@ fn layout_parts(parts: &[DeviceBuffer]) -> Option<(Vec<usize>, usize)> {
 /// Each of `parts` (buffers of `ctx`) on the host, all in one landing area, as
 /// [`copy_to_host`] lands one buffer: a pinned block lent to arrow-rs when the pool has
 /// one of the area's class, else a new vector (and a block of the class pinned in the
-/// background when the pool could lend one). Returns one arrow-rs buffer per part, each
-/// a slice of the area.
-pub(crate) fn copy_parts_to_host(ctx: &Context, parts: &[DeviceBuffer]) -> Result<Vec<Buffer>> {
+/// background, once `asks` is dropped, when the pool could lend one). Returns one arrow-rs
+/// buffer per part, each a slice of the area.
+pub(crate) fn copy_parts_to_host_asking(
+    ctx: &Context,
+    parts: &[DeviceBuffer],
+    asks: &PinAsks,
+) -> Result<Vec<Buffer>> {
     let Some((starts, len)) = layout_parts(parts) else {
         return Err(cudabuf_core::Error::invalid_argument(
             "copy to the host",
@@ -107,7 +160,10 @@ pub(crate) fn copy_parts_to_host(ctx: &Context, parts: &[DeviceBuffer]) -> Resul
             loan.into_buffer(len)
         }
         Take::Missed(block) => {
-            ctx.with_background_pinning(len, block, block, 1, || land_parts(parts, &starts, len))?
+            // Asked for even if the copy fails (as a call through
+            // `Context::with_background_pinning` does): the pool lacked the block all the same.
+            asks.add(ctx, block);
+            land_parts(parts, &starts, len)?
         }
         Take::Refused => land_parts(parts, &starts, len)?,
     };
@@ -206,8 +262,9 @@ pub(crate) fn start_copy_on(device: &DeviceBuffer, stream: &Stream) -> Result<Pe
 }
 
 impl PendingCopy {
-    /// Wait for the copy and give its bytes as an arrow-rs buffer.
-    pub(crate) fn finish(self) -> Result<Buffer> {
+    /// Wait for the copy and give its bytes as an arrow-rs buffer; a block the pool
+    /// lacked goes into `asks`.
+    pub(crate) fn finish(self, asks: &PinAsks) -> Result<Buffer> {
         match self {
             PendingCopy::Empty => Ok(Buffer::from_vec(Vec::<u8>::new())),
             PendingCopy::Lent {
@@ -219,17 +276,11 @@ impl PendingCopy {
                 Ok(loan.into_buffer(len))
             }
             PendingCopy::Pageable { device, after, pin } => {
-                after.synchronize()?;
-                let land = || land_pageable(&device);
-                match pin {
-                    Some(block) => {
-                        let len = device.size();
-                        device
-                            .context()
-                            .with_background_pinning(len, block, block, 1, land)
-                    }
-                    None => land(),
+                if let Some(block) = pin {
+                    asks.add(device.context(), block);
                 }
+                after.synchronize()?;
+                land_pageable(&device)
             }
         }
     }
@@ -431,6 +482,67 @@ mod tests {
     }
 
     #[test]
+    fn a_conversion_asks_for_its_blocks_only_once_it_is_done() {
+        use crate::array::HostCopy;
+        let _alone = lending_alone();
+        // Two bodies of one class (100,000 and 99,000 bytes: blocks of 106,496) and one
+        // of another.
+        let data = [pattern(100_000), pattern(99_000), pattern(300_000)];
+        assert_eq!(block_size(100_000), block_size(99_000));
+        for on_stream in [false, true] {
+            let sim = SimBackend::new();
+            let ctx = context_with_pool(&sim, 1 << 20);
+            let bodies: Vec<DeviceBuffer> = data
+                .iter()
+                .map(|d| ctx.buffer_from_data(d).unwrap())
+                .collect();
+            let stream = ctx.new_stream().unwrap();
+            let host = if on_stream {
+                // Every buffer outside a region: each copied on the stream.
+                let all: Vec<&DeviceBuffer> = bodies.iter().collect();
+                HostCopy::new_on(&[], &all, &stream).unwrap()
+            } else {
+                HostCopy::new(&bodies).unwrap()
+            };
+            // Every body copied, none pinned for yet: while the conversion holds its
+            // copies, nothing is pinned beside them.
+            ctx.wait_background_pinning();
+            assert_eq!(
+                ctx.staging_buffers_pinned_in_background(),
+                0,
+                "on stream: {on_stream}"
+            );
+            for (body, bytes) in bodies.iter().zip(&data) {
+                assert_eq!(host.buffer(body).unwrap().as_slice(), &bytes[..]);
+            }
+            assert_eq!(lent(), 0, "nothing lent: the pool was empty");
+            // Once it is done: a block for each body, two of the shared class.
+            drop(host);
+            assert_eq!(
+                all_pinned_in_background(&sim, &ctx),
+                3,
+                "on stream: {on_stream}"
+            );
+            let pooled = 2 * block_size(100_000) + block_size(300_000);
+            assert_eq!(ctx.bytes_pooled(), pooled);
+            // The next conversion borrows all three and pins nothing.
+            let again = HostCopy::new(&bodies).unwrap();
+            assert_eq!(lent(), pooled);
+            for (body, bytes) in bodies.iter().zip(&data) {
+                assert_eq!(again.buffer(body).unwrap().as_slice(), &bytes[..]);
+            }
+            drop(again);
+            assert_eq!(all_pinned_in_background(&sim, &ctx), 3);
+            assert_eq!(lent(), 0);
+            drop((bodies, stream));
+            ctx.trim_cache();
+            assert_eq!(ctx.bytes_allocated(), 0);
+            assert_eq!(ctx.bytes_pooled(), 0);
+            sim.assert_clean();
+        }
+    }
+
+    #[test]
     fn with_the_pool_off_or_pinning_failing_bodies_land_in_vectors_and_nothing_leaks() {
         let _alone = lending_alone();
         let sim = SimBackend::new();
@@ -533,13 +645,16 @@ mod tests {
                 ..
             }
         ));
-        assert_eq!(pending.finish().unwrap().as_slice(), &data[..]);
+        assert_eq!(
+            pending.finish(&PinAsks::default()).unwrap().as_slice(),
+            &data[..]
+        );
         assert_eq!(all_pinned_in_background(&sim, &ctx), 1);
         // The block goes into the transfer, and back into the loan before arrow-rs sees it.
         let pending = start_copy_on(&device, &stream).unwrap();
         assert!(matches!(pending, PendingCopy::Lent { .. }));
         assert_eq!(lent(), MIN_BLOCK, "reserved in flight");
-        let landed = pending.finish().unwrap();
+        let landed = pending.finish(&PinAsks::default()).unwrap();
         assert_eq!(landed.as_slice(), &data[..]);
         assert_eq!(lent(), MIN_BLOCK);
         let slice = landed.slice_with_length(10, 20);
@@ -554,9 +669,12 @@ mod tests {
         let device = off.buffer_from_data(&data).unwrap();
         let pending = start_copy_on(&device, &stream).unwrap();
         assert!(matches!(pending, PendingCopy::Pageable { pin: None, .. }));
-        assert_eq!(pending.finish().unwrap().as_slice(), &data[..]);
+        assert_eq!(
+            pending.finish(&PinAsks::default()).unwrap().as_slice(),
+            &data[..]
+        );
         let empty = start_copy_on(&off.new_buffer(0).unwrap(), &stream).unwrap();
-        assert_eq!(empty.finish().unwrap().len(), 0);
+        assert_eq!(empty.finish(&PinAsks::default()).unwrap().len(), 0);
         assert_eq!(lent(), 0);
         off.wait_background_pinning();
         assert_eq!(
