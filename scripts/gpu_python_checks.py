@@ -19,11 +19,15 @@ Subcommands (each prints one JSON line per check and writes OUT/<name>.json):
   on the legacy default stream (``Stream.copy_device``) like the peers' copies; its
   synchronous ``copy_from_device`` (pyarrow's semantics) is a row of its own. Writes
   bench.json and bench.md.
+- ``merge RUN/bench.json ...``: the same tables from several runs of ``bench`` (on one
+  machine), each figure the median of the runs: single runs' ratios at small sizes move
+  by several percent between runs. Writes bench.json and bench.md into ``--out``.
 
 Every check is independent: a failure is reported and the rest still run; the exit code
 is 1 if any check failed (skips, for a library that is not installed, do not fail).
 
 Usage: python3 scripts/gpu_python_checks.py {interop,ipc,bench} --out DIR [--sizes ...]
+       python3 scripts/gpu_python_checks.py merge --out DIR RUN1/bench.json RUN2/bench.json ...
 """
 
 from __future__ import annotations
@@ -410,15 +414,59 @@ def run_bench(sizes: list[int], out_dir: str) -> dict[str, Any]:
                     best[op] = max(best.get(op, 0.0), round(gbps(op, size, secs), 2))
         table["results"][human(size)] = row
         print(json.dumps({"bench": human(size), **row}), flush=True)
+    return render(table, out_dir)
+
+
+def median_of_runs(tables: list[dict[str, Any]]) -> dict[str, Any]:
+    """One table from the tables of several runs of ``bench``: each figure (size, library,
+    operation) the median of the runs that have it (the sizes in the order first seen), so
+    that one run's slow or fast spell decides no ratio; a library that failed or was
+    missing in a run is left out of that figure's median, and the runs' notes are kept."""
+    if not tables:
+        raise ValueError("no runs to merge")
+    merged: dict[str, Any] = {
+        "sizes": [],
+        "results": {},
+        "unit": f"GB/s (1e9 bytes/s), median of {len(tables)} runs of the per-run figure",
+        "notes": [],
+        "runs": len(tables),
+    }
+    values: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for table in tables:
+        for size in table.get("sizes", []):
+            if size not in merged["sizes"]:
+                merged["sizes"].append(size)
+        for label, row in table["results"].items():
+            per_lib = values.setdefault(label, {})
+            for lib, figures in row.items():
+                if figures is None:
+                    per_lib.setdefault(lib, {})
+                    continue
+                for op, v in figures.items():
+                    per_lib.setdefault(lib, {}).setdefault(op, []).append(v)
+        merged["notes"] += [n for n in table.get("notes", []) if n not in merged["notes"]]
+    for label, per_lib in values.items():
+        merged["results"][label] = {
+            lib: ({op: round(statistics.median(vs), 2) for op, vs in ops.items()} or None)
+            for lib, ops in per_lib.items()
+        }
+    return merged
+
+
+def render(table: dict[str, Any], out_dir: str) -> dict[str, Any]:
+    """The tables of ``bench`` (and of ``merge``) from its figures: bench.md and
+    bench.json in ``out_dir``, the Markdown printed too."""
     lines = [
         "| size | operation | cudabuf (Python) | PyTorch | CuPy | cudabuf / faster peer |",
         "|---|---|---|---|---|---|",
     ]
+    if table.get("runs"):
+        lines = [f"Each figure is the median of {table['runs']} runs of `bench`.", ""] + lines
     verdicts = []
     for label, row in table["results"].items():
         for op in OPS:
             ours = (row.get("cudabuf") or {}).get(op)
-            peers = [p[op] for p in (row.get("torch"), row.get("cupy")) if p]
+            peers = [p[op] for p in (row.get("torch"), row.get("cupy")) if p and p.get(op)]
             best = max(peers) if peers else None
             ratio = ours / best if ours and best else None
             fmt = lambda v: f"{v:.1f}" if v is not None else "n/a"  # noqa: E731
@@ -438,7 +486,7 @@ def run_bench(sizes: list[int], out_dir: str) -> dict[str, Any]:
         points = []
         for label, row in table["results"].items():
             ours = (row.get("cudabuf") or {}).get(op)
-            peers = [p[op] for p in (row.get("torch"), row.get("cupy")) if p]
+            peers = [p[op] for p in (row.get("torch"), row.get("cupy")) if p and p.get(op)]
             if ours and peers:
                 points.append((ours / max(peers), label))
         if points:
@@ -466,11 +514,23 @@ def run_bench(sizes: list[int], out_dir: str) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["interop", "ipc", "bench"])
+    parser.add_argument("what", choices=["interop", "ipc", "bench", "merge"])
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
     parser.add_argument("--sizes", nargs="*", type=int, default=[1 << 20, 64 << 20, 1 << 30])
-    args = parser.parse_args()
+    parser.add_argument("runs", nargs="*", help="merge: the bench.json of each run")
+    args = parser.parse_intermixed_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.what == "merge":
+        if len(args.runs) < 1:
+            parser.error("merge needs the bench.json of at least one run")
+        tables = []
+        for path in args.runs:
+            with open(path) as f:
+                tables.append(json.load(f))
+        render(median_of_runs(tables), args.out)
+        return 0
+    if args.runs:
+        parser.error(f"{args.what} takes no files")
     if args.what == "bench":
         table = run_bench(args.sizes, args.out)
         return 0 if all(row.get("cudabuf") for row in table["results"].values()) else 1

@@ -33,3 +33,42 @@ def test_timed_stops_at_the_repetitions_once_the_minimum_time_is_spent() -> None
     median = gpc.timed(slow, lambda: None, 3)
     assert calls["fn"] == 3 + 1, "each call outlasts the minimum time: the repetitions decide"
     assert median >= gpc.MIN_SECONDS
+
+
+def _run(h2d_ours: float, h2d_torch: float, d2d_cupy: float | None) -> dict[str, object]:
+    """A one-size bench.json: cudabuf and PyTorch, and CuPy unless ``d2d_cupy`` is None
+    (not installed in that run)."""
+    row: dict[str, object] = {
+        "cudabuf": {"H2D pinned": h2d_ours, "D2D": 100.0},
+        "torch": {"H2D pinned": h2d_torch, "D2D": 90.0},
+        "cupy": None if d2d_cupy is None else {"H2D pinned": 1.0, "D2D": d2d_cupy},
+    }
+    return {"sizes": [4096], "results": {"4 KiB": row}, "notes": []}
+
+
+def test_merge_takes_the_median_of_each_figure(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Each run alone gives another verdict for H2D pinned at 4 KiB (ratios 0.90, 1.00,
+    # 0.98): the merged table holds the medians (cudabuf 9.8, PyTorch 10.0: 0.98).
+    runs = [_run(9.0, 10.0, 95.0), _run(10.0, 10.0, 120.0), _run(9.8, 10.0, None)]
+    merged = gpc.median_of_runs(runs)
+    figures = merged["results"]["4 KiB"]
+    assert figures["cudabuf"]["H2D pinned"] == 9.8
+    assert figures["torch"]["H2D pinned"] == 10.0
+    # CuPy ran twice: the median of those two (95 and 120), the missing run left out.
+    assert figures["cupy"]["D2D"] == 107.5
+    assert merged["runs"] == 3
+    table = gpc.render(merged, str(tmp_path))
+    curve = {c["operation"]: c for c in table["curve"]}
+    assert curve["H2D pinned"]["min_ratio"] == 0.98
+    # D2D: cudabuf 100 against the faster peer's median, CuPy's 107.5.
+    assert curve["D2D"]["min_ratio"] == round(100.0 / 107.5, 4)
+    md = (tmp_path / "bench.md").read_text()
+    assert md.startswith("Each figure is the median of 3 runs")
+    assert "| H2D pinned | 0.980 | 4 KiB | yes |" in md
+
+
+def test_merge_of_no_runs_is_an_error() -> None:
+    import pytest
+
+    with pytest.raises(ValueError):
+        gpc.median_of_runs([])
