@@ -29,7 +29,9 @@
 //!
 //! Host to device, the CPU copies into pinned memory use streaming stores
 //! (`streaming_stores`): a DMA that reads lines the CPU holds modified in its caches runs
-//! at a fraction of the link's rate (the `stream_copy` module has the figures).
+//! at a fraction of the link's rate (the `stream_copy` module has the figures). From
+//! `streaming_stores_below` (64 MiB) on, plain stores: a slot's DMA then starts long after
+//! its fill, and reading the bytes from the caches beats reading them from memory.
 //!
 //! What a copy costs beyond its bytes, and the switches of [`StagingConfig`] that cut it:
 //! - **The hand-off.** Waking the workers takes tens of microseconds. With
@@ -126,6 +128,11 @@ pub const STAGING_MIN_VAR: &str = "CUDABUF_STAGING_MIN";
 /// ([`StagingConfig::ring_slots`]); `0` turns the ring off.
 pub const STAGING_RING_VAR: &str = "CUDABUF_STAGING_RING";
 
+/// The size from which host-to-device copies fill with plain stores instead of streaming
+/// ones ([`StagingConfig::streaming_stores_below`]; binary suffixes K, M, G; `max`:
+/// streaming stores at every size, `0`: at none).
+pub const STAGING_NT_BELOW_VAR: &str = "CUDABUF_STAGING_NT_BELOW";
+
 /// `0`/`off` turns adaptive staging ([`StagingConfig::adaptive`]) off: every pageable
 /// copy from `CUDABUF_STAGING_MIN` on is staged.
 pub const STAGING_ADAPTIVE_VAR: &str = "CUDABUF_STAGING_ADAPTIVE";
@@ -189,6 +196,14 @@ pub struct StagingConfig {
     /// follows does not read lines the CPU holds modified (slower: the `stream_copy`
     /// module's docs give the figures).
     pub streaming_stores: bool,
+    /// With `streaming_stores`, host-to-device copies of this many bytes or more fill with
+    /// plain stores all the same (64 MiB by default; `usize::MAX`: streaming stores at
+    /// every size). In a long copy a slot's DMA starts long after its fill, and the bytes
+    /// it reads are then served from the CPU's caches instead of memory: through the ring
+    /// with plain stores, 64 MiB copies ran 0.5-8% and 256 MiB copies 17-38% faster than
+    /// with streaming stores in four runs on H100 and H200 hosts, 1-16 MiB ones 23-47%
+    /// slower (docs/PERFORMANCE.md, "The staging engine").
+    pub streaming_stores_below: usize,
 }
 
 /// Adaptive staging ([`StagingConfig::adaptive`]) chooses below this size (64 MiB); from
@@ -200,7 +215,7 @@ impl StagingConfig {
     /// 4 MiB steps, device-to-host with three quarters of them (2 to 12) and 2 MiB steps,
     /// copies from 512 KiB, adaptive, the calling thread taking steps, even steps (no
     /// ramp), workers that spin through copies and 50 us after before they sleep, a ring
-    /// of 16 slots of 2 MiB (32 MiB pinned) and streaming stores.
+    /// of 16 slots of 2 MiB (32 MiB pinned) and streaming stores below 64 MiB.
     pub fn default_for_host() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
         StagingConfig {
@@ -215,6 +230,7 @@ impl StagingConfig {
             spin_micros: 50,
             ring_slots: 16,
             streaming_stores: true,
+            streaming_stores_below: 64 << 20,
         }
     }
 
@@ -252,8 +268,8 @@ impl StagingConfig {
 
     /// The defaults, overridden by `CUDABUF_STAGING`, `CUDABUF_STAGING_THREADS`,
     /// `CUDABUF_STAGING_D2H_THREADS`, `CUDABUF_STAGING_CHUNK`,
-    /// `CUDABUF_STAGING_D2H_CHUNK`, `CUDABUF_STAGING_MIN`, `CUDABUF_STAGING_RING` and
-    /// `CUDABUF_STAGING_ADAPTIVE`.
+    /// `CUDABUF_STAGING_D2H_CHUNK`, `CUDABUF_STAGING_MIN`, `CUDABUF_STAGING_RING`,
+    /// `CUDABUF_STAGING_NT_BELOW` and `CUDABUF_STAGING_ADAPTIVE`.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if let Some(v) = var(STAGING_VAR) {
@@ -282,6 +298,9 @@ impl StagingConfig {
         }
         if let Some(n) = var(STAGING_RING_VAR).and_then(|v| v.trim().parse().ok()) {
             config.ring_slots = n;
+        }
+        if let Some(n) = var(STAGING_NT_BELOW_VAR).and_then(|v| parse_nt_below(&v)) {
+            config.streaming_stores_below = n;
         }
         if let Some(v) = var(STAGING_ADAPTIVE_VAR) {
             config.adaptive = !matches!(v.trim(), "0" | "off" | "false" | "no");
@@ -314,12 +333,31 @@ impl StagingConfig {
     }
 
     /// (threads, largest step) of a copy in `direction`.
+    /// Whether a host-to-device copy of `bytes` fills pinned memory with streaming stores.
+    pub fn streaming_stores_for(&self, bytes: usize) -> bool {
+        self.streaming_stores && bytes < self.streaming_stores_below
+    }
+
     fn for_direction(&self, direction: Direction) -> (usize, usize) {
         match direction {
             Direction::HostToDevice => (self.threads, self.chunk_bytes),
             Direction::DeviceToHost => (self.d2h_threads, self.d2h_chunk_bytes),
         }
     }
+}
+
+/// `CUDABUF_STAGING_NT_BELOW`'s value: a size, or `max` for no limit.
+fn parse_nt_below(v: &str) -> Option<usize> {
+    match v.trim() {
+        "max" | "MAX" => Some(usize::MAX),
+        other => parse_size(other),
+    }
+}
+
+/// The bytes of a copy's pieces together (saturating: the pieces lie in memory, so they
+/// cannot add up past `usize::MAX`).
+fn total_bytes(pieces: &[Piece]) -> usize {
+    pieces.iter().fold(0, |sum, p| sum.saturating_add(p.len))
 }
 
 /// A copy the workers join: through their own lanes, or through the ring.
@@ -603,7 +641,7 @@ impl StagingEngine {
             workers: threads.clamp(1, self.workers.len().max(1)),
             max_step,
             ramp: self.config.ramp,
-            streaming: self.config.streaming_stores,
+            streaming: self.config.streaming_stores_for(total_bytes(&pieces)),
         };
         let Some(task) = Task::new(direction, pieces, cut, traced) else {
             return CopyDone::nothing(Ok(()));
@@ -669,13 +707,14 @@ impl StagingEngine {
         let (threads, max_step) = self.config.for_direction(direction);
         let workers = threads.clamp(1, self.workers.len().max(1));
         let lanes = workers + usize::from(self.config.caller_steps);
+        let streaming = self.config.streaming_stores_for(total_bytes(&pieces));
         let Some(task) = RingTask::new(
             direction,
             pieces,
             (ring.block().1, ring.events()),
             max_step,
             (lanes, workers),
-            self.config.streaming_stores,
+            streaming,
             traced,
         ) else {
             self.release_ring(true);
@@ -889,5 +928,44 @@ mod tests {
         assert_eq!(uniform.for_direction(Direction::DeviceToHost), (3, 1 << 20));
         assert_eq!(uniform.for_direction(Direction::HostToDevice), (3, 1 << 20));
         assert!(!StagingConfig::uniform(0, 1 << 20, 0).enabled());
+    }
+
+    #[test]
+    fn streaming_stores_below_a_size() {
+        let default = StagingConfig::default_for_host();
+        assert_eq!(default.streaming_stores_below, 64 << 20);
+        assert!(default.streaming_stores_for(16 << 20));
+        assert!(default.streaming_stores_for((64 << 20) - 1));
+        assert!(
+            !default.streaming_stores_for(64 << 20),
+            "plain stores from 64 MiB"
+        );
+        assert!(
+            !default.plain().streaming_stores_for(4096),
+            "off: at no size"
+        );
+        let always = StagingConfig {
+            streaming_stores_below: usize::MAX,
+            ..default
+        };
+        assert!(always.streaming_stores_for(1 << 40));
+        assert_eq!(parse_nt_below("max"), Some(usize::MAX));
+        assert_eq!(parse_nt_below(" 32M "), Some(32 << 20));
+        assert_eq!(parse_nt_below("0"), Some(0));
+        assert_eq!(parse_nt_below("lots"), None);
+        let pieces = [
+            Piece {
+                host: 0,
+                device: 0,
+                len: usize::MAX,
+            },
+            Piece {
+                host: 0,
+                device: 0,
+                len: 5,
+            },
+        ];
+        assert_eq!(total_bytes(&pieces), usize::MAX, "saturates");
+        assert_eq!(total_bytes(&pieces[1..]), 5);
     }
 }

@@ -73,6 +73,19 @@ fn staged_pageable_copies_move_the_right_bytes() {
             ring_slots: 3,
             ..StagingConfig::uniform(2, 64 << 10, 0).plain()
         },
+        // Streaming stores below 1 MiB only: the larger sizes fill with plain stores (the
+        // defaults' way from 64 MiB), through the ring and through the lanes.
+        StagingConfig {
+            adaptive: false,
+            streaming_stores_below: 1 << 20,
+            ..default
+        },
+        StagingConfig {
+            adaptive: false,
+            ring_slots: 0,
+            streaming_stores_below: 1 << 20,
+            ..default
+        },
         StagingConfig::disabled(),
     ];
     let sizes = [1usize, 4095, 512 << 10, (1 << 20) + 1, (17 << 20) + 4097];

@@ -5,8 +5,9 @@
 //! through the workers' own lanes with plain stores (`lanes`), with streaming stores
 //! (`lanes_nt`), through the ring that every lane shares (`ring`), through both (`staged`,
 //! and with as many host-to-device threads as device-to-host ones: `staged_t12`, or with
-//! workers that spin 200 us: `staged_spin200`),
-//! and the defaults (`default`, adaptive: staged or direct by what was faster so far).
+//! workers that spin 200 us: `staged_spin200`; `lanes_nt` and these with streaming stores
+//! at every size), and the defaults (`default`, adaptive: staged or direct by what was
+//! faster so far; streaming stores below 64 MiB, plain ones from there).
 //! Then the timeline of one 64 MiB copy each way, plain, through the lanes, through the
 //! ring, with every switch (`staged`, `staged_t12`, `staged_spin200`): when each lane
 //! claimed, filled, sent and saw each step done; its summary goes into the records and
@@ -72,9 +73,12 @@ fn cuda_switches(
     } else {
         16
     };
+    // `lanes_nt` and `staged` (and the variants of `staged`) with streaming stores at every
+    // size; the defaults change to plain stores from `streaming_stores_below` (64 MiB).
     let staged = StagingConfig {
         ring_slots,
         streaming_stores: true,
+        streaming_stores_below: usize::MAX,
         ..lanes
     };
     let variants: [(&str, StagingConfig); 12] = [
@@ -106,6 +110,7 @@ fn cuda_switches(
             "lanes_nt",
             StagingConfig {
                 streaming_stores: true,
+                streaming_stores_below: usize::MAX,
                 ..lanes
             },
         ),
