@@ -313,7 +313,9 @@ impl RingTask {
             }
         }
         copier.stream().record(slot)?;
-        self.sent[slot].store(i / self.slots + 1, Ordering::Release);
+        // The times first, then the step is published as sent: a lane that sees it sent
+        // (and stamps its DMA done) reads the clock after this one did, even when this
+        // thread is preempted between the two.
         let now = self.now();
         let d2h = self.task.direction == Direction::DeviceToHost;
         self.stamp(i, |s| {
@@ -325,6 +327,7 @@ impl RingTask {
         if let Some(stamps) = &self.stamps {
             stamps[i].lock().unwrap_or_else(PoisonError::into_inner).0 = lane;
         }
+        self.sent[slot].store(i / self.slots + 1, Ordering::Release);
         Ok(())
     }
 
