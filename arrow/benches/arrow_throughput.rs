@@ -24,7 +24,9 @@
 //! simulator's default: bodies land in new vectors). Each row times the call and the free
 //! of what it returned; the first conversion and the pool-off one are timed again to the
 //! call's return alone (`..., call alone`: the batch freed after the clock stops),
-//! since the free of the first conversion's batch meets the block being pinned behind it.
+//! since the free of the first conversion's batch meets the block being pinned behind it;
+//! and the pool-off conversion after what the first one's preparation does untimed (a
+//! pinned block of the body's size allocated and freed: `..., after a pinned free`).
 //!
 //! Run without `--bench` (as `cargo test` does) it makes one quick pass over a small
 //! batch, to check that it works.
@@ -327,6 +329,15 @@ fn main() -> AnyResult<()> {
         Some(COPY_TO_HOST),
         None,
         median(runs, nothing, read_to_host),
+    )?;
+    // The control of the first call: the pool off, and before each run (untimed) what
+    // the first call's preparation does to the host, a pinned block of the body's size
+    // allocated and freed (emptying the pool frees the block the run before pinned).
+    row(
+        "to_host, pool off, after pin+free",
+        None,
+        None,
+        median(runs.min(5), || drop(ctx.new_host_buffer(n)), read_to_host),
     )?;
     // The same two timed to the call's return, the batch freed after the clock stops: the
     // rows above also time the free, which meets the block pinned in the background
