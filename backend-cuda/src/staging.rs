@@ -31,7 +31,7 @@
 //! (`streaming_stores`): a DMA that reads lines the CPU holds modified in its caches runs
 //! at a fraction of the link's rate (the `stream_copy` module has the figures). From
 //! `streaming_stores_below` (64 MiB) on, plain stores: a slot's DMA then starts long after
-//! its fill, and reading the bytes from the caches beats reading them from memory.
+//! its fill, and plain stores were measured faster there.
 //!
 //! What a copy costs beyond its bytes, and the switches of [`StagingConfig`] that cut it:
 //! - **The hand-off.** Waking the workers takes tens of microseconds. With
@@ -198,8 +198,9 @@ pub struct StagingConfig {
     pub streaming_stores: bool,
     /// With `streaming_stores`, host-to-device copies of this many bytes or more fill with
     /// plain stores all the same (64 MiB by default; `usize::MAX`: streaming stores at
-    /// every size). In a long copy a slot's DMA starts long after its fill, and the bytes
-    /// it reads are then served from the CPU's caches instead of memory: through the ring
+    /// every size). In a long copy a slot's DMA starts long after its fill, and plain
+    /// stores were faster there (likely: the DMA finds the bytes in the CPU's caches, no
+    /// longer held modified by the core that wrote them; not measured): through the ring
     /// with plain stores, 64 MiB copies ran 0.5-8% and 256 MiB copies 17-38% faster than
     /// with streaming stores in four runs on H100 and H200 hosts, 1-16 MiB ones 23-47%
     /// slower (docs/PERFORMANCE.md, "The staging engine").
@@ -334,6 +335,13 @@ impl StagingConfig {
 
     /// (threads, largest step) of a copy in `direction`.
     /// Whether a host-to-device copy of `bytes` fills pinned memory with streaming stores.
+    ///
+    /// ```
+    /// let config = cudabuf_cuda::StagingConfig::default_for_host();
+    /// assert!(config.streaming_stores_for(16 << 20));
+    /// assert!(!config.streaming_stores_for(64 << 20)); // plain stores from 64 MiB
+    /// assert!(!config.plain().streaming_stores_for(4096)); // streaming stores off
+    /// ```
     pub fn streaming_stores_for(&self, bytes: usize) -> bool {
         self.streaming_stores && bytes < self.streaming_stores_below
     }
