@@ -26,7 +26,7 @@
 //! call's return alone (`..., call alone`: the batch freed after the clock stops),
 //! since the free of the first conversion's batch meets the block being pinned behind it;
 //! and the pool-off conversion after what the first one's preparation does untimed (a
-//! pinned block of the body's size allocated and freed: `..., after a pinned free`).
+//! pinned block of the body's size allocated and freed: `..., after pin+free`).
 //!
 //! Run without `--bench` (as `cargo test` does) it makes one quick pass over a small
 //! batch, to check that it works.

@@ -103,16 +103,16 @@ impl Drop for PinAsks {
     }
 }
 
-/// The whole of `device` on the host: in a pinned block lent to arrow-rs when the
-/// context's pool has one, else in a new vector (and a block of its class is pinned in
-/// the background once this returns, when the pool could lend it).
+/// [`copy_to_host_asking`] with asks of its own: a block it lacked is pinned in the
+/// background once this returns.
 #[cfg(test)]
 pub(crate) fn copy_to_host(device: &DeviceBuffer) -> Result<Buffer> {
     copy_to_host_asking(device, &PinAsks::default())
 }
 
-/// [`copy_to_host`], with the block it lacked added to `asks` (pinned when `asks` is
-/// dropped).
+/// The whole of `device` on the host: in a pinned block lent to arrow-rs when the
+/// context's pool has one, else in a new vector (and a block of its class added to `asks`,
+/// pinned in the background when `asks` is dropped, when the pool could lend it).
 pub(crate) fn copy_to_host_asking(device: &DeviceBuffer, asks: &PinAsks) -> Result<Buffer> {
     let mut landed =
         copy_parts_to_host_asking(device.context(), std::slice::from_ref(device), asks)?;
@@ -136,7 +136,7 @@ fn layout_parts(parts: &[DeviceBuffer]) -> Option<(Vec<usize>, usize)> {
 }
 
 /// Each of `parts` (buffers of `ctx`) on the host, all in one landing area, as
-/// [`copy_to_host`] lands one buffer: a pinned block lent to arrow-rs when the pool has
+/// [`copy_to_host_asking`] lands one buffer: a pinned block lent to arrow-rs when the pool has
 /// one of the area's class, else a new vector (and a block of the class pinned in the
 /// background, once `asks` is dropped, when the pool could lend one). Returns one arrow-rs
 /// buffer per part, each a slice of the area.
@@ -229,7 +229,7 @@ pub(crate) enum PendingCopy {
 
 /// Issue a copy of the whole of `device` to the host on `stream` (after the work issued
 /// to it so far): into a pinned block lent to arrow-rs when the context's pool has one,
-/// as [`copy_to_host`] does, else (nothing issued) an event to wait for before a copy
+/// as [`copy_to_host_asking`] does, else (nothing issued) an event to wait for before a copy
 /// into a new vector.
 pub(crate) fn start_copy_on(device: &DeviceBuffer, stream: &Stream) -> Result<PendingCopy> {
     let len = device.size();

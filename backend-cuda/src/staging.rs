@@ -202,7 +202,7 @@ pub struct StagingConfig {
     /// stores were faster there (likely: the DMA finds the bytes in the CPU's caches, no
     /// longer held modified by the core that wrote them; not measured): through the ring
     /// with plain stores, 64 MiB copies ran 0.5-8% and 256 MiB copies 17-38% faster than
-    /// with streaming stores in four runs on H100 and H200 hosts, 1-16 MiB ones 23-47%
+    /// with streaming stores in four runs on H100 and H200 machines, 1-16 MiB ones 23-47%
     /// slower (docs/PERFORMANCE.md, "The staging engine").
     pub streaming_stores_below: usize,
 }
@@ -333,7 +333,6 @@ impl StagingConfig {
         self.chunk_bytes.min(self.d2h_chunk_bytes)
     }
 
-    /// (threads, largest step) of a copy in `direction`.
     /// Whether a host-to-device copy of `bytes` fills pinned memory with streaming stores.
     ///
     /// ```
@@ -346,6 +345,7 @@ impl StagingConfig {
         self.streaming_stores && bytes < self.streaming_stores_below
     }
 
+    /// (threads, largest step) of a copy in `direction`.
     fn for_direction(&self, direction: Direction) -> (usize, usize) {
         match direction {
             Direction::HostToDevice => (self.threads, self.chunk_bytes),
@@ -356,14 +356,16 @@ impl StagingConfig {
 
 /// `CUDABUF_STAGING_NT_BELOW`'s value: a size, or `max` for no limit.
 fn parse_nt_below(v: &str) -> Option<usize> {
-    match v.trim() {
-        "max" | "MAX" => Some(usize::MAX),
-        other => parse_size(other),
+    let v = v.trim();
+    if v.eq_ignore_ascii_case("max") {
+        Some(usize::MAX)
+    } else {
+        parse_size(v)
     }
 }
 
-/// The bytes of a copy's pieces together (saturating: the pieces lie in memory, so they
-/// cannot add up past `usize::MAX`).
+/// The bytes of a copy's pieces together, saturating (host-to-device pieces may share
+/// host bytes, so the sum is not bounded by the address space).
 fn total_bytes(pieces: &[Piece]) -> usize {
     pieces.iter().fold(0, |sum, p| sum.saturating_add(p.len))
 }
@@ -958,6 +960,7 @@ mod tests {
         };
         assert!(always.streaming_stores_for(1 << 40));
         assert_eq!(parse_nt_below("max"), Some(usize::MAX));
+        assert_eq!(parse_nt_below("Max"), Some(usize::MAX));
         assert_eq!(parse_nt_below(" 32M "), Some(32 << 20));
         assert_eq!(parse_nt_below("0"), Some(0));
         assert_eq!(parse_nt_below("lots"), None);

@@ -13,7 +13,7 @@ O=sys.argv[1]
 for k in range(1,7):
     try:
         r={x['op']:x['gbps'] for x in json.load(open(f'{O}/arrow{k}.json'))['results']}
-        a=r['to_host, first call (empty pool)']; b=r['to_host, pool off (new Vec)']; c=r['to_host, pool off, after a pinned free']
+        a=r['to_host, first call (empty pool)']; b=r['to_host, pool off (new Vec)']; c=r['to_host, pool off, after pin+free']
         a2=r['to_host, first call, call alone']; b2=r['to_host, pool off, call alone']
         print(f'{k}: first {a:.2f} | pool off {b:.2f} ({a/b:.3f}x) | control {c:.2f} ({a/c:.3f}x) | alone: first {a2:.2f} pool off {b2:.2f} ({a2/b2:.3f}x)')
     except Exception as e: print(k, e)

@@ -1,4 +1,6 @@
 #!/bin/bash
+# As run the second time: the command line first ran `tar xJf bin.tar.xz bin/arrow_throughput` in .gpu
+# and this sed on the script: the py loop emptied (`for k in; do`), so only the arrow runs ran.
 # The Python layer's bench three more times and arrow_throughput five times (the first
 # to_host), on the machine of c4. Binaries and wheel of 207e127 (library = main bf3920b).
 set -u
@@ -8,7 +10,7 @@ trap 'cd "$OUT" && tar czf r.tgz r && rm -rf r' EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $O/host.txt; cat $O/host.txt
 site=/tmp/site; rm -rf $site; python3 -m pip install --no-index --no-deps --target $site .whl/cudabuf-*.whl > "$O/pip.log" 2>&1
 for k in 1 2 3 4 5; do timeout 30 .gpu/bin/arrow_throughput --bench --json "$O/arrow$k.json" > "$O/arrow$k.log" 2>&1; echo "arrow $k rc=$?"; done
-for k in 1 2 3; do mkdir -p $O/py$k
+for k in; do mkdir -p $O/py$k
   PYTHONPATH=$site timeout 100 python3 scripts/gpu_python_checks.py bench --out "$O/py$k" --sizes 4096 16384 65536 262144 1048576 4194304 16777216 67108864 268435456 1073741824 > "$O/py$k/pybench.log" 2>&1; echo "py $k rc=$?"
   sed -n '/^| operation | min ratio/,/^$/p' "$O/py$k/bench.md"
 done
