@@ -81,29 +81,11 @@ fn numeric_batch(rows: usize) -> RecordBatch {
 }
 
 /// The median time of `runs` calls of `f` (after one warm-up call); `prepare` runs before
-/// each call, untimed.
-fn median(
-    runs: usize,
-    mut prepare: impl FnMut(),
-    mut f: impl FnMut() -> AnyResult<()>,
-) -> AnyResult<Duration> {
-    prepare();
-    f()?;
-    let mut times = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        prepare();
-        let start = Instant::now();
-        f()?;
-        times.push(start.elapsed());
-    }
-    times.sort();
-    Ok(times[times.len() / 2])
-}
-
-/// As [`median`], with `f`'s result dropped after the clock stops: the call alone, not
-/// also the free of what it returned (a 64 MiB vector's pages going back to the kernel,
-/// which competes with whatever else the process does to its memory map meanwhile).
-fn median_call<T>(
+/// each call, untimed. What `f` returns is dropped after the clock stops: a row that times
+/// a free too drops inside `f` (and returns `()`); one that times the call alone returns
+/// its result (a 64 MiB vector's pages going back to the kernel compete with whatever else
+/// the process does to its memory map meanwhile).
+fn median<T>(
     runs: usize,
     mut prepare: impl FnMut(),
     mut f: impl FnMut() -> AnyResult<T>,
@@ -347,14 +329,14 @@ fn main() -> AnyResult<()> {
         TO_HOST_POOL_OFF_CALL,
         None,
         None,
-        median_call(runs, nothing, read_and_keep),
+        median(runs, nothing, read_and_keep),
     )?;
     ctx.set_staging_pool_limit(pool_on);
     row(
         "to_host, first call, call alone",
         Some(TO_HOST_POOL_OFF_CALL),
         None,
-        median_call(
+        median(
             runs.min(5),
             || {
                 ctx.wait_background_pinning();
