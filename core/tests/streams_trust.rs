@@ -428,3 +428,189 @@ fn assert_clean_names_a_log_mode_race_and_a_held_allocation() {
     assert!(text.contains("16"), "the held buffer is listed: {text}");
     stream.synchronize().unwrap();
 }
+
+// ---- Copies between device buffers that share one event -------------------------------
+
+/// A chain of device-to-device copies on one stream, each from the buffer the previous
+/// one filled, which the caller drops at once: `sizes[i]` bytes copied into a new buffer of
+/// that size. Most of the copies record no event of their own (a later one covers them),
+/// so the stream must keep each source alive until a covering event completes, or a
+/// synchronization: a free any earlier is a race with the copy still reading it. A copy
+/// into a larger buffer fills its start. Returns the last buffer.
+fn chain_of_device_copies(
+    ctx: &Context,
+    stream: &Stream,
+    first: cudabuf_core::DeviceBuffer,
+    sizes: &[usize],
+    poll: bool,
+) -> cudabuf_core::DeviceBuffer {
+    let mut prev = first;
+    for &n in sizes {
+        let next = ctx.new_buffer(n).unwrap();
+        let src = prev.slice(0, n.min(prev.size())).unwrap();
+        stream.copy_device(&next, &src).unwrap();
+        drop(src);
+        prev = next; // the previous buffer: the stream's alone now
+        if poll {
+            let _ = stream.query().unwrap();
+        }
+    }
+    prev
+}
+
+/// Sizes that make both covering rules fire: runs of small copies past `COVER_OPS` (16),
+/// then copies that pass `COVER_BYTES` (32 MiB) together, then a few left uncovered.
+fn chain_sizes() -> Vec<usize> {
+    let mut sizes = vec![4096; 37];
+    sizes.extend([5 << 20, 5 << 20, 5 << 20, 4096, 4096]);
+    sizes
+}
+
+/// Every copy of the chain read its source before the stream let it go (else the
+/// simulator flags the free as a race with the copy), whatever the schedule and seed,
+/// with the stream's bookkeeping polled between the copies or not; the bytes arrive, and
+/// nothing leaks. Fails if the bookkeeping let go of the operations before the event it
+/// polled (checked by settling every operation on a completed poll).
+#[test]
+fn device_copies_that_share_an_event_keep_their_buffers_until_it_completes() {
+    for (schedule, seed) in runs(12) {
+        for poll in [false, true] {
+            let sim = sim(schedule, seed).build();
+            let ctx = context(&sim);
+            let stream = non_blocking(&ctx);
+            let first = ctx.new_buffer(5 << 20).unwrap();
+            let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
+            first.copy_from_host(&pattern, 0, None).unwrap();
+            let last = chain_of_device_copies(&ctx, &stream, first, &chain_sizes(), poll);
+            stream.synchronize().unwrap();
+            let what = format!("{schedule:?} seed {seed} poll {poll}");
+            assert_eq!(last.to_vec().unwrap(), pattern, "{what}");
+            assert_no_races(&sim, &what);
+            drop((stream, last));
+            ctx.synchronize().unwrap();
+            assert_eq!(ctx.bytes_allocated(), 0, "{what}");
+            assert!(
+                sim.leak_report().is_empty(),
+                "{what}: {}",
+                sim.leak_report()
+            );
+        }
+    }
+}
+
+/// Dropping the stream right after copies that have no event of their own (the newest
+/// one's would have covered them) still waits for them: a read on the host through the
+/// synchronous API afterwards is ordered after them, never flagged. Fails if the drop
+/// waits only for an event (checked by making it wait for nothing when the newest
+/// operation has none).
+#[test]
+fn dropping_a_stream_waits_for_copies_without_an_event_of_their_own() {
+    for (schedule, seed) in runs(32) {
+        for uncovered in [1usize, 3, 15] {
+            let sim = sim(schedule, seed).build();
+            let ctx = context(&sim);
+            let stream = non_blocking(&ctx);
+            let src = ctx.buffer_from_data(&[9; 512]).unwrap();
+            let dsts: Vec<_> = (0..uncovered)
+                .map(|_| ctx.new_buffer(512).unwrap())
+                .collect();
+            for d in &dsts {
+                stream.copy_device(d, &src).unwrap();
+            }
+            drop((stream, src));
+            let what = format!("{schedule:?} seed {seed}, {uncovered} copies");
+            for d in &dsts {
+                assert_eq!(d.to_vec().unwrap(), vec![9; 512], "{what}");
+            }
+            assert_no_races(&sim, &what);
+        }
+    }
+}
+
+/// The cost the sharing saves, counted: 32 small device copies record two events (after
+/// the 16th and the 32nd), a copy that holds 32 MiB records its own, and the uploads
+/// from staging (pinned memory the pool wants back) record one each.
+#[test]
+fn device_copies_record_one_event_per_sixteen_or_per_32_mib() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let sim = SimBuilder::new().build();
+    let ctx = context(&sim);
+    let records = Arc::new(AtomicUsize::new(0));
+    let seen = records.clone();
+    sim.set_record_hook(Some(Arc::new(move |_| {
+        seen.fetch_add(1, Ordering::SeqCst);
+    })));
+    let stream = non_blocking(&ctx);
+    let (a, b) = (ctx.new_buffer(4096).unwrap(), ctx.new_buffer(4096).unwrap());
+    for _ in 0..32 {
+        stream.copy_device(&b, &a).unwrap();
+    }
+    assert_eq!(records.load(Ordering::SeqCst), 2, "32 small copies");
+    let (big_a, big_b) = (
+        ctx.new_buffer(16 << 20).unwrap(),
+        ctx.new_buffer(16 << 20).unwrap(),
+    );
+    stream.copy_device(&big_b, &big_a).unwrap();
+    assert_eq!(records.load(Ordering::SeqCst), 3, "a copy holding 32 MiB");
+    for _ in 0..3 {
+        stream.copy_from_slice(&a, &[1; 64]).unwrap();
+    }
+    assert_eq!(
+        records.load(Ordering::SeqCst),
+        6,
+        "three uploads from staging"
+    );
+    stream.synchronize().unwrap();
+    sim.set_record_hook(None);
+    assert_no_races(&sim, "counting records");
+}
+
+/// Threads sharing one stream issue chains of device copies whose sources they drop at
+/// once, poll it, and drop their clones; after the last clone goes, the host reads every
+/// chain's end through the synchronous API without a synchronize. Whatever order the
+/// threads issue, poll and drop in, no buffer goes under a copy (no race at a free), the
+/// last drop waits for every copy (no race at the reads), and the bytes arrive.
+#[test]
+fn threads_sharing_a_stream_of_device_copies_never_lose_one() {
+    const THREADS: usize = 4;
+    let rounds: usize = std::env::var("CUDABUF_STRESS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000)
+        / 30;
+    for schedule in SCHEDULES {
+        let sim = sim(schedule, 11).build();
+        let ctx = context(&sim);
+        for round in 0..rounds {
+            let stream = non_blocking(&ctx);
+            let start = Arc::new(Barrier::new(THREADS));
+            let workers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (ctx, stream, start) = (ctx.clone(), stream.clone(), start.clone());
+                    thread::spawn(move || {
+                        let first = ctx.buffer_from_data(&[t as u8 + 1; 1024]).unwrap();
+                        // Different lengths, so the threads' copies cross the covering
+                        // rules at different places.
+                        let sizes = vec![1024; 5 + 7 * t + round % 11];
+                        start.wait();
+                        let last = chain_of_device_copies(&ctx, &stream, first, &sizes, t % 2 == 0);
+                        drop(stream);
+                        last
+                    })
+                })
+                .collect();
+            drop(stream);
+            let ends: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+            for (t, end) in ends.iter().enumerate() {
+                assert_eq!(
+                    end.to_vec().unwrap(),
+                    vec![t as u8 + 1; 1024],
+                    "{schedule:?} round {round}"
+                );
+            }
+            assert_no_races(&sim, &format!("{schedule:?} round {round}"));
+        }
+        ctx.synchronize().unwrap();
+        assert_eq!(ctx.bytes_allocated(), 0, "{schedule:?}");
+    }
+}

@@ -49,8 +49,12 @@ struct InFlight {
     /// began after it was pushed covers it, and on one backend stream `seq` order is issue
     /// order.
     seq: u64,
-    /// Recorded on the stream right after the operation.
-    done: RawEvent,
+    /// Recorded on the stream right after the operation; `None` for an operation that
+    /// holds only device buffers and was issued while the stream's uncovered operations
+    /// were below `COVER_OPS` and `COVER_BYTES` (see `Stream::cover_event`): the first
+    /// later operation with an event covers it (one backend stream runs in order), and
+    /// until one is recorded only a synchronization of the stream lets it go.
+    done: Option<RawEvent>,
     held: Vec<Held>,
     /// The issuing thread (what orders the per-thread default stream's operations: each
     /// thread's go to a backend stream of its own).
@@ -122,6 +126,10 @@ struct StreamState {
     idle_events: Vec<RawEvent>,
     /// The `seq` of the next operation pushed to `in_flight`.
     next_seq: u64,
+    /// Operations pushed without an event since the last one with an event (never on
+    /// the per-thread default stream), and the bytes of device memory they hold.
+    uncovered_ops: usize,
+    uncovered_bytes: usize,
 }
 
 /// Why an operation could not be tracked, and whether the memory it uses may go.
@@ -156,10 +164,14 @@ enum Untracked {
 /// unsoundness: forgetting a [`Transfer`] only leaks its buffer.
 ///
 /// Device memory needs no such care from the user: every device buffer an operation
-/// touches is kept alive by the stream until the operation is known complete (each
-/// operation is followed by a pooled internal event, and the stream releases what it
-/// holds as it sees those events complete: on the next operation, query or
-/// synchronize, or when the stream is dropped). A buffer allocated on the stream itself
+/// touches is kept alive by the stream until the operation is known complete, and let go
+/// as the stream sees its pooled internal events complete: on a later operation, a query
+/// that finds the stream idle, a synchronize, or when the stream is dropped. An operation
+/// that holds pinned staging memory records its own event (the pool gets the memory back
+/// soon); copies between device buffers share one, recorded after every 16th such copy or
+/// once they hold 32 MiB of device memory, whichever comes first (an event record costs
+/// about as much as issuing a small copy), so a buffer dropped under such copies may live
+/// until the stream has run up to 15 more of them or is synchronized. A buffer allocated on the stream itself
 /// ([`Context::new_buffer_on`]) is not held by the stream's own operations: dropping it
 /// frees its block in stream order, after them, without waiting.
 ///
@@ -697,7 +709,7 @@ impl Stream {
         let mut staging = self.context().staging_buffer(src.len())?;
         staging.copy_from_slice(src);
         let _issuing = self.issuing();
-        let done = self.take_event()?;
+        let done = Some(self.take_event()?);
         // SAFETY: `staging` is pinned and filled; the stream holds it (and `dst`) until
         // the copy is known complete, and nothing else references it.
         let issued = unsafe {
@@ -767,7 +779,7 @@ impl Stream {
         }
         let _issuing = self.issuing();
         let done = match self.take_event() {
-            Ok(done) => done,
+            Ok(done) => Some(done),
             Err(e) => {
                 recycle_range(self.context(), src);
                 return Err(e);
@@ -849,8 +861,9 @@ impl Stream {
         if src.is_empty() {
             return Ok(());
         }
+        let held: Vec<Held> = self.hold(dst).into_iter().chain(self.hold(src)).collect();
         let _issuing = self.issuing();
-        let done = self.take_event()?;
+        let done = self.cover_event(&held)?;
         let raw = self.inner.handle.ctx.raw();
         let issued = if src_ctx.handle() == self.context().handle() {
             // SAFETY: both ranges lie in live memory of this context, held by the stream
@@ -875,7 +888,6 @@ impl Stream {
                 )
             }
         };
-        let held = self.hold(dst).into_iter().chain(self.hold(src)).collect();
         self.finish_tracked(issued, done, held)
     }
 }

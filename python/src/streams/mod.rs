@@ -564,7 +564,9 @@ impl PyStream {
 
     /// Copy all of the device buffer ``src`` into the start of ``dst`` on this stream
     /// (device to device, or from another context or device); returns at once. Both
-    /// buffers stay alive until the copy is done.
+    /// buffers stay alive until the copy is done: the stream holds them until it sees an
+    /// event recorded after the copy complete (one per 16 such copies, or per 32 MiB they
+    /// hold), or until ``synchronize()`` or ``close()``.
     ///
     /// Raises:
     ///     OutOfRangeError: ``dst`` is smaller than ``src``.
