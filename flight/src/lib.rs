@@ -53,6 +53,7 @@ mod encode;
 mod error;
 mod limits;
 mod server;
+mod service;
 mod timeout;
 #[cfg(feature = "tls")]
 mod tls;
@@ -67,6 +68,7 @@ pub use encode::{encode_device_batches, DEFAULT_MAX_FLIGHT_DATA_SIZE, MIN_MAX_FL
 pub use error::{FlightError, Result};
 pub use limits::{ServerLimits, DEFAULT_CONNECTION_WINDOW, DEFAULT_STREAM_WINDOW};
 pub use server::{DeviceFlight, DeviceFlightServer};
+pub use service::DeviceFlightService;
 pub use timeout::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT};
 #[cfg(feature = "tls")]
 pub use tls::{ClientTls, ServerTls};

@@ -29,6 +29,7 @@ use crate::encode::{
 };
 use crate::error::{FlightError, Result};
 use crate::limits::ServerLimits;
+use crate::service::{BodyEnd, DeviceFlightService};
 use crate::timeout::idle_bounded;
 
 /// What gRPC may add around a `FlightData`'s header and body: tonic's own limit is the
@@ -325,7 +326,10 @@ impl DeviceFlightServer {
 
     /// The tonic service: this server behind a [`BearerAuth`] check of `token` (`None`:
     /// no check), with tonic's message limits set from
-    /// [`max_message_size`](Self::max_message_size).
+    /// [`max_message_size`](Self::max_message_size). Serve this service rather than
+    /// `FlightServiceServer::new(server)`: it also tells `DoPut` when the client reset
+    /// the upload with `CANCEL`, which tonic's server reads as a complete stream, so
+    /// that a cut upload is never stored.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -334,15 +338,12 @@ impl DeviceFlightServer {
     /// let _router = tonic::transport::Server::builder().add_service(service);
     /// # Ok(()) }
     /// ```
-    pub fn service(
-        &self,
-        token: Option<&str>,
-    ) -> InterceptedService<FlightServiceServer<DeviceFlightServer>, BearerAuth> {
+    pub fn service(&self, token: Option<&str>) -> DeviceFlightService {
         let limit = self.inner.max_message_size.saturating_add(GRPC_HEADROOM);
         let server = FlightServiceServer::new(self.clone())
             .max_decoding_message_size(limit)
             .max_encoding_message_size(usize::MAX);
-        InterceptedService::new(server, BearerAuth::new(token))
+        DeviceFlightService::new(InterceptedService::new(server, BearerAuth::new(token)))
     }
 
     /// Serve on `listener` until `shutdown` completes, with this server's
@@ -506,6 +507,9 @@ impl FlightService for DeviceFlightServer {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
+        // Set when the body ended with an error: served through `service`, a reset with
+        // `CANCEL` reaches this handler as the end of the stream.
+        let body_end = request.extensions().get::<BodyEnd>().cloned();
         let mut incoming = request.into_inner();
         let first = self
             .next_message(&mut incoming)
@@ -516,6 +520,16 @@ impl FlightService for DeviceFlightServer {
             DeviceBatchStream::start(self.incoming(first, incoming), self.decoder()?).await?;
         let schema = stream.schema().clone();
         let batches: Vec<DeviceRecordBatch> = stream.try_collect().await?;
+        if body_end.as_ref().is_some_and(BodyEnd::failed) {
+            log::debug!(
+                "DoPut {:?}: the client reset the upload after {} batch(es); nothing stored",
+                String::from_utf8_lossy(&key),
+                batches.len()
+            );
+            return Err(Status::cancelled(
+                "the client reset the DoPut stream before its end: nothing was stored",
+            ));
+        }
         log::debug!(
             "DoPut {:?}: {} batch(es)",
             String::from_utf8_lossy(&key),

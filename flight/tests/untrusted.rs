@@ -1195,3 +1195,55 @@ fn the_fuzz_seeds_are_real_streams_that_decode() {
     assert_eq!(ctx.bytes_allocated(), 0);
     assert_clean(sim, ctx);
 }
+
+/// A client that resets its `DoPut` with `CANCEL` mid-upload (what dropping the call
+/// does before the answer) gets nothing stored, and what the server had received is
+/// freed at once. tonic's server reads a request body that ends with a `Cancelled`
+/// error as a complete stream: without the server's own check of how the body ended,
+/// the batches that had arrived were stored as the flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_do_put_the_client_resets_with_cancel_stores_nothing() {
+    let (sim, ctx) = new_sim();
+    // No idle timeout: only the reset can end the call.
+    let mut limits = ServerLimits::default();
+    limits.idle_timeout = None;
+    let server = DeviceFlightServer::new(&ctx).with_limits(limits);
+    let serving = Serving::start(server.clone(), None).await;
+    // The connection outlives each call: dropping a call resets its stream alone.
+    let channel = tonic::transport::Endpoint::from_shared(serving.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    for round in 0..5 {
+        let messages = put_messages("put", &[numbers(40 + round, 500), numbers(41, 500)]).await;
+        // The schema and the first batch, then nothing more: the call stays open.
+        let head: Vec<FlightData> = messages[..2].to_vec();
+        let mut client = FlightServiceClient::new(channel.clone());
+        let call = tokio::spawn(async move {
+            let body = stream::iter(head).chain(stream::pending());
+            client.do_put(body).await.map(|_| ())
+        });
+        eventually(
+            "the first batch on the server",
+            Duration::from_secs(10),
+            || ctx.bytes_allocated() > 0,
+        )
+        .await;
+        call.abort();
+        eventually(
+            "the reset put's batch freed",
+            Duration::from_secs(10),
+            || ctx.bytes_allocated() == 0,
+        )
+        .await;
+        assert!(
+            server.get(b"put").is_none(),
+            "round {round}: the server stored a put its client reset"
+        );
+    }
+    drop(channel);
+    serving.stop().await;
+    drop(server);
+    assert_clean(sim, ctx);
+}
