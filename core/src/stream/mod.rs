@@ -169,11 +169,13 @@ enum Untracked {
 /// that finds the stream idle, a synchronize, or when the stream is dropped. An operation
 /// that holds pinned staging memory records its own event (the pool gets the memory back
 /// soon); copies between device buffers share one, recorded after every 16th such copy or
-/// once they hold 32 MiB of device memory, whichever comes first (an event record costs
-/// about as much as issuing a small copy), so a buffer dropped under such copies may live
-/// until the stream has run up to 15 more of them or is synchronized. A buffer allocated on the stream itself
-/// ([`Context::new_buffer_on`]) is not held by the stream's own operations: dropping it
-/// frees its block in stream order, after them, without waiting.
+/// once those without one hold 32 MiB of device memory, whichever comes first (an event
+/// record and its poll cost about as much as issuing a small copy). A buffer dropped under
+/// such a copy may so stay held until up to 15 more of them are issued and the event after
+/// them is seen complete, or until the stream is synchronized, found idle or dropped. A
+/// buffer allocated on the stream itself ([`Context::new_buffer_on`]) is not held by the
+/// stream's own operations: dropping it frees its block in stream order, after them,
+/// without waiting.
 ///
 /// Pageable host memory (`&[u8]`) can be uploaded on a stream with
 /// [`Stream::copy_from_slice`]: the bytes are copied now into pooled pinned memory and
