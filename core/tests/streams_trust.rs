@@ -458,12 +458,27 @@ fn chain_of_device_copies(
     prev
 }
 
-/// Sizes that make both covering rules fire: runs of small copies past `COVER_OPS` (16),
-/// then copies that pass `COVER_BYTES` (32 MiB) together, then a few left uncovered.
+/// Sizes that make both covering rules fire (from a first buffer of 4 KiB): runs of small
+/// copies past `COVER_OPS` (events at copies 16 and 32), then copies of 12 MiB buffers
+/// that pass `COVER_BYTES` (32 MiB, counted per copy) together (events at copies 39 and
+/// 41), then one left uncovered: [`CHAIN_EVENTS`] events in all.
 fn chain_sizes() -> Vec<usize> {
     let mut sizes = vec![4096; 37];
-    sizes.extend([5 << 20, 5 << 20, 5 << 20, 4096, 4096]);
+    sizes.extend([12 << 20, 12 << 20, 12 << 20, 4096, 4096]);
     sizes
+}
+
+/// The events a chain of [`chain_sizes`] records.
+const CHAIN_EVENTS: usize = 4;
+
+/// Counts the simulator's event records from now on.
+fn count_records(sim: &SimBackend) -> Arc<std::sync::atomic::AtomicUsize> {
+    let records = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = records.clone();
+    sim.set_record_hook(Some(Arc::new(move |_| {
+        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    })));
+    records
 }
 
 /// Every copy of the chain read its source before the stream let it go (else the
@@ -478,12 +493,23 @@ fn device_copies_that_share_an_event_keep_their_buffers_until_it_completes() {
             let sim = sim(schedule, seed).build();
             let ctx = context(&sim);
             let stream = non_blocking(&ctx);
-            let first = ctx.new_buffer(5 << 20).unwrap();
+            let first = ctx.new_buffer(4096).unwrap();
             let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
             first.copy_from_host(&pattern, 0, None).unwrap();
+            let records = count_records(&sim);
             let last = chain_of_device_copies(&ctx, &stream, first, &chain_sizes(), poll);
-            stream.synchronize().unwrap();
+            sim.set_record_hook(None);
             let what = format!("{schedule:?} seed {seed} poll {poll}");
+            if !poll {
+                // (A query that finds the stream idle lets everything go: the count of
+                // copies without an event starts again, and fewer events may follow.)
+                assert_eq!(
+                    records.load(std::sync::atomic::Ordering::SeqCst),
+                    CHAIN_EVENTS,
+                    "{what}: both covering rules fire"
+                );
+            }
+            stream.synchronize().unwrap();
             assert_eq!(last.to_vec().unwrap(), pattern, "{what}");
             assert_no_races(&sim, &what);
             drop((stream, last));
@@ -506,7 +532,8 @@ fn device_copies_that_share_an_event_keep_their_buffers_until_it_completes() {
 #[test]
 fn dropping_a_stream_waits_for_copies_without_an_event_of_their_own() {
     for (schedule, seed) in runs(32) {
-        for uncovered in [1usize, 3, 15] {
+        // 17: the 16th records an event, the newest has none.
+        for uncovered in [1usize, 3, 15, 17] {
             let sim = sim(schedule, seed).build();
             let ctx = context(&sim);
             let stream = non_blocking(&ctx);
@@ -561,8 +588,82 @@ fn device_copies_record_one_event_per_sixteen_or_per_32_mib() {
         "three uploads from staging"
     );
     stream.synchronize().unwrap();
+    // The per-thread default stream: one event per copy (its operations are in one order
+    // per issuing thread only).
+    let per_thread = ctx.per_thread_stream();
+    for _ in 0..32 {
+        per_thread.copy_device(&b, &a).unwrap();
+    }
+    assert_eq!(
+        records.load(Ordering::SeqCst),
+        38,
+        "32 copies on the per-thread stream"
+    );
+    per_thread.synchronize().unwrap();
     sim.set_record_hook(None);
     assert_no_races(&sim, "counting records");
+}
+
+/// A buffer dropped under a copy that has no event of its own goes once the event a later
+/// copy records is seen complete: the bookkeeping lets go of every operation that event
+/// covers, not only of the one that recorded it. Fails if it let go of that one alone
+/// (the dropped buffer then stays until the stream is synchronized or dropped).
+#[test]
+fn a_later_event_lets_go_of_the_copies_it_covers() {
+    let sim = SimBuilder::new().build();
+    let ctx = context(&sim);
+    let stream = non_blocking(&ctx);
+    let (a, b) = (ctx.new_buffer(4096).unwrap(), ctx.new_buffer(4096).unwrap());
+    let base = ctx.bytes_allocated();
+    let src = ctx.new_buffer(1 << 20).unwrap();
+    stream
+        .copy_device(&a, &src.slice(0, 4096).unwrap())
+        .unwrap(); // copy 1: no event
+    drop(src);
+    for _ in 0..15 {
+        stream.copy_device(&b, &a).unwrap(); // copy 16 records the event
+    }
+    assert_eq!(
+        ctx.bytes_allocated(),
+        base + (1 << 20),
+        "held by the stream"
+    );
+    ctx.synchronize().unwrap(); // the event is complete; the stream has not looked yet
+    stream.copy_device(&b, &a).unwrap(); // the bookkeeping polls it
+    assert_eq!(
+        ctx.bytes_allocated(),
+        base,
+        "the buffer dropped under copy 1 went with the event after copy 16"
+    );
+    stream.synchronize().unwrap();
+    assert_no_races(&sim, "a later event");
+}
+
+/// The per-thread default stream records an event after every copy: a thread that drops
+/// the sources of its copies at once and then its handle (the drop waits for each of the
+/// handle's operations by its event) never frees one under its copy. Fails if copies
+/// there shared events (the drop would wait for the ones with an event only).
+#[test]
+fn per_thread_stream_copies_keep_their_buffers_until_done() {
+    for (schedule, seed) in runs(16) {
+        let sim = sim(schedule, seed).build();
+        let ctx = context(&sim);
+        let first = ctx.buffer_from_data(&[5; 1024]).unwrap();
+        let last = {
+            let ctx = ctx.clone();
+            thread::spawn(move || {
+                let stream = ctx.per_thread_stream();
+                let last = chain_of_device_copies(&ctx, &stream, first, &[1024; 20], false);
+                drop(stream);
+                last
+            })
+            .join()
+            .unwrap()
+        };
+        let what = format!("{schedule:?} seed {seed}");
+        assert_eq!(last.to_vec().unwrap(), vec![5; 1024], "{what}");
+        assert_no_races(&sim, &what);
+    }
 }
 
 /// Threads sharing one stream issue chains of device copies whose sources they drop at

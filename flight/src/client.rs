@@ -453,8 +453,9 @@ impl FlightDeviceClient {
                 // The call is kept until it ends (within ABORT_GRACE): the connection then
                 // resets the stream for the body's error (`INTERNAL_ERROR`). Dropped at
                 // once, it could reset it for the drop (`CANCEL`) first, and a tonic
-                // server reads a request cancelled so as a stream that ended: it would
-                // take the put for a complete one.
+                // server reads a request cancelled so as a stream that ended: one without
+                // `DeviceFlightService`'s check (any `FlightServiceServer` of its own)
+                // would take the put for a complete one.
                 let _ = tokio::time::timeout(ABORT_GRACE, &mut call).await;
                 Err(e)
             }

@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use arrow_flight::flight_service_server::FlightServiceServer;
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use http_body::{Body, Frame, SizeHint};
-use tonic::codegen::http;
 use tonic::codegen::Service;
+use tonic::codegen::{http, StdError};
 use tonic::server::NamedService;
 use tonic::service::interceptor::{InterceptedService, ResponseBody};
 
@@ -97,16 +98,23 @@ impl NamedService for DeviceFlightService {
     const NAME: &'static str = <FlightServiceServer<DeviceFlightServer> as NamedService>::NAME;
 }
 
-impl Service<http::Request<tonic::body::Body>> for DeviceFlightService {
+/// Any request body tonic's generated server takes (a layer under this service may
+/// change the body type), as long as it can be polled in place (`Unpin`, as tonic's own
+/// body and the boxed bodies of tower's layers are).
+impl<B> Service<http::Request<B>> for DeviceFlightService
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
     type Response = http::Response<ResponseBody<tonic::body::Body>>;
     type Error = std::convert::Infallible;
     type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Service::<http::Request<Watched<tonic::body::Body>>>::poll_ready(&mut self.inner, cx)
+        Service::<http::Request<Watched<B>>>::poll_ready(&mut self.inner, cx)
     }
 
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
         let end = BodyEnd::default();
         parts.extensions.insert(end.clone());

@@ -120,8 +120,14 @@ impl Stream {
             // to the calling thread's stream, which is what `synchronize_raw` waits
             // for), so that nothing it uses is let go too early.
             self.give_back_event(done);
+            let covered = self.state().next_seq;
             return match self.synchronize_raw() {
-                Ok(()) => Err(Untracked::Settled(e)),
+                Ok(()) => {
+                    // The earlier operations are complete too (those without an event
+                    // of their own among them).
+                    self.release_before(covered);
+                    Err(Untracked::Settled(e))
+                }
                 Err(sync) => {
                     log::warn!(
                         "an operation issued to a stream could be neither tracked ({e}) nor \
@@ -348,8 +354,9 @@ impl Stream {
 /// A run of copies between device buffers records one event per this many copies (see
 /// `Stream::cover_event`).
 pub(super) const COVER_OPS: usize = 16;
-/// ... or once the copies without an event hold this many bytes of device memory, so that
-/// large buffers dropped under the stream go as soon as before.
+/// ... or once the copies without an event hold this many bytes of device memory (counted
+/// per copy: a buffer two copies hold counts twice), so that a copy holding that much gets
+/// its own event, as every copy did before.
 pub(super) const COVER_BYTES: usize = 32 << 20;
 
 /// The device memory `held` keeps alive: each buffer's whole allocation (a slice holds
@@ -404,7 +411,24 @@ pub(super) fn settle(
         }
     }
     state.in_flight = kept;
+    recount_uncovered(state);
     held
+}
+
+/// Count again the newest operations without an event (those a later event must cover)
+/// and the device memory they hold, after operations left the list: a synchronization
+/// that completed them leaves nothing for a later event to cover.
+fn recount_uncovered(state: &mut StreamState) {
+    let (mut ops, mut bytes) = (0usize, 0usize);
+    for op in state.in_flight.iter().rev() {
+        if op.done.is_some() {
+            break;
+        }
+        ops += 1;
+        bytes = bytes.saturating_add(held_bytes(&op.held));
+    }
+    state.uncovered_ops = ops;
+    state.uncovered_bytes = bytes;
 }
 
 impl Drop for StreamInner {

@@ -51,9 +51,11 @@ struct InFlight {
     seq: u64,
     /// Recorded on the stream right after the operation; `None` for an operation that
     /// holds only device buffers and was issued while the stream's uncovered operations
-    /// were below `COVER_OPS` and `COVER_BYTES` (see `Stream::cover_event`): the first
-    /// later operation with an event covers it (one backend stream runs in order), and
-    /// until one is recorded only a synchronization of the stream lets it go.
+    /// were below `COVER_OPS` and `COVER_BYTES` (see `Stream::cover_event`; never on the
+    /// per-thread default stream): the first later operation with an event covers it
+    /// (one backend stream runs in order), and until one is recorded only a
+    /// synchronization of the stream (`synchronize`, a `query` that finds it idle, the
+    /// drop) lets it go.
     done: Option<RawEvent>,
     held: Vec<Held>,
     /// The issuing thread (what orders the per-thread default stream's operations: each
@@ -150,7 +152,10 @@ enum Untracked {
 /// except a [`Transfer`]'s, which waits for itself), whichever thread issued them and in
 /// whatever order: the drop is a synchronization of the program with them, as
 /// [`synchronize`](Self::synchronize) is, so bytes they wrote may be read afterwards. On
-/// the per-thread default stream it waits for each issuing thread's.
+/// the per-thread default stream it waits for each issuing thread's. When the newest of
+/// them has no event of its own (below), the drop synchronizes the whole stream, which
+/// also waits for work issued to it outside cudabuf (on the legacy default stream or a
+/// wrapped one).
 ///
 /// # Why the copies take the host buffer
 /// An asynchronous copy reads (host to device) or writes (device to host) host memory
@@ -165,17 +170,20 @@ enum Untracked {
 ///
 /// Device memory needs no such care from the user: every device buffer an operation
 /// touches is kept alive by the stream until the operation is known complete, and let go
-/// as the stream sees its pooled internal events complete: on a later operation, a query
-/// that finds the stream idle, a synchronize, or when the stream is dropped. An operation
-/// that holds pinned staging memory records its own event (the pool gets the memory back
-/// soon); copies between device buffers share one, recorded after every 16th such copy or
-/// once those without one hold 32 MiB of device memory, whichever comes first (an event
-/// record and its poll cost about as much as issuing a small copy). A buffer dropped under
-/// such a copy may so stay held until up to 15 more of them are issued and the event after
-/// them is seen complete, or until the stream is synchronized, found idle or dropped. A
-/// buffer allocated on the stream itself ([`Context::new_buffer_on`]) is not held by the
-/// stream's own operations: dropping it frees its block in stream order, after them,
-/// without waiting.
+/// as the stream sees a pooled internal event recorded after it complete (on a later
+/// operation or query), or when the stream is synchronized, found idle by a query, or
+/// dropped. An operation that holds pinned staging memory records its own event (the pool
+/// gets the memory back soon), and so does every operation on the per-thread default
+/// stream; other copies between device buffers ([`copy_device`](Self::copy_device))
+/// share one: a copy records it once 16 copies have been issued since the stream's last
+/// event, or once the copies since then hold 32 MiB of device memory (each buffer's whole
+/// allocation, counted per copy), whichever comes first (an event record and its poll
+/// cost about as much as issuing a small copy). A buffer dropped under such a copy may so
+/// stay held until up to 15 more copies are issued and the event after them is seen
+/// complete, or until the stream is synchronized, found idle or dropped. A buffer
+/// allocated on the stream itself ([`Context::new_buffer_on`]) is not held by the stream's
+/// own operations: dropping it frees its block in stream order, after them, without
+/// waiting.
 ///
 /// Pageable host memory (`&[u8]`) can be uploaded on a stream with
 /// [`Stream::copy_from_slice`]: the bytes are copied now into pooled pinned memory and

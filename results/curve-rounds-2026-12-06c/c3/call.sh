@@ -34,8 +34,6 @@ done
 run compare 60 python3 scripts/bench_compare.py --compare-only --skip-peer --sizes $S --ours $O/round{1,2,3}/perf.json --peers $O/round{1,2,3}/compare.json --out "$O"
 sed -n '/min ratio/,/^$/p' "$O/compare.md"
 grep -E "pageable \| 64 MiB" "$O/compare.md"
-mkdir -p $O/sw
-run switches 120 .gpu/bin/perf --only switches --json "$O/sw/perf.json"
 for k in 1 2 3 4 5 6; do run arrow$k 30 .gpu/bin/arrow_throughput --bench --json "$O/arrow$k.json"; done
 site=/tmp/site; rm -rf $site; python3 -m pip install --no-index --no-deps --target $site .whl/cudabuf-*.whl > "$O/pip.log" 2>&1
 SZ="4096 16384 65536 262144 1048576 4194304 16777216 67108864 268435456 1073741824"
@@ -66,3 +64,5 @@ for k in range(1,7):
 PY
 mkdir -p $O/probe; run probe 60 env PYTHONPATH=$site python3 results/curve-rounds-2026-12-06c/c2/d2d_probe.py $O/probe
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); r=d['4096']; print('issue only us: cudabuf', r['issue only: cudabuf copy_device'], 'cupy', r['issue only: cupy memcpyAsync'])" $O/probe/d2d_probe.json
+mkdir -p $O/sw
+run switches 120 .gpu/bin/perf --only switches --json "$O/sw/perf.json"
