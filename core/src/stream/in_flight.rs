@@ -77,24 +77,6 @@ impl Stream {
         self.inner.handle.ctx.raw().event_create(false)
     }
 
-    /// The event to record after a copy between device buffers about to be issued (the
-    /// issue lock held), holding `held`: none while the stream's operations without one
-    /// stay below [`COVER_OPS`] and [`COVER_BYTES`] with it (a later event covers them:
-    /// one backend stream runs in order), so that a run of small copies pays one event
-    /// record and one poll per [`COVER_OPS`] copies instead of one each. Always one on
-    /// the per-thread default stream, whose operations are not in one order.
-    pub(super) fn cover_event(&self, held: &[Held]) -> Result<Option<RawEvent>> {
-        if !self.is_per_thread() {
-            let state = self.state();
-            if state.uncovered_ops + 1 < COVER_OPS
-                && state.uncovered_bytes.saturating_add(held_bytes(held)) < COVER_BYTES
-            {
-                return Ok(None);
-            }
-        }
-        self.take_event().map(Some)
-    }
-
     pub(super) fn give_back_event(&self, event: RawEvent) {
         self.state().idle_events.push(event);
     }
@@ -120,14 +102,8 @@ impl Stream {
             // to the calling thread's stream, which is what `synchronize_raw` waits
             // for), so that nothing it uses is let go too early.
             self.give_back_event(done);
-            let covered = self.state().next_seq;
             return match self.synchronize_raw() {
-                Ok(()) => {
-                    // The earlier operations are complete too (those without an event
-                    // of their own among them).
-                    self.release_before(covered);
-                    Err(Untracked::Settled(e))
-                }
+                Ok(()) => Err(Untracked::Settled(e)),
                 Err(sync) => {
                     log::warn!(
                         "an operation issued to a stream could be neither tracked ({e}) nor \
@@ -166,15 +142,10 @@ impl Stream {
     pub(super) fn finish_tracked(
         &self,
         issued: Result<()>,
-        done: Option<RawEvent>,
+        done: RawEvent,
         held: Vec<Held>,
     ) -> Result<()> {
-        let tracked = match done {
-            Some(done) => self.record_done(issued, done),
-            // Not issued: nothing to wait for.
-            None => issued.map_err(Untracked::Settled),
-        };
-        match tracked {
+        match self.record_done(issued, done) {
             Ok(()) => {
                 let thread = std::thread::current().id();
                 let mut state = self.state();
@@ -186,19 +157,11 @@ impl Stream {
                 state.in_flight.retain(|op| {
                     let replaced = op.settled && (!per_thread || op.thread == thread);
                     if replaced {
-                        freed.extend(op.done);
+                        freed.push(op.done);
                     }
                     !replaced
                 });
                 state.idle_events.extend(freed);
-                if done.is_some() {
-                    // Its event covers every operation issued before it.
-                    state.uncovered_ops = 0;
-                    state.uncovered_bytes = 0;
-                } else {
-                    state.uncovered_ops += 1;
-                    state.uncovered_bytes = state.uncovered_bytes.saturating_add(held_bytes(&held));
-                }
                 let seq = state.next_seq;
                 state.next_seq += 1;
                 state.in_flight.push_back(InFlight {
@@ -264,7 +227,7 @@ impl Stream {
                 .in_flight
                 .iter()
                 .filter(|op| !op.settled)
-                .filter_map(|op| op.done.map(|done| (op.seq, done)))
+                .map(|op| (op.seq, op.done))
                 .collect();
             let mut complete = Vec::new();
             for (seq, done) in pending {
@@ -301,33 +264,26 @@ impl Stream {
             return Ok(());
         }
         loop {
-            // The oldest operation still tracked, if unsettled, and the first event at or
-            // after it: that event's completion completes every operation up to it.
-            let probe = {
-                let state = self.state();
-                match state.in_flight.front() {
-                    Some(front) if !front.settled => state
-                        .in_flight
-                        .iter()
-                        .find_map(|op| op.done.map(|done| (op.seq, done))),
-                    _ => None,
-                }
-            };
-            let Some((seq, done)) = probe else {
+            let front = self
+                .state()
+                .in_flight
+                .front()
+                .filter(|op| !op.settled)
+                .map(|op| (op.seq, op.done));
+            let Some((seq, done)) = front else {
                 return Ok(());
             };
             // SAFETY: as above.
             if !unsafe { self.inner.handle.ctx.raw().event_poll(done) }? {
                 return Ok(());
             }
-            // Another thread may have released some of them (and more) meanwhile: only
-            // the operations up to the one asked about go, those still in the list (it
-            // is in `seq` order and loses only prefixes on this path). The one asked
-            // about stays, settled, if it is the newest.
+            // Another thread may have released it (and more) meanwhile: only the
+            // operation that was asked about goes. The list is in `seq` order and loses
+            // only prefixes on this path, so it is the front or gone.
             let held = {
                 let mut state = self.state();
-                let last = state.in_flight.back().is_some_and(|op| op.seq == seq);
-                settle(&mut state, |op| op.seq <= seq, |op| last && op.seq == seq)
+                let last = state.in_flight.len() == 1;
+                settle(&mut state, |op| op.seq == seq, |_| last)
             };
             self.release(held);
         }
@@ -349,23 +305,6 @@ impl Stream {
     pub(super) fn release(&self, held: Vec<Held>) {
         let_go(self.context(), held);
     }
-}
-
-/// A run of copies between device buffers records one event per this many copies (see
-/// `Stream::cover_event`).
-pub(super) const COVER_OPS: usize = 16;
-/// ... or once the copies without an event hold this many bytes of device memory (counted
-/// per copy: a buffer two copies hold counts twice), so that a copy holding that much gets
-/// its own event, as every copy did before.
-pub(super) const COVER_BYTES: usize = 32 << 20;
-
-/// The device memory `held` keeps alive: each buffer's whole allocation (a slice holds
-/// its parent's); `usize::MAX` for pinned staging memory, which is never left uncovered.
-fn held_bytes(held: &[Held]) -> usize {
-    held.iter().fold(0usize, |sum, h| match h {
-        Held::Device(buffer) => sum.saturating_add(buffer.memory().size),
-        Held::Staging(_) => usize::MAX,
-    })
 }
 
 /// Let go of what operations held, once they are known complete.
@@ -407,28 +346,11 @@ pub(super) fn settle(
             kept.push_back(op);
         } else {
             held.append(&mut op.held);
-            state.idle_events.extend(op.done);
+            state.idle_events.push(op.done);
         }
     }
     state.in_flight = kept;
-    recount_uncovered(state);
     held
-}
-
-/// Count again the newest operations without an event (those a later event must cover)
-/// and the device memory they hold, after operations left the list: a synchronization
-/// that completed them leaves nothing for a later event to cover.
-fn recount_uncovered(state: &mut StreamState) {
-    let (mut ops, mut bytes) = (0usize, 0usize);
-    for op in state.in_flight.iter().rev() {
-        if op.done.is_some() {
-            break;
-        }
-        ops += 1;
-        bytes = bytes.saturating_add(held_bytes(&op.held));
-    }
-    state.uncovered_ops = ops;
-    state.uncovered_bytes = bytes;
 }
 
 impl Drop for StreamInner {
@@ -440,27 +362,20 @@ impl Drop for StreamInner {
         // per-thread default stream is one backend stream per issuing thread, so each of
         // its operations is waited for.
         let per_thread = self.handle.raw == RawStream::PER_THREAD;
-        let waited = if per_thread {
-            // (Every operation there has its own event.)
+        let waits: Vec<RawEvent> = if per_thread {
+            state.in_flight.iter().map(|op| op.done).collect()
+        } else {
             state
                 .in_flight
-                .iter()
-                .filter_map(|op| op.done)
-                .try_for_each(|done| {
-                    // SAFETY: an internal event of this context, recorded and alive.
-                    unsafe { raw.event_synchronize(done) }
-                })
-        } else {
-            match state.in_flight.back().map(|op| op.done) {
-                None => Ok(()),
-                // SAFETY: as above.
-                Some(Some(done)) => unsafe { raw.event_synchronize(done) },
-                // The newest has no event of its own (a later one would have covered it):
-                // the whole stream.
-                // SAFETY: the stream is live (`self.handle` destroys it, after this).
-                Some(None) => unsafe { raw.stream_synchronize(self.handle.raw) },
-            }
+                .back()
+                .map(|op| op.done)
+                .into_iter()
+                .collect()
         };
+        let waited = waits.into_iter().try_for_each(|done| {
+            // SAFETY: an internal event of this context, recorded and alive.
+            unsafe { raw.event_synchronize(done) }
+        });
         if let Err(e) = waited {
             log::warn!("waiting for a stream's work before dropping it failed: {e}");
             let fallback = if per_thread {
@@ -483,7 +398,7 @@ impl Drop for StreamInner {
         for event in state
             .in_flight
             .iter()
-            .filter_map(|op| op.done)
+            .map(|op| op.done)
             .chain(state.idle_events.iter().copied())
         {
             // SAFETY: internal events made by `event_create` of this context, destroyed

@@ -49,14 +49,8 @@ struct InFlight {
     /// began after it was pushed covers it, and on one backend stream `seq` order is issue
     /// order.
     seq: u64,
-    /// Recorded on the stream right after the operation; `None` for an operation that
-    /// holds only device buffers and was issued while the stream's uncovered operations
-    /// were below `COVER_OPS` and `COVER_BYTES` (see `Stream::cover_event`; never on the
-    /// per-thread default stream): the first later operation with an event covers it
-    /// (one backend stream runs in order), and until one is recorded only a
-    /// synchronization of the stream (`synchronize`, a `query` that finds it idle, the
-    /// drop) lets it go.
-    done: Option<RawEvent>,
+    /// Recorded on the stream right after the operation.
+    done: RawEvent,
     held: Vec<Held>,
     /// The issuing thread (what orders the per-thread default stream's operations: each
     /// thread's go to a backend stream of its own).
@@ -128,10 +122,6 @@ struct StreamState {
     idle_events: Vec<RawEvent>,
     /// The `seq` of the next operation pushed to `in_flight`.
     next_seq: u64,
-    /// Operations pushed without an event since the last one with an event (never on
-    /// the per-thread default stream), and the bytes of device memory they hold.
-    uncovered_ops: usize,
-    uncovered_bytes: usize,
 }
 
 /// Why an operation could not be tracked, and whether the memory it uses may go.
@@ -152,10 +142,7 @@ enum Untracked {
 /// except a [`Transfer`]'s, which waits for itself), whichever thread issued them and in
 /// whatever order: the drop is a synchronization of the program with them, as
 /// [`synchronize`](Self::synchronize) is, so bytes they wrote may be read afterwards. On
-/// the per-thread default stream it waits for each issuing thread's. When the newest of
-/// them has no event of its own (below), the drop synchronizes the whole stream, which
-/// also waits for work issued to it outside cudabuf (on the legacy default stream or a
-/// wrapped one).
+/// the per-thread default stream it waits for each issuing thread's.
 ///
 /// # Why the copies take the host buffer
 /// An asynchronous copy reads (host to device) or writes (device to host) host memory
@@ -169,21 +156,12 @@ enum Untracked {
 /// unsoundness: forgetting a [`Transfer`] only leaks its buffer.
 ///
 /// Device memory needs no such care from the user: every device buffer an operation
-/// touches is kept alive by the stream until the operation is known complete, and let go
-/// as the stream sees a pooled internal event recorded after it complete (on a later
-/// operation or query), or when the stream is synchronized, found idle by a query, or
-/// dropped. An operation that holds pinned staging memory records its own event (the pool
-/// gets the memory back soon), and so does every operation on the per-thread default
-/// stream; other copies between device buffers ([`copy_device`](Self::copy_device))
-/// share one: a copy records it once 16 copies have been issued since the stream's last
-/// event, or once the copies since then hold 32 MiB of device memory (each buffer's whole
-/// allocation, counted per copy), whichever comes first (an event record and its poll
-/// cost about as much as issuing a small copy). A buffer dropped under such a copy may so
-/// stay held until up to 15 more copies are issued and the event after them is seen
-/// complete, or until the stream is synchronized, found idle or dropped. A buffer
-/// allocated on the stream itself ([`Context::new_buffer_on`]) is not held by the stream's
-/// own operations: dropping it frees its block in stream order, after them, without
-/// waiting.
+/// touches is kept alive by the stream until the operation is known complete (each
+/// operation is followed by a pooled internal event, and the stream releases what it
+/// holds as it sees those events complete: on the next operation, query or
+/// synchronize, or when the stream is dropped). A buffer allocated on the stream itself
+/// ([`Context::new_buffer_on`]) is not held by the stream's own operations: dropping it
+/// frees its block in stream order, after them, without waiting.
 ///
 /// Pageable host memory (`&[u8]`) can be uploaded on a stream with
 /// [`Stream::copy_from_slice`]: the bytes are copied now into pooled pinned memory and
@@ -719,7 +697,7 @@ impl Stream {
         let mut staging = self.context().staging_buffer(src.len())?;
         staging.copy_from_slice(src);
         let _issuing = self.issuing();
-        let done = Some(self.take_event()?);
+        let done = self.take_event()?;
         // SAFETY: `staging` is pinned and filled; the stream holds it (and `dst`) until
         // the copy is known complete, and nothing else references it.
         let issued = unsafe {
@@ -789,7 +767,7 @@ impl Stream {
         }
         let _issuing = self.issuing();
         let done = match self.take_event() {
-            Ok(done) => Some(done),
+            Ok(done) => done,
             Err(e) => {
                 recycle_range(self.context(), src);
                 return Err(e);
@@ -871,9 +849,8 @@ impl Stream {
         if src.is_empty() {
             return Ok(());
         }
-        let held: Vec<Held> = self.hold(dst).into_iter().chain(self.hold(src)).collect();
         let _issuing = self.issuing();
-        let done = self.cover_event(&held)?;
+        let done = self.take_event()?;
         let raw = self.inner.handle.ctx.raw();
         let issued = if src_ctx.handle() == self.context().handle() {
             // SAFETY: both ranges lie in live memory of this context, held by the stream
@@ -898,6 +875,7 @@ impl Stream {
                 )
             }
         };
+        let held = self.hold(dst).into_iter().chain(self.hold(src)).collect();
         self.finish_tracked(issued, done, held)
     }
 }

@@ -564,11 +564,7 @@ impl PyStream {
 
     /// Copy all of the device buffer ``src`` into the start of ``dst`` on this stream
     /// (device to device, or from another context or device); returns at once. Both
-    /// buffers stay alive until the copy is done: the stream holds them until a later
-    /// operation or ``query()`` on it sees an event recorded after the copy complete (one
-    /// per 16 such copies or per 32 MiB they hold; one per copy on the per-thread default
-    /// stream), or until ``synchronize()``, a ``query()`` that finds it idle, or
-    /// ``close()``.
+    /// buffers stay alive until the copy is done.
     ///
     /// Raises:
     ///     OutOfRangeError: ``dst`` is smaller than ``src``.
