@@ -23,7 +23,9 @@
 //! 10,000 handles open in the child), `writer` (`BufferWriter`, 128 MiB in 256 B / 4 KiB /
 //! 64 KiB chunks, buffered and unbuffered), `from_data` (`buffer_from_data` of a 1 GiB
 //! pageable slice), `dispatch` (a call through `Arc<dyn RawContext>` and cudabuf's
-//! `Context` against the backend type), `peer` (`copy_from_device` device 0 -> 1 and
+//! `Context` against the backend type), `issue` (what a copy between device buffers on
+//! a stream costs to issue, beside the plain driver's copy, with and without the event
+//! the stream records after it), `peer` (`copy_from_device` device 0 -> 1 and
 //! 1 -> 0 at 64 MiB and 1 GiB, with peer access as cudabuf enables it, then again in a
 //! re-executed child with `CUDABUF_PEER_ACCESS=0`, where the driver stages the copy
 //! through the host; with fewer than 2 devices it says that it did not run and why, in the
@@ -47,6 +49,7 @@ mod from_data;
 mod host_copy;
 mod ipc;
 mod ipc_scale;
+mod issue;
 mod options;
 mod peer;
 mod raw_driver;
@@ -149,7 +152,7 @@ fn run() -> AnyResult<()> {
     }
     let mut records = Records::default();
     let started = Instant::now();
-    let sections: [(&str, SectionFn); 12] = [
+    let sections: [(&str, SectionFn); 13] = [
         ("copies", copies::copies),
         ("switches", switches::switches),
         ("dma", dma::dma),
@@ -161,6 +164,7 @@ fn run() -> AnyResult<()> {
         ("writer", writer::writer),
         ("from_data", from_data::from_data),
         ("dispatch", dispatch::dispatch),
+        ("issue", issue::issue),
         ("peer", peer::peer),
     ];
     for (section, f) in sections {
