@@ -621,3 +621,94 @@ fn the_drop_of_a_stream_does_not_order_a_transfer_issued_after_its_copies() {
         ctx.synchronize().unwrap();
     }
 }
+
+// ---- How soon a stream lets go of what completed copies held ---------------------------
+
+/// Issues small copies on `stream` (between buffers that stay alive) until `ctx`'s
+/// allocated bytes drop below `above`: the number of copies it took, if at most `limit`.
+fn copies_until_freed(ctx: &Context, stream: &Stream, above: usize, limit: usize) -> Option<usize> {
+    let (a, b) = (ctx.new_buffer(64).unwrap(), ctx.new_buffer(64).unwrap());
+    let mut freed = None;
+    for i in 1..=limit {
+        stream.copy_device(&b, &a).unwrap();
+        if ctx.bytes_allocated() < above - 128 {
+            freed = Some(i);
+            break;
+        }
+    }
+    drop((a, b));
+    freed
+}
+
+/// A buffer dropped under a copy that is complete (seen through an event of the
+/// program's, which tells the stream nothing) is let go by the stream within eight later
+/// operations (it looks for completed ones once per eight, or sooner when they hold
+/// 64 MiB: then at the next one), and not on a query's or synchronize's account.
+#[test]
+fn a_stream_lets_go_of_completed_copies_within_eight_operations() {
+    for (schedule, seed) in runs(4) {
+        for (size, within) in [(1usize << 20, 8usize), (32 << 20, 1)] {
+            let what = format!("{schedule:?} seed {seed}, {size} bytes");
+            let sim = sim(schedule, seed).build();
+            let ctx = context(&sim);
+            let stream = non_blocking(&ctx);
+            // A first look, so that the counts start from zero.
+            stream.query().unwrap();
+            let (victim, dst) = (ctx.new_buffer(size).unwrap(), ctx.new_buffer(size).unwrap());
+            stream.copy_device(&dst, &victim).unwrap();
+            drop(victim);
+            stream.record_event().unwrap().synchronize().unwrap();
+            let held = ctx.bytes_allocated();
+            assert!(held >= 2 * size, "{what}: the stream holds the source");
+            let freed = copies_until_freed(&ctx, &stream, held, 8);
+            assert!(
+                freed.is_some_and(|n| n <= within),
+                "{what}: let go after {freed:?} copies, not within {within}"
+            );
+            if within > 1 {
+                // Not before the eighth: the looks are spaced out.
+                assert_eq!(freed, Some(within), "{what}");
+            }
+            drop((stream, dst));
+            ctx.synchronize().unwrap();
+            assert_eq!(ctx.bytes_allocated(), 0, "{what}");
+            assert_no_races(&sim, &what);
+        }
+    }
+}
+
+/// A stream that holds copies still running keeps them (the looks before issuing never
+/// let go of one that is not complete), whatever the device has finished of the others:
+/// the bytes of each chain end are right with no synchronize before the host reads them
+/// through the stream's drop.
+#[test]
+fn spaced_out_looks_never_let_go_of_a_running_copy() {
+    for (schedule, seed) in runs(8) {
+        let sim = sim(schedule, seed).build();
+        let ctx = context(&sim);
+        let stream = non_blocking(&ctx);
+        let pattern: Vec<u8> = (0..2048u32).map(|i| (i * 13 + 5) as u8).collect();
+        let mut src = ctx.buffer_from_data(&pattern).unwrap();
+        // A chain whose sources are dropped at once: each is held only by the stream.
+        for i in 0..40 {
+            let dst = ctx.new_buffer(2048).unwrap();
+            stream.copy_device(&dst, &src).unwrap();
+            src = dst;
+            if i % 9 == 4 {
+                // Let some of them complete, unknown to the stream.
+                stream.record_event().unwrap().synchronize().unwrap();
+            }
+        }
+        drop(stream);
+        let what = format!("{schedule:?} seed {seed}");
+        assert_eq!(src.to_vec().unwrap(), pattern, "{what}");
+        assert_no_races(&sim, &what);
+        drop(src);
+        assert_eq!(ctx.bytes_allocated(), 0, "{what}");
+        assert!(
+            sim.leak_report().is_empty(),
+            "{what}: {}",
+            sim.leak_report()
+        );
+    }
+}

@@ -162,6 +162,8 @@ impl Stream {
                     !replaced
                 });
                 state.idle_events.extend(freed);
+                state.unpolled_ops += 1;
+                state.unpolled_bytes = state.unpolled_bytes.saturating_add(held_bytes(&held));
                 let seq = state.next_seq;
                 state.next_seq += 1;
                 state.in_flight.push_back(InFlight {
@@ -214,13 +216,39 @@ impl Stream {
         }
     }
 
+    /// Before issuing an operation: [`release_completed`](Self::release_completed) once
+    /// [`POLL_OPS`] operations have been tracked since the last look, or they hold
+    /// [`POLL_BYTES`] of memory (each buffer's whole allocation, counted per operation;
+    /// pinned staging memory counts as the whole limit, so the operation after one that
+    /// holds it always looks). An event query costs about as much as issuing a small
+    /// copy, so a run of small copies looks once per [`POLL_OPS`] of them instead of
+    /// before each. What completed stays held a little longer; no wait depends on it
+    /// (`synchronize`, `query` and the drop do their own).
+    pub(super) fn release_completed_before_issue(&self) -> Result<()> {
+        {
+            let state = self.state();
+            if state.unpolled_ops < POLL_OPS && state.unpolled_bytes < POLL_BYTES {
+                return Ok(());
+            }
+        }
+        self.release_completed()
+    }
+
     /// Let go of what completed operations held (cudabuf's bookkeeping: the user's
     /// program learns nothing from it). Operations of one backend stream complete in
-    /// order, so the scan stops at the first one still running; those of the per-thread
-    /// default stream (one backend stream per issuing thread) do not, so each is asked.
-    /// The newest operation (of each thread, on the per-thread stream) keeps its place
-    /// in the list, settled, for the drop to wait for (see `InFlight::settled`).
+    /// order, so the first one still running splits the list: the newest is asked first
+    /// (in a run of copies the device keeps up with, it is done, and so are all), then
+    /// the oldest (behind a long copy it is not, and neither is any), then a binary
+    /// search finds the split. Those of the per-thread default stream (one
+    /// backend stream per issuing thread) do not complete in one order, so each is
+    /// asked. The newest operation (of each thread, on the per-thread stream) keeps its
+    /// place in the list, settled, for the drop to wait for (see `InFlight::settled`).
     pub(super) fn release_completed(&self) -> Result<()> {
+        {
+            let mut state = self.state();
+            state.unpolled_ops = 0;
+            state.unpolled_bytes = 0;
+        }
         if self.is_per_thread() {
             let pending: Vec<(u64, RawEvent)> = self
                 .state()
@@ -263,30 +291,55 @@ impl Stream {
             self.release(held);
             return Ok(());
         }
-        loop {
-            let front = self
-                .state()
-                .in_flight
-                .front()
-                .filter(|op| !op.settled)
-                .map(|op| (op.seq, op.done));
-            let Some((seq, done)) = front else {
-                return Ok(());
-            };
-            // SAFETY: as above.
-            if !unsafe { self.inner.handle.ctx.raw().event_poll(done) }? {
-                return Ok(());
+        let pending: Vec<(u64, RawEvent)> = self
+            .state()
+            .in_flight
+            .iter()
+            .filter(|op| !op.settled)
+            .map(|op| (op.seq, op.done))
+            .collect();
+        // SAFETY: as above. (Another thread may have let the operation go meanwhile and
+        // its event been recorded again, after a later operation: then a `true` still
+        // means this one is complete, as everything before it on the stream is, and a
+        // `false` only keeps it a little longer.)
+        let poll = |i: usize| unsafe { self.inner.handle.ctx.raw().event_poll(pending[i].1) };
+        let Some(newest) = pending.len().checked_sub(1) else {
+            return Ok(());
+        };
+        // The newest of `pending` known complete: those before it are too.
+        let mut done = None;
+        if poll(newest)? {
+            done = Some(newest);
+        } else if newest > 0 && poll(0)? {
+            // Complete operations are a prefix of `pending[..newest]`, `pending[0]`
+            // among them. (When the oldest is still running, as behind a long copy, two
+            // questions settle that nothing is complete.)
+            done = Some(0);
+            let (mut lo, mut hi) = (1, newest);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if poll(mid)? {
+                    done = Some(mid);
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
             }
-            // Another thread may have released it (and more) meanwhile: only the
-            // operation that was asked about goes. The list is in `seq` order and loses
-            // only prefixes on this path, so it is the front or gone.
-            let held = {
-                let mut state = self.state();
-                let last = state.in_flight.len() == 1;
-                settle(&mut state, |op| op.seq == seq, |_| last)
-            };
-            self.release(held);
         }
+        let Some(i) = done else {
+            return Ok(());
+        };
+        let seq = pending[i].0;
+        // Only the operations up to the one asked about go, those still in the list
+        // (another thread may have let some go meanwhile). That one stays, settled, if it
+        // is the newest.
+        let held = {
+            let mut state = self.state();
+            let last = state.in_flight.back().is_some_and(|op| op.seq == seq);
+            settle(&mut state, |op| op.seq <= seq, |op| last && op.seq == seq)
+        };
+        self.release(held);
+        Ok(())
     }
 
     /// Let go of the operations pushed before `covered` (a synchronization of the whole
@@ -298,13 +351,39 @@ impl Stream {
     /// Take the in-flight operations that `complete` says are done out of the list (their
     /// events back to the idle list), and let go of what they held, outside the lock.
     pub(super) fn release_where(&self, complete: impl FnMut(&InFlight) -> bool) {
-        let held = settle(&mut self.state(), complete, |_| false);
+        let held = {
+            let mut state = self.state();
+            let held = settle(&mut state, complete, |_| false);
+            if state.in_flight.iter().all(|op| op.settled) {
+                // Nothing left to look for before the next issue.
+                state.unpolled_ops = 0;
+                state.unpolled_bytes = 0;
+            }
+            held
+        };
         self.release(held);
     }
 
     pub(super) fn release(&self, held: Vec<Held>) {
         let_go(self.context(), held);
     }
+}
+
+/// Operations tracked between two looks for completed ones before an issue (see
+/// `Stream::release_completed_before_issue`).
+pub(super) const POLL_OPS: usize = 8;
+/// ... or the memory they hold, whichever comes first: an operation holding this much is
+/// looked after at the next issue, as every one was before.
+pub(super) const POLL_BYTES: usize = 64 << 20;
+
+/// The memory `held` keeps alive: each device buffer's whole allocation (a slice holds its
+/// parent's); [`POLL_BYTES`] for pinned staging memory, which goes back to the pool as soon
+/// as it may.
+fn held_bytes(held: &[Held]) -> usize {
+    held.iter().fold(0usize, |sum, h| match h {
+        Held::Device(buffer) => sum.saturating_add(buffer.memory().size),
+        Held::Staging(_) => sum.saturating_add(POLL_BYTES),
+    })
 }
 
 /// Let go of what operations held, once they are known complete.

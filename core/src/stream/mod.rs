@@ -122,6 +122,10 @@ struct StreamState {
     idle_events: Vec<RawEvent>,
     /// The `seq` of the next operation pushed to `in_flight`.
     next_seq: u64,
+    /// Operations pushed since the last look for completed ones, and the memory they hold
+    /// (see `Stream::release_completed_before_issue`).
+    unpolled_ops: usize,
+    unpolled_bytes: usize,
 }
 
 /// Why an operation could not be tracked, and whether the memory it uses may go.
@@ -158,8 +162,13 @@ enum Untracked {
 /// Device memory needs no such care from the user: every device buffer an operation
 /// touches is kept alive by the stream until the operation is known complete (each
 /// operation is followed by a pooled internal event, and the stream releases what it
-/// holds as it sees those events complete: on the next operation, query or
-/// synchronize, or when the stream is dropped). A buffer allocated on the stream itself
+/// holds as it sees those events complete: on a [`query`](Self::query) or
+/// [`synchronize`](Self::synchronize), when the stream is dropped, and before issuing an
+/// operation once eight have been issued since it last looked or they hold 64 MiB of
+/// memory (each buffer's whole allocation; pinned staging memory counts as 64 MiB). An
+/// event query costs about as much as issuing a small copy, so a run of small copies
+/// looks once per eight of them; a buffer dropped under a completed copy may so stay
+/// held for up to eight more operations. A buffer allocated on the stream itself
 /// ([`Context::new_buffer_on`]) is not held by the stream's own operations: dropping it
 /// frees its block in stream order, after them, without waiting.
 ///
@@ -690,7 +699,7 @@ impl Stream {
                 dst.size(),
             ));
         }
-        self.release_completed()?;
+        self.release_completed_before_issue()?;
         if src.is_empty() {
             return Ok(());
         }
@@ -755,7 +764,7 @@ impl Stream {
                         dst.size(),
                     ));
                 }
-                self.release_completed()
+                self.release_completed_before_issue()
             });
         if let Err(e) = checked {
             recycle_range(self.context(), src);
@@ -845,7 +854,7 @@ impl Stream {
                 dst.size(),
             ));
         }
-        self.release_completed()?;
+        self.release_completed_before_issue()?;
         if src.is_empty() {
             return Ok(());
         }
@@ -930,7 +939,7 @@ impl Stream {
         };
         let checked = self.check_buffer(device, operation).and_then(|()| {
             if !too_small {
-                return self.release_completed();
+                return self.release_completed_before_issue();
             }
             Err(match direction {
                 Direction::ToDevice => {

@@ -91,3 +91,31 @@ fn without_streams_files_are_read_and_written_with_synchronous_copies() {
     assert_eq!(counts.streams(), 0, "no stream call reached the backend");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A run of copies between device buffers looks for completed ones (event queries, an
+/// ordering hook here) once per eight copies, not before each: 160 copies make 20 looks
+/// of a few questions each (the newest, the oldest, a binary search between), fewer in
+/// all than one per copy, which looking before each copy would ask at least.
+#[test]
+fn a_run_of_device_copies_asks_about_completion_once_per_eight() {
+    let counting = CountingBackend::new(cudabuf_sim::SimBackend::new());
+    let counts = counting.counts();
+    let ctx = Backend::new(counting).context(0).unwrap();
+    let stream = non_blocking(&ctx);
+    let (src, dst) = (
+        ctx.buffer_from_data(&[3u8; 4096][..]).unwrap(),
+        ctx.new_buffer(4096).unwrap(),
+    );
+    stream.synchronize().unwrap();
+    let before = counts.hooks();
+    for _ in 0..160 {
+        stream.copy_device(&dst, &src).unwrap();
+    }
+    let asked = counts.hooks() - before;
+    assert!(
+        (1..160).contains(&asked),
+        "{asked} questions for 160 copies"
+    );
+    stream.synchronize().unwrap();
+    assert_eq!(dst.to_vec().unwrap(), vec![3u8; 4096]);
+}
