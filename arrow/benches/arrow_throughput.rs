@@ -26,7 +26,11 @@
 //! call's return alone (`..., call alone`: the batch freed after the clock stops),
 //! since the free of the first conversion's batch meets the block being pinned behind it;
 //! and the pool-off conversion after what the first one's preparation does untimed (a
-//! pinned block of the body's size allocated and freed: `..., after pin+free`).
+//! pinned block of the body's size allocated and freed: `..., after pin+free`). Last, the
+//! first conversion and the pool-off one alternated call by call (`..., paired`, timed to
+//! the call's return), so that a drift of the host's rate over the run moves both alike;
+//! the pairs' ratios go to the JSON (`to_host_first_call_paired_ratios`) and their median
+//! to the output.
 //!
 //! Run without `--bench` (as `cargo test` does) it makes one quick pass over a small
 //! batch, to check that it works.
@@ -117,6 +121,7 @@ const FROM_DATA_PAGEABLE: &str = "buffer_from_data (pageable)";
 const COPY_TO_HOST: &str = "copy_to_host (existing memory)";
 const COPY_TO_NEW_VEC: &str = "copy_to_host (new Vec)";
 const TO_HOST_POOL_OFF_CALL: &str = "to_host, pool off, call alone";
+const TO_HOST_POOL_OFF_PAIRED: &str = "to_host, pool off, paired";
 
 fn main() -> AnyResult<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -346,6 +351,51 @@ fn main() -> AnyResult<()> {
             read_and_keep,
         ),
     )?;
+    // The same pair alternated, call by call (a first call, then a pool-off one, and so
+    // on), so that a drift of the host's rate over the run moves both alike: each row's
+    // median, and the median of the pairs' ratios in the JSON's notes.
+    let mut pairs = Vec::new();
+    drop(read_and_keep()?);
+    for _ in 0..runs.min(9) {
+        ctx.wait_background_pinning();
+        ctx.set_staging_pool_limit(0);
+        ctx.set_staging_pool_limit(pool_on);
+        let start = Instant::now();
+        let kept = read_and_keep()?;
+        let first = start.elapsed();
+        drop(kept);
+        ctx.wait_background_pinning();
+        ctx.set_staging_pool_limit(0);
+        let start = Instant::now();
+        let kept = read_and_keep()?;
+        let off = start.elapsed();
+        drop(kept);
+        ctx.set_staging_pool_limit(pool_on);
+        pairs.push((first, off));
+    }
+    let pick = |mut times: Vec<Duration>| {
+        times.sort();
+        times[times.len() / 2]
+    };
+    row(
+        TO_HOST_POOL_OFF_PAIRED,
+        None,
+        None,
+        Ok(pick(pairs.iter().map(|p| p.1).collect())),
+    )?;
+    row(
+        "to_host, first call, paired",
+        Some(TO_HOST_POOL_OFF_PAIRED),
+        None,
+        Ok(pick(pairs.iter().map(|p| p.0).collect())),
+    )?;
+    let mut ratios: Vec<f64> = pairs
+        .iter()
+        .map(|(first, off)| off.as_secs_f64() / first.as_secs_f64())
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    // The pool-off call's time over the first call's, per alternated pair (sorted).
+    let paired = ratios;
     ctx.wait_background_pinning();
     ctx.set_staging_pool_limit(pool_default);
     let check = read_record_batch(&message, &schema)?.to_host()?;
@@ -354,15 +404,26 @@ fn main() -> AnyResult<()> {
     }
 
     let device = format!("{} device {}", backend.kind(), ctx.device_number());
-    report(&device, rows, n, runs, &table, json.as_deref(), &ctx)
+    report(
+        &device,
+        rows,
+        n,
+        runs,
+        &table,
+        &paired,
+        json.as_deref(),
+        &ctx,
+    )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn report(
     device: &str,
     rows: usize,
     n: usize,
     runs: usize,
     table: &[Row],
+    paired: &[f64],
     json: Option<&str>,
     ctx: &Context,
 ) -> AnyResult<()> {
@@ -415,6 +476,17 @@ fn report(
     println!(
         "(ratio > 1: faster than the baseline; read_record_batch leaves the body on the device)"
     );
+    if !paired.is_empty() {
+        println!(
+            "to_host, first call against pool off, alternated pairs: {:.3}x median ({})",
+            paired[paired.len() / 2],
+            paired
+                .iter()
+                .map(|r| format!("{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     println!("targets met: {met}, missed: {missed}");
     if let Some(path) = json {
         let doc = serde_json::json!({
@@ -427,6 +499,7 @@ fn report(
                 "host_cpus": std::thread::available_parallelism().map_or(0, |c| c.get()),
             },
             "results": results,
+            "to_host_first_call_paired_ratios": paired,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
         println!("wrote {path}");
