@@ -356,7 +356,7 @@ fn main() -> AnyResult<()> {
     // median, and the median of the pairs' ratios in the JSON's notes.
     let mut pairs = Vec::new();
     drop(read_and_keep()?);
-    for _ in 0..runs.min(9) {
+    for _ in 0..runs.max(9) {
         ctx.wait_background_pinning();
         ctx.set_staging_pool_limit(0);
         ctx.set_staging_pool_limit(pool_on);
