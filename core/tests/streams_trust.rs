@@ -712,3 +712,72 @@ fn spaced_out_looks_never_let_go_of_a_running_copy() {
         );
     }
 }
+
+/// Transfers count towards the spacing of the looks: a buffer dropped under a completed
+/// copy is let go within eight transfers issued after it, as within eight copies.
+#[test]
+fn transfers_alone_still_let_go_of_completed_copies() {
+    for (schedule, seed) in runs(4) {
+        let what = format!("{schedule:?} seed {seed}");
+        let sim = sim(schedule, seed).build();
+        let ctx = context(&sim);
+        let stream = non_blocking(&ctx);
+        stream.query().unwrap();
+        let size = 1 << 20;
+        let (victim, dst) = (ctx.new_buffer(size).unwrap(), ctx.new_buffer(size).unwrap());
+        stream.copy_device(&dst, &victim).unwrap();
+        drop(victim);
+        stream.record_event().unwrap().synchronize().unwrap();
+        let small = ctx.buffer_from_data(&[4u8; 64]).unwrap();
+        let mut host = ctx.new_host_buffer(64).unwrap();
+        let held = ctx.bytes_allocated();
+        let mut freed = None;
+        for i in 1..=20 {
+            host = stream.copy_to_host(&small, host).unwrap().wait().unwrap();
+            if ctx.bytes_allocated() <= held - size {
+                freed = Some(i);
+                break;
+            }
+        }
+        assert!(
+            freed.is_some_and(|n| n <= 8),
+            "{what}: let go after {freed:?} transfers"
+        );
+        assert_eq!(&host[..], &[4u8; 64][..], "{what}");
+        drop((stream, dst, small));
+        ctx.synchronize().unwrap();
+        assert_no_races(&sim, &what);
+    }
+}
+
+/// While an operation holds pinned staging memory, every issue looks: an upload's staging
+/// buffer goes back to the pool at the first issue after the upload completed.
+#[test]
+fn staging_memory_goes_back_at_the_first_issue_after_its_upload() {
+    for (schedule, seed) in runs(4) {
+        let what = format!("{schedule:?} seed {seed}");
+        let sim = sim(schedule, seed).build();
+        let ctx = context(&sim);
+        // The pool on (the simulator's default is off: staging memory is freed).
+        ctx.set_staging_pool_limit(1 << 20);
+        let stream = non_blocking(&ctx);
+        let dst = ctx.new_buffer(4096).unwrap();
+        stream.copy_from_slice(&dst, &[6u8; 4096]).unwrap();
+        // Two more operations before the upload is known complete: each looks (the upload
+        // holds staging memory), and may or may not find it complete.
+        let (a, b) = (ctx.new_buffer(64).unwrap(), ctx.new_buffer(64).unwrap());
+        stream.copy_device(&b, &a).unwrap();
+        stream.record_event().unwrap().synchronize().unwrap();
+        // Complete now, unknown to the stream: the next issue lets the staging go.
+        stream.copy_device(&b, &a).unwrap();
+        let pooled = ctx.pooled_staging_buffer(4096, usize::MAX);
+        assert!(
+            pooled.is_some(),
+            "{what}: the upload's staging is not back in the pool"
+        );
+        drop(pooled);
+        stream.synchronize().unwrap();
+        assert_eq!(dst.to_vec().unwrap(), vec![6u8; 4096], "{what}");
+        assert_no_races(&sim, &what);
+    }
+}

@@ -194,15 +194,20 @@ impl Stream {
         device: &DeviceBuffer,
     ) -> std::result::Result<Transfer<H>, CopyError<H>> {
         match self.record_done(issued, done) {
-            Ok(()) => Ok(Transfer {
-                pending: Some(TransferCopy {
-                    ctx: self.inner.handle.ctx.clone(),
-                    stream: Arc::downgrade(&self.inner),
-                    done,
-                }),
-                host: Some(host),
-                _device: Some(device.clone()),
-                gives_back: PhantomData,
+            Ok(()) => Ok({
+                // An operation issued, for the spacing of the looks (it holds nothing of
+                // the stream's: the transfer owns its memory).
+                self.state().unpolled_ops += 1;
+                Transfer {
+                    pending: Some(TransferCopy {
+                        ctx: self.inner.handle.ctx.clone(),
+                        stream: Arc::downgrade(&self.inner),
+                        done,
+                    }),
+                    host: Some(host),
+                    _device: Some(device.clone()),
+                    gives_back: PhantomData,
+                }
             }),
             Err(Untracked::Settled(e)) => {
                 // Not issued, or issued and synchronized: the host memory goes back.
@@ -217,13 +222,14 @@ impl Stream {
     }
 
     /// Before issuing an operation: [`release_completed`](Self::release_completed) once
-    /// [`POLL_OPS`] operations have been tracked since the last look, or they hold
-    /// [`POLL_BYTES`] of memory (each buffer's whole allocation, counted per operation;
-    /// pinned staging memory counts as the whole limit, so the operation after one that
-    /// holds it always looks). An event query costs about as much as issuing a small
-    /// copy, so a run of small copies looks once per [`POLL_OPS`] of them instead of
-    /// before each. What completed stays held a little longer; no wait depends on it
-    /// (`synchronize`, `query` and the drop do their own).
+    /// [`POLL_OPS`] operations (tracked ones and transfers) have been issued since the
+    /// last look, or the operations not yet seen complete hold [`POLL_BYTES`] of memory
+    /// (each buffer's whole allocation, counted per operation; pinned staging memory
+    /// counts as the whole limit, so that while an operation holds it every issue looks).
+    /// An event query costs about as much as half a small copy's issue, so a run of small
+    /// copies looks once per [`POLL_OPS`] of them instead of before each. What completed
+    /// stays held a little longer; no wait depends on it (`synchronize`, `query` and the
+    /// drop do their own).
     pub(super) fn release_completed_before_issue(&self) -> Result<()> {
         {
             let state = self.state();
@@ -236,19 +242,26 @@ impl Stream {
 
     /// Let go of what completed operations held (cudabuf's bookkeeping: the user's
     /// program learns nothing from it). Operations of one backend stream complete in
-    /// order, so the first one still running splits the list: the newest is asked first
-    /// (in a run of copies the device keeps up with, it is done, and so are all), then
-    /// the oldest (behind a long copy it is not, and neither is any), then a binary
-    /// search finds the split. Those of the per-thread default stream (one
+    /// order, so the first one still running splits the list: the oldest is asked
+    /// first (behind a long copy it is not done, and neither is any), then the newest
+    /// (in a run of copies the device keeps up with, it is done, and so are all), then a
+    /// binary search finds the split. Those of the per-thread default stream (one
     /// backend stream per issuing thread) do not complete in one order, so each is
     /// asked. The newest operation (of each thread, on the per-thread stream) keeps its
     /// place in the list, settled, for the drop to wait for (see `InFlight::settled`).
     pub(super) fn release_completed(&self) -> Result<()> {
-        {
-            let mut state = self.state();
-            state.unpolled_ops = 0;
-            state.unpolled_bytes = 0;
-        }
+        // From here the issues count towards the next look (so that threads issuing
+        // meanwhile do not all look); the held bytes are counted again once this look
+        // has let go of what it found complete.
+        self.state().unpolled_ops = 0;
+        let looked = self.look_for_completed();
+        let mut state = self.state();
+        state.unpolled_bytes = pending_bytes(&state);
+        looked
+    }
+
+    /// The look of [`release_completed`](Self::release_completed).
+    fn look_for_completed(&self) -> Result<()> {
         if self.is_per_thread() {
             let pending: Vec<(u64, RawEvent)> = self
                 .state()
@@ -306,30 +319,29 @@ impl Stream {
         let Some(newest) = pending.len().checked_sub(1) else {
             return Ok(());
         };
-        // The newest of `pending` known complete: those before it are too.
-        let mut done = None;
-        if poll(newest)? {
-            done = Some(newest);
-        } else if newest > 0 && poll(0)? {
-            // Complete operations are a prefix of `pending[..newest]`, `pending[0]`
-            // among them. (When the oldest is still running, as behind a long copy, two
-            // questions settle that nothing is complete.)
-            done = Some(0);
+        // The newest of `pending` known complete: those before it are too. The oldest
+        // first (behind a long copy it is still running, and so is every other: one
+        // question), then the newest (in a run of copies the device keeps up with, it
+        // is done: two), then a binary search between.
+        if !poll(0)? {
+            return Ok(());
+        }
+        let mut done = 0;
+        if newest > 0 && poll(newest)? {
+            done = newest;
+        } else {
             let (mut lo, mut hi) = (1, newest);
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
                 if poll(mid)? {
-                    done = Some(mid);
+                    done = mid;
                     lo = mid + 1;
                 } else {
                     hi = mid;
                 }
             }
         }
-        let Some(i) = done else {
-            return Ok(());
-        };
-        let seq = pending[i].0;
+        let seq = pending[done].0;
         // Only the operations up to the one asked about go, those still in the list
         // (another thread may have let some go meanwhile). That one stays, settled, if it
         // is the newest.
@@ -357,8 +369,8 @@ impl Stream {
             if state.in_flight.iter().all(|op| op.settled) {
                 // Nothing left to look for before the next issue.
                 state.unpolled_ops = 0;
-                state.unpolled_bytes = 0;
             }
+            state.unpolled_bytes = pending_bytes(&state);
             held
         };
         self.release(held);
@@ -372,8 +384,8 @@ impl Stream {
 /// Operations tracked between two looks for completed ones before an issue (see
 /// `Stream::release_completed_before_issue`).
 pub(super) const POLL_OPS: usize = 8;
-/// ... or the memory they hold, whichever comes first: an operation holding this much is
-/// looked after at the next issue, as every one was before.
+/// ... or once the operations not yet seen complete hold this much memory, whichever comes
+/// first: while they do, every issue looks, as every one did before.
 pub(super) const POLL_BYTES: usize = 64 << 20;
 
 /// The memory `held` keeps alive: each device buffer's whole allocation (a slice holds its
@@ -384,6 +396,15 @@ fn held_bytes(held: &[Held]) -> usize {
         Held::Device(buffer) => sum.saturating_add(buffer.memory().size),
         Held::Staging(_) => sum.saturating_add(POLL_BYTES),
     })
+}
+
+/// The memory the operations of `state` not yet seen complete hold (see `held_bytes`;
+/// a settled operation holds nothing).
+fn pending_bytes(state: &StreamState) -> usize {
+    state
+        .in_flight
+        .iter()
+        .fold(0usize, |sum, op| sum.saturating_add(held_bytes(&op.held)))
 }
 
 /// Let go of what operations held, once they are known complete.

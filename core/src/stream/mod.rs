@@ -164,11 +164,13 @@ enum Untracked {
 /// operation is followed by a pooled internal event, and the stream releases what it
 /// holds as it sees those events complete: on a [`query`](Self::query) or
 /// [`synchronize`](Self::synchronize), when the stream is dropped, and before issuing an
-/// operation once eight have been issued since it last looked or they hold 64 MiB of
-/// memory (each buffer's whole allocation; pinned staging memory counts as 64 MiB). An
-/// event query costs about as much as issuing a small copy, so a run of small copies
-/// looks once per eight of them; a buffer dropped under a completed copy may so stay
-/// held for up to eight more operations. A buffer allocated on the stream itself
+/// operation once eight operations (copies and transfers) have been issued since it last
+/// looked, or while the operations it has not yet seen complete hold 64 MiB of memory
+/// (each buffer's whole allocation; pinned staging memory counts as 64 MiB, so it goes
+/// back to the pool at the first issue after its copy completed). An event query costs
+/// about half as much as issuing a small copy, so a run of small copies looks once per
+/// eight of them; a buffer dropped under a completed copy may so stay held for up to
+/// eight more copies and transfers. A buffer allocated on the stream itself
 /// ([`Context::new_buffer_on`]) is not held by the stream's own operations: dropping it
 /// frees its block in stream order, after them, without waiting.
 ///
