@@ -262,16 +262,17 @@ impl Stream {
 
     /// The look of [`release_completed`](Self::release_completed).
     fn look_for_completed(&self) -> Result<()> {
+        // The operations not yet seen complete, oldest first, and their events.
+        let pending: Vec<(u64, RawEvent)> = self
+            .state()
+            .in_flight
+            .iter()
+            .filter(|op| !op.settled)
+            .map(|op| (op.seq, op.done))
+            .collect();
         if self.is_per_thread() {
-            let pending: Vec<(u64, RawEvent)> = self
-                .state()
-                .in_flight
-                .iter()
-                .filter(|op| !op.settled)
-                .map(|op| (op.seq, op.done))
-                .collect();
             let mut complete = Vec::new();
-            for (seq, done) in pending {
+            for &(seq, done) in &pending {
                 // SAFETY: `done` is an internal event of this context, recorded, alive
                 // (events go back to the idle list only when their operation leaves
                 // `in_flight`, and are destroyed only when the stream is dropped).
@@ -304,13 +305,6 @@ impl Stream {
             self.release(held);
             return Ok(());
         }
-        let pending: Vec<(u64, RawEvent)> = self
-            .state()
-            .in_flight
-            .iter()
-            .filter(|op| !op.settled)
-            .map(|op| (op.seq, op.done))
-            .collect();
         // SAFETY: as above. (Another thread may have let the operation go meanwhile and
         // its event been recorded again, after a later operation: then a `true` still
         // means this one is complete, as everything before it on the stream is, and a
