@@ -174,16 +174,9 @@ mod raw {
     use cudabuf::{Context, DeviceBuffer};
 
     use super::RawForm;
+    use crate::raw_driver::ok;
     use crate::timing::time_calls;
     use crate::AnyResult;
-
-    fn ok(what: &str, status: sys::CUresult) -> AnyResult<()> {
-        if status == sys::CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(format!("{what}: {status:?}").into())
-        }
-    }
 
     /// Seconds per copy of `len` bytes from `src` to `dst` on the legacy stream in `form`:
     /// with `batch` 1, each copy and the stream's synchronize timed together; otherwise

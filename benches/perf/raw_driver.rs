@@ -41,7 +41,10 @@ pub(crate) fn alloc_free(_ctx: &Context, _size: usize) -> AnyResult<()> {
 
 /// `Ok` if a driver call succeeded, else an error naming it.
 #[cfg(feature = "cuda")]
-fn ok(what: &str, status: cudabuf::cuda::cudarc::driver::sys::CUresult) -> AnyResult<()> {
+pub(crate) fn ok(
+    what: &str,
+    status: cudabuf::cuda::cudarc::driver::sys::CUresult,
+) -> AnyResult<()> {
     if status == cudabuf::cuda::cudarc::driver::sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {

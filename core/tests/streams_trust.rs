@@ -11,7 +11,7 @@ use std::thread;
 use std::time::Duration;
 
 use cudabuf_core::backend::RawStream;
-use cudabuf_core::{Context, ErrorKind, Stream};
+use cudabuf_core::{Context, DeviceBuffer, ErrorKind, Stream};
 use cudabuf_sim::{RaceMode, Schedule, SimBackend};
 use cudabuf_test_support::{
     assert_no_races, context, non_blocking, runs, sim, SimBuilder, NON_BLOCKING, SCHEDULES,
@@ -624,20 +624,45 @@ fn the_drop_of_a_stream_does_not_order_a_transfer_issued_after_its_copies() {
 
 // ---- How soon a stream lets go of what completed copies held ---------------------------
 
+/// Calls `issue` until `ctx`'s allocated bytes drop below `below`: the number of calls it
+/// took, if at most `limit`.
+fn issues_until_below(
+    ctx: &Context,
+    below: usize,
+    limit: usize,
+    mut issue: impl FnMut(),
+) -> Option<usize> {
+    (1..=limit).find(|_| {
+        issue();
+        ctx.bytes_allocated() < below
+    })
+}
+
 /// Issues small copies on `stream` (between buffers that stay alive) until `ctx`'s
 /// allocated bytes drop below `above`: the number of copies it took, if at most `limit`.
 fn copies_until_freed(ctx: &Context, stream: &Stream, above: usize, limit: usize) -> Option<usize> {
     let (a, b) = (ctx.new_buffer(64).unwrap(), ctx.new_buffer(64).unwrap());
-    let mut freed = None;
-    for i in 1..=limit {
-        stream.copy_device(&b, &a).unwrap();
-        if ctx.bytes_allocated() < above - 128 {
-            freed = Some(i);
-            break;
-        }
-    }
+    let freed = issues_until_below(ctx, above - 128, limit, || {
+        stream.copy_device(&b, &a).unwrap()
+    });
     drop((a, b));
     freed
+}
+
+/// After a first look (so that the stream's counts start from zero), a copy of `size`
+/// bytes whose source is dropped at once and which completes, seen through an event of
+/// the program's (which tells the stream nothing): its destination.
+fn drop_a_source_under_a_completed_copy(
+    ctx: &Context,
+    stream: &Stream,
+    size: usize,
+) -> DeviceBuffer {
+    stream.query().unwrap();
+    let (victim, dst) = (ctx.new_buffer(size).unwrap(), ctx.new_buffer(size).unwrap());
+    stream.copy_device(&dst, &victim).unwrap();
+    drop(victim);
+    stream.record_event().unwrap().synchronize().unwrap();
+    dst
 }
 
 /// A buffer dropped under a copy that is complete (seen through an event of the
@@ -652,12 +677,7 @@ fn a_stream_lets_go_of_completed_copies_within_eight_operations() {
             let sim = sim(schedule, seed).build();
             let ctx = context(&sim);
             let stream = non_blocking(&ctx);
-            // A first look, so that the counts start from zero.
-            stream.query().unwrap();
-            let (victim, dst) = (ctx.new_buffer(size).unwrap(), ctx.new_buffer(size).unwrap());
-            stream.copy_device(&dst, &victim).unwrap();
-            drop(victim);
-            stream.record_event().unwrap().synchronize().unwrap();
+            let dst = drop_a_source_under_a_completed_copy(&ctx, &stream, size);
             let held = ctx.bytes_allocated();
             assert!(held >= 2 * size, "{what}: the stream holds the source");
             let freed = copies_until_freed(&ctx, &stream, held, 8);
@@ -722,28 +742,20 @@ fn transfers_alone_still_let_go_of_completed_copies() {
         let sim = sim(schedule, seed).build();
         let ctx = context(&sim);
         let stream = non_blocking(&ctx);
-        stream.query().unwrap();
         let size = 1 << 20;
-        let (victim, dst) = (ctx.new_buffer(size).unwrap(), ctx.new_buffer(size).unwrap());
-        stream.copy_device(&dst, &victim).unwrap();
-        drop(victim);
-        stream.record_event().unwrap().synchronize().unwrap();
+        let dst = drop_a_source_under_a_completed_copy(&ctx, &stream, size);
         let small = ctx.buffer_from_data(&[4u8; 64]).unwrap();
-        let mut host = ctx.new_host_buffer(64).unwrap();
+        let mut host = Some(ctx.new_host_buffer(64).unwrap());
         let held = ctx.bytes_allocated();
-        let mut freed = None;
-        for i in 1..=20 {
-            host = stream.copy_to_host(&small, host).unwrap().wait().unwrap();
-            if ctx.bytes_allocated() <= held - size {
-                freed = Some(i);
-                break;
-            }
-        }
+        let freed = issues_until_below(&ctx, held - size + 1, 20, || {
+            let h = host.take().unwrap();
+            host = Some(stream.copy_to_host(&small, h).unwrap().wait().unwrap());
+        });
         assert!(
             freed.is_some_and(|n| n <= 8),
             "{what}: let go after {freed:?} transfers"
         );
-        assert_eq!(&host[..], &[4u8; 64][..], "{what}");
+        assert_eq!(&host.unwrap()[..], &[4u8; 64][..], "{what}");
         drop((stream, dst, small));
         ctx.synchronize().unwrap();
         assert_no_races(&sim, &what);

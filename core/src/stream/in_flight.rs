@@ -194,11 +194,11 @@ impl Stream {
         device: &DeviceBuffer,
     ) -> std::result::Result<Transfer<H>, CopyError<H>> {
         match self.record_done(issued, done) {
-            Ok(()) => Ok({
+            Ok(()) => {
                 // An operation issued, for the spacing of the looks (it holds nothing of
                 // the stream's: the transfer owns its memory).
                 self.state().unpolled_ops += 1;
-                Transfer {
+                Ok(Transfer {
                     pending: Some(TransferCopy {
                         ctx: self.inner.handle.ctx.clone(),
                         stream: Arc::downgrade(&self.inner),
@@ -207,8 +207,8 @@ impl Stream {
                     host: Some(host),
                     _device: Some(device.clone()),
                     gives_back: PhantomData,
-                }
-            }),
+                })
+            }
             Err(Untracked::Settled(e)) => {
                 // Not issued, or issued and synchronized: the host memory goes back.
                 Err(give_back(e, host))
