@@ -85,7 +85,7 @@ mod stream_copy;
 mod task;
 mod worker_resources;
 
-pub use stream_copy::fill_for_dma;
+pub use stream_copy::{fill_for_dma, fill_for_dma_with, FillStores};
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -132,6 +132,10 @@ pub const STAGING_RING_VAR: &str = "CUDABUF_STAGING_RING";
 /// ones ([`StagingConfig::streaming_stores_below`]; binary suffixes K, M, G; `max`:
 /// streaming stores at every size, `0`: at none).
 pub const STAGING_NT_BELOW_VAR: &str = "CUDABUF_STAGING_NT_BELOW";
+
+/// How host-to-device fills without streaming stores write pinned memory
+/// ([`StagingConfig::plain_fills`]): `plain`, `demote` or `writeback` ([`FillStores::parse`]).
+pub const STAGING_PLAIN_FILLS_VAR: &str = "CUDABUF_STAGING_PLAIN_FILLS";
 
 /// `0`/`off` turns adaptive staging ([`StagingConfig::adaptive`]) off: every pageable
 /// copy from `CUDABUF_STAGING_MIN` on is staged.
@@ -205,6 +209,14 @@ pub struct StagingConfig {
     /// with streaming stores in four runs on H100 and H200 machines, 1-16 MiB ones 23-47%
     /// slower (docs/PERFORMANCE.md, "The staging engine").
     pub streaming_stores_below: usize,
+    /// How host-to-device fills that do not use streaming stores (from
+    /// `streaming_stores_below` on, or at every size without `streaming_stores`) write
+    /// pinned memory: plain stores ([`FillStores::Plain`], the default), or plain stores
+    /// followed by each written line demoted to the shared cache ([`FillStores::Demoted`])
+    /// or written back to memory ([`FillStores::WrittenBack`]), so that the DMA does not
+    /// find it modified in the core's own caches. [`FillStores::Streaming`] here means
+    /// streaming stores at every size.
+    pub plain_fills: FillStores,
 }
 
 /// Adaptive staging ([`StagingConfig::adaptive`]) chooses below this size (64 MiB); from
@@ -232,6 +244,7 @@ impl StagingConfig {
             ring_slots: 16,
             streaming_stores: true,
             streaming_stores_below: 64 << 20,
+            plain_fills: FillStores::Plain,
         }
     }
 
@@ -258,6 +271,7 @@ impl StagingConfig {
             spin_micros: 0,
             ring_slots: 0,
             streaming_stores: false,
+            plain_fills: FillStores::Plain,
             ..self
         }
     }
@@ -270,7 +284,8 @@ impl StagingConfig {
     /// The defaults, overridden by `CUDABUF_STAGING`, `CUDABUF_STAGING_THREADS`,
     /// `CUDABUF_STAGING_D2H_THREADS`, `CUDABUF_STAGING_CHUNK`,
     /// `CUDABUF_STAGING_D2H_CHUNK`, `CUDABUF_STAGING_MIN`, `CUDABUF_STAGING_RING`,
-    /// `CUDABUF_STAGING_NT_BELOW` and `CUDABUF_STAGING_ADAPTIVE`.
+    /// `CUDABUF_STAGING_NT_BELOW`, `CUDABUF_STAGING_PLAIN_FILLS` and
+    /// `CUDABUF_STAGING_ADAPTIVE`.
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if let Some(v) = var(STAGING_VAR) {
@@ -302,6 +317,9 @@ impl StagingConfig {
         }
         if let Some(n) = var(STAGING_NT_BELOW_VAR).and_then(|v| parse_nt_below(&v)) {
             config.streaming_stores_below = n;
+        }
+        if let Some(v) = var(STAGING_PLAIN_FILLS_VAR).and_then(|v| FillStores::parse(&v)) {
+            config.plain_fills = v;
         }
         if let Some(v) = var(STAGING_ADAPTIVE_VAR) {
             config.adaptive = !matches!(v.trim(), "0" | "off" | "false" | "no");
@@ -343,6 +361,26 @@ impl StagingConfig {
     /// ```
     pub fn streaming_stores_for(&self, bytes: usize) -> bool {
         self.streaming_stores && bytes < self.streaming_stores_below
+    }
+
+    /// How a host-to-device copy of `bytes` fills pinned memory: streaming stores where
+    /// [`StagingConfig::streaming_stores_for`] says so, else `plain_fills`.
+    ///
+    /// ```
+    /// use cudabuf_cuda::{FillStores, StagingConfig};
+    /// let config = StagingConfig {
+    ///     plain_fills: FillStores::Demoted,
+    ///     ..StagingConfig::default_for_host()
+    /// };
+    /// assert_eq!(config.fill_stores_for(16 << 20), FillStores::Streaming);
+    /// assert_eq!(config.fill_stores_for(64 << 20), FillStores::Demoted);
+    /// ```
+    pub fn fill_stores_for(&self, bytes: usize) -> FillStores {
+        if self.streaming_stores_for(bytes) {
+            FillStores::Streaming
+        } else {
+            self.plain_fills
+        }
     }
 
     /// (threads, largest step) of a copy in `direction`.
@@ -651,7 +689,7 @@ impl StagingEngine {
             workers: threads.clamp(1, self.workers.len().max(1)),
             max_step,
             ramp: self.config.ramp,
-            streaming: self.config.streaming_stores_for(total_bytes(&pieces)),
+            stores: self.config.fill_stores_for(total_bytes(&pieces)),
         };
         let Some(task) = Task::new(direction, pieces, cut, traced) else {
             return CopyDone::nothing(Ok(()));
@@ -717,14 +755,14 @@ impl StagingEngine {
         let (threads, max_step) = self.config.for_direction(direction);
         let workers = threads.clamp(1, self.workers.len().max(1));
         let lanes = workers + usize::from(self.config.caller_steps);
-        let streaming = self.config.streaming_stores_for(total_bytes(&pieces));
+        let stores = self.config.fill_stores_for(total_bytes(&pieces));
         let Some(task) = RingTask::new(
             direction,
             pieces,
             (ring.block().1, ring.events()),
             max_step,
             (lanes, workers),
-            streaming,
+            stores,
             traced,
         ) else {
             self.release_ring(true);

@@ -15,7 +15,7 @@ use std::io::Write;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use cudabuf_core::{Backend, BufferWriter, Context, ErrorKind};
-use cudabuf_cuda::{CudaBackend, CudaDriverContext, StagingConfig};
+use cudabuf_cuda::{CudaBackend, CudaDriverContext, FillStores, StagingConfig};
 
 mod common;
 use common::{backend, pattern};
@@ -84,6 +84,21 @@ fn staged_pageable_copies_move_the_right_bytes() {
             adaptive: false,
             ring_slots: 0,
             streaming_stores_below: 1 << 20,
+            ..default
+        },
+        // Plain fills followed by a demotion or a write-back of their lines (from 1 MiB),
+        // through the ring and through the lanes.
+        StagingConfig {
+            adaptive: false,
+            streaming_stores_below: 1 << 20,
+            plain_fills: FillStores::Demoted,
+            ..default
+        },
+        StagingConfig {
+            adaptive: false,
+            ring_slots: 0,
+            streaming_stores: false,
+            plain_fills: FillStores::WrittenBack,
             ..default
         },
         StagingConfig::disabled(),

@@ -13,8 +13,12 @@
 //! - `h2d_dma_after_write`: the DMA alone, right after 8 threads wrote its whole source
 //!   (its lines still in the CPU's caches, as a staging slot's are when its DMA starts),
 //!   timed from the DMA's start; `h2d_dma_after_nt_write`: the same after the staging
-//!   engine's streaming stores (`cudabuf::cuda::fill_for_dma`). `h2d_fill_mt8` and
-//!   `h2d_fill_nt_mt8`: those writes' own rate, pageable to pinned.
+//!   engine's streaming stores (`cudabuf::cuda::fill_for_dma`);
+//!   `h2d_dma_after_demoted_write` and `h2d_dma_after_written_back_write`: after plain
+//!   stores whose lines were then demoted to the shared cache (`cldemote`) or written back
+//!   to memory (`clwb`; `cudabuf::cuda::FillStores`). `h2d_fill{,_nt,_demoted,
+//!   _written_back}_mt8`: those writes' own rate, pageable to pinned. The CPU's
+//!   cache-line instructions go into the records (`h2d_cpu_has_cldemote`).
 
 use cudabuf::{Backend, Context};
 
@@ -46,7 +50,7 @@ fn cuda_dma(ctx: &Context, opts: &Options, rec: &mut Records) -> AnyResult<()> {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::time::Instant;
 
-    use crate::host_copy::CopyThreads;
+    use crate::host_copy::{CopyThreads, Stores};
     use crate::report::{human, progress};
     use crate::timing::{gbps, median, pattern};
     use crate::MIB;
@@ -57,6 +61,15 @@ fn cuda_dma(ctx: &Context, opts: &Options, rec: &mut Records) -> AnyResult<()> {
     let mut counts: Vec<usize> = [0, 2, 4, 8, 12].into_iter().filter(|&k| k < cpus).collect();
     counts.dedup();
     let writers = CopyThreads::new(8.min(cpus));
+    rec.push(
+        "dma",
+        "h2d_cpu_has_cldemote".to_string(),
+        None,
+        f64::from(u8::from(cudabuf::cuda::FillStores::Demoted.supported())),
+        "yes=1",
+        1,
+        "whether the demoted writes below demote (else they are plain stores)",
+    );
     let stream = ctx.new_stream()?;
     for &size in opts
         .sizes
@@ -174,19 +187,25 @@ fn cuda_dma(ctx: &Context, opts: &Options, rec: &mut Records) -> AnyResult<()> {
                 }
             }
         }
-        // The DMA right after its source was written by 8 threads, with plain stores and
-        // with the staging engine's streaming stores; and those writes' own rate.
-        for (streaming, kind) in [(false, ""), (true, "_nt")] {
+        // The DMA right after its source was written by 8 threads, with plain stores, with
+        // the staging engine's streaming stores, with plain stores whose lines were then
+        // demoted to the shared cache or written back; and those writes' own rate.
+        for (stores, kind, how) in [
+            (Stores::Plain, "", "plain stores"),
+            (Stores::Streaming, "_nt", "streaming stores"),
+            (Stores::Demoted, "_demoted", "plain stores, lines demoted"),
+            (
+                Stores::WrittenBack,
+                "_written_back",
+                "plain stores, lines written back",
+            ),
+        ] {
             let mut secs = Vec::new();
             let mut fill_secs = Vec::new();
             for rep in 0..REPS + 2 {
                 let mut host = dma_host.take().ok_or("the DMA buffer came back")?;
                 let t = Instant::now();
-                if streaming {
-                    writers.copy_streaming(&source, &mut host);
-                } else {
-                    writers.copy(&source, &mut host);
-                }
+                writers.copy_with(&source, &mut host, stores);
                 let filled = t.elapsed().as_secs_f64();
                 let t = Instant::now();
                 let transfer = stream.copy_from_host(&dev, host)?;
@@ -197,13 +216,12 @@ fn cuda_dma(ctx: &Context, opts: &Options, rec: &mut Records) -> AnyResult<()> {
                 }
             }
             let n = secs.len();
-            let stores = if streaming { "streaming" } else { "plain" };
             push(
                 format!("h2d_dma_after{kind}_write"),
                 gbps(size, median(&mut secs)),
                 n,
                 &format!(
-                    "its source just written by {} threads, {stores} stores",
+                    "its source just written by {} threads, {how}",
                     writers.len()
                 ),
             );
@@ -211,7 +229,7 @@ fn cuda_dma(ctx: &Context, opts: &Options, rec: &mut Records) -> AnyResult<()> {
                 format!("h2d_fill{kind}_mt{}", writers.len()),
                 gbps(size, median(&mut fill_secs)),
                 n,
-                &format!("those {} threads' writes, {stores} stores", writers.len()),
+                &format!("those {} threads' writes, {how}", writers.len()),
             );
         }
     }

@@ -14,8 +14,23 @@ struct Job {
     src: usize,
     dst: usize,
     len: usize,
-    /// Through the staging engine's streaming stores (`cudabuf::cuda::fill_for_dma`).
-    streaming: bool,
+    /// How the threads write `dst`.
+    stores: Stores,
+}
+
+/// How [`CopyThreads`] write the destination: plain stores, or one of the staging
+/// engine's ways (`cudabuf::cuda::FillStores`, where the build has the CUDA backend).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum Stores {
+    /// `copy_from_slice`.
+    Plain,
+    /// Streaming stores past the caches.
+    Streaming,
+    /// Plain stores, then each line demoted to the shared cache.
+    Demoted,
+    /// Plain stores, then each line written back to memory.
+    WrittenBack,
 }
 
 struct State {
@@ -68,25 +83,19 @@ impl CopyThreads {
 
     /// Copy `src` into `dst` (same length) on every thread; returns when all are done.
     pub(crate) fn copy(&self, src: &[u8], dst: &mut [u8]) {
-        self.copy_with(src, dst, false);
+        self.copy_with(src, dst, Stores::Plain);
     }
 
-    /// As [`CopyThreads::copy`], with the stores the staging engine fills pinned memory
-    /// with (streaming stores past the caches where the build has the CUDA backend and the
-    /// CPU has them).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn copy_streaming(&self, src: &[u8], dst: &mut [u8]) {
-        self.copy_with(src, dst, true);
-    }
-
-    fn copy_with(&self, src: &[u8], dst: &mut [u8], streaming: bool) {
+    /// As [`CopyThreads::copy`], with the stores `stores` names (the staging engine's
+    /// ways where the build has the CUDA backend; plain stores without it).
+    pub(crate) fn copy_with(&self, src: &[u8], dst: &mut [u8], stores: Stores) {
         assert_eq!(src.len(), dst.len(), "CopyThreads::copy: lengths differ");
         let mut state = self.shared.state.lock().expect("copy threads");
         state.job = Some(Job {
             src: src.as_ptr() as usize,
             dst: dst.as_mut_ptr() as usize,
             len: src.len(),
-            streaming,
+            stores,
         });
         state.done = 0;
         state.generation += 1;
@@ -139,7 +148,7 @@ fn run(shared: &Shared, index: usize, n: usize) {
                         std::slice::from_raw_parts_mut((job.dst + start) as *mut u8, end - start),
                     )
                 };
-                fill(dst, src, job.streaming);
+                fill(dst, src, job.stores);
             }
         }
         let mut state = shared.state.lock().expect("copy threads");
@@ -150,13 +159,22 @@ fn run(shared: &Shared, index: usize, n: usize) {
     }
 }
 
-/// One thread's part of a job: plain or streaming stores.
-fn fill(dst: &mut [u8], src: &[u8], streaming: bool) {
+/// One thread's part of a job, with the stores `stores` names.
+fn fill(dst: &mut [u8], src: &[u8], stores: Stores) {
     #[cfg(feature = "cuda")]
-    if streaming {
-        cudabuf::cuda::fill_for_dma(dst, src);
-        return;
+    {
+        use cudabuf::cuda::FillStores;
+        let way = match stores {
+            Stores::Plain => FillStores::Plain,
+            Stores::Streaming => FillStores::Streaming,
+            Stores::Demoted => FillStores::Demoted,
+            Stores::WrittenBack => FillStores::WrittenBack,
+        };
+        cudabuf::cuda::fill_for_dma_with(dst, src, way);
     }
-    let _ = streaming;
-    dst.copy_from_slice(src);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = stores;
+        dst.copy_from_slice(src);
+    }
 }

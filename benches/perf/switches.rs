@@ -6,10 +6,13 @@
 //! (`lanes_nt`), through the ring that every lane shares (`ring`), through both (`staged`,
 //! and with as many host-to-device threads as device-to-host ones: `staged_t12`, or with
 //! workers that spin 200 us: `staged_spin200`; `lanes_nt` and these with streaming stores
-//! at every size), and the defaults (`default`, adaptive: staged or direct by what was
+//! at every size), through the ring with plain stores whose lines are then demoted to the
+//! shared cache (`ring_demote`) or written back to memory (`ring_clwb`), the defaults with
+//! demoted fills from 64 MiB (`default_demote`), and the defaults (`default`, adaptive: staged or direct by what was
 //! faster so far; streaming stores below 64 MiB, plain ones from there).
 //! Then the timeline of one 64 MiB copy each way, plain, through the lanes, through the
-//! ring, with every switch (`staged`, `staged_t12`, `staged_spin200`): when each lane
+//! ring, with every switch (`staged`, `staged_t12`, `staged_spin200`), `ring_demote` and
+//! `ring_clwb`: when each lane
 //! claimed, filled, sent and saw each step done; its summary goes into the records and
 //! the whole timeline into `staging_trace.json` beside `--json`.
 
@@ -53,7 +56,7 @@ fn cuda_switches(
     opts: &Options,
     rec: &mut Records,
 ) -> AnyResult<()> {
-    use cudabuf::cuda::StagingConfig;
+    use cudabuf::cuda::{FillStores, StagingConfig};
 
     use crate::report::human;
     use crate::timing::{copy_budget, gbps, median, pattern, time_calls};
@@ -81,7 +84,19 @@ fn cuda_switches(
         streaming_stores_below: usize::MAX,
         ..lanes
     };
-    let variants: [(&str, StagingConfig); 12] = [
+    // Through the ring with plain stores, each followed by a demotion of the written lines
+    // to the shared cache (`ring_demote`) or by their write-back to memory (`ring_clwb`);
+    // the defaults with demoted fills from 64 MiB (`default_demote`).
+    let ring_demote = StagingConfig {
+        ring_slots,
+        plain_fills: FillStores::Demoted,
+        ..lanes
+    };
+    let ring_clwb = StagingConfig {
+        plain_fills: FillStores::WrittenBack,
+        ..ring_demote
+    };
+    let variants: [(&str, StagingConfig); 15] = [
         ("direct", StagingConfig::disabled()),
         ("plain", plain),
         (
@@ -134,6 +149,15 @@ fn cuda_switches(
             StagingConfig {
                 spin_micros: 200,
                 ..staged
+            },
+        ),
+        ("ring_demote", ring_demote),
+        ("ring_clwb", ring_clwb),
+        (
+            "default_demote",
+            StagingConfig {
+                plain_fills: FillStores::Demoted,
+                ..default
             },
         ),
         ("default", default),
@@ -249,6 +273,8 @@ fn cuda_switches(
                 ..staged
             },
         ),
+        ("ring_demote", ring_demote),
+        ("ring_clwb", ring_clwb),
     ] {
         raw.set_staging_config(config);
         raw.start_staging()?;

@@ -145,12 +145,7 @@ unsafe fn host_to_device(
             // the lane's own, and no copy reads it now (waited above). They cannot
             // overlap: the chunk is pinned memory of this lane.
             unsafe {
-                stream_copy::fill(
-                    chunk.add(at),
-                    part.host as *const u8,
-                    part.len,
-                    task.streaming,
-                )
+                stream_copy::fill(chunk.add(at), part.host as *const u8, part.len, task.stores)
             };
         }
         stamps.host_done = stamp(task);
@@ -251,6 +246,7 @@ mod tests {
 
     use super::*;
     use crate::staging::late_stream::{pattern, pieces, Fail, LateStream};
+    use crate::staging::stream_copy::FillStores;
     use crate::staging::task::Cut;
 
     /// A copier whose copies run late (at the `wait` for an event recorded after them,
@@ -330,7 +326,11 @@ mod tests {
                 workers,
                 max_step,
                 ramp,
-                streaming: !ramp,
+                stores: if ramp {
+                    FillStores::Demoted
+                } else {
+                    FillStores::Streaming
+                },
             };
             let traced = i % 2 == 0;
             let source = pattern(total, workers);
@@ -410,7 +410,11 @@ mod tests {
                     workers: 3,
                     max_step: 4096,
                     ramp: fail_at == 2,
-                    streaming: fail_at == 1,
+                    stores: if fail_at == 1 {
+                        FillStores::WrittenBack
+                    } else {
+                        FillStores::Plain
+                    },
                 };
                 let task = Task::new(
                     direction,

@@ -24,7 +24,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::pipeline::StreamCopies;
-use super::stream_copy;
+use super::stream_copy::{self, FillStores};
 use super::task::{Cut, Direction, Piece, Stamps, Step, Task, Traced};
 use crate::driver_error::CuFailure;
 
@@ -96,7 +96,7 @@ impl RingTask {
     /// A copy of `pieces` through a ring block of `(bytes, events)`, cut into slots of
     /// `max_step` bytes (at most as many as there are events), the copy into steps of at
     /// most a slot and each step into about `lanes` parts, joined by at most `workers`
-    /// workers (`(lanes, workers)`), filling slots with streaming stores if `streaming`;
+    /// workers (`(lanes, workers)`), filling slots with the stores `stores` names;
     /// `None` if there is nothing to copy.
     pub(super) fn new(
         direction: Direction,
@@ -104,7 +104,7 @@ impl RingTask {
         (block_bytes, events): (usize, usize),
         max_step: usize,
         (lanes, workers): (usize, usize),
-        streaming: bool,
+        stores: FillStores,
         traced: bool,
     ) -> Option<Self> {
         let max_step = max_step.min(block_bytes);
@@ -118,7 +118,7 @@ impl RingTask {
             workers: 1,
             max_step,
             ramp: false,
-            streaming,
+            stores,
         };
         let task = Task::new(direction, pieces, cut, traced)?;
         let total = task.total();
@@ -384,12 +384,7 @@ impl RingTask {
                 // above) and no other lane writes there (parts are disjoint). Pinned slot
                 // memory and the caller's memory do not overlap.
                 unsafe {
-                    stream_copy::fill(
-                        pinned,
-                        piece.host as *const u8,
-                        piece.len,
-                        self.task.streaming,
-                    )
+                    stream_copy::fill(pinned, piece.host as *const u8, piece.len, self.task.stores)
                 };
             } else {
                 // SAFETY: the slot holds the step's bytes (its DMA is done: waited above)
@@ -494,6 +489,14 @@ mod tests {
 
     use super::*;
     use crate::staging::late_stream::{pattern, pieces, Fail, LateStream};
+
+    /// Every way of filling slots, taken in turn by the tests' copies.
+    const STORES: [FillStores; 4] = [
+        FillStores::Plain,
+        FillStores::Streaming,
+        FillStores::Demoted,
+        FillStores::WrittenBack,
+    ];
 
     /// A ring copier, shared by threads, whose copies run late (at the `wait` for an event
     /// recorded after them, or at `sync`, on whichever thread waits), as on a stream, and
@@ -619,7 +622,7 @@ mod tests {
                 (slots * max_step, slots),
                 max_step,
                 (workers + 1, workers),
-                k % 3 == 1,
+                STORES[k % STORES.len()],
                 traced,
             )
             .unwrap();
@@ -634,7 +637,7 @@ mod tests {
                 (slots * max_step, slots),
                 max_step,
                 (workers + 1, workers),
-                k % 3 == 1,
+                STORES[k % STORES.len()],
                 traced,
             )
             .unwrap();
@@ -707,7 +710,7 @@ mod tests {
                 (4 * max_step, 4),
                 max_step,
                 (lanes, lanes - 1),
-                false,
+                FillStores::Plain,
                 false,
             )
             .unwrap();
@@ -742,7 +745,7 @@ mod tests {
                 (2 << 20, 2),
                 1 << 20,
                 (2, 1),
-                false,
+                FillStores::Plain,
                 false,
             )
         };
@@ -763,7 +766,7 @@ mod tests {
             (1 << 20, 0),
             1,
             (1, 1),
-            false,
+            FillStores::Plain,
             false
         )
         .is_none());
@@ -778,7 +781,7 @@ mod tests {
             (1 << 20, 4),
             4 << 20,
             (3, 2),
-            true,
+            FillStores::Streaming,
             false,
         )
         .unwrap();
@@ -806,7 +809,11 @@ mod tests {
                     (slots * max_step, slots),
                     max_step,
                     (4, 3),
-                    fail_at == 2,
+                    if fail_at == 2 {
+                        FillStores::Demoted
+                    } else {
+                        FillStores::Streaming
+                    },
                     fail_at == 5,
                 )
                 .unwrap();
@@ -845,7 +852,7 @@ mod tests {
                     (slots * max_step, slots),
                     max_step,
                     (workers + 1, workers),
-                    slots % 2 == 0,
+                    STORES[slots % STORES.len()],
                     false,
                 )
                 .unwrap();

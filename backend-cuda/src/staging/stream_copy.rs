@@ -1,5 +1,6 @@
 //! [`fill`]: the CPU copy into a pinned chunk or slot whose DMA follows, with
-//! non-temporal (streaming) stores where the CPU has them.
+//! non-temporal (streaming) stores where the CPU has them, or with plain stores followed
+//! by a push of the written lines out of the core's own caches ([`FillStores`]).
 //!
 //! A DMA that reads host memory the CPU has just written runs slower while those lines
 //! sit modified in the CPU's caches: on the H200 host a pinned 16 MiB host-to-device copy
@@ -7,6 +8,65 @@
 //! of memory not just written (`perf --only dma`, `h2d_dma_after_write`). Streaming stores
 //! send the bytes past the caches to memory, where the DMA reads them at the link's rate;
 //! they also skip reading the destination's lines before writing them.
+
+/// How the staging engine's CPU copies write pinned memory before a host-to-device DMA
+/// reads it ([`fill_for_dma_with`], [`crate::StagingConfig::plain_fills`]).
+///
+/// Every way copies the same bytes; they differ in where the written lines are when the
+/// DMA reads them. On CPUs without the instruction a way names, it falls back as its
+/// variant says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FillStores {
+    /// Plain stores: the lines stay modified in the writing core's caches.
+    #[default]
+    Plain,
+    /// Streaming (non-temporal) stores past the caches to memory (x86-64; a plain copy
+    /// elsewhere and for copies under 4 KiB).
+    Streaming,
+    /// Plain stores, then every written line demoted from the core's private caches to the
+    /// shared last-level cache (`cldemote`, x86-64 CPUs that have it; plain stores
+    /// elsewhere), where a DMA reads it without asking the core for it.
+    Demoted,
+    /// Plain stores, then every written line written back to memory (`clwb`, else
+    /// `clflushopt`, else `clflush` on x86-64; plain stores elsewhere).
+    WrittenBack,
+}
+
+impl FillStores {
+    /// The way named `plain`, `streaming` (or `nt`), `demote` (or `demoted`), `writeback`
+    /// (or `written_back`, `clwb`), case-insensitive; `None` for anything else.
+    ///
+    /// ```
+    /// use cudabuf_cuda::FillStores;
+    /// assert_eq!(FillStores::parse("demote"), Some(FillStores::Demoted));
+    /// assert_eq!(FillStores::parse(" NT "), Some(FillStores::Streaming));
+    /// assert_eq!(FillStores::parse("fast"), None);
+    /// ```
+    pub fn parse(name: &str) -> Option<FillStores> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "plain" => Some(FillStores::Plain),
+            "streaming" | "nt" => Some(FillStores::Streaming),
+            "demote" | "demoted" => Some(FillStores::Demoted),
+            "writeback" | "written_back" | "clwb" => Some(FillStores::WrittenBack),
+            _ => None,
+        }
+    }
+
+    /// Whether this CPU runs the instruction this way names (`Plain` always; `Streaming`
+    /// on x86-64; `Demoted` where the CPU reports `cldemote`; `WrittenBack` on x86-64,
+    /// through `clflush` at least).
+    ///
+    /// ```
+    /// assert!(cudabuf_cuda::FillStores::Plain.supported());
+    /// ```
+    pub fn supported(self) -> bool {
+        match self {
+            FillStores::Plain => true,
+            FillStores::Streaming | FillStores::WrittenBack => cfg!(target_arch = "x86_64"),
+            FillStores::Demoted => line_ops::has_cldemote(),
+        }
+    }
+}
 
 /// Copy `src` into the start of `dst` as the staging engine fills a pinned chunk before
 /// its DMA: through streaming (non-temporal) stores on x86-64, so that the bytes reach
@@ -23,33 +83,57 @@
 /// assert_eq!(pinned_like, src);
 /// ```
 pub fn fill_for_dma(dst: &mut [u8], src: &[u8]) -> usize {
+    fill_for_dma_with(dst, src, FillStores::Streaming)
+}
+
+/// As [`fill_for_dma`], with the stores `stores` names. Copies `min(src.len(), dst.len())`
+/// bytes and returns that count.
+///
+/// ```
+/// use cudabuf_cuda::{fill_for_dma_with, FillStores};
+/// let src: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+/// let mut pinned_like = vec![0u8; 10_000];
+/// assert_eq!(fill_for_dma_with(&mut pinned_like, &src, FillStores::Demoted), 10_000);
+/// assert_eq!(pinned_like, src);
+/// ```
+pub fn fill_for_dma_with(dst: &mut [u8], src: &[u8], stores: FillStores) -> usize {
     let len = src.len().min(dst.len());
     // SAFETY: `len` bytes are inside both slices, and a shared and a unique borrow do not
     // overlap.
-    unsafe { fill(dst.as_mut_ptr(), src.as_ptr(), len, true) };
+    unsafe { fill(dst.as_mut_ptr(), src.as_ptr(), len, stores) };
     len
 }
 
-/// Copy `len` bytes from `src` to `dst`; with `streaming`, through non-temporal stores
-/// (x86-64; elsewhere, and for short copies, a plain copy), which are ordered before
-/// this thread's later stores (a fence at the end) and so seen by another thread that
-/// synchronizes with it afterwards.
+/// Copy `len` bytes from `src` to `dst` with the stores `stores` names (streaming stores
+/// only for copies of at least 4 KiB); streaming stores and write-backs are ordered
+/// before this thread's later stores (a fence at the end), and every way's bytes are seen
+/// by another thread that synchronizes with this one afterwards.
 ///
 /// # Safety
 /// As [`std::ptr::copy_nonoverlapping`]: `src` valid for `len` reads, `dst` for `len`
 /// writes, and the two do not overlap.
-pub(super) unsafe fn fill(dst: *mut u8, src: *const u8, len: usize, streaming: bool) {
-    // Miri runs no streaming stores (inline assembly): its runs of the staging tests copy
-    // plainly; the native tests run both.
+pub(super) unsafe fn fill(dst: *mut u8, src: *const u8, len: usize, stores: FillStores) {
+    // Miri runs no streaming stores or line operations (inline assembly): its runs of the
+    // staging tests copy plainly; the native tests run every way.
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if streaming && len >= 4096 {
+    if stores == FillStores::Streaming && len >= 4096 {
         // SAFETY: forwarded from this function's contract.
         unsafe { streaming_copy(dst, src, len) };
         return;
     }
-    let _ = streaming;
     // SAFETY: this function's contract.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    match stores {
+        // SAFETY: `dst..dst + len` is memory this thread may write (this function's
+        // contract), so every cache line it touches is mapped.
+        FillStores::Demoted => unsafe { line_ops::demote(dst, len) },
+        // SAFETY: as above.
+        FillStores::WrittenBack => unsafe { line_ops::write_back(dst, len) },
+        FillStores::Plain | FillStores::Streaming => {}
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = stores;
 }
 
 /// # Safety
@@ -101,14 +185,144 @@ unsafe fn streaming_copy(dst: *mut u8, src: *const u8, len: usize) {
     unsafe { _mm_sfence() };
 }
 
+/// The cache-line instructions behind [`FillStores::Demoted`] and
+/// [`FillStores::WrittenBack`], chosen once per process from what the CPU reports.
+mod line_ops {
+    /// The CPU's cache-line operations (CPUID leaf 7), read once.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    #[derive(Clone, Copy)]
+    struct Lines {
+        cldemote: bool,
+        clwb: bool,
+        clflushopt: bool,
+    }
+
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    fn lines() -> Lines {
+        use std::sync::OnceLock;
+        static LINES: OnceLock<Lines> = OnceLock::new();
+        *LINES.get_or_init(|| {
+            use std::arch::x86_64::{__cpuid, __cpuid_count};
+            // CPUID is part of every x86-64 CPU; leaf 7 is used only where the highest
+            // basic leaf (leaf 0's EAX) reaches it.
+            let (max, leaf7) = (__cpuid(0).eax, __cpuid_count(7, 0));
+            if max < 7 {
+                return Lines {
+                    cldemote: false,
+                    clwb: false,
+                    clflushopt: false,
+                };
+            }
+            Lines {
+                cldemote: leaf7.ecx & (1 << 25) != 0,
+                clwb: leaf7.ebx & (1 << 24) != 0,
+                clflushopt: leaf7.ebx & (1 << 23) != 0,
+            }
+        })
+    }
+
+    /// Whether the CPU reports `cldemote`.
+    pub(super) fn has_cldemote() -> bool {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        return lines().cldemote;
+        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+        false
+    }
+
+    /// The 64-byte lines that hold `ptr..ptr + len`, by address.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    fn each_line(ptr: *const u8, len: usize, mut f: impl FnMut(*const u8)) {
+        if len == 0 {
+            return;
+        }
+        let end = ptr as usize + len;
+        // Each line's address from `ptr` (its provenance), not from an integer.
+        let mut line = ptr.wrapping_sub(ptr as usize & 63);
+        while (line as usize) < end {
+            f(line);
+            line = line.wrapping_add(64);
+        }
+    }
+
+    /// Demote every line of `ptr..ptr + len` from this core's private caches to the shared
+    /// cache (`cldemote`, a hint; nothing where the CPU lacks it).
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` is mapped memory.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    pub(super) unsafe fn demote(ptr: *const u8, len: usize) {
+        if !lines().cldemote {
+            return;
+        }
+        each_line(ptr, len, |line| {
+            // SAFETY: the CPU has CLDEMOTE (CPUID, above); `line` is in a mapped line of
+            // the range (this function's contract). The bytes are `cldemote byte ptr
+            // [rax]` (0F 1C /0), spelled out because assemblers may refuse the mnemonic
+            // without the target feature; it reads nothing and changes no byte or flag.
+            unsafe {
+                std::arch::asm!(
+                    ".byte 0x0f, 0x1c, 0x00",
+                    in("rax") line,
+                    options(nostack, preserves_flags, readonly)
+                )
+            };
+        });
+    }
+
+    /// Write every line of `ptr..ptr + len` back to memory (`clwb`, else `clflushopt`, else
+    /// `clflush`), then fence.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` is mapped memory.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    pub(super) unsafe fn write_back(ptr: *const u8, len: usize) {
+        let have = lines();
+        each_line(ptr, len, |line| {
+            if have.clwb {
+                // SAFETY: the CPU has CLWB (CPUID); `line` is in a mapped line of the
+                // range. The bytes are `clwb byte ptr [rax]` (66 0F AE /6), spelled out as
+                // above; it writes the line back and changes no byte or flag.
+                unsafe {
+                    std::arch::asm!(
+                        ".byte 0x66, 0x0f, 0xae, 0x30",
+                        in("rax") line,
+                        options(nostack, preserves_flags, readonly)
+                    )
+                };
+            } else if have.clflushopt {
+                // SAFETY: the CPU has CLFLUSHOPT (CPUID); as above, `clflushopt byte ptr
+                // [rax]` (66 0F AE /7).
+                unsafe {
+                    std::arch::asm!(
+                        ".byte 0x66, 0x0f, 0xae, 0x38",
+                        in("rax") line,
+                        options(nostack, preserves_flags, readonly)
+                    )
+                };
+            } else {
+                // SAFETY: CLFLUSH is part of every x86-64 CPU (SSE2); `line` is mapped.
+                unsafe { std::arch::x86_64::_mm_clflush(line) };
+            }
+        });
+        // SAFETY: SSE is part of every x86-64 CPU. Orders the write-backs (weakly ordered)
+        // before this thread's later stores.
+        unsafe { std::arch::x86_64::_mm_sfence() };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn streaming_fills_copy_every_byte_at_any_alignment() {
+    fn every_way_of_filling_copies_every_byte_at_any_alignment() {
         let src: Vec<u8> = (0..70_000u32).map(|i| (i * 7 + i / 300) as u8).collect();
-        for streaming in [false, true] {
+        for stores in [
+            FillStores::Plain,
+            FillStores::Streaming,
+            FillStores::Demoted,
+            FillStores::WrittenBack,
+        ] {
             for (from, to, len) in [
                 (0, 0, 0),
                 (0, 0, 4096),
@@ -125,12 +339,12 @@ mod tests {
                         dst.as_mut_ptr().add(to),
                         src.as_ptr().add(from),
                         len,
-                        streaming,
+                        stores,
                     )
                 };
                 assert!(
                     dst[to..to + len] == src[from..from + len],
-                    "{from} {to} {len}"
+                    "{stores:?} {from} {to} {len}"
                 );
                 assert!(dst[..to].iter().all(|&b| b == 0xEE), "before");
                 assert!(dst[to + len..].iter().all(|&b| b == 0xEE), "after");

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use cudabuf_core::backend::DevicePtr;
 
+use super::stream_copy::FillStores;
 use crate::driver_error::CuFailure;
 
 /// The smallest pipeline step.
@@ -69,16 +70,16 @@ pub(super) struct Cut {
     /// towards the end (the lanes finish together, after a short last DMA); else every
     /// step has the same size.
     pub(super) ramp: bool,
-    /// Host to device, fill pinned memory with streaming stores (`stream_copy::fill`).
-    pub(super) streaming: bool,
+    /// Host to device, how lanes write pinned memory (`stream_copy::fill`).
+    pub(super) stores: FillStores,
 }
 
 /// A copy in progress: its pieces, cut into steps that lanes (workers and the calling
 /// thread) claim one by one.
 pub(super) struct Task {
     pub(super) direction: Direction,
-    /// Host to device, fill pinned memory with streaming stores.
-    pub(super) streaming: bool,
+    /// Host to device, how lanes write pinned memory.
+    pub(super) stores: FillStores,
     pieces: Vec<Piece>,
     /// Where each piece starts in the pieces taken in order.
     starts: Vec<usize>,
@@ -133,7 +134,7 @@ impl Task {
             .clamp(min_step, cut.max_step);
         let mut task = Task {
             direction,
-            streaming: cut.streaming,
+            stores: cut.stores,
             pieces,
             starts,
             total,
@@ -353,7 +354,11 @@ mod tests {
             workers,
             max_step,
             ramp,
-            streaming: ramp,
+            stores: if ramp {
+                FillStores::Streaming
+            } else {
+                FillStores::Plain
+            },
         }
     }
 
