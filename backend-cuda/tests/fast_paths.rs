@@ -86,8 +86,8 @@ fn staged_pageable_copies_move_the_right_bytes() {
             streaming_stores_below: 1 << 20,
             ..default
         },
-        // Plain fills followed by a demotion or a write-back of their lines (from 1 MiB),
-        // through the ring and through the lanes.
+        // Plain fills followed by a demotion of their lines (from 1 MiB) through the ring,
+        // or by a write-back (at every size) through the lanes.
         StagingConfig {
             adaptive: false,
             streaming_stores_below: 1 << 20,
@@ -99,6 +99,13 @@ fn staged_pageable_copies_move_the_right_bytes() {
             ring_slots: 0,
             streaming_stores: false,
             plain_fills: FillStores::WrittenBack,
+            ..default
+        },
+        // Steps that alternate streaming and plain stores, through the ring.
+        StagingConfig {
+            adaptive: false,
+            streaming_stores: false,
+            plain_fills: FillStores::Alternating,
             ..default
         },
         StagingConfig::disabled(),

@@ -8,11 +8,13 @@
 //! workers that spin 200 us: `staged_spin200`; `lanes_nt` and these with streaming stores
 //! at every size), through the ring with plain stores whose lines are then demoted to the
 //! shared cache (`ring_demote`) or written back to memory (`ring_clwb`), the defaults with
-//! demoted fills from 64 MiB (`default_demote`), and the defaults (`default`, adaptive: staged or direct by what was
+//! demoted fills from 64 MiB (`default_demote`), through the ring with steps that
+//! alternate streaming and plain stores (`ring_alt`; the defaults with them from 64 MiB:
+//! `default_alt`), and the defaults (`default`, adaptive: staged or direct by what was
 //! faster so far; streaming stores below 64 MiB, plain ones from there).
 //! Then the timeline of one 64 MiB copy each way, plain, through the lanes, through the
-//! ring, with every switch (`staged`, `staged_t12`, `staged_spin200`), `ring_demote` and
-//! `ring_clwb`: when each lane
+//! ring, with every switch (`staged`, `staged_t12`, `staged_spin200`), `ring_demote`,
+//! `ring_clwb` and `ring_alt`: when each lane
 //! claimed, filled, sent and saw each step done; its summary goes into the records and
 //! the whole timeline into `staging_trace.json` beside `--json`.
 
@@ -96,7 +98,13 @@ fn cuda_switches(
         plain_fills: FillStores::WrittenBack,
         ..ring_demote
     };
-    let variants: [(&str, StagingConfig); 15] = [
+    // Through the ring with steps that alternate streaming and plain stores (`ring_alt`),
+    // and the defaults with such steps from 64 MiB (`default_alt`).
+    let ring_alt = StagingConfig {
+        plain_fills: FillStores::Alternating,
+        ..ring_demote
+    };
+    let variants: [(&str, StagingConfig); 17] = [
         ("direct", StagingConfig::disabled()),
         ("plain", plain),
         (
@@ -153,6 +161,14 @@ fn cuda_switches(
         ),
         ("ring_demote", ring_demote),
         ("ring_clwb", ring_clwb),
+        ("ring_alt", ring_alt),
+        (
+            "default_alt",
+            StagingConfig {
+                plain_fills: FillStores::Alternating,
+                ..default
+            },
+        ),
         (
             "default_demote",
             StagingConfig {
@@ -275,6 +291,7 @@ fn cuda_switches(
         ),
         ("ring_demote", ring_demote),
         ("ring_clwb", ring_clwb),
+        ("ring_alt", ring_alt),
     ] {
         raw.set_staging_config(config);
         raw.start_staging()?;

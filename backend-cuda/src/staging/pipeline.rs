@@ -118,7 +118,11 @@ unsafe fn host_to_device(
         task.finish(step, Ok(()));
     };
     let mut slot = 0;
+    // This lane's steps so far (the index that `FillStores::Alternating` alternates by).
+    let mut steps = 0usize;
     while let Some(step) = task.claim_live() {
+        let stores = task.stores.for_step(steps);
+        steps += 1;
         let mut stamps = Stamps {
             claimed: stamp(task),
             ..Stamps::default()
@@ -144,9 +148,7 @@ unsafe fn host_to_device(
             // task's contract); the chunk holds a whole step (`at + part.len <= step`), is
             // the lane's own, and no copy reads it now (waited above). They cannot
             // overlap: the chunk is pinned memory of this lane.
-            unsafe {
-                stream_copy::fill(chunk.add(at), part.host as *const u8, part.len, task.stores)
-            };
+            unsafe { stream_copy::fill(chunk.add(at), part.host as *const u8, part.len, stores) };
         }
         stamps.host_done = stamp(task);
         for (device, at, len) in task.dmas(step) {
@@ -326,11 +328,11 @@ mod tests {
                 workers,
                 max_step,
                 ramp,
-                stores: if ramp {
-                    FillStores::Demoted
-                } else {
-                    FillStores::Streaming
-                },
+                stores: [
+                    FillStores::Streaming,
+                    FillStores::Demoted,
+                    FillStores::Alternating,
+                ][i % 3],
             };
             let traced = i % 2 == 0;
             let source = pattern(total, workers);

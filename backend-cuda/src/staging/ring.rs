@@ -384,7 +384,12 @@ impl RingTask {
                 // above) and no other lane writes there (parts are disjoint). Pinned slot
                 // memory and the caller's memory do not overlap.
                 unsafe {
-                    stream_copy::fill(pinned, piece.host as *const u8, piece.len, self.task.stores)
+                    stream_copy::fill(
+                        pinned,
+                        piece.host as *const u8,
+                        piece.len,
+                        self.task.stores.for_step(i),
+                    )
                 };
             } else {
                 // SAFETY: the slot holds the step's bytes (its DMA is done: waited above)
@@ -491,11 +496,12 @@ mod tests {
     use crate::staging::late_stream::{pattern, pieces, Fail, LateStream};
 
     /// Every way of filling slots, taken in turn by the tests' copies.
-    const STORES: [FillStores; 4] = [
+    const STORES: [FillStores; 5] = [
         FillStores::Plain,
         FillStores::Streaming,
         FillStores::Demoted,
         FillStores::WrittenBack,
+        FillStores::Alternating,
     ];
 
     /// A ring copier, shared by threads, whose copies run late (at the `wait` for an event

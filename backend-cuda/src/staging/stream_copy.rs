@@ -30,11 +30,34 @@ pub enum FillStores {
     /// Plain stores, then every written line written back to memory (`clwb`, else
     /// `clflushopt`, else `clflush` on x86-64; plain stores elsewhere).
     WrittenBack,
+    /// The steps of a staged copy alternate: even steps (in a lane's or the ring's order)
+    /// with streaming stores, whose DMA reads memory, odd ones with plain stores, whose
+    /// DMA reads the caches (the load shared between the two). A single fill
+    /// ([`fill_for_dma_with`]) uses plain stores.
+    Alternating,
 }
 
 impl FillStores {
+    /// The way step `index` of a copy fills: `Alternating` gives streaming stores to even
+    /// steps and plain ones to odd steps; every other way is the same at every step.
+    ///
+    /// ```
+    /// use cudabuf_cuda::FillStores;
+    /// assert_eq!(FillStores::Alternating.for_step(4), FillStores::Streaming);
+    /// assert_eq!(FillStores::Alternating.for_step(5), FillStores::Plain);
+    /// assert_eq!(FillStores::Demoted.for_step(5), FillStores::Demoted);
+    /// ```
+    pub fn for_step(self, index: usize) -> FillStores {
+        match self {
+            FillStores::Alternating if index.is_multiple_of(2) => FillStores::Streaming,
+            FillStores::Alternating => FillStores::Plain,
+            way => way,
+        }
+    }
+
     /// The way named `plain`, `streaming` (or `nt`), `demote` (or `demoted`), `writeback`
-    /// (or `written_back`, `clwb`), case-insensitive; `None` for anything else.
+    /// (or `written_back`, `clwb`), `alternating` (or `alternate`), case-insensitive;
+    /// `None` for anything else.
     ///
     /// ```
     /// use cudabuf_cuda::FillStores;
@@ -48,13 +71,14 @@ impl FillStores {
             "streaming" | "nt" => Some(FillStores::Streaming),
             "demote" | "demoted" => Some(FillStores::Demoted),
             "writeback" | "written_back" | "clwb" => Some(FillStores::WrittenBack),
+            "alternating" | "alternate" => Some(FillStores::Alternating),
             _ => None,
         }
     }
 
     /// Whether this CPU runs the instruction this way names (`Plain` always; `Streaming`
-    /// on x86-64; `Demoted` where the CPU reports `cldemote`; `WrittenBack` on x86-64,
-    /// through `clflush` at least).
+    /// and `Alternating` on x86-64; `Demoted` where the CPU reports `cldemote`;
+    /// `WrittenBack` on x86-64, through `clflush` at least).
     ///
     /// ```
     /// assert!(cudabuf_cuda::FillStores::Plain.supported());
@@ -62,6 +86,7 @@ impl FillStores {
     pub fn supported(self) -> bool {
         match self {
             FillStores::Plain => true,
+            FillStores::Alternating => cfg!(target_arch = "x86_64"),
             FillStores::Streaming | FillStores::WrittenBack => cfg!(target_arch = "x86_64"),
             FillStores::Demoted => line_ops::has_cldemote(),
         }
@@ -130,7 +155,7 @@ pub(super) unsafe fn fill(dst: *mut u8, src: *const u8, len: usize, stores: Fill
         FillStores::Demoted => unsafe { line_ops::demote(dst, len) },
         // SAFETY: as above.
         FillStores::WrittenBack => unsafe { line_ops::write_back(dst, len) },
-        FillStores::Plain | FillStores::Streaming => {}
+        FillStores::Plain | FillStores::Streaming | FillStores::Alternating => {}
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     let _ = stores;
@@ -322,6 +347,7 @@ mod tests {
             FillStores::Streaming,
             FillStores::Demoted,
             FillStores::WrittenBack,
+            FillStores::Alternating,
         ] {
             for (from, to, len) in [
                 (0, 0, 0),
