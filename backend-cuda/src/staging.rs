@@ -31,7 +31,11 @@
 //! (`streaming_stores`): a DMA that reads lines the CPU holds modified in its caches runs
 //! at a fraction of the link's rate (the `stream_copy` module has the figures). From
 //! `streaming_stores_below` (64 MiB) on, plain stores: a slot's DMA then starts long after
-//! its fill, and plain stores were measured faster there.
+//! its fill, and plain stores were measured faster there. `plain_fills` can follow those
+//! plain stores with `cldemote` or `clwb` of every written line, or alternate streaming and
+//! plain stores by step ([`FillStores`]); on an H100 host the line instructions made the
+//! DMA fast but slowed the fill more than that gained, and alternating tied at 64 MiB and
+//! lost at 256 MiB, so plain stores stay the default.
 //!
 //! What a copy costs beyond its bytes, and the switches of [`StagingConfig`] that cut it:
 //! - **The hand-off.** Waking the workers takes tens of microseconds. With
@@ -215,7 +219,8 @@ pub struct StagingConfig {
     /// followed by each written line demoted to the shared cache ([`FillStores::Demoted`])
     /// or written back to memory ([`FillStores::WrittenBack`]), so that the DMA does not
     /// find it modified in the core's own caches. [`FillStores::Streaming`] here means
-    /// streaming stores at every size.
+    /// streaming stores at every size. On an H100 host none of the other ways beat plain
+    /// stores at 64 MiB (docs/PERFORMANCE.md, "Pageable copies at 64 MiB").
     pub plain_fills: FillStores,
 }
 
