@@ -138,7 +138,8 @@ pub const STAGING_RING_VAR: &str = "CUDABUF_STAGING_RING";
 pub const STAGING_NT_BELOW_VAR: &str = "CUDABUF_STAGING_NT_BELOW";
 
 /// How host-to-device fills without streaming stores write pinned memory
-/// ([`StagingConfig::plain_fills`]): `plain`, `demote` or `writeback` ([`FillStores::parse`]).
+/// ([`StagingConfig::plain_fills`]): `plain`, `demote`, `writeback` or `alternating`
+/// ([`FillStores::parse`]; an unknown name leaves the default).
 pub const STAGING_PLAIN_FILLS_VAR: &str = "CUDABUF_STAGING_PLAIN_FILLS";
 
 /// `0`/`off` turns adaptive staging ([`StagingConfig::adaptive`]) off: every pageable
@@ -218,9 +219,11 @@ pub struct StagingConfig {
     /// pinned memory: plain stores ([`FillStores::Plain`], the default), or plain stores
     /// followed by each written line demoted to the shared cache ([`FillStores::Demoted`])
     /// or written back to memory ([`FillStores::WrittenBack`]), so that the DMA does not
-    /// find it modified in the core's own caches. [`FillStores::Streaming`] here means
-    /// streaming stores at every size. On an H100 host none of the other ways beat plain
-    /// stores at 64 MiB (docs/PERFORMANCE.md, "Pageable copies at 64 MiB").
+    /// find it modified in the core's own caches, or steps that alternate streaming and
+    /// plain stores ([`FillStores::Alternating`]). [`FillStores::Streaming`] here counts as
+    /// `Plain` (streaming stores at every size are `streaming_stores_below: usize::MAX`).
+    /// On an H100 host none of the other ways beat plain stores at 64 MiB
+    /// (docs/PERFORMANCE.md, "Pageable copies at 64 MiB").
     pub plain_fills: FillStores,
 }
 
@@ -369,7 +372,8 @@ impl StagingConfig {
     }
 
     /// How a host-to-device copy of `bytes` fills pinned memory: streaming stores where
-    /// [`StagingConfig::streaming_stores_for`] says so, else `plain_fills`.
+    /// [`StagingConfig::streaming_stores_for`] says so, else `plain_fills` (`Streaming`
+    /// there counts as `Plain`).
     ///
     /// ```
     /// use cudabuf_cuda::{FillStores, StagingConfig};
@@ -379,10 +383,18 @@ impl StagingConfig {
     /// };
     /// assert_eq!(config.fill_stores_for(16 << 20), FillStores::Streaming);
     /// assert_eq!(config.fill_stores_for(64 << 20), FillStores::Demoted);
+    /// let off = StagingConfig {
+    ///     streaming_stores: false,
+    ///     plain_fills: FillStores::Streaming,
+    ///     ..StagingConfig::default_for_host()
+    /// };
+    /// assert_eq!(off.fill_stores_for(16 << 20), FillStores::Plain);
     /// ```
     pub fn fill_stores_for(&self, bytes: usize) -> FillStores {
         if self.streaming_stores_for(bytes) {
             FillStores::Streaming
+        } else if self.plain_fills == FillStores::Streaming {
+            FillStores::Plain
         } else {
             self.plain_fills
         }
@@ -1021,5 +1033,43 @@ mod tests {
         ];
         assert_eq!(total_bytes(&pieces), usize::MAX, "saturates");
         assert_eq!(total_bytes(&pieces[1..]), 5);
+    }
+
+    #[test]
+    fn fills_take_streaming_stores_below_the_size_and_plain_fills_from_it() {
+        let demoted = StagingConfig {
+            plain_fills: FillStores::Demoted,
+            ..StagingConfig::default_for_host()
+        };
+        assert_eq!(demoted.fill_stores_for(1 << 20), FillStores::Streaming);
+        assert_eq!(demoted.fill_stores_for(64 << 20), FillStores::Demoted);
+        // Without streaming stores, every size takes `plain_fills`.
+        let off = StagingConfig {
+            streaming_stores: false,
+            plain_fills: FillStores::Alternating,
+            ..demoted
+        };
+        assert_eq!(off.fill_stores_for(4096), FillStores::Alternating);
+        // `Streaming` as `plain_fills` counts as plain stores.
+        let odd = StagingConfig {
+            plain_fills: FillStores::Streaming,
+            ..off
+        };
+        assert_eq!(odd.fill_stores_for(64 << 20), FillStores::Plain);
+        assert_eq!(
+            StagingConfig::default_for_host().plain_fills,
+            FillStores::Plain
+        );
+        for (name, way) in [
+            ("plain", FillStores::Plain),
+            (" Demote", FillStores::Demoted),
+            ("writeback", FillStores::WrittenBack),
+            ("clwb", FillStores::WrittenBack),
+            ("alternating", FillStores::Alternating),
+            ("nt", FillStores::Streaming),
+        ] {
+            assert_eq!(FillStores::parse(name), Some(way), "{name}");
+        }
+        assert_eq!(FillStores::parse("fastest"), None);
     }
 }

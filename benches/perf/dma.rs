@@ -17,8 +17,9 @@
 //!   `h2d_dma_after_demoted_write` and `h2d_dma_after_written_back_write`: after plain
 //!   stores whose lines were then demoted to the shared cache (`cldemote`) or written back
 //!   to memory (`clwb`; `cudabuf::cuda::FillStores`). `h2d_fill{,_nt,_demoted,
-//!   _written_back}_mt8`: those writes' own rate, pageable to pinned. The CPU's
-//!   cache-line instructions go into the records (`h2d_cpu_has_cldemote`).
+//!   _written_back}_mt8`: those writes' own rate, pageable to pinned. The
+//!   cache-line instructions this CPU runs for them go into the records
+//!   (`h2d_cpu_demotes`, `h2d_cpu_writes_back`).
 
 use cudabuf::{Backend, Context};
 
@@ -61,15 +62,26 @@ fn cuda_dma(ctx: &Context, opts: &Options, rec: &mut Records) -> AnyResult<()> {
     let mut counts: Vec<usize> = [0, 2, 4, 8, 12].into_iter().filter(|&k| k < cpus).collect();
     counts.dedup();
     let writers = CopyThreads::new(8.min(cpus));
-    rec.push(
-        "dma",
-        "h2d_cpu_has_cldemote".to_string(),
-        None,
-        f64::from(u8::from(cudabuf::cuda::FillStores::Demoted.supported())),
-        "yes=1",
-        1,
-        "whether the demoted writes below demote (else they are plain stores)",
-    );
+    {
+        use cudabuf::cuda::FillStores;
+        for (op, way) in [
+            ("h2d_cpu_demotes", FillStores::Demoted),
+            ("h2d_cpu_writes_back", FillStores::WrittenBack),
+        ] {
+            rec.push(
+                "dma",
+                op,
+                None,
+                f64::from(u8::from(way.supported())),
+                "yes=1",
+                1,
+                format!(
+                    "the instruction the {way:?} writes below add: {}",
+                    way.instruction().unwrap_or("none (plain stores)")
+                ),
+            );
+        }
+    }
     let stream = ctx.new_stream()?;
     for &size in opts
         .sizes

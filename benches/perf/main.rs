@@ -144,7 +144,8 @@ fn run() -> AnyResult<()> {
             "min_bytes": s.min_bytes, "adaptive": s.adaptive, "caller_steps": s.caller_steps,
             "ramp": s.ramp, "spin_micros": s.spin_micros, "ring_slots": s.ring_slots,
             "streaming_stores": s.streaming_stores,
-            "streaming_stores_below": s.streaming_stores_below
+            "streaming_stores_below": s.streaming_stores_below,
+            "plain_fills": format!("{:?}", s.plain_fills)
         });
         // Timed copies meet a running engine (else their first ones go unstaged while it
         // starts in the background).

@@ -71,6 +71,7 @@ fn cuda_switches(
         adaptive: false,
         ring_slots: 0,
         streaming_stores: false,
+        plain_fills: FillStores::Plain,
         ..default
     };
     let ring_slots = if default.ring_slots > 0 {

@@ -118,11 +118,10 @@ unsafe fn host_to_device(
         task.finish(step, Ok(()));
     };
     let mut slot = 0;
-    // This lane's steps so far (the index that `FillStores::Alternating` alternates by).
-    let mut steps = 0usize;
     while let Some(step) = task.claim_live() {
-        let stores = task.stores.for_step(steps);
-        steps += 1;
+        // `FillStores::Alternating` alternates by the step's place in the copy, as the
+        // ring does.
+        let stores = task.stores.for_step(task.step_index(step.offset));
         let mut stamps = Stamps {
             claimed: stamp(task),
             ..Stamps::default()
@@ -329,10 +328,12 @@ mod tests {
                 max_step,
                 ramp,
                 stores: [
+                    FillStores::Plain,
                     FillStores::Streaming,
                     FillStores::Demoted,
+                    FillStores::WrittenBack,
                     FillStores::Alternating,
-                ][i % 3],
+                ][i % 5],
             };
             let traced = i % 2 == 0;
             let source = pattern(total, workers);

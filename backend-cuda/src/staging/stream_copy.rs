@@ -16,6 +16,7 @@
 /// DMA reads them. On CPUs without the instruction a way names, it falls back as its
 /// variant says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum FillStores {
     /// Plain stores: the lines stay modified in the writing core's caches.
     #[default]
@@ -76,20 +77,37 @@ impl FillStores {
         }
     }
 
-    /// Whether this CPU runs the instruction this way names (`Plain` always; `Streaming`
-    /// and `Alternating` on x86-64; `Demoted` where the CPU reports `cldemote`;
-    /// `WrittenBack` on x86-64, through `clflush` at least).
+    /// The instruction this way adds to plain stores on this CPU: `movntdq` for the
+    /// streaming stores of `Streaming` and `Alternating` (x86-64), `cldemote` for
+    /// `Demoted` where the CPU has it, `clwb`, `clflushopt` or `clflush` for `WrittenBack`
+    /// (the first the CPU has); `None` for `Plain`, and where the way falls back to plain
+    /// stores.
+    ///
+    /// ```
+    /// use cudabuf_cuda::FillStores;
+    /// assert_eq!(FillStores::Plain.instruction(), None);
+    /// if cfg!(target_arch = "x86_64") {
+    ///     assert_eq!(FillStores::Streaming.instruction(), Some("movntdq"));
+    /// }
+    /// ```
+    pub fn instruction(self) -> Option<&'static str> {
+        let streaming = cfg!(all(target_arch = "x86_64", not(miri))).then_some("movntdq");
+        match self {
+            FillStores::Plain => None,
+            FillStores::Streaming | FillStores::Alternating => streaming,
+            FillStores::Demoted => line_ops::supported(line_ops::Op::Demote).then_some("cldemote"),
+            FillStores::WrittenBack => line_ops::write_back_op().map(line_ops::Op::name),
+        }
+    }
+
+    /// Whether this way does on this CPU what it names ([`FillStores::instruction`] is
+    /// `Some`; `Plain` always).
     ///
     /// ```
     /// assert!(cudabuf_cuda::FillStores::Plain.supported());
     /// ```
     pub fn supported(self) -> bool {
-        match self {
-            FillStores::Plain => true,
-            FillStores::Alternating => cfg!(target_arch = "x86_64"),
-            FillStores::Streaming | FillStores::WrittenBack => cfg!(target_arch = "x86_64"),
-            FillStores::Demoted => line_ops::has_cldemote(),
-        }
+        self == FillStores::Plain || self.instruction().is_some()
     }
 }
 
@@ -152,9 +170,13 @@ pub(super) unsafe fn fill(dst: *mut u8, src: *const u8, len: usize, stores: Fill
     match stores {
         // SAFETY: `dst..dst + len` is memory this thread may write (this function's
         // contract), so every cache line it touches is mapped.
-        FillStores::Demoted => unsafe { line_ops::demote(dst, len) },
-        // SAFETY: as above.
-        FillStores::WrittenBack => unsafe { line_ops::write_back(dst, len) },
+        FillStores::Demoted => unsafe { line_ops::apply(line_ops::Op::Demote, dst, len) },
+        FillStores::WrittenBack => {
+            if let Some(op) = line_ops::write_back_op() {
+                // SAFETY: as above.
+                unsafe { line_ops::apply(op, dst, len) };
+            }
+        }
         FillStores::Plain | FillStores::Streaming | FillStores::Alternating => {}
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
@@ -211,15 +233,41 @@ unsafe fn streaming_copy(dst: *mut u8, src: *const u8, len: usize) {
 }
 
 /// The cache-line instructions behind [`FillStores::Demoted`] and
-/// [`FillStores::WrittenBack`], chosen once per process from what the CPU reports.
+/// [`FillStores::WrittenBack`], chosen from what the CPU reports (read once per process).
 mod line_ops {
-    /// The CPU's cache-line operations (CPUID leaf 7), read once.
+    /// One cache-line instruction.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Op {
+        /// `cldemote`: the line from the core's private caches to the shared cache.
+        Demote,
+        /// `clwb`: the line written back to memory (it may stay cached).
+        Clwb,
+        /// `clflushopt`: the line written back and dropped from every cache.
+        Clflushopt,
+        /// `clflush`: the same, ordered with the core's other stores.
+        Clflush,
+    }
+
+    impl Op {
+        /// The instruction's name.
+        pub(super) fn name(self) -> &'static str {
+            match self {
+                Op::Demote => "cldemote",
+                Op::Clwb => "clwb",
+                Op::Clflushopt => "clflushopt",
+                Op::Clflush => "clflush",
+            }
+        }
+    }
+
+    /// What the CPU reports (CPUID leaves 1 and 7), read once.
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     #[derive(Clone, Copy)]
     struct Lines {
         cldemote: bool,
         clwb: bool,
         clflushopt: bool,
+        clflush: bool,
     }
 
     #[cfg(all(target_arch = "x86_64", not(miri)))]
@@ -228,108 +276,103 @@ mod line_ops {
         static LINES: OnceLock<Lines> = OnceLock::new();
         *LINES.get_or_init(|| {
             use std::arch::x86_64::{__cpuid, __cpuid_count};
-            // CPUID is part of every x86-64 CPU; leaf 7 is used only where the highest
+            // CPUID is part of every x86-64 CPU; leaf 7 is asked only where the highest
             // basic leaf (leaf 0's EAX) reaches it.
-            let (max, leaf7) = (__cpuid(0).eax, __cpuid_count(7, 0));
+            let max = __cpuid(0).eax;
+            let clflush = __cpuid(1).edx & (1 << 19) != 0;
             if max < 7 {
                 return Lines {
                     cldemote: false,
                     clwb: false,
                     clflushopt: false,
+                    clflush,
                 };
             }
+            let leaf7 = __cpuid_count(7, 0);
             Lines {
                 cldemote: leaf7.ecx & (1 << 25) != 0,
                 clwb: leaf7.ebx & (1 << 24) != 0,
                 clflushopt: leaf7.ebx & (1 << 23) != 0,
+                clflush,
             }
         })
     }
 
-    /// Whether the CPU reports `cldemote`.
-    pub(super) fn has_cldemote() -> bool {
+    /// Whether this CPU runs `op` (never under Miri, which runs no inline assembly, nor off
+    /// x86-64).
+    pub(super) fn supported(op: Op) -> bool {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
-        return lines().cldemote;
+        {
+            let have = lines();
+            match op {
+                Op::Demote => have.cldemote,
+                Op::Clwb => have.clwb,
+                Op::Clflushopt => have.clflushopt,
+                Op::Clflush => have.clflush,
+            }
+        }
         #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-        false
+        {
+            let _ = op;
+            false
+        }
     }
 
-    /// The 64-byte lines that hold `ptr..ptr + len`, by address.
+    /// The instruction that writes lines back on this CPU: `clwb`, else `clflushopt`, else
+    /// `clflush`; `None` if it has none of them.
+    pub(super) fn write_back_op() -> Option<Op> {
+        [Op::Clwb, Op::Clflushopt, Op::Clflush]
+            .into_iter()
+            .find(|&op| supported(op))
+    }
+
+    /// Run `op` on every 64-byte line that holds a byte of `ptr..ptr + len` (nothing if
+    /// the CPU lacks it), then fence.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` is mapped memory.
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    fn each_line(ptr: *const u8, len: usize, mut f: impl FnMut(*const u8)) {
-        if len == 0 {
+    pub(super) unsafe fn apply(op: Op, ptr: *const u8, len: usize) {
+        if len == 0 || !supported(op) {
             return;
         }
         let end = ptr as usize + len;
-        // Each line's address from `ptr` (its provenance), not from an integer.
+        // Each line's address from `ptr` (its provenance), not from an integer: from the
+        // line that holds the first byte while the line starts before the end, so every
+        // line visited holds a byte of the range (and lies in its mapped page: lines do
+        // not cross pages).
         let mut line = ptr.wrapping_sub(ptr as usize & 63);
         while (line as usize) < end {
-            f(line);
-            line = line.wrapping_add(64);
-        }
-    }
-
-    /// Demote every line of `ptr..ptr + len` from this core's private caches to the shared
-    /// cache (`cldemote`, a hint; nothing where the CPU lacks it).
-    ///
-    /// # Safety
-    /// `ptr..ptr + len` is mapped memory.
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    pub(super) unsafe fn demote(ptr: *const u8, len: usize) {
-        if !lines().cldemote {
-            return;
-        }
-        each_line(ptr, len, |line| {
-            // SAFETY: the CPU has CLDEMOTE (CPUID, above); `line` is in a mapped line of
-            // the range (this function's contract). The bytes are `cldemote byte ptr
-            // [rax]` (0F 1C /0), spelled out because assemblers may refuse the mnemonic
-            // without the target feature; it reads nothing and changes no byte or flag.
+            // SAFETY: the CPU has the instruction (`supported`, from CPUID); `line` points
+            // into a mapped line of the range (this function's contract). The bytes are the
+            // instructions' encodings with the address in RAX (`cldemote byte ptr [rax]`:
+            // 0F 1C /0; `clwb`: 66 0F AE /6; `clflushopt`: 66 0F AE /7), spelled out because
+            // assemblers may refuse the mnemonics without the target features. None changes
+            // a byte of memory or a flag; they are `readonly`, not `nomem`, so that the
+            // compiler keeps the copy's stores before them.
             unsafe {
-                std::arch::asm!(
-                    ".byte 0x0f, 0x1c, 0x00",
-                    in("rax") line,
-                    options(nostack, preserves_flags, readonly)
-                )
-            };
-        });
-    }
-
-    /// Write every line of `ptr..ptr + len` back to memory (`clwb`, else `clflushopt`, else
-    /// `clflush`), then fence.
-    ///
-    /// # Safety
-    /// `ptr..ptr + len` is mapped memory.
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    pub(super) unsafe fn write_back(ptr: *const u8, len: usize) {
-        let have = lines();
-        each_line(ptr, len, |line| {
-            if have.clwb {
-                // SAFETY: the CPU has CLWB (CPUID); `line` is in a mapped line of the
-                // range. The bytes are `clwb byte ptr [rax]` (66 0F AE /6), spelled out as
-                // above; it writes the line back and changes no byte or flag.
-                unsafe {
-                    std::arch::asm!(
+                match op {
+                    Op::Demote => std::arch::asm!(
+                        ".byte 0x0f, 0x1c, 0x00",
+                        in("rax") line,
+                        options(nostack, preserves_flags, readonly)
+                    ),
+                    Op::Clwb => std::arch::asm!(
                         ".byte 0x66, 0x0f, 0xae, 0x30",
                         in("rax") line,
                         options(nostack, preserves_flags, readonly)
-                    )
-                };
-            } else if have.clflushopt {
-                // SAFETY: the CPU has CLFLUSHOPT (CPUID); as above, `clflushopt byte ptr
-                // [rax]` (66 0F AE /7).
-                unsafe {
-                    std::arch::asm!(
+                    ),
+                    Op::Clflushopt => std::arch::asm!(
                         ".byte 0x66, 0x0f, 0xae, 0x38",
                         in("rax") line,
                         options(nostack, preserves_flags, readonly)
-                    )
-                };
-            } else {
-                // SAFETY: CLFLUSH is part of every x86-64 CPU (SSE2); `line` is mapped.
-                unsafe { std::arch::x86_64::_mm_clflush(line) };
-            }
-        });
-        // SAFETY: SSE is part of every x86-64 CPU. Orders the write-backs (weakly ordered)
+                    ),
+                    Op::Clflush => std::arch::x86_64::_mm_clflush(line),
+                }
+            };
+            line = line.wrapping_add(64);
+        }
+        // SAFETY: SSE is part of every x86-64 CPU. Orders the weakly ordered write-backs
         // before this thread's later stores.
         unsafe { std::arch::x86_64::_mm_sfence() };
     }
@@ -338,6 +381,29 @@ mod line_ops {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every line instruction this CPU has leaves the bytes as they were, over ranges that
+    /// start and end inside lines (the fallbacks too, which a CPU with `clwb` never picks).
+    #[test]
+    fn every_line_instruction_keeps_the_bytes() {
+        use line_ops::Op;
+        let original: Vec<u8> = (0..10_000u32).map(|i| (i * 13 + i / 97) as u8).collect();
+        for op in [Op::Demote, Op::Clwb, Op::Clflushopt, Op::Clflush] {
+            if !line_ops::supported(op) {
+                eprintln!("{}: not on this CPU", op.name());
+                continue;
+            }
+            for (from, len) in [(0, 0), (0, 64), (1, 63), (3, 4097), (63, 9000), (0, 10_000)] {
+                let mut buf = original.clone();
+                #[cfg(all(target_arch = "x86_64", not(miri)))]
+                // SAFETY: inside the vector.
+                unsafe {
+                    line_ops::apply(op, buf.as_mut_ptr().add(from), len)
+                };
+                assert_eq!(buf, original, "{} over {from}..{}", op.name(), from + len);
+            }
+        }
+    }
 
     #[test]
     fn every_way_of_filling_copies_every_byte_at_any_alignment() {

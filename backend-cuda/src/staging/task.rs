@@ -282,6 +282,12 @@ impl Task {
         self.total
     }
 
+    /// The index of the step at `offset` in the copy's order, counted in middle steps
+    /// (exact for even steps; with `ramp`, the index of the middle step it falls in).
+    pub(super) fn step_index(&self, offset: usize) -> usize {
+        offset / self.step.max(1)
+    }
+
     /// The time since a traced copy began; `None` if it is not traced.
     pub(super) fn now(&self) -> Option<Duration> {
         self.trace.as_ref().map(|(began, _)| began.elapsed())
