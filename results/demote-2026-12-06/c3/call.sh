@@ -1,5 +1,5 @@
 #!/bin/bash
-# The record of main (379931e: the engine as before, plain fills from 64 MiB; FillStores and
+# The record of main (02ec37f: the engine as before, plain fills from 64 MiB; FillStores and
 # its switches off by default): the CUDA tests, the curve in three rounds
 # (perf's copies, then the peers, in turn; the table from the medians), arrow_throughput six
 # times (the first to_host against its control: the pool off after the same untimed pinned
