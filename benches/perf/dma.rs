@@ -62,25 +62,22 @@ fn cuda_dma(ctx: &Context, opts: &Options, rec: &mut Records) -> AnyResult<()> {
     let mut counts: Vec<usize> = [0, 2, 4, 8, 12].into_iter().filter(|&k| k < cpus).collect();
     counts.dedup();
     let writers = CopyThreads::new(8.min(cpus));
-    {
-        use cudabuf::cuda::FillStores;
-        for (op, way) in [
-            ("h2d_cpu_demotes", FillStores::Demoted),
-            ("h2d_cpu_writes_back", FillStores::WrittenBack),
-        ] {
-            rec.push(
-                "dma",
-                op,
-                None,
-                f64::from(u8::from(way.supported())),
-                "yes=1",
-                1,
-                format!(
-                    "the instruction the {way:?} writes below add: {}",
-                    way.instruction().unwrap_or("none (plain stores)")
-                ),
-            );
-        }
+    for (op, way) in [
+        ("h2d_cpu_demotes", Stores::Demoted),
+        ("h2d_cpu_writes_back", Stores::WrittenBack),
+    ] {
+        rec.push(
+            "dma",
+            op,
+            None,
+            f64::from(u8::from(way.supported())),
+            "yes=1",
+            1,
+            format!(
+                "the instruction the {way:?} writes below add: {}",
+                way.instruction().unwrap_or("none (plain stores)")
+            ),
+        );
     }
     let stream = ctx.new_stream()?;
     for &size in opts

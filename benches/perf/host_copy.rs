@@ -18,19 +18,17 @@ struct Job {
     stores: Stores,
 }
 
-/// How [`CopyThreads`] write the destination: plain stores, or one of the staging
-/// engine's ways (`cudabuf::cuda::FillStores`, where the build has the CUDA backend).
+/// How [`CopyThreads`] write the destination: the staging engine's ways where the build
+/// has the CUDA backend.
+#[cfg(feature = "cuda")]
+pub(crate) use cudabuf::cuda::FillStores as Stores;
+
+/// How [`CopyThreads`] write the destination: plain stores only without the CUDA backend.
+#[cfg(not(feature = "cuda"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) enum Stores {
     /// `copy_from_slice`.
     Plain,
-    /// Streaming stores past the caches.
-    Streaming,
-    /// Plain stores, then each line demoted to the shared cache.
-    Demoted,
-    /// Plain stores, then each line written back to memory.
-    WrittenBack,
 }
 
 struct State {
@@ -162,16 +160,7 @@ fn run(shared: &Shared, index: usize, n: usize) {
 /// One thread's part of a job, with the stores `stores` names.
 fn fill(dst: &mut [u8], src: &[u8], stores: Stores) {
     #[cfg(feature = "cuda")]
-    {
-        use cudabuf::cuda::FillStores;
-        let way = match stores {
-            Stores::Plain => FillStores::Plain,
-            Stores::Streaming => FillStores::Streaming,
-            Stores::Demoted => FillStores::Demoted,
-            Stores::WrittenBack => FillStores::WrittenBack,
-        };
-        cudabuf::cuda::fill_for_dma_with(dst, src, way);
-    }
+    cudabuf::cuda::fill_for_dma_with(dst, src, stores);
     #[cfg(not(feature = "cuda"))]
     {
         let _ = stores;

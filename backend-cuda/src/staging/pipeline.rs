@@ -247,7 +247,7 @@ mod tests {
 
     use super::*;
     use crate::staging::late_stream::{pattern, pieces, Fail, LateStream};
-    use crate::staging::stream_copy::FillStores;
+    use crate::staging::stream_copy::{FillStores, EVERY_WAY};
     use crate::staging::task::Cut;
 
     /// A copier whose copies run late (at the `wait` for an event recorded after them,
@@ -327,13 +327,7 @@ mod tests {
                 workers,
                 max_step,
                 ramp,
-                stores: [
-                    FillStores::Plain,
-                    FillStores::Streaming,
-                    FillStores::Demoted,
-                    FillStores::WrittenBack,
-                    FillStores::Alternating,
-                ][i % 5],
+                stores: EVERY_WAY[i % EVERY_WAY.len()],
             };
             let traced = i % 2 == 0;
             let source = pattern(total, workers);

@@ -494,15 +494,7 @@ mod tests {
 
     use super::*;
     use crate::staging::late_stream::{pattern, pieces, Fail, LateStream};
-
-    /// Every way of filling slots, taken in turn by the tests' copies.
-    const STORES: [FillStores; 5] = [
-        FillStores::Plain,
-        FillStores::Streaming,
-        FillStores::Demoted,
-        FillStores::WrittenBack,
-        FillStores::Alternating,
-    ];
+    use crate::staging::stream_copy::EVERY_WAY;
 
     /// A ring copier, shared by threads, whose copies run late (at the `wait` for an event
     /// recorded after them, or at `sync`, on whichever thread waits), as on a stream, and
@@ -628,7 +620,7 @@ mod tests {
                 (slots * max_step, slots),
                 max_step,
                 (workers + 1, workers),
-                STORES[k % STORES.len()],
+                EVERY_WAY[k % EVERY_WAY.len()],
                 traced,
             )
             .unwrap();
@@ -643,7 +635,7 @@ mod tests {
                 (slots * max_step, slots),
                 max_step,
                 (workers + 1, workers),
-                STORES[k % STORES.len()],
+                EVERY_WAY[k % EVERY_WAY.len()],
                 traced,
             )
             .unwrap();
@@ -858,7 +850,7 @@ mod tests {
                     (slots * max_step, slots),
                     max_step,
                     (workers + 1, workers),
-                    STORES[slots % STORES.len()],
+                    EVERY_WAY[slots % EVERY_WAY.len()],
                     false,
                 )
                 .unwrap();
