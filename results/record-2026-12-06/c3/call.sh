@@ -3,7 +3,8 @@
 # (binaries of f84709a, packed by `scripts/gpu pack correctness perf python`): the CUDA
 # tests, perf's dma section at 16-256 MiB (the pinned DMA beside 8 and 12 threads copying
 # pageable to pinned: the staged copy's two halves at once, and each half's rate), then
-# perf's copies at 16-256 MiB and the dma section again in turn, three rounds; the switches last.
+# perf's copies at 16-256 MiB and the dma section again in turn, three rounds; the switches;
+# then, with the time left, the curve in rounds.
 set -u
 T0=$SECONDS; TOTAL=${TOTAL:-200}
 O="$OUT/r"; mkdir -p "$O"
@@ -30,3 +31,15 @@ for k in 1 2 3; do
   grep -E "(h2d|d2h)_(pinned|pageable) +64 MiB" $O/copies$k.log | cut -c1-90
 done
 run switches 60 .gpu/bin/perf --only switches --json "$O/switches.json"
+# With time left: the curve in rounds (perf's copies, then the peers, in turn) and the
+# table of the medians of the rounds that finished.
+S=4K,16K,64K,256K,1M,4M,16M,64M,256M,1G; done_rounds=()
+for k in 1 2 3 4 5; do mkdir -p $O/round$k
+  run round$k-perf 45 .gpu/bin/perf --only copies --sizes $S --json "$O/round$k/perf.json"
+  run round$k-peers 30 python3 scripts/bench_compare.py --ours "$O/round$k/perf.json" --skip-peer --copies-only --out "$O/round$k"
+  [ -s "$O/round$k/compare.json" ] && done_rounds+=($k)
+done
+if [ ${#done_rounds[@]} -gt 0 ]; then
+  run compare 20 python3 scripts/bench_compare.py --compare-only --skip-peer --sizes $S --ours $(for k in "${done_rounds[@]}"; do echo $O/round$k/perf.json; done) --peers $(for k in "${done_rounds[@]}"; do echo $O/round$k/compare.json; done) --out "$O"
+  sed -n '/min ratio/,/^$/p' "$O/compare.md"
+fi
