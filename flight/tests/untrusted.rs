@@ -131,7 +131,7 @@ async fn a_do_get_cut_anywhere_is_a_typed_error_after_whole_batches() {
     let items = bounded(do_get_items(&pass.url, &ctx, None)).await;
     assert!(check_prefix(&items, &expected, "pass", |_| false).is_none());
     drop(items);
-    let (up, down) = pass.forwarded();
+    let (up, down) = pass.totals().await;
     drop(pass);
     assert!(up > 100 && down > 1000, "{up} up, {down} down");
 
@@ -199,7 +199,7 @@ async fn a_stalled_server_ends_the_do_get_with_a_timeout() {
     let serving = Serving::start(server.clone(), None).await;
     let pass = Proxy::start(serving.addr, Fault::Pass).await;
     drop(bounded(do_get_items(&pass.url, &ctx, None)).await);
-    let (up, down) = pass.forwarded();
+    let (up, down) = pass.totals().await;
     drop(pass);
 
     let mut timeouts = 0;
@@ -293,7 +293,7 @@ async fn a_do_put_cut_anywhere_leaks_nothing_and_the_server_serves_on() {
         put
     );
     drop(stored);
-    let (up, down) = pass.forwarded();
+    let (up, down) = pass.totals().await;
     drop(pass);
 
     let started = Instant::now();
