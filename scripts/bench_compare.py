@@ -699,29 +699,57 @@ CURVE_OPS = ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "d2d")
 CURVE_TARGET = 0.95
 
 
-def curve(ours: list[Figure], results: Results, sizes: list[int]) -> list[dict[str, Any]]:
+def faster_peer(results: Results, op: str, size: int) -> Optional[float]:
+    """The faster of PyTorch's and CuPy's figure for `op` at `size`, if either ran."""
+    peers = [v for v in (find(results["torch"], "copies", op, size), find(results["cupy"], "copies", op, size))
+             if v is not None]
+    return max(peers) if peers else None
+
+
+def round_ratio(rounds: list[tuple[list[Figure], Results]], op: str, size: int) -> Optional[float]:
+    """The median over `rounds` (each cudabuf's figures with the peers' of the same round) of
+    each round's own ratio to its faster peer: a round in which every library ran slow or
+    fast alike moves no ratio, and with an odd number of rounds, one round disturbed in any
+    way leaves the median between two undisturbed rounds' ratios."""
+    each = [r for r in (ratio(find(o, "copies", op, size), faster_peer(p, op, size)) for o, p in rounds)
+            if r is not None]
+    return statistics.median(each) if each else None
+
+
+def curve(ours: list[Figure], results: Results, sizes: list[int],
+          rounds: Optional[list[tuple[list[Figure], Results]]] = None) -> list[dict[str, Any]]:
     """Per copy path: cudabuf against the faster of PyTorch and CuPy at every size (the same
-    run), the smallest ratio and where it falls (target: >= CURVE_TARGET at every size)."""
+    run), the smallest ratio and where it falls (target: >= CURVE_TARGET at every size).
+    With `rounds` (cudabuf's and the peers' figures of each round, paired), each point also
+    has the median of the per-round ratios, and each path the smallest of those."""
     out = []
     for op in CURVE_OPS:
         points: list[tuple[float, int, float, float, Optional[float]]] = []
         for size in sizes:
             o = find(ours, "copies", op, size)
-            peers = [v for v in (find(results["torch"], "copies", op, size), find(results["cupy"], "copies", op, size))
-                     if v is not None]
+            peer = faster_peer(results, op, size)
             # The plain driver's copy in the same run (CUDA; pinned and D2D): the bound.
             raw = [v for v in (find(ours, "copies", f"{op}_raw_async", size), find(ours, "copies", f"{op}_raw_sync", size))
                    if v is not None]
-            if o is not None and peers and max(peers) > 0:
-                points.append((o / max(peers), size, o, max(peers), max(raw) if raw else None))
+            if o is not None and peer:
+                points.append((o / peer, size, o, peer, max(raw) if raw else None))
         if not points:
             continue
         worst = min(points, key=lambda p: p[0])
         bounded = [p[2] / p[4] for p in points if p[4]]
-        out.append({"op": op, "min_ratio": worst[0], "min_at": worst[1], "met": worst[0] >= CURVE_TARGET,
-                    "min_ratio_to_raw_driver": min(bounded) if bounded else None,
-                    "points": [{"size": sz, "ratio": r, "ours": o, "faster_peer": p, "raw_driver": b}
-                               for r, sz, o, p, b in points]})
+        path: dict[str, Any] = {
+            "op": op, "min_ratio": worst[0], "min_at": worst[1], "met": worst[0] >= CURVE_TARGET,
+            "min_ratio_to_raw_driver": min(bounded) if bounded else None,
+            "points": [{"size": sz, "ratio": r, "ours": o, "faster_peer": p, "raw_driver": b}
+                       for r, sz, o, p, b in points]}
+        if rounds and len(rounds) > 1:
+            for q in path["points"]:
+                q["round_ratio"] = round_ratio(rounds, op, q["size"])
+            paired = [(q["round_ratio"], q["size"]) for q in path["points"] if q["round_ratio"] is not None]
+            if paired:
+                low = min(paired)
+                path.update(min_round_ratio=low[0], min_round_at=low[1], met_rounds=low[0] >= CURVE_TARGET)
+        out.append(path)
     return out
 
 
@@ -734,6 +762,16 @@ def curve_table(paths: list[dict[str, Any]]) -> str:
         raw = p.get("min_ratio_to_raw_driver")
         lines.append(f"| {p['op']} | {p['min_ratio']:.3f} | {human(p['min_at'])} | {each} | "
                      f"{'yes' if p['met'] else '**no**'} | {f'{raw:.3f}' if raw is not None else '-'} |")
+    paired = [p for p in paths if p.get("min_round_ratio") is not None]
+    if paired:
+        lines += ["", "The same rounds, each round's ratio to its own faster peer, the median over the rounds:",
+                  "", "| path | min median of per-round ratios | at | at each size | >= 0.95 everywhere |",
+                  "|---|---|---|---|---|"]
+        for p in paired:
+            each = ", ".join(f"{human(q['size'])} {q['round_ratio']:.2f}" for q in p["points"]
+                             if q.get("round_ratio") is not None)
+            lines.append(f"| {p['op']} | {p['min_round_ratio']:.3f} | {human(p['min_round_at'])} | {each} | "
+                         f"{'yes' if p['met_rounds'] else '**no**'} |")
     return "\n".join(lines)
 
 
@@ -849,7 +887,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     for key, value in info.items():
         if key.endswith("_error"):
             not_run.append(f"{key[:-len('_error')]} failed: {value}")
-    paths = curve((ours_doc or {}).get("results", []), results, sizes) if not args.peer_only else []
+    # Rounds run in turn (perf's copies, then the peers') pair up in the order given.
+    rounds = None
+    paired = len(ours_docs) == len(args.ours or []) == len(earlier) == len(args.peers or [])
+    if args.compare_only and len(ours_docs) > 1 and paired:
+        rounds = [(o.get("results", []), {"torch": p.get("peers", {}).get("torch", []),
+                                          "cupy": p.get("peers", {}).get("cupy", [])})
+                  for o, p in zip(ours_docs, earlier)]
+    elif args.compare_only and len(ours_docs) > 1:
+        log("the runs of cudabuf's and the peers' do not pair up (a file missing or the counts differ): "
+            "no per-round ratios")
+    paths = curve((ours_doc or {}).get("results", []), results, sizes, rounds) if not args.peer_only else []
     report = write_outputs(args.out, info, results, rows, not_run, time.perf_counter() - started, paths)
     print()
     print(report)

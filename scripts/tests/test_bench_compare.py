@@ -154,3 +154,45 @@ def test_compare_only_over_rounds_holds_medians_against_medians(tmp_path: Path) 
     assert bc.find(median_doc["results"], "copies", "h2d_pageable", size) == 8.6
     assert median_doc["info"]["rounds"] == 3 and median_doc["not_run"] == {"peer": "needs 2 devices"}
     assert "summary" not in median_doc, "one run's summary does not pass for the medians'"
+
+
+def write_rounds(tmp_path: Path, pairs: list[tuple[float, float]], size: int) -> tuple[list[str], list[str]]:
+    """One perf.json and one compare.json per round: cudabuf's h2d_pageable figure and
+    CuPy's (PyTorch slower in every round)."""
+    ours_paths, peer_paths = [], []
+    for k, (ours_v, cupy_v) in enumerate(pairs):
+        ours = tmp_path / f"perf{k}.json"
+        ours.write_text(json.dumps({"info": {}, "results": [fig("copies", "h2d_pageable", size, ours_v)]}))
+        peers = tmp_path / f"compare{k}.json"
+        peers.write_text(json.dumps({"info": {}, "peers": {
+            "torch": [fig("copies", "h2d_pageable", size, 1.0)], "cupy": [fig("copies", "h2d_pageable", size, cupy_v)]}}))
+        ours_paths.append(str(ours))
+        peer_paths.append(str(peers))
+    return ours_paths, peer_paths
+
+
+def test_rounds_pair_up_for_the_median_of_per_round_ratios(tmp_path: Path) -> None:
+    size = MIB
+    # Medians 10 against 10 (ratio 1.0); each round against its own peer: 9/11, 10/9, 11/10,
+    # whose median is 1.1. Paired any other way the figures would give another median.
+    ours_paths, peer_paths = write_rounds(tmp_path, [(9.0, 11.0), (10.0, 9.0), (11.0, 10.0)], size)
+    out = tmp_path / "out"
+    assert bc.main(["--compare-only", "--ours", *ours_paths, "--peers", *peer_paths, "--out", str(out),
+                    "--sizes", "1M", "--skip-peer"]) == 0
+    path = next(p for p in json.loads((out / "compare.json").read_text())["curve"] if p["op"] == "h2d_pageable")
+    assert abs(path["points"][0]["ratio"] - 1.0) < 1e-12
+    assert abs(path["points"][0]["round_ratio"] - 1.1) < 1e-12
+    assert abs(path["min_round_ratio"] - 1.1) < 1e-12 and path["min_round_at"] == size and path["met_rounds"]
+    md = (out / "compare.md").read_text()
+    assert "| h2d_pageable | 1.100 | 1 MiB | 1 MiB 1.10 | yes |" in md
+
+
+def test_rounds_that_do_not_pair_up_give_no_per_round_ratios(tmp_path: Path) -> None:
+    ours_paths, peer_paths = write_rounds(tmp_path, [(9.0, 11.0), (10.0, 9.0), (11.0, 10.0)], MIB)
+    out = tmp_path / "out"
+    # One peer file missing: the rounds left cannot be paired by position.
+    assert bc.main(["--compare-only", "--ours", *ours_paths, "--peers", peer_paths[0], str(tmp_path / "gone.json"),
+                    peer_paths[2], "--out", str(out), "--sizes", "1M", "--skip-peer"]) == 0
+    path = next(p for p in json.loads((out / "compare.json").read_text())["curve"] if p["op"] == "h2d_pageable")
+    assert "min_round_ratio" not in path and "round_ratio" not in path["points"][0]
+    assert "per-round ratios" not in (out / "compare.md").read_text()

@@ -67,6 +67,26 @@ def test_merge_takes_the_median_of_each_figure(tmp_path) -> None:  # type: ignor
     assert "| H2D pinned | 0.980 | 4 KiB | yes |" in md
 
 
+def test_merge_also_takes_the_median_of_each_runs_own_ratio(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    runs = [_run(9.0, 10.0, 95.0), _run(10.0, 10.0, 120.0), _run(9.8, 10.0, None)]
+    merged = gpc.median_of_runs(runs)
+    # D2D against each run's own faster peer: 100/95 (CuPy), 100/120 (CuPy), 100/90
+    # (PyTorch: no CuPy in that run); the median 100/95, where the medians' ratio is
+    # 100/107.5.
+    assert merged["run_ratios"]["4 KiB"]["D2D"] == round(100.0 / 95.0, 4)
+    assert merged["run_ratios"]["4 KiB"]["H2D pinned"] == 0.98
+    table = gpc.render(merged, str(tmp_path))
+    curve = {c["operation"]: c for c in table["curve"]}
+    assert curve["D2D"]["min_ratio"] == round(100.0 / 107.5, 4)
+    assert curve["D2D"]["min_run_ratio"] == round(100.0 / 95.0, 4) and curve["D2D"]["run_ratio_at"] == "4 KiB"
+    md = (tmp_path / "bench.md").read_text()
+    assert "| D2D | 0.930 | 4 KiB | no |" in md
+    assert "| D2D | 1.053 | 4 KiB | yes |" in md
+    # One run alone has no per-run table.
+    single = gpc.render(runs[0], str(tmp_path / "one"))
+    assert all("min_run_ratio" not in c for c in single["curve"])
+
+
 def test_merge_of_no_runs_is_an_error() -> None:
     import pytest
 
