@@ -711,9 +711,14 @@ def round_ratio(rounds: list[tuple[list[Figure], Results]], op: str, size: int) 
     each round's own ratio to its faster peer: a round in which every library ran slow or
     fast alike moves no ratio, and with an odd number of rounds, one round disturbed in any
     way leaves the median between two undisturbed rounds' ratios."""
-    each = [r for r in (ratio(find(o, "copies", op, size), faster_peer(p, op, size)) for o, p in rounds)
-            if r is not None]
-    return statistics.median(each) if each else None
+    # Only where every round has cudabuf's figure and the same peers': a left-out round
+    # would break the bound above, and a round without its faster peer would be held to
+    # the slower one.
+    ran = {tuple(find(p[lib], "copies", op, size) is not None for lib in ("torch", "cupy")) for _, p in rounds}
+    each = [ratio(find(o, "copies", op, size), faster_peer(p, op, size)) for o, p in rounds]
+    if len(ran) != 1 or None in each:
+        return None
+    return statistics.median(r for r in each if r is not None)
 
 
 def curve(ours: list[Figure], results: Results, sizes: list[int],
@@ -841,6 +846,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     sizes, peer_sizes = parse_sizes(args.sizes), parse_sizes(args.peer_sizes)
     started = time.perf_counter()
     results: Results
+    earlier: list[dict[str, Any]] = []
     if args.compare_only:
         earlier = [doc for doc in (load(path, "earlier comparison") for path in args.peers or []) if doc]
         info = dict(earlier[0].get("info", {}), peer_rounds=len(earlier)) if earlier else {}

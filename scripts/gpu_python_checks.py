@@ -450,20 +450,24 @@ def median_of_runs(tables: list[dict[str, Any]]) -> dict[str, Any]:
             lib: ({op: round(statistics.median(vs), 2) for op, vs in ops.items()} or None)
             for lib, ops in per_lib.items()
         }
+    if len(tables) == 1:
+        return merged  # one run: its own ratios are the table's
     # Each run's own ratio (cudabuf to the faster peer of the same run), the median over
-    # the runs that have it: a run in which every library ran slow or fast alike moves no
-    # ratio, and with an odd number of runs one disturbed run leaves the median between
-    # two undisturbed runs' ratios.
-    ratios: dict[str, dict[str, list[float]]] = {}
-    for table in tables:
-        for label, row in table["results"].items():
-            for op in OPS:
-                r = ratio_to_faster_peer(row, op)
-                if r is not None:
-                    ratios.setdefault(label, {}).setdefault(op, []).append(r)
-    merged["run_ratios"] = {
-        label: {op: round(statistics.median(rs), 4) for op, rs in ops.items()} for label, ops in ratios.items()
-    }
+    # the runs: a run in which every library ran slow or fast alike moves no ratio, and
+    # with an odd number of runs one disturbed run leaves the median between two
+    # undisturbed runs' ratios. Only where every run has cudabuf's figure and the same
+    # peers' (a run without its faster peer would be held to the slower one).
+    merged["run_ratios"] = {}
+    for label in merged["results"]:
+        rows = [table["results"].get(label) or {} for table in tables]
+        for op in OPS:
+            if any(not (row.get("cudabuf") or {}).get(op) for row in rows):
+                continue
+            ran = [tuple(bool((row.get(lib) or {}).get(op)) for lib in ("torch", "cupy")) for row in rows]
+            if len(set(ran)) != 1 or not any(ran[0]):
+                continue
+            rs = [ratio_to_faster_peer(row, op) for row in rows]
+            merged["run_ratios"].setdefault(label, {})[op] = round(statistics.median(r for r in rs if r), 4)
     return merged
 
 

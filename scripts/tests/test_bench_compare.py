@@ -196,3 +196,35 @@ def test_rounds_that_do_not_pair_up_give_no_per_round_ratios(tmp_path: Path) -> 
     path = next(p for p in json.loads((out / "compare.json").read_text())["curve"] if p["op"] == "h2d_pageable")
     assert "min_round_ratio" not in path and "round_ratio" not in path["points"][0]
     assert "per-round ratios" not in (out / "compare.md").read_text()
+
+
+def test_a_measuring_run_without_compare_only_writes_its_table(tmp_path: Path) -> None:
+    # No peers measured (both skipped): cudabuf's figures alone, through the whole of main.
+    ours_paths, _ = write_rounds(tmp_path, [(9.0, 11.0)], MIB)
+    out = tmp_path / "out"
+    assert bc.main(["--ours", ours_paths[0], "--skip-torch", "--skip-cupy", "--skip-peer", "--out", str(out),
+                    "--sizes", "1M"]) == 0
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["peers"] == {"torch": [], "cupy": []} and saved["curve"] == []
+
+
+def test_a_round_without_the_figure_gives_no_per_round_ratio(tmp_path: Path) -> None:
+    ours_paths, peer_paths = write_rounds(tmp_path, [(9.0, 11.0), (10.0, 9.0), (11.0, 10.0)], MIB)
+    Path(ours_paths[1]).write_text(json.dumps({"info": {}, "results": [fig("copies", "h2d_pageable", MIB, None)]}))
+    out = tmp_path / "out"
+    assert bc.main(["--compare-only", "--ours", *ours_paths, "--peers", *peer_paths, "--out", str(out),
+                    "--sizes", "1M", "--skip-peer"]) == 0
+    path = next(p for p in json.loads((out / "compare.json").read_text())["curve"] if p["op"] == "h2d_pageable")
+    assert path["points"][0]["round_ratio"] is None and "min_round_ratio" not in path
+
+
+def test_a_round_without_its_faster_peer_gives_no_per_round_ratio(tmp_path: Path) -> None:
+    ours_paths, peer_paths = write_rounds(tmp_path, [(9.0, 11.0), (10.0, 9.0), (11.0, 10.0)], MIB)
+    doc = json.loads(Path(peer_paths[0]).read_text())
+    doc["peers"]["cupy"] = []  # CuPy did not run in round 1: held to PyTorch it would read 9.0
+    Path(peer_paths[0]).write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    assert bc.main(["--compare-only", "--ours", *ours_paths, "--peers", *peer_paths, "--out", str(out),
+                    "--sizes", "1M", "--skip-peer"]) == 0
+    path = next(p for p in json.loads((out / "compare.json").read_text())["curve"] if p["op"] == "h2d_pageable")
+    assert path["points"][0]["round_ratio"] is None

@@ -68,23 +68,33 @@ def test_merge_takes_the_median_of_each_figure(tmp_path) -> None:  # type: ignor
 
 
 def test_merge_also_takes_the_median_of_each_runs_own_ratio(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    runs = [_run(9.0, 10.0, 95.0), _run(10.0, 10.0, 120.0), _run(9.8, 10.0, None)]
+    # D2D, cudabuf 100 in every run: CuPy 95, 120, 105 (PyTorch 90): the medians' ratio
+    # is 100/105; each run against its own faster peer: 100/95, 100/120, 100/105, whose
+    # median is also 100/105. H2D pinned: ours 9.0, 10.0, 9.8 against PyTorch 10.0 and
+    # 10 / 9.0 in turn: see below.
+    runs = [_run(9.0, 10.0, 95.0), _run(10.0, 10.0, 120.0), _run(9.8, 10.0, 105.0)]
+    runs[1]["results"]["4 KiB"]["torch"]["H2D pinned"] = 9.0
+    runs[2]["results"]["4 KiB"]["torch"]["H2D pinned"] = 11.0
     merged = gpc.median_of_runs(runs)
-    # D2D against each run's own faster peer: 100/95 (CuPy), 100/120 (CuPy), 100/90
-    # (PyTorch: no CuPy in that run); the median 100/95, where the medians' ratio is
-    # 100/107.5.
-    assert merged["run_ratios"]["4 KiB"]["D2D"] == round(100.0 / 95.0, 4)
-    assert merged["run_ratios"]["4 KiB"]["H2D pinned"] == 0.98
+    # H2D pinned: medians 9.8 against 10.0 (0.98); per run 9/10, 10/9, 9.8/11: median 0.9.
+    assert merged["run_ratios"]["4 KiB"]["H2D pinned"] == 0.9
+    assert merged["run_ratios"]["4 KiB"]["D2D"] == round(100.0 / 105.0, 4)
     table = gpc.render(merged, str(tmp_path))
     curve = {c["operation"]: c for c in table["curve"]}
-    assert curve["D2D"]["min_ratio"] == round(100.0 / 107.5, 4)
-    assert curve["D2D"]["min_run_ratio"] == round(100.0 / 95.0, 4) and curve["D2D"]["run_ratio_at"] == "4 KiB"
+    assert curve["H2D pinned"]["min_ratio"] == 0.98
+    assert curve["H2D pinned"]["min_run_ratio"] == 0.9 and curve["H2D pinned"]["run_ratio_at"] == "4 KiB"
     md = (tmp_path / "bench.md").read_text()
-    assert "| D2D | 0.930 | 4 KiB | no |" in md
-    assert "| D2D | 1.053 | 4 KiB | yes |" in md
-    # One run alone has no per-run table.
+    assert "| H2D pinned | 0.980 | 4 KiB | yes |" in md
+    assert "| H2D pinned | 0.900 | 4 KiB | no |" in md
+    # A run without CuPy: no per-run ratio there (it would be held to the slower peer).
+    gaps = [_run(9.0, 10.0, 95.0), _run(10.0, 10.0, 120.0), _run(9.8, 10.0, None)]
+    assert gpc.median_of_runs(gaps)["run_ratios"] == {}
+    # One run alone, as it is or merged, has no per-run table.
     single = gpc.render(runs[0], str(tmp_path / "one"))
     assert all("min_run_ratio" not in c for c in single["curve"])
+    alone = gpc.render(gpc.median_of_runs([runs[0]]), str(tmp_path / "alone"))
+    assert all("min_run_ratio" not in c for c in alone["curve"])
+    assert "per-run" not in (tmp_path / "alone" / "bench.md").read_text()
 
 
 def test_merge_of_no_runs_is_an_error() -> None:

@@ -352,9 +352,6 @@ pub struct Proxy {
     up: Arc<AtomicUsize>,
     down: Arc<AtomicUsize>,
     faults: Arc<AtomicUsize>,
-    /// Connections accepted, and those of them not yet closed on both sides.
-    accepted: Arc<AtomicUsize>,
-    open: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
@@ -365,21 +362,12 @@ impl Proxy {
         let up = Arc::new(AtomicUsize::new(0));
         let down = Arc::new(AtomicUsize::new(0));
         let faults = Arc::new(AtomicUsize::new(0));
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let open = Arc::new(AtomicUsize::new(0));
         let counters = (up.clone(), down.clone(), faults.clone());
-        let (accepted_, open_) = (accepted.clone(), open.clone());
         let task = tokio::spawn(async move {
             // Aborting this task drops the set, which aborts every connection's task.
             let mut connections = JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
-                open_.fetch_add(1, Ordering::SeqCst);
-                accepted_.fetch_add(1, Ordering::SeqCst);
-                let (counters, open) = (counters.clone(), open_.clone());
-                connections.spawn(async move {
-                    relay(client, target, fault, counters).await;
-                    open.fetch_sub(1, Ordering::SeqCst);
-                });
+                connections.spawn(relay(client, target, fault, counters.clone()));
             }
         });
         Proxy {
@@ -387,25 +375,12 @@ impl Proxy {
             up,
             down,
             faults,
-            accepted,
-            open,
             task,
         }
     }
 
-    /// The bytes of a whole exchange, client to server and server to client: waits (within
-    /// [`LIMIT`]) until every connection the proxy accepted has closed, so that no byte
-    /// the client has seen is still uncounted.
-    pub async fn totals(&self) -> (usize, usize) {
-        eventually("the proxy's connections close", LIMIT, || {
-            self.accepted.load(Ordering::SeqCst) > 0 && self.open.load(Ordering::SeqCst) == 0
-        })
-        .await;
-        self.forwarded()
-    }
-
     /// Bytes forwarded so far, client to server and server to client, over every
-    /// connection.
+    /// connection (each counted as it is read, before it is written on).
     pub fn forwarded(&self) -> (usize, usize) {
         (
             self.up.load(Ordering::SeqCst),
@@ -498,11 +473,12 @@ async fn pump(
             }
             Ok(n) => limit.map_or(n, |limit| n.min(limit - sent)),
         };
+        // Counted before it is written: a byte the peer has seen is never still uncounted.
+        count.fetch_add(n, Ordering::SeqCst);
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
         sent += n;
-        count.fetch_add(n, Ordering::SeqCst);
     }
     if *state.borrow() == State::Stalled {
         // Hold both sockets open, reading and writing nothing, until the proxy is dropped.
