@@ -378,7 +378,8 @@ fn a_file_that_shrinks_under_the_read_is_an_error_at_the_byte_where_it_ended() {
             let stream = non_blocking(&ctx);
             let truncate_to = 10_000u64;
             let fired = Arc::new(AtomicBool::new(false));
-            let (path, flag) = (file.path().to_path_buf(), fired.clone());
+            let truncated = Arc::new(AtomicBool::new(false));
+            let (path, flag, done) = (file.path().to_path_buf(), fired.clone(), truncated.clone());
             sim.set_record_hook(Some(Arc::new(move |_| {
                 if !flag.swap(true, Ordering::SeqCst) {
                     OpenOptions::new()
@@ -387,6 +388,13 @@ fn a_file_that_shrinks_under_the_read_is_an_error_at_the_byte_where_it_ended() {
                         .unwrap()
                         .set_len(truncate_to)
                         .unwrap();
+                    done.store(true, Ordering::SeqCst);
+                } else {
+                    // The other threads' uploads wait for the truncation: none of them
+                    // reads on past its chunk in hand while it is under way.
+                    while !done.load(Ordering::SeqCst) {
+                        std::thread::yield_now();
+                    }
                 }
             })));
             let buf = ctx.new_buffer(bytes.len()).unwrap();
