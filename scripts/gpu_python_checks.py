@@ -487,13 +487,14 @@ def render(table: dict[str, Any], out_dir: str) -> dict[str, Any]:
     ]
     if table.get("runs"):
         lines = [f"Each figure is the median of {table['runs']} runs of `bench`.", ""] + lines
-    verdicts = []
+    verdicts: list[dict[str, Any]] = []
+    ratios: dict[tuple[str, str], float] = {}
     for label, row in table["results"].items():
         for op in OPS:
             ours = (row.get("cudabuf") or {}).get(op)
-            peers = [p[op] for p in (row.get("torch"), row.get("cupy")) if p and p.get(op)]
-            best = max(peers) if peers else None
-            ratio = ours / best if ours and best else None
+            ratio = ratio_to_faster_peer(row, op)
+            if ratio is not None:
+                ratios[(label, op)] = ratio
             fmt = lambda v: f"{v:.1f}" if v is not None else "n/a"  # noqa: E731
             lines.append(
                 f"| {label} | {op} | {fmt(ours)} | {fmt((row.get('torch') or {}).get(op))} | "
@@ -506,17 +507,13 @@ def render(table: dict[str, Any], out_dir: str) -> dict[str, Any]:
             lines.append(f"| {label} | {SYNC_D2D} (cudabuf only) | {ours_sync:.1f} | - | - | - |")
     table["target_64MiB"] = verdicts
     # The curve: per operation, the smallest ratio to the faster peer over the sizes.
-    curve = []
+    curve: list[dict[str, Any]] = []
     for op in OPS:
-        points = []
-        for label, row in table["results"].items():
-            r = ratio_to_faster_peer(row, op)
-            if r is not None:
-                points.append((r, label))
+        points = [(r, label) for (label, o), r in ratios.items() if o == op]
         if points:
             worst = min(points)
-            entry = {"operation": op, "min_ratio": round(worst[0], 4), "at": worst[1],
-                     "ratios": {label: round(r, 4) for r, label in points}}
+            entry: dict[str, Any] = {"operation": op, "min_ratio": round(worst[0], 4), "at": worst[1],
+                                     "ratios": {label: round(r, 4) for r, label in points}}
             per_run = [(ops[op], label) for label, ops in (table.get("run_ratios") or {}).items() if op in ops]
             if per_run:
                 low = min(per_run)
