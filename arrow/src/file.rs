@@ -235,6 +235,7 @@ impl DeviceFileReader {
         let file_ids = decode::dictionary_ids(fb_schema);
         let file_schema =
             Arc::new(try_fb_to_schema(fb_schema).map_err(|e| bad(format!("invalid schema: {e}")))?);
+        crate::layout::check_fields(WHAT, file_schema.fields())?;
         let blocks = |list: Vec<&ipc::Block>, kind: &str| {
             list.into_iter()
                 .enumerate()

@@ -2,7 +2,7 @@
 //! must be, and which child arrays it has. Shared by the IPC decoder, the host copy and
 //! the C Device Data Interface, so the three cannot disagree.
 
-use arrow::datatypes::{DataType, FieldRef, UnionMode};
+use arrow::datatypes::{DataType, FieldRef, Fields, UnionMode};
 use cudabuf_core::{Error, Result};
 
 /// How one buffer (other than the validity bitmap) of an array is sized, from the number
@@ -136,6 +136,35 @@ pub(crate) fn type_layout(data_type: &DataType) -> Result<TypeLayout> {
     Ok(layout)
 }
 
+/// Whether a schema's `fields` are ones cudabuf can read: every type, nested ones and
+/// dictionary values included, has a layout, and no fixed size is negative (arrow-rs
+/// panics building even an empty array of such a type).
+///
+/// # Errors
+/// [`Error::InvalidData`] for a negative fixed size (`FixedSizeBinary`,
+/// `FixedSizeList`); [`Error::Unsupported`] for a type without a layout.
+pub(crate) fn check_fields(what: &'static str, fields: &Fields) -> Result<()> {
+    fn check(what: &'static str, name: &str, data_type: &DataType) -> Result<()> {
+        match data_type {
+            DataType::FixedSizeBinary(n) | DataType::FixedSizeList(_, n) if *n < 0 => {
+                return Err(Error::invalid_data(
+                    what,
+                    format!("field {name:?} has a negative fixed size: {data_type}"),
+                ))
+            }
+            DataType::Dictionary(_, values) => check(what, name, values)?,
+            _ => {}
+        }
+        type_layout(data_type)?;
+        nested_fields(data_type)
+            .into_iter()
+            .try_for_each(|f| check(what, f.name(), f.data_type()))
+    }
+    fields
+        .iter()
+        .try_for_each(|f| check(what, f.name(), f.data_type()))
+}
+
 /// The fields nested directly in `data_type`, in the order IPC schemas list them as a
 /// field's children (for a dictionary type: those of its value type).
 pub(crate) fn nested_fields(data_type: &DataType) -> Vec<&FieldRef> {
@@ -174,6 +203,61 @@ mod tests {
     use std::sync::Arc;
 
     use arrow::datatypes::Field;
+
+    #[test]
+    fn schemas_with_a_negative_fixed_size_anywhere_are_invalid_data() {
+        let field = |dt: DataType| Arc::new(Field::new("f", dt, true));
+        let bad_binary = DataType::FixedSizeBinary(-1);
+        let bad_list = DataType::FixedSizeList(field(DataType::Int8), -3);
+        for dt in [
+            bad_binary.clone(),
+            bad_list.clone(),
+            DataType::List(field(bad_binary.clone())),
+            DataType::Struct(vec![field(DataType::Int8), field(bad_list)].into()),
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(bad_binary.clone())),
+            DataType::Map(
+                field(DataType::Struct(
+                    vec![field(DataType::Utf8), field(bad_binary)].into(),
+                )),
+                false,
+            ),
+        ] {
+            let fields = Fields::from(vec![
+                Field::new("ok", DataType::Int64, false),
+                Field::new("x", dt.clone(), true),
+            ]);
+            let err = check_fields("test", &fields).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                cudabuf_core::ErrorKind::InvalidData,
+                "{dt}: {err}"
+            );
+            assert!(err.to_string().contains("negative fixed size"), "{err}");
+        }
+        let good = Fields::from(vec![
+            Field::new("b", DataType::FixedSizeBinary(0), true),
+            Field::new(
+                "l",
+                DataType::FixedSizeList(field(DataType::Float32), 4),
+                true,
+            ),
+            Field::new(
+                "d",
+                DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8)),
+                true,
+            ),
+        ]);
+        check_fields("test", &good).unwrap();
+        let float_key = Fields::from(vec![Field::new(
+            "d",
+            DataType::Dictionary(Box::new(DataType::Float32), Box::new(DataType::Utf8)),
+            true,
+        )]);
+        assert_eq!(
+            check_fields("test", &float_key).unwrap_err().kind(),
+            cudabuf_core::ErrorKind::Unsupported
+        );
+    }
 
     #[test]
     fn min_child_len_of_a_huge_fixed_size_list_fails_every_child() {

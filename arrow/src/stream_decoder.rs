@@ -98,8 +98,9 @@ impl DeviceStreamDecoder {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidData`] for a schema arrow-rs cannot convert;
-    /// [`Error::Unsupported`] for a big-endian stream.
+    /// [`Error::InvalidData`] for a schema arrow-rs cannot convert or with a negative
+    /// fixed size (`FixedSizeBinary`, `FixedSizeList`, nested ones included);
+    /// [`Error::Unsupported`] for a big-endian stream or a type cudabuf cannot lay out.
     pub fn new(schema: ipc::Schema<'_>) -> Result<Self> {
         if schema.endianness() != Endianness::Little {
             return Err(Error::unsupported(
@@ -110,6 +111,7 @@ impl DeviceStreamDecoder {
         let ids = decode::dictionary_ids(schema);
         let schema = try_fb_to_schema(schema)
             .map_err(|e| Error::invalid_data(WHAT, format!("invalid schema message: {e}")))?;
+        crate::layout::check_fields(WHAT, schema.fields())?;
         Ok(DeviceStreamDecoder {
             schema: Arc::new(schema),
             ids,
