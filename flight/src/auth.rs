@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::error::FlightError;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
@@ -81,11 +82,21 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Add `authorization: Bearer <token>` to a request.
-pub(crate) fn add_bearer<T>(request: &mut Request<T>, token: Option<&str>) -> Result<(), Status> {
+///
+/// # Errors
+/// [`FlightError::InvalidArgument`] for a token that cannot be a header value (a control
+/// character, say): found here, before anything is sent, so not a peer's status.
+pub(crate) fn add_bearer<T>(
+    request: &mut Request<T>,
+    token: Option<&str>,
+) -> Result<(), FlightError> {
     if let Some(token) = token {
-        let value: MetadataValue<_> = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| Status::invalid_argument("the token is not a valid header value"))?;
+        let value: MetadataValue<_> = format!("Bearer {token}").parse().map_err(|_| {
+            FlightError::InvalidArgument(
+                "the token is not a valid header value (only visible ASCII, spaces and tabs)"
+                    .into(),
+            )
+        })?;
         request.metadata_mut().insert("authorization", value);
     }
     Ok(())

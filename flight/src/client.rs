@@ -13,7 +13,7 @@ use cudabuf_core::Context;
 use futures::future::{Fuse, FusedFuture};
 use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
 
@@ -24,8 +24,8 @@ use crate::encode::{encode, message_size, DEFAULT_MAX_FLIGHT_DATA_SIZE};
 use crate::error::{FlightError, Result};
 use crate::server::GRPC_HEADROOM;
 use crate::timeout::{
-    bounded, connect_channel, idle_bounded, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_TIMEOUT,
+    bounded, connect_channel, idle_bounded, upload_answer, Sent, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT,
 };
 
 /// How long a `DoPut` whose download failed waits for its cancelled call to end (the
@@ -213,10 +213,13 @@ impl FlightDeviceClient {
     }
 
     /// Set how long a call waits for the server's answer (`GetFlightInfo`'s reply, a
-    /// `DoGet`'s response headers), [`DEFAULT_TIMEOUT`] by default; past it the call fails
-    /// with [`FlightError::Timeout`] (and is cancelled). `None` waits for ever. The
-    /// messages of a stream are bounded by [`with_idle_timeout`](Self::with_idle_timeout)
-    /// instead, so a long `DoGet` is never cut for its length.
+    /// `DoGet`'s response headers; for an upload, `DoPut` and `DoExchange`, counted from
+    /// its last message, since a server may answer only once the whole upload is in),
+    /// [`DEFAULT_TIMEOUT`] by default; past it the call fails with
+    /// [`FlightError::Timeout`] (and is cancelled). `None` waits for ever. The messages of
+    /// a stream, and an upload's, are bounded by
+    /// [`with_idle_timeout`](Self::with_idle_timeout) instead, so a long `DoGet` or
+    /// `DoPut` is never cut for its length.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -252,7 +255,10 @@ impl FlightDeviceClient {
     /// Set how long a stream waits for its next message (the schema included),
     /// [`DEFAULT_IDLE_TIMEOUT`] by default: a server that goes silent mid-stream ends it
     /// with [`FlightError::Timeout`] after the batches already complete, and the call is
-    /// cancelled. `None` waits for ever.
+    /// cancelled. It also bounds an upload (`DoPut`, `DoExchange`) between the messages
+    /// the server takes: HTTP/2 takes the next one only while the server's flow-control
+    /// window has room, so a server that stops reading fails the upload after it. `None`
+    /// waits for ever.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -420,28 +426,30 @@ impl FlightDeviceClient {
     /// [`FlightError::InvalidData`] when a batch's schema differs from `schema` (before
     /// anything is sent); [`FlightError::Status`] for the server's refusal
     /// (`Unauthenticated`, `InvalidArgument`, ...) or a broken stream;
-    /// [`FlightError::Device`] when a download fails.
+    /// [`FlightError::Device`] when a download fails; [`FlightError::TooLarge`] when the
+    /// server's `PutResult`s come to more than the message limit together.
     pub async fn do_put(
         &mut self,
         descriptor: FlightDescriptor,
         schema: SchemaRef,
         batches: Vec<DeviceRecordBatch>,
     ) -> Result<Vec<PutResult>> {
-        let (outgoing, failed) =
+        let (outgoing, failed, sent) =
             Outgoing::new(descriptor, schema, batches, self.max_flight_data_size)?;
         let mut failed = failed.fuse();
         let (request, abort) = self.upload_request(outgoing)?;
         let inner = &mut self.inner;
         let (timeout, idle) = (self.timeout, self.idle_timeout);
+        let limit = self.max_message_size;
         let call = async move {
-            let answers = bounded("the answer to a call", timeout, async {
+            let answers = upload_answer(sent, timeout, idle, async {
                 Ok(inner.do_put(request).await?.into_inner())
             })
             .await?;
-            futures::TryStreamExt::try_collect(idle_bounded(
-                answers.map(|m| m.map_err(FlightError::from)),
-                idle,
-            ))
+            collect_put_results(
+                idle_bounded(answers.map(|m| m.map_err(FlightError::from)), idle),
+                limit,
+            )
             .await
         };
         tokio::pin!(call);
@@ -516,7 +524,7 @@ impl FlightDeviceClient {
         ctx: &Context,
     ) -> Result<DeviceBatchStream> {
         let decoder = DeviceFlightDecoder::new(ctx)?.with_max_message_size(self.max_message_size);
-        let (outgoing, failed) =
+        let (outgoing, failed, sent) =
             Outgoing::new(descriptor, schema, batches, self.max_flight_data_size)?;
         let mut failed = failed.fuse();
         let (request, abort) = self.upload_request(outgoing)?;
@@ -526,7 +534,7 @@ impl FlightDeviceClient {
                 abort.abort();
                 return Err(e);
             }
-            response = bounded("the answer to a call", self.timeout, async {
+            response = upload_answer(sent, self.timeout, self.idle_timeout, async {
                 Ok(self.inner.do_exchange(request).await?)
             }) => response?,
         };
@@ -682,24 +690,27 @@ struct Outgoing {
     inner: BoxStream<'static, Result<FlightData>>,
     failed: Option<oneshot::Sender<FlightError>>,
     stalled: bool,
+    /// Told of each message the transport takes, and of the end.
+    progress: watch::Sender<Sent>,
 }
 
 impl Outgoing {
     /// The messages of `batches` (after `schema`'s, with `descriptor` on the first; bodies
-    /// of at most `max_flight_data_size` bytes), and
-    /// the receiver of the first error in making them.
+    /// of at most `max_flight_data_size` bytes), the receiver of the first error in
+    /// making them, and that of the upload's progress.
     fn new(
         descriptor: FlightDescriptor,
         schema: SchemaRef,
         batches: Vec<DeviceRecordBatch>,
         max_flight_data_size: usize,
-    ) -> Result<(Self, oneshot::Receiver<FlightError>)> {
+    ) -> Result<(Self, oneshot::Receiver<FlightError>, watch::Receiver<Sent>)> {
         if let Some(i) = batches.iter().position(|b| b.schema() != &schema) {
             return Err(FlightError::invalid(format!(
                 "batch {i}'s schema differs from the stream's"
             )));
         }
         let (tx, rx) = oneshot::channel();
+        let (progress, watching) = watch::channel(Sent::default());
         let inner = encode(
             Some(schema),
             Some(descriptor),
@@ -711,8 +722,10 @@ impl Outgoing {
                 inner,
                 failed: Some(tx),
                 stalled: false,
+                progress,
             },
             rx,
+            watching,
         ))
     }
 }
@@ -726,7 +739,10 @@ impl Stream for Outgoing {
             return Poll::Pending;
         }
         match self.inner.poll_next_unpin(cx) {
-            Poll::Ready(Some(Ok(data))) => Poll::Ready(Some(data)),
+            Poll::Ready(Some(Ok(data))) => {
+                self.progress.send_modify(|sent| sent.messages += 1);
+                Poll::Ready(Some(data))
+            }
             Poll::Ready(Some(Err(e))) => {
                 log::debug!("a Flight upload failed, the call is dropped: {e}");
                 self.stalled = true;
@@ -739,11 +755,37 @@ impl Stream for Outgoing {
             Poll::Ready(None) => {
                 // Done: the call's receiver sees the sender gone.
                 self.failed = None;
+                self.progress.send_modify(|sent| sent.all = true);
                 Poll::Ready(None)
             }
             Poll::Pending => Poll::Pending,
         }
     }
+}
+
+/// The `PutResult`s of `answers`, at most `limit` bytes of them together (each counted
+/// with its `app_metadata`): a server cannot grow the client's memory without bound.
+///
+/// # Errors
+/// [`FlightError::TooLarge`] past `limit` (the call is dropped, so cancelled); the
+/// stream's own errors.
+async fn collect_put_results(
+    mut answers: impl Stream<Item = Result<PutResult>> + Unpin,
+    limit: usize,
+) -> Result<Vec<PutResult>> {
+    let mut results = Vec::new();
+    let mut held = 0usize;
+    while let Some(result) = answers.next().await {
+        let result = result?;
+        held = held
+            .saturating_add(std::mem::size_of::<PutResult>())
+            .saturating_add(result.app_metadata.len());
+        if held > limit {
+            return Err(FlightError::TooLarge { size: held, limit });
+        }
+        results.push(result);
+    }
+    Ok(results)
 }
 
 /// `incoming`, with the upload's error (from `failed`) as an item as soon as it comes;

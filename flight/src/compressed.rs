@@ -11,6 +11,9 @@ use arrow::ipc::{self, CompressionType};
 
 use crate::error::{FlightError, Result};
 
+/// The boundary cudabuf-arrow starts each decompressed buffer at on the device.
+const DEVICE_ALIGN: usize = 64;
+
 /// The most bytes `compressed` bytes of `codec` can decompress to.
 fn max_output(codec: CompressionType, compressed: usize) -> usize {
     match codec {
@@ -30,8 +33,8 @@ fn max_output(codec: CompressionType, compressed: usize) -> usize {
 /// [`FlightError::Unsupported`] for a codec other than LZ4_FRAME and ZSTD or a method
 /// other than BUFFER; [`FlightError::InvalidData`] for a buffer outside the body, one too
 /// short for its length prefix, a negative length other than -1 (stored as is), a length
-/// the codec cannot reach; [`FlightError::TooLarge`] when the lengths add up to more than
-/// `limit`.
+/// the codec cannot reach; [`FlightError::TooLarge`] when the lengths, each rounded up to
+/// 64 bytes, add up to more than `limit`.
 pub(crate) fn check_compressed_body(
     batch: ipc::RecordBatch<'_>,
     body: &[u8],
@@ -85,7 +88,13 @@ pub(crate) fn check_compressed_body(
                     ))
                 })?,
         };
-        total = total.saturating_add(declared);
+        // Counted as cudabuf-arrow lays the buffers out on the device, each from a
+        // 64-byte boundary, so that its own check of the same limit never fails after
+        // this one passed.
+        let laid_out = declared
+            .checked_next_multiple_of(DEVICE_ALIGN)
+            .unwrap_or(usize::MAX);
+        total = total.saturating_add(laid_out);
         if total > limit {
             return Err(FlightError::TooLarge { size: total, limit });
         }

@@ -93,7 +93,8 @@ pub struct DeviceFlightDecoder {
     /// The stream's schema and dictionaries, once the schema message has come.
     state: Option<DeviceStreamDecoder>,
     max_message_size: usize,
-    decompression_limit: usize,
+    /// Set by `with_decompression_limit`; `None`: the message limit.
+    decompression_limit: Option<usize>,
     pending: Option<Pending>,
     /// Uploads of dictionary bodies issued since the last batch was returned.
     dictionary_uploads: Vec<Transfer<HostRange>>,
@@ -105,7 +106,7 @@ impl std::fmt::Debug for DeviceFlightDecoder {
         f.debug_struct("DeviceFlightDecoder")
             .field("schema", &self.schema())
             .field("max_message_size", &self.max_message_size)
-            .field("decompression_limit", &self.decompression_limit)
+            .field("decompression_limit", &self.decompression_limit())
             .field("pending", &self.pending.is_some())
             .field("dictionary_uploads", &self.dictionary_uploads.len())
             .field("batches", &self.batches)
@@ -133,7 +134,7 @@ impl DeviceFlightDecoder {
             stream: ctx.new_stream()?,
             state: None,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
-            decompression_limit: cudabuf_arrow::DEFAULT_DECOMPRESSION_LIMIT,
+            decompression_limit: None,
             pending: None,
             dictionary_uploads: Vec::new(),
             batches: 0,
@@ -141,8 +142,9 @@ impl DeviceFlightDecoder {
     }
 
     /// Set the limit on one message (header and body together, in bytes): a larger one is
-    /// [`FlightError::TooLarge`], refused before anything is allocated. (What a compressed
-    /// body may decompress to is [`with_decompression_limit`](Self::with_decompression_limit).)
+    /// [`FlightError::TooLarge`], refused before anything is allocated. It is also the
+    /// limit on what a compressed body may decompress to, unless
+    /// [`with_decompression_limit`](Self::with_decompression_limit) sets another.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -153,6 +155,10 @@ impl DeviceFlightDecoder {
     /// ```
     pub fn with_max_message_size(mut self, bytes: usize) -> Self {
         self.max_message_size = bytes;
+        let limit = self.decompression_limit();
+        if let Some(state) = &mut self.state {
+            state.set_decompression_limit(limit);
+        }
         self
     }
 
@@ -170,9 +176,11 @@ impl DeviceFlightDecoder {
     }
 
     /// Set the limit on the decompressed size of one compressed message body (the
-    /// buffers' declared lengths together), [`cudabuf_arrow::DEFAULT_DECOMPRESSION_LIMIT`]
-    /// (4 GiB) by default: a body declaring more is [`FlightError::TooLarge`], refused
-    /// before anything is allocated.
+    /// buffers' declared lengths together, each rounded up to 64 bytes as they are laid
+    /// out on the device), by default the message limit
+    /// ([`max_message_size`](Self::max_message_size)), so that a compressed message lands
+    /// no more than an uncompressed one could: a body declaring more is
+    /// [`FlightError::TooLarge`], refused before anything is allocated.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -182,24 +190,25 @@ impl DeviceFlightDecoder {
     /// # Ok(()) }
     /// ```
     pub fn with_decompression_limit(mut self, bytes: usize) -> Self {
-        self.decompression_limit = bytes;
+        self.decompression_limit = Some(bytes);
         if let Some(state) = &mut self.state {
             state.set_decompression_limit(bytes);
         }
         self
     }
 
-    /// The limit on the decompressed size of one message body, in bytes.
+    /// The limit on the decompressed size of one message body, in bytes: the message
+    /// limit unless set.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
-    /// let decoder = cudabuf_flight::DeviceFlightDecoder::new(&ctx)?;
-    /// assert_eq!(decoder.decompression_limit(), cudabuf_arrow::DEFAULT_DECOMPRESSION_LIMIT);
+    /// let decoder = cudabuf_flight::DeviceFlightDecoder::new(&ctx)?.with_max_message_size(8 << 20);
+    /// assert_eq!(decoder.decompression_limit(), 8 << 20);
     /// # Ok(()) }
     /// ```
     pub fn decompression_limit(&self) -> usize {
-        self.decompression_limit
+        self.decompression_limit.unwrap_or(self.max_message_size)
     }
 
     /// The stream's schema, once its message has been pushed.
@@ -363,7 +372,7 @@ impl DeviceFlightDecoder {
                 ErrorKind::Unsupported => FlightError::Unsupported(e.to_string()),
                 _ => FlightError::invalid(format!("schema: {e}")),
             })?;
-        state.set_decompression_limit(self.decompression_limit);
+        state.set_decompression_limit(self.decompression_limit());
         self.state = Some(state);
         Ok(())
     }
@@ -402,7 +411,7 @@ impl DeviceFlightDecoder {
             .ok_or_else(|| FlightError::invalid("a RecordBatch message without its header"))?;
         let body_len = Self::body_len(message, data)?;
         if fb.compression().is_some() {
-            check_compressed_body(fb, &data.data_body[..body_len], self.decompression_limit)?;
+            check_compressed_body(fb, &data.data_body[..body_len], self.decompression_limit())?;
             let batch = state
                 .decode_record_batch_from_host(&data.data_header, &data.data_body, &self.ctx)
                 .map_err(decoding_error)?;
@@ -427,7 +436,11 @@ impl DeviceFlightDecoder {
             .ok_or_else(|| FlightError::invalid("a DictionaryBatch message without its header"))?;
         let body_len = Self::body_len(message, data)?;
         if let Some(batch) = fb.data().filter(|d| d.compression().is_some()) {
-            check_compressed_body(batch, &data.data_body[..body_len], self.decompression_limit)?;
+            check_compressed_body(
+                batch,
+                &data.data_body[..body_len],
+                self.decompression_limit(),
+            )?;
             let ctx = self.ctx.clone();
             return self
                 .state_mut()?

@@ -179,10 +179,13 @@ pub(crate) const PIECE_BYTES: usize = 4 << 20;
 /// The least average bytes of one buffer's range in a piece (see [`pieces`]).
 const MIN_PART: usize = 64 << 10;
 
-/// The runs of rows `batch` is downloaded by, each of about `piece` bytes at the batch's
-/// average bytes per row (at least 64 rows, a multiple of 64 rows but the last; more
-/// bytes where the batch has so many buffers that their ranges would average less than
-/// 64 KiB): the whole batch where it is not flat, has no rows or fits one piece.
+/// The runs of rows `batch` is downloaded by: as many as pieces of `piece` bytes its
+/// buffers hold (more bytes per piece where the batch has so many buffers that their
+/// ranges would average less than 64 KiB), of even rows, a multiple of 64 rows each but
+/// the last; the whole batch where it is not flat, has no rows or fits one piece. The
+/// count follows the bytes, not the rows: a batch of many rows and few bytes (no
+/// columns, or only null-type ones, which a peer may declare with any row count) is one
+/// run.
 fn pieces(batch: &DeviceRecordBatch, piece: usize) -> Vec<(usize, usize)> {
     let rows = batch.num_rows();
     let whole = vec![(0, rows)];
@@ -195,12 +198,15 @@ fn pieces(batch: &DeviceRecordBatch, piece: usize) -> Vec<(usize, usize)> {
         .flat_map(|c| c.device_buffers())
         .map(|b| b.size())
         .collect();
-    let bytes: usize = buffers.iter().sum();
+    let bytes = buffers.iter().fold(0usize, |sum, &b| sum.saturating_add(b));
     // A piece copies each buffer's range on its own: with many columns, a piece grows so
     // that those copies average at least `MIN_PART` bytes.
-    let piece = piece.max(buffers.len().saturating_mul(MIN_PART));
-    let per_row = bytes.div_ceil(rows).max(1);
-    let step = (piece / per_row / 64 * 64).max(64);
+    let piece = piece.max(buffers.len().saturating_mul(MIN_PART)).max(1);
+    let count = bytes.div_ceil(piece);
+    if count <= 1 {
+        return whole;
+    }
+    let step = rows.div_ceil(count).next_multiple_of(64);
     if step >= rows {
         return whole;
     }
@@ -270,8 +276,8 @@ fn from_encoder(e: arrow_flight::error::FlightError) -> FlightError {
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{ArrayRef, Int64Array, ListArray};
-    use arrow::datatypes::Int64Type;
+    use arrow::array::{ArrayRef, Int64Array, ListArray, NullArray, RecordBatchOptions};
+    use arrow::datatypes::{Int64Type, Schema};
 
     use super::*;
 
@@ -317,6 +323,42 @@ mod tests {
         assert_eq!(pieces(&small, PIECE_BYTES), vec![(0, 1000)]);
         let empty = on_device(2, 0);
         assert_eq!(pieces(&empty, PIECE_BYTES), vec![(0, 0)]);
+    }
+
+    #[test]
+    fn a_batch_of_many_rows_and_few_bytes_is_one_run() {
+        let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new())
+            .context(0)
+            .expect("simulator context");
+        // What a peer may declare: no columns, or null-type columns only, of any row
+        // count (no buffers, so no bytes to cut).
+        let rows = i64::MAX as usize;
+        let no_columns = RecordBatch::try_new_with_options(
+            Arc::new(Schema::empty()),
+            vec![],
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )
+        .expect("batch");
+        let device = DeviceRecordBatch::from_host(&no_columns, &ctx).expect("upload");
+        assert_eq!(pieces(&device, PIECE_BYTES), vec![(0, rows)]);
+        let nulls =
+            RecordBatch::try_from_iter([("n", Arc::new(NullArray::new(1 << 40)) as ArrayRef)])
+                .expect("batch");
+        let device = DeviceRecordBatch::from_host(&nulls, &ctx).expect("upload");
+        assert_eq!(pieces(&device, PIECE_BYTES), vec![(0, 1 << 40)]);
+        // Beside one small column, the runs follow its bytes: 8 MiB of i64 in two.
+        let mixed = RecordBatch::try_from_iter([
+            ("n", Arc::new(NullArray::new(1 << 20)) as ArrayRef),
+            (
+                "x",
+                Arc::new(Int64Array::from(vec![7i64; 1 << 20])) as ArrayRef,
+            ),
+        ])
+        .expect("batch");
+        let device = DeviceRecordBatch::from_host(&mixed, &ctx).expect("upload");
+        let runs = pieces(&device, PIECE_BYTES);
+        check_tiles(&runs, 1 << 20);
+        assert_eq!(runs.len(), 2, "{runs:?}");
     }
 
     #[test]

@@ -24,10 +24,12 @@ pub enum FlightError {
     /// shorter than its metadata says, a record batch before the schema, ...
     #[error("invalid Flight data: {0}")]
     InvalidData(String),
-    /// A message larger than the configured limit (header and body together).
-    #[error("Flight message of {size} bytes is over the limit of {limit} bytes")]
+    /// A message larger than the configured limit (header and body together), a
+    /// compressed body declaring more than the decompression limit, or a `DoPut`'s
+    /// answers (its `PutResult`s together) larger than the message limit.
+    #[error("Flight data of {size} bytes is over the limit of {limit} bytes")]
     TooLarge {
-        /// The size the message has (or claims).
+        /// The size the data has (or claims).
         size: usize,
         /// The limit it broke.
         limit: usize,

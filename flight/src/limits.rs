@@ -44,9 +44,13 @@ pub const DEFAULT_CONNECTION_WINDOW: u32 = 32 << 20;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServerLimits {
-    /// The longest wait for the next message of a `DoPut` (the first one included); past
-    /// it the call fails with `DeadlineExceeded` and what it had received is freed.
-    /// Default [`DEFAULT_IDLE_TIMEOUT`] (60 s); `None` waits for ever.
+    /// The longest wait for the next message of a `DoPut` or `DoExchange` (the first one
+    /// included), and for the client to take the next message of a `DoGet` or
+    /// `DoExchange` answer (an answer runs in a task of its own and hands the transport
+    /// one message at a time; a client that reads nothing holds the transport through
+    /// HTTP/2 flow control). Past it the call fails with `DeadlineExceeded` and what it
+    /// had received, or what its answer held, is freed. Default [`DEFAULT_IDLE_TIMEOUT`]
+    /// (60 s); `None` waits for ever.
     pub idle_timeout: Option<Duration>,
     /// The interval of HTTP/2 pings on every connection: a peer that does not answer one
     /// within [`http2_keepalive_timeout`](Self::http2_keepalive_timeout) is disconnected,

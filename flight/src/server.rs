@@ -30,7 +30,7 @@ use crate::encode::{
 use crate::error::{FlightError, Result};
 use crate::limits::ServerLimits;
 use crate::service::{BodyEnd, DeviceFlightService};
-use crate::timeout::idle_bounded;
+use crate::timeout::{idle_bounded, taken_within};
 
 /// What gRPC may add around a `FlightData`'s header and body: tonic's own limit is the
 /// decoder's plus this.
@@ -380,13 +380,16 @@ impl DeviceFlightServer {
     }
 
     fn flight_info(&self, key: &[u8], flight: &DeviceFlight) -> Result<FlightInfo, Status> {
-        let rows: usize = flight.batches.iter().map(DeviceRecordBatch::num_rows).sum();
+        // The row counts came from a peer: their sum may not fit (-1: unknown).
+        let rows = flight.batches.iter().try_fold(0i64, |sum, b| {
+            sum.checked_add(i64::try_from(b.num_rows()).ok()?)
+        });
         Ok(FlightInfo::new()
             .try_with_schema(&flight.schema)
             .map_err(|e| Status::internal(e.to_string()))?
             .with_descriptor(descriptor_of(key))
             .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(key.to_vec())))
-            .with_total_records(i64::try_from(rows).unwrap_or(-1)))
+            .with_total_records(rows.unwrap_or(-1)))
     }
 
     /// A decoder onto the server's device, with its message limit.
@@ -496,10 +499,13 @@ impl FlightService for DeviceFlightServer {
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         let flight = self.lookup(&request.get_ref().ticket)?;
-        Ok(Response::new(encode_device_batches(
-            flight.schema,
-            flight.batches,
-            Some(self.max_flight_data_size),
+        Ok(Response::new(taken_within(
+            encode_device_batches(
+                flight.schema,
+                flight.batches,
+                Some(self.max_flight_data_size),
+            ),
+            self.limits.idle_timeout,
         )))
     }
 
@@ -560,10 +566,9 @@ impl FlightService for DeviceFlightServer {
         }
         let received =
             DeviceBatchStream::start(self.incoming(first, incoming), self.decoder()?).await?;
-        Ok(Response::new(exchange(
-            received,
-            self.exchange.clone(),
-            self.max_flight_data_size,
+        Ok(Response::new(taken_within(
+            exchange(received, self.exchange.clone(), self.max_flight_data_size),
+            self.limits.idle_timeout,
         )))
     }
 

@@ -2,10 +2,13 @@
 //! (connecting, a call's answer, the next message of a stream).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
+use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{FlightError, Result};
@@ -15,11 +18,12 @@ use crate::error::{FlightError, Result};
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a client call waits for the server's answer (for a `DoGet`: the response
-/// headers): 60 s. See [`FlightDeviceClient::with_timeout`](crate::FlightDeviceClient::with_timeout).
+/// headers; for an upload, from its last message): 60 s. See [`FlightDeviceClient::with_timeout`](crate::FlightDeviceClient::with_timeout).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How long a stream waits for its next message, on the client (a `DoGet`'s batches) and
-/// on the server (a `DoPut`'s): 60 s. See
+/// How long a stream waits for its next message, on the client (a `DoGet`'s batches, the
+/// server taking an upload's) and on the server (a `DoPut`'s, the client taking an
+/// answer's): 60 s. See
 /// [`FlightDeviceClient::with_idle_timeout`](crate::FlightDeviceClient::with_idle_timeout)
 /// and [`ServerLimits::idle_timeout`](crate::ServerLimits::idle_timeout).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -37,6 +41,125 @@ pub(crate) async fn bounded<T>(
             .await
             .map_err(|_| FlightError::Timeout { what, after })?,
     }
+}
+
+/// How far an upload (the request stream of a `DoPut` or `DoExchange`) has got.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Sent {
+    /// The messages the transport has taken (HTTP/2 takes the next one only while the
+    /// server's flow-control window has room: a server that stops reading stops it).
+    pub(crate) messages: u64,
+    /// Whether the last one has been taken.
+    pub(crate) all: bool,
+}
+
+/// `answer`, the server's answer (its response headers) to an upload whose progress
+/// `sent` tells: while the upload is being sent, bounded by `idle` between the messages
+/// the transport takes (a server may answer only once the whole upload is in, so the call
+/// timeout cannot bound a long upload); after its last message, by `timeout`.
+///
+/// # Errors
+/// [`FlightError::Timeout`] when either wait runs out; `answer`'s own error.
+pub(crate) async fn upload_answer<T>(
+    mut sent: watch::Receiver<Sent>,
+    timeout: Option<Duration>,
+    idle: Option<Duration>,
+    answer: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::pin!(answer);
+    // Whether the upload can still tell of progress (its stream not dropped).
+    let mut watching = true;
+    loop {
+        let all = !watching || sent.borrow_and_update().all;
+        let (what, limit) = if all {
+            ("the answer to a call", timeout)
+        } else {
+            ("the server taking the next message of an upload", idle)
+        };
+        let waited = async {
+            match limit {
+                Some(after) => tokio::time::sleep(after).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            answered = &mut answer => return answered,
+            changed = sent.changed(), if watching => {
+                // Dropped (the call ended, or the transport let go of the stream): the
+                // answer is all that is left to wait for.
+                watching = changed.is_ok();
+            }
+            () = waited => {
+                let after = limit.unwrap_or_default();
+                return Err(FlightError::Timeout { what, after });
+            }
+        }
+    }
+}
+
+/// A server's answer stream (a `DoGet`'s or `DoExchange`'s messages), run by a task of
+/// its own and handed to the transport through a slot of one message: a client that takes
+/// no message for `idle` (HTTP/2 flow control holds the transport while the client reads
+/// nothing, and pings are still answered) ends the call, and what the answer held (the
+/// flight's batches, downloads in flight) is freed then, not only when the client goes.
+/// The client, should it read on, gets the message in the slot and then
+/// `DeadlineExceeded`; an answer that stops without its end (a panic in the server) ends
+/// with `Internal`, never as if complete. `None`: `answer` as it is.
+pub(crate) fn taken_within<T: Send + 'static>(
+    answer: BoxStream<'static, Result<T, tonic::Status>>,
+    idle: Option<Duration>,
+) -> BoxStream<'static, Result<T, tonic::Status>> {
+    const RUNNING: u8 = 0;
+    const ENDED: u8 = 1;
+    const STALLED: u8 = 2;
+    let Some(after) = idle else {
+        return answer;
+    };
+    let (slot, taken) = tokio::sync::mpsc::channel(1);
+    let state = Arc::new(AtomicU8::new(RUNNING));
+    let pump_state = state.clone();
+    tokio::spawn(async move {
+        let mut answer = answer;
+        while let Some(message) = answer.next().await {
+            match tokio::time::timeout(after, slot.send(message)).await {
+                Ok(Ok(())) => {}
+                // The call was dropped (the client went): nobody reads on.
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    log::debug!(
+                        "a client took no message of an answer for {after:?}; the call ends"
+                    );
+                    pump_state.store(STALLED, Ordering::Release);
+                    return;
+                }
+            }
+        }
+        pump_state.store(ENDED, Ordering::Release);
+    });
+    futures::stream::unfold(Some(taken), move |taken| {
+        let state = state.clone();
+        async move {
+            let mut taken = taken?;
+            match taken.recv().await {
+                Some(message) => Some((message, Some(taken))),
+                None => match state.load(Ordering::Acquire) {
+                    ENDED => None,
+                    STALLED => Some((
+                        Err(tonic::Status::deadline_exceeded(format!(
+                            "the client took no message of the answer for {after:?}"
+                        ))),
+                        None,
+                    )),
+                    _ => Some((
+                        Err(tonic::Status::internal("the answer stopped before its end")),
+                        None,
+                    )),
+                },
+            }
+        }
+    })
+    .boxed()
 }
 
 /// Connect `endpoint` within `limit`: TCP (tonic's `connect_timeout`) and everything after
