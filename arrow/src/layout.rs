@@ -137,12 +137,14 @@ pub(crate) fn type_layout(data_type: &DataType) -> Result<TypeLayout> {
 }
 
 /// Whether a schema's `fields` are ones cudabuf can read: every type, nested ones and
-/// dictionary values included, has a layout, and no fixed size is negative (arrow-rs
-/// panics building even an empty array of such a type).
+/// dictionary values included, has a layout, and is one arrow-rs can build arrays of (it
+/// panics building even an empty array of the types refused here).
 ///
 /// # Errors
 /// [`Error::InvalidData`] for a negative fixed size (`FixedSizeBinary`,
-/// `FixedSizeList`); [`Error::Unsupported`] for a type without a layout.
+/// `FixedSizeList`), run ends of a type other than Int16, Int32 or Int64, map entries
+/// that are not a struct of two fields; [`Error::Unsupported`] for a type without a
+/// layout (a dictionary with a non-integer key).
 pub(crate) fn check_fields(what: &'static str, fields: &Fields) -> Result<()> {
     fn check(what: &'static str, name: &str, data_type: &DataType) -> Result<()> {
         match data_type {
@@ -153,6 +155,31 @@ pub(crate) fn check_fields(what: &'static str, fields: &Fields) -> Result<()> {
                 ))
             }
             DataType::Dictionary(_, values) => check(what, name, values)?,
+            DataType::RunEndEncoded(run_ends, _)
+                if !matches!(
+                    run_ends.data_type(),
+                    DataType::Int16 | DataType::Int32 | DataType::Int64
+                ) =>
+            {
+                return Err(Error::invalid_data(
+                    what,
+                    format!(
+                        "field {name:?} has run ends of type {}, not Int16, Int32 or Int64",
+                        run_ends.data_type()
+                    ),
+                ))
+            }
+            DataType::Map(entries, _)
+                if !matches!(entries.data_type(), DataType::Struct(f) if f.len() == 2) =>
+            {
+                return Err(Error::invalid_data(
+                    what,
+                    format!(
+                        "field {name:?} is a map whose entries are {}, not a struct of a key and a value",
+                        entries.data_type()
+                    ),
+                ))
+            }
             _ => {}
         }
         type_layout(data_type)?;
@@ -205,7 +232,7 @@ mod tests {
     use arrow::datatypes::Field;
 
     #[test]
-    fn schemas_with_a_negative_fixed_size_anywhere_are_invalid_data() {
+    fn schemas_arrow_rs_cannot_build_arrays_of_are_invalid_data() {
         let field = |dt: DataType| Arc::new(Field::new("f", dt, true));
         let bad_binary = DataType::FixedSizeBinary(-1);
         let bad_list = DataType::FixedSizeList(field(DataType::Int8), -3);
@@ -234,8 +261,71 @@ mod tests {
             );
             assert!(err.to_string().contains("negative fixed size"), "{err}");
         }
+        let run_ends_utf8 = DataType::RunEndEncoded(
+            Arc::new(Field::new("run_ends", DataType::Utf8, false)),
+            field(DataType::Int32),
+        );
+        let map_of_ints = DataType::Map(field(DataType::Int32), false);
+        let map_of_one = DataType::Map(
+            Arc::new(Field::new(
+                "entries",
+                DataType::Struct(vec![field(DataType::Utf8)].into()),
+                false,
+            )),
+            false,
+        );
+        for (dt, says) in [
+            (run_ends_utf8.clone(), "run ends of type Utf8"),
+            (
+                DataType::List(field(run_ends_utf8)),
+                "run ends of type Utf8",
+            ),
+            (map_of_ints, "not a struct of a key and a value"),
+            (map_of_one, "not a struct of a key and a value"),
+        ] {
+            let fields = Fields::from(vec![Field::new("x", dt.clone(), true)]);
+            let err = check_fields("test", &fields).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                cudabuf_core::ErrorKind::InvalidData,
+                "{dt}: {err}"
+            );
+            assert!(err.to_string().contains(says), "{err}");
+            // What arrow-rs does with it: a panic building an empty array.
+            let built = std::panic::catch_unwind(|| arrow::array::new_empty_array(&dt));
+            assert!(
+                built.is_err(),
+                "{dt}: arrow-rs builds it, so it need not be refused"
+            );
+        }
         let good = Fields::from(vec![
             Field::new("b", DataType::FixedSizeBinary(0), true),
+            Field::new(
+                "r",
+                DataType::RunEndEncoded(
+                    Arc::new(Field::new("run_ends", DataType::Int16, false)),
+                    field(DataType::Utf8),
+                ),
+                true,
+            ),
+            Field::new(
+                "m",
+                DataType::Map(
+                    Arc::new(Field::new(
+                        "entries",
+                        DataType::Struct(
+                            vec![
+                                Arc::new(Field::new("k", DataType::Utf8, false)),
+                                field(DataType::Int64),
+                            ]
+                            .into(),
+                        ),
+                        false,
+                    )),
+                    false,
+                ),
+                true,
+            ),
             Field::new(
                 "l",
                 DataType::FixedSizeList(field(DataType::Float32), 4),

@@ -77,6 +77,8 @@ pub struct FlightDeviceClient {
     inner: FlightServiceClient<Abortable<Channel>>,
     token: Option<String>,
     max_message_size: usize,
+    /// The decoders' decompression limit (`None`: the message limit).
+    decompression_limit: Option<usize>,
     max_flight_data_size: usize,
     timeout: Option<Duration>,
     idle_timeout: Option<Duration>,
@@ -126,6 +128,7 @@ impl FlightDeviceClient {
             inner: FlightServiceClient::new(Abortable(channel)),
             token: token.map(str::to_owned),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            decompression_limit: None,
             max_flight_data_size: DEFAULT_MAX_FLIGHT_DATA_SIZE,
             timeout: Some(DEFAULT_TIMEOUT),
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
@@ -255,10 +258,11 @@ impl FlightDeviceClient {
     /// Set how long a stream waits for its next message (the schema included),
     /// [`DEFAULT_IDLE_TIMEOUT`] by default: a server that goes silent mid-stream ends it
     /// with [`FlightError::Timeout`] after the batches already complete, and the call is
-    /// cancelled. It also bounds an upload (`DoPut`, `DoExchange`) between the messages
-    /// the server takes: HTTP/2 takes the next one only while the server's flow-control
-    /// window has room, so a server that stops reading fails the upload after it. `None`
-    /// waits for ever.
+    /// cancelled. Until the server answers an upload (`DoPut`, `DoExchange`), it also
+    /// bounds the wait for each of the upload's messages to be taken: HTTP/2 takes the
+    /// next one only while the server's flow-control window has room, so a server that
+    /// stops reading fails the upload after it. `None` waits for ever (an upload's
+    /// messages are then bounded by [`with_timeout`](Self::with_timeout)).
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -289,6 +293,51 @@ impl FlightDeviceClient {
     /// ```
     pub fn idle_timeout(&self) -> Option<Duration> {
         self.idle_timeout
+    }
+
+    /// Set the limit on what one compressed incoming message body may decompress to (see
+    /// [`DeviceFlightDecoder::with_decompression_limit`]); by default the message limit,
+    /// so that a compressed message lands no more than an uncompressed one could. A body
+    /// declaring more ends the stream with [`FlightError::TooLarge`] before anything is
+    /// allocated.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let runtime = tokio::runtime::Runtime::new()?;
+    /// # let _guard = runtime.enter();
+    /// # let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    /// let client = cudabuf_flight::FlightDeviceClient::new(channel, None);
+    /// assert_eq!(client.decompression_limit(), client.max_message_size());
+    /// let client = client.with_decompression_limit(1 << 30);
+    /// assert_eq!(client.decompression_limit(), 1 << 30);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_decompression_limit(mut self, bytes: usize) -> Self {
+        self.decompression_limit = Some(bytes);
+        self
+    }
+
+    /// The limit on what one compressed incoming message body may decompress to: the
+    /// message limit unless set.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let runtime = tokio::runtime::Runtime::new()?;
+    /// # let _guard = runtime.enter();
+    /// # let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    /// let client = cudabuf_flight::FlightDeviceClient::new(channel, None).with_max_message_size(8 << 20);
+    /// assert_eq!(client.decompression_limit(), 8 << 20);
+    /// # Ok(()) }
+    /// ```
+    pub fn decompression_limit(&self) -> usize {
+        self.decompression_limit.unwrap_or(self.max_message_size)
+    }
+
+    /// A decoder onto the device of `ctx` with the client's limits.
+    fn decoder(&self, ctx: &Context) -> Result<DeviceFlightDecoder> {
+        Ok(DeviceFlightDecoder::new(ctx)?
+            .with_max_message_size(self.max_message_size)
+            .with_decompression_limit(self.decompression_limit()))
     }
 
     fn request<T>(&self, message: T) -> Result<Request<T>> {
@@ -367,7 +416,7 @@ impl FlightDeviceClient {
                 incoming.map(|m| m.map_err(FlightError::from)),
                 self.idle_timeout,
             ),
-            DeviceFlightDecoder::new(ctx)?.with_max_message_size(self.max_message_size),
+            self.decoder(ctx)?,
         )
         .await
     }
@@ -523,7 +572,7 @@ impl FlightDeviceClient {
         batches: Vec<DeviceRecordBatch>,
         ctx: &Context,
     ) -> Result<DeviceBatchStream> {
-        let decoder = DeviceFlightDecoder::new(ctx)?.with_max_message_size(self.max_message_size);
+        let decoder = self.decoder(ctx)?;
         let (outgoing, failed, sent) =
             Outgoing::new(descriptor, schema, batches, self.max_flight_data_size)?;
         let mut failed = failed.fuse();

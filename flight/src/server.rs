@@ -84,6 +84,8 @@ pub struct DeviceFlightServer {
     exchange: Option<Arc<ExchangeHandler>>,
     /// The most bytes of body in one message sent.
     max_flight_data_size: usize,
+    /// The decoders' decompression limit (`None`: the message limit).
+    decompression_limit: Option<usize>,
 }
 
 /// A `DoExchange` handler: one answer batch per received batch.
@@ -137,6 +139,7 @@ impl DeviceFlightServer {
             limits: ServerLimits::default(),
             exchange: None,
             max_flight_data_size: DEFAULT_MAX_FLIGHT_DATA_SIZE,
+            decompression_limit: None,
         }
     }
 
@@ -226,6 +229,39 @@ impl DeviceFlightServer {
     /// ```
     pub fn max_flight_data_size(&self) -> usize {
         self.max_flight_data_size
+    }
+
+    /// Set the limit on what one compressed incoming message body may decompress to (see
+    /// [`DeviceFlightDecoder::with_decompression_limit`]); by default the message limit,
+    /// so that a compressed message lands no more than an uncompressed one could. A body
+    /// declaring more is refused before anything is allocated (`ResourceExhausted`).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let server = cudabuf_flight::DeviceFlightServer::new(&ctx);
+    /// assert_eq!(server.decompression_limit(), server.max_message_size());
+    /// let server = server.with_decompression_limit(1 << 30);
+    /// assert_eq!(server.decompression_limit(), 1 << 30);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_decompression_limit(mut self, bytes: usize) -> Self {
+        self.decompression_limit = Some(bytes);
+        self
+    }
+
+    /// The limit on what one compressed incoming message body may decompress to.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let server = cudabuf_flight::DeviceFlightServer::with_max_message_size(&ctx, 8 << 20);
+    /// assert_eq!(server.decompression_limit(), 8 << 20);
+    /// # Ok(()) }
+    /// ```
+    pub fn decompression_limit(&self) -> usize {
+        self.decompression_limit
+            .unwrap_or(self.inner.max_message_size)
     }
 
     /// The limit on one incoming message.
@@ -395,7 +431,8 @@ impl DeviceFlightServer {
     /// A decoder onto the server's device, with its message limit.
     fn decoder(&self) -> Result<DeviceFlightDecoder, Status> {
         Ok(DeviceFlightDecoder::new(&self.inner.ctx)?
-            .with_max_message_size(self.inner.max_message_size))
+            .with_max_message_size(self.inner.max_message_size)
+            .with_decompression_limit(self.decompression_limit()))
     }
 
     /// The messages of a request: `first` (read already, for its descriptor), then the
@@ -587,6 +624,16 @@ impl FlightService for DeviceFlightServer {
     }
 }
 
+/// An empty batch of `schema`. The decoder refuses the schemas arrow-rs cannot build
+/// arrays of; a panic here all the same (a type it missed) is the peer's bad schema, not
+/// the server's end.
+fn empty_batch(schema: SchemaRef) -> Result<RecordBatch> {
+    std::panic::catch_unwind(|| RecordBatch::new_empty(schema)).map_err(|_| {
+        log::error!("arrow-rs panicked building an empty batch of a peer's schema");
+        FlightError::invalid("a schema arrow-rs cannot build arrays of")
+    })
+}
+
 /// The answer of a `DoExchange`: each batch of `received`, through `handler` (on a
 /// blocking thread; `None`: as it came), downloaded one download ahead and encoded; the
 /// received stream's schema alone when no batch came.
@@ -611,10 +658,11 @@ fn exchange(
     let answers = answers.inspect_ok(move |_| seen.store(true, Ordering::Relaxed));
     // Without any answer, an empty batch of the received schema: the encoder sends its
     // schema message and nothing for the batch (it has no rows).
-    let schema_only = stream::once(async move {
-        (!answered.load(Ordering::Relaxed)).then(|| Ok(RecordBatch::new_empty(schema)))
-    })
-    .filter_map(future::ready);
+    let schema_only =
+        stream::once(
+            async move { (!answered.load(Ordering::Relaxed)).then(|| empty_batch(schema)) },
+        )
+        .filter_map(future::ready);
     let size = Some(max_flight_data_size);
     let host = download_ahead(answers, piece_for(size)).chain(schema_only);
     encode_host(None, None, host, size)

@@ -54,9 +54,11 @@ pub(crate) struct Sent {
 }
 
 /// `answer`, the server's answer (its response headers) to an upload whose progress
-/// `sent` tells: while the upload is being sent, bounded by `idle` between the messages
-/// the transport takes (a server may answer only once the whole upload is in, so the call
-/// timeout cannot bound a long upload); after its last message, by `timeout`.
+/// `sent` tells: while the upload is being sent, bounded by `idle` (or, when that is
+/// `None`, by `timeout`) between the messages the transport takes (a server may answer
+/// only once the whole upload is in, so the call timeout cannot bound a long upload as a
+/// whole); after its last message, by `timeout`. The wait for a message counts the time
+/// to make it (its download) as well as the server's reading.
 ///
 /// # Errors
 /// [`FlightError::Timeout`] when either wait runs out; `answer`'s own error.
@@ -74,7 +76,11 @@ pub(crate) async fn upload_answer<T>(
         let (what, limit) = if all {
             ("the answer to a call", timeout)
         } else {
-            ("the server taking the next message of an upload", idle)
+            // Without an idle timeout, the call timeout bounds each wait instead.
+            (
+                "the next message of an upload to be taken",
+                idle.or(timeout),
+            )
         };
         let waited = async {
             match limit {
@@ -99,13 +105,15 @@ pub(crate) async fn upload_answer<T>(
 }
 
 /// A server's answer stream (a `DoGet`'s or `DoExchange`'s messages), run by a task of
-/// its own and handed to the transport through a slot of one message: a client that takes
-/// no message for `idle` (HTTP/2 flow control holds the transport while the client reads
-/// nothing, and pings are still answered) ends the call, and what the answer held (the
-/// flight's batches, downloads in flight) is freed then, not only when the client goes.
-/// The client, should it read on, gets the message in the slot and then
-/// `DeadlineExceeded`; an answer that stops without its end (a panic in the server) ends
-/// with `Internal`, never as if complete. `None`: `answer` as it is.
+/// its own and handed to the transport through a slot of one message (so the task runs
+/// at most two messages ahead of the transport: one in the slot, one waiting for it): a
+/// client that takes no message for `idle` (HTTP/2 flow control holds the transport while
+/// the client reads nothing, and pings are still answered) makes the server give up the
+/// answer, and what it held (the flight's batches, downloads in flight) is freed then,
+/// not only when the client goes. The client, should it read on, gets the messages in
+/// flight and then `DeadlineExceeded`; an answer that stops without its end (a panic in
+/// the server) ends with `Internal`, never as if complete. A call the client drops stops
+/// the task too. `None`, or no tokio runtime: `answer` as it is.
 pub(crate) fn taken_within<T: Send + 'static>(
     answer: BoxStream<'static, Result<T, tonic::Status>>,
     idle: Option<Duration>,
@@ -116,12 +124,24 @@ pub(crate) fn taken_within<T: Send + 'static>(
     let Some(after) = idle else {
         return answer;
     };
+    // Outside a runtime (a handler called directly) the answer goes as it is; its steps
+    // report the missing runtime themselves.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return answer;
+    };
     let (slot, taken) = tokio::sync::mpsc::channel(1);
     let state = Arc::new(AtomicU8::new(RUNNING));
     let pump_state = state.clone();
-    tokio::spawn(async move {
+    runtime.spawn(async move {
         let mut answer = answer;
-        while let Some(message) = answer.next().await {
+        loop {
+            let message = tokio::select! {
+                // The call was dropped (the client went, or reset it): stop making the
+                // answer (a download or a handler's step in flight is let go of here).
+                () = slot.closed() => return,
+                message = answer.next() => message,
+            };
+            let Some(message) = message else { break };
             match tokio::time::timeout(after, slot.send(message)).await {
                 Ok(Ok(())) => {}
                 // The call was dropped (the client went): nobody reads on.

@@ -294,13 +294,23 @@ async fn a_server_refuses_a_compressed_batch_past_its_message_limit() {
     let descriptor = FlightDescriptor::new_path(vec!["bomb".into()]);
     let messages = encoded(Some(descriptor), std::slice::from_ref(&batch), options).await;
     drop(batch);
-    let status = raw_put(&serving.url, messages).await.unwrap_err();
+    let status = raw_put(&serving.url, messages.clone()).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     assert!(server.get(b"bomb").is_none());
     eventually("nothing held", Duration::from_secs(5), || {
         ctx.bytes_allocated() == 0
     })
     .await;
+    serving.stop().await;
+    // A server that trusts its clients with more: the same message lands whole.
+    let server = DeviceFlightServer::with_max_message_size(&ctx, 1 << 20)
+        .with_decompression_limit(256 << 20);
+    let serving = Serving::start(server.clone(), None).await;
+    raw_put(&serving.url, messages).await.expect("stored");
+    let stored = server.get(b"bomb").expect("stored");
+    assert_eq!(stored.batches[0].num_rows(), 16 << 20);
+    drop(stored);
+    server.remove(b"bomb");
     serving.stop().await;
 }
 
@@ -434,6 +444,51 @@ async fn a_do_get_client_that_stops_reading_is_dropped_after_the_idle_timeout() 
     .await;
     let status = ended.expect_err("a stream cut short must not end as complete");
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    serving.stop().await;
+}
+
+/// The same for a `DoExchange` whose client sends its batches and reads none of the
+/// answers for longer than the server's idle timeout: the server gives the answer up (and
+/// with it what it had received), so the client, reading on, finds it cut with
+/// `DeadlineExceeded` (it came whole, late, before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_do_exchange_client_that_reads_no_answer_is_dropped_after_the_idle_timeout() {
+    let (_sim, ctx) = new_sim();
+    let mut limits = ServerLimits::default();
+    limits.idle_timeout = Some(Duration::from_millis(300));
+    let server = DeviceFlightServer::new(&ctx).with_limits(limits);
+    let serving = Serving::start(server.clone(), None).await;
+    let batches: Vec<_> = (0..6).map(|i| numbers(i, 400_000)).collect();
+    // Messages of at most 2 MiB (arrow-flight's default), so that the server reads the
+    // upload as its answers go out.
+    let messages: Vec<FlightData> = FlightDataEncoderBuilder::new()
+        .with_flight_descriptor(Some(FlightDescriptor::new_path(vec!["echo".into()])))
+        .build(stream::iter(batches.into_iter().map(Ok)))
+        .try_collect()
+        .await
+        .unwrap();
+    let mut client = raw(&serving.url).await;
+    let mut unread = bounded(client.do_exchange(stream::iter(messages)))
+        .await
+        .expect("the exchange starts")
+        .into_inner();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ended = bounded(async {
+        loop {
+            match unread.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => break Ok(()),
+                Err(status) => break Err(status),
+            }
+        }
+    })
+    .await;
+    let status = ended.expect_err("an answer given up must not end as complete");
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    eventually("nothing held", Duration::from_secs(5), || {
+        ctx.bytes_allocated() == 0
+    })
+    .await;
     serving.stop().await;
 }
 
@@ -578,7 +633,9 @@ async fn endless_put_results_are_too_large_past_the_message_limit() {
         matches!(outcome, Err(FlightError::TooLarge { limit, .. }) if limit == 4 << 20),
         "{outcome:?}"
     );
-    assert!(sent.load(Ordering::SeqCst) <= 6 << 20);
+    // What the server got out before the client gave up: the limit, and what the
+    // HTTP/2 windows and buffers held on the way.
+    assert!(sent.load(Ordering::SeqCst) <= 16 << 20);
     serving.stop().await;
 }
 
@@ -616,6 +673,22 @@ async fn a_server_that_stops_reading_an_upload_is_an_idle_timeout() {
         other => panic!("expected the idle timeout, got {other:?}"),
     }
     assert!(took < Duration::from_secs(30), "{took:?}");
+    // Without an idle timeout, the call timeout bounds each wait of the upload instead.
+    let mut client = FlightDeviceClient::connect(&serving.url, None)
+        .await
+        .unwrap()
+        .with_timeout(Some(Duration::from_millis(500)))
+        .with_idle_timeout(None);
+    let put = bounded(client.do_put(
+        FlightDescriptor::new_path(vec!["p".into()]),
+        batches[0].schema(),
+        upload(&batches, &ctx),
+    ))
+    .await;
+    assert!(
+        matches!(put, Err(FlightError::Timeout { after, .. }) if after == Duration::from_millis(500)),
+        "{put:?}"
+    );
     serving.stop().await;
 }
 
@@ -635,8 +708,8 @@ async fn serve_evil(evil: Evil) -> Serving {
 
 // ---- A long upload and the call timeout -------------------------------------------
 
-/// A server that reads a message every 60 ms and answers once the whole upload is in
-/// (as `DeviceFlightServer` does): the call timeout (400 ms) counts from the upload's last
+/// A server that reads a message every 100 ms and answers once the whole upload is in
+/// (as `DeviceFlightServer` does): the call timeout (600 ms) counts from the upload's last
 /// message, so an upload of ten messages, longer than that timeout, completes (it failed
 /// with `Timeout` while bytes were flowing). Each message (about 7 MB) is larger than the
 /// server's flow-control window, so the last one is taken only once the server has read
@@ -644,14 +717,14 @@ async fn serve_evil(evil: Evil) -> Serving {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_longer_than_the_call_timeout_completes() {
     let (_sim, ctx) = new_sim();
-    let pause = Duration::from_millis(60);
+    let pause = Duration::from_millis(100);
     let serving = serve_evil(Evil {
         slow_reads: Some(pause),
         ..Evil::default()
     })
     .await;
     let batches: Vec<_> = (0..10).map(|i| numbers(i, 200_000)).collect();
-    let timeout = Duration::from_millis(400);
+    let timeout = Duration::from_millis(600);
     let mut client = FlightDeviceClient::connect(&serving.url, None)
         .await
         .unwrap()

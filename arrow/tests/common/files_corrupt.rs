@@ -123,6 +123,34 @@ pub(crate) fn bad_magic_and_footer_lengths_are_invalid_data(f: &Fixture) -> Case
     Ok(())
 }
 
+/// A file whose schema (in its footer and its stream header alike) holds a
+/// `FixedSizeBinary` of width -1: arrow-rs converts such a schema but panics building
+/// even an empty array of it, so the reader refuses it when it opens the file.
+pub(crate) fn a_schema_arrow_rs_cannot_build_arrays_of_is_invalid_data(f: &Fixture) -> CaseResult {
+    use std::sync::Arc;
+
+    use arrow::datatypes::{DataType, Field, Schema};
+    const MARK: i32 = 0x0123_4567;
+    let ctx = context(f);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("ok", DataType::Int64, false),
+        Field::new("f", DataType::FixedSizeBinary(MARK), true),
+    ]));
+    let mut bytes = arrow_rs_file(&schema, &[], None);
+    let mut patched = 0;
+    for at in 0..bytes.len() - 3 {
+        if bytes[at..at + 4] == MARK.to_le_bytes() {
+            bytes[at..at + 4].copy_from_slice(&(-1i32).to_le_bytes());
+            patched += 1;
+        }
+    }
+    assert!(patched >= 1, "the width's bytes are in the file");
+    let err = open_err(&ctx, &bytes);
+    assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
+    assert!(err.to_string().contains("negative fixed size"), "{err}");
+    Ok(())
+}
+
 /// The footer of `bytes` and where it starts.
 fn footer_start(bytes: &[u8]) -> usize {
     let n = bytes.len();

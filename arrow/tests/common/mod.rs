@@ -131,6 +131,7 @@ pub(crate) const FILE_CASES: &[Case] = cases![
     files::ipc_stream_file_reads_back_like_arrow_rs,
     files_corrupt::every_truncation_of_an_ipc_file_is_invalid_data,
     files_corrupt::bad_magic_and_footer_lengths_are_invalid_data,
+    files_corrupt::a_schema_arrow_rs_cannot_build_arrays_of_is_invalid_data,
     files_corrupt::blocks_outside_the_file_or_overlapping_are_invalid_data,
     files_corrupt::bit_flips_anywhere_in_an_ipc_file_never_panic,
     files_corrupt::compressed_buffers_whose_lengths_lie_are_invalid_data,
