@@ -5,7 +5,8 @@
 use cudabuf::{Error, ErrorKind};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyModule;
+use pyo3::types::{PyDict, PyModule, PyString, PyType};
+use pyo3::PyErrArguments;
 
 static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
@@ -42,6 +43,40 @@ fn cuda_name(error: &Error) -> (Option<String>, Option<i32>) {
     }
 }
 
+/// Import `cudabuf._errors` once, as the extension module is made (`cudabuf` imports it
+/// first): the first import waits on a once-cell with the GIL let go, which must not
+/// happen under a lock of ours, as the first error made later could.
+pub(crate) fn init(py: Python<'_>) -> PyResult<()> {
+    errors_module(py).map(drop)
+}
+
+/// `cudabuf._errors`, imported once.
+fn errors_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    ERRORS_MODULE
+        .get_or_try_init(py, || {
+            PyModule::import(py, "cudabuf._errors").map(Bound::unbind)
+        })
+        .map(|module| module.bind(py))
+}
+
+/// The exception class `class` of `cudabuf._errors`, made with `args` when it is raised
+/// (a lazy error): making the error runs no Python code and allocates no Python object
+/// the garbage collector tracks, so it may be made while a lock of ours is held (the
+/// class's `__init__` could let another thread take the GIL, and a collection could drop
+/// an object whose `Drop` takes that lock: either would deadlock).
+fn lazy_error<A>(py: Python<'_>, class: &str, args: A) -> PyErr
+where
+    A: PyErrArguments + Send + Sync + 'static,
+{
+    match errors_module(py).and_then(|module| module.getattr(PyString::intern(py, class))) {
+        Ok(cls) => match cls.cast_into::<PyType>() {
+            Ok(ty) => PyErr::from_type(ty, args),
+            Err(e) => e.into(),
+        },
+        Err(e) => e,
+    }
+}
+
 fn raise(
     py: Python<'_>,
     class: &str,
@@ -49,19 +84,7 @@ fn raise(
     kind: &str,
     cuda: (Option<String>, Option<i32>),
 ) -> PyErr {
-    let module = match ERRORS_MODULE.get_or_try_init(py, || {
-        PyModule::import(py, "cudabuf._errors").map(Bound::unbind)
-    }) {
-        Ok(module) => module.bind(py),
-        Err(e) => return e,
-    };
-    match module
-        .getattr(class)
-        .and_then(|cls| cls.call1((message, kind, cuda.0, cuda.1)))
-    {
-        Ok(instance) => PyErr::from_value(instance),
-        Err(e) => e,
-    }
+    lazy_error(py, class, (message, kind.to_owned(), cuda.0, cuda.1))
 }
 
 /// A cudabuf error as the Python exception of its kind, with `kind`, `cuda_name` and
@@ -78,18 +101,22 @@ pub(crate) fn to_pyerr(error: Error) -> PyErr {
             },
             _ => class_name(kind),
         };
-        let err = raise(
-            py,
-            class,
-            error.to_string(),
-            &kind.to_string(),
-            cuda_name(&error),
-        );
-        if let Error::File { path, .. } = &error {
-            // Best effort: the exception is raised with or without its `filename`.
-            let _ = err.value(py).setattr("filename", path.as_str());
+        let message = error.to_string();
+        let (name, code) = cuda_name(&error);
+        match &error {
+            Error::File { path, .. } => lazy_error(
+                py,
+                class,
+                (
+                    message,
+                    kind.to_string(),
+                    name,
+                    code,
+                    path.as_str().to_owned(),
+                ),
+            ),
+            _ => raise(py, class, message, &kind.to_string(), (name, code)),
         }
-        err
     })
 }
 
@@ -154,18 +181,17 @@ pub(crate) fn buffer_in_use(
 /// status, with `code` (the number) and `code_name` set.
 pub(crate) fn flight_status(code: tonic::Code, message: String) -> PyErr {
     Python::attach(|py| {
-        let module = match ERRORS_MODULE.get_or_try_init(py, || {
-            PyModule::import(py, "cudabuf._errors").map(Bound::unbind)
-        }) {
-            Ok(module) => module.bind(py),
-            Err(e) => return e,
-        };
-        match module
-            .getattr("_flight_error")
-            .and_then(|make| make.call1((message, code as i32)))
-        {
-            Ok(instance) => PyErr::from_value(instance),
-            Err(e) => e,
+        // The class for the code, from the table `_flight_error` uses (a lookup, no
+        // Python code run: see `lazy_error`).
+        let class = errors_module(py)
+            .ok()
+            .and_then(|module| module.getattr(PyString::intern(py, "_FLIGHT_ERRORS")).ok())
+            .and_then(|table| table.cast_into::<PyDict>().ok())
+            .and_then(|table| table.get_item(code as i32).ok().flatten())
+            .and_then(|cls| cls.cast_into::<PyType>().ok());
+        match class {
+            Some(ty) => PyErr::from_type(ty, (message, code as i32)),
+            None => lazy_error(py, "FlightError", (message, code as i32)),
         }
     })
 }

@@ -337,7 +337,9 @@ impl PyFlightClient {
         if std::process::id() != self.pid {
             return Err(forked("FlightClient"));
         }
-        self.lock().clone().ok_or_else(|| {
+        // The lock is released before the error is made (no Python work under a lock).
+        let clients = self.lock().clone();
+        clients.ok_or_else(|| {
             log::debug!("{operation} on a closed FlightClient");
             to_pyerr(Error::Closed {
                 what: "FlightClient",

@@ -192,10 +192,15 @@ impl HostMemory {
         f: impl FnOnce(&cudabuf::HostBuffer, usize) -> R,
     ) -> Option<PyResult<R>> {
         let lender = self.block.lender()?;
-        Some(match lender.whole() {
-            Some(host) => Ok(f(host, self.offset)),
-            None => Err(buffer_in_use(what, InUse::Lent, self.span())),
-        })
+        if lender.whole().is_none() {
+            drop(lender);
+            return Some(Err(buffer_in_use(what, InUse::Lent, self.span())));
+        }
+        // Still whole: checked above under the same lock (the error arm is not reached).
+        Some(lender.whole().map_or_else(
+            || Err(buffer_in_use(what, InUse::Lent, self.span())),
+            |host| Ok(f(host, self.offset)),
+        ))
     }
 
     /// Lend the first `len` bytes of this (pinned) memory to a copy: the loan and the
@@ -215,9 +220,9 @@ impl HostMemory {
                 "an asynchronous copy needs pinned host memory (cudabuf.cuda.new_host_buffer, or a slice of one); this Buffer is pageable",
             ));
         };
-        let pieces = lender
-            .lend(span)
-            .map_err(|in_use| buffer_in_use(what, in_use, span))?;
+        let lent = lender.lend(span);
+        drop(lender);
+        let pieces = lent.map_err(|in_use| buffer_in_use(what, in_use, span))?;
         Ok((
             Loan {
                 block: self.block.clone(),
@@ -277,6 +282,7 @@ impl HostMemory {
         // Held while `f` reads: no copy can borrow these bytes meanwhile.
         let lender = self.block.lender();
         if lender.as_ref().is_some_and(|l| l.is_lent(self.span())) {
+            drop(lender);
             return Err(buffer_in_use(what, InUse::Lent, self.span()));
         }
         let slice: &[u8] = if self.len == 0 {
@@ -496,8 +502,11 @@ unsafe extern "C" fn get_buffer(
                 // The export is recorded (and refused while a byte of it is lent) under
                 // the lender's lock, held until the view is filled.
                 let mut lender = memory.block.lender();
-                let id = match lender.as_mut().map(|l| l.export(memory.span())) {
+                let export = lender.as_mut().map(|l| l.export(memory.span()));
+                let id = match export {
                     Some(Err(in_use)) => {
+                        // Released first: raising runs the exception's `__init__`.
+                        drop(lender);
                         buffer_in_use("the buffer protocol", in_use, memory.span()).restore(py);
                         return -1;
                     }

@@ -41,6 +41,9 @@ use pyo3::prelude::*;
 /// The extension module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The exception classes, looked up now: looking them up the first time later could
+    // let go of the GIL (a once-cell's wait) while a lock of ours is held.
+    errors::init(m.py())?;
     m.add_class::<context::PyContext>()?;
     m.add_class::<device_buffer::PyCudaBuffer>()?;
     m.add_class::<interop::CudaArrayView>()?;

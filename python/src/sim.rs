@@ -218,10 +218,16 @@ impl PySimulator {
     }
 
     /// The bytes of live device allocations on ``device`` (what counts against its
-    /// capacity; 0 for no such device).
+    /// capacity).
+    ///
+    /// Raises:
+    ///     InvalidDeviceError: for a device this simulator does not have (as ``context``
+    ///         does: a test asserting 0 of a device that is not there would pass for
+    ///         nothing).
     #[pyo3(signature = (device = 0))]
     fn bytes_in_use(&self, device: i64) -> PyResult<usize> {
         let device = non_negative("Simulator.bytes_in_use", "device", device)?;
+        self.sim.sim_device(device).or_raise()?;
         Ok(self.sim.bytes_in_use(device))
     }
 

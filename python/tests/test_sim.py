@@ -81,6 +81,13 @@ def test_contexts_are_this_simulators() -> None:
     assert a.bytes_in_use(1) == 0
 
 
+def test_bytes_in_use_of_a_device_not_there_is_invalid_device() -> None:
+    s = sim.Simulator(devices=2)
+    for device in (2, 7, 2**40):
+        with pytest.raises(cudabuf.InvalidDeviceError, match="2 device"):
+            s.bytes_in_use(device)
+
+
 def test_leak_report_is_structured_and_printable() -> None:
     s = sim.Simulator()
     ctx = s.context(1)

@@ -172,6 +172,17 @@ class FileError(CudaError, OSError):
     shrinks while being read), or a write failed. The message names the file and the
     byte; ``filename`` is the file's path."""
 
+    def __init__(
+        self,
+        message: str,
+        kind: str = "File",
+        cuda_name: Optional[str] = None,
+        cuda_code: Optional[int] = None,
+        filename: Optional[str] = None,
+    ) -> None:
+        super().__init__(message, kind, cuda_name, cuda_code)
+        self.filename = filename
+
     def __str__(self) -> str:
         # The message, as for every cudabuf error (OSError's own form would replace it
         # with "[Errno None] None: 'filename'" once ``filename`` is set).
@@ -282,5 +293,6 @@ _FLIGHT_ERRORS = {
 
 
 def _flight_error(message: str, code: int) -> FlightError:
-    """The exception for gRPC status ``code`` (the extension raises what this returns)."""
+    """The exception for gRPC status ``code`` (the extension picks its class from
+    ``_FLIGHT_ERRORS`` the same way)."""
     return _FLIGHT_ERRORS.get(code, FlightError)(message, code)

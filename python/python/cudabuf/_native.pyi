@@ -619,7 +619,8 @@ class Simulator:
     def new_host_buffer(self, size: int, device: int = 0) -> HostBuffer:
         """Pinned host memory from this simulator."""
     def bytes_in_use(self, device: int = 0) -> int:
-        """The bytes of live device allocations on ``device``."""
+        """The bytes of live device allocations on ``device``; ``InvalidDeviceError`` for
+        a device this simulator does not have."""
     def _leaks(self) -> tuple[list[tuple[int, str, int, int]], str]: ...
     def _races(self) -> tuple[list[tuple[str, str, str, str, str]], int, str]: ...
     def clear_race_report(self) -> None:

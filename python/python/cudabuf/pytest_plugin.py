@@ -6,7 +6,8 @@ active wherever cudabuf is installed; ``-p no:cudabuf`` turns it off).
   are done) or a data race makes the test fail with
   :class:`~cudabuf.SimulatorNotCleanError` naming each one (reported by pytest as an
   error at teardown), once every fixture is torn down. The check is skipped when the
-  test (or its setup) already failed: its traceback may be what keeps buffers alive.
+  test (or its setup) already failed, or failed as expected (``xfail``): its traceback
+  may be what keeps buffers alive.
   Configure the simulator with the marker ``@pytest.mark.cudabuf_sim(devices=1,
   capacity=1 << 20, ...)``, which takes :class:`~cudabuf.sim.Simulator`'s arguments.
 - ``@pytest.mark.cudabuf_cuda``: run the test on the CUDA backend (``cudabuf.cuda``
@@ -52,7 +53,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # Called after each phase, before the next: the teardown check below sees whether
     # the setup or the call failed.
-    if report.failed and report.when in ("setup", "call"):
+    # An expected failure (``xfail``) is reported as skipped, with ``wasxfail`` set: its
+    # traceback may keep buffers alive just the same.
+    expected_failure = report.skipped and hasattr(report, "wasxfail")
+    if (report.failed or expected_failure) and report.when in ("setup", "call"):
         _FAILED_TESTS.add(report.nodeid)
 
 

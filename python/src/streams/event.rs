@@ -55,10 +55,9 @@ impl PyEvent {
 
     /// The event, or `ClosedError`.
     pub(crate) fn event(&self) -> PyResult<cudabuf::Event> {
-        lock(&self.state)
-            .event
-            .clone()
-            .ok_or_else(|| closed("Event"))
+        // The lock is released before the error is made (no Python work under a lock).
+        let event = lock(&self.state).event.clone();
+        event.ok_or_else(|| closed("Event"))
     }
 
     /// Record on `stream` (releases the GIL).

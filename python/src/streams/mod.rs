@@ -141,7 +141,9 @@ impl PyStream {
 
     /// The stream, or `ClosedError`.
     pub(crate) fn stream(&self) -> PyResult<cudabuf::Stream> {
-        lock(&self.inner).clone().ok_or_else(|| closed("Stream"))
+        // The lock is released before the error is made (no Python work under a lock).
+        let stream = lock(&self.inner).clone();
+        stream.ok_or_else(|| closed("Stream"))
     }
 
     /// Another `Stream` object over this one's stream (sharing its handle and its
