@@ -413,6 +413,22 @@ unsafe impl OrderingHooks for SimContext {
     fn retire_accesses(&self, address: DevicePtr, len: usize) {
         self.retire(address, len);
     }
+
+    /// A host read or write of pinned memory, checked against the stream operations the
+    /// program has not synchronized with (see the crate docs). A host access is no driver
+    /// call: where the simulator refuses calls (a forked child, a released primary
+    /// context), nothing is checked and nothing refused.
+    fn check_host_access(&self, host: *const u8, len: usize, write: bool) -> Result<()> {
+        let usable = self.shared.check_process("check_host_access").is_ok()
+            && self
+                .over
+                .as_ref()
+                .is_none_or(|primary| primary.strong_count() > 0);
+        if !usable {
+            return Ok(());
+        }
+        self.host_access(host as usize, len, write)
+    }
 }
 
 #[cfg(test)]

@@ -824,6 +824,24 @@ pub unsafe trait OrderingHooks: Send + Sync {
     /// is ordered after those accesses although the user's program never synchronized
     /// with them. A backend that checks ordering forgets them. Addresses it does not know are ignored.
     fn retire_accesses(&self, address: DevicePtr, len: usize);
+
+    /// Note that the host is about to read (`write == false`) or write `len` bytes at
+    /// `host`, pinned memory of this backend, directly (through a pointer, not a copy of
+    /// the backend): [`HostBuffer::check_host_access`](crate::HostBuffer::check_host_access).
+    /// Touches no memory.
+    ///
+    /// A backend that checks ordering (the simulator's race detector) checks the access
+    /// as a host action: an operation on a stream that touches the bytes (through a
+    /// device view of the memory) and that the program has not synchronized with (a
+    /// stream, event or context synchronization that covers it) races with it: a write
+    /// with any such access, a read with such a write. Its error is the race
+    /// ([`Error::DataRace`](crate::Error::DataRace)) when the backend fails on races;
+    /// `Ok` otherwise. Addresses it does not know are ignored. Without hooks (and by
+    /// default) nothing is checked.
+    fn check_host_access(&self, host: *const u8, len: usize, write: bool) -> Result<()> {
+        let _ = (host, len, write);
+        Ok(())
+    }
 }
 
 /// The streams of `raw`, or [`Error::Unsupported`](crate::Error::Unsupported) naming

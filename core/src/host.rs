@@ -154,6 +154,59 @@ impl HostBuffer {
         self.memory.alloc.map(|a| a.device_ptr())
     }
 
+    /// Check that the host may now read (`write == false`) or write the `len` bytes at
+    /// `offset` directly (through `Deref`, `DerefMut` or a pointer handed to other code):
+    /// on a backend that checks ordering (the simulator), an operation on a stream that
+    /// touches those bytes through a device view of this buffer
+    /// ([`Context::buffer_from_host_buffer`](crate::Context::buffer_from_host_buffer)) and
+    /// that the program has not synchronized with races with the access. Nothing is
+    /// checked on CUDA (the bytes would be wrong only sometimes). The access itself is not
+    /// made; reading through `Deref` checks nothing on its own. Code that hands the bytes
+    /// to others (the Python package's buffer protocol) calls this first.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let host = ctx.new_host_buffer(64)?;
+    /// // SAFETY: the host bytes are read below only after the copy is synchronized.
+    /// let view = unsafe { ctx.buffer_from_host_buffer(&host)? };
+    /// let flags = cudabuf_core::StreamFlags { non_blocking: true, ..Default::default() };
+    /// let stream = ctx.new_stream_with(flags)?;
+    /// let src = ctx.buffer_from_data(&[7u8; 64][..])?;
+    /// stream.copy_device(&view, &src)?;
+    /// assert!(host.check_host_access(0, 64, false).is_err()); // a read before the sync
+    /// stream.synchronize()?;
+    /// host.check_host_access(0, 64, false)?;
+    /// assert_eq!(host[0], 7);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::DataRace`] on the simulator (in its `fail` mode) for a racing access;
+    /// [`Error::OutOfRange`] if the range is not inside the buffer.
+    #[track_caller]
+    pub fn check_host_access(&self, offset: usize, len: usize, write: bool) -> Result<()> {
+        let _call = crate::backend::enter_call(crate::backend::ApiCall::here(
+            "HostBuffer::check_host_access",
+        ));
+        if offset.checked_add(len).is_none_or(|end| end > self.size()) {
+            return Err(Error::out_of_range(
+                "check_host_access",
+                "host buffer",
+                offset,
+                len,
+                self.size(),
+            ));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let Some(hooks) = self.memory.raw.streams().and_then(|s| s.ordering()) else {
+            return Ok(());
+        };
+        hooks.check_host_access(self.host_ptr().wrapping_add(offset), len, write)
+    }
+
     /// The host address of the first byte, as a raw pointer for asynchronous copies
     /// (not derived from a reference: writing through it does not invalidate one).
     pub(crate) fn host_ptr(&self) -> *mut u8 {

@@ -82,6 +82,27 @@ impl HostRange {
         self.len == 0
     }
 
+    /// [`HostBuffer::check_host_access`] for the `len` bytes at `offset` of this range
+    /// (an offset in the range, not in its buffer).
+    ///
+    /// # Errors
+    /// As [`HostBuffer::check_host_access`]; [`Error::OutOfRange`] if the bytes are not
+    /// inside the range.
+    #[track_caller]
+    pub fn check_host_access(&self, offset: usize, len: usize, write: bool) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error::out_of_range(
+                "check_host_access",
+                "host range",
+                offset,
+                len,
+                self.len,
+            ));
+        }
+        self.buffer
+            .check_host_access(self.offset + offset, len, write)
+    }
+
     /// Whether `self` and `other` are ranges of one buffer.
     ///
     /// ```

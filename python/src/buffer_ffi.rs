@@ -15,6 +15,7 @@
 //!   exporter may not move or resize the memory (CPython's rule).
 //! - [`fill_buffer_info`]: the exporter side, used by the host buffer types' slot.
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr;
 
@@ -77,6 +78,31 @@ impl PyBuffer {
     }
 }
 
+/// What a consumer of a view of cudabuf's own host memory does with the bytes, for the
+/// race check of pinned memory (`HostBuffer::check_host_access`) its export makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Consumer {
+    /// Reads them on the host (a comparison, a file write, a parse).
+    Read,
+    /// Writes them on the host (a file read into them).
+    Write,
+    /// Hands them to a synchronous copy of the backend, which checks its own accesses
+    /// (as the legacy stream orders them).
+    Copy,
+}
+
+thread_local! {
+    /// Set by [`HostBytes`] while it asks one of cudabuf's host memory objects for a view;
+    /// `None` for any other consumer (a `memoryview`, NumPy, ...), checked as a reader.
+    static CONSUMER: Cell<Option<Consumer>> = const { Cell::new(None) };
+}
+
+/// Who asks for the view being exported now (see [`Consumer`]): `None` for a consumer
+/// outside this crate.
+pub(crate) fn current_consumer() -> Option<Consumer> {
+    CONSUMER.with(Cell::get)
+}
+
 /// A contiguous byte view of a Python object's memory through the buffer protocol, held
 /// (and the exporter kept alive) until dropped.
 ///
@@ -99,21 +125,46 @@ unsafe impl Send for HostBytes {}
 unsafe impl Sync for HostBytes {}
 
 impl HostBytes {
-    /// A read-only byte view of `obj` (`PyBUF_SIMPLE`: contiguous memory, any item type).
+    /// A read-only byte view of `obj` (`PyBUF_SIMPLE`: contiguous memory, any item type),
+    /// read on the host.
     pub(crate) fn read(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Self::get(obj, PYBUF_SIMPLE, false)
+        Self::get(obj, PYBUF_SIMPLE, false, Consumer::Read)
     }
 
-    /// A writable byte view of `obj` (`PyBUF_WRITABLE`).
+    /// A writable byte view of `obj` (`PyBUF_WRITABLE`), written on the host.
     pub(crate) fn write(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Self::get(obj, PYBUF_WRITABLE, true)
+        Self::get(obj, PYBUF_WRITABLE, true, Consumer::Write)
     }
 
-    fn get(obj: &Bound<'_, PyAny>, flags: c_int, writable: bool) -> PyResult<Self> {
+    /// As [`read`](Self::read), for the source of a synchronous copy of the backend.
+    pub(crate) fn read_for_copy(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::get(obj, PYBUF_SIMPLE, false, Consumer::Copy)
+    }
+
+    /// As [`write`](Self::write), for the destination of a synchronous copy of the backend.
+    pub(crate) fn write_for_copy(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::get(obj, PYBUF_WRITABLE, true, Consumer::Copy)
+    }
+
+    fn get(
+        obj: &Bound<'_, PyAny>,
+        flags: c_int,
+        writable: bool,
+        consumer: Consumer,
+    ) -> PyResult<Self> {
         let mut view = Box::new(PyBuffer::empty());
+        // Only for cudabuf's own host memory, whose slot runs no Python code: no other
+        // export can happen while it is set.
+        let ours = crate::host_memory::as_host_memory(obj).is_some();
+        if ours {
+            CONSUMER.with(|c| c.set(Some(consumer)));
+        }
         // SAFETY: `obj` is a live object (we hold a reference and the GIL); `view` is a
         // valid, writable `Py_buffer` that stays at its address (boxed) until released.
         let rc = unsafe { PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
+        if ours {
+            CONSUMER.with(|c| c.set(None));
+        }
         if rc != 0 {
             return Err(PyErr::fetch(obj.py()));
         }

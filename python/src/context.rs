@@ -77,7 +77,8 @@ pub(crate) fn memory_view(
         // SAFETY: the Python layer never holds Rust references into pinned host memory
         // beyond one copy at a time, and none of the buffer is lent to a copy in flight
         // now (checked by `with_pinned`); a user writing the host bytes while a device
-        // copy through the view runs is documented as their concern (as with CUDA).
+        // copy through the view runs is documented as their concern (as with CUDA), and
+        // a race on the simulator (`HostMemory` asks `check_host_access` first).
         let whole = unsafe { ctx.buffer_from_host_buffer(host) }?;
         whole.slice(offset, memory.len())
     });

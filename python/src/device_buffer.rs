@@ -70,7 +70,19 @@ impl PyCudaBuffer {
 /// A host-bytes argument: any buffer-protocol object. A `BufferError` (host bytes lent
 /// to an asynchronous copy: `BufferInUseError`) is raised as it is.
 fn host_arg(data: &Bound<'_, PyAny>) -> PyResult<HostBytes> {
-    HostBytes::read(data).map_err(|e| {
+    host_arg_as(data, HostBytes::read)
+}
+
+/// [`host_arg`] for the source of a synchronous copy (the backend checks its accesses).
+fn host_arg_for_copy(data: &Bound<'_, PyAny>) -> PyResult<HostBytes> {
+    host_arg_as(data, HostBytes::read_for_copy)
+}
+
+fn host_arg_as(
+    data: &Bound<'_, PyAny>,
+    view: fn(&Bound<'_, PyAny>) -> PyResult<HostBytes>,
+) -> PyResult<HostBytes> {
+    view(data).map_err(|e| {
         if e.is_instance_of::<PyBufferError>(data.py()) {
             return e;
         }
@@ -194,7 +206,7 @@ impl PyCudaBuffer {
                 HostMemory::from_vec(bytes).into_object(py)
             }
             Some(buf) => {
-                let mut dst = HostBytes::write(buf)?;
+                let mut dst = HostBytes::write_for_copy(buf)?;
                 py.detach(|| {
                     // SAFETY: the view is writable and ours alone for this copy; Python
                     // threads writing the same memory meanwhile are the caller's concern
@@ -227,7 +239,7 @@ impl PyCudaBuffer {
     ) -> PyResult<usize> {
         let position = non_negative("copy_from_host", "position", position)?;
         let nbytes = default_if_negative("copy_from_host", "nbytes", nbytes)?;
-        let src = host_arg(data)?;
+        let src = host_arg_for_copy(data)?;
         py.detach(|| {
             // SAFETY: the view is held for the copy; concurrent writers are the caller's
             // concern (documented).

@@ -29,7 +29,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PySlice, PyTuple, PyType};
 
-use crate::buffer_ffi::{self, HostBytes, PyBuffer};
+use crate::buffer_ffi::{self, Consumer, HostBytes, PyBuffer};
 use crate::errors::{buffer_in_use, non_negative, OrRaise};
 use crate::lending::{InUse, Lender, Span};
 
@@ -277,13 +277,22 @@ impl HostMemory {
     }
 
     /// Run `f` over the bytes (a copy out of them); `BufferInUseError` (for `what`) if a
-    /// byte of them is lent to a copy in flight.
+    /// byte of them is lent to a copy in flight; on the simulator `DataRaceError` if a
+    /// stream operation through a device view of pinned bytes may still write them.
     fn with_slice<R>(&self, what: &str, f: impl FnOnce(&[u8]) -> R) -> PyResult<R> {
         // Held while `f` reads: no copy can borrow these bytes meanwhile.
         let lender = self.block.lender();
         if lender.as_ref().is_some_and(|l| l.is_lent(self.span())) {
             drop(lender);
             return Err(buffer_in_use(what, InUse::Lent, self.span()));
+        }
+        if let Some(Err(race)) = lender
+            .as_ref()
+            .map(|l| l.check_host_access(self.span(), false))
+        {
+            // Released first: making the exception runs Python code.
+            drop(lender);
+            return Err(crate::errors::to_pyerr(race));
         }
         let slice: &[u8] = if self.len == 0 {
             &[]
@@ -359,8 +368,16 @@ impl HostMemory {
     ///
     /// Raises:
     ///     BufferInUseError: while the bytes are lent to an asynchronous copy.
+    ///     DataRaceError: on the simulator, pinned bytes a stream may still write through
+    ///         a device view (``Context.buffer_from_object``): synchronize first.
     fn to_pybytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         self.with_slice("to_pybytes", |bytes| PyBytes::new(py, bytes))
+    }
+
+    /// ``bytes(buf)``: as ``to_pybytes`` (a read of the bytes, where the buffer protocol
+    /// would export a writable view).
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.with_slice("bytes()", |bytes| PyBytes::new(py, bytes))
     }
 
     /// A zero-copy slice of ``length`` bytes (default: to the end) at ``offset``; it keeps
@@ -513,6 +530,30 @@ unsafe extern "C" fn get_buffer(
                     Some(Ok(id)) => id,
                     None => 0,
                 };
+                // Pinned bytes a stream may still use through a device view: on the
+                // simulator, a race. A consumer outside cudabuf (a memoryview, NumPy, ...)
+                // counts as a reader: its view is writable, but most such views are only
+                // read, and a correct program must never be flagged (a write through one
+                // goes unchecked); cudabuf's own consumers say what they do, and a
+                // synchronous copy checks its own accesses.
+                let write = match crate::buffer_ffi::current_consumer() {
+                    None | Some(Consumer::Read) => Some(false),
+                    Some(Consumer::Write) => Some(true),
+                    Some(Consumer::Copy) => None,
+                };
+                let race = match (lender.as_mut(), write) {
+                    (Some(l), Some(write)) => l.check_host_access(memory.span(), write).err(),
+                    _ => None,
+                };
+                if let Some(race) = race {
+                    if let Some(l) = lender.as_mut() {
+                        l.release_export(id);
+                    }
+                    // Released first, as above.
+                    drop(lender);
+                    crate::errors::to_pyerr(race).restore(py);
+                    return -1;
+                }
                 // SAFETY: `view` is CPython's, `exporter` the object; the bytes live in the
                 // block the object owns, which never moves, for as long as the object
                 // lives, and the filled view holds a reference to it.

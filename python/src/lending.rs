@@ -86,6 +86,29 @@ impl Lender {
         self.lent.iter().any(|l| l.overlaps(span))
     }
 
+    /// Ask the backend whether the host may read (`write == false`) or write the bytes of
+    /// `span` now (`HostBuffer::check_host_access`): on the simulator, a stream operation
+    /// through a device view of the buffer that touches them and that the program has not
+    /// synchronized with is a race (`Error::DataRace`). Lent bytes are the caller's to
+    /// refuse first (they are in no range this lender holds).
+    pub(crate) fn check_host_access(&self, span: Span, write: bool) -> Result<(), cudabuf::Error> {
+        if let Some(whole) = &self.whole {
+            return whole.check_host_access(span.start, span.len, write);
+        }
+        for range in &self.free {
+            let here = Span {
+                start: range.offset(),
+                len: range.len(),
+            };
+            if here.overlaps(span) {
+                let start = here.start.max(span.start);
+                let end = here.end().min(span.end());
+                range.check_host_access(start - here.start, end - start, write)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Record an export of `span`, refused if a byte of it is lent; returns the export's
     /// id (never 0).
     pub(crate) fn export(&mut self, span: Span) -> Result<usize, InUse> {

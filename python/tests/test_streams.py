@@ -703,3 +703,144 @@ def test_waiting_releases_the_gil() -> None:
     assert progressed > 1000
     del transfer, dbuf, host
     s.assert_clean()
+
+
+# --- pinned memory and its device view --------------------------------------------------
+
+
+def view_write(s: sim.Simulator, non_blocking: bool = True) -> tuple[cuda.Stream, cuda.HostBuffer, cuda.CudaBuffer]:
+    """A stream writing 7s into a pinned buffer through its device view, in flight."""
+    ctx = s.context(0)
+    stream = ctx.new_stream(non_blocking=non_blocking)
+    host = s.new_host_buffer(256)
+    view = ctx.buffer_from_object(host)
+    src = ctx.new_buffer(256)
+    src.copy_from_host(b"\x07" * 256)
+    stream.copy_device(view, src)
+    return stream, host, view
+
+
+HOST_READS: dict[str, Callable[[cuda.HostBuffer], object]] = {
+    "bytes()": bytes,
+    "to_pybytes": lambda h: h.to_pybytes(),
+    "index": lambda h: h[3],
+    "equals": lambda h: h.equals(b"\x07" * 256),
+    "memoryview": memoryview,
+    "numpy": lambda h: np.frombuffer(h, dtype=np.uint8),
+}
+
+
+@pytest.mark.parametrize("non_blocking", [True, False])
+def test_a_host_read_of_pinned_bytes_a_stream_writes_through_a_device_view_is_a_race(non_blocking: bool) -> None:
+    # Host accesses are ordered after no stream, blocking or not: only a synchronization.
+    for s in simulators():
+        stream, host, view = view_write(s, non_blocking)
+        for name, read in HOST_READS.items():
+            with pytest.raises(cudabuf.DataRaceError, match="host read|host write") as raised:
+                read(host)
+            assert "D2D copy" in str(raised.value), name
+            del raised
+        report = s.race_report()
+        assert len(report) == len(HOST_READS)
+        assert "synchronize" in report[0].hint
+        stream.synchronize()
+        assert bytes(host) == b"\x07" * 256  # never the stale zeros
+        s.clear_race_report()
+        del stream, host, view
+        gc.collect()
+        s.assert_clean()
+
+
+def test_a_host_write_of_pinned_bytes_a_stream_reads_through_a_device_view_is_a_race() -> None:
+    for s in simulators():
+        ctx = s.context(0)
+        stream = ctx.new_stream(non_blocking=True)
+        host = filled(s, pattern(256, 5))
+        view = ctx.buffer_from_object(host)
+        dst = ctx.new_buffer(256)
+        stream.copy_device(dst, view)
+        # Reads beside the stream's read are no race (views that are only read, too)...
+        assert bytes(host) == pattern(256, 5) and host.to_pybytes() == pattern(256, 5)
+        assert host == pattern(256, 5) and host[1] == pattern(256, 5)[1]
+        assert bytes(memoryview(host)) == pattern(256, 5)
+        assert np.frombuffer(host, dtype=np.uint8)[3] == pattern(256, 5)[3]
+        assert list(s.race_report()) == []
+        # ...a write of cudabuf's into them is.
+        source = ctx.new_buffer(256)
+        source.copy_from_host(b"\x09" * 256)
+        with pytest.raises(cudabuf.DataRaceError, match="host write"):
+            cuda.BufferReader(source).readinto(host)
+        assert len(s.race_report()) == 1
+        stream.synchronize()
+        assert cuda.BufferReader(source).readinto(host) == 256
+        assert dst.to_pybytes() == pattern(256, 5)
+        assert host.to_pybytes() == b"\x09" * 256
+        s.clear_race_report()
+        del stream, host, view, dst, source
+        gc.collect()
+        s.assert_clean()
+
+
+def learn_by(how: str, s: sim.Simulator, stream: cuda.Stream) -> None:
+    """Make the host learn that ``stream``'s work so far is done, as ``how`` says."""
+    ctx = s.context(0)
+    if how == "stream":
+        stream.synchronize()
+    elif how == "event":
+        stream.record_event().synchronize()
+    elif how == "other stream":
+        other = ctx.new_stream(non_blocking=True)
+        other.wait_event(stream.record_event())
+        other.synchronize()
+    elif how == "transfer":
+        out = s.new_host_buffer(4)
+        stream.copy_to_host(ctx.new_buffer(4), out).wait()  # after the view's write
+    elif how == "context":
+        ctx.synchronize()
+    elif how == "query":
+        while not stream.query():
+            pass
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["stream", "event", "other stream", "transfer", "context", "query"])
+def test_host_access_after_the_program_synchronized_a_device_view_copy_is_never_flagged(how: str) -> None:
+    for s in simulators():
+        stream, host, view = view_write(s)
+        learn_by(how, s, stream)
+        assert bytes(host) == b"\x07" * 256
+        assert host.to_pybytes() == b"\x07" * 256 and host[0] == 7
+        assert np.frombuffer(host, dtype=np.uint8).sum() == 7 * 256
+        memoryview(host)[:] = pattern(256)
+        assert view.to_pybytes() == pattern(256)
+        # The other way round: a stream reads through the view, the host writes after.
+        ctx = s.context(0)
+        dst = ctx.new_buffer(256)
+        stream.copy_device(dst, view)
+        learn_by(how, s, stream)
+        memoryview(host)[:] = b"\x01" * 256
+        assert dst.to_pybytes() == pattern(256)
+        assert list(s.race_report()) == [], how
+        del stream, host, view, dst
+        gc.collect()
+        s.assert_clean()
+
+
+def test_a_synchronous_copy_of_pinned_bytes_follows_the_legacy_streams_order() -> None:
+    # Not a host access: the legacy stream waits for blocking streams (the simulator checks
+    # the copy itself), and not for non-blocking ones.
+    for s in simulators():
+        dst = s.context(0).new_buffer(256)
+        stream, host, view = view_write(s, non_blocking=False)
+        dst.copy_from_host(host)
+        assert dst.to_pybytes() == b"\x07" * 256
+        assert list(s.race_report()) == []
+        stream, host, view = view_write(s, non_blocking=True)
+        with pytest.raises(cudabuf.DataRaceError, match="synchronous H2D"):
+            dst.copy_from_host(host)
+        stream.synchronize()
+        s.clear_race_report()
+        del stream, host, view, dst
+        gc.collect()
+        s.assert_clean()

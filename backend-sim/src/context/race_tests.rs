@@ -549,3 +549,118 @@ fn a_stream_ordered_free_must_be_device_memory_of_a_live_allocation() {
         .all(|e| e.what != "free on stream"));
     f.finish(false);
 }
+
+/// The host reads or writes `len` bytes at `offset` of `p` directly
+/// (`OrderingHooks::check_host_access`: what the Python package asks before it hands
+/// pinned bytes to Python).
+fn host_access(f: &Fixture, p: &PinnedAlloc, offset: usize, len: usize, write: bool) -> Result<()> {
+    hx(&*f.c).check_host_access(p.host_ptr().wrapping_add(offset), len, write)
+}
+
+/// A stream writes pinned memory through its device address, and the host reads the
+/// bytes before synchronizing: a race under every seed and schedule. The twin
+/// synchronizes the stream first.
+#[test]
+fn a_host_read_of_pinned_memory_a_stream_writes_through_its_device_address() {
+    flagged_every_time(
+        |f, synchronized| {
+            d2d(&*f.c, f.q.device_ptr(), f.d, LEN, f.s1)?;
+            if synchronized {
+                sync(&*f.c, f.s1)?;
+            }
+            host_access(f, &f.q, 16, 32, false)?;
+            Ok(false)
+        },
+        &[
+            "read by host read of pinned memory (check_host_access) #",
+            "write by D2D copy (copy_device_to_device_on) #",
+            "bytes 16..48",
+            "pinned host allocation",
+            "synchronize it first",
+        ],
+    );
+}
+
+/// A stream reads pinned memory through its device address, and the host writes the
+/// bytes meanwhile: a race. A host read meanwhile is not (two reads).
+#[test]
+fn a_host_write_of_pinned_memory_a_stream_reads_through_its_device_address() {
+    flagged_every_time(
+        |f, synchronized| {
+            d2d(&*f.c, f.e, f.p.device_ptr(), LEN, f.s1)?;
+            host_access(f, &f.p, 0, LEN, false)?;
+            if synchronized {
+                sync(&*f.c, f.s1)?;
+            }
+            host_access(f, &f.p, 0, LEN, true)?;
+            Ok(false)
+        },
+        &[
+            "write by host write of pinned memory (check_host_access) #",
+            "read by D2D copy (copy_device_to_device_on) #",
+            "bytes 0..256",
+        ],
+    );
+}
+
+/// Every way the program can learn that the stream's write is done orders the host's
+/// access after it (an event synchronized, the context synchronized, a query that says
+/// the stream is done, an event query that says so); bytes the stream does not touch
+/// never race; cudabuf's own bookkeeping poll orders nothing, so the access still races.
+#[test]
+fn a_host_access_after_the_program_synchronized_is_never_flagged() {
+    for (schedule, seed) in schedules() {
+        let what = format!("{schedule} seed {seed}");
+        for how in 0..5 {
+            let f = Fixture::new(schedule, seed, RaceMode::Fail, true);
+            d2d(&*f.c, f.q.device_ptr() + 64, f.d, 64, f.s1).unwrap();
+            // Outside the written bytes: no race, synchronized or not.
+            host_access(&f, &f.q, 0, 64, true).unwrap();
+            host_access(&f, &f.q, 128, 128, false).unwrap();
+            let ev = sx(&*f.c).event_create(false).unwrap();
+            record(&*f.c, ev, f.s1).unwrap();
+            match how {
+                // SAFETY: `ev` is a live event of this context.
+                0 => unsafe { sx(&*f.c).event_synchronize(ev) }.unwrap(),
+                1 => f.c.synchronize().unwrap(),
+                2 => assert!(poll_until_done(&*f.c, f.s1)),
+                // SAFETY: as above.
+                3 => while !unsafe { sx(&*f.c).event_query(ev) }.unwrap() {},
+                // SAFETY: as above.
+                _ => while !unsafe { hx(&*f.c).event_poll(ev) }.unwrap() {},
+            }
+            let r = host_access(&f, &f.q, 64, 64, false);
+            if how < 4 {
+                r.unwrap_or_else(|e| panic!("{what}, way {how}: {e}"));
+                host_access(&f, &f.q, 0, LEN, true).unwrap();
+                assert!(
+                    f.sim.race_report().is_empty(),
+                    "{what}: {}",
+                    f.sim.race_report()
+                );
+            } else {
+                let e = r.unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::DataRace, "{what}: {e}");
+                assert_eq!(f.sim.race_report().races.len(), 1, "{what}");
+            }
+            // SAFETY: as above; nothing waits for it any more.
+            unsafe { sx(&*f.c).event_destroy(ev) }.unwrap();
+            f.finish(false);
+        }
+    }
+}
+
+/// In `log` mode the racy access is reported and goes ahead; memory that is not pinned
+/// memory of the simulator is ignored.
+#[test]
+fn a_racy_host_access_in_log_mode_is_reported_and_unknown_memory_ignored() {
+    let f = Fixture::new(Schedule::Deterministic, 1, RaceMode::Log, true);
+    d2d(&*f.c, f.q.device_ptr(), f.d, LEN, f.s1).unwrap();
+    host_access(&f, &f.q, 0, LEN, false).unwrap();
+    assert_eq!(f.sim.race_report().races.len(), 1);
+    let pageable = [0u8; 16];
+    hx(&*f.c)
+        .check_host_access(pageable.as_ptr(), pageable.len(), true)
+        .unwrap();
+    f.finish(false);
+}

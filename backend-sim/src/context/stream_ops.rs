@@ -333,6 +333,27 @@ impl SimContext {
         Ok(())
     }
 
+    /// The host reads (`write == false`) or writes `len` bytes at `host` directly
+    /// (`OrderingHooks::check_host_access`): checked as a host action, ordered after what
+    /// the program has synchronized with only. Memory that is not pinned memory of this
+    /// instance is ignored.
+    pub(super) fn host_access(&self, host: usize, len: usize, write: bool) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let Some(at) = state.table.pinned_host(host, len) else {
+            return Ok(());
+        };
+        let (access, what) = if write {
+            (Access::write(at, len), OpWhat::HostWrite)
+        } else {
+            (Access::read(at, len), OpWhat::HostRead)
+        };
+        state.streams.check_host(&[access], what)
+    }
+
     /// A synchronous copy: issued to the legacy stream (after the race check), then run
     /// by this thread, with `body`, once everything it is ordered after is done. The
     /// caller has checked the ranges; `body` finds them again (another thread may have
@@ -484,5 +505,6 @@ fn call_of(what: OpWhat) -> &'static str {
         OpWhat::IpcClose => "ipc_close",
         OpWhat::FreeOnStream => "mark_free_on",
         OpWhat::AllocOnStream => "mark_alloc_on",
+        OpWhat::HostRead | OpWhat::HostWrite => "check_host_access",
     }
 }

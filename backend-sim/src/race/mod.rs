@@ -152,6 +152,15 @@ fn hint(later: &OpLabel, earlier: &OpLabel) -> String {
              then Stream::wait_event on the stream that uses it)."
         );
     }
+    if matches!(later.what, OpWhat::HostRead | OpWhat::HostWrite) {
+        return format!(
+            "The host reads or writes these pinned bytes directly while the operation on \
+             {theirs} (through a device view of the memory) may still run: synchronize it \
+             first (Stream::synchronize, Event::synchronize on an event recorded after the \
+             operation, or Context::synchronize). Host accesses are ordered after no stream, \
+             blocking or not."
+        );
+    }
     match &later.stream {
         Some(ours) if !ours.is_legacy() => format!(
             "To fix: record an event on {theirs} after the earlier operation \

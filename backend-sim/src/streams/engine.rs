@@ -685,6 +685,14 @@ impl Engine {
     /// calling thread: a write of all of it, which every earlier access must happen
     /// before.
     pub(crate) fn check_release(&mut self, region: RegionInfo, what: OpWhat) -> Result<()> {
+        self.check_host(&[Access::whole(region)], what)
+    }
+
+    /// Checks a host action of the calling thread making `accesses` (a release, or a
+    /// direct host access of pinned memory): ordered after what the host knows to be
+    /// done and nothing else. Nothing is recorded: every later operation is issued with
+    /// the host's knowledge and the thread's later events, so it is ordered after this.
+    pub(crate) fn check_host(&mut self, accesses: &[Access], what: OpWhat) -> Result<()> {
         if self.race.mode() == RaceMode::Off {
             return Ok(());
         }
@@ -701,7 +709,7 @@ impl Engine {
             thread: desc,
             api: cudabuf_core::backend::current_call(),
         };
-        if let Some(race) = self.race.check(&[Access::whole(region)], &vc, &label) {
+        if let Some(race) = self.race.check(accesses, &vc, &label) {
             self.race.judge(race)?;
         }
         self.next_seq += 1;

@@ -134,6 +134,10 @@ pub(crate) enum OpWhat {
     IpcClose,
     FreeOnStream,
     AllocOnStream,
+    /// The host reads pinned memory directly (`OrderingHooks::check_host_access`).
+    HostRead,
+    /// The host writes pinned memory directly.
+    HostWrite,
 }
 
 impl OpWhat {
@@ -155,6 +159,8 @@ impl OpWhat {
             OpWhat::IpcClose => "ipc_close",
             OpWhat::FreeOnStream => "stream-ordered free (mark_free_on)",
             OpWhat::AllocOnStream => "stream-ordered allocation (mark_alloc_on)",
+            OpWhat::HostRead => "host read of pinned memory (check_host_access)",
+            OpWhat::HostWrite => "host write of pinned memory (check_host_access)",
         }
     }
 
@@ -176,6 +182,8 @@ impl OpWhat {
             OpWhat::IpcClose => "ipc_close",
             OpWhat::FreeOnStream => "free on stream",
             OpWhat::AllocOnStream => "alloc on stream",
+            OpWhat::HostRead => "host read",
+            OpWhat::HostWrite => "host write",
         }
     }
 }

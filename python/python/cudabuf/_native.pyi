@@ -83,6 +83,8 @@ class _HostMemory:
     def __len__(self) -> int: ...
     def to_pybytes(self) -> bytes:
         """The bytes as a new ``bytes`` object (a copy)."""
+    def __bytes__(self) -> bytes:
+        """``bytes(buf)``: as ``to_pybytes`` (a read, where a buffer-protocol view is writable)."""
     def slice(self, offset: int = 0, length: Optional[int] = None) -> Buffer:
         """A zero-copy slice; out of range raises ``OutOfRangeError`` (no clamping)."""
     @overload
