@@ -76,6 +76,19 @@ async fn raw(url: &str) -> FlightServiceClient<tonic::transport::Channel> {
     FlightServiceClient::new(channel)
 }
 
+/// Every message of `answer` read and dropped: `Ok` at a complete end, else its status.
+async fn read_to_end(answer: &mut Streaming<FlightData>) -> Result<(), Status> {
+    while answer.message().await?.is_some() {}
+    Ok(())
+}
+
+/// The default server limits with an idle timeout of `millis`.
+fn idle_limits(millis: u64) -> ServerLimits {
+    let mut limits = ServerLimits::default();
+    limits.idle_timeout = Some(Duration::from_millis(millis));
+    limits
+}
+
 /// A raw `DoPut` of `messages`, its answers collected.
 async fn raw_put(url: &str, messages: Vec<FlightData>) -> Result<Vec<PutResult>, Status> {
     let mut client = raw(url).await;
@@ -403,9 +416,7 @@ async fn a_negative_fixed_size_in_a_schema_is_invalid_argument() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_do_get_client_that_stops_reading_is_dropped_after_the_idle_timeout() {
     let (_sim, ctx) = new_sim();
-    let mut limits = ServerLimits::default();
-    limits.idle_timeout = Some(Duration::from_millis(300));
-    let server = DeviceFlightServer::new(&ctx).with_limits(limits);
+    let server = DeviceFlightServer::new(&ctx).with_limits(idle_limits(300));
     // About 48 MiB of batches: far more than the flow-control windows hold.
     let batches: Vec<_> = (0..6).map(|i| numbers(i, 400_000)).collect();
     server
@@ -432,16 +443,7 @@ async fn a_do_get_client_that_stops_reading_is_dropped_after_the_idle_timeout() 
     .await;
     eprintln!("freed {:?} after the flight was removed", started.elapsed());
     // Reading on: what was in flight, then the timeout's status.
-    let ended = bounded(async {
-        loop {
-            match stalled.message().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => break Ok(()),
-                Err(status) => break Err(status),
-            }
-        }
-    })
-    .await;
+    let ended = bounded(read_to_end(&mut stalled)).await;
     let status = ended.expect_err("a stream cut short must not end as complete");
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
     serving.stop().await;
@@ -454,9 +456,7 @@ async fn a_do_get_client_that_stops_reading_is_dropped_after_the_idle_timeout() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_do_exchange_client_that_reads_no_answer_is_dropped_after_the_idle_timeout() {
     let (_sim, ctx) = new_sim();
-    let mut limits = ServerLimits::default();
-    limits.idle_timeout = Some(Duration::from_millis(300));
-    let server = DeviceFlightServer::new(&ctx).with_limits(limits);
+    let server = DeviceFlightServer::new(&ctx).with_limits(idle_limits(300));
     let serving = Serving::start(server.clone(), None).await;
     let batches: Vec<_> = (0..6).map(|i| numbers(i, 400_000)).collect();
     // Messages of at most 2 MiB (arrow-flight's default), so that the server reads the
@@ -473,16 +473,7 @@ async fn a_do_exchange_client_that_reads_no_answer_is_dropped_after_the_idle_tim
         .expect("the exchange starts")
         .into_inner();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let ended = bounded(async {
-        loop {
-            match unread.message().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => break Ok(()),
-                Err(status) => break Err(status),
-            }
-        }
-    })
-    .await;
+    let ended = bounded(read_to_end(&mut unread)).await;
     let status = ended.expect_err("an answer given up must not end as complete");
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
     eventually("nothing held", Duration::from_secs(5), || {
