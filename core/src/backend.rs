@@ -751,7 +751,8 @@ pub unsafe trait RawStreams: Send + Sync {
 ///
 /// # Safety
 /// Core calls these while memory changes hands and trusts them to order nothing but the
-/// checker's records: an implementation touches no memory and waits as
+/// checker's records: an implementation touches no memory (neither device memory nor the
+/// host bytes [`check_host_access`](Self::check_host_access) is told of) and waits as
 /// `stream_synchronize` does. Implementing it is therefore `unsafe`.
 pub unsafe trait OrderingHooks: Send + Sync {
     /// [`event_query`](RawStreams::event_query) asked by cudabuf for its own bookkeeping (whether

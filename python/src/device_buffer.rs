@@ -416,8 +416,13 @@ impl PyCudaBuffer {
         if other.cast::<PyCudaBuffer>().is_err() {
             match HostBytes::read(other) {
                 Ok(_) => {}
-                // Bytes lent to an asynchronous copy: not comparable now.
-                Err(e) if e.is_instance_of::<PyBufferError>(py) => return Err(e),
+                // Bytes lent to an asynchronous copy, or racing with one: not comparable now.
+                Err(e)
+                    if e.is_instance_of::<PyBufferError>(py)
+                        || crate::errors::is_cuda_error(&e) =>
+                {
+                    return Err(e)
+                }
                 Err(_) => return Ok(false),
             }
         }

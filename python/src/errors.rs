@@ -196,6 +196,16 @@ pub(crate) fn flight_status(code: tonic::Code, message: String) -> PyErr {
     })
 }
 
+/// Whether `err` is one of cudabuf's own exceptions (a `CudaError`).
+pub(crate) fn is_cuda_error(err: &PyErr) -> bool {
+    Python::attach(|py| {
+        errors_module(py)
+            .and_then(|module| module.getattr(PyString::intern(py, "CudaError")))
+            .and_then(|cls| cls.cast_into::<PyType>().map_err(PyErr::from))
+            .is_ok_and(|cls| err.matches(py, cls).unwrap_or(false))
+    })
+}
+
 /// `ClosedError`: `what` (`"Stream"`, `"Event"`) was used after `close()`.
 pub(crate) fn closed(what: &'static str) -> PyErr {
     to_pyerr(Error::Closed { what })

@@ -280,28 +280,45 @@ impl HostMemory {
     /// byte of them is lent to a copy in flight; on the simulator `DataRaceError` if a
     /// stream operation through a device view of pinned bytes may still write them.
     fn with_slice<R>(&self, what: &str, f: impl FnOnce(&[u8]) -> R) -> PyResult<R> {
+        self.with_range(what, 0, self.len, f)
+    }
+
+    /// [`with_slice`](Self::with_slice) over the `len` bytes at `start` only (checked
+    /// alone: a read of one byte is not refused for a copy using others). `start + len`
+    /// is at most this memory's length.
+    fn with_range<R>(
+        &self,
+        what: &str,
+        start: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> PyResult<R> {
+        debug_assert!(start.checked_add(len).is_some_and(|end| end <= self.len));
+        let len = len.min(self.len.saturating_sub(start));
+        let span = Span {
+            start: self.offset + start,
+            len,
+        };
         // Held while `f` reads: no copy can borrow these bytes meanwhile.
         let lender = self.block.lender();
-        if lender.as_ref().is_some_and(|l| l.is_lent(self.span())) {
+        if lender.as_ref().is_some_and(|l| l.is_lent(span)) {
             drop(lender);
-            return Err(buffer_in_use(what, InUse::Lent, self.span()));
+            return Err(buffer_in_use(what, InUse::Lent, span));
         }
-        if let Some(Err(race)) = lender
-            .as_ref()
-            .map(|l| l.check_host_access(self.span(), false))
-        {
-            // Released first: making the exception runs Python code.
+        if let Some(Err(race)) = lender.as_ref().map(|l| l.check_host_access(span, false)) {
+            // Released first (no Python work under a lock of ours).
             drop(lender);
             return Err(crate::errors::to_pyerr(race));
         }
-        let slice: &[u8] = if self.len == 0 {
+        let slice: &[u8] = if len == 0 {
             &[]
         } else {
-            // SAFETY: `ptr()..ptr()+len` lies in the block, which is alive (we hold an
-            // `Arc`); no copy in flight uses these bytes (checked above, under the lock
-            // that lending takes); Python threads writing it concurrently are excluded by
-            // the GIL, which callers hold.
-            unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+            // SAFETY: `ptr()+start..ptr()+start+len` lies in the block (`start + len` is at
+            // most this memory's length), which is alive (we hold an `Arc`); no copy in
+            // flight uses these bytes (checked above, under the lock that lending takes);
+            // Python threads writing it concurrently are excluded by the GIL, which
+            // callers hold.
+            unsafe { std::slice::from_raw_parts(self.ptr().add(start), len) }
         };
         let result = f(slice);
         drop(lender);
@@ -438,7 +455,9 @@ impl HostMemory {
             )));
         }
         Ok(this
-            .with_slice("buf[i]", |b| b[position as usize])?
+            .with_range("buf[i]", position as usize, 1, |b| {
+                b.first().copied().unwrap_or(0)
+            })?
             .into_pyobject(py)?
             .into_any())
     }
@@ -476,8 +495,13 @@ impl HostMemory {
         match HostBytes::read(other) {
             // SAFETY: as in `equals`.
             Ok(other) => self.with_slice("==", |mine| mine == unsafe { other.as_slice() }),
-            // Bytes lent to an asynchronous copy: not comparable now.
-            Err(e) if e.is_instance_of::<PyBufferError>(other.py()) => Err(e),
+            // Bytes lent to an asynchronous copy, or racing with one: not comparable now.
+            Err(e)
+                if e.is_instance_of::<PyBufferError>(other.py())
+                    || crate::errors::is_cuda_error(&e) =>
+            {
+                Err(e)
+            }
             Err(_) => Ok(false),
         }
     }
@@ -531,15 +555,15 @@ unsafe extern "C" fn get_buffer(
                     None => 0,
                 };
                 // Pinned bytes a stream may still use through a device view: on the
-                // simulator, a race. A consumer outside cudabuf (a memoryview, NumPy, ...)
-                // counts as a reader: its view is writable, but most such views are only
-                // read, and a correct program must never be flagged (a write through one
-                // goes unchecked); cudabuf's own consumers say what they do, and a
-                // synchronous copy checks its own accesses.
+                // simulator, a race. Only cudabuf's own consumers, which say what they do
+                // with the bytes, are checked; a consumer outside cudabuf (a memoryview,
+                // NumPy, ...) is not: its view may be read, written, handed to a
+                // synchronous copy or not used at all, and a correct program must never
+                // be flagged. A synchronous copy checks its own accesses.
                 let write = match crate::buffer_ffi::current_consumer() {
-                    None | Some(Consumer::Read) => Some(false),
+                    None | Some(Consumer::Copy) => None,
+                    Some(Consumer::Read) => Some(false),
                     Some(Consumer::Write) => Some(true),
-                    Some(Consumer::Copy) => None,
                 };
                 let race = match (lender.as_mut(), write) {
                     (Some(l), Some(write)) => l.check_host_access(memory.span(), write).err(),
