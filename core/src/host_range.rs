@@ -85,6 +85,24 @@ impl HostRange {
     /// [`HostBuffer::check_host_access`] for the `len` bytes at `offset` of this range
     /// (an offset in the range, not in its buffer).
     ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let host = ctx.new_host_buffer(64)?;
+    /// // SAFETY: the range keeps the buffer alive, and its bytes are read only as checked.
+    /// let view = unsafe { ctx.buffer_from_host_buffer(&host)? };
+    /// let (head, tail) = host.into_range(..)?.split_at(32)?;
+    /// let flags = cudabuf_core::StreamFlags { non_blocking: true, ..Default::default() };
+    /// let stream = ctx.new_stream_with(flags)?;
+    /// let src = ctx.buffer_from_data(&[7u8; 32][..])?;
+    /// stream.copy_device(&view.slice(32, 32)?, &src)?; // writes the tail only
+    /// head.check_host_access(0, 32, false)?; // nothing writes the head
+    /// assert!(tail.check_host_access(0, 32, false).is_err()); // a read before the sync
+    /// stream.synchronize()?;
+    /// tail.check_host_access(0, 32, false)?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// As [`HostBuffer::check_host_access`]; [`Error::OutOfRange`] if the bytes are not
     /// inside the range.
