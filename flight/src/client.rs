@@ -24,7 +24,7 @@ use crate::encode::{encode, message_size, DEFAULT_MAX_FLIGHT_DATA_SIZE};
 use crate::error::{FlightError, Result};
 use crate::server::GRPC_HEADROOM;
 use crate::timeout::{
-    bounded, connect_channel, idle_bounded, upload_answer, Sent, DEFAULT_CONNECT_TIMEOUT,
+    bounded, connect_channel, idle_bounded, upload_answer, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT,
 };
 
@@ -739,8 +739,9 @@ struct Outgoing {
     inner: BoxStream<'static, Result<FlightData>>,
     failed: Option<oneshot::Sender<FlightError>>,
     stalled: bool,
-    /// Told of each message the transport takes, and of the end.
-    progress: watch::Sender<Sent>,
+    /// Told of each message the transport takes, and set once it took the last
+    /// ([`upload_answer`]).
+    progress: watch::Sender<bool>,
 }
 
 impl Outgoing {
@@ -752,14 +753,14 @@ impl Outgoing {
         schema: SchemaRef,
         batches: Vec<DeviceRecordBatch>,
         max_flight_data_size: usize,
-    ) -> Result<(Self, oneshot::Receiver<FlightError>, watch::Receiver<Sent>)> {
+    ) -> Result<(Self, oneshot::Receiver<FlightError>, watch::Receiver<bool>)> {
         if let Some(i) = batches.iter().position(|b| b.schema() != &schema) {
             return Err(FlightError::invalid(format!(
                 "batch {i}'s schema differs from the stream's"
             )));
         }
         let (tx, rx) = oneshot::channel();
-        let (progress, watching) = watch::channel(Sent::default());
+        let (progress, watching) = watch::channel(false);
         let inner = encode(
             Some(schema),
             Some(descriptor),
@@ -789,7 +790,8 @@ impl Stream for Outgoing {
         }
         match self.inner.poll_next_unpin(cx) {
             Poll::Ready(Some(Ok(data))) => {
-                self.progress.send_modify(|sent| sent.messages += 1);
+                // A message taken: the waiter's timer starts over.
+                self.progress.send_modify(|_| {});
                 Poll::Ready(Some(data))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -804,7 +806,7 @@ impl Stream for Outgoing {
             Poll::Ready(None) => {
                 // Done: the call's receiver sees the sender gone.
                 self.failed = None;
-                self.progress.send_modify(|sent| sent.all = true);
+                self.progress.send_replace(true);
                 Poll::Ready(None)
             }
             Poll::Pending => Poll::Pending,

@@ -43,18 +43,10 @@ pub(crate) async fn bounded<T>(
     }
 }
 
-/// How far an upload (the request stream of a `DoPut` or `DoExchange`) has got.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Sent {
-    /// The messages the transport has taken (HTTP/2 takes the next one only while the
-    /// server's flow-control window has room: a server that stops reading stops it).
-    pub(crate) messages: u64,
-    /// Whether the last one has been taken.
-    pub(crate) all: bool,
-}
-
 /// `answer`, the server's answer (its response headers) to an upload whose progress
-/// `sent` tells: while the upload is being sent, bounded by `idle` (or, when that is
+/// `sent` tells (a change for each message the transport takes, `true` once it took the
+/// last; HTTP/2 takes the next one only while the server's flow-control window has
+/// room, so a server that stops reading stops it): while the upload is being sent, bounded by `idle` (or, when that is
 /// `None`, by `timeout`) between the messages the transport takes (a server may answer
 /// only once the whole upload is in, so the call timeout cannot bound a long upload as a
 /// whole); after its last message, by `timeout`. The wait for a message counts the time
@@ -63,7 +55,7 @@ pub(crate) struct Sent {
 /// # Errors
 /// [`FlightError::Timeout`] when either wait runs out; `answer`'s own error.
 pub(crate) async fn upload_answer<T>(
-    mut sent: watch::Receiver<Sent>,
+    mut sent: watch::Receiver<bool>,
     timeout: Option<Duration>,
     idle: Option<Duration>,
     answer: impl Future<Output = Result<T>>,
@@ -72,7 +64,7 @@ pub(crate) async fn upload_answer<T>(
     // Whether the upload can still tell of progress (its stream not dropped).
     let mut watching = true;
     loop {
-        let all = !watching || sent.borrow_and_update().all;
+        let all = !watching || *sent.borrow_and_update();
         let (what, limit) = if all {
             ("the answer to a call", timeout)
         } else {

@@ -490,10 +490,20 @@ async fn a_do_exchange_client_that_reads_no_answer_is_dropped_after_the_idle_tim
 struct Evil {
     /// The bytes of `PutResult` metadata sent so far.
     sent: Arc<AtomicUsize>,
-    /// `DoPut`: read nothing and never answer (else read it all and answer for ever).
-    never_reads: bool,
-    /// `DoPut`: read a message every this long, then answer one `PutResult`.
-    slow_reads: Option<Duration>,
+    /// What its `DoPut` does.
+    put: EvilPut,
+}
+
+/// How [`Evil`] answers a `DoPut`.
+#[derive(Clone, Copy, Default)]
+enum EvilPut {
+    /// Read the whole upload, then answer with `PutResult`s for ever.
+    #[default]
+    EndlessResults,
+    /// Read nothing and never answer.
+    NeverReads,
+    /// Read a message every this long, then answer one `PutResult`.
+    SlowReads(Duration),
 }
 
 type Boxed<T> = BoxStream<'static, Result<T, Status>>;
@@ -546,19 +556,22 @@ impl FlightService for Evil {
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
         let mut incoming = request.into_inner();
-        if self.never_reads {
-            // Hold the upload unread, and never answer.
-            let _held = incoming;
-            futures::future::pending::<()>().await;
-            unreachable!();
-        }
-        if let Some(pause) = self.slow_reads {
-            while incoming.message().await?.is_some() {
-                tokio::time::sleep(pause).await;
+        match self.put {
+            EvilPut::NeverReads => {
+                // Hold the upload unread, and never answer.
+                let _held = incoming;
+                futures::future::pending::<()>().await;
+                unreachable!();
             }
-            return Ok(Response::new(
-                stream::iter([Ok(PutResult::default())]).boxed(),
-            ));
+            EvilPut::SlowReads(pause) => {
+                while incoming.message().await?.is_some() {
+                    tokio::time::sleep(pause).await;
+                }
+                return Ok(Response::new(
+                    stream::iter([Ok(PutResult::default())]).boxed(),
+                ));
+            }
+            EvilPut::EndlessResults => {}
         }
         // Read the whole upload, then answer with PutResults for ever, 256 KiB of
         // app_metadata each.
@@ -637,7 +650,7 @@ async fn endless_put_results_are_too_large_past_the_message_limit() {
 async fn a_server_that_stops_reading_an_upload_is_an_idle_timeout() {
     let (_sim, ctx) = new_sim();
     let serving = serve_evil(Evil {
-        never_reads: true,
+        put: EvilPut::NeverReads,
         ..Evil::default()
     })
     .await;
@@ -710,7 +723,7 @@ async fn an_upload_longer_than_the_call_timeout_completes() {
     let (_sim, ctx) = new_sim();
     let pause = Duration::from_millis(100);
     let serving = serve_evil(Evil {
-        slow_reads: Some(pause),
+        put: EvilPut::SlowReads(pause),
         ..Evil::default()
     })
     .await;

@@ -192,15 +192,12 @@ impl HostMemory {
         f: impl FnOnce(&cudabuf::HostBuffer, usize) -> R,
     ) -> Option<PyResult<R>> {
         let lender = self.block.lender()?;
-        if lender.whole().is_none() {
-            drop(lender);
-            return Some(Err(buffer_in_use(what, InUse::Lent, self.span())));
-        }
-        // Still whole: checked above under the same lock (the error arm is not reached).
-        Some(lender.whole().map_or_else(
-            || Err(buffer_in_use(what, InUse::Lent, self.span())),
-            |host| Ok(f(host, self.offset)),
-        ))
+        // The error is lazy (`errors::lazy_error`): making it under the lock runs no
+        // Python code.
+        Some(match lender.whole() {
+            Some(host) => Ok(f(host, self.offset)),
+            None => Err(buffer_in_use(what, InUse::Lent, self.span())),
+        })
     }
 
     /// Lend the first `len` bytes of this (pinned) memory to a copy: the loan and the
