@@ -186,7 +186,12 @@ unsafe impl RawContext for SimContext {
     ) -> Result<()> {
         self.check_alive("copy_peer")?;
         let src_device = self.source_device("copy_peer", src_context)?;
-        self.sync_between(OpWhat::PeerSync, dst, src_device, src, len)
+        if src_device == self.device {
+            // One device: CUDA's copy within a context, a synchronous device-to-device
+            // copy (the legacy stream's ordering only).
+            return self.sync_between(OpWhat::PeerSync, dst, src_device, src, len);
+        }
+        self.sync_peer(dst, src_device, src, len)
     }
 
     fn alloc_host(&self, size: usize) -> Result<PinnedAlloc> {
@@ -317,7 +322,7 @@ unsafe impl RawStreams for SimContext {
 
     unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
         self.check_alive("event_synchronize")?;
-        self.sync_event(event)
+        self.sync_event(event, true)
     }
 
     unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
@@ -407,6 +412,23 @@ unsafe impl OrderingHooks for SimContext {
     unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()> {
         self.check_alive("stream_wait_bookkeeping")?;
         self.sync_stream(stream, false)
+    }
+
+    /// A write of the range by `stream` (see the crate docs); `address..address + len`
+    /// must be memory of this device (device memory, an IPC mapping, or the device view
+    /// of pinned memory).
+    fn mark_in_flight(&self, address: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        self.check_alive("mark_in_flight")?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.mark_on(address, len, stream, OpWhat::InFlight)
+    }
+
+    /// `event_synchronize` that teaches the host nothing (cudabuf's bookkeeping).
+    unsafe fn event_wait_bookkeeping(&self, event: RawEvent) -> Result<()> {
+        self.check_alive("event_wait_bookkeeping")?;
+        self.sync_event(event, false)
     }
 
     /// The race detector forgets the accesses to the range (see the crate docs).

@@ -110,11 +110,16 @@
 //! and per host thread, and per byte range the last writer and the readers since.
 //! Happens-before comes from stream order, event record and wait, the legacy stream's
 //! implicit synchronization, host synchronization (stream, event and context
-//! synchronize, a query that returns true, the completion of a synchronous copy) and
-//! issue (what the issuing host knew happens before what it issues). Queries cudabuf
+//! synchronize, a query that returns true, an `event_elapsed_ms` that answers, the
+//! completion of a synchronous copy) and issue (what the issuing host knew happens before
+//! what it issues). A synchronous copy between two devices (`copy_peer`) is ordered as
+//! `cuMemcpyPeer` followed by the CUDA backend's synchronization of the destination
+//! context: after all earlier work of both devices, every stream, non-blocking ones
+//! included, which the host knows done when it returns. Queries and waits cudabuf
 //! makes for its own bookkeeping (`OrderingHooks::event_poll`: may what an operation held be
-//! let go, is a block freed in stream order ready) are not the program's and order
-//! nothing; the memory cudabuf then hands to a new owner (a cached block, a staging
+//! let go, is a block freed in stream order ready; `stream_wait_bookkeeping`,
+//! `event_wait_bookkeeping`: the caching allocator waiting for a free, when trimming, say)
+//! are not the program's and order nothing; the memory cudabuf then hands to a new owner (a cached block, a staging
 //! buffer: `OrderingHooks::retire_accesses`) forgets the accesses cudabuf or the program
 //! saw complete, so its next owner does not race with them, while work cudabuf does
 //! not track (a raw copy, another library's kernel) still does. An access not
@@ -128,7 +133,11 @@
 //! with it unless its work is ordered after the free (the same stream, or an event
 //! recorded after the free that is known complete or waited for). A stream-ordered
 //! allocation (`mark_alloc_on`: `cudabuf_core::Context::new_buffer_on`) is likewise a
-//! write of the block by its stream, so a use elsewhere must be ordered after it. Races
+//! write of the block by its stream, so a use elsewhere must be ordered after it. Bytes
+//! `cudabuf_core::BufferWriter` sent with a synchronous copy from its own pageable memory
+//! (`mark_in_flight`) are likewise a write by the legacy stream until the writer's flush,
+//! as its asynchronous sends from pinned memory are, so the verdict does not depend on
+//! which memory the staging pool could lend it. Races
 //! are reported in the words of cudabuf's public API when the call came through it
 //! (`cudabuf_core::backend::current_call`): the public method and where it was called,
 //! the stream and where it was made, the bytes of the user's buffer, and a fix. Modes

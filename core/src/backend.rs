@@ -746,8 +746,8 @@ pub unsafe trait RawStreams: Send + Sync {
 /// and waits are cudabuf's own bookkeeping rather than the program's synchronization, and
 /// where memory changes hands in stream order inside cudabuf (the caching allocator, the
 /// staging pool). A backend without such a checker (CUDA) does not implement it; core
-/// then uses [`RawStreams::event_query`] and [`RawStreams::stream_synchronize`] and marks
-/// nothing.
+/// then uses [`RawStreams::event_query`], [`RawStreams::event_synchronize`] and
+/// [`RawStreams::stream_synchronize`] and marks nothing.
 ///
 /// # Safety
 /// Core calls these while memory changes hands and trusts them to order nothing but the
@@ -817,6 +817,44 @@ pub unsafe trait OrderingHooks: Send + Sync {
     /// As [`stream_synchronize`](RawStreams::stream_synchronize).
     unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()>;
 
+    /// Note that `len` bytes at `address` (device memory of this context, or the device
+    /// view of pinned host memory), which cudabuf has just written with a synchronous
+    /// copy, count as written by `stream` until the program synchronizes with that
+    /// stream's later work: cudabuf's API promised the caller no more than an
+    /// asynchronous copy on `stream` gives. [`BufferWriter`](crate::BufferWriter) sends
+    /// its staged bytes asynchronously on the legacy default stream when the staging pool
+    /// lends it pinned memory and synchronously from its own pageable memory otherwise,
+    /// which depends on the timing of the background pinning; it calls this after a
+    /// synchronous send.
+    ///
+    /// A backend that checks ordering takes it as a write of the range by `stream`, so
+    /// that its verdict on the program is the same whichever copy ran. Touches no memory.
+    /// Provided: nothing is marked (what a backend that checks nothing does).
+    fn mark_in_flight(&self, address: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        let _ = (address, len, stream);
+        Ok(())
+    }
+
+    /// Wait until the work `event` captured is done, for cudabuf's own bookkeeping (the
+    /// caching allocator waiting for blocks freed in stream order, when it trims its
+    /// cache or needs their memory): an [`event_synchronize`](RawStreams::event_synchronize)
+    /// that is not a synchronization of the user's program, so a backend that checks
+    /// ordering orders nothing of the program after it (as
+    /// [`event_poll`](Self::event_poll)). Without hooks, core calls `event_synchronize`.
+    ///
+    /// Provided: [`event_poll`](Self::event_poll) until it answers `true` (yielding the
+    /// thread between polls); a backend that can block overrides it.
+    ///
+    /// # Safety
+    /// As [`event_synchronize`](RawStreams::event_synchronize).
+    unsafe fn event_wait_bookkeeping(&self, event: RawEvent) -> Result<()> {
+        // SAFETY: forwarded from this method's contract, which is `event_poll`'s.
+        while !unsafe { self.event_poll(event) }? {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
     /// Note that `address..address + len` (device memory of this context, or the device
     /// view of pinned host memory) changes hands inside cudabuf: every access made to it
     /// so far is complete, as cudabuf knows from [`event_poll`](Self::event_poll) or a
@@ -882,6 +920,36 @@ pub(crate) unsafe fn stream_wait_bookkeeping(
         Some(hooks) => unsafe { hooks.stream_wait_bookkeeping(stream) },
         // SAFETY: as above.
         None => unsafe { streams.stream_synchronize(stream) },
+    }
+}
+
+/// [`OrderingHooks::event_wait_bookkeeping`], or [`RawStreams::event_synchronize`]
+/// without hooks.
+///
+/// # Safety
+/// As [`RawStreams::event_synchronize`].
+pub(crate) unsafe fn event_wait_bookkeeping(
+    streams: &dyn RawStreams,
+    event: RawEvent,
+) -> Result<()> {
+    match streams.ordering() {
+        // SAFETY: the caller upholds `event_synchronize`'s contract, which is this one's.
+        Some(hooks) => unsafe { hooks.event_wait_bookkeeping(event) },
+        // SAFETY: as above.
+        None => unsafe { streams.event_synchronize(event) },
+    }
+}
+
+/// [`OrderingHooks::mark_in_flight`]; nothing without hooks.
+pub(crate) fn mark_in_flight(
+    streams: &dyn RawStreams,
+    address: DevicePtr,
+    len: usize,
+    stream: RawStream,
+) -> Result<()> {
+    match streams.ordering() {
+        Some(hooks) => hooks.mark_in_flight(address, len, stream),
+        None => Ok(()),
     }
 }
 

@@ -4,8 +4,10 @@
 use std::io::{self, Seek, SeekFrom, Write};
 use std::ops::{Deref, DerefMut};
 
+use crate::backend::StreamsExt;
 use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};
+use crate::event::Event;
 use crate::host::HostBuffer;
 use crate::host_range::HostRange;
 use crate::reader::resolve_seek;
@@ -76,6 +78,13 @@ pub struct BufferWriter {
     primary_pooled: bool,
     /// Whether the pinned buffers the writer lacks were asked for (once per size).
     pinning_requested: bool,
+    /// Whether the context's backend checks ordering (the simulator's race detector):
+    /// a send from pageable memory is then marked in flight, as an asynchronous send
+    /// would be (see `send_current`).
+    checks_ordering: bool,
+    /// An event recorded after the last send from pageable memory that was marked in
+    /// flight; `flush` waits for it as for the copies in flight.
+    marked: Option<Event>,
     buffer: DeviceBuffer,
     /// The logical position: staged bytes count as written.
     position: usize,
@@ -176,12 +185,15 @@ impl BufferWriter {
             .raw()
             .streams()
             .map(|_| buffer.context().legacy_stream());
+        let checks_ordering = buffer.context().raw().checks_ordering();
         BufferWriter {
             slots: [None, None],
             current: 0,
             stream,
             primary_pooled: false,
             pinning_requested: false,
+            checks_ordering,
+            marked: None,
             buffer,
             position: 0,
             staged: 0,
@@ -405,6 +417,16 @@ impl BufferWriter {
                 // flight), which pins nothing.
                 self.buffer
                     .copy_from_host_unpinned(&host[..len], position)?;
+                if let (Some(stream), true) = (&self.stream, self.checks_ordering) {
+                    // Done already, but the writer promises no more than its
+                    // asynchronous sends give: a backend that checks ordering is told the
+                    // bytes are in flight until `flush`, so that its verdict does not
+                    // depend on whether the pool could lend pinned memory in time.
+                    let address = self.buffer.address() + position as u64;
+                    let raw = self.buffer.context().raw();
+                    raw.mark_in_flight(address, len, stream.raw())?;
+                    self.marked = Some(stream.record_event()?);
+                }
             }
             (Some(stream), Some(Staging::Pinned(_))) => {
                 // The caller checked `position + len` against the buffer's size.
@@ -584,6 +606,9 @@ impl BufferWriter {
             }
         }
         result?;
+        if let Some(marked) = self.marked.take() {
+            marked.synchronize()?;
+        }
         if self.staged == 0 {
             return Ok(());
         }

@@ -184,18 +184,32 @@ impl SimContext {
         }
     }
 
-    pub(super) fn sync_event(&self, event: RawEvent) -> Result<()> {
+    /// `event_synchronize` (`by_program`), or `event_wait_bookkeeping`.
+    pub(super) fn sync_event(&self, event: RawEvent, by_program: bool) -> Result<()> {
+        let call = if by_program {
+            "event_synchronize"
+        } else {
+            "event_wait_bookkeeping"
+        };
         let guard = self.shared.lock();
-        let target = guard
-            .streams
-            .event_target(self.device, event, "event_synchronize")?;
-        self.wait_for(guard, target, true)
+        let target = guard.streams.event_target(self.device, event, call)?;
+        self.wait_for(guard, target, by_program)
     }
 
+    /// `event_elapsed_ms`. An answer means both events' work has completed (it is
+    /// `NotReady` otherwise), so the host learns it, as from an `event_query` that
+    /// returns true.
     pub(super) fn elapsed(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        const CALL: &str = "event_elapsed_ms";
         let mut guard = self.shared.lock();
         let State { table, streams, .. } = &mut *guard;
-        streams.elapsed_ms(table, self.device, start, end)
+        let ms = streams.elapsed_ms(table, self.device, start, end)?;
+        for event in [start, end] {
+            if let Some(target) = streams.event_target(self.device, event, CALL)? {
+                streams.learn(&target);
+            }
+        }
+        Ok(ms)
     }
 
     /// Issues a copy of `len` bytes from `src` to `dst` on `stream`.
@@ -312,7 +326,7 @@ impl SimContext {
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         let at = state.table.locate(call, self.device, ptr, len)?;
-        if at.region.kind != RegionKind::Device {
+        if at.region.kind != RegionKind::Device && what != OpWhat::InFlight {
             return Err(cudabuf_core::Error::invalid_address(
                 ptr,
                 format!(
@@ -450,6 +464,38 @@ impl SimContext {
         })
     }
 
+    /// A synchronous copy between two devices (`copy_peer`). `cuMemcpyPeer` is serialized
+    /// with all pending work of both contexts (every stream, blocking or not), and the
+    /// CUDA backend synchronizes the destination context after it: the copy runs after
+    /// everything issued to either device so far, and when it returns the host knows all
+    /// of that done. So both devices are waited for (as by `synchronize`, errors
+    /// included), then the copy runs as a synchronous copy of the destination device.
+    pub(super) fn sync_peer(
+        &self,
+        dst: DevicePtr,
+        src_device: usize,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<()> {
+        let mut guard = self.shared.lock();
+        guard.table.locate("copy_peer", self.device, dst, len)?;
+        guard.table.locate("copy_peer", src_device, src, len)?;
+        for device in [src_device, self.device] {
+            let target = guard.streams.device_target(device);
+            guard = self
+                .shared
+                .core
+                .progress_until(guard, |e| e.target_done(&target))?;
+            guard.streams.learn(&target);
+        }
+        for device in [src_device, self.device] {
+            guard.streams.take_deferred(device)?;
+            guard.streams.take_unreported_race(device)?;
+        }
+        drop(guard);
+        self.sync_between(OpWhat::PeerSync, dst, src_device, src, len)
+    }
+
     /// Releases an allocation (`release` does it, with its own checks): a write of all
     /// of `region` (found by the caller, `None` when `release` will refuse anyway), which
     /// must not race with earlier accesses.
@@ -505,6 +551,7 @@ fn call_of(what: OpWhat) -> &'static str {
         OpWhat::IpcClose => "ipc_close",
         OpWhat::FreeOnStream => "mark_free_on",
         OpWhat::AllocOnStream => "mark_alloc_on",
+        OpWhat::InFlight => "mark_in_flight",
         OpWhat::HostRead | OpWhat::HostWrite => "check_host_access",
     }
 }

@@ -145,6 +145,11 @@ fn hint(later: &OpLabel, earlier: &OpLabel) -> String {
              Event::synchronize on the host), or after synchronizing that stream."
         );
     }
+    if earlier.what == OpWhat::InFlight {
+        return format!(
+            "A BufferWriter sent these bytes on {theirs}; they may still be in flight: flush              the writer (flush, close, seek or write_at) before other work uses them."
+        );
+    }
     if earlier.what == OpWhat::FreeOnStream {
         return format!(
             "The memory was freed in stream order on {theirs}: use it again only on that \

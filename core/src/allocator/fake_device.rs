@@ -561,6 +561,11 @@ unsafe impl OrderingHooks for FakeDevice {
         unsafe { self.stream_synchronize(stream) }
     }
 
+    unsafe fn event_wait_bookkeeping(&self, event: RawEvent) -> Result<()> {
+        // SAFETY: the caller upholds `event_synchronize`'s contract, which is this one's.
+        unsafe { self.event_synchronize(event) }
+    }
+
     fn retire_accesses(&self, address: DevicePtr, len: usize) {
         let _ = (address, len);
     }

@@ -610,6 +610,11 @@ impl Pools {
                 next = Some(self.segments[id].first);
             } else {
                 let p = self.blocks[b].pending.take().expect("checked above");
+                // The free (and every use before it on its stream) is complete: the
+                // segment goes back to the backend ordered after them by the allocator.
+                p.event
+                    .ctx
+                    .retire_accesses(self.blocks[b].address, self.blocks[b].size);
                 self.spare_events.push(p.event);
                 self.segments[id].events -= 1;
             }

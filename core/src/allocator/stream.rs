@@ -87,11 +87,12 @@ impl FreeEvent {
         }
     }
 
-    /// Wait until the work the event captured is done (`cuEventSynchronize`; if that
-    /// fails, the whole context is synchronized). `false`: nothing is known complete.
+    /// Wait until the work the event captured is done (`cuEventSynchronize`, waited for
+    /// as bookkeeping: `OrderingHooks::event_wait_bookkeeping`; if that fails, the whole
+    /// context is synchronized). `false`: nothing is known complete.
     pub(crate) fn wait(&self) -> bool {
         // SAFETY: as in `is_done`.
-        match unsafe { self.ctx.event_synchronize(self.event) } {
+        match unsafe { self.ctx.event_wait_bookkeeping(self.event) } {
             Ok(()) => true,
             Err(e) => {
                 log::warn!("waiting for the allocator's free event failed ({e}); synchronizing the context");

@@ -4,8 +4,9 @@
 //! [`OrderingHooks`](super::OrderingHooks) (or what CUDA needs when it has none).
 
 use super::{
-    event_poll, mark_alloc_on, mark_free_on, retire_accesses, stream_wait_bookkeeping, streams_of,
-    DevicePtr, RawContext, RawEvent, RawStream, StreamFlags,
+    event_poll, event_wait_bookkeeping, mark_alloc_on, mark_free_on, mark_in_flight,
+    retire_accesses, stream_wait_bookkeeping, streams_of, DevicePtr, RawContext, RawEvent,
+    RawStream, StreamFlags,
 };
 use crate::error::Result;
 
@@ -127,6 +128,15 @@ pub(crate) trait StreamsExt {
     /// # Safety
     /// As the method it forwards to.
     unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()>;
+    /// [`OrderingHooks::event_wait_bookkeeping`] (or `event_synchronize` without hooks) of this context's backend.
+    ///
+    /// # Safety
+    /// As the method it forwards to.
+    unsafe fn event_wait_bookkeeping(&self, event: RawEvent) -> Result<()>;
+    /// [`OrderingHooks::mark_in_flight`] of this context's backend (nothing without hooks).
+    fn mark_in_flight(&self, address: DevicePtr, len: usize, stream: RawStream) -> Result<()>;
+    /// Whether this context's backend checks ordering (has [`OrderingHooks`](super::OrderingHooks)).
+    fn checks_ordering(&self) -> bool;
     /// [`RawStreams::retire_accesses`] (or its ordering hook) of this context's backend.
     fn retire_accesses(&self, address: DevicePtr, len: usize);
 }
@@ -263,6 +273,19 @@ impl StreamsExt for dyn RawContext {
     unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()> {
         // SAFETY: forwarded from this method's contract.
         unsafe { stream_wait_bookkeeping(streams_of(self, "stream_wait_bookkeeping")?, stream) }
+    }
+
+    unsafe fn event_wait_bookkeeping(&self, event: RawEvent) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { event_wait_bookkeeping(streams_of(self, "event_wait_bookkeeping")?, event) }
+    }
+
+    fn mark_in_flight(&self, address: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        mark_in_flight(streams_of(self, "mark_in_flight")?, address, len, stream)
+    }
+
+    fn checks_ordering(&self) -> bool {
+        self.streams().is_some_and(|s| s.ordering().is_some())
     }
 
     fn retire_accesses(&self, address: DevicePtr, len: usize) {

@@ -516,6 +516,17 @@ unsafe impl OrderingHooks for CountingContext {
         unsafe { self.inner_hooks()?.stream_wait_bookkeeping(stream) }
     }
 
+    unsafe fn event_wait_bookkeeping(&self, event: RawEvent) -> Result<()> {
+        bump(&self.counts.hooks);
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.inner_hooks()?.event_wait_bookkeeping(event) }
+    }
+
+    fn mark_in_flight(&self, address: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+        bump(&self.counts.hooks);
+        self.inner_hooks()?.mark_in_flight(address, len, stream)
+    }
+
     fn retire_accesses(&self, address: DevicePtr, len: usize) {
         bump(&self.counts.hooks);
         if let Ok(hooks) = self.inner_hooks() {
