@@ -173,7 +173,7 @@ unsafe impl RawContext for SimContext {
         len: usize,
     ) -> Result<()> {
         self.check_alive("copy_device_to_device")?;
-        self.sync_between(OpWhat::D2dSync, dst, self.device, src, len)
+        self.sync_between(OpWhat::D2dSync, dst, self.device, src, len, false)
     }
 
     /// `src_context` must be a context of this same simulator instance.
@@ -189,7 +189,7 @@ unsafe impl RawContext for SimContext {
         if src_device == self.device {
             // One device: CUDA's copy within a context, a synchronous device-to-device
             // copy (the legacy stream's ordering only).
-            return self.sync_between(OpWhat::PeerSync, dst, src_device, src, len);
+            return self.sync_between(OpWhat::PeerSync, dst, src_device, src, len, false);
         }
         self.sync_peer(dst, src_device, src, len)
     }

@@ -136,8 +136,11 @@
 //! write of the block by its stream, so a use elsewhere must be ordered after it. Bytes
 //! `cudabuf_core::BufferWriter` sent with a synchronous copy from its own pageable memory
 //! (`mark_in_flight`) are likewise a write by the legacy stream until the writer's flush,
-//! as its asynchronous sends from pinned memory are, so the verdict does not depend on
-//! which memory the staging pool could lend it. Races
+//! as its asynchronous sends from pinned memory are, so the verdict on those bytes does
+//! not depend on which memory the staging pool could lend it. (The synchronous copy still
+//! orders the host after the legacy stream's earlier work, which an asynchronous send
+//! does not: a program that relies on a writer's write for the completion of a blocking
+//! stream's earlier work is flagged only when the send was asynchronous.) Races
 //! are reported in the words of cudabuf's public API when the call came through it
 //! (`cudabuf_core::backend::current_call`): the public method and where it was called,
 //! the stream and where it was made, the bytes of the user's buffer, and a fix. Modes

@@ -1301,3 +1301,98 @@ fn legacy_and_blocking_waits_order_sync_reads() {
         );
     }
 }
+
+// ---- Review follow-ups: failed peer copies, timing across streams, exported segments ---
+
+/// Racy: a synchronous peer copy that fails (an injected fault) returns at once, as
+/// `cuMemcpyPeer` does, and teaches the host nothing: a read of bytes a non-blocking
+/// stream of the destination device wrote is still unsynchronized.
+#[test]
+fn a_failed_peer_copy_teaches_nothing() {
+    expect("failed peer copy", true, |schedule, seed| {
+        let (sim, c0, c1) = two(schedule, seed);
+        let r = (|| {
+            let x = c0.new_buffer(64)?;
+            let dst = c0.new_buffer(64)?;
+            let src = c1.buffer_from_data(&[1u8; 64][..])?;
+            let nb = c0.new_stream_with(NON_BLOCKING)?;
+            nb.copy_from_slice(&x, &[8u8; 64])?;
+            sim.fail_nth(
+                cudabuf_sim::FaultOp::Copy,
+                1,
+                cudabuf_core::Error::invalid_argument("copy_peer", "injected"),
+            )?;
+            assert!(dst.copy_from_device(&src, 0, None).is_err());
+            let _ = x.to_vec()?;
+            Ok(())
+        })();
+        (sim, r)
+    });
+}
+
+/// Correct: the start event recorded on one non-blocking stream after it wrote `x`, the
+/// end event on another after it wrote `y`; once `elapsed` answers, both events' work is
+/// known done, so reading both is ordered.
+#[test]
+fn elapsed_ok_teaches_both_events_on_two_streams() {
+    expect("elapsed two streams", false, |schedule, seed| {
+        let (sim, ctx) = one(schedule, seed);
+        let r = (|| {
+            let (x, y) = (ctx.new_buffer(64)?, ctx.new_buffer(64)?);
+            let (nb1, nb2) = (
+                ctx.new_stream_with(NON_BLOCKING)?,
+                ctx.new_stream_with(NON_BLOCKING)?,
+            );
+            let (start, end) = (ctx.new_timing_event()?, ctx.new_timing_event()?);
+            nb1.copy_from_slice(&x, &[1u8; 64])?;
+            start.record(&nb1)?;
+            nb2.copy_from_slice(&y, &[2u8; 64])?;
+            end.record(&nb2)?;
+            let mut spins = 0u64;
+            loop {
+                match start.elapsed(&end) {
+                    Ok(_) => break,
+                    Err(e) if e.kind() == ErrorKind::NotReady => {
+                        spins += 1;
+                        assert!(spins < 1_000_000, "never ready");
+                        std::thread::yield_now();
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            assert_eq!(x.to_vec()?, vec![1u8; 64]);
+            assert_eq!(y.to_vec()?, vec![2u8; 64]);
+            Ok(())
+        })();
+        (sim, r)
+    });
+}
+
+/// Correct: a stream-ordered block is exported (its segment then serves no new owner),
+/// the opened view and the block are dropped (the segment goes back once the block's
+/// stream-ordered free is waited for, as cudabuf's bookkeeping), a new block is taken and
+/// written on the same stream, the cache is trimmed, the stream synchronized, the new
+/// block read. The exported segment's free must not race with the accesses cudabuf saw
+/// complete before giving it back.
+#[test]
+fn an_exported_stream_ordered_segment_goes_back_without_a_race() {
+    expect("exported segment back", false, |schedule, seed| {
+        let (sim, ctx) = one_cached(schedule, seed);
+        let r = (|| {
+            let nb1 = ctx.new_stream_with(NON_BLOCKING)?;
+            let a = ctx.new_buffer_on(&nb1, 1 << 20)?;
+            nb1.copy_from_slice(&a, &vec![4u8; 1 << 20])?;
+            let handle = a.export_for_ipc()?;
+            let view = ctx.open_ipc_buffer(&handle)?;
+            drop(view);
+            drop(a);
+            let b = ctx.new_buffer_on(&nb1, 1 << 20)?;
+            nb1.copy_from_slice(&b, &vec![5u8; 1 << 20])?;
+            ctx.trim_cache();
+            nb1.synchronize()?;
+            assert_eq!(b.to_vec()?, vec![5u8; 1 << 20]);
+            Ok(())
+        })();
+        (sim, r)
+    });
+}

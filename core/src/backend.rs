@@ -817,8 +817,8 @@ pub unsafe trait OrderingHooks: Send + Sync {
     /// As [`stream_synchronize`](RawStreams::stream_synchronize).
     unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()>;
 
-    /// Note that `len` bytes at `address` (device memory of this context, or the device
-    /// view of pinned host memory), which cudabuf has just written with a synchronous
+    /// Note that `len` bytes at `address` (device memory of this context, an IPC mapping,
+    /// or the device view of pinned host memory), which cudabuf has just written with a synchronous
     /// copy, count as written by `stream` until the program synchronizes with that
     /// stream's later work: cudabuf's API promised the caller no more than an
     /// asynchronous copy on `stream` gives. [`BufferWriter`](crate::BufferWriter) sends
@@ -842,18 +842,9 @@ pub unsafe trait OrderingHooks: Send + Sync {
     /// ordering orders nothing of the program after it (as
     /// [`event_poll`](Self::event_poll)). Without hooks, core calls `event_synchronize`.
     ///
-    /// Provided: [`event_poll`](Self::event_poll) until it answers `true` (yielding the
-    /// thread between polls); a backend that can block overrides it.
-    ///
     /// # Safety
     /// As [`event_synchronize`](RawStreams::event_synchronize).
-    unsafe fn event_wait_bookkeeping(&self, event: RawEvent) -> Result<()> {
-        // SAFETY: forwarded from this method's contract, which is `event_poll`'s.
-        while !unsafe { self.event_poll(event) }? {
-            std::thread::yield_now();
-        }
-        Ok(())
-    }
+    unsafe fn event_wait_bookkeeping(&self, event: RawEvent) -> Result<()>;
 
     /// Note that `address..address + len` (device memory of this context, or the device
     /// view of pinned host memory) changes hands inside cudabuf: every access made to it

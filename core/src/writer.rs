@@ -420,12 +420,22 @@ impl BufferWriter {
                 if let (Some(stream), true) = (&self.stream, self.checks_ordering) {
                     // Done already, but the writer promises no more than its
                     // asynchronous sends give: a backend that checks ordering is told the
-                    // bytes are in flight until `flush`, so that its verdict does not
-                    // depend on whether the pool could lend pinned memory in time.
+                    // bytes are in flight until `flush`, so that its verdict on them does
+                    // not depend on whether the pool could lend pinned memory in time.
+                    // The bytes are on the device: a failure here (a race the checker
+                    // found, a dead device) is logged, not returned, so that the write
+                    // still reports what it did (the checker reports its race itself).
                     let address = self.buffer.address() + position as u64;
                     let raw = self.buffer.context().raw();
-                    raw.mark_in_flight(address, len, stream.raw())?;
-                    self.marked = Some(stream.record_event()?);
+                    match raw
+                        .mark_in_flight(address, len, stream.raw())
+                        .and_then(|()| stream.record_event())
+                    {
+                        Ok(event) => self.marked = Some(event),
+                        Err(e) => log::warn!(
+                            "BufferWriter: marking a send from pageable memory in flight                              failed: {e}"
+                        ),
+                    }
                 }
             }
             (Some(stream), Some(Staging::Pinned(_))) => {
@@ -605,10 +615,13 @@ impl BufferWriter {
                 result = waited;
             }
         }
-        result?;
         if let Some(marked) = self.marked.take() {
-            marked.synchronize()?;
+            let waited = marked.synchronize();
+            if result.is_ok() {
+                result = waited;
+            }
         }
+        result?;
         if self.staged == 0 {
             return Ok(());
         }

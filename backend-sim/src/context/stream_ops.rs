@@ -443,7 +443,8 @@ impl SimContext {
     }
 
     /// A synchronous copy between device ranges: `copy_device_to_device`
-    /// (`src_device == self.device`) or `copy_peer`.
+    /// (`src_device == self.device`) or `copy_peer`; the fault check is the caller's when
+    /// it made it already (`sync_peer`: `faults_checked`).
     pub(super) fn sync_between(
         &self,
         what: OpWhat,
@@ -451,10 +452,13 @@ impl SimContext {
         src_device: usize,
         src: DevicePtr,
         len: usize,
+        faults_checked: bool,
     ) -> Result<()> {
         let call = call_of(what);
         let mut guard = self.shared.lock();
-        guard.faults.check(FaultOp::Copy)?;
+        if !faults_checked {
+            guard.faults.check(FaultOp::Copy)?;
+        }
         let to = guard.table.locate(call, self.device, dst, len)?;
         let from = guard.table.locate(call, src_device, src, len)?;
         let accesses = [Access::read(from, len), Access::write(to, len)];
@@ -469,7 +473,9 @@ impl SimContext {
     /// CUDA backend synchronizes the destination context after it: the copy runs after
     /// everything issued to either device so far, and when it returns the host knows all
     /// of that done. So both devices are waited for (as by `synchronize`, errors
-    /// included), then the copy runs as a synchronous copy of the destination device.
+    /// included), then the copy runs as a synchronous copy of the destination device. A
+    /// copy that fails (an injected fault, a bad range) does so before anything is waited
+    /// for or learnt, as `cuMemcpyPeer` returns its error at once.
     pub(super) fn sync_peer(
         &self,
         dst: DevicePtr,
@@ -478,6 +484,7 @@ impl SimContext {
         len: usize,
     ) -> Result<()> {
         let mut guard = self.shared.lock();
+        guard.faults.check(FaultOp::Copy)?;
         guard.table.locate("copy_peer", self.device, dst, len)?;
         guard.table.locate("copy_peer", src_device, src, len)?;
         for device in [src_device, self.device] {
@@ -488,12 +495,12 @@ impl SimContext {
                 .progress_until(guard, |e| e.target_done(&target))?;
             guard.streams.learn(&target);
         }
-        for device in [src_device, self.device] {
-            guard.streams.take_deferred(device)?;
-            guard.streams.take_unreported_race(device)?;
-        }
+        // What failed meanwhile is the destination context's to report, as its
+        // `cuCtxSynchronize` would; the source device keeps its own for its next call.
+        guard.streams.take_deferred(self.device)?;
+        guard.streams.take_unreported_race(self.device)?;
         drop(guard);
-        self.sync_between(OpWhat::PeerSync, dst, src_device, src, len)
+        self.sync_between(OpWhat::PeerSync, dst, src_device, src, len, true)
     }
 
     /// Releases an allocation (`release` does it, with its own checks): a write of all

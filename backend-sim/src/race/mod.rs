@@ -147,7 +147,8 @@ fn hint(later: &OpLabel, earlier: &OpLabel) -> String {
     }
     if earlier.what == OpWhat::InFlight {
         return format!(
-            "A BufferWriter sent these bytes on {theirs}; they may still be in flight: flush              the writer (flush, close, seek or write_at) before other work uses them."
+            "A BufferWriter sent these bytes on {theirs}; they may still be in flight: flush \
+             the writer (flush, close, seek or write_at) before other work uses them."
         );
     }
     if earlier.what == OpWhat::FreeOnStream {

@@ -95,6 +95,9 @@ impl FreeEvent {
         match unsafe { self.ctx.event_wait_bookkeeping(self.event) } {
             Ok(()) => true,
             Err(e) => {
+                // An error path only: this synchronization is the program's as far as a
+                // backend that checks ordering can tell (it teaches the host every stream's
+                // work), which can hide a race there, never cause a false alarm.
                 log::warn!("waiting for the allocator's free event failed ({e}); synchronizing the context");
                 match self.ctx.synchronize() {
                     Ok(()) => true,

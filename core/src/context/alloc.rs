@@ -421,7 +421,8 @@ impl Context {
     /// bytes freed. Buffers in use are not affected. Blocks freed in stream order
     /// ([`new_buffer_on`](Self::new_buffer_on)) whose free has not completed are waited
     /// for first (as `torch.cuda.empty_cache` synchronizes), so that their segments can go
-    /// too.
+    /// too. That wait is cudabuf's: it does not synchronize the program with any stream's
+    /// work (the simulator's race detector holds a program to that).
     ///
     /// ```
     /// # fn main() -> cudabuf_core::Result<()> {
@@ -461,7 +462,8 @@ impl Context {
     /// then exact backend allocations). Idle segments over the new limit go back to the
     /// backend now (the least recently emptied first), except those holding blocks freed
     /// in stream order whose free has not completed, which go later; with 0, those frees
-    /// are waited for and every idle segment goes now.
+    /// are waited for (cudabuf's wait, which does not synchronize the program with any
+    /// stream's work) and every idle segment goes now.
     ///
     /// ```
     /// # fn main() -> cudabuf_core::Result<()> {
