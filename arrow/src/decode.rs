@@ -71,6 +71,65 @@ pub(crate) fn dictionary_ids(schema: ipc::Schema<'_>) -> DictionaryIds {
     out
 }
 
+/// Check that the fields of a schema sharing a dictionary id can share one dictionary:
+/// the same value type, and the same dictionary ids below it (for nested dictionaries).
+/// Otherwise a dictionary batch of that id would be decoded as whichever field was
+/// found first, and the other field's column would hold values of another type.
+///
+/// Gives the reason (naming both fields and the id) if they cannot.
+pub(crate) fn check_shared_dictionary_ids(
+    ids: &DictionaryIds,
+    fields: &Fields,
+) -> std::result::Result<(), String> {
+    // In path order, a field's descendants follow it.
+    let mut paths: Vec<(&FieldPath, i64)> = ids.iter().map(|(p, &id)| (p, id)).collect();
+    paths.sort_unstable();
+    // The ids below the field at `paths[i]`, by path relative to it.
+    let below = |i: usize| -> Vec<(&[usize], i64)> {
+        let prefix = paths[i].0;
+        paths[i + 1..]
+            .iter()
+            .take_while(|(p, _)| p.starts_with(prefix))
+            .map(|(p, id)| (&p[prefix.len()..], *id))
+            .collect()
+    };
+    let name = |path: &FieldPath| {
+        field_at(fields, path).map_or_else(|| format!("{path:?}"), |f| format!("'{}'", f.name()))
+    };
+    // Each id's first field, as an index into `paths`.
+    let mut first: HashMap<i64, usize> = HashMap::new();
+    for (i, &(path, id)) in paths.iter().enumerate() {
+        let Some(&j) = first.get(&id) else {
+            first.insert(id, i);
+            continue;
+        };
+        let earlier = paths[j].0;
+        let value_type = |p: &FieldPath| match field_at(fields, p).map(|f| f.data_type()) {
+            Some(DataType::Dictionary(_, values)) => Some((**values).clone()),
+            _ => None,
+        };
+        let (a, b) = (value_type(earlier), value_type(path));
+        let show = |t: Option<DataType>| t.map_or_else(|| "none".to_string(), |t| t.to_string());
+        let differ = if a != b {
+            format!(
+                "their dictionaries' value types differ ({} and {})",
+                show(a),
+                show(b)
+            )
+        } else if below(j) != below(i) {
+            "the dictionaries nested in their values differ".to_string()
+        } else {
+            continue;
+        };
+        return Err(format!(
+            "fields {} and {} share dictionary id {id}, but {differ}: one dictionary cannot serve both",
+            name(earlier),
+            name(path)
+        ));
+    }
+    Ok(())
+}
+
 /// The field at `path` in `fields`.
 pub(crate) fn field_at<'a>(fields: &'a Fields, path: &[usize]) -> Option<&'a FieldRef> {
     let (first, rest) = path.split_first()?;

@@ -236,6 +236,7 @@ impl DeviceFileReader {
         let file_schema =
             Arc::new(try_fb_to_schema(fb_schema).map_err(|e| bad(format!("invalid schema: {e}")))?);
         crate::layout::check_fields(WHAT, file_schema.fields())?;
+        decode::check_shared_dictionary_ids(&file_ids, file_schema.fields()).map_err(bad)?;
         let blocks = |list: Vec<&ipc::Block>, kind: &str| {
             list.into_iter()
                 .enumerate()

@@ -158,7 +158,10 @@ pub use compression::DEFAULT_DECOMPRESSION_LIMIT;
 pub use file::{write_ipc_file, DeviceFileReader, DeviceFileWriter};
 pub use message::{read_message, DeviceMessage, MessageSource, CONTINUATION_MARKER};
 #[cfg(feature = "parquet")]
-pub use parquet_file::{read_parquet, DeviceParquetReader};
+#[doc(hidden)]
+pub use parquet_file::in_parquet_panic_guard;
+#[cfg(feature = "parquet")]
+pub use parquet_file::{read_parquet, DeviceParquetReader, DEFAULT_PARQUET_DECOMPRESSION_LIMIT};
 pub use serialize::{
     serialize_record_batch, serialize_record_batch_on, serialize_stream, serialize_stream_on,
     Serializer, DEFAULT_STAGING_LIMIT,

@@ -7,7 +7,9 @@
 //! link overlap.
 
 mod decoders;
+mod thrift;
 
+use std::cell::Cell;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -32,9 +34,20 @@ const WHAT: &str = "Parquet file";
 /// The most rows decoded into one batch (a row group with more gives several batches).
 const MAX_BATCH_ROWS: usize = 1 << 20;
 
+/// The most bytes of host memory the decompressed pages of a Parquet read may take at
+/// once unless the reader is told otherwise
+/// ([`DeviceParquetReader::set_decompression_limit`]): 1 GiB. Counted from the page
+/// headers before the `parquet` crate decodes anything: per column chunk decoded, its
+/// dictionary page and its largest data page, summed over the columns of every row group
+/// decoding at once. A row group that alone needs more is [`Error::InvalidData`];
+/// otherwise the decoding threads wait for room. Real files need a few MiB per column
+/// (writers cut pages at about 1 MiB).
+pub const DEFAULT_PARQUET_DECOMPRESSION_LIMIT: usize = 1 << 30;
+
 /// Reads a Parquet file into device memory, row group by row group: an iterator of
 /// [`DeviceRecordBatch`]es (one per row group, or several for a row group of more than
-/// a million rows), in file order.
+/// a million rows), in file order. Each row group gives exactly the rows its footer entry
+/// declares, or an error.
 ///
 /// **Decoding is on the host**, by arrow-rs's `parquet` crate (codecs Snappy, LZ4 and
 /// ZSTD; others are [`Error::Unsupported`]): the batches equal what arrow-rs's
@@ -47,19 +60,42 @@ const MAX_BATCH_ROWS: usize = 1 << 20;
 /// synchronized) before it is returned. Memory is bounded: a thread starts a row group
 /// only within `threads` row groups of the one being returned, and waits while two of
 /// its decoded batches wait, so at most `threads` row groups are in hand, each with at
-/// most two decoded batches (of at most a million rows) waiting. A row group that fails
-/// ends the iteration: the batches before it are returned, then its error. Opening reads
-/// the footer only.
+/// most two decoded batches (of at most a million rows) waiting; the decompressed pages
+/// they hold at once stay within the [decompression limit](Self::set_decompression_limit).
+/// A row group that fails ends the iteration: the batches before it are returned, then
+/// its error. Opening reads the footer only; decoding starts at the first
+/// [`next`](Iterator::next), which starts the decoding threads: if not even one can be
+/// started, that `next` gives [`Error::InvalidArgument`] (naming
+/// `DeviceParquetReader::next`) and the iteration ends.
 ///
 /// Column projection ([`open`](Self::open)'s `columns`): only those columns are decoded
 /// and uploaded, in the order given.
 ///
 /// Nothing in the file is trusted: a corrupt file is [`Error::InvalidData`] naming the
 /// file. Where the `parquet` crate panics on a corrupt file, the panic is caught (and
-/// logged with `log::warn!`) and becomes that error too. Column chunk ranges are checked
-/// against the file before decoding; page headers are the `parquet` crate's to check,
-/// and it trusts some of their sizes: a small corrupt file can cost it seconds of work
-/// and the host memory a header declares before it is refused.
+/// logged with `log::warn!`) and becomes that error too. What the crate would trust is
+/// checked before it sees it:
+/// - the footer (found as the crate finds it: no leading `PAR1` needed) and every page
+///   header, read with a Thrift reader of our own: each field the crate reads must be of
+///   its IDL type (the crate reads it as that type whatever the bytes declare);
+/// - the footer's schema: groups nest at most 128 levels below the root (every group
+///   element below the root is a level: a struct takes one, a LIST or MAP two, so 64
+///   nested lists fit), and no group declares more children than there are schema
+///   elements after it;
+/// - the footer's row counts: none negative, their sum within `usize`; and each row
+///   group decodes to exactly the rows it declares (more or fewer is an error, raised
+///   as soon as a batch goes past the count);
+/// - column chunk ranges lie within the file;
+/// - before a row group decodes, the page headers of its column chunks: every page lies
+///   within its chunk, an uncompressed page declares its own size, a dictionary page
+///   declares no more values than its bytes can hold, and the decompressed pages held
+///   at once fit the decompression limit
+///   ([`DEFAULT_PARQUET_DECOMPRESSION_LIMIT`], 1 GiB, unless set).
+///
+/// The limit bounds the decompressed pages, not the decoded batches: a dictionary-encoded
+/// string column expands each row to its dictionary value, so a small file (one 1 MiB
+/// string referenced by an RLE run of indices) can decode to a batch far larger than the
+/// file or the limit (batches hold at most a million rows).
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -96,22 +132,31 @@ pub struct DeviceParquetReader {
     num_row_groups: usize,
     /// Whether a column is dictionary-encoded (uploaded as a stream with its dictionary).
     dictionaries: bool,
-    decoders: Decoders,
+    /// What the decoding threads are to do, until the first `next` starts them.
+    job: Option<Job>,
+    /// The decoding threads to start.
+    threads: usize,
+    decompression_limit: usize,
+    decoders: Option<Decoders>,
     done: bool,
 }
 
 impl DeviceParquetReader {
     /// Open the Parquet file at `path` for reading into `ctx`'s device: reads and checks
-    /// its footer, and starts decoding the first row group. `columns`: the names of the
-    /// top-level columns to read, in the order wanted (`None`: all).
+    /// its footer (decoding starts at the first [`next`](Iterator::next)). `columns`: the
+    /// names of the top-level columns to read, in the order wanted (`None`: all).
     ///
     /// # Errors
     /// [`Error::File`] naming the file if it cannot be opened or is not a regular file;
     /// [`Error::InvalidArgument`] for a column name it does not have;
-    /// [`Error::InvalidData`] naming the file for a footer that is truncated or corrupt.
+    /// [`Error::InvalidData`] naming the file for a footer that is truncated or corrupt,
+    /// with a field of another Thrift type than the `parquet` crate reads it as, whose
+    /// schema nests groups more than 128 levels deep, or whose row counts are
+    /// negative or sum past `usize`.
     pub fn open(path: impl AsRef<Path>, ctx: &Context, columns: Option<&[&str]>) -> Result<Self> {
         let source = SourceFile::open(path.as_ref(), "DeviceParquetReader::open")?;
         let name = source.name().to_string();
+        check_footer_schema(&source)?;
         let metadata = guarded(&name, "reading the footer", || {
             ArrowReaderMetadata::load(source.file(), ArrowReaderOptions::new())
         })?;
@@ -145,7 +190,18 @@ impl DeviceParquetReader {
             }
         };
         let row_groups = check_row_groups(metadata.metadata(), source.len(), &name)?;
-        let num_rows = row_groups.iter().fold(0usize, |a, &n| a.saturating_add(n));
+        let num_rows = row_groups
+            .iter()
+            .try_fold(0usize, |a, &n| a.checked_add(n))
+            .ok_or_else(|| {
+                Error::invalid_data(
+                    WHAT,
+                    format!(
+                        "{name}: the row counts of its row groups sum past {}",
+                        usize::MAX
+                    ),
+                )
+            })?;
         let mask = match &roots {
             Some(roots) => ProjectionMask::roots(metadata.parquet_schema(), roots.iter().copied()),
             None => ProjectionMask::all(),
@@ -161,6 +217,7 @@ impl DeviceParquetReader {
             mask,
             order,
             row_groups: row_groups.clone(),
+            decompression_limit: 0,
         };
         // The stream first: a failure here leaves no decoding thread behind.
         let stream = match ctx.new_stream_with(StreamFlags {
@@ -171,7 +228,6 @@ impl DeviceParquetReader {
             Err(e) if e.kind() == ErrorKind::Unsupported => None,
             Err(e) => return Err(e),
         };
-        let decoders = Decoders::start(job, ctx.file_options().threads())?;
         let dictionaries = schema
             .fields()
             .iter()
@@ -184,9 +240,86 @@ impl DeviceParquetReader {
             num_rows,
             num_row_groups: row_groups.len(),
             dictionaries,
-            decoders,
+            job: Some(job),
+            threads: ctx.file_options().threads(),
+            decompression_limit: DEFAULT_PARQUET_DECOMPRESSION_LIMIT,
+            decoders: None,
             done: false,
         })
+    }
+
+    /// The most bytes of host memory the decompressed pages of this read may take at
+    /// once: [`DEFAULT_PARQUET_DECOMPRESSION_LIMIT`] unless set before the first
+    /// [`next`](Iterator::next); the limit in force once decoding has started.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::sync::Arc;
+    /// # use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// # let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2])) as _)])?;
+    /// # let path = std::env::temp_dir().join(format!("cudabuf-doc-limit-{}.parquet", std::process::id()));
+    /// # let mut writer = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path)?, batch.schema(), None)?;
+    /// # writer.write(&batch)?;
+    /// # writer.close()?;
+    /// use cudabuf_arrow::{DeviceParquetReader, DEFAULT_PARQUET_DECOMPRESSION_LIMIT};
+    ///
+    /// let reader = DeviceParquetReader::open(&path, &ctx, None)?;
+    /// assert_eq!(reader.decompression_limit(), DEFAULT_PARQUET_DECOMPRESSION_LIMIT);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn decompression_limit(&self) -> usize {
+        self.decompression_limit
+    }
+
+    /// Set the most bytes of host memory the decompressed pages of this read may take at
+    /// once, counted from the page headers before anything is decoded: per column chunk
+    /// decoded, its dictionary page and its largest data page, summed over the columns of
+    /// the row groups decoding at once. A row group that alone declares more is
+    /// [`Error::InvalidData`] (naming this setting); otherwise the decoding threads wait
+    /// for room.
+    ///
+    /// It takes effect only before the first [`next`](Iterator::next): decoding starts
+    /// then, under the limit set at that moment, and a later call is ignored
+    /// ([`decompression_limit`](Self::decompression_limit) keeps giving the limit in
+    /// force).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::sync::Arc;
+    /// # use cudabuf_arrow::arrow::array::{Int32Array, RecordBatch};
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// # let batch = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1, 2])) as _)])?;
+    /// # let path = std::env::temp_dir().join(format!("cudabuf-doc-set-limit-{}.parquet", std::process::id()));
+    /// # let mut writer = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path)?, batch.schema(), None)?;
+    /// # writer.write(&batch)?;
+    /// # writer.close()?;
+    /// use cudabuf_core::ErrorKind;
+    ///
+    /// // A trusted file of large pages: allow 4 GiB of them (all of a 32-bit address space).
+    /// let four_gib = usize::try_from(4u64 << 30).unwrap_or(usize::MAX);
+    /// let mut reader = cudabuf_arrow::DeviceParquetReader::open(&path, &ctx, None)?;
+    /// reader.set_decompression_limit(four_gib);
+    /// assert_eq!(reader.next().unwrap()?.to_host()?, batch);
+    /// // Decoding has started: a later setting is ignored.
+    /// reader.set_decompression_limit(1);
+    /// assert_eq!(reader.decompression_limit(), four_gib);
+    ///
+    /// // Too small for the file's pages: an error naming the setting.
+    /// let mut reader = cudabuf_arrow::DeviceParquetReader::open(&path, &ctx, None)?;
+    /// reader.set_decompression_limit(1);
+    /// let err = reader.next().unwrap().unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::InvalidData);
+    /// assert!(err.to_string().contains("set_decompression_limit"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn set_decompression_limit(&mut self, bytes: usize) {
+        // The job goes to the decoding threads at the first `next`.
+        if self.job.is_some() {
+            self.decompression_limit = bytes;
+        }
     }
 
     /// The schema of the batches read (the projected columns, in the order asked).
@@ -246,7 +379,22 @@ impl Iterator for DeviceParquetReader {
         if self.done {
             return None;
         }
-        let result = match self.decoders.next() {
+        if self.decoders.is_none() {
+            let Some(mut job) = self.job.take() else {
+                self.done = true;
+                return None;
+            };
+            job.decompression_limit = self.decompression_limit as u64;
+            match Decoders::start(job, self.threads) {
+                Ok(decoders) => self.decoders = Some(decoders),
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+        let decoders = self.decoders.as_ref()?;
+        let result = match decoders.next() {
             None => None,
             Some(Err(e)) => Some(Err(e)),
             Some(Ok(batch)) => Some(self.upload(&batch)),
@@ -270,6 +418,25 @@ impl fmt::Debug for DeviceParquetReader {
     }
 }
 
+thread_local! {
+    /// Whether this thread is inside [`guarded`].
+    static IN_GUARD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is now inside a call into the `parquet` crate that a
+/// [`DeviceParquetReader`] makes under its panic guard (a panic there is caught and
+/// becomes [`Error::InvalidData`]). For fuzzing harnesses, whose panic hook aborts at
+/// the panic: a hook can let such panics unwind to the guard and treat every other
+/// panic, one in this crate's own code included, as a crash. Not a stable API.
+///
+/// ```
+/// // Outside a reader's calls into the `parquet` crate:
+/// assert!(!cudabuf_arrow::in_parquet_panic_guard());
+/// ```
+pub fn in_parquet_panic_guard() -> bool {
+    IN_GUARD.with(Cell::get)
+}
+
 /// Run a call into the `parquet` crate: its error, or a panic (logged), becomes
 /// [`Error::InvalidData`] naming the file (unsupported features
 /// [`Error::Unsupported`]).
@@ -278,7 +445,10 @@ fn guarded<T>(
     what: &str,
     call: impl FnOnce() -> std::result::Result<T, ParquetError>,
 ) -> Result<T> {
-    match catch_unwind(AssertUnwindSafe(call)) {
+    let outer = IN_GUARD.with(|g| g.replace(true));
+    let caught = catch_unwind(AssertUnwindSafe(call));
+    IN_GUARD.with(|g| g.set(outer));
+    match caught {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(ParquetError::NYI(reason))) => Err(Error::unsupported(
             "reading a Parquet file",
@@ -298,6 +468,31 @@ fn guarded<T>(
             ))
         }
     }
+}
+
+/// Check the footer of `source` ([`thrift::check_schema`]) before the `parquet` crate
+/// reads it, found as the crate finds it: the last 8 bytes are its length and `PAR1`,
+/// and it ends where they start (the crate requires no leading `PAR1`: a footer may
+/// start at byte 0). A footer the crate cannot locate either (a file too short, a length
+/// past the start of the file, an encrypted footer) is left to the crate to refuse.
+fn check_footer_schema(source: &SourceFile) -> Result<()> {
+    let len = source.len();
+    if len < 8 {
+        return Ok(());
+    }
+    let mut tail = [0u8; 8];
+    source.read_exact_at(&mut tail, len - 8)?;
+    let footer_len = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+    if &tail[4..] != b"PAR1" || footer_len > len - 8 {
+        return Ok(());
+    }
+    let footer = source.read_vec(len - 8 - footer_len, footer_len as usize)?;
+    thrift::check_schema(&footer).map_err(|reason| {
+        Error::invalid_data(
+            WHAT,
+            format!("{}: checking the footer: {reason}", source.name()),
+        )
+    })
 }
 
 /// The rows of each row group, after checking what the decoder would otherwise assert
@@ -372,4 +567,51 @@ pub fn read_parquet(
     columns: Option<&[&str]>,
 ) -> Result<Vec<DeviceRecordBatch>> {
     DeviceParquetReader::open(path, ctx, columns)?.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic of the `parquet` crate becomes `InvalidData` naming the file and the panic.
+    #[test]
+    fn a_panic_in_the_parquet_crate_is_invalid_data() {
+        let err = guarded(
+            "f.parquet",
+            "decoding row group 0",
+            || -> std::result::Result<(), ParquetError> { panic!("index out of bounds") },
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidData);
+        let message = err.to_string();
+        assert!(message.contains("f.parquet"), "{message}");
+        assert!(
+            message.contains("panicked: index out of bounds"),
+            "{message}"
+        );
+        let err = guarded(
+            "f.parquet",
+            "reading",
+            || -> std::result::Result<(), ParquetError> { Err(ParquetError::NYI("BROTLI".into())) },
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+    }
+
+    /// The flag a fuzzing harness's panic hook reads is set inside the guard only, and
+    /// cleared after a panic there.
+    #[test]
+    fn the_panic_guard_flag_is_set_inside_the_guard_only() {
+        assert!(!in_parquet_panic_guard());
+        let inside = guarded("f.parquet", "reading", || {
+            Ok::<_, ParquetError>(in_parquet_panic_guard())
+        });
+        assert!(inside.unwrap());
+        let _ = guarded(
+            "f.parquet",
+            "reading",
+            || -> std::result::Result<(), ParquetError> { panic!("inside") },
+        );
+        assert!(!in_parquet_panic_guard());
+    }
 }

@@ -112,6 +112,9 @@ impl DeviceStreamDecoder {
         let schema = try_fb_to_schema(schema)
             .map_err(|e| Error::invalid_data(WHAT, format!("invalid schema message: {e}")))?;
         crate::layout::check_fields(WHAT, schema.fields())?;
+        decode::check_shared_dictionary_ids(&ids, schema.fields()).map_err(|reason| {
+            Error::invalid_data(WHAT, format!("invalid schema message: {reason}"))
+        })?;
         Ok(DeviceStreamDecoder {
             schema: Arc::new(schema),
             ids,

@@ -9,10 +9,11 @@
 //! could turn a panic inside the `parquet` crate into `InvalidData`. The `parquet` crate
 //! does panic on some corrupt pages (an out-of-bounds bit range in its definition-level
 //! decoder, found here), so this target puts a hook in front of libfuzzer-sys's that
-//! lets panics on the reader's decoding thread (`cudabuf-parquet`, where every call into
-//! the `parquet` crate is under `catch_unwind`) unwind to that guard, and hands every
-//! other panic to libfuzzer-sys's hook: a panic in cudabuf-arrow's own code, on the
-//! caller's thread, is still a crash. `CUDABUF_FUZZ_PARQUET_PANICS=1` makes every panic a
+//! lets panics raised inside the reader's calls into the `parquet` crate (those under its
+//! `catch_unwind`, as `cudabuf_arrow::in_parquet_panic_guard()` tells on the panicking
+//! thread) unwind to that guard, and hands every other panic to libfuzzer-sys's hook: a
+//! panic in cudabuf-arrow's own code, on the caller's thread or a decoding thread, is
+//! still a crash. `CUDABUF_FUZZ_PARQUET_PANICS=1` makes every panic a
 //! crash, to find the `parquet` crate's.
 //!
 //! Seeds: `fuzz/seeds/parquet_file/` (`cargo +nightly fuzz run parquet_file
@@ -34,7 +35,7 @@ fn ctx() -> &'static Context {
         if std::env::var_os("CUDABUF_FUZZ_PARQUET_PANICS").is_none() {
             let abort = std::panic::take_hook();
             std::panic::set_hook(Box::new(move |info| {
-                if std::thread::current().name() != Some("cudabuf-parquet") {
+                if !cudabuf_arrow::in_parquet_panic_guard() {
                     abort(info);
                 }
             }));

@@ -719,25 +719,39 @@ pub(crate) fn read_ipc_stream_file(
 /// ``columns``: names of the columns to read; ``None`` for all. Releases the GIL while
 /// reading.
 ///
+/// ``decompression_limit``: the most bytes of host memory the decompressed pages held at
+/// once may take, counted from the page headers before anything is decompressed (per
+/// column chunk decoded, its dictionary page and its largest data page, summed over the
+/// row groups decoding at once); ``None`` for the default, 1 GiB. A file that needs more
+/// is ``InvalidDataError``; raise it for trusted files of large pages. It bounds the
+/// decompressed pages, not the decoded batches (a dictionary-encoded string column may
+/// decode to far more).
+///
 /// Raises:
 ///     FileError: the file cannot be opened or read, or is not a regular file.
-///     InvalidDataError: a truncated or corrupt file.
+///     InvalidDataError: a truncated or corrupt file, or pages past
+///         ``decompression_limit``.
 ///     InvalidArgumentError: a column name the file does not have.
+///     OverflowError: a negative ``decompression_limit``, or one past the address space.
 #[pyfunction]
-#[pyo3(signature = (path, ctx, columns = None))]
+#[pyo3(signature = (path, ctx, columns = None, *, decompression_limit = None))]
 pub(crate) fn read_parquet(
     py: Python<'_>,
     path: std::path::PathBuf,
     ctx: &PyContext,
     columns: Option<Vec<String>>,
+    decompression_limit: Option<usize>,
 ) -> PyResult<Vec<PyDeviceRecordBatch>> {
     let ctx = ctx.inner.clone();
     land_batches(py, "Parquet file", || {
         let names: Option<Vec<&str>> = columns
             .as_ref()
             .map(|c| c.iter().map(String::as_str).collect());
-        let reader =
+        let mut reader =
             cudabuf::device_arrow::DeviceParquetReader::open(&path, &ctx, names.as_deref())?;
+        if let Some(limit) = decompression_limit {
+            reader.set_decompression_limit(limit);
+        }
         Ok((
             reader.schema().clone(),
             reader.collect::<cudabuf::Result<_>>()?,

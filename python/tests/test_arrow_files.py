@@ -96,6 +96,25 @@ def test_parquet_files_land_equal_to_pyarrow(ctx: cuda.Context, tmp_path: Path, 
     assert projected.column("floats").equals(table.column("floats"))
 
 
+def test_parquet_decompression_limit_is_a_keyword(ctx: cuda.Context, tmp_path: Path) -> None:
+    # Pages past the limit are refused before anything is decompressed, naming the
+    # setting; a limit that fits reads what pyarrow reads.
+    table = sample_table(6000)
+    path = tmp_path / "limit.parquet"
+    pq.write_table(table, path, compression="zstd", row_group_size=2500)
+    before = ctx.bytes_allocated
+    with pytest.raises(cudabuf.InvalidDataError, match="set_decompression_limit"):
+        cuda.read_parquet(path, ctx, decompression_limit=1)
+    assert ctx.bytes_allocated == before
+    got = on_host(cuda.read_parquet(path, ctx, decompression_limit=64 << 20))
+    assert got.equals(pq.read_table(path))
+    assert on_host(cuda.read_parquet(path, ctx, decompression_limit=None)).equals(got)
+    with pytest.raises(OverflowError):
+        cuda.read_parquet(path, ctx, decompression_limit=-1)
+    with pytest.raises(TypeError):
+        cuda.read_parquet(path, ctx, None, 1 << 20)  # type: ignore[misc]  # keyword only
+
+
 @pytest.mark.parametrize("threads", [1, 2, 8])
 def test_files_decoded_by_several_threads_equal_pyarrow(ctx: cuda.Context, tmp_path: Path, threads: int) -> None:
     # Compressed IPC bodies and Parquet row groups are decoded by up to the context's

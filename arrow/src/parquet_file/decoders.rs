@@ -10,6 +10,14 @@
 //! row groups are in hand at a time, each with at most [`AHEAD`] decoded batches waiting
 //! and one in the decoder. The reader takes the batches in file order.
 //!
+//! Before a row group is decoded, its thread reads the page headers of the column chunks
+//! to decode ([`Job::page_memory`]) and checks what they declare: the host memory the
+//! `parquet` crate would take for the pages it holds at once (per column, its dictionary
+//! and its largest data page, decompressed) must lie within the reader's decompression
+//! limit, and the threads share that limit: a row group starts decoding only once the
+//! row groups before it leave room for it ([`Shared::reserve`], in file order). The rows
+//! decoded must be the rows the footer declares for the row group.
+//!
 //! A row group that fails ends the file there: no later row group is started, threads
 //! on later ones stop at their next batch, and the reader gets every batch before the
 //! failure, then the error. Dropping the reader stops every thread at its next batch
@@ -25,9 +33,12 @@ use arrow::record_batch::RecordBatch;
 use cudabuf_core::{Error, Result};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
+use parquet::basic::{Compression, Type as PhysicalType};
 use parquet::errors::ParquetError;
+use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::reader::{ChunkReader, Length};
 
+use super::thrift::{self, ThriftError, DICTIONARY_PAGE};
 use super::{guarded, MAX_BATCH_ROWS, WHAT};
 use crate::file_io::pread;
 
@@ -106,6 +117,8 @@ pub(super) struct Job {
     pub(super) order: Option<Vec<usize>>,
     /// The rows of each row group, as the footer says.
     pub(super) row_groups: Vec<usize>,
+    /// The most bytes of decompressed pages the row groups decoding at once may hold.
+    pub(super) decompression_limit: u64,
 }
 
 impl Job {
@@ -113,6 +126,7 @@ impl Job {
     /// says stop (`false`); the first error is handed over too, and ends the row group.
     fn decode(&self, index: usize, rows: usize, mut hand: impl FnMut(Result<RecordBatch>) -> bool) {
         let what = format!("decoding row group {index}");
+        let batch_size = rows.min(MAX_BATCH_ROWS);
         let reader = guarded(&self.name, &what, || {
             ParquetRecordBatchReaderBuilder::new_with_metadata(
                 self.file.clone(),
@@ -120,7 +134,7 @@ impl Job {
             )
             .with_row_groups(vec![index])
             .with_projection(self.mask.clone())
-            .with_batch_size(rows.min(MAX_BATCH_ROWS))
+            .with_batch_size(batch_size)
             .build()
         });
         let mut reader = match reader {
@@ -130,18 +144,188 @@ impl Job {
                 return;
             }
         };
+        let mut decoded = 0usize;
         loop {
             let next = guarded(&self.name, &what, || {
                 reader.next().transpose().map_err(ParquetError::from)
             });
             let batch = match next {
-                Ok(Some(batch)) => self.reorder(batch),
+                Ok(Some(batch)) => {
+                    decoded = decoded.saturating_add(batch.num_rows());
+                    if decoded > rows {
+                        Err(self.bad(format!(
+                            "row group {index}: its pages hold more rows than the {rows} its footer entry declares"
+                        )))
+                    } else if batch.num_rows() < batch_size && decoded < rows {
+                        // A batch cut short: the pages ended (no batch of it is handed over).
+                        Err(self.bad(format!(
+                            "row group {index}: its pages hold {decoded} rows; its footer entry declares {rows}"
+                        )))
+                    } else {
+                        self.reorder(batch)
+                    }
+                }
+                Ok(None) if decoded < rows => Err(self.bad(format!(
+                    "row group {index}: its pages hold {decoded} rows; its footer entry declares {rows}"
+                ))),
                 Ok(None) => return,
                 Err(e) => Err(e),
             };
             let failed = batch.is_err();
             if !hand(batch) || failed {
                 return;
+            }
+        }
+    }
+
+    fn bad(&self, reason: String) -> Error {
+        Error::invalid_data(WHAT, format!("{}: {reason}", self.name))
+    }
+
+    /// The bytes of host memory the decompressed pages of row group `index` take at once
+    /// while it decodes (per column chunk decoded, its dictionary page and its largest
+    /// data page), from its page headers, which are read and checked here, before the
+    /// `parquet` crate sees them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidData`] for a page header that is corrupt or declares more than its
+    /// page can hold, and for a row group that would take more than the decompression
+    /// limit.
+    fn page_memory(&self, index: usize) -> Result<u64> {
+        let row_group = self.metadata.metadata().row_group(index);
+        let mut total = 0u64;
+        for (leaf, column) in row_group.columns().iter().enumerate() {
+            if !self.mask.leaf_included(leaf) {
+                continue;
+            }
+            total = total.saturating_add(self.chunk_memory(index, leaf, column)?);
+            if total > self.decompression_limit {
+                return Err(self.too_large(format!(
+                    "row group {index}: the pages of its column chunks up to column {leaf} take {total} bytes of host memory decompressed at once"
+                )));
+            }
+        }
+        Ok(total)
+    }
+
+    fn too_large(&self, reason: String) -> Error {
+        self.bad(format!(
+            "{reason}, more than the reader's decompression limit of {} bytes; if the file is trusted, raise it with DeviceParquetReader::set_decompression_limit",
+            self.decompression_limit
+        ))
+    }
+
+    /// [`page_memory`](Self::page_memory) of one column chunk (leaf `leaf`).
+    fn chunk_memory(&self, index: usize, leaf: usize, column: &ColumnChunkMetaData) -> Result<u64> {
+        let at = |page: usize| format!("row group {index}, column {leaf}, page {page}");
+        // (Checked non-negative and within the file by check_row_groups.)
+        let start = column
+            .dictionary_page_offset()
+            .unwrap_or_else(|| column.data_page_offset()) as u64;
+        let len = column.compressed_size().max(0) as u64;
+        let uncompressed_codec = column.compression() == Compression::UNCOMPRESSED;
+        // The fewest bits one dictionary value takes encoded (PLAIN).
+        let value_bits: u64 = match column.column_type() {
+            PhysicalType::BOOLEAN => 1,
+            PhysicalType::INT32 | PhysicalType::FLOAT | PhysicalType::BYTE_ARRAY => 32,
+            PhysicalType::INT64 | PhysicalType::DOUBLE => 64,
+            PhysicalType::INT96 => 96,
+            PhysicalType::FIXED_LEN_BYTE_ARRAY => {
+                (column.column_descr().type_length().max(1) as u64).saturating_mul(8)
+            }
+        };
+        let (mut dictionary, mut data) = (0u64, 0u64);
+        let mut pos = 0u64;
+        let mut page = 0usize;
+        let mut window = Window::default();
+        while pos < len {
+            let (header, header_len) =
+                self.page_header(&mut window, start + pos, len - pos, &at(page))?;
+            let (compressed, uncompressed) = match (
+                u64::try_from(header.compressed_size),
+                u64::try_from(header.uncompressed_size),
+            ) {
+                (Ok(c), Ok(u)) => (c, u),
+                _ => {
+                    return Err(self.bad(format!(
+                        "{}: a page header declares sizes {} (compressed) and {} (uncompressed)",
+                        at(page),
+                        header.compressed_size,
+                        header.uncompressed_size
+                    )))
+                }
+            };
+            pos = pos.saturating_add(header_len).saturating_add(compressed);
+            if pos > len {
+                return Err(self.bad(format!(
+                    "{}: the page ({compressed} bytes) runs past the end of its {len}-byte column chunk",
+                    at(page)
+                )));
+            }
+            if uncompressed > self.decompression_limit {
+                return Err(self.too_large(format!(
+                    "{}: the page declares {uncompressed} bytes decompressed",
+                    at(page)
+                )));
+            }
+            if uncompressed_codec && uncompressed != compressed {
+                return Err(self.bad(format!(
+                    "{}: an uncompressed page declares {uncompressed} bytes uncompressed but holds {compressed}",
+                    at(page)
+                )));
+            }
+            if header.kind == DICTIONARY_PAGE {
+                let values = header.dictionary_values.unwrap_or_default();
+                let fits = u64::try_from(values).ok().is_some_and(|v| {
+                    v.saturating_mul(value_bits) <= uncompressed.saturating_mul(8)
+                });
+                if !fits {
+                    return Err(self.bad(format!(
+                        "{}: a dictionary page of {uncompressed} bytes declares {values} values of {} at least",
+                        at(page),
+                        if value_bits.is_multiple_of(8) {
+                            format!("{} bytes", value_bits / 8)
+                        } else {
+                            format!("{value_bits} bit")
+                        }
+                    )));
+                }
+                dictionary = dictionary.max(uncompressed);
+            } else {
+                data = data.max(uncompressed);
+            }
+            page += 1;
+        }
+        Ok(dictionary.saturating_add(data))
+    }
+
+    /// The page header at byte `at` of the file, where `left` bytes of its column chunk
+    /// remain, and its length; read through `window`, which keeps the bytes last read
+    /// from the file.
+    fn page_header(
+        &self,
+        window: &mut Window,
+        at: u64,
+        left: u64,
+        page: &str,
+    ) -> Result<(thrift::PageHeader, u64)> {
+        // Most headers are tens of bytes; ones with statistics may be longer.
+        let mut want = left.min(1 << 10);
+        loop {
+            let bytes = window
+                .get(&self.file, at, want, left)
+                .map_err(|e| self.bad(format!("{page}: reading its header: {e}")))?;
+            match thrift::read_page_header(bytes) {
+                Ok((header, len)) => return Ok((header, len as u64)),
+                Err(ThriftError::Truncated) if want < left => want = left.min(want * 4),
+                Err(ThriftError::Truncated) => {
+                    return Err(self.bad(format!(
+                        "{page}: its header runs past the end of its column chunk"
+                    )))
+                }
+                Err(ThriftError::Invalid(reason)) => {
+                    return Err(self.bad(format!("{page}: a corrupt page header: {reason}")))
+                }
             }
         }
     }
@@ -165,6 +349,43 @@ struct Slot {
 }
 
 /// What the threads and the reader share.
+/// The bytes of a column chunk the pre-scan read last ([`Job::page_memory`]): page
+/// headers are read through it, [`WINDOW`] bytes at a time, so a chunk of many small
+/// pages takes one read per window, not one per page.
+#[derive(Default)]
+struct Window {
+    /// The file offset of `bytes`.
+    start: u64,
+    bytes: bytes::Bytes,
+}
+
+/// The bytes [`Window`] reads at once (fewer at the end of a column chunk).
+const WINDOW: u64 = 64 << 10;
+
+impl Window {
+    /// The `want` bytes at `at`, where `left` bytes of the column chunk remain
+    /// (`want <= left`): from the bytes in hand, or from a new read of up to [`WINDOW`]
+    /// bytes (or `want`, if more).
+    fn get(
+        &mut self,
+        file: &PositionedFile,
+        at: u64,
+        want: u64,
+        left: u64,
+    ) -> std::result::Result<&[u8], ParquetError> {
+        let end = self.start + self.bytes.len() as u64;
+        if at < self.start || at + want > end {
+            let read = left.min(want.max(WINDOW));
+            self.bytes = file.get_bytes(at, read as usize)?;
+            self.start = at;
+        }
+        let from = (at - self.start) as usize;
+        self.bytes
+            .get(from..from + want as usize)
+            .ok_or_else(|| ParquetError::EOF(format!("{want} bytes at byte {at}")))
+    }
+}
+
 struct State {
     /// The next row group a thread may take.
     next_claim: usize,
@@ -179,6 +400,10 @@ struct State {
     closed: bool,
     /// Threads still running.
     alive: usize,
+    /// The next row group to reserve its page memory (they do so in file order).
+    next_reserve: usize,
+    /// The bytes of page memory the row groups decoding now have reserved.
+    reserved: u64,
 }
 
 struct Shared {
@@ -186,6 +411,8 @@ struct Shared {
     changed: Condvar,
     /// How many row groups may be in hand at once (the threads).
     window: usize,
+    /// The most bytes of page memory reserved at once (the decompression limit).
+    budget: u64,
 }
 
 impl Shared {
@@ -215,6 +442,33 @@ impl Shared {
             }
             state = self.wait(state);
         }
+    }
+
+    /// Reserve `bytes` (at most the budget) of page memory for row group `index`, once
+    /// every row group before it has reserved its own and the budget has room; `false`
+    /// when the thread is to stop. Row groups reserve in file order, so the one the
+    /// reader waits for never waits on later ones.
+    fn reserve(&self, index: usize, bytes: u64) -> bool {
+        let mut state = self.lock();
+        loop {
+            if state.closed || index >= state.end {
+                return false;
+            }
+            if state.next_reserve == index && state.reserved + bytes <= self.budget {
+                state.reserved += bytes;
+                state.next_reserve += 1;
+                self.changed.notify_all();
+                return true;
+            }
+            state = self.wait(state);
+        }
+    }
+
+    /// Give back what [`reserve`](Self::reserve) took.
+    fn release(&self, bytes: u64) {
+        let mut state = self.lock();
+        state.reserved -= bytes;
+        self.changed.notify_all();
     }
 
     /// Hand over a batch of row group `index`, once fewer than [`AHEAD`] wait; `false`
@@ -290,8 +544,23 @@ fn work(job: &Job, shared: &Shared) {
     while let Some(index) = shared.claim() {
         running.group = Some(index);
         let rows = job.row_groups[index];
-        if rows > 0 {
-            job.decode(index, rows, |batch| shared.hand(index, batch));
+        let memory = if rows > 0 {
+            job.page_memory(index)
+        } else {
+            Ok(0)
+        };
+        match memory {
+            Err(e) => {
+                shared.hand(index, Err(e));
+            }
+            Ok(bytes) => {
+                if shared.reserve(index, bytes) {
+                    if rows > 0 {
+                        job.decode(index, rows, |batch| shared.hand(index, batch));
+                    }
+                    shared.release(bytes);
+                }
+            }
         }
         running.group = None;
         shared.done(index);
@@ -306,7 +575,8 @@ pub(super) struct Decoders {
 }
 
 impl Decoders {
-    /// Start up to `threads` threads (at least one; no more than there are row groups).
+    /// Start up to `threads` threads (at least one; no more than there are row groups),
+    /// sharing `job`'s decompression limit.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if not even one thread can be started.
@@ -321,9 +591,12 @@ impl Decoders {
                 slots: BTreeMap::new(),
                 closed: false,
                 alive: count,
+                next_reserve: 0,
+                reserved: 0,
             }),
             changed: Condvar::new(),
             window: count,
+            budget: job.decompression_limit,
         });
         let name = job.name.clone();
         let job = Arc::new(job);
@@ -339,8 +612,8 @@ impl Decoders {
                     shared.lock().alive -= 1;
                     if handles.is_empty() && i + 1 == count {
                         return Err(Error::invalid_argument(
-                            "DeviceParquetReader::open",
-                            format!("cannot start a decoding thread: {e}"),
+                            "DeviceParquetReader::next",
+                            format!("{name}: cannot start a decoding thread: {e}"),
                         ));
                     }
                     log::debug!("{name}: decoding with fewer threads: {e}");
@@ -420,9 +693,12 @@ mod tests {
                 slots: BTreeMap::new(),
                 closed: false,
                 alive: 1,
+                next_reserve: 0,
+                reserved: 0,
             }),
             changed: Condvar::new(),
             window,
+            budget: 100,
         }
     }
 
@@ -469,6 +745,38 @@ mod tests {
         assert!(decoders.next().is_none());
         // (No threads to join: `threads` is empty.)
         drop(decoders);
+    }
+
+    /// Row groups reserve page memory in file order, and wait while the budget (100) has
+    /// no room; a row group past a failed one is told to stop.
+    #[test]
+    fn page_memory_is_reserved_in_file_order_within_the_budget() {
+        let s = Arc::new(shared(4, 4));
+        for i in 0..4 {
+            assert_eq!(s.claim(), Some(i));
+        }
+        // Row group 1 may not reserve before row group 0, even with room.
+        let one = {
+            let s = s.clone();
+            std::thread::spawn(move || s.reserve(1, 10))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!one.is_finished(), "row group 1 waits for row group 0");
+        assert!(s.reserve(0, 80));
+        assert!(one.join().unwrap());
+        // 90 reserved: row group 2 (20) waits for room.
+        let two = {
+            let s = s.clone();
+            std::thread::spawn(move || s.reserve(2, 20))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!two.is_finished(), "no room for row group 2");
+        s.release(80);
+        assert!(two.join().unwrap());
+        assert_eq!(s.lock().reserved, 30);
+        // Row group 2 fails: row group 3 stops instead of reserving.
+        assert!(s.hand(2, Err(Error::invalid_data(WHAT, "bad page"))));
+        assert!(!s.reserve(3, 0));
     }
 
     /// A thread waits while AHEAD batches of its row group wait.

@@ -415,3 +415,70 @@ pub(crate) fn missing_files_and_directories_are_file_errors(f: &Fixture) -> Case
     }
     Ok(())
 }
+
+/// Two dictionary fields of different value types (a: Utf8, b: Int64) made to share a
+/// dictionary id (b's id edited to a's, in an IPC file's footer and in a stream's schema
+/// message): one dictionary cannot be both, so the schema is refused when it is read,
+/// before any batch (a column of b's type holding a's Utf8 values was returned before).
+pub(crate) fn fields_of_different_types_sharing_a_dictionary_id_are_invalid_data(
+    f: &Fixture,
+) -> CaseResult {
+    use std::sync::Arc;
+
+    use arrow::array::{DictionaryArray, Int64Array, Int8Array};
+    use arrow::datatypes::Int8Type;
+    let ctx = context(f);
+    let a: DictionaryArray<Int8Type> = vec!["x", "y", "x"].into_iter().collect();
+    let b = DictionaryArray::<Int8Type>::try_new(
+        Int8Array::from(vec![0, 1, 0]),
+        Arc::new(Int64Array::from(vec![1_000_000_007, 42])),
+    )
+    .unwrap();
+    let batch = batch(vec![("a", Arc::new(a) as _), ("b", Arc::new(b) as _)]);
+    // Point field b of `schema` (a flatbuffer at `start` in `bytes`) at a's dictionary.
+    let share = |bytes: &mut Vec<u8>, start: usize, schema: ipc::Schema<'_>| {
+        let fields = schema.fields().unwrap();
+        let first = fields.get(0).dictionary().unwrap().id();
+        let encoding = fields.get(1).dictionary().unwrap();
+        let slot = encoding._tab.vtable().get(ipc::DictionaryEncoding::VT_ID) as usize;
+        assert_ne!(slot, 0, "b's dictionary id is written");
+        let at = start + encoding._tab.loc() + slot;
+        bytes[at..at + 8].copy_from_slice(&first.to_le_bytes());
+    };
+
+    // The file: its footer.
+    let mut file = arrow_rs_file(&batch.schema(), std::slice::from_ref(&batch), None);
+    let start = footer_start(&file);
+    let end = file.len() - 10;
+    let copy = file.clone();
+    let footer = ipc::root_as_footer(&copy[start..end]).unwrap();
+    share(&mut file, start, footer.schema().unwrap());
+    let err = open_err(&ctx, &file);
+    assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
+    assert!(err.to_string().contains("dictionary id"), "{err}");
+    assert!(err.to_string().contains("'a' and 'b'"), "{err}");
+
+    // The stream: its schema message (after the continuation marker and length).
+    let mut stream = Vec::new();
+    {
+        let mut writer = ipc::writer::StreamWriter::try_new(&mut stream, &batch.schema()).unwrap();
+        writer.write(&batch).unwrap();
+        writer.finish().unwrap();
+    }
+    let copy = stream.clone();
+    let len = i32::from_le_bytes(copy[4..8].try_into().unwrap()) as usize;
+    let message = ipc::root_as_message(&copy[8..8 + len]).unwrap();
+    share(&mut stream, 8, message.header_as_schema().unwrap());
+    let path = TempFile::with_bytes("shared-id.arrows", &stream);
+    let err = DeviceStreamReader::from_path(path.path(), &ctx).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
+    assert!(err.to_string().contains("dictionary id"), "{err}");
+
+    // Unedited, both read back.
+    let file = arrow_rs_file(&batch.schema(), std::slice::from_ref(&batch), None);
+    assert_eq!(
+        read_all(&ctx, &file, std::slice::from_ref(&batch), &[], "unedited"),
+        1
+    );
+    Ok(())
+}

@@ -15,6 +15,8 @@ mod ordering;
 mod parallel;
 #[cfg(feature = "parquet")]
 mod parquet;
+#[cfg(feature = "parquet")]
+mod parquet_hostile;
 mod roundtrip;
 mod slices;
 mod stream;
@@ -136,6 +138,7 @@ pub(crate) const FILE_CASES: &[Case] = cases![
     files_corrupt::bit_flips_anywhere_in_an_ipc_file_never_panic,
     files_corrupt::compressed_buffers_whose_lengths_lie_are_invalid_data,
     files_corrupt::missing_files_and_directories_are_file_errors,
+    files_corrupt::fields_of_different_types_sharing_a_dictionary_id_are_invalid_data,
     parallel::compressed_ipc_files_read_alike_with_1_2_and_8_threads,
     parallel::a_corrupt_body_in_the_middle_is_invalid_data_naming_the_file_and_byte,
     parallel::a_compressed_file_that_shrinks_while_read_is_a_file_error,
@@ -150,7 +153,14 @@ pub(crate) const PARQUET_CASES: &[Case] = cases![
     parquet::parquet_projection_reads_the_named_columns_in_order,
     parquet::corrupt_parquet_files_are_invalid_data_never_a_panic,
     parquet::parquet_missing_files_and_directories_are_file_errors,
-    parquet::parquet_decoder_panic_is_invalid_data,
+    parquet::parquet_file_the_decoder_panicked_on_is_invalid_data,
+    parquet_hostile::parquet_row_groups_give_exactly_the_rows_their_footer_declares,
+    parquet_hostile::parquet_row_counts_summing_past_usize_are_invalid_data,
+    parquet_hostile::parquet_schemas_nested_too_deep_or_with_absent_children_are_invalid_data,
+    parquet_hostile::parquet_pages_beyond_the_decompression_limit_are_invalid_data,
+    parquet_hostile::parquet_page_headers_that_lie_about_their_contents_are_invalid_data,
+    parquet_hostile::parquet_fields_of_another_thrift_type_than_the_crate_reads_are_invalid_data,
+    parquet_hostile::parquet_files_of_64_nested_lists_read_and_65_are_invalid_data,
     parallel::parquet_row_groups_decoded_in_parallel_arrive_in_file_order,
     parallel::a_corrupt_row_group_in_the_middle_ends_the_file_there,
     parallel::parquet_files_of_zero_rows_or_one_row_group_read_with_every_thread_count,

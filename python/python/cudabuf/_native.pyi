@@ -570,8 +570,14 @@ def read_parquet(
     path: Union[str, os.PathLike[str]],
     ctx: Context,
     columns: Optional[Sequence[str]] = None,
+    *,
+    decompression_limit: Optional[int] = None,
 ) -> list[DeviceRecordBatch]:
-    """Read a Parquet file into device record batches, one per row group (decoded on the host)."""
+    """Read a Parquet file into device record batches, one per row group (decoded on the host).
+
+    ``decompression_limit``: the most bytes the decompressed pages held at once may take
+    (``None``: 1 GiB); a file that needs more raises ``InvalidDataError``.
+    """
 
 def write_ipc_file(
     path: Union[str, os.PathLike[str]],
