@@ -79,6 +79,21 @@ where
     );
 }
 
+/// Asks `start.elapsed(&end)` until it answers (`NotReady` until both events' work is
+/// done); any other error is returned.
+fn elapsed_when_ready(
+    start: &cudabuf_core::Event,
+    end: &cudabuf_core::Event,
+) -> Result<std::time::Duration> {
+    for _ in 0..1_000_000 {
+        match start.elapsed(end) {
+            Err(e) if e.kind() == ErrorKind::NotReady => std::thread::yield_now(),
+            answer => return answer,
+        }
+    }
+    panic!("the events never completed");
+}
+
 // ---- Multiple devices: synchronous peer copies (cuMemcpyPeer) ------------------------
 //
 // `DeviceBuffer::copy_from_device` between contexts of two devices is a synchronous peer
@@ -507,18 +522,7 @@ fn elapsed_ok_is_an_observation_of_completion() {
             start.record(&nb)?;
             nb.copy_from_slice(&x, &[8u8; 64])?;
             end.record(&nb)?;
-            let mut spins = 0u64;
-            loop {
-                match start.elapsed(&end) {
-                    Ok(_) => break,
-                    Err(e) if e.kind() == ErrorKind::NotReady => {
-                        spins += 1;
-                        assert!(spins < 1_000_000, "never ready");
-                        std::thread::yield_now();
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            elapsed_when_ready(&start, &end)?;
             assert_eq!(x.to_vec()?, vec![8u8; 64]);
             Ok(())
         })();
@@ -1348,18 +1352,7 @@ fn elapsed_ok_teaches_both_events_on_two_streams() {
             start.record(&nb1)?;
             nb2.copy_from_slice(&y, &[2u8; 64])?;
             end.record(&nb2)?;
-            let mut spins = 0u64;
-            loop {
-                match start.elapsed(&end) {
-                    Ok(_) => break,
-                    Err(e) if e.kind() == ErrorKind::NotReady => {
-                        spins += 1;
-                        assert!(spins < 1_000_000, "never ready");
-                        std::thread::yield_now();
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            elapsed_when_ready(&start, &end)?;
             assert_eq!(x.to_vec()?, vec![1u8; 64]);
             assert_eq!(y.to_vec()?, vec![2u8; 64]);
             Ok(())
