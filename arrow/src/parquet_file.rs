@@ -21,7 +21,7 @@ use cudabuf_core::{Context, Error, ErrorKind, Result, Stream, StreamFlags};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::ProjectionMask;
 use parquet::errors::ParquetError;
-use parquet::file::metadata::ParquetMetaData;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
 use self::decoders::{Decoders, Job, PositionedFile};
 use crate::batch::DeviceRecordBatch;
@@ -82,8 +82,11 @@ pub const DEFAULT_PARQUET_DECOMPRESSION_LIMIT: usize = 1 << 30;
 ///   element below the root is a level: a struct takes one, a LIST or MAP two, so 64
 ///   nested lists fit), and no group declares more children than there are schema
 ///   elements after it;
-/// - the footer's row counts: none negative, their sum within `usize`; and each row
-///   group decodes to exactly the rows it declares (more or fewer is an error, raised
+/// - lists, sets and maps of booleans in fields the crate skips (it loops over their
+///   elements, which take no byte): at most as many elements as the footer or page
+///   header has bytes; a page header takes at most 16 MiB;
+/// - the footer's row counts: none negative, their sum within `usize` and equal to the
+///   file's row count (the crate sizes its batches by it); and each row group decodes to exactly the rows it declares (more or fewer is an error, raised
 ///   as soon as a batch goes past the count);
 /// - column chunk ranges lie within the file;
 /// - before a row group decodes, the page headers of its column chunks: every page lies
@@ -91,6 +94,10 @@ pub const DEFAULT_PARQUET_DECOMPRESSION_LIMIT: usize = 1 << 30;
 ///   declares no more values than its bytes can hold, and the decompressed pages held
 ///   at once fit the decompression limit
 ///   ([`DEFAULT_PARQUET_DECOMPRESSION_LIMIT`], 1 GiB, unless set).
+///
+/// The file must not change while it is read: the crate decodes the footer bytes that
+/// were checked, but reads each page header again from the file after the check, so a
+/// file appended to or rewritten in between can get past the checks.
 ///
 /// The limit bounds the decompressed pages, not the decoded batches: a dictionary-encoded
 /// string column expands each row to its dictionary value, so a small file (one 1 MiB
@@ -151,14 +158,18 @@ impl DeviceParquetReader {
     /// [`Error::InvalidArgument`] for a column name it does not have;
     /// [`Error::InvalidData`] naming the file for a footer that is truncated or corrupt,
     /// with a field of another Thrift type than the `parquet` crate reads it as, whose
-    /// schema nests groups more than 128 levels deep, or whose row counts are
-    /// negative or sum past `usize`.
+    /// schema nests groups more than 128 levels deep, whose row counts are negative or
+    /// sum past `usize`, or whose file row count is not the sum of its row groups'.
     pub fn open(path: impl AsRef<Path>, ctx: &Context, columns: Option<&[&str]>) -> Result<Self> {
         let source = SourceFile::open(path.as_ref(), "DeviceParquetReader::open")?;
         let name = source.name().to_string();
-        check_footer_schema(&source)?;
-        let metadata = guarded(&name, "reading the footer", || {
-            ArrowReaderMetadata::load(source.file(), ArrowReaderOptions::new())
+        // The crate decodes the footer bytes checked, not the file again (which may have
+        // changed since).
+        let footer = check_footer_schema(&source)?;
+        let metadata = guarded(&name, "reading the footer", || match &footer {
+            Some(footer) => ParquetMetaDataReader::decode_metadata(footer)
+                .and_then(|m| ArrowReaderMetadata::try_new(Arc::new(m), ArrowReaderOptions::new())),
+            None => ArrowReaderMetadata::load(source.file(), ArrowReaderOptions::new()),
         })?;
         let file_schema = metadata.schema().clone();
         let (schema, roots, order) = match columns {
@@ -202,6 +213,17 @@ impl DeviceParquetReader {
                     ),
                 )
             })?;
+        // The crate lowers its batch size to the rows the file declares: fewer than its
+        // row groups hold would read as row groups giving fewer rows than they declare.
+        let declared = metadata.metadata().file_metadata().num_rows();
+        if u64::try_from(declared).ok() != u64::try_from(num_rows).ok() {
+            return Err(Error::invalid_data(
+                WHAT,
+                format!(
+                    "{name}: its footer declares {declared} rows in the file; its row groups declare {num_rows}"
+                ),
+            ));
+        }
         let mask = match &roots {
             Some(roots) => ProjectionMask::roots(metadata.parquet_schema(), roots.iter().copied()),
             None => ProjectionMask::all(),
@@ -427,7 +449,9 @@ thread_local! {
 /// [`DeviceParquetReader`] makes under its panic guard (a panic there is caught and
 /// becomes [`Error::InvalidData`]). For fuzzing harnesses, whose panic hook aborts at
 /// the panic: a hook can let such panics unwind to the guard and treat every other
-/// panic, one in this crate's own code included, as a crash. Not a stable API.
+/// panic as a crash. The guard also covers this crate's code that the `parquet` crate
+/// calls back inside those calls (the `ChunkReader` reading the file for it): a panic
+/// there also reads as inside the guard. Not a stable API.
 ///
 /// ```
 /// // Outside a reader's calls into the `parquet` crate:
@@ -474,17 +498,18 @@ fn guarded<T>(
 /// reads it, found as the crate finds it: the last 8 bytes are its length and `PAR1`,
 /// and it ends where they start (the crate requires no leading `PAR1`: a footer may
 /// start at byte 0). A footer the crate cannot locate either (a file too short, a length
-/// past the start of the file, an encrypted footer) is left to the crate to refuse.
-fn check_footer_schema(source: &SourceFile) -> Result<()> {
+/// past the start of the file, an encrypted footer) is left to the crate to refuse
+/// (`None`); else the footer checked, for the crate to decode.
+fn check_footer_schema(source: &SourceFile) -> Result<Option<Vec<u8>>> {
     let len = source.len();
     if len < 8 {
-        return Ok(());
+        return Ok(None);
     }
     let mut tail = [0u8; 8];
     source.read_exact_at(&mut tail, len - 8)?;
     let footer_len = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
     if &tail[4..] != b"PAR1" || footer_len > len - 8 {
-        return Ok(());
+        return Ok(None);
     }
     let footer = source.read_vec(len - 8 - footer_len, footer_len as usize)?;
     thrift::check_schema(&footer).map_err(|reason| {
@@ -492,7 +517,8 @@ fn check_footer_schema(source: &SourceFile) -> Result<()> {
             WHAT,
             format!("{}: checking the footer: {reason}", source.name()),
         )
-    })
+    })?;
+    Ok(Some(footer))
 }
 
 /// The rows of each row group, after checking what the decoder would otherwise assert

@@ -12,9 +12,12 @@
 //! lets panics raised inside the reader's calls into the `parquet` crate (those under its
 //! `catch_unwind`, as `cudabuf_arrow::in_parquet_panic_guard()` tells on the panicking
 //! thread) unwind to that guard, and hands every other panic to libfuzzer-sys's hook: a
-//! panic in cudabuf-arrow's own code, on the caller's thread or a decoding thread, is
-//! still a crash. `CUDABUF_FUZZ_PARQUET_PANICS=1` makes every panic a
-//! crash, to find the `parquet` crate's.
+//! panic in cudabuf-arrow's own code outside those calls, on the caller's thread or a
+//! decoding thread, is still a crash. cudabuf-arrow's code that the `parquet` crate calls
+//! back inside them (the `ChunkReader` that reads the file for it) runs under the guard:
+//! a panic there is let through as well, and becomes `InvalidData`.
+//! `CUDABUF_FUZZ_PARQUET_PANICS=1` makes every panic a crash, to find the `parquet`
+//! crate's (and those callbacks').
 //!
 //! Seeds: `fuzz/seeds/parquet_file/` (`cargo +nightly fuzz run parquet_file
 //! fuzz/seeds/parquet_file`; see its README).

@@ -309,25 +309,15 @@ impl Job {
         left: u64,
         page: &str,
     ) -> Result<(thrift::PageHeader, u64)> {
-        // Most headers are tens of bytes; ones with statistics may be longer.
-        let mut want = left.min(1 << 10);
-        loop {
-            let bytes = window
-                .get(&self.file, at, want, left)
-                .map_err(|e| self.bad(format!("{page}: reading its header: {e}")))?;
-            match thrift::read_page_header(bytes) {
-                Ok((header, len)) => return Ok((header, len as u64)),
-                Err(ThriftError::Truncated) if want < left => want = left.min(want * 4),
-                Err(ThriftError::Truncated) => {
-                    return Err(self.bad(format!(
-                        "{page}: its header runs past the end of its column chunk"
-                    )))
-                }
-                Err(ThriftError::Invalid(reason)) => {
-                    return Err(self.bad(format!("{page}: a corrupt page header: {reason}")))
-                }
-            }
-        }
+        read_header(
+            |want| {
+                window
+                    .get(&self.file, at, want, left)
+                    .map_err(|e| format!("reading its header: {e}"))
+            },
+            left,
+        )
+        .map_err(|reason| self.bad(format!("{page}: {reason}")))
     }
 
     fn reorder(&self, batch: RecordBatch) -> Result<RecordBatch> {
@@ -346,6 +336,42 @@ struct Slot {
     batches: VecDeque<Result<RecordBatch>>,
     /// Its thread has handed over its last batch.
     done: bool,
+}
+
+/// The most bytes a page header may take: 16 MiB. Headers are tens of bytes, or a few
+/// hundred kilobytes with large statistics; a longer one is refused rather than read
+/// into memory whole (a column chunk may be gigabytes).
+pub(crate) const MAX_PAGE_HEADER: u64 = 16 << 20;
+
+/// The page header at the start of the `left` bytes that remain of a column chunk, and
+/// its length, through `get`, which gives the first `want` bytes (`want <= left`). Reads
+/// 1 KiB, then 4 times more each time the header ends past them, up to
+/// [`MAX_PAGE_HEADER`] bytes.
+fn read_header(
+    mut get: impl FnMut(u64) -> std::result::Result<bytes::Bytes, String>,
+    left: u64,
+) -> std::result::Result<(thrift::PageHeader, u64), String> {
+    let limit = left.min(MAX_PAGE_HEADER);
+    // Most headers are tens of bytes; ones with statistics may be longer.
+    let mut want = limit.min(1 << 10);
+    loop {
+        let bytes = get(want)?;
+        match thrift::read_page_header(&bytes) {
+            Ok((header, len)) => return Ok((header, len as u64)),
+            Err(ThriftError::Truncated) if want < limit => want = limit.min(want * 4),
+            Err(ThriftError::Truncated) if limit < left => {
+                return Err(format!(
+                    "a corrupt page header: a page header larger than {MAX_PAGE_HEADER} bytes"
+                ))
+            }
+            Err(ThriftError::Truncated) => {
+                return Err("its header runs past the end of its column chunk".to_string())
+            }
+            Err(ThriftError::Invalid(reason)) => {
+                return Err(format!("a corrupt page header: {reason}"))
+            }
+        }
+    }
 }
 
 /// What the threads and the reader share.
@@ -372,7 +398,7 @@ impl Window {
         at: u64,
         want: u64,
         left: u64,
-    ) -> std::result::Result<&[u8], ParquetError> {
+    ) -> std::result::Result<bytes::Bytes, ParquetError> {
         let end = self.start + self.bytes.len() as u64;
         if at < self.start || at + want > end {
             let read = left.min(want.max(WINDOW));
@@ -380,9 +406,10 @@ impl Window {
             self.start = at;
         }
         let from = (at - self.start) as usize;
-        self.bytes
-            .get(from..from + want as usize)
-            .ok_or_else(|| ParquetError::EOF(format!("{want} bytes at byte {at}")))
+        if from + want as usize > self.bytes.len() {
+            return Err(ParquetError::EOF(format!("{want} bytes at byte {at}")));
+        }
+        Ok(self.bytes.slice(from..from + want as usize))
     }
 }
 
@@ -804,5 +831,53 @@ mod tests {
         s.lock().closed = true;
         assert!(!s.hand(0, batch(101)));
         assert_eq!(s.claim(), None);
+    }
+
+    /// A page header of type 0 and sizes 4, with an unknown binary field (id 9) of
+    /// `unknown` bytes, at the start of a chunk of `left` bytes.
+    fn header_with_unknown_binary(unknown: usize, left: usize) -> Vec<u8> {
+        let mut h = vec![0x15, 0x00, 0x15, 0x08, 0x15, 0x08, 0x68];
+        let mut n = unknown;
+        while n >= 0x80 {
+            h.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        h.push(n as u8);
+        h.resize(h.len() + unknown, 0xaa);
+        h.push(0x00);
+        h.resize(left, 0);
+        h
+    }
+
+    /// Reads `chunk` through [`read_header`]: its result and the most bytes asked for.
+    fn header_of(chunk: &[u8]) -> (std::result::Result<u64, String>, u64) {
+        let mut most = 0;
+        let result = read_header(
+            |want| {
+                most = most.max(want);
+                Ok(bytes::Bytes::copy_from_slice(&chunk[..want as usize]))
+            },
+            chunk.len() as u64,
+        );
+        (result.map(|(_, len)| len), most)
+    }
+
+    #[test]
+    fn page_headers_past_the_cap_are_refused_without_reading_the_chunk_whole() {
+        let cap = MAX_PAGE_HEADER as usize;
+        // A header of a field of 1 MiB: read.
+        let chunk = header_with_unknown_binary(1 << 20, 2 << 20);
+        assert_eq!(header_of(&chunk).0, Ok((1 << 20) + 11));
+        // A field of the cap + 1 bytes in a chunk of twice the cap: refused, having read
+        // at most the cap.
+        let chunk = header_with_unknown_binary(cap + 1, 2 * cap);
+        let (result, most) = header_of(&chunk);
+        let err = result.unwrap_err();
+        assert!(err.contains("page header larger than"), "{err}");
+        assert!(most <= MAX_PAGE_HEADER, "{most}");
+        // One that runs past the end of a chunk shorter than the cap.
+        let chunk = header_with_unknown_binary(1000, 2000);
+        let (result, _) = header_of(&chunk[..500]);
+        assert!(result.unwrap_err().contains("past the end"));
     }
 }

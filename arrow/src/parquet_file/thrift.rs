@@ -10,7 +10,9 @@
 //! does (booleans in a list take no byte; a field header of type 0 ends a struct).
 //!
 //! Everything here is bounded by its input: every value read or looped over takes at
-//! least one byte (a list of booleans being skipped is not looped over), nothing is
+//! least one byte (a list of booleans being skipped is not looped over, and a read
+//! refuses to skip more booleans in lists, sets and maps than its input has bytes, as
+//! the crate loops over each), nothing is
 //! allocated from a count the input declares, and skipping nested values recurses at
 //! most [`MAX_SKIP_DEPTH`] levels.
 
@@ -72,11 +74,35 @@ const UUID: u8 = 13;
 pub(super) struct Compact<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// The boolean elements of lists, sets and maps still to be skipped
+    /// ([`Compact::skip_bools`]): as many as `buf` has bytes.
+    bools: u64,
 }
 
 impl<'a> Compact<'a> {
     pub(super) fn new(buf: &'a [u8]) -> Self {
-        Compact { buf, pos: 0 }
+        Compact {
+            buf,
+            pos: 0,
+            bools: buf.len() as u64,
+        }
+    }
+
+    /// Skip `n` boolean elements of a list, set or map. They take no byte, but the
+    /// `parquet` crate's skip loops over each one: a 9-byte list of `i32::MAX` booleans
+    /// costs it seconds. So a read may skip at most as many as its input has bytes,
+    /// keeping the crate's work proportional to the bytes checked.
+    fn skip_bools(&mut self, n: u64) -> ThriftResult<()> {
+        match self.bools.checked_sub(n) {
+            Some(left) => {
+                self.bools = left;
+                Ok(())
+            }
+            None => invalid(format!(
+                "lists or maps of booleans with more elements than the {} bytes read",
+                self.buf.len()
+            )),
+        }
     }
 
     /// The bytes read so far.
@@ -187,7 +213,9 @@ impl<'a> Compact<'a> {
             LIST | SET => {
                 // Booleans take no byte: the `parquet` crate skips them so.
                 let (elem, n) = self.list_header()?;
-                if !is_bool(elem) {
+                if is_bool(elem) {
+                    self.skip_bools(n)?;
+                } else {
                     for _ in 0..n {
                         self.skip(elem, depth + 1)?;
                     }
@@ -205,7 +233,7 @@ impl<'a> Compact<'a> {
                 let types = self.byte()?;
                 let (key, value) = (types >> 4, types & 0x0f);
                 if is_bool(key) && is_bool(value) {
-                    return Ok(());
+                    return self.skip_bools(n);
                 }
                 if n > self.remaining() as u64 {
                     return Err(ThriftError::Truncated);
@@ -433,7 +461,21 @@ const COLUMN_META_DATA: Desc = Desc {
         (17, Ty::Struct(&GEOSPATIAL_STATISTICS)),
     ],
 };
-/// (Fields 8 and 9, encryption, the crate skips: its `encryption` feature is off.)
+const ENCRYPTION_WITH_COLUMN_KEY: Desc = Desc {
+    name: "EncryptionWithColumnKey",
+    fields: &[(1, Ty::List(&Ty::Binary)), (2, Ty::Binary)],
+};
+/// A union: the crate reads one field of it and refuses another id or a second field.
+const COLUMN_CRYPTO_META_DATA: Desc = Desc {
+    name: "ColumnCryptoMetaData",
+    fields: &[
+        (1, Ty::Struct(&EMPTY)),
+        (2, Ty::Struct(&ENCRYPTION_WITH_COLUMN_KEY)),
+    ],
+};
+/// (Fields 8 and 9, encryption, the crate reads only with its `encryption` feature,
+/// which a build of cudabuf leaves off but another crate of the same build may turn on:
+/// they are described as it reads them, whatever the feature.)
 const COLUMN_CHUNK: Desc = Desc {
     name: "ColumnChunk",
     fields: &[
@@ -444,6 +486,8 @@ const COLUMN_CHUNK: Desc = Desc {
         (5, Ty::I32),
         (6, Ty::I64),
         (7, Ty::I32),
+        (8, Ty::Struct(&COLUMN_CRYPTO_META_DATA)),
+        (9, Ty::Binary),
     ],
 };
 const SORTING_COLUMN: Desc = Desc {
@@ -470,8 +514,18 @@ const COLUMN_ORDER: Desc = Desc {
         (3, Ty::Struct(&EMPTY)),
     ],
 };
+/// AesGcmV1 and AesGcmCtrV1 alike.
+const AES_GCM: Desc = Desc {
+    name: "AesGcmV1",
+    fields: &[(1, Ty::Binary), (2, Ty::Binary), (3, Ty::Bool)],
+};
+/// A union (see [`COLUMN_CRYPTO_META_DATA`]).
+const ENCRYPTION_ALGORITHM: Desc = Desc {
+    name: "EncryptionAlgorithm",
+    fields: &[(1, Ty::Struct(&AES_GCM)), (2, Ty::Struct(&AES_GCM))],
+};
 /// (Field 2, the schema, [`check_schema`] reads itself; fields 8 and 9, encryption, the
-/// crate skips.)
+/// crate reads only with its `encryption` feature: see [`COLUMN_CHUNK`].)
 const FILE_META_DATA: Desc = Desc {
     name: "FileMetaData",
     fields: &[
@@ -482,6 +536,8 @@ const FILE_META_DATA: Desc = Desc {
         (5, Ty::List(&Ty::Struct(&KEY_VALUE))),
         (6, Ty::Binary),
         (7, Ty::List(&Ty::Struct(&COLUMN_ORDER))),
+        (8, Ty::Struct(&ENCRYPTION_ALGORITHM)),
+        (9, Ty::Binary),
     ],
 };
 const DATA_PAGE_HEADER: Desc = Desc {
@@ -823,8 +879,8 @@ mod tests {
     /// none, and a field header of type 0 ends a struct whatever its high bits.
     #[test]
     fn skipping_reads_what_the_crate_skips() {
-        // list<bool> of 3, then a byte that is not part of it.
-        let mut r = Compact::new(&[0x31, 0x15]);
+        // list<bool> of 3, then bytes that are not part of it.
+        let mut r = Compact::new(&[0x31, 0x15, 0x00]);
         r.skip(LIST, 0).unwrap();
         assert_eq!(r.position(), 1);
         // A struct ended by 0x10 (delta 1, type 0).
@@ -869,5 +925,71 @@ mod tests {
         // A schema element whose num_children (field 5) is declared binary.
         let err = check_schema(&[0x29, 0x1c, 0x58, 0x00, 0x00, 0x00]).unwrap_err();
         assert!(err.contains("SchemaElement"), "{err}");
+    }
+
+    /// An unknown field (id 100) that is a list of `i32::MAX` booleans, and one that is a
+    /// map<bool, bool> of `i32::MAX` entries: 9 bytes each, that the `parquet` crate's
+    /// skip loops over for seconds. More booleans than the bytes read are invalid.
+    const BOOL_LIST: [u8; 9] = [0x09, 0xc8, 0x01, 0xf1, 0xff, 0xff, 0xff, 0xff, 0x07];
+    const BOOL_MAP: [u8; 9] = [0x0b, 0xc8, 0x01, 0xff, 0xff, 0xff, 0xff, 0x07, 0x11];
+
+    #[test]
+    fn skipping_booleans_is_bounded_by_the_bytes_read() {
+        for field in [BOOL_LIST, BOOL_MAP] {
+            // In a footer.
+            let mut footer = field.to_vec();
+            footer.push(0x00);
+            let err = check_schema(&footer).unwrap_err();
+            assert!(err.contains("booleans"), "{err}");
+            // In a page header (type 0, sizes 4 and 4, then the field).
+            let mut header = vec![0x15, 0x00, 0x15, 0x08, 0x15, 0x08];
+            header.extend_from_slice(&field);
+            header.push(0x00);
+            let err = read_page_header(&header).unwrap_err();
+            assert!(
+                matches!(&err, ThriftError::Invalid(m) if m.contains("booleans")),
+                "{err:?}"
+            );
+        }
+        // A few booleans are skipped: a list of 3 and a map of 2 entries, in 6 bytes.
+        let mut r = Compact::new(&[0x31, 0x02, 0x11, 0x00, 0x00, 0x00]);
+        r.skip(LIST, 0).unwrap();
+        r.skip(MAP, 0).unwrap();
+        assert_eq!(r.position(), 3);
+        // The budget is shared by the whole read: 3 + 3 booleans in 4 bytes are too many.
+        let mut r = Compact::new(&[0x31, 0x31, 0x00, 0x00]);
+        r.skip(LIST, 0).unwrap();
+        assert!(matches!(r.skip(LIST, 0), Err(ThriftError::Invalid(_))));
+    }
+
+    /// The encryption fields (8 and 9) of the FileMetaData and ColumnChunk are read as
+    /// the crate reads them with its `encryption` feature on (as another crate of the
+    /// same build may turn it on), whether it is on or not.
+    #[test]
+    fn encryption_fields_are_of_their_idl_types() {
+        // FileMetaData field 9 (footer_signing_key_metadata, binary) declared i32: the
+        // crate would read the varint 0x02 as a length and then 2 bytes.
+        let err = check_schema(&[0x95, 0x02, 0x00]).unwrap_err();
+        assert!(err.contains("field 9 of a FileMetaData"), "{err}");
+        // Field 8 (EncryptionAlgorithm, a struct) declared binary.
+        let err = check_schema(&[0x88, 0x01, 0x00, 0x00]).unwrap_err();
+        assert!(err.contains("field 8 of a FileMetaData"), "{err}");
+        // As their types: an AesGcmV1 of an aad_prefix and a flag, and a binary.
+        assert_eq!(
+            check_schema(&[0x8c, 0x1c, 0x18, 0x01, 0xaa, 0x21, 0x00, 0x00, 0x18, 0x00, 0x00]),
+            Ok(())
+        );
+        // A ColumnChunk's field 8 (ColumnCryptoMetaData) whose path_in_schema (a list
+        // of binary) is declared an i32, in the row groups (field 4) of a footer.
+        let footer = [
+            0x49, 0x1c, // row groups: a list of 1 struct
+            0x19, 0x1c, // its columns: a list of 1 struct
+            0x8c, // field 8
+            0x2c, // EncryptionWithColumnKey
+            0x15, 0x02, // field 1 declared i32
+            0x00, 0x00, 0x00, 0x00, 0x00,
+        ];
+        let err = check_schema(&footer).unwrap_err();
+        assert!(err.contains("EncryptionWithColumnKey"), "{err}");
     }
 }

@@ -161,6 +161,8 @@ pub(crate) const PARQUET_CASES: &[Case] = cases![
     parquet_hostile::parquet_page_headers_that_lie_about_their_contents_are_invalid_data,
     parquet_hostile::parquet_fields_of_another_thrift_type_than_the_crate_reads_are_invalid_data,
     parquet_hostile::parquet_files_of_64_nested_lists_read_and_65_are_invalid_data,
+    parquet_hostile::parquet_skipped_boolean_collections_are_invalid_data_at_once,
+    parquet_hostile::parquet_files_declaring_other_rows_than_their_row_groups_are_invalid_data,
     parallel::parquet_row_groups_decoded_in_parallel_arrive_in_file_order,
     parallel::a_corrupt_row_group_in_the_middle_ends_the_file_there,
     parallel::parquet_files_of_zero_rows_or_one_row_group_read_with_every_thread_count,

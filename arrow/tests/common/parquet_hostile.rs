@@ -303,6 +303,17 @@ fn file_of_footer(footer: &[u8], leading_magic: bool) -> Vec<u8> {
 /// `leaf_paths`, and the row groups given, every leaf's chunk holding the row group's
 /// pages; the footer written by hand.
 fn parquet_file_of(schema: &[Element], leaf_paths: &[Vec<String>], groups: &[RowGroup]) -> Vec<u8> {
+    parquet_file_declaring(schema, leaf_paths, groups, None)
+}
+
+/// [`parquet_file_of`], its FileMetaData declaring `num_rows` rows (`None`: the sum of
+/// its row groups').
+fn parquet_file_declaring(
+    schema: &[Element],
+    leaf_paths: &[Vec<String>],
+    groups: &[RowGroup],
+    num_rows: Option<i64>,
+) -> Vec<u8> {
     let mut file = b"PAR1".to_vec();
     let mut offsets = Vec::new();
     for g in groups {
@@ -318,7 +329,7 @@ fn parquet_file_of(schema: &[Element], leaf_paths: &[Vec<String>], groups: &[Row
     t.list(2, T_STRUCT, schema.len());
     schema_elements(&mut t, schema);
     let total = groups.iter().map(|g| g.num_rows).fold(0, i64::wrapping_add);
-    t.i64(3, total);
+    t.i64(3, num_rows.unwrap_or(total));
     t.list(4, T_STRUCT, groups.len());
     for (g, per_leaf) in groups.iter().zip(&offsets) {
         t.begin_element();
@@ -833,5 +844,89 @@ pub(crate) fn parquet_files_of_64_nested_lists_read_and_65_are_invalid_data(
     let err = open_on_a_thread(&bytes, &ctx).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidData, "65 nested lists: {err}");
     assert!(err.to_string().contains("128 levels"), "{err}");
+    Ok(())
+}
+
+/// An unknown field (id 100) that is a list of `i32::MAX` booleans, and one that is a
+/// map<bool, bool> of `i32::MAX` entries: 9 bytes each, that the `parquet` crate's skip
+/// loops over for seconds.
+const BOOL_LIST_FIELD: [u8; 9] = [0x09, 0xc8, 0x01, 0xf1, 0xff, 0xff, 0xff, 0xff, 0x07];
+const BOOL_MAP_FIELD: [u8; 9] = [0x0b, 0xc8, 0x01, 0xff, 0xff, 0xff, 0xff, 0x07, 0x11];
+
+pub(crate) fn parquet_skipped_boolean_collections_are_invalid_data_at_once(
+    f: &Fixture,
+) -> CaseResult {
+    let ctx = context(f);
+    for (field, what) in [(BOOL_LIST_FIELD, "list"), (BOOL_MAP_FIELD, "map")] {
+        // In the footer: before its stop byte.
+        let good = parquet_file(1, &[RowGroup::new(10, plain_page(0..10))]);
+        let len = good.len();
+        let footer_len = u32::from_le_bytes(good[len - 8..len - 4].try_into().unwrap()) as usize;
+        assert_eq!(good[len - 9], 0);
+        let mut file = good[..len - 9].to_vec();
+        file.extend_from_slice(&field);
+        file.push(0);
+        file.extend_from_slice(&((footer_len + field.len()) as u32).to_le_bytes());
+        file.extend_from_slice(b"PAR1");
+        let start = std::time::Instant::now();
+        let message = invalid_data(read(&ctx, &file, None), &format!("a footer's {what}"));
+        assert!(message.contains("booleans"), "{message}");
+        assert!(start.elapsed().as_secs() < 2, "{:?}", start.elapsed());
+        // In a page header: after its fields.
+        let payload = plain(0..10);
+        let mut t = Thrift::new();
+        t.i32(1, DATA_PAGE)
+            .i32(2, payload.len() as i32)
+            .i32(3, payload.len() as i32);
+        t.begin_struct(5)
+            .i32(1, 10)
+            .i32(2, PLAIN)
+            .i32(3, RLE)
+            .i32(4, RLE)
+            .end_struct();
+        t.out.extend_from_slice(&field);
+        let mut pages = t.finish();
+        pages.extend_from_slice(&payload);
+        let start = std::time::Instant::now();
+        let message = invalid_data(
+            read(&ctx, &parquet_file(1, &[RowGroup::new(10, pages)]), None),
+            &format!("a page header's {what}"),
+        );
+        assert!(message.contains("booleans"), "{message}");
+        assert!(start.elapsed().as_secs() < 2, "{:?}", start.elapsed());
+    }
+    Ok(())
+}
+
+pub(crate) fn parquet_files_declaring_other_rows_than_their_row_groups_are_invalid_data(
+    f: &Fixture,
+) -> CaseResult {
+    let ctx = context(f);
+    let schema = [("schema".to_string(), Some(1)), ("x0".to_string(), None)];
+    let paths = [vec!["x0".to_string()]];
+    let groups = [RowGroup::new(1000, plain_page(0..1000))];
+    assert_eq!(
+        read(
+            &ctx,
+            &parquet_file_declaring(&schema, &paths, &groups, Some(1000)),
+            None
+        )
+        .unwrap(),
+        vec![(0..1000).collect::<Vec<_>>()]
+    );
+    // The crate lowers its batch size to the file's num_rows: 10 or 0 here.
+    for declared in [10, 0, 2000] {
+        let file = TempFile::with_bytes(
+            "num-rows.parquet",
+            &parquet_file_declaring(&schema, &paths, &groups, Some(declared)),
+        );
+        let err = DeviceParquetReader::open(file.path(), &ctx, None).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidData, "{declared}: {err}");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("{declared} rows")) && message.contains("1000"),
+            "{message}"
+        );
+    }
     Ok(())
 }
