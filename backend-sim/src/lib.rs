@@ -162,7 +162,11 @@
 //!   synchronization); a race between threads that depends on one thread acting on
 //!   another's synchronization without waiting for it is flagged only if the
 //!   synchronization had not happened yet in that run;
-//! - other processes' accesses to memory shared through IPC.
+//! - other processes' accesses to memory shared through IPC;
+//! - that a synchronous host-to-device copy from pageable memory may return before its
+//!   DMA has reached the device (CUDA returns once the bytes are in its staging memory):
+//!   the simulator takes every synchronous copy as done when it returns, so work on a
+//!   non-blocking stream that reads the destination right after it is not flagged.
 //!
 //! Events and streams must belong to the context they are used with (an event of
 //! another device's context is refused, although CUDA lets `cuStreamWaitEvent` wait on
