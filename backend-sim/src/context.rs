@@ -158,7 +158,7 @@ unsafe impl RawContext for SimContext {
 
     unsafe fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.check_alive("copy_host_to_device")?;
-        self.sync_h2d(dst, src)
+        self.sync_h2d(OpWhat::H2dSync, dst, src)
     }
 
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
@@ -414,15 +414,11 @@ unsafe impl OrderingHooks for SimContext {
         self.sync_stream(stream, false)
     }
 
-    /// A write of the range by `stream` (see the crate docs); `address..address + len`
-    /// must be memory of this device (device memory, an IPC mapping, or the device view
-    /// of pinned memory).
-    fn mark_in_flight(&self, address: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
-        self.check_alive("mark_in_flight")?;
-        if len == 0 {
-            return Ok(());
-        }
-        self.mark_on(address, len, stream, OpWhat::InFlight)
+    /// `copy_host_to_device` that teaches the host nothing: a write of the range by the
+    /// legacy stream until the program synchronizes with it (see the crate docs).
+    unsafe fn copy_host_to_device_in_flight(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.check_alive("copy_host_to_device_in_flight")?;
+        self.sync_h2d(OpWhat::InFlight, dst, src)
     }
 
     /// `event_synchronize` that teaches the host nothing (cudabuf's bookkeeping).

@@ -133,14 +133,16 @@
 //! with it unless its work is ordered after the free (the same stream, or an event
 //! recorded after the free that is known complete or waited for). A stream-ordered
 //! allocation (`mark_alloc_on`: `cudabuf_core::Context::new_buffer_on`) is likewise a
-//! write of the block by its stream, so a use elsewhere must be ordered after it. Bytes
-//! `cudabuf_core::BufferWriter` sent with a synchronous copy from its own pageable memory
-//! (`mark_in_flight`) are likewise a write by the legacy stream until the writer's flush,
-//! as its asynchronous sends from pinned memory are, so the verdict on those bytes does
-//! not depend on which memory the staging pool could lend it. (The synchronous copy still
-//! orders the host after the legacy stream's earlier work, which an asynchronous send
-//! does not: a program that relies on a writer's write for the completion of a blocking
-//! stream's earlier work is flagged only when the send was asynchronous.) Races
+//! write of the block by its stream, so a use elsewhere must be ordered after it. A
+//! `cudabuf_core::BufferWriter` promises its writes no more than asynchronous copies on
+//! the legacy stream give, whichever memory it stages in: its synchronous sends from its
+//! own pageable memory (`copy_host_to_device_in_flight`) are a write by the legacy stream
+//! that teaches the host nothing, as its asynchronous sends from pinned memory are, and
+//! its waits to refill a pinned staging buffer are its bookkeeping; only its flush (or
+//! `seek`, `write_at`, `close`) synchronizes the program with its sends. So the verdict
+//! on a program does not depend on which memory the staging pool could lend the writer
+//! in time: reading its bytes elsewhere before the flush, or taking a write as the
+//! completion of a blocking stream's earlier work, is flagged either way. Races
 //! are reported in the words of cudabuf's public API when the call came through it
 //! (`cudabuf_core::backend::current_call`): the public method and where it was called,
 //! the stream and where it was made, the bytes of the user's buffer, and a fix. Modes

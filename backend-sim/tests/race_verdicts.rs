@@ -7,7 +7,7 @@
 //! streams and orderings through the legacy stream.
 
 use cudabuf_core::{Backend, Context, ErrorKind, Result, StreamFlags};
-use cudabuf_sim::{Schedule, SimBackend};
+use cudabuf_sim::{FaultOp, Schedule, SimBackend};
 use cudabuf_test_support::{runs, sim, NON_BLOCKING};
 
 /// Seeds per schedule (`HUNT_SEEDS`, default 12).
@@ -771,7 +771,7 @@ fn sync_read_file_after_nonblocking_write_is_racy() {
 /// a non-blocking stream is not ordered with). Flagged whether or not the pool's
 /// background pinning lent the writer pinned memory in time (host-thread timing): a send
 /// from the writer's pageable memory, a synchronous copy, is marked in flight
-/// (`OrderingHooks::mark_in_flight`) until the flush.
+/// (`OrderingHooks::copy_host_to_device_in_flight`) until the flush.
 #[test]
 fn writer_sent_bytes_vs_nonblocking_reader_is_racy() {
     use std::io::Write;
@@ -794,6 +794,120 @@ fn writer_sent_bytes_vs_nonblocking_reader_is_racy() {
         })();
         (sim, r)
     });
+}
+
+/// The memory a `BufferWriter` sends its staged bytes from, each forced deterministically.
+#[derive(Clone, Copy, Debug)]
+enum WriterStaging {
+    /// Its own pageable memory (the pool may lend, but pinning fails: every send is a
+    /// synchronous copy).
+    Pageable,
+    /// Pinned memory of its own (the pool lends nothing: every send is asynchronous, and
+    /// refilling a slot waits for its send).
+    OwnPinned,
+    /// Pinned memory the warmed pool lends (every send is asynchronous).
+    PooledPinned,
+}
+
+impl WriterStaging {
+    const ALL: [WriterStaging; 3] = [
+        WriterStaging::Pageable,
+        WriterStaging::OwnPinned,
+        WriterStaging::PooledPinned,
+    ];
+
+    /// Sets `ctx` (of `sim`) up for the mode, before the program runs.
+    fn set_up(self, sim: &SimBackend, ctx: &Context) {
+        match self {
+            WriterStaging::Pageable => {
+                ctx.set_staging_pool_limit(64 << 20);
+                let oom = cudabuf_core::Error::OutOfMemory {
+                    device: 0,
+                    requested: 0,
+                    detail: "injected: the writer stays on pageable memory".into(),
+                };
+                sim.fail_randomly(FaultOp::AllocHost, 1.0, 0, oom).unwrap();
+            }
+            WriterStaging::OwnPinned => ctx.set_staging_pool_limit(0),
+            WriterStaging::PooledPinned => {
+                ctx.set_staging_pool_limit(64 << 20);
+                ctx.pin_staging_in_background(256, 4096, 4);
+                ctx.wait_background_pinning();
+            }
+        }
+    }
+}
+
+/// A blocking stream copies `a` to `b`; a `BufferWriter` then writes 1600 bytes to
+/// `target` through 256-byte staging buffers (seven sends, slots refilled), unflushed;
+/// then, with `sync_blocking`, the host synchronizes the blocking stream; a non-blocking
+/// stream copies `b` to `out`; the writer is closed.
+fn writer_beside_a_blocking_stream(ctx: &Context, sync_blocking: bool) -> Result<()> {
+    use std::io::Write;
+    let a = ctx.buffer_from_data(&[3u8; 4096][..])?;
+    let b = ctx.new_buffer(4096)?;
+    let out = ctx.new_buffer(4096)?;
+    let target = ctx.new_buffer(4096)?;
+    let blocking = ctx.new_stream()?;
+    let nb = ctx.new_stream_with(NON_BLOCKING)?;
+    blocking.copy_device(&b, &a)?;
+    let mut w = cudabuf_core::BufferWriter::new(target.clone());
+    w.set_buffer_size(256)?;
+    for _ in 0..8 {
+        w.write_all(&[1u8; 200]).unwrap();
+    }
+    if sync_blocking {
+        blocking.synchronize()?;
+    }
+    nb.copy_device(&out, &b)?;
+    nb.synchronize()?;
+    blocking.synchronize()?;
+    w.close()?;
+    if sync_blocking {
+        assert_eq!(out.to_vec()?, vec![3u8; 4096]);
+        assert_eq!(&target.to_vec()?[..1600], &[1u8; 1600][..]);
+    }
+    Ok(())
+}
+
+/// Racy: a writer's writes taken as a synchronization with a blocking stream's earlier
+/// work. On CUDA a send from pageable memory is a synchronous copy on the legacy stream,
+/// which waits for the blocking stream's copy, and so does refilling a pinned slot (it
+/// waits for an event recorded after that stream's work); a first send from pinned
+/// memory waits for nothing. The writer promises none of it, so the non-blocking
+/// stream's read of what the blocking stream wrote, ordered by nothing else, is flagged
+/// whichever memory the writer sends from.
+#[test]
+fn writer_writes_are_no_synchronization_with_a_blocking_stream() {
+    for mode in WriterStaging::ALL {
+        expect(
+            &format!("writer no sync {mode:?}"),
+            true,
+            |schedule, seed| {
+                let (sim, ctx) = one(schedule, seed);
+                mode.set_up(&sim, &ctx);
+                let r = writer_beside_a_blocking_stream(&ctx, false);
+                (sim, r)
+            },
+        );
+    }
+}
+
+/// Correct: the same with the blocking stream synchronized before the non-blocking read.
+#[test]
+fn writer_writes_then_blocking_stream_synchronized_is_fine() {
+    for mode in WriterStaging::ALL {
+        expect(
+            &format!("writer then sync {mode:?}"),
+            false,
+            |schedule, seed| {
+                let (sim, ctx) = one(schedule, seed);
+                mode.set_up(&sim, &ctx);
+                let r = writer_beside_a_blocking_stream(&ctx, true);
+                (sim, r)
+            },
+        );
+    }
 }
 
 /// Correct: the same after `flush` (which waits until the bytes are on the device).

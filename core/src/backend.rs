@@ -817,23 +817,28 @@ pub unsafe trait OrderingHooks: Send + Sync {
     /// As [`stream_synchronize`](RawStreams::stream_synchronize).
     unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()>;
 
-    /// Note that `len` bytes at `address` (device memory of this context, an IPC mapping,
-    /// or the device view of pinned host memory), which cudabuf has just written with a synchronous
-    /// copy, count as written by `stream` until the program synchronizes with that
-    /// stream's later work: cudabuf's API promised the caller no more than an
-    /// asynchronous copy on `stream` gives. [`BufferWriter`](crate::BufferWriter) sends
-    /// its staged bytes asynchronously on the legacy default stream when the staging pool
-    /// lends it pinned memory and synchronously from its own pageable memory otherwise,
-    /// which depends on the timing of the background pinning; it calls this after a
-    /// synchronous send.
+    /// Copy `src` to the device at `dst` as
+    /// [`copy_host_to_device_unpinned`](RawContext::copy_host_to_device_unpinned) does
+    /// (a synchronous copy, after the legacy default stream's work, done when this
+    /// returns), as cudabuf's own send rather than a synchronization of the user's
+    /// program: cudabuf's API promised the caller no more than an asynchronous copy on the
+    /// legacy default stream gives. [`BufferWriter`](crate::BufferWriter) sends its staged
+    /// bytes asynchronously on the legacy default stream when the staging pool lends it
+    /// pinned memory and with this copy from its own pageable memory otherwise, which
+    /// depends on the timing of the pool's background pinning; it then waits, at its
+    /// flush, for an event recorded on the legacy default stream after the copy.
     ///
-    /// A backend that checks ordering takes it as a write of the range by `stream`, so
-    /// that its verdict on the program is the same whichever copy ran. Touches no memory.
-    /// Provided: nothing is marked (what a backend that checks nothing does).
-    fn mark_in_flight(&self, address: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
-        let _ = (address, len, stream);
-        Ok(())
-    }
+    /// A backend that checks ordering (the simulator's race detector) takes the copy as a
+    /// write of the range by the legacy default stream that the host has not seen
+    /// complete, and orders nothing of the program after it (not the legacy stream's
+    /// earlier work either, which a synchronous copy of the program's would), so that its
+    /// verdict on the program is the same whichever copy ran. Without hooks, core calls
+    /// `copy_host_to_device_unpinned`.
+    ///
+    /// # Safety
+    /// As [`copy_host_to_device_unpinned`](RawContext::copy_host_to_device_unpinned):
+    /// `dst..dst + src.len()` lies inside a live allocation reachable from this context.
+    unsafe fn copy_host_to_device_in_flight(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
 
     /// Wait until the work `event` captured is done, for cudabuf's own bookkeeping (the
     /// caching allocator waiting for blocks freed in stream order, when it trims its
@@ -931,16 +936,22 @@ pub(crate) unsafe fn event_wait_bookkeeping(
     }
 }
 
-/// [`OrderingHooks::mark_in_flight`]; nothing without hooks.
-pub(crate) fn mark_in_flight(
-    streams: &dyn RawStreams,
-    address: DevicePtr,
-    len: usize,
-    stream: RawStream,
+/// [`OrderingHooks::copy_host_to_device_in_flight`] of `raw`'s backend, or
+/// [`RawContext::copy_host_to_device_unpinned`] without streams or hooks.
+///
+/// # Safety
+/// As [`RawContext::copy_host_to_device_unpinned`].
+pub(crate) unsafe fn copy_host_to_device_in_flight(
+    raw: &dyn RawContext,
+    dst: DevicePtr,
+    src: &[u8],
 ) -> Result<()> {
-    match streams.ordering() {
-        Some(hooks) => hooks.mark_in_flight(address, len, stream),
-        None => Ok(()),
+    match raw.streams().and_then(|streams| streams.ordering()) {
+        // SAFETY: the caller upholds `copy_host_to_device_unpinned`'s contract, which is
+        // the hook's.
+        Some(hooks) => unsafe { hooks.copy_host_to_device_in_flight(dst, src) },
+        // SAFETY: as above.
+        None => unsafe { raw.copy_host_to_device_unpinned(dst, src) },
     }
 }
 

@@ -3,7 +3,7 @@
 //! memory and a device buffer that pin no host memory for themselves, for the calls that
 //! stage through pageable memory while their pinned buffers are made in the background.
 
-use crate::backend::{enter_call, ApiCall};
+use crate::backend::{enter_call, ApiCall, StreamsExt};
 use crate::buffer::DeviceBuffer;
 use crate::error::Result;
 
@@ -50,6 +50,30 @@ impl DeviceBuffer {
         // SAFETY: `position + src.len() <= self.size()` was checked just above, and this
         // buffer's range lies in its live memory (we hold it), reachable from its context.
         unsafe { self.context().raw().copy_host_to_device_unpinned(dst, src) }
+    }
+
+    /// [`copy_from_host_unpinned`](Self::copy_from_host_unpinned) as a
+    /// [`BufferWriter`](crate::BufferWriter)'s send, which promised its caller no more than
+    /// an asynchronous copy on the legacy default stream
+    /// ([`OrderingHooks::copy_host_to_device_in_flight`](crate::backend::OrderingHooks::copy_host_to_device_in_flight));
+    /// the same copy without ordering hooks (CUDA). `method` names the writer's call in a
+    /// race report.
+    #[track_caller]
+    pub(crate) fn copy_from_host_in_flight(
+        &self,
+        method: &'static str,
+        src: &[u8],
+        position: usize,
+    ) -> Result<()> {
+        let _call = enter_call(ApiCall::here(method).with_buffer(self.address(), self.size()));
+        self.check_range(method, position, src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let dst = self.address() + position as u64;
+        // SAFETY: `position + src.len() <= self.size()` was checked just above, and this
+        // buffer's range lies in its live memory (we hold it), reachable from its context.
+        unsafe { self.context().raw().copy_host_to_device_in_flight(dst, src) }
     }
 
     /// Copy `dst.len()` bytes of this buffer from `position` into `dst`, synchronously,

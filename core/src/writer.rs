@@ -79,11 +79,11 @@ pub struct BufferWriter {
     /// Whether the pinned buffers the writer lacks were asked for (once per size).
     pinning_requested: bool,
     /// Whether the context's backend checks ordering (the simulator's race detector):
-    /// a send from pageable memory is then marked in flight, as an asynchronous send
-    /// would be (see `send_current`).
+    /// a send from pageable memory is then in flight until `flush`, as an asynchronous
+    /// send would be (see `send_current`).
     checks_ordering: bool,
-    /// An event recorded after the last send from pageable memory that was marked in
-    /// flight; `flush` waits for it as for the copies in flight.
+    /// An event recorded after the last send from pageable memory to a backend that
+    /// checks ordering; `flush` waits for it as for the copies in flight.
     marked: Option<Event>,
     buffer: DeviceBuffer,
     /// The logical position: staged bytes count as written.
@@ -152,11 +152,19 @@ impl Slot {
         }
     }
 
-    /// Wait for the copy in flight from this slot, if any, and take the buffer back.
-    fn ready(&mut self) -> Result<()> {
+    /// Wait for the copy from this slot, if one is in flight, and take its memory back:
+    /// as the program's synchronization (`flush`), or as the writer's bookkeeping (a slot
+    /// refilled during a write, which the writer promised nothing of: a backend that
+    /// checks ordering orders nothing of the program after that wait).
+    fn ready(&mut self, flushing: bool) -> Result<()> {
         if let Some(sending) = self.sending.take() {
+            let back = if flushing {
+                sending.wait()
+            } else {
+                sending.wait_bookkeeping()
+            };
             // One range of the whole buffer: it comes back whole.
-            self.host = sending.wait()?.into_buffer().ok().map(Staging::Pinned);
+            self.host = back?.into_buffer().ok().map(Staging::Pinned);
         }
         Ok(())
     }
@@ -368,7 +376,7 @@ impl BufferWriter {
     /// staged bytes switches to an idle pinned buffer of the pool, if one has arrived.
     fn ready_current(&mut self, size: usize) -> Result<&mut Staging> {
         if let Some(slot) = self.slots[self.current].as_mut() {
-            slot.ready()?;
+            slot.ready(false)?;
         }
         let slot = self.slots[self.current].as_ref();
         if slot.is_none_or(|slot| slot.host.is_none()) {
@@ -411,29 +419,33 @@ impl BufferWriter {
         }
         let slot = self.slots[self.current].as_mut().ok_or_else(no_buffer)?;
         match (&self.stream, slot.host.as_ref()) {
-            (None, Some(host)) | (Some(_), Some(host @ Staging::Pageable(_))) => {
-                // No streams, or pageable memory: a synchronous copy straight from the
-                // staging bytes (on the legacy default stream, after the copies in
-                // flight), which pins nothing.
+            (None, Some(host)) => {
+                // No streams: a synchronous copy straight from the staging bytes.
                 self.buffer
                     .copy_from_host_unpinned(&host[..len], position)?;
-                if let (Some(stream), true) = (&self.stream, self.checks_ordering) {
-                    // Done already, but the writer promises no more than its
-                    // asynchronous sends give: a backend that checks ordering is told the
-                    // bytes are in flight until `flush`, so that its verdict on them does
-                    // not depend on whether the pool could lend pinned memory in time.
-                    // The bytes are on the device: a failure here (a race the checker
-                    // found, a dead device) is logged, not returned, so that the write
-                    // still reports what it did (the checker reports its race itself).
-                    let address = self.buffer.address() + position as u64;
-                    let raw = self.buffer.context().raw();
-                    match raw
-                        .mark_in_flight(address, len, stream.raw())
-                        .and_then(|()| stream.record_event())
-                    {
+            }
+            (Some(stream), Some(host @ Staging::Pageable(_))) => {
+                // Pageable memory: a synchronous copy straight from the staging bytes (on
+                // the legacy default stream, after the copies in flight), which pins
+                // nothing. The writer promises no more than its asynchronous sends give:
+                // a backend that checks ordering takes the copy as the writer's send, in
+                // flight until `flush` and no synchronization of the program, so that its
+                // verdict does not depend on whether the pool could lend pinned memory
+                // in time (without hooks it is the same synchronous copy).
+                self.buffer.copy_from_host_in_flight(
+                    "BufferWriter::write",
+                    &host[..len],
+                    position,
+                )?;
+                if self.checks_ordering {
+                    // The bytes are on the device: a failure to record the event the
+                    // flush waits for (a dead device) is logged, not returned, so that
+                    // the write still reports what it did.
+                    match stream.record_event() {
                         Ok(event) => self.marked = Some(event),
                         Err(e) => log::warn!(
-                            "BufferWriter: marking a send from pageable memory in flight                              failed: {e}"
+                            "BufferWriter: recording the event after a send from pageable \
+                             memory failed: {e}"
                         ),
                     }
                 }
@@ -610,7 +622,7 @@ impl BufferWriter {
     fn flush_staged(&mut self) -> Result<()> {
         let mut result = Ok(());
         for slot in self.slots.iter_mut().flatten() {
-            let waited = slot.ready();
+            let waited = slot.ready(true);
             if result.is_ok() {
                 result = waited;
             }

@@ -506,11 +506,15 @@ fn the_staging_buffer_given_by_the_caller_comes_back() {
     assert_eq!(ctx.staging_buffers_pinned_in_background(), 1);
 }
 
-/// Asynchronous and synchronous uploads in `sim`'s trace since it was cleared.
+/// Asynchronous and synchronous uploads in `sim`'s trace since it was cleared (a
+/// writer's synchronous sends from pageable memory are `"sync H2D in flight"`).
 fn uploads(sim: &SimBackend) -> (usize, usize) {
     let trace = sim.schedule_trace();
     let count = |what: &str| trace.iter().filter(|e| e.what == what).count();
-    (count("H2D"), count("sync H2D"))
+    (
+        count("H2D"),
+        count("sync H2D") + count("sync H2D in flight"),
+    )
 }
 
 /// A first buffered writer pins nothing on its path: its staging buffers are pageable

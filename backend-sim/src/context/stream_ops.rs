@@ -326,7 +326,7 @@ impl SimContext {
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         let at = state.table.locate(call, self.device, ptr, len)?;
-        if at.region.kind != RegionKind::Device && what != OpWhat::InFlight {
+        if at.region.kind != RegionKind::Device {
             return Err(cudabuf_core::Error::invalid_address(
                 ptr,
                 format!(
@@ -371,13 +371,16 @@ impl SimContext {
     /// A synchronous copy: issued to the legacy stream (after the race check), then run
     /// by this thread, with `body`, once everything it is ordered after is done. The
     /// caller has checked the ranges; `body` finds them again (another thread may have
-    /// freed them meanwhile).
+    /// freed them meanwhile). The host learns the copy and what it was ordered after
+    /// when it is done, unless it is cudabuf's own (`teaches == false`: a `BufferWriter`'s
+    /// send, a write by the legacy stream until the program synchronizes with it).
     fn run_synchronously(
         &self,
         mut guard: MutexGuard<'_, State>,
         what: OpWhat,
         accesses: &[Access],
         crosses: bool,
+        teaches: bool,
         body: impl FnOnce(&Table) -> Result<()>,
     ) -> Result<()> {
         let len = accesses.first().map_or(0, |a| a.len);
@@ -387,6 +390,9 @@ impl SimContext {
             .streams
             .issue(legacy, what, Work::Host, accesses, cost, None)?
             .op;
+        if !teaches {
+            guard.streams.teach_nothing(op);
+        }
         let mut guard = match self
             .shared
             .core
@@ -406,12 +412,14 @@ impl SimContext {
         result
     }
 
-    pub(super) fn sync_h2d(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        const CALL: &str = "copy_host_to_device";
+    /// A synchronous H2D copy: the program's (`what` = `H2dSync`), or a `BufferWriter`'s
+    /// send (`InFlight`), which teaches the host nothing.
+    pub(super) fn sync_h2d(&self, what: OpWhat, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        let call = call_of(what);
         let mut guard = self.shared.lock();
         guard.faults.check(FaultOp::Copy)?;
         let len = src.len();
-        let to = guard.table.locate(CALL, self.device, dst, len)?;
+        let to = guard.table.locate(call, self.device, dst, len)?;
         let mut accesses = vec![Access::write(to, len)];
         accesses.extend(
             guard
@@ -419,7 +427,8 @@ impl SimContext {
                 .pinned_host(src.as_ptr() as usize, len)
                 .map(|from| Access::read(from, len)),
         );
-        self.run_synchronously(guard, OpWhat::H2dSync, &accesses, true, |table| {
+        let teaches = what != OpWhat::InFlight;
+        self.run_synchronously(guard, what, &accesses, true, teaches, |table| {
             table.copy_to_device(self.device, dst, src)
         })
     }
@@ -437,7 +446,7 @@ impl SimContext {
                 .pinned_host(dst.as_ptr() as usize, len)
                 .map(|to| Access::write(to, len)),
         );
-        self.run_synchronously(guard, OpWhat::D2hSync, &accesses, true, |table| {
+        self.run_synchronously(guard, OpWhat::D2hSync, &accesses, true, true, |table| {
             table.copy_to_host(self.device, dst, src)
         })
     }
@@ -463,7 +472,7 @@ impl SimContext {
         let from = guard.table.locate(call, src_device, src, len)?;
         let accesses = [Access::read(from, len), Access::write(to, len)];
         let crosses = crosses_link(&to, &from);
-        self.run_synchronously(guard, what, &accesses, crosses, |table| {
+        self.run_synchronously(guard, what, &accesses, crosses, true, |table| {
             table.copy_between(call, self.device, dst, src_device, src, len)
         })
     }
@@ -558,7 +567,7 @@ fn call_of(what: OpWhat) -> &'static str {
         OpWhat::IpcClose => "ipc_close",
         OpWhat::FreeOnStream => "mark_free_on",
         OpWhat::AllocOnStream => "mark_alloc_on",
-        OpWhat::InFlight => "mark_in_flight",
+        OpWhat::InFlight => "copy_host_to_device_in_flight",
         OpWhat::HostRead | OpWhat::HostWrite => "check_host_access",
     }
 }

@@ -878,6 +878,17 @@ impl Engine {
         self.complete_head(op.stream, &head);
     }
 
+    /// The host operation `op` (just issued, not done) is cudabuf's own: when it is done,
+    /// the host learns nothing from it (its accesses stay the legacy stream's until the
+    /// program synchronizes with that stream's later work).
+    pub(crate) fn teach_nothing(&mut self, op: OpRef) {
+        if let Some(s) = self.streams.get_mut(&op.stream) {
+            if let Some(o) = s.queue.iter_mut().find(|o| o.index == op.index) {
+                o.host = None;
+            }
+        }
+    }
+
     /// Turns the host operation `op` into a no-op (its thread gave up waiting), so that
     /// nothing waits for it forever.
     pub(crate) fn abandon_host_op(&mut self, op: OpRef) {

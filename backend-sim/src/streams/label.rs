@@ -134,8 +134,9 @@ pub(crate) enum OpWhat {
     IpcClose,
     FreeOnStream,
     AllocOnStream,
-    /// Bytes a synchronous copy of cudabuf's wrote, in flight on a stream as far as the
-    /// API promised (`OrderingHooks::mark_in_flight`: `BufferWriter`'s sends).
+    /// A synchronous copy of cudabuf's from pageable memory, in flight on the legacy
+    /// stream as far as the API promised and no synchronization of the program
+    /// (`OrderingHooks::copy_host_to_device_in_flight`: `BufferWriter`'s sends).
     InFlight,
     /// The host reads pinned memory directly (`OrderingHooks::check_host_access`).
     HostRead,
@@ -162,7 +163,7 @@ impl OpWhat {
             OpWhat::IpcClose => "ipc_close",
             OpWhat::FreeOnStream => "stream-ordered free (mark_free_on)",
             OpWhat::AllocOnStream => "stream-ordered allocation (mark_alloc_on)",
-            OpWhat::InFlight => "BufferWriter's send (mark_in_flight)",
+            OpWhat::InFlight => "BufferWriter's send (copy_host_to_device_in_flight)",
             OpWhat::HostRead => "host read of pinned memory (check_host_access)",
             OpWhat::HostWrite => "host write of pinned memory (check_host_access)",
         }
@@ -186,7 +187,7 @@ impl OpWhat {
             OpWhat::IpcClose => "ipc_close",
             OpWhat::FreeOnStream => "free on stream",
             OpWhat::AllocOnStream => "alloc on stream",
-            OpWhat::InFlight => "in flight",
+            OpWhat::InFlight => "sync H2D in flight",
             OpWhat::HostRead => "host read",
             OpWhat::HostWrite => "host write",
         }

@@ -566,6 +566,11 @@ unsafe impl OrderingHooks for FakeDevice {
         unsafe { self.event_synchronize(event) }
     }
 
+    unsafe fn copy_host_to_device_in_flight(&self, _: DevicePtr, _: &[u8]) -> Result<()> {
+        // The fake device has no memory to copy into (as `copy_host_to_device`).
+        unsupported("copy_host_to_device_in_flight")
+    }
+
     fn retire_accesses(&self, address: DevicePtr, len: usize) {
         let _ = (address, len);
     }

@@ -4,7 +4,7 @@
 //! [`OrderingHooks`](super::OrderingHooks) (or what CUDA needs when it has none).
 
 use super::{
-    event_poll, event_wait_bookkeeping, mark_alloc_on, mark_free_on, mark_in_flight,
+    copy_host_to_device_in_flight, event_poll, event_wait_bookkeeping, mark_alloc_on, mark_free_on,
     retire_accesses, stream_wait_bookkeeping, streams_of, DevicePtr, RawContext, RawEvent,
     RawStream, StreamFlags,
 };
@@ -133,8 +133,12 @@ pub(crate) trait StreamsExt {
     /// # Safety
     /// As the method it forwards to.
     unsafe fn event_wait_bookkeeping(&self, event: RawEvent) -> Result<()>;
-    /// [`OrderingHooks::mark_in_flight`] of this context's backend (nothing without hooks).
-    fn mark_in_flight(&self, address: DevicePtr, len: usize, stream: RawStream) -> Result<()>;
+    /// [`OrderingHooks::copy_host_to_device_in_flight`] of this context's backend, or
+    /// `copy_host_to_device_unpinned` without hooks.
+    ///
+    /// # Safety
+    /// As the method it forwards to.
+    unsafe fn copy_host_to_device_in_flight(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
     /// Whether this context's backend checks ordering (has [`OrderingHooks`](super::OrderingHooks)).
     fn checks_ordering(&self) -> bool;
     /// [`RawStreams::retire_accesses`] (or its ordering hook) of this context's backend.
@@ -280,8 +284,9 @@ impl StreamsExt for dyn RawContext {
         unsafe { event_wait_bookkeeping(streams_of(self, "event_wait_bookkeeping")?, event) }
     }
 
-    fn mark_in_flight(&self, address: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
-        mark_in_flight(streams_of(self, "mark_in_flight")?, address, len, stream)
+    unsafe fn copy_host_to_device_in_flight(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { copy_host_to_device_in_flight(self, dst, src) }
     }
 
     fn checks_ordering(&self) -> bool {

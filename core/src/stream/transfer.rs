@@ -121,7 +121,23 @@ impl<H: GiveBack> Transfer<H> {
     /// The copy's failure. If even the stream cannot be synchronized, the buffer is
     /// leaked rather than handed back (the copy might still be writing it).
     pub fn wait(mut self) -> std::result::Result<H, CopyError<H>> {
-        let finished = self.finish();
+        let finished = self.finish(true);
+        self.take_back(finished)
+    }
+
+    /// [`wait`](Self::wait) for cudabuf's own bookkeeping (a `BufferWriter` taking its
+    /// staging buffer back to refill it), which is no synchronization of the user's
+    /// program: a backend that checks ordering (the simulator's race detector) orders
+    /// nothing of the program after it
+    /// ([`OrderingHooks::event_wait_bookkeeping`](crate::backend::OrderingHooks::event_wait_bookkeeping));
+    /// without hooks it is `wait`.
+    pub(crate) fn wait_bookkeeping(mut self) -> std::result::Result<H, CopyError<H>> {
+        let finished = self.finish(false);
+        self.take_back(finished)
+    }
+
+    /// The host memory back after [`finish`](Self::finish) answered `finished`.
+    fn take_back(&mut self, finished: Result<()>) -> std::result::Result<H, CopyError<H>> {
         // `finish` leaves the memory here unless the copy may still run after a failure.
         let host = self
             .host
@@ -137,13 +153,20 @@ impl<H: GiveBack> Transfer<H> {
         }
     }
 
-    /// Wait for the copy (once).
-    fn finish(&mut self) -> Result<()> {
+    /// Wait for the copy (once): as the program's synchronization (`program`), or as
+    /// cudabuf's bookkeeping.
+    fn finish(&mut self, program: bool) -> Result<()> {
         let Some(pending) = self.pending.take() else {
             return Ok(());
         };
-        // SAFETY: an internal event of the context, recorded, alive.
-        let waited = unsafe { pending.ctx.raw().event_synchronize(pending.done) };
+        let raw = pending.ctx.raw();
+        let waited = if program {
+            // SAFETY: an internal event of the context, recorded, alive.
+            unsafe { raw.event_synchronize(pending.done) }
+        } else {
+            // SAFETY: as above.
+            unsafe { raw.event_wait_bookkeeping(pending.done) }
+        };
         match waited {
             Ok(()) => {
                 pending.give_back();
@@ -167,7 +190,7 @@ impl<H: GiveBack> Transfer<H> {
 
 impl<H: GiveBack> Drop for Transfer<H> {
     fn drop(&mut self) {
-        if let Err(e) = self.finish() {
+        if let Err(e) = self.finish(true) {
             log::warn!("waiting for a dropped transfer failed: {e}");
         }
     }

@@ -522,9 +522,10 @@ unsafe impl OrderingHooks for CountingContext {
         unsafe { self.inner_hooks()?.event_wait_bookkeeping(event) }
     }
 
-    fn mark_in_flight(&self, address: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
+    unsafe fn copy_host_to_device_in_flight(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         bump(&self.counts.hooks);
-        self.inner_hooks()?.mark_in_flight(address, len, stream)
+        // SAFETY: forwarded from this method's contract.
+        unsafe { self.inner_hooks()?.copy_host_to_device_in_flight(dst, src) }
     }
 
     fn retire_accesses(&self, address: DevicePtr, len: usize) {
