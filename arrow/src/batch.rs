@@ -255,9 +255,10 @@ impl DeviceRecordBatch {
     /// `stream` (which waits for the producer's event), is read after that work. Each
     /// message body (and each buffer outside one, as in imported batches) is copied once,
     /// into a pinned block from the context's pool lent to arrow-rs as `to_host` does
-    /// (or, where none can be lent, through a pinned staging buffer into a new vector);
-    /// every download is issued before the first is waited for, and this returns when all
-    /// are done, before arrow-rs sees any of the bytes.
+    /// (or, where none can be lent, after the stream's earlier work, by a synchronous
+    /// copy into a new vector that pins nothing); every download is issued before the
+    /// first is waited for, and this returns when all are done, before arrow-rs sees any
+    /// of the bytes.
     ///
     /// ```
     /// # fn main() -> cudabuf_core::Result<()> {

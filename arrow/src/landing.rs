@@ -217,11 +217,14 @@ pub(crate) enum PendingCopy {
         transfer: Transfer,
         len: usize,
     },
-    /// Not issued: [`finish`](Self::finish) waits for `after` (recorded on the stream
-    /// when the copy was asked for) and copies into a new vector; then, where the pool
-    /// had no block of class `pin` to lend, one is pinned in the background.
+    /// Not issued: [`finish`](Self::finish) waits for `after` (recorded on `stream`
+    /// when the copy was asked for) and copies into a new vector, a copy made for
+    /// `stream` (a backend that checks ordering takes it as an operation of `stream`, as
+    /// the copy into a lent block is); then, where the pool had no block of class `pin`
+    /// to lend, one is pinned in the background.
     Pageable {
         device: DeviceBuffer,
+        stream: Stream,
         after: Event,
         pin: Option<usize>,
     },
@@ -256,6 +259,7 @@ pub(crate) fn start_copy_on(device: &DeviceBuffer, stream: &Stream) -> Result<Pe
     };
     Ok(PendingCopy::Pageable {
         device: device.clone(),
+        stream: stream.clone(),
         after: stream.record_event()?,
         pin,
     })
@@ -275,12 +279,19 @@ impl PendingCopy {
                 loan.host = Some(transfer.wait()?);
                 Ok(loan.into_buffer(len))
             }
-            PendingCopy::Pageable { device, after, pin } => {
+            PendingCopy::Pageable {
+                device,
+                stream,
+                after,
+                pin,
+            } => {
                 if let Some(block) = pin {
                     asks.add(device.context(), block);
                 }
                 after.synchronize()?;
-                land_pageable(&device)
+                let mut bytes = vec![0u8; device.size()];
+                device.copy_to_host_unpinned_as_on(&stream, 0, &mut bytes)?;
+                Ok(Buffer::from_vec(bytes))
             }
         }
     }

@@ -158,12 +158,12 @@ unsafe impl RawContext for SimContext {
 
     unsafe fn copy_host_to_device(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.check_alive("copy_host_to_device")?;
-        self.sync_h2d(OpWhat::H2dSync, dst, src)
+        self.sync_h2d(OpWhat::H2dSync, dst, src, None)
     }
 
     unsafe fn copy_device_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         self.check_alive("copy_device_to_host")?;
-        self.sync_d2h(dst, src)
+        self.sync_d2h(OpWhat::D2hSync, dst, src, None)
     }
 
     unsafe fn copy_device_to_device(
@@ -386,7 +386,9 @@ unsafe impl RawStreams for SimContext {
     }
 }
 
-// SAFETY: the hooks only update the ordering records; they touch no memory.
+// SAFETY: the hooks only update the ordering records and touch no memory, except the two
+// `copy_*_as_on`, which copy as `copy_host_to_device` / `copy_device_to_host` do (ranges
+// checked under the instance's lock) and return `Ok` only once the bytes have moved.
 unsafe impl OrderingHooks for SimContext {
     /// Same answer as `event_query`; the race detector does not take it as the host
     /// synchronizing with the event's work (cudabuf's bookkeeping, not the program's).
@@ -414,11 +416,33 @@ unsafe impl OrderingHooks for SimContext {
         self.sync_stream(stream, false)
     }
 
-    /// `copy_host_to_device` that teaches the host nothing: a write of the range by the
-    /// legacy stream until the program synchronizes with it (see the crate docs).
-    unsafe fn copy_host_to_device_in_flight(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        self.check_alive("copy_host_to_device_in_flight")?;
-        self.sync_h2d(OpWhat::InFlight, dst, src)
+    /// `copy_host_to_device` as an operation of `stream`; with `in_flight`, one that
+    /// teaches the host nothing (see the crate docs).
+    unsafe fn copy_host_to_device_as_on(
+        &self,
+        dst: DevicePtr,
+        src: &[u8],
+        stream: RawStream,
+        in_flight: bool,
+    ) -> Result<()> {
+        self.check_alive("copy_host_to_device_as_on")?;
+        let what = if in_flight {
+            OpWhat::InFlight
+        } else {
+            OpWhat::H2dAsOn
+        };
+        self.sync_h2d(what, dst, src, Some(stream))
+    }
+
+    /// `copy_device_to_host` as an operation of `stream` (see the crate docs).
+    unsafe fn copy_device_to_host_as_on(
+        &self,
+        dst: &mut [u8],
+        src: DevicePtr,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.check_alive("copy_device_to_host_as_on")?;
+        self.sync_d2h(OpWhat::D2hAsOn, dst, src, Some(stream))
     }
 
     /// `event_synchronize` that teaches the host nothing (cudabuf's bookkeeping).

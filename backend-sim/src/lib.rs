@@ -133,16 +133,27 @@
 //! with it unless its work is ordered after the free (the same stream, or an event
 //! recorded after the free that is known complete or waited for). A stream-ordered
 //! allocation (`mark_alloc_on`: `cudabuf_core::Context::new_buffer_on`) is likewise a
-//! write of the block by its stream, so a use elsewhere must be ordered after it. A
-//! `cudabuf_core::BufferWriter` promises its writes no more than asynchronous copies on
-//! the legacy stream give, whichever memory it stages in: its synchronous sends from its
-//! own pageable memory (`copy_host_to_device_in_flight`) are a write by the legacy stream
-//! that teaches the host nothing, as its asynchronous sends from pinned memory are, and
-//! its waits to refill a pinned staging buffer are its bookkeeping; only its flush (or
-//! `seek`, `write_at`, `close`) synchronizes the program with its sends. So the verdict
-//! on a program does not depend on which memory the staging pool could lend the writer
-//! in time: reading its bytes elsewhere before the flush, or taking a write as the
-//! completion of a blocking stream's earlier work, is flagged either way. Races
+//! write of the block by its stream, so a use elsewhere must be ordered after it.
+//! Operations cudabuf promises on a stream move their bytes through a pinned staging
+//! buffer of the context's pool (an asynchronous copy on that stream) when the pool lends
+//! one, and through pageable memory otherwise, which depends on the timing of the pool's
+//! background pinning; the synchronous copies of the second path
+//! (`OrderingHooks::copy_host_to_device_as_on`, `copy_device_to_host_as_on`:
+//! `Stream::read_file_at` and `write_file_at`, `to_host_on` of Arrow batches and arrays,
+//! the Flight decoder's uploads) are operations of that stream, not of the legacy stream,
+//! so that the host learns what waiting for the first path would teach and no more: a
+//! program that takes such an operation as the completion of another blocking stream's
+//! work is flagged whichever path ran. Likewise a `cudabuf_core::BufferWriter` promises
+//! its staged writes no more than asynchronous copies on the legacy stream give: its
+//! synchronous sends from its own pageable memory are a write by the legacy stream that
+//! teaches the host nothing, as its sends from pinned memory are, and its waits to refill
+//! a pinned staging buffer are its bookkeeping; its flush (and `seek`, `write_at`,
+//! `set_buffer_size`, `set_staging_buffer`, `into_inner`, `close`, drop) synchronizes the
+//! program with its sends. Reading those bytes elsewhere before the flush, or taking a
+//! staged write as the completion of a blocking stream's earlier work, is flagged either
+//! way. (A write the writer does not stage, on an unbuffered writer or one at least as
+//! large as its staging buffer with nothing staged, is the program's synchronous
+//! `copy_from_host` and synchronizes as one, whatever the pool holds.) Races
 //! are reported in the words of cudabuf's public API when the call came through it
 //! (`cudabuf_core::backend::current_call`): the public method and where it was called,
 //! the stream and where it was made, the bytes of the user's buffer, and a fix. Modes

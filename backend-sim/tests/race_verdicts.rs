@@ -839,7 +839,7 @@ impl WriterStaging {
 }
 
 /// A blocking stream copies `a` to `b`; a `BufferWriter` then writes 1600 bytes to
-/// `target` through 256-byte staging buffers (seven sends, slots refilled), unflushed;
+/// `target` through 256-byte staging buffers (eight sends, slots refilled), unflushed;
 /// then, with `sync_blocking`, the host synchronizes the blocking stream; a non-blocking
 /// stream copies `b` to `out`; the writer is closed.
 fn writer_beside_a_blocking_stream(ctx: &Context, sync_blocking: bool) -> Result<()> {

@@ -734,8 +734,9 @@ pub unsafe trait RawStreams: Send + Sync {
     /// The ordering hooks of a backend that checks ordering (the simulator's race
     /// detector): `Some(self)` from such a backend. The provided implementation says
     /// there are none, and core then uses what CUDA needs (`event_query` for its
-    /// bookkeeping polls, `stream_synchronize` for its bookkeeping waits, nothing for the
-    /// markers).
+    /// bookkeeping polls, `stream_synchronize` and `event_synchronize` for its bookkeeping
+    /// waits, the `*_unpinned` copies for the copies it makes for a stream, nothing for
+    /// the markers).
     fn ordering(&self) -> Option<&dyn OrderingHooks> {
         None
     }
@@ -745,15 +746,22 @@ pub unsafe trait RawStreams: Send + Sync {
 /// detector) needs to hear from cudabuf's core besides the user's calls: which queries
 /// and waits are cudabuf's own bookkeeping rather than the program's synchronization, and
 /// where memory changes hands in stream order inside cudabuf (the caching allocator, the
-/// staging pool). A backend without such a checker (CUDA) does not implement it; core
-/// then uses [`RawStreams::event_query`], [`RawStreams::event_synchronize`] and
-/// [`RawStreams::stream_synchronize`] and marks nothing.
+/// staging pool), and which of cudabuf's synchronous copies stand for an operation of a
+/// stream. A backend without such a checker (CUDA) does not implement it; core then uses
+/// [`RawStreams::event_query`], [`RawStreams::event_synchronize`],
+/// [`RawStreams::stream_synchronize`], [`RawContext::copy_host_to_device_unpinned`] and
+/// [`RawContext::copy_device_to_host_unpinned`] and marks nothing.
 ///
 /// # Safety
 /// Core calls these while memory changes hands and trusts them to order nothing but the
 /// checker's records: an implementation touches no memory (neither device memory nor the
 /// host bytes [`check_host_access`](Self::check_host_access) is told of) and waits as
-/// `stream_synchronize` does. Implementing it is therefore `unsafe`.
+/// `stream_synchronize` does, except the two copies
+/// ([`copy_host_to_device_as_on`](Self::copy_host_to_device_as_on),
+/// [`copy_device_to_host_as_on`](Self::copy_device_to_host_as_on)), which copy exactly
+/// as [`RawContext::copy_host_to_device_unpinned`] and
+/// [`RawContext::copy_device_to_host_unpinned`] do, with their promises (core relies on
+/// the bytes having moved when they return `Ok`). Implementing it is therefore `unsafe`.
 pub unsafe trait OrderingHooks: Send + Sync {
     /// [`event_query`](RawStreams::event_query) asked by cudabuf for its own bookkeeping (whether
     /// what an operation held can be let go, whether a block freed in stream order is
@@ -817,28 +825,65 @@ pub unsafe trait OrderingHooks: Send + Sync {
     /// As [`stream_synchronize`](RawStreams::stream_synchronize).
     unsafe fn stream_wait_bookkeeping(&self, stream: RawStream) -> Result<()>;
 
-    /// Copy `src` to the device at `dst` as
-    /// [`copy_host_to_device_unpinned`](RawContext::copy_host_to_device_unpinned) does
-    /// (a synchronous copy, after the legacy default stream's work, done when this
-    /// returns), as cudabuf's own send rather than a synchronization of the user's
-    /// program: cudabuf's API promised the caller no more than an asynchronous copy on the
-    /// legacy default stream gives. [`BufferWriter`](crate::BufferWriter) sends its staged
-    /// bytes asynchronously on the legacy default stream when the staging pool lends it
-    /// pinned memory and with this copy from its own pageable memory otherwise, which
-    /// depends on the timing of the pool's background pinning; it then waits, at its
-    /// flush, for an event recorded on the legacy default stream after the copy.
+    /// Copy `src` to the device at `dst` synchronously, as
+    /// [`copy_host_to_device_unpinned`](RawContext::copy_host_to_device_unpinned) does,
+    /// where cudabuf's API promised the caller an operation of `stream`: a copy that pins
+    /// nothing, made by cudabuf when no pinned staging buffer was there for an
+    /// asynchronous copy on `stream` (which depends on the timing of the staging pool's
+    /// background pinning). The caller has ordered the copy after `stream`'s earlier work
+    /// where the operation needs it: it waited for that work on the host, or `stream` is
+    /// the legacy default stream or a blocking stream (the copy runs on the legacy default
+    /// stream on CUDA, after every blocking stream's work).
     ///
-    /// A backend that checks ordering (the simulator's race detector) takes the copy as a
-    /// write of the range by the legacy default stream that the host has not seen
-    /// complete, and orders nothing of the program after it (not the legacy stream's
-    /// earlier work either, which a synchronous copy of the program's would), so that its
-    /// verdict on the program is the same whichever copy ran. Without hooks, core calls
-    /// `copy_host_to_device_unpinned`.
+    /// A backend that checks ordering (the simulator's race detector) takes the copy as an
+    /// operation of `stream`, not of the legacy default stream, so that its verdict on the
+    /// program is the same whichever copy ran: with `in_flight == false` the host then
+    /// knows the copy and `stream`'s work before it done, as after waiting for an
+    /// asynchronous copy on `stream` (a synchronous copy of the program's, on the legacy
+    /// default stream, would also order the host after every blocking stream's earlier
+    /// work); with `in_flight == true` the host learns nothing, and the bytes count as
+    /// written by `stream` until the program synchronizes with its later work
+    /// ([`BufferWriter`](crate::BufferWriter)'s sends from pageable memory, which it
+    /// promised only as asynchronous copies on the legacy default stream: it waits, at
+    /// its flush, for an event recorded on `stream` after the copy). Without hooks, core
+    /// calls `copy_host_to_device_unpinned`.
+    ///
+    /// Unlike the other hooks, this one writes memory: the device bytes at `dst`, as
+    /// `copy_host_to_device_unpinned` does and with its promises.
     ///
     /// # Safety
     /// As [`copy_host_to_device_unpinned`](RawContext::copy_host_to_device_unpinned):
-    /// `dst..dst + src.len()` lies inside a live allocation reachable from this context.
-    unsafe fn copy_host_to_device_in_flight(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
+    /// `dst..dst + src.len()` lies inside a live allocation reachable from this context;
+    /// and `stream` is a live stream of this context.
+    unsafe fn copy_host_to_device_as_on(
+        &self,
+        dst: DevicePtr,
+        src: &[u8],
+        stream: RawStream,
+        in_flight: bool,
+    ) -> Result<()>;
+
+    /// Copy `dst.len()` bytes from the device at `src` to host memory synchronously, as
+    /// [`copy_device_to_host_unpinned`](RawContext::copy_device_to_host_unpinned) does,
+    /// where cudabuf's API promised an operation of `stream` (see
+    /// [`copy_host_to_device_as_on`](Self::copy_host_to_device_as_on)). A backend that
+    /// checks ordering takes it as an operation of `stream`: when it returns the host
+    /// knows the copy and `stream`'s work before it done, and nothing else. Without
+    /// hooks, core calls `copy_device_to_host_unpinned`.
+    ///
+    /// Unlike the other hooks, this one writes memory: the host bytes of `dst`, as
+    /// `copy_device_to_host_unpinned` does and with its promises.
+    ///
+    /// # Safety
+    /// As [`copy_device_to_host_unpinned`](RawContext::copy_device_to_host_unpinned):
+    /// `src..src + dst.len()` lies inside a live allocation reachable from this context;
+    /// and `stream` is a live stream of this context.
+    unsafe fn copy_device_to_host_as_on(
+        &self,
+        dst: &mut [u8],
+        src: DevicePtr,
+        stream: RawStream,
+    ) -> Result<()>;
 
     /// Wait until the work `event` captured is done, for cudabuf's own bookkeeping (the
     /// caching allocator waiting for blocks freed in stream order, when it trims its
@@ -936,22 +981,44 @@ pub(crate) unsafe fn event_wait_bookkeeping(
     }
 }
 
-/// [`OrderingHooks::copy_host_to_device_in_flight`] of `raw`'s backend, or
+/// [`OrderingHooks::copy_host_to_device_as_on`] of `raw`'s backend, or
 /// [`RawContext::copy_host_to_device_unpinned`] without streams or hooks.
 ///
 /// # Safety
-/// As [`RawContext::copy_host_to_device_unpinned`].
-pub(crate) unsafe fn copy_host_to_device_in_flight(
+/// As [`OrderingHooks::copy_host_to_device_as_on`].
+pub(crate) unsafe fn copy_host_to_device_as_on(
     raw: &dyn RawContext,
     dst: DevicePtr,
     src: &[u8],
+    stream: RawStream,
+    in_flight: bool,
 ) -> Result<()> {
     match raw.streams().and_then(|streams| streams.ordering()) {
-        // SAFETY: the caller upholds `copy_host_to_device_unpinned`'s contract, which is
+        // SAFETY: the caller upholds the hook's contract.
+        Some(hooks) => unsafe { hooks.copy_host_to_device_as_on(dst, src, stream, in_flight) },
+        // SAFETY: the caller upholds `copy_host_to_device_unpinned`'s contract, part of
         // the hook's.
-        Some(hooks) => unsafe { hooks.copy_host_to_device_in_flight(dst, src) },
-        // SAFETY: as above.
         None => unsafe { raw.copy_host_to_device_unpinned(dst, src) },
+    }
+}
+
+/// [`OrderingHooks::copy_device_to_host_as_on`] of `raw`'s backend, or
+/// [`RawContext::copy_device_to_host_unpinned`] without streams or hooks.
+///
+/// # Safety
+/// As [`OrderingHooks::copy_device_to_host_as_on`].
+pub(crate) unsafe fn copy_device_to_host_as_on(
+    raw: &dyn RawContext,
+    dst: &mut [u8],
+    src: DevicePtr,
+    stream: RawStream,
+) -> Result<()> {
+    match raw.streams().and_then(|streams| streams.ordering()) {
+        // SAFETY: the caller upholds the hook's contract.
+        Some(hooks) => unsafe { hooks.copy_device_to_host_as_on(dst, src, stream) },
+        // SAFETY: the caller upholds `copy_device_to_host_unpinned`'s contract, part of
+        // the hook's.
+        None => unsafe { raw.copy_device_to_host_unpinned(dst, src) },
     }
 }
 

@@ -6,6 +6,7 @@
 use crate::backend::{enter_call, ApiCall, StreamsExt};
 use crate::buffer::DeviceBuffer;
 use crate::error::Result;
+use crate::stream::Stream;
 
 impl DeviceBuffer {
     /// Copy all of `src` into this buffer at `position`, synchronously, without pinning
@@ -52,28 +53,131 @@ impl DeviceBuffer {
         unsafe { self.context().raw().copy_host_to_device_unpinned(dst, src) }
     }
 
-    /// [`copy_from_host_unpinned`](Self::copy_from_host_unpinned) as a
-    /// [`BufferWriter`](crate::BufferWriter)'s send, which promised its caller no more than
-    /// an asynchronous copy on the legacy default stream
-    /// ([`OrderingHooks::copy_host_to_device_in_flight`](crate::backend::OrderingHooks::copy_host_to_device_in_flight));
-    /// the same copy without ordering hooks (CUDA). `method` names the writer's call in a
-    /// race report.
+    /// [`copy_from_host_unpinned`](Self::copy_from_host_unpinned) made for an operation
+    /// that cudabuf promised on `stream`, where no pinned staging buffer was there for an
+    /// asynchronous copy (a context's first calls, before the staging pool's background
+    /// pinning lands). For cudabuf's own layers (the Arrow and Flight crates); not part of
+    /// the stable API.
+    ///
+    /// The copy is synchronous and pins nothing, as `copy_from_host_unpinned`; the caller
+    /// orders it after `stream`'s earlier work where the operation needs it (waits for
+    /// that work first, unless `stream` is the legacy default stream or a blocking
+    /// stream: without ordering hooks the copy runs on the legacy default stream). A backend that checks ordering (the simulator's race detector)
+    /// takes it as an operation of `stream`, so that its verdict on the program does not
+    /// depend on which copy ran: the host then knows the copy done, or, with `in_flight`,
+    /// nothing (the bytes count as `stream`'s until the program synchronizes with its
+    /// later work). See
+    /// [`OrderingHooks::copy_host_to_device_as_on`](crate::backend::OrderingHooks::copy_host_to_device_as_on).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let buf = ctx.new_buffer(5)?;
+    /// stream.synchronize()?; // after the stream's earlier work
+    /// buf.copy_from_host_unpinned_as_on(&stream, b"hello", 0, false)?;
+    /// assert_eq!(buf.to_vec()?, b"hello");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`](crate::Error::OutOfRange) if `position + src.len() > size`,
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `stream` is another
+    /// context's (nothing is copied); the backend's failure of the copy.
+    #[doc(hidden)]
     #[track_caller]
-    pub(crate) fn copy_from_host_in_flight(
+    pub fn copy_from_host_unpinned_as_on(
         &self,
-        method: &'static str,
+        stream: &Stream,
         src: &[u8],
         position: usize,
+        in_flight: bool,
     ) -> Result<()> {
-        let _call = enter_call(ApiCall::here(method).with_buffer(self.address(), self.size()));
-        self.check_range(method, position, src.len())?;
+        const OPERATION: &str = "copy_from_host_unpinned_as_on";
+        let _call = enter_call(
+            ApiCall::here("DeviceBuffer::copy_from_host_unpinned_as_on")
+                .with_buffer(self.address(), self.size()),
+        );
+        self.check_range(OPERATION, position, src.len())?;
+        self.check_stream(OPERATION, stream)?;
         if src.is_empty() {
             return Ok(());
         }
         let dst = self.address() + position as u64;
         // SAFETY: `position + src.len() <= self.size()` was checked just above, and this
-        // buffer's range lies in its live memory (we hold it), reachable from its context.
-        unsafe { self.context().raw().copy_host_to_device_in_flight(dst, src) }
+        // buffer's range lies in its live memory (we hold it), reachable from its context;
+        // `stream` is a live stream of the same context (checked; the handle keeps it).
+        unsafe {
+            self.context()
+                .raw()
+                .copy_host_to_device_as_on(dst, src, stream.raw(), in_flight)
+        }
+    }
+
+    /// [`copy_to_host_unpinned`](Self::copy_to_host_unpinned) made for an operation that
+    /// cudabuf promised on `stream` (see
+    /// [`copy_from_host_unpinned_as_on`](Self::copy_from_host_unpinned_as_on)); the
+    /// caller orders it after `stream`'s earlier work as there. A backend that checks
+    /// ordering takes it as an operation of `stream`: when it returns, the host knows the
+    /// copy and `stream`'s work before it done, and nothing else. For cudabuf's own
+    /// layers; not part of the stable API.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let buf = ctx.buffer_from_data(b"hello world")?;
+    /// stream.synchronize()?;
+    /// let mut out = vec![0u8; 5];
+    /// buf.copy_to_host_unpinned_as_on(&stream, 6, &mut out)?;
+    /// assert_eq!(out, b"world");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`](crate::Error::OutOfRange) if `position + dst.len() > size`,
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `stream` is another
+    /// context's (nothing is copied); the backend's failure of the copy.
+    #[doc(hidden)]
+    #[track_caller]
+    pub fn copy_to_host_unpinned_as_on(
+        &self,
+        stream: &Stream,
+        position: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        const OPERATION: &str = "copy_to_host_unpinned_as_on";
+        let _call = enter_call(
+            ApiCall::here("DeviceBuffer::copy_to_host_unpinned_as_on")
+                .with_buffer(self.address(), self.size()),
+        );
+        self.check_range(OPERATION, position, dst.len())?;
+        self.check_stream(OPERATION, stream)?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let src = self.address() + position as u64;
+        // SAFETY: `position + dst.len() <= self.size()` was checked just above, and this
+        // buffer's range lies in its live memory (we hold it), reachable from its context;
+        // `stream` is a live stream of the same context (checked; the handle keeps it).
+        unsafe {
+            self.context()
+                .raw()
+                .copy_device_to_host_as_on(dst, src, stream.raw())
+        }
+    }
+
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming `operation` unless
+    /// `stream` is a stream of this buffer's context.
+    fn check_stream(&self, operation: &'static str, stream: &Stream) -> Result<()> {
+        if stream.context().same_as(self.context()) {
+            Ok(())
+        } else {
+            Err(crate::Error::invalid_argument(
+                operation,
+                "the stream belongs to another context than the buffer",
+            ))
+        }
     }
 
     /// Copy `dst.len()` bytes of this buffer from `position` into `dst`, synchronously,

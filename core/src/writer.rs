@@ -85,6 +85,9 @@ pub struct BufferWriter {
     /// An event recorded after the last send from pageable memory to a backend that
     /// checks ordering; `flush` waits for it as for the copies in flight.
     marked: Option<Event>,
+    /// Whether recording that event failed after a send: `flush` then synchronizes the
+    /// legacy default stream instead.
+    unmarked: bool,
     buffer: DeviceBuffer,
     /// The logical position: staged bytes count as written.
     position: usize,
@@ -202,6 +205,7 @@ impl BufferWriter {
             pinning_requested: false,
             checks_ordering,
             marked: None,
+            unmarked: false,
             buffer,
             position: 0,
             staged: 0,
@@ -432,21 +436,23 @@ impl BufferWriter {
                 // flight until `flush` and no synchronization of the program, so that its
                 // verdict does not depend on whether the pool could lend pinned memory
                 // in time (without hooks it is the same synchronous copy).
-                self.buffer.copy_from_host_in_flight(
-                    "BufferWriter::write",
-                    &host[..len],
-                    position,
-                )?;
+                self.buffer
+                    .copy_from_host_unpinned_as_on(stream, &host[..len], position, true)?;
                 if self.checks_ordering {
                     // The bytes are on the device: a failure to record the event the
-                    // flush waits for (a dead device) is logged, not returned, so that
-                    // the write still reports what it did.
+                    // flush waits for (a dead device, a race found elsewhere) is logged,
+                    // not returned, so that the write still reports what it did; the
+                    // flush then synchronizes the stream instead.
                     match stream.record_event() {
                         Ok(event) => self.marked = Some(event),
-                        Err(e) => log::warn!(
-                            "BufferWriter: recording the event after a send from pageable \
-                             memory failed: {e}"
-                        ),
+                        Err(e) => {
+                            log::warn!(
+                                "BufferWriter: recording the event after a send from \
+                                 pageable memory failed: {e}"
+                            );
+                            self.marked = None;
+                            self.unmarked = true;
+                        }
                     }
                 }
             }
@@ -631,6 +637,14 @@ impl BufferWriter {
             let waited = marked.synchronize();
             if result.is_ok() {
                 result = waited;
+            }
+        }
+        if std::mem::take(&mut self.unmarked) {
+            if let Some(stream) = &self.stream {
+                let waited = stream.synchronize();
+                if result.is_ok() {
+                    result = waited;
+                }
             }
         }
         result?;

@@ -461,8 +461,9 @@ impl DeviceFlightDecoder {
     /// Copy the first `body_len` bytes of the body into a pooled pinned staging buffer and
     /// issue its upload into `device` on the decoder's stream; with no pooled buffer to lend
     /// (a first message, a new size, the pool off), copy it straight from gRPC's buffer with
-    /// a copy that pins nothing, and have the two buffers the decoder uses at once pinned in
-    /// the background.
+    /// a synchronous copy that pins nothing, made for the decoder's stream (a backend that
+    /// checks ordering takes it as an operation of that stream, as the asynchronous upload
+    /// is), and have the two buffers the decoder uses at once pinned in the background.
     fn upload(&self, device: &DeviceBuffer, data: &FlightData, body_len: usize) -> Result<Upload> {
         if body_len == 0 {
             return Ok(Upload::Done);
@@ -472,7 +473,7 @@ impl DeviceFlightDecoder {
         let Some(mut staging) = self.ctx.pooled_staging_buffer(body_len, class) else {
             self.ctx
                 .with_background_pinning(body_len, class, class, 2, || {
-                    device.copy_from_host_unpinned(body, 0)
+                    device.copy_from_host_unpinned_as_on(&self.stream, body, 0, false)
                 })?;
             return Ok(Upload::Done);
         };

@@ -371,24 +371,33 @@ impl SimContext {
     /// A synchronous copy: issued to the legacy stream (after the race check), then run
     /// by this thread, with `body`, once everything it is ordered after is done. The
     /// caller has checked the ranges; `body` finds them again (another thread may have
-    /// freed them meanwhile). The host learns the copy and what it was ordered after
-    /// when it is done, unless it is cudabuf's own (`teaches == false`: a `BufferWriter`'s
-    /// send, a write by the legacy stream until the program synchronizes with it).
+    /// freed them meanwhile). Issued to `on` instead when given (a copy cudabuf makes for
+    /// an operation it promised on that stream: `OrderingHooks::copy_*_as_on`). The host
+    /// learns the copy and what it was ordered after when it is done, unless it is a
+    /// `BufferWriter`'s send (`teaches == false`: a write by its stream until the program
+    /// synchronizes with it).
+    #[allow(clippy::too_many_arguments)]
     fn run_synchronously(
         &self,
         mut guard: MutexGuard<'_, State>,
         what: OpWhat,
         accesses: &[Access],
         crosses: bool,
+        on: Option<RawStream>,
         teaches: bool,
         body: impl FnOnce(&Table) -> Result<()>,
     ) -> Result<()> {
         let len = accesses.first().map_or(0, |a| a.len);
         let cost = guard.streams.settings().cost.copy_ns(len, crosses);
-        let legacy = guard.streams.legacy(self.device);
+        let key = match on {
+            Some(stream) => guard
+                .streams
+                .resolve_stream(call_of(what), self.device, stream)?,
+            None => guard.streams.legacy(self.device),
+        };
         let op = guard
             .streams
-            .issue(legacy, what, Work::Host, accesses, cost, None)?
+            .issue(key, what, Work::Host, accesses, cost, None)?
             .op;
         if !teaches {
             guard.streams.teach_nothing(op);
@@ -412,9 +421,16 @@ impl SimContext {
         result
     }
 
-    /// A synchronous H2D copy: the program's (`what` = `H2dSync`), or a `BufferWriter`'s
-    /// send (`InFlight`), which teaches the host nothing.
-    pub(super) fn sync_h2d(&self, what: OpWhat, dst: DevicePtr, src: &[u8]) -> Result<()> {
+    /// A synchronous H2D copy: the program's (`what` = `H2dSync`, on the legacy stream),
+    /// one cudabuf makes for an operation of `on` (`H2dAsOn`), or a `BufferWriter`'s send
+    /// on `on` (`InFlight`), which teaches the host nothing.
+    pub(super) fn sync_h2d(
+        &self,
+        what: OpWhat,
+        dst: DevicePtr,
+        src: &[u8],
+        on: Option<RawStream>,
+    ) -> Result<()> {
         let call = call_of(what);
         let mut guard = self.shared.lock();
         guard.faults.check(FaultOp::Copy)?;
@@ -428,17 +444,25 @@ impl SimContext {
                 .map(|from| Access::read(from, len)),
         );
         let teaches = what != OpWhat::InFlight;
-        self.run_synchronously(guard, what, &accesses, true, teaches, |table| {
+        self.run_synchronously(guard, what, &accesses, true, on, teaches, |table| {
             table.copy_to_device(self.device, dst, src)
         })
     }
 
-    pub(super) fn sync_d2h(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
-        const CALL: &str = "copy_device_to_host";
+    /// A synchronous D2H copy: the program's (`what` = `D2hSync`, on the legacy stream),
+    /// or one cudabuf makes for an operation of `on` (`D2hAsOn`).
+    pub(super) fn sync_d2h(
+        &self,
+        what: OpWhat,
+        dst: &mut [u8],
+        src: DevicePtr,
+        on: Option<RawStream>,
+    ) -> Result<()> {
+        let call = call_of(what);
         let mut guard = self.shared.lock();
         guard.faults.check(FaultOp::Copy)?;
         let len = dst.len();
-        let from = guard.table.locate(CALL, self.device, src, len)?;
+        let from = guard.table.locate(call, self.device, src, len)?;
         let mut accesses = vec![Access::read(from, len)];
         accesses.extend(
             guard
@@ -446,7 +470,7 @@ impl SimContext {
                 .pinned_host(dst.as_ptr() as usize, len)
                 .map(|to| Access::write(to, len)),
         );
-        self.run_synchronously(guard, OpWhat::D2hSync, &accesses, true, true, |table| {
+        self.run_synchronously(guard, what, &accesses, true, on, true, |table| {
             table.copy_to_host(self.device, dst, src)
         })
     }
@@ -472,7 +496,7 @@ impl SimContext {
         let from = guard.table.locate(call, src_device, src, len)?;
         let accesses = [Access::read(from, len), Access::write(to, len)];
         let crosses = crosses_link(&to, &from);
-        self.run_synchronously(guard, what, &accesses, crosses, true, |table| {
+        self.run_synchronously(guard, what, &accesses, crosses, None, true, |table| {
             table.copy_between(call, self.device, dst, src_device, src, len)
         })
     }
@@ -567,7 +591,9 @@ fn call_of(what: OpWhat) -> &'static str {
         OpWhat::IpcClose => "ipc_close",
         OpWhat::FreeOnStream => "mark_free_on",
         OpWhat::AllocOnStream => "mark_alloc_on",
-        OpWhat::InFlight => "copy_host_to_device_in_flight",
+        OpWhat::H2dAsOn => "copy_host_to_device_as_on",
+        OpWhat::D2hAsOn => "copy_device_to_host_as_on",
+        OpWhat::InFlight => "copy_host_to_device_as_on",
         OpWhat::HostRead | OpWhat::HostWrite => "check_host_access",
     }
 }

@@ -134,9 +134,18 @@ pub(crate) enum OpWhat {
     IpcClose,
     FreeOnStream,
     AllocOnStream,
-    /// A synchronous copy of cudabuf's from pageable memory, in flight on the legacy
-    /// stream as far as the API promised and no synchronization of the program
-    /// (`OrderingHooks::copy_host_to_device_in_flight`: `BufferWriter`'s sends).
+    /// A synchronous H2D copy cudabuf makes for an operation it promised on a stream
+    /// (`OrderingHooks::copy_host_to_device_as_on`: `Stream::read_file_at`, the Flight
+    /// decoder's uploads from pageable memory).
+    H2dAsOn,
+    /// A synchronous D2H copy cudabuf makes for an operation it promised on a stream
+    /// (`OrderingHooks::copy_device_to_host_as_on`: `Stream::write_file_at`, `to_host_on`
+    /// from pageable memory).
+    D2hAsOn,
+    /// A synchronous copy of cudabuf's from pageable memory, in flight on its stream as
+    /// far as the API promised and no synchronization of the program
+    /// (`OrderingHooks::copy_host_to_device_as_on` with `in_flight`: `BufferWriter`'s
+    /// sends).
     InFlight,
     /// The host reads pinned memory directly (`OrderingHooks::check_host_access`).
     HostRead,
@@ -163,7 +172,9 @@ impl OpWhat {
             OpWhat::IpcClose => "ipc_close",
             OpWhat::FreeOnStream => "stream-ordered free (mark_free_on)",
             OpWhat::AllocOnStream => "stream-ordered allocation (mark_alloc_on)",
-            OpWhat::InFlight => "BufferWriter's send (copy_host_to_device_in_flight)",
+            OpWhat::H2dAsOn => "synchronous H2D copy for a stream (copy_host_to_device_as_on)",
+            OpWhat::D2hAsOn => "synchronous D2H copy for a stream (copy_device_to_host_as_on)",
+            OpWhat::InFlight => "BufferWriter's send (copy_host_to_device_as_on)",
             OpWhat::HostRead => "host read of pinned memory (check_host_access)",
             OpWhat::HostWrite => "host write of pinned memory (check_host_access)",
         }
@@ -187,6 +198,8 @@ impl OpWhat {
             OpWhat::IpcClose => "ipc_close",
             OpWhat::FreeOnStream => "free on stream",
             OpWhat::AllocOnStream => "alloc on stream",
+            OpWhat::H2dAsOn => "sync H2D on stream",
+            OpWhat::D2hAsOn => "sync D2H on stream",
             OpWhat::InFlight => "sync H2D in flight",
             OpWhat::HostRead => "host read",
             OpWhat::HostWrite => "host write",

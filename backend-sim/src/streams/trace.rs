@@ -15,8 +15,10 @@ pub struct ScheduleEntry {
     /// issued, and so on (issue order, whatever the stream).
     pub op: u64,
     /// What it did: `"H2D"`, `"D2H"`, `"D2D"`, `"peer"`, `"sync H2D"`, `"sync D2H"`,
-    /// `"sync D2D"`, `"sync peer"`, `"sync H2D in flight"` (a `BufferWriter`'s send
-    /// from pageable memory: `OrderingHooks::copy_host_to_device_in_flight`), `"record"`
+    /// `"sync D2D"`, `"sync peer"`, `"sync H2D on stream"` and `"sync D2H on stream"`
+    /// (a copy cudabuf makes from or to pageable memory for an operation it promised on a
+    /// stream: `OrderingHooks::copy_*_as_on`), `"sync H2D in flight"` (a `BufferWriter`'s
+    /// send from pageable memory), `"record"`
     /// (an event record), `"wait"` (a wait for an event), `"free on stream"` (a
     /// stream-ordered free of cudabuf's caching allocator: `OrderingHooks::mark_free_on`)
     /// or `"alloc on stream"` (`OrderingHooks::mark_alloc_on`).

@@ -517,7 +517,8 @@ unsafe impl RawStreams for FakeDevice {
     }
 }
 
-// SAFETY: the hooks only update the ordering records; they touch no memory.
+// SAFETY: the hooks only update the ordering records; they touch no memory (its two
+// copies are unsupported).
 unsafe impl OrderingHooks for FakeDevice {
     unsafe fn mark_free_on(&self, ptr: DevicePtr, len: usize, stream: RawStream) -> Result<()> {
         let mut st = self.state();
@@ -566,9 +567,24 @@ unsafe impl OrderingHooks for FakeDevice {
         unsafe { self.event_synchronize(event) }
     }
 
-    unsafe fn copy_host_to_device_in_flight(&self, _: DevicePtr, _: &[u8]) -> Result<()> {
-        // The fake device has no memory to copy into (as `copy_host_to_device`).
-        unsupported("copy_host_to_device_in_flight")
+    unsafe fn copy_host_to_device_as_on(
+        &self,
+        _: DevicePtr,
+        _: &[u8],
+        _: RawStream,
+        _: bool,
+    ) -> Result<()> {
+        // The fake device has no memory to copy (as `copy_host_to_device`).
+        unsupported("copy_host_to_device_as_on")
+    }
+
+    unsafe fn copy_device_to_host_as_on(
+        &self,
+        _: &mut [u8],
+        _: DevicePtr,
+        _: RawStream,
+    ) -> Result<()> {
+        unsupported("copy_device_to_host_as_on")
     }
 
     fn retire_accesses(&self, address: DevicePtr, len: usize) {

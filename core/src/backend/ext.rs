@@ -4,9 +4,9 @@
 //! [`OrderingHooks`](super::OrderingHooks) (or what CUDA needs when it has none).
 
 use super::{
-    copy_host_to_device_in_flight, event_poll, event_wait_bookkeeping, mark_alloc_on, mark_free_on,
-    retire_accesses, stream_wait_bookkeeping, streams_of, DevicePtr, RawContext, RawEvent,
-    RawStream, StreamFlags,
+    copy_device_to_host_as_on, copy_host_to_device_as_on, event_poll, event_wait_bookkeeping,
+    mark_alloc_on, mark_free_on, retire_accesses, stream_wait_bookkeeping, streams_of, DevicePtr,
+    RawContext, RawEvent, RawStream, StreamFlags,
 };
 use crate::error::Result;
 
@@ -133,12 +133,29 @@ pub(crate) trait StreamsExt {
     /// # Safety
     /// As the method it forwards to.
     unsafe fn event_wait_bookkeeping(&self, event: RawEvent) -> Result<()>;
-    /// [`OrderingHooks::copy_host_to_device_in_flight`] of this context's backend, or
+    /// [`OrderingHooks::copy_host_to_device_as_on`] of this context's backend, or
     /// `copy_host_to_device_unpinned` without hooks.
     ///
     /// # Safety
     /// As the method it forwards to.
-    unsafe fn copy_host_to_device_in_flight(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
+    unsafe fn copy_host_to_device_as_on(
+        &self,
+        dst: DevicePtr,
+        src: &[u8],
+        stream: RawStream,
+        in_flight: bool,
+    ) -> Result<()>;
+    /// [`OrderingHooks::copy_device_to_host_as_on`] of this context's backend, or
+    /// `copy_device_to_host_unpinned` without hooks.
+    ///
+    /// # Safety
+    /// As the method it forwards to.
+    unsafe fn copy_device_to_host_as_on(
+        &self,
+        dst: &mut [u8],
+        src: DevicePtr,
+        stream: RawStream,
+    ) -> Result<()>;
     /// Whether this context's backend checks ordering (has [`OrderingHooks`](super::OrderingHooks)).
     fn checks_ordering(&self) -> bool;
     /// [`RawStreams::retire_accesses`] (or its ordering hook) of this context's backend.
@@ -284,9 +301,25 @@ impl StreamsExt for dyn RawContext {
         unsafe { event_wait_bookkeeping(streams_of(self, "event_wait_bookkeeping")?, event) }
     }
 
-    unsafe fn copy_host_to_device_in_flight(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+    unsafe fn copy_host_to_device_as_on(
+        &self,
+        dst: DevicePtr,
+        src: &[u8],
+        stream: RawStream,
+        in_flight: bool,
+    ) -> Result<()> {
         // SAFETY: forwarded from this method's contract.
-        unsafe { copy_host_to_device_in_flight(self, dst, src) }
+        unsafe { copy_host_to_device_as_on(self, dst, src, stream, in_flight) }
+    }
+
+    unsafe fn copy_device_to_host_as_on(
+        &self,
+        dst: &mut [u8],
+        src: DevicePtr,
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: forwarded from this method's contract.
+        unsafe { copy_device_to_host_as_on(self, dst, src, stream) }
     }
 
     fn checks_ordering(&self) -> bool {

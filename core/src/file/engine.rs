@@ -193,6 +193,31 @@ impl Job<'_> {
             .get())
     }
 
+    /// Copy `src` (pageable memory) to `position` of the device buffer synchronously, for
+    /// the call's stream: after [`pageable`](Self::pageable) waited for the stream's
+    /// earlier work, a copy that a backend checking ordering takes as an operation of
+    /// that stream (as the asynchronous copies from pinned memory are), not of the legacy
+    /// stream; without hooks, or without streams, `copy_from_host_unpinned`.
+    fn upload_pageable(&self, src: &[u8], position: usize) -> Result<()> {
+        match &self.stream {
+            Some(stream) => self
+                .device
+                .copy_from_host_unpinned_as_on(stream, src, position, false),
+            None => self.device.copy_from_host_unpinned(src, position),
+        }
+    }
+
+    /// [`upload_pageable`](Self::upload_pageable)'s download: `dst.len()` bytes from
+    /// `position` of the device buffer into pageable memory.
+    fn download_pageable(&self, position: usize, dst: &mut [u8]) -> Result<()> {
+        match &self.stream {
+            Some(stream) => self
+                .device
+                .copy_to_host_unpinned_as_on(stream, position, dst),
+            None => self.device.copy_to_host_unpinned(position, dst),
+        }
+    }
+
     /// The pieces `start..start + n` is moved in through pageable memory: at most
     /// [`PAGEABLE_PIECE`] bytes each.
     fn pieces(&self, start: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -622,8 +647,7 @@ fn read_chunks(job: &Job<'_>, staging: &mut Staging<Transfer<HostRange>>) -> Res
             let buf = job.pageable(staging)?;
             for (at, len) in job.pieces(start, n) {
                 let head = fill(job, buf, at, len)?;
-                job.device
-                    .copy_from_host_unpinned(&buf[head..head + len], at)?;
+                job.upload_pageable(&buf[head..head + len], at)?;
             }
             continue;
         };
@@ -728,7 +752,7 @@ fn write_chunks(job: &Job<'_>, staging: &mut Staging<(usize, Transfer<HostRange>
             let buf = job.pageable(staging)?;
             for (piece, len) in job.pieces(start, n) {
                 let at = job.base + piece as u64;
-                job.device.copy_to_host_unpinned(piece, &mut buf[..len])?;
+                job.download_pageable(piece, &mut buf[..len])?;
                 job.file
                     .write_all_at(&buf[..len], at)
                     .map_err(|e| job.io_error(at, &e))?;

@@ -490,7 +490,8 @@ unsafe impl RawStreams for CountingContext {
     }
 }
 
-// SAFETY: every hook goes to the wrapped backend's hooks, which touch no memory.
+// SAFETY: every hook goes to the wrapped backend's hooks, which keep the trait's contract
+// (no memory touched but by the two copies, which copy as the simulator's copies do).
 unsafe impl OrderingHooks for CountingContext {
     unsafe fn event_poll(&self, event: RawEvent) -> Result<bool> {
         bump(&self.counts.hooks);
@@ -522,10 +523,33 @@ unsafe impl OrderingHooks for CountingContext {
         unsafe { self.inner_hooks()?.event_wait_bookkeeping(event) }
     }
 
-    unsafe fn copy_host_to_device_in_flight(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+    unsafe fn copy_host_to_device_as_on(
+        &self,
+        dst: DevicePtr,
+        src: &[u8],
+        stream: RawStream,
+        in_flight: bool,
+    ) -> Result<()> {
         bump(&self.counts.hooks);
         // SAFETY: forwarded from this method's contract.
-        unsafe { self.inner_hooks()?.copy_host_to_device_in_flight(dst, src) }
+        unsafe {
+            self.inner_hooks()?
+                .copy_host_to_device_as_on(dst, src, stream, in_flight)
+        }
+    }
+
+    unsafe fn copy_device_to_host_as_on(
+        &self,
+        dst: &mut [u8],
+        src: DevicePtr,
+        stream: RawStream,
+    ) -> Result<()> {
+        bump(&self.counts.hooks);
+        // SAFETY: forwarded from this method's contract.
+        unsafe {
+            self.inner_hooks()?
+                .copy_device_to_host_as_on(dst, src, stream)
+        }
     }
 
     fn retire_accesses(&self, address: DevicePtr, len: usize) {

@@ -1,0 +1,356 @@
+//! Race verdicts of `DeviceRecordBatch::to_host_on` and `DeviceArray::to_host_on` on the
+//! simulator, whichever memory a body lands in: a pinned block the context's pool lends
+//! (an asynchronous copy on the caller's stream), or, when none can be lent (the pool off,
+//! cold, or unable to pin), a new vector filled by a synchronous copy cudabuf makes for
+//! that stream (`OrderingHooks::copy_device_to_host_as_on`). The verdict on a program must
+//! be the same under every landing mode, seed (12 unless `HUNT_SEEDS` says otherwise) and
+//! schedule: a program that relies on `to_host_on` for another blocking stream's work is
+//! flagged whether or not the pool's background pinning had landed a block.
+
+use std::sync::Arc;
+
+use arrow::array::{Int32Array, RecordBatch};
+use cudabuf_arrow::{DeviceArray, DeviceRecordBatch};
+use cudabuf_conformance::support::NON_BLOCKING;
+use cudabuf_core::{Backend, Context, ErrorKind, Result};
+use cudabuf_sim::{FaultOp, RaceMode, Schedule, SimBackend, SimConfig};
+
+fn seeds() -> u64 {
+    std::env::var("HUNT_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12)
+}
+
+/// Both schedules, `seeds()` seeds each.
+fn runs() -> impl Iterator<Item = (Schedule, u64)> {
+    [Schedule::Deterministic, Schedule::Threaded]
+        .into_iter()
+        .flat_map(|schedule| (0..seeds()).map(move |seed| (schedule, seed)))
+}
+
+/// A simulator whose races fail the call, and its device 0's primary context.
+fn one(schedule: Schedule, seed: u64) -> (SimBackend, Context) {
+    let sim = SimBackend::with_config(SimConfig {
+        schedule: Some(schedule),
+        seed: Some(seed),
+        races: Some(RaceMode::Fail),
+        ..SimConfig::default()
+    })
+    .unwrap();
+    let ctx = Backend::new(sim.clone()).context(0).unwrap();
+    (sim, ctx)
+}
+
+fn flagged(sim: &SimBackend, r: &Result<()>) -> bool {
+    matches!(r, Err(e) if e.kind() == ErrorKind::DataRace) || !sim.race_report().is_empty()
+}
+
+fn verdicts<F>(racy: bool, mut program: F) -> Vec<String>
+where
+    F: FnMut(Schedule, u64) -> (SimBackend, Result<()>),
+{
+    let mut lies = Vec::new();
+    for (schedule, seed) in runs() {
+        let (sim, r) = program(schedule, seed);
+        let got = flagged(&sim, &r);
+        if got != racy {
+            lies.push(format!(
+                "{schedule} seed {seed}: flagged={got} (result {:?}; report {})",
+                r.as_ref().err().map(|e| e.to_string()),
+                sim.race_report()
+            ));
+        } else if !racy {
+            if let Err(e) = &r {
+                lies.push(format!(
+                    "{schedule} seed {seed}: correct program failed: {e}"
+                ));
+            }
+        }
+    }
+    lies
+}
+
+fn all_modes<F>(name: &str, racy: bool, mut program: F) -> Option<String>
+where
+    F: FnMut(Landing, Schedule, u64) -> (SimBackend, Result<()>),
+{
+    let mut summary = Vec::new();
+    let mut any = false;
+    for mode in Landing::ALL {
+        let lies = verdicts(racy, |s, seed| program(mode, s, seed));
+        any |= !lies.is_empty();
+        summary.push(format!(
+            "  {mode:?}: {} of {} runs lie{}",
+            lies.len(),
+            2 * seeds(),
+            lies.first()
+                .map(|l| format!(" (first: {})", l.chars().take(500).collect::<String>()))
+                .unwrap_or_default()
+        ));
+    }
+    any.then(|| format!("{name}:\n{}", summary.join("\n")))
+}
+
+#[track_caller]
+fn none_lied(results: Vec<Option<String>>) {
+    let lies: Vec<String> = results.into_iter().flatten().collect();
+    assert!(
+        lies.is_empty(),
+        "{} program(s) lied:\n{}",
+        lies.len(),
+        lies.join("\n---\n")
+    );
+}
+
+/// Where a body lands.
+#[derive(Clone, Copy, Debug)]
+enum Landing {
+    /// Pool off (the simulator's default): a new vector, copy that pins nothing.
+    PoolOff,
+    /// Pool on, cold: the first conversion lands in a new vector.
+    PoolOnCold,
+    /// Pool on, background pinning fails: always a new vector.
+    PoolOnPinFails,
+    /// Pool warmed with 64 KiB blocks: a pinned block, the copy on the stream.
+    PooledPinned,
+}
+
+impl Landing {
+    const ALL: [Landing; 4] = [
+        Landing::PoolOff,
+        Landing::PoolOnCold,
+        Landing::PoolOnPinFails,
+        Landing::PooledPinned,
+    ];
+
+    fn set_up(self, sim: &SimBackend, ctx: &Context) {
+        match self {
+            Landing::PoolOff => ctx.set_staging_pool_limit(0),
+            Landing::PoolOnCold => ctx.set_staging_pool_limit(64 << 20),
+            Landing::PoolOnPinFails => {
+                ctx.set_staging_pool_limit(64 << 20);
+                let oom = cudabuf_core::Error::OutOfMemory {
+                    device: 0,
+                    requested: 0,
+                    detail: "injected".into(),
+                };
+                sim.fail_randomly(FaultOp::AllocHost, 1.0, 0, oom).unwrap();
+            }
+            Landing::PooledPinned => {
+                ctx.set_staging_pool_limit(64 << 20);
+                ctx.pin_staging_in_background(64 << 10, 64 << 10, 8);
+                ctx.wait_background_pinning();
+                assert!(ctx.bytes_pooled() >= 8 * (64 << 10));
+            }
+        }
+    }
+}
+
+fn host_batch() -> RecordBatch {
+    RecordBatch::try_from_iter([(
+        "x",
+        Arc::new(Int32Array::from((0..1000).collect::<Vec<i32>>())) as _,
+    )])
+    .unwrap()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Conv {
+    BatchToHostOn,
+    ArrayToHostOn,
+    BatchToHost,
+}
+
+fn convert(batch: &DeviceRecordBatch, conv: Conv, s: &cudabuf_core::Stream) -> Result<()> {
+    let host = host_batch();
+    match conv {
+        Conv::BatchToHostOn => assert_eq!(batch.to_host_on(s)?, host),
+        Conv::ArrayToHostOn => {
+            let col: &DeviceArray = batch.column(0)?;
+            let back = col.to_host_on(s)?;
+            assert_eq!(back.len(), 1000);
+        }
+        Conv::BatchToHost => assert_eq!(batch.to_host()?, host),
+    }
+    Ok(())
+}
+
+/// Blocking x writes b; conversion on non-blocking s; (sync_x) x synchronized; nb reads b.
+fn convert_beside_blocking(
+    ctx: &Context,
+    conv: Conv,
+    blocking_s: bool,
+    sync_x: bool,
+) -> Result<()> {
+    let host = host_batch();
+    let batch = DeviceRecordBatch::from_host(&host, ctx)?;
+    let a = ctx.buffer_from_data(&[3u8; 4096][..])?;
+    let b = ctx.new_buffer(4096)?;
+    let out = ctx.new_buffer(4096)?;
+    let x = ctx.new_stream()?;
+    let s = if blocking_s {
+        ctx.new_stream()?
+    } else {
+        ctx.new_stream_with(NON_BLOCKING)?
+    };
+    let nb = ctx.new_stream_with(NON_BLOCKING)?;
+    x.copy_device(&b, &a)?;
+    convert(&batch, conv, &s)?;
+    if sync_x {
+        x.synchronize()?;
+    }
+    nb.copy_device(&out, &b)?;
+    nb.synchronize()?;
+    x.synchronize()?;
+    Ok(())
+}
+
+/// Racy: `to_host_on(s)` promises its downloads on `s` after `s`'s earlier work; nothing
+/// about another blocking stream's earlier work.
+#[test]
+fn to_host_on_is_no_synchronization_with_a_blocking_stream() {
+    let mut results = Vec::new();
+    for conv in [Conv::BatchToHostOn, Conv::ArrayToHostOn] {
+        for blocking_s in [false, true] {
+            results.push(all_modes(
+                &format!("{conv:?} (s blocking={blocking_s}): no sync with blocking x"),
+                true,
+                |mode, schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    mode.set_up(&sim, &ctx);
+                    let r = convert_beside_blocking(&ctx, conv, blocking_s, false);
+                    (sim, r)
+                },
+            ));
+        }
+    }
+    none_lied(results);
+}
+
+/// Correct twins (x synchronized first), and the synchronous `to_host` (legacy stream,
+/// complete on return: ordered after x's work and known done) which is correct without.
+#[test]
+fn to_host_correct_twins() {
+    let mut results = Vec::new();
+    for conv in [Conv::BatchToHostOn, Conv::ArrayToHostOn] {
+        for blocking_s in [false, true] {
+            results.push(all_modes(
+                &format!("{conv:?} (s blocking={blocking_s}) then x synchronized"),
+                false,
+                |mode, schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    mode.set_up(&sim, &ctx);
+                    let r = convert_beside_blocking(&ctx, conv, blocking_s, true);
+                    (sim, r)
+                },
+            ));
+        }
+    }
+    results.push(all_modes(
+        "BatchToHost (sync) beside blocking x",
+        false,
+        |mode, schedule, seed| {
+            let (sim, ctx) = one(schedule, seed);
+            mode.set_up(&sim, &ctx);
+            let r = convert_beside_blocking(&ctx, Conv::BatchToHost, false, false);
+            (sim, r)
+        },
+    ));
+    none_lied(results);
+}
+
+/// Racy: blocking x overwrites the batch's body (pending); `to_host_on(s)` with s
+/// non-blocking (or another blocking stream) reads it, unordered on CUDA.
+#[test]
+fn to_host_on_reads_a_body_a_blocking_stream_is_writing() {
+    let mut results = Vec::new();
+    for conv in [Conv::BatchToHostOn, Conv::ArrayToHostOn] {
+        for blocking_s in [false, true] {
+            results.push(all_modes(
+                &format!("{conv:?} (s blocking={blocking_s}) of a body x is writing"),
+                true,
+                |mode, schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    mode.set_up(&sim, &ctx);
+                    let r = (|| {
+                        let host = host_batch();
+                        let batch = DeviceRecordBatch::from_host(&host, &ctx)?;
+                        let body = batch.body().expect("a body").clone();
+                        let copy = ctx.new_buffer(body.size())?;
+                        copy.copy_from_device(&body, 0, None)?;
+                        let x = ctx.new_stream()?;
+                        let s = if blocking_s {
+                            ctx.new_stream()?
+                        } else {
+                            ctx.new_stream_with(NON_BLOCKING)?
+                        };
+                        x.copy_device(&body, &copy)?; // same bytes: the batch stays valid
+                        convert(&batch, conv, &s)?;
+                        x.synchronize()?;
+                        Ok(())
+                    })();
+                    (sim, r)
+                },
+            ));
+        }
+    }
+    none_lied(results);
+}
+
+/// Correct: s (non-blocking) itself rewrote the body (pending); `to_host_on(s)` is in
+/// stream order. And racy: another non-blocking stream rewrote it.
+#[test]
+fn to_host_on_stream_order() {
+    let mut results = Vec::new();
+    for conv in [Conv::BatchToHostOn, Conv::ArrayToHostOn] {
+        for other in [false, true] {
+            results.push(all_modes(
+                &format!(
+                    "{conv:?} after a pending rewrite of the body on {}",
+                    if other { "another nb stream" } else { "s" }
+                ),
+                other,
+                |mode, schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    mode.set_up(&sim, &ctx);
+                    let r = (|| {
+                        let host = host_batch();
+                        let batch = DeviceRecordBatch::from_host(&host, &ctx)?;
+                        let body = batch.body().expect("a body").clone();
+                        let copy = ctx.new_buffer(body.size())?;
+                        copy.copy_from_device(&body, 0, None)?;
+                        let s = ctx.new_stream_with(NON_BLOCKING)?;
+                        let w = ctx.new_stream_with(NON_BLOCKING)?;
+                        (if other { &w } else { &s }).copy_device(&body, &copy)?;
+                        convert(&batch, conv, &s)?;
+                        w.synchronize()?;
+                        Ok(())
+                    })();
+                    (sim, r)
+                },
+            ));
+        }
+    }
+    none_lied(results);
+}
+
+/// The same racy program, the same schedule and seed, 40 times with a cold pool: whether
+/// the background pinning that `from_host` asked for has landed a block before
+/// `to_host_on` looks is host-thread timing, and every run is flagged either way.
+#[test]
+fn cold_pool_same_seed_repeated() {
+    for conv in [Conv::BatchToHostOn, Conv::ArrayToHostOn] {
+        let mut flags = String::new();
+        for _ in 0..40 {
+            let (sim, ctx) = one(Schedule::Deterministic, 0);
+            Landing::PoolOnCold.set_up(&sim, &ctx);
+            let r = convert_beside_blocking(&ctx, conv, false, false);
+            flags.push(if flagged(&sim, &r) { 'F' } else { '.' });
+        }
+        assert!(
+            flags.chars().all(|c| c == 'F'),
+            "{conv:?}: a racy program went unflagged in some runs: {flags}"
+        );
+    }
+}

@@ -1,0 +1,563 @@
+//! Race verdicts of public-API operations on a stream whose path depends on the staging
+//! pool: a chunk goes through pinned memory (an asynchronous copy on the caller's stream)
+//! when the pool lends a buffer, through pageable memory (a synchronous copy cudabuf makes
+//! for that stream: `OrderingHooks::copy_*_as_on`) when it does not, which depends on the
+//! timing of its background pinning. Each path is forced deterministically (`FILE_MODES`),
+//! and the verdict must be the same under every mode, seed and schedule (12 seeds of both
+//! schedules unless `HUNT_SEEDS` says otherwise). `Stream::to_host_on` of Arrow batches
+//! and the Flight decoder, which choose the same way, are judged in their crates' tests.
+
+use cudabuf_core::{Context, ErrorKind, FileOptions, Result};
+use cudabuf_sim::{FaultOp, Schedule, SimBackend};
+use cudabuf_test_support::{runs, sim, NON_BLOCKING};
+
+fn seeds() -> u64 {
+    std::env::var("HUNT_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12)
+}
+
+fn one(schedule: Schedule, seed: u64) -> (SimBackend, Context) {
+    sim(schedule, seed).context()
+}
+
+fn flagged(sim: &SimBackend, r: &Result<()>) -> bool {
+    matches!(r, Err(e) if e.kind() == ErrorKind::DataRace) || !sim.race_report().is_empty()
+}
+
+/// Runs `program` under every (schedule, seed); returns the lies (does not panic), so a
+/// caller can collect verdicts per mode.
+fn verdicts<F>(racy: bool, mut program: F) -> Vec<String>
+where
+    F: FnMut(Schedule, u64) -> (SimBackend, Result<()>),
+{
+    let mut lies = Vec::new();
+    for (schedule, seed) in runs(seeds()) {
+        let (sim, r) = program(schedule, seed);
+        let got = flagged(&sim, &r);
+        if got != racy {
+            lies.push(format!(
+                "{schedule} seed {seed}: flagged={got} (result {:?}; report {})",
+                r.as_ref().err().map(|e| e.to_string()),
+                sim.race_report()
+            ));
+        } else if !racy {
+            if let Err(e) = &r {
+                lies.push(format!(
+                    "{schedule} seed {seed}: correct program failed: {e}"
+                ));
+            }
+        }
+    }
+    lies
+}
+
+#[track_caller]
+fn expect<F>(name: &str, racy: bool, program: F)
+where
+    F: FnMut(Schedule, u64) -> (SimBackend, Result<()>),
+{
+    let lies = verdicts(racy, program);
+    assert!(
+        lies.is_empty(),
+        "{name}: expected racy={racy}, {} of {} runs differ:\n{}",
+        lies.len(),
+        2 * seeds(),
+        lies.join("\n")
+    );
+}
+
+/// Runs the program under every mode, and fails listing per mode how many runs lied.
+#[track_caller]
+fn expect_all_modes<M: Copy + std::fmt::Debug, F>(name: &str, racy: bool, modes: &[M], program: F)
+where
+    F: FnMut(M, Schedule, u64) -> (SimBackend, Result<()>),
+{
+    let summary = all_modes(name, racy, modes, program);
+    assert!(
+        summary.is_none(),
+        "{name}: expected racy={racy}:\n{}",
+        summary.unwrap()
+    );
+}
+
+/// The per-mode verdicts; `Some(summary)` if any run lied.
+fn all_modes<M: Copy + std::fmt::Debug, F>(
+    name: &str,
+    racy: bool,
+    modes: &[M],
+    mut program: F,
+) -> Option<String>
+where
+    F: FnMut(M, Schedule, u64) -> (SimBackend, Result<()>),
+{
+    let mut summary = Vec::new();
+    let mut any = false;
+    for &mode in modes {
+        let lies = verdicts(racy, |s, seed| program(mode, s, seed));
+        any |= !lies.is_empty();
+        summary.push(format!(
+            "  {mode:?}: {} of {} runs lie{}",
+            lies.len(),
+            2 * seeds(),
+            lies.first()
+                .map(|l| format!(" (first: {})", l.chars().take(600).collect::<String>()))
+                .unwrap_or_default()
+        ));
+    }
+    any.then(|| format!("{name} (racy={racy}):\n{}", summary.join("\n")))
+}
+
+/// Fails if any of `results` lied.
+#[track_caller]
+fn none_lied(results: Vec<Option<String>>) {
+    let lies: Vec<String> = results.into_iter().flatten().collect();
+    assert!(
+        lies.is_empty(),
+        "{} program(s) lied:\n{}",
+        lies.len(),
+        lies.join("\n---\n")
+    );
+}
+
+/// A file of the test's, removed when dropped.
+struct TempFile(std::path::PathBuf);
+
+impl std::ops::Deref for TempFile {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TempFile {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn temp_file(tag: &str, bytes: &[u8]) -> TempFile {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("staging-verdicts-{tag}-{}", std::process::id(),));
+    std::fs::write(&path, bytes).unwrap();
+    TempFile(path)
+}
+
+fn oom() -> cudabuf_core::Error {
+    cudabuf_core::Error::OutOfMemory {
+        device: 0,
+        requested: 0,
+        detail: "injected: stays on pageable memory".into(),
+    }
+}
+
+// ---- the file engine ---------------------------------------------------------------
+
+/// Which memory a file call's chunks are staged in.
+#[derive(Clone, Copy, Debug)]
+enum FileStaging {
+    /// Pool off: every chunk through pageable memory.
+    PoolOff,
+    /// Pool on, but pinning fails: pageable.
+    PoolOnPinFails,
+    /// Pool on, cold (the first call of a context: pageable, pinned in the background
+    /// after it).
+    PoolOnCold,
+    /// Pool warmed: pinned chunks on the stream.
+    PooledPinned,
+}
+
+const FILE_MODES: [FileStaging; 4] = [
+    FileStaging::PoolOff,
+    FileStaging::PoolOnPinFails,
+    FileStaging::PoolOnCold,
+    FileStaging::PooledPinned,
+];
+
+/// Chunks of 4 KiB, `threads` threads; the pool per mode.
+fn file_setup(mode: FileStaging, sim: &SimBackend, ctx: &Context, threads: usize) {
+    ctx.set_file_options(
+        FileOptions::default()
+            .with_chunk_size(4096)
+            .unwrap()
+            .with_threads(threads)
+            .unwrap(),
+    );
+    match mode {
+        FileStaging::PoolOff => ctx.set_staging_pool_limit(0),
+        FileStaging::PoolOnPinFails => {
+            ctx.set_staging_pool_limit(64 << 20);
+            sim.fail_randomly(FaultOp::AllocHost, 1.0, 0, oom())
+                .unwrap();
+        }
+        FileStaging::PoolOnCold => ctx.set_staging_pool_limit(64 << 20),
+        FileStaging::PooledPinned => {
+            ctx.set_staging_pool_limit(64 << 20);
+            ctx.pin_staging_in_background(4096, 4096, 8);
+            ctx.wait_background_pinning();
+            assert!(ctx.bytes_pooled() >= 4096 * 8);
+        }
+    }
+}
+
+/// What a file op is run on.
+#[derive(Clone, Copy, Debug)]
+enum On {
+    NonBlocking,
+    Blocking,
+    PerThread,
+}
+
+fn target_stream(ctx: &Context, on: On) -> Result<cudabuf_core::Stream> {
+    match on {
+        On::NonBlocking => ctx.new_stream_with(NON_BLOCKING),
+        On::Blocking => ctx.new_stream(),
+        On::PerThread => Ok(ctx.per_thread_stream()),
+    }
+}
+
+/// A blocking stream `x` copies `a` to `b`; `Stream::read_file_at` on stream `s` (of kind
+/// `on`) fills `dst`; then (with `sync_x`) the host synchronizes `x`; a non-blocking stream
+/// copies `b` to `out`.
+fn read_file_beside_blocking(
+    ctx: &Context,
+    path: &std::path::Path,
+    on: On,
+    sync_x: bool,
+    write: bool,
+) -> Result<()> {
+    let a = ctx.buffer_from_data(&[3u8; 4096][..])?;
+    let b = ctx.new_buffer(4096)?;
+    let out = ctx.new_buffer(4096)?;
+    let dst = ctx.new_buffer(2 * 4096)?;
+    dst.copy_from_host(&[0u8; 2 * 4096], 0, None)?;
+    let x = ctx.new_stream()?;
+    let s = target_stream(ctx, on)?;
+    let nb = ctx.new_stream_with(NON_BLOCKING)?;
+    x.copy_device(&b, &a)?;
+    if write {
+        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        s.write_file_at(&dst, &f, 0)?;
+    } else {
+        let f = std::fs::File::open(path).unwrap();
+        s.read_file_at(&dst, &f, 0)?;
+    }
+    if sync_x {
+        x.synchronize()?;
+    }
+    nb.copy_device(&out, &b)?;
+    nb.synchronize()?;
+    x.synchronize()?;
+    Ok(())
+}
+
+/// Racy: `Stream::read_file_at` on a non-blocking stream promises its copies on that
+/// stream (after its earlier work) and completion on return; it promises nothing about a
+/// blocking stream's earlier work. So a non-blocking read of what the blocking stream
+/// wrote, ordered by nothing else, is a race whichever memory the chunks went through.
+#[test]
+fn stream_read_file_is_no_synchronization_with_a_blocking_stream() {
+    let mut results = Vec::new();
+    for on in [On::NonBlocking, On::Blocking, On::PerThread] {
+        let path = temp_file(&format!("rfx{on:?}"), &[5u8; 2 * 4096]);
+        results.push(all_modes(
+            &format!("Stream::read_file_at on {on:?}: no sync with blocking x"),
+            true,
+            &FILE_MODES,
+            |mode, schedule, seed| {
+                let (sim, ctx) = one(schedule, seed);
+                file_setup(mode, &sim, &ctx, 1);
+                let r = read_file_beside_blocking(&ctx, &path, on, false, false);
+                (sim, r)
+            },
+        ));
+    }
+    none_lied(results);
+}
+
+/// Racy: the same for `Stream::write_file_at` (reading `dst` into the file).
+#[test]
+fn stream_write_file_is_no_synchronization_with_a_blocking_stream() {
+    let mut results = Vec::new();
+    for on in [On::NonBlocking, On::Blocking, On::PerThread] {
+        let path = temp_file(&format!("wfx{on:?}"), &[5u8; 2 * 4096]);
+        results.push(all_modes(
+            &format!("Stream::write_file_at on {on:?}: no sync with blocking x"),
+            true,
+            &FILE_MODES,
+            |mode, schedule, seed| {
+                let (sim, ctx) = one(schedule, seed);
+                file_setup(mode, &sim, &ctx, 1);
+                let r = read_file_beside_blocking(&ctx, &path, on, false, true);
+                (sim, r)
+            },
+        ));
+    }
+    none_lied(results);
+}
+
+/// Correct: the same with `x` synchronized before the non-blocking read.
+#[test]
+fn stream_file_then_blocking_synchronized_is_fine() {
+    let mut results = Vec::new();
+    for write in [false, true] {
+        for on in [On::NonBlocking, On::Blocking, On::PerThread] {
+            let path = temp_file(&format!("fx{on:?}{write}"), &[5u8; 2 * 4096]);
+            results.push(all_modes(
+                &format!("Stream file (write={write}) on {on:?} then x.synchronize"),
+                false,
+                &FILE_MODES,
+                |mode, schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    file_setup(mode, &sim, &ctx, 1);
+                    let r = read_file_beside_blocking(&ctx, &path, on, true, write);
+                    (sim, r)
+                },
+            ));
+        }
+    }
+    none_lied(results);
+}
+
+/// Racy: a blocking stream `x` writes `dst`; `Stream::read_file_at` on stream `s`
+/// (non-blocking, or a blocking stream other than x) overwrites `dst`: the two writes
+/// are unordered on CUDA when the chunks are copied on `s`.
+#[test]
+fn stream_read_file_over_a_blocking_streams_pending_write_is_racy() {
+    let mut results = Vec::new();
+    for on in [On::NonBlocking, On::Blocking, On::PerThread] {
+        let path = temp_file(&format!("rfw{on:?}"), &[5u8; 2 * 4096]);
+        results.push(all_modes(
+            &format!("Stream::read_file_at on {on:?} over x's pending write of dst"),
+            true,
+            &FILE_MODES,
+            |mode, schedule, seed| {
+                let (sim, ctx) = one(schedule, seed);
+                file_setup(mode, &sim, &ctx, 1);
+                let r = (|| {
+                    let dst = ctx.new_buffer(2 * 4096)?;
+                    dst.copy_from_host(&[0u8; 2 * 4096], 0, None)?;
+                    let x = ctx.new_stream()?;
+                    let s = target_stream(&ctx, on)?;
+                    let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
+                    x.copy_device(&dst, &nines)?;
+                    let f = std::fs::File::open(&path).unwrap();
+                    s.read_file_at(&dst, &f, 0)?;
+                    x.synchronize()?;
+                    Ok(())
+                })();
+                (sim, r)
+            },
+        ));
+    }
+    none_lied(results);
+}
+
+/// Racy: the same for `Stream::write_file_at` reading `src` that x is writing.
+#[test]
+fn stream_write_file_of_a_blocking_streams_pending_write_is_racy() {
+    let mut results = Vec::new();
+    for on in [On::NonBlocking, On::Blocking, On::PerThread] {
+        let path = temp_file(&format!("wfw{on:?}"), &[5u8; 2 * 4096]);
+        results.push(all_modes(
+            &format!("Stream::write_file_at on {on:?} of x's pending write of src"),
+            true,
+            &FILE_MODES,
+            |mode, schedule, seed| {
+                let (sim, ctx) = one(schedule, seed);
+                file_setup(mode, &sim, &ctx, 1);
+                let r = (|| {
+                    let src = ctx.new_buffer(2 * 4096)?;
+                    src.copy_from_host(&[0u8; 2 * 4096], 0, None)?;
+                    let x = ctx.new_stream()?;
+                    let s = target_stream(&ctx, on)?;
+                    let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
+                    x.copy_device(&src, &nines)?;
+                    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                    s.write_file_at(&src, &f, 0)?;
+                    x.synchronize()?;
+                    Ok(())
+                })();
+                (sim, r)
+            },
+        ));
+    }
+    none_lied(results);
+}
+
+/// The synchronous forms, on the legacy stream whichever memory the chunks go through.
+/// Racy: a non-blocking write pending on `dst`, then `DeviceBuffer::read_file_at` (or
+/// `write_file_at`) of it. Correct: a blocking stream's write pending on `b`, then the
+/// synchronous call, then a non-blocking read of `b` (the call's copies, on the legacy
+/// stream, follow the blocking stream's work and are complete on return).
+#[test]
+fn sync_read_file_modes() {
+    let path = temp_file("srf", &[5u8; 2 * 4096]);
+    expect_all_modes(
+        "sync read_file_at after nb write",
+        true,
+        &FILE_MODES,
+        |mode, schedule, seed| {
+            let (sim, ctx) = one(schedule, seed);
+            file_setup(mode, &sim, &ctx, 2);
+            let r = (|| {
+                let nb = ctx.new_stream_with(NON_BLOCKING)?;
+                let dst = ctx.new_buffer(2 * 4096)?;
+                let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
+                nb.copy_device(&dst, &nines)?;
+                let f = std::fs::File::open(&path).unwrap();
+                dst.read_file_at(&f, 0)?;
+                nb.synchronize()?;
+                Ok(())
+            })();
+            (sim, r)
+        },
+    );
+    expect_all_modes(
+        "sync write_file_at of a pending nb write",
+        true,
+        &FILE_MODES,
+        |mode, schedule, seed| {
+            let (sim, ctx) = one(schedule, seed);
+            file_setup(mode, &sim, &ctx, 2);
+            let r = (|| {
+                let nb = ctx.new_stream_with(NON_BLOCKING)?;
+                let src = ctx.new_buffer(2 * 4096)?;
+                let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
+                nb.copy_device(&src, &nines)?;
+                let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                src.write_file_at(&f, 0)?;
+                nb.synchronize()?;
+                Ok(())
+            })();
+            (sim, r)
+        },
+    );
+    expect_all_modes(
+        "sync read_file_at then nb read of x's earlier write",
+        false,
+        &FILE_MODES,
+        |mode, schedule, seed| {
+            let (sim, ctx) = one(schedule, seed);
+            file_setup(mode, &sim, &ctx, 2);
+            let r = read_file_beside_blocking_sync(&ctx, &path, false);
+            (sim, r)
+        },
+    );
+    expect_all_modes(
+        "sync write_file_at then nb read of x's earlier write",
+        false,
+        &FILE_MODES,
+        |mode, schedule, seed| {
+            let (sim, ctx) = one(schedule, seed);
+            file_setup(mode, &sim, &ctx, 2);
+            let r = read_file_beside_blocking_sync(&ctx, &path, true);
+            (sim, r)
+        },
+    );
+}
+
+fn read_file_beside_blocking_sync(
+    ctx: &Context,
+    path: &std::path::Path,
+    write: bool,
+) -> Result<()> {
+    let a = ctx.buffer_from_data(&[3u8; 4096][..])?;
+    let b = ctx.new_buffer(4096)?;
+    let out = ctx.new_buffer(4096)?;
+    let dst = ctx.new_buffer(2 * 4096)?;
+    dst.copy_from_host(&[0u8; 2 * 4096], 0, None)?;
+    let x = ctx.new_stream()?;
+    let nb = ctx.new_stream_with(NON_BLOCKING)?;
+    x.copy_device(&b, &a)?;
+    if write {
+        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        dst.write_file_at(&f, 0)?;
+    } else {
+        let f = std::fs::File::open(path).unwrap();
+        dst.read_file_at(&f, 0)?;
+    }
+    nb.copy_device(&out, &b)?;
+    nb.synchronize()?;
+    assert_eq!(out.to_vec()?, vec![3u8; 4096]);
+    Ok(())
+}
+
+/// The realistic form of the lie: the pool on (the CUDA default), nothing forced. A first
+/// `Stream::read_file_at` warms the pool (its pinned buffers are pinned in the background
+/// after it returns); the second one, in the racy program of
+/// `stream_read_file_is_no_synchronization_with_a_blocking_stream`, goes pageable or
+/// pinned depending on whether that background thread has finished: host-thread timing.
+/// Same schedule and seed, 40 runs: every one flagged ('F' flagged, '.' not).
+#[test]
+fn stream_read_file_cold_pool_same_seed_repeated() {
+    let path = temp_file("rep", &[5u8; 2 * 4096]);
+    let mut flags = String::new();
+    for _ in 0..40 {
+        let (sim, ctx) = one(Schedule::Deterministic, 0);
+        ctx.set_staging_pool_limit(64 << 20);
+        ctx.set_file_options(
+            FileOptions::default()
+                .with_chunk_size(4096)
+                .unwrap()
+                .with_threads(1)
+                .unwrap(),
+        );
+        let r = (|| {
+            let warm = ctx.new_buffer(2 * 4096)?;
+            let nb0 = ctx.new_stream_with(NON_BLOCKING)?;
+            nb0.read_file_at(&warm, &std::fs::File::open(&path).unwrap(), 0)?;
+            read_file_beside_blocking(&ctx, &path, On::NonBlocking, false, false)
+        })();
+        flags.push(if flagged(&sim, &r) { 'F' } else { '.' });
+    }
+    assert!(
+        flags.chars().all(|c| c == 'F'),
+        "a racy program went unflagged in some runs: {flags}"
+    );
+}
+
+/// Several threads, the pool holding fewer pinned buffers than they want: some chunks
+/// pinned on the stream, some pageable. The racy program of
+/// `stream_read_file_over_a_blocking_streams_pending_write_is_racy` (4 chunks, 4 threads,
+/// 1 pooled buffer).
+#[test]
+fn stream_read_file_mixed_chunks() {
+    let path = temp_file("mixed", &[5u8; 4 * 4096]);
+    expect(
+        "mixed chunks, Stream::read_file_at over x's pending write",
+        true,
+        |schedule, seed| {
+            let (sim, ctx) = one(schedule, seed);
+            ctx.set_staging_pool_limit(4096);
+            ctx.pin_staging_in_background(4096, 4096, 1);
+            ctx.wait_background_pinning();
+            ctx.set_file_options(
+                FileOptions::default()
+                    .with_chunk_size(4096)
+                    .unwrap()
+                    .with_threads(4)
+                    .unwrap(),
+            );
+            let r = (|| {
+                let dst = ctx.new_buffer(4 * 4096)?;
+                dst.copy_from_host(&[0u8; 4 * 4096], 0, None)?;
+                let nines = ctx.buffer_from_data(&[9u8; 4 * 4096][..])?;
+                let x = ctx.new_stream()?;
+                let s = ctx.new_stream_with(NON_BLOCKING)?;
+                x.copy_device(&dst, &nines)?;
+                s.read_file_at(&dst, &std::fs::File::open(&path).unwrap(), 0)?;
+                x.synchronize()?;
+                Ok(())
+            })();
+            (sim, r)
+        },
+    );
+}
