@@ -140,10 +140,12 @@
 //! background pinning; the synchronous copies of the second path
 //! (`OrderingHooks::copy_host_to_device_as_on`, `copy_device_to_host_as_on`:
 //! `Stream::read_file_at` and `write_file_at`, `to_host_on` of Arrow batches and arrays,
-//! the Flight decoder's uploads) are operations of that stream, not of the legacy stream,
-//! so that the host learns what waiting for the first path would teach and no more: a
+//! the Flight decoder's uploads) run on the legacy stream, as on CUDA, but are judged by
+//! what both paths would order them after (the meet of the legacy stream's clock and the
+//! promised stream's), and the host learns that and the copy's completion, no more: a
 //! program that takes such an operation as the completion of another blocking stream's
-//! work is flagged whichever path ran. Likewise a `cudabuf_core::BufferWriter` promises
+//! work, or that issues conflicting work to a non-blocking stream while the operation
+//! runs, is flagged whichever path ran. Likewise a `cudabuf_core::BufferWriter` promises
 //! its staged writes no more than asynchronous copies on the legacy stream give: its
 //! synchronous sends from its own pageable memory are a write by the legacy stream that
 //! teaches the host nothing, as its sends from pinned memory are, and its waits to refill

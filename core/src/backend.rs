@@ -835,14 +835,15 @@ pub unsafe trait OrderingHooks: Send + Sync {
     /// the legacy default stream or a blocking stream (the copy runs on the legacy default
     /// stream on CUDA, after every blocking stream's work).
     ///
-    /// A backend that checks ordering (the simulator's race detector) takes the copy as an
-    /// operation of `stream`, not of the legacy default stream, so that its verdict on the
-    /// program is the same whichever copy ran: with `in_flight == false` the host then
-    /// knows the copy and `stream`'s work before it done, as after waiting for an
+    /// A backend that checks ordering (the simulator's race detector) judges the copy by
+    /// what both copies would order it after, `stream`'s asynchronous copy and the
+    /// synchronous one on the legacy default stream, so that its verdict on the program is
+    /// the same whichever copy ran: with `in_flight == false` the host then knows the copy
+    /// done and what it was judged to be ordered after, as after waiting for an
     /// asynchronous copy on `stream` (a synchronous copy of the program's, on the legacy
     /// default stream, would also order the host after every blocking stream's earlier
     /// work); with `in_flight == true` the host learns nothing, and the bytes count as
-    /// written by `stream` until the program synchronizes with its later work
+    /// written until the program synchronizes with `stream`'s later work
     /// ([`BufferWriter`](crate::BufferWriter)'s sends from pageable memory, which it
     /// promised only as asynchronous copies on the legacy default stream: it waits, at
     /// its flush, for an event recorded on `stream` after the copy). Without hooks, core
@@ -867,8 +868,8 @@ pub unsafe trait OrderingHooks: Send + Sync {
     /// [`copy_device_to_host_unpinned`](RawContext::copy_device_to_host_unpinned) does,
     /// where cudabuf's API promised an operation of `stream` (see
     /// [`copy_host_to_device_as_on`](Self::copy_host_to_device_as_on)). A backend that
-    /// checks ordering takes it as an operation of `stream`: when it returns the host
-    /// knows the copy and `stream`'s work before it done, and nothing else. Without
+    /// checks ordering judges it as there: when it returns the host knows the copy done
+    /// and what both copies would order it after, and nothing else. Without
     /// hooks, core calls `copy_device_to_host_unpinned`.
     ///
     /// Unlike the other hooks, this one writes memory: the host bytes of `dst`, as

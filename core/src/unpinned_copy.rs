@@ -62,11 +62,12 @@ impl DeviceBuffer {
     /// The copy is synchronous and pins nothing, as `copy_from_host_unpinned`; the caller
     /// orders it after `stream`'s earlier work where the operation needs it (waits for
     /// that work first, unless `stream` is the legacy default stream or a blocking
-    /// stream: without ordering hooks the copy runs on the legacy default stream). A backend that checks ordering (the simulator's race detector)
-    /// takes it as an operation of `stream`, so that its verdict on the program does not
-    /// depend on which copy ran: the host then knows the copy done, or, with `in_flight`,
-    /// nothing (the bytes count as `stream`'s until the program synchronizes with its
-    /// later work). See
+    /// stream: without ordering hooks the copy runs on the legacy default stream). A
+    /// backend that checks ordering (the simulator's race detector) judges it by what both
+    /// this copy and an asynchronous one on `stream` would order it after, so that its
+    /// verdict on the program does not depend on which copy ran: the host then knows the
+    /// copy done, or, with `in_flight`, nothing (the bytes count as written until the
+    /// program synchronizes with `stream`'s later work). See
     /// [`OrderingHooks::copy_host_to_device_as_on`](crate::backend::OrderingHooks::copy_host_to_device_as_on).
     ///
     /// ```
@@ -82,8 +83,9 @@ impl DeviceBuffer {
     ///
     /// # Errors
     /// [`Error::OutOfRange`](crate::Error::OutOfRange) if `position + src.len() > size`,
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `stream` is another
-    /// context's (nothing is copied); the backend's failure of the copy.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `stream` is not a
+    /// stream of the buffer's context (another backend, or another device context;
+    /// nothing is copied); the backend's failure of the copy.
     #[doc(hidden)]
     #[track_caller]
     pub fn copy_from_host_unpinned_as_on(
@@ -106,7 +108,8 @@ impl DeviceBuffer {
         let dst = self.address() + position as u64;
         // SAFETY: `position + src.len() <= self.size()` was checked just above, and this
         // buffer's range lies in its live memory (we hold it), reachable from its context;
-        // `stream` is a live stream of the same context (checked; the handle keeps it).
+        // `stream` is a live stream of the same context (checked; its handle keeps an owned
+        // stream alive, and a wrapped one is alive by `Context::wrap_stream`'s contract).
         unsafe {
             self.context()
                 .raw()
@@ -118,8 +121,8 @@ impl DeviceBuffer {
     /// cudabuf promised on `stream` (see
     /// [`copy_from_host_unpinned_as_on`](Self::copy_from_host_unpinned_as_on)); the
     /// caller orders it after `stream`'s earlier work as there. A backend that checks
-    /// ordering takes it as an operation of `stream`: when it returns, the host knows the
-    /// copy and `stream`'s work before it done, and nothing else. For cudabuf's own
+    /// ordering judges it as there: when it returns, the host knows the copy done and what
+    /// both copies would order it after, and nothing else. For cudabuf's own
     /// layers; not part of the stable API.
     ///
     /// ```
@@ -136,8 +139,9 @@ impl DeviceBuffer {
     ///
     /// # Errors
     /// [`Error::OutOfRange`](crate::Error::OutOfRange) if `position + dst.len() > size`,
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `stream` is another
-    /// context's (nothing is copied); the backend's failure of the copy.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `stream` is not a
+    /// stream of the buffer's context (another backend, or another device context;
+    /// nothing is copied); the backend's failure of the copy.
     #[doc(hidden)]
     #[track_caller]
     pub fn copy_to_host_unpinned_as_on(
@@ -159,7 +163,8 @@ impl DeviceBuffer {
         let src = self.address() + position as u64;
         // SAFETY: `position + dst.len() <= self.size()` was checked just above, and this
         // buffer's range lies in its live memory (we hold it), reachable from its context;
-        // `stream` is a live stream of the same context (checked; the handle keeps it).
+        // `stream` is a live stream of the same context (checked; its handle keeps an owned
+        // stream alive, and a wrapped one is alive by `Context::wrap_stream`'s contract).
         unsafe {
             self.context()
                 .raw()
@@ -168,16 +173,10 @@ impl DeviceBuffer {
     }
 
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming `operation` unless
-    /// `stream` is a stream of this buffer's context.
+    /// `stream` is a stream of this buffer's context (the same backend and handle, as
+    /// the stream's own copies require).
     fn check_stream(&self, operation: &'static str, stream: &Stream) -> Result<()> {
-        if stream.context().same_as(self.context()) {
-            Ok(())
-        } else {
-            Err(crate::Error::invalid_argument(
-                operation,
-                "the stream belongs to another context than the buffer",
-            ))
-        }
+        stream.check_buffer(self, operation)
     }
 
     /// Copy `dst.len()` bytes of this buffer from `position` into `dst`, synchronously,

@@ -371,11 +371,12 @@ impl SimContext {
     /// A synchronous copy: issued to the legacy stream (after the race check), then run
     /// by this thread, with `body`, once everything it is ordered after is done. The
     /// caller has checked the ranges; `body` finds them again (another thread may have
-    /// freed them meanwhile). Issued to `on` instead when given (a copy cudabuf makes for
-    /// an operation it promised on that stream: `OrderingHooks::copy_*_as_on`). The host
-    /// learns the copy and what it was ordered after when it is done, unless it is a
-    /// `BufferWriter`'s send (`teaches == false`: a write by its stream until the program
-    /// synchronizes with it).
+    /// freed them meanwhile). With `on`, a copy cudabuf makes for an operation it promised
+    /// on that stream (`OrderingHooks::copy_*_as_on`): still run on the legacy stream, as
+    /// on CUDA, but judged by what both streams would order it after
+    /// (`Engine::issue_for`). The host learns the copy and what it was judged to be
+    /// ordered after when it is done, unless it is a `BufferWriter`'s send (`teaches ==
+    /// false`: a write until the program synchronizes with its stream's later work).
     #[allow(clippy::too_many_arguments)]
     fn run_synchronously(
         &self,
@@ -389,15 +390,18 @@ impl SimContext {
     ) -> Result<()> {
         let len = accesses.first().map_or(0, |a| a.len);
         let cost = guard.streams.settings().cost.copy_ns(len, crosses);
-        let key = match on {
-            Some(stream) => guard
-                .streams
-                .resolve_stream(call_of(what), self.device, stream)?,
-            None => guard.streams.legacy(self.device),
+        let promised = match on {
+            Some(stream) => Some(guard.streams.resolve_stream(
+                call_of(what),
+                self.device,
+                stream,
+            )?),
+            None => None,
         };
+        let legacy = guard.streams.legacy(self.device);
         let op = guard
             .streams
-            .issue(key, what, Work::Host, accesses, cost, None)?
+            .issue_for(legacy, promised, what, Work::Host, accesses, cost, None)?
             .op;
         if !teaches {
             guard.streams.teach_nothing(op);

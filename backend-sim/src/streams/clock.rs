@@ -52,6 +52,17 @@ impl VectorClock {
         Epoch { actor, tick: *slot }
     }
 
+    /// What both this clock and `other` know.
+    pub(crate) fn meet(&self, other: &VectorClock) -> VectorClock {
+        VectorClock(
+            self.0
+                .iter()
+                .zip(&other.0)
+                .map(|(&a, &b)| a.min(b))
+                .collect(),
+        )
+    }
+
     /// Whether this clock knows everything `other` knows.
     pub(crate) fn covers(&self, other: &VectorClock) -> bool {
         other
@@ -87,5 +98,20 @@ mod tests {
         b.learn(a2);
         assert!(b.knows(a2));
         assert_eq!(b.get(7), 0);
+    }
+
+    #[test]
+    fn meet_knows_what_both_know() {
+        let mut a = VectorClock::default();
+        let mut b = VectorClock::default();
+        a.tick(0);
+        a.tick(0);
+        a.tick(5);
+        b.tick(0);
+        b.tick(2);
+        let m = a.meet(&b);
+        assert_eq!((m.get(0), m.get(2), m.get(5)), (1, 0, 0));
+        assert!(a.covers(&m) && b.covers(&m));
+        assert_eq!(m, b.meet(&a).meet(&m));
     }
 }

@@ -17,7 +17,7 @@ use cudabuf_core::{Error, Result};
 use super::clock::{Actor, Epoch, VectorClock};
 use super::handles::{self, Decoded, HandleKind};
 use super::label::{OpLabel, OpWhat, StreamDesc, StreamKind, ThreadDesc};
-use super::queue::{Op, OpRef, StreamKey, StreamState, Work};
+use super::queue::{HostSide, Op, OpRef, StreamKey, StreamState, Work};
 use super::rng::Rng;
 use super::settings::{RaceMode, Schedule, StreamSettings};
 use super::trace::{ScheduleEntry, Trace};
@@ -592,11 +592,19 @@ impl Engine {
         cost_ns: u64,
         wait: Option<&Recorded>,
     ) -> Result<Issued> {
-        if what != OpWhat::FreeOnStream {
-            let device = self.streams[&stream].desc.device;
-            self.take_unreported_race(device)?;
-        }
-        let (thread, thread_actor, thread_tick, thread_desc) = self.host_thread();
+        self.issue_for(stream, None, what, work, accesses, cost_ns, wait)
+    }
+
+    /// The clock an operation issued now to `stream` by the thread (`thread_actor`, whose
+    /// next event is `thread_tick + 1`) would have before its own event (see
+    /// [`issue`](Self::issue)), the operations it would wait for, and its simulated start.
+    fn issue_clock(
+        &self,
+        stream: StreamKey,
+        thread_actor: Actor,
+        thread_tick: u64,
+        wait: Option<&Recorded>,
+    ) -> (VectorClock, Vec<OpRef>, u64) {
         let s = &self.streams[&stream];
         let device = s.desc.device;
         let mut vc = s.vc.clone();
@@ -632,7 +640,47 @@ impl Engine {
             }
             start = start.max(r.end_ns);
         }
+        (vc, deps, start)
+    }
+
+    /// [`issue`](Self::issue), for an operation cudabuf makes on `stream` (the legacy
+    /// stream: a synchronous copy) where its API promised one of `promised`
+    /// (`OrderingHooks::copy_*_as_on`): it runs and orders later work as an operation of
+    /// `stream`, as on CUDA, but it is judged, and the host learns from it, by what both
+    /// would order it after (the meet of the two clocks): a program is correct only if
+    /// it is correct whichever copy cudabuf made. The host then learns the meet, not the
+    /// operation's place in `stream` (the legacy stream's earlier work is not the
+    /// promise's), and the race detector forgets the operation's own accesses; `stream`'s
+    /// later work is ordered after the operation and what it was judged by, not after
+    /// what only `stream`'s order gave it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn issue_for(
+        &mut self,
+        stream: StreamKey,
+        promised: Option<StreamKey>,
+        what: OpWhat,
+        work: Work,
+        accesses: &[Access],
+        cost_ns: u64,
+        wait: Option<&Recorded>,
+    ) -> Result<Issued> {
+        if what != OpWhat::FreeOnStream {
+            let device = self.streams[&stream].desc.device;
+            self.take_unreported_race(device)?;
+        }
+        let (thread, thread_actor, thread_tick, thread_desc) = self.host_thread();
+        let (mut vc, deps, start) = self.issue_clock(stream, thread_actor, thread_tick, wait);
+        let meet = promised
+            .filter(|&p| p != stream)
+            .map(|p| vc.meet(&self.issue_clock(p, thread_actor, thread_tick, wait).0));
+        let s = &self.streams[&stream];
         let epoch = vc.tick(s.actor);
+        // The clock the operation is judged by: its own, or the meet with the promise's
+        // (and its own event).
+        let judged = meet.clone().map(|mut judged| {
+            judged.learn(epoch);
+            judged
+        });
         let label = Arc::new(OpLabel {
             seq: self.next_seq + 1,
             what,
@@ -640,7 +688,10 @@ impl Engine {
             thread: thread_desc,
             api: cudabuf_core::backend::current_call(),
         });
-        if let Some(race) = self.race.check(accesses, &vc, &label) {
+        if let Some(race) = self
+            .race
+            .check(accesses, judged.as_ref().unwrap_or(&vc), &label)
+        {
             self.race.judge(race)?;
         }
         // Committed from here on.
@@ -652,7 +703,7 @@ impl Engine {
                 epoch,
                 label: label.clone(),
             },
-            &vc,
+            judged.as_ref().unwrap_or(&vc),
             &self.knowledge,
         );
         let end_ns = start.saturating_add(cost_ns);
@@ -661,7 +712,21 @@ impl Engine {
             stream,
             index: s.issued,
         };
-        let host = matches!(work, Work::Host).then(|| (vc.clone(), accesses.to_vec()));
+        let host_judged = judged.clone();
+        let host = matches!(work, Work::Host).then(|| match (meet, judged) {
+            // The meet without the operation's own event, which would teach its stream's
+            // earlier work; its own accesses are forgotten instead.
+            (Some(learn), Some(judged)) => HostSide {
+                learn,
+                accesses: accesses.to_vec(),
+                retire: Some(judged),
+            },
+            _ => HostSide {
+                learn: vc.clone(),
+                accesses: accesses.to_vec(),
+                retire: None,
+            },
+        });
         s.queue.push_back(Op {
             index: op.index,
             label,
@@ -671,7 +736,14 @@ impl Engine {
             host,
         });
         s.issued += 1;
-        s.vc = vc.clone();
+        match &host_judged {
+            // Later work of the stream is ordered after the operation, but only after what
+            // it was judged by: a blocking stream absorbing the legacy stream's clock must
+            // not learn through it what only the legacy stream's order gave (the blocking
+            // streams' earlier work), which the promised stream's copy would not.
+            Some(judged) => s.vc.join(judged),
+            None => s.vc = vc.clone(),
+        }
         s.last_end_ns = end_ns;
         Ok(Issued { op, vc, end_ns })
     }
@@ -870,9 +942,16 @@ impl Engine {
             return;
         }
         let head = s.queue.pop_front().expect("checked above");
-        if let Some((vc, accesses)) = &head.host {
-            self.knowledge.join(vc);
-            self.race.settle(accesses, &self.knowledge);
+        if let Some(host) = &head.host {
+            self.knowledge.join(&host.learn);
+            match &host.retire {
+                None => self.race.settle(&host.accesses, &self.knowledge),
+                Some(judged) => {
+                    for a in &host.accesses {
+                        self.race.retire(&a.at, a.len, judged);
+                    }
+                }
+            }
         }
         self.host_time_ns = self.host_time_ns.max(head.end_ns);
         self.complete_head(op.stream, &head);

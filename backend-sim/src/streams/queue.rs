@@ -71,9 +71,24 @@ pub(crate) struct Op {
     pub(crate) work: Work,
     /// The simulated time it ends at (ns).
     pub(crate) end_ns: u64,
-    /// For [`Work::Host`] operations: its clock (what the host learns when it is done)
-    /// and its accesses (which the race detector can forget then).
-    pub(crate) host: Option<(VectorClock, Vec<Access>)>,
+    /// For [`Work::Host`] operations: what the host learns when it is done, and which
+    /// accesses the race detector can forget then (`None`: a `BufferWriter`'s send,
+    /// which teaches nothing).
+    pub(crate) host: Option<HostSide>,
+}
+
+/// What the host learns when a [`Work::Host`] operation is done.
+#[derive(Debug)]
+pub(crate) struct HostSide {
+    /// Joined into the host's knowledge.
+    pub(crate) learn: VectorClock,
+    /// The operation's accesses.
+    pub(crate) accesses: Vec<Access>,
+    /// `None`: the accesses the host now knows are settled (as every synchronization
+    /// settles them). `Some(judged)`: an operation made for another stream's promise
+    /// (`Engine::issue_for`), whose own event the host does not learn: the accesses that
+    /// `judged` (its clock, own event included) knows are forgotten instead.
+    pub(crate) retire: Option<VectorClock>,
 }
 
 /// One stream.
