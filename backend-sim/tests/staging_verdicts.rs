@@ -561,3 +561,230 @@ fn stream_read_file_mixed_chunks() {
         },
     );
 }
+
+fn nb(ctx: &Context) -> Result<cudabuf_core::Stream> {
+    ctx.new_stream_with(NON_BLOCKING)
+}
+
+fn rd(path: &std::path::Path) -> std::fs::File {
+    std::fs::File::open(path).unwrap()
+}
+
+fn wr(path: &std::path::Path) -> std::fs::File {
+    std::fs::OpenOptions::new().write(true).open(path).unwrap()
+}
+
+// ---- the legacy stream's own pending work, and later work ------------------------
+
+/// RACY. An async write of dst pending on the legacy stream; a non-blocking stream's
+/// read_file_at overwrites dst. Pinned: the copy on s is unordered with the legacy write.
+fn p1_legacy_write_then_nb_read_file(ctx: &Context, path: &std::path::Path) -> Result<()> {
+    let dst = ctx.new_buffer(2 * 4096)?;
+    dst.copy_from_host(&[0u8; 2 * 4096], 0, None)?;
+    let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
+    let s = nb(ctx)?;
+    let l = ctx.legacy_stream();
+    l.copy_device(&dst, &nines)?;
+    s.read_file_at(&dst, &rd(path), 0)?;
+    l.synchronize()?;
+    Ok(())
+}
+
+/// RACY. An async write of src pending on the legacy stream; write_file_at on a
+/// non-blocking stream reads src.
+fn p2_legacy_write_then_nb_write_file(ctx: &Context, path: &std::path::Path) -> Result<()> {
+    let src = ctx.new_buffer(2 * 4096)?;
+    src.copy_from_host(&[0u8; 2 * 4096], 0, None)?;
+    let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
+    let s = nb(ctx)?;
+    let l = ctx.legacy_stream();
+    l.copy_device(&src, &nines)?;
+    s.write_file_at(&src, &wr(path), 0)?;
+    l.synchronize()?;
+    Ok(())
+}
+
+/// RACY. The legacy stream's async read of buf pending; write_file_at on a non-blocking
+/// stream also reads buf (no conflict); then another non-blocking stream overwrites buf,
+/// unordered with the legacy read (pinned path: nothing orders it).
+fn p3_legacy_read_pruned(ctx: &Context, path: &std::path::Path) -> Result<()> {
+    let buf = ctx.buffer_from_data(&[1u8; 2 * 4096][..])?;
+    let other = ctx.new_buffer(2 * 4096)?;
+    let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
+    let s = nb(ctx)?;
+    let t = nb(ctx)?;
+    let l = ctx.legacy_stream();
+    l.copy_device(&other, &buf)?; // legacy reads buf (pending)
+    s.write_file_at(&buf, &wr(path), 0)?; // reads buf
+    t.copy_device(&buf, &nines)?; // writes buf: races with the legacy read
+    t.synchronize()?;
+    l.synchronize()?;
+    Ok(())
+}
+
+/// RACY. A stream-ordered allocation on the legacy stream, then a non-blocking
+/// read_file_at into it.
+fn p4_alloc_on_legacy(ctx: &Context, path: &std::path::Path) -> Result<()> {
+    let l = ctx.legacy_stream();
+    let s = nb(ctx)?;
+    let dst = ctx.new_buffer_on(&l, 2 * 4096)?;
+    s.read_file_at(&dst, &rd(path), 0)?;
+    l.synchronize()?;
+    Ok(())
+}
+
+/// CORRECT. read_file_at on nb s; event on s after; t waits on it, reads dst; free.
+fn c1_event_after(ctx: &Context, path: &std::path::Path) -> Result<()> {
+    let dst = ctx.new_buffer(2 * 4096)?;
+    let out = ctx.new_buffer(2 * 4096)?;
+    let s = nb(ctx)?;
+    let t = nb(ctx)?;
+    s.read_file_at(&dst, &rd(path), 0)?;
+    let ev = s.record_event()?;
+    t.wait_event(&ev)?;
+    t.copy_device(&out, &dst)?;
+    t.copy_device(&dst, &out)?;
+    t.synchronize()?;
+    drop(dst);
+    Ok(())
+}
+
+/// CORRECT. Blocking s, legacy write pending on dst, s.read_file_at(dst): the blocking
+/// stream is ordered after the legacy stream in both paths; then a legacy read.
+fn c2_blocking_after_legacy(ctx: &Context, path: &std::path::Path) -> Result<()> {
+    let dst = ctx.new_buffer(2 * 4096)?;
+    let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
+    let s = ctx.new_stream()?;
+    let l = ctx.legacy_stream();
+    l.copy_device(&dst, &nines)?;
+    s.read_file_at(&dst, &rd(path), 0)?;
+    let nb2 = nb(ctx)?;
+    nb2.copy_device(&nines, &dst)?;
+    nb2.synchronize()?;
+    l.copy_device(&dst, &nines)?;
+    ctx.synchronize()?;
+    Ok(())
+}
+
+/// CORRECT. Non-blocking s read_file_at(dst), then work on other blocking streams and
+/// the legacy stream and s touching dst, events on the legacy stream, ctx.synchronize.
+fn c3_later_work(ctx: &Context, path: &std::path::Path) -> Result<()> {
+    let dst = ctx.new_buffer(2 * 4096)?;
+    let out = ctx.new_buffer(2 * 4096)?;
+    let s = nb(ctx)?;
+    let b = ctx.new_stream()?;
+    let l = ctx.legacy_stream();
+    s.read_file_at(&dst, &rd(path), 0)?;
+    b.copy_device(&out, &dst)?; // reads dst
+    let ev = l.record_event()?;
+    s.wait_event(&ev)?;
+    s.copy_device(&dst, &out)?; // writes dst, after b's read through the legacy event
+    s.read_file_at(&dst, &rd(path), 0)?; // again, after s's own write
+    l.copy_device(&out, &dst)?;
+    ctx.synchronize()?;
+    drop(dst);
+    drop(out);
+    Ok(())
+}
+
+/// CORRECT. Per-thread default stream, then to_vec, then nb write.
+fn c4_per_thread(ctx: &Context, path: &std::path::Path) -> Result<()> {
+    let dst = ctx.new_buffer(2 * 4096)?;
+    let pt = ctx.per_thread_stream();
+    let l = ctx.legacy_stream();
+    let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
+    l.copy_device(&dst, &nines)?;
+    pt.read_file_at(&dst, &rd(path), 0)?;
+    let _v = dst.to_vec()?;
+    let t = nb(ctx)?;
+    t.copy_device(&dst, &nines)?;
+    t.synchronize()?;
+    Ok(())
+}
+
+/// CORRECT. Two non-blocking calls on different streams to the same bytes, sequentially.
+fn c5_two_streams_seq(ctx: &Context, path: &std::path::Path) -> Result<()> {
+    let dst = ctx.new_buffer(2 * 4096)?;
+    let s = nb(ctx)?;
+    let t = nb(ctx)?;
+    s.read_file_at(&dst, &rd(path), 0)?;
+    t.write_file_at(&dst, &wr(path), 0)?;
+    s.read_file_at(&dst, &rd(path), 0)?;
+    let u = nb(ctx)?;
+    u.copy_device(&dst, &dst.context().buffer_from_data(&[1u8; 2 * 4096][..])?)?;
+    u.synchronize()?;
+    Ok(())
+}
+
+type Program = fn(&Context, &std::path::Path) -> Result<()>;
+
+/// The legacy stream's own pending work (a write, a read, a stream-ordered allocation) is
+/// not ordered before a file call on a non-blocking stream: the pinned path's copies on
+/// that stream are not, so the pageable path's synchronous copies (on the legacy stream
+/// on CUDA) are not judged to be either.
+#[test]
+fn pending_legacy_work_is_not_ordered_before_a_non_blocking_streams_file_call() {
+    let racy: [(&str, Program); 4] = [
+        (
+            "legacy write pending, read_file_at",
+            p1_legacy_write_then_nb_read_file,
+        ),
+        (
+            "legacy write pending, write_file_at",
+            p2_legacy_write_then_nb_write_file,
+        ),
+        (
+            "legacy read pending, write_file_at, then a write",
+            p3_legacy_read_pruned,
+        ),
+        ("new_buffer_on(legacy), read_file_at", p4_alloc_on_legacy),
+    ];
+    let mut results = Vec::new();
+    for (name, program) in racy {
+        let path = temp_file("legacy", &[5u8; 2 * 4096]);
+        results.push(all_modes(
+            name,
+            true,
+            &FILE_MODES,
+            |mode, schedule, seed| {
+                let (sim, ctx) = one(schedule, seed);
+                file_setup(mode, &sim, &ctx, 1);
+                let r = program(&ctx, &path);
+                (sim, r)
+            },
+        ));
+    }
+    none_lied(results);
+}
+
+/// Work after a file call on a stream, ordered by stream order, events, the legacy
+/// stream's order or the call's return, is never flagged, whichever path ran.
+#[test]
+fn work_after_a_stream_file_call_is_fine() {
+    let correct: [(&str, Program); 5] = [
+        ("an event after the call", c1_event_after),
+        (
+            "a blocking stream after the legacy stream",
+            c2_blocking_after_legacy,
+        ),
+        ("later work on every kind of stream", c3_later_work),
+        ("the per-thread default stream", c4_per_thread),
+        ("two non-blocking streams in turn", c5_two_streams_seq),
+    ];
+    let mut results = Vec::new();
+    for (name, program) in correct {
+        let path = temp_file("later", &[5u8; 2 * 4096]);
+        results.push(all_modes(
+            name,
+            false,
+            &FILE_MODES,
+            |mode, schedule, seed| {
+                let (sim, ctx) = one(schedule, seed);
+                file_setup(mode, &sim, &ctx, 1);
+                let r = program(&ctx, &path);
+                (sim, r)
+            },
+        ));
+    }
+    none_lied(results);
+}

@@ -651,8 +651,9 @@ impl Engine {
     /// it is correct whichever copy cudabuf made. The host then learns the meet, not the
     /// operation's place in `stream` (the legacy stream's earlier work is not the
     /// promise's), and the race detector forgets the operation's own accesses; `stream`'s
-    /// later work is ordered after the operation and what it was judged by, not after
-    /// what only `stream`'s order gave it.
+    /// later work learns the meet, not the operation or what only `stream`'s order gave
+    /// it. The operation's event is one of the promised stream's copy actor (such copies
+    /// are ordered among themselves on either path: by `stream`, or by the promised one).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn issue_for(
         &mut self,
@@ -670,17 +671,31 @@ impl Engine {
         }
         let (thread, thread_actor, thread_tick, thread_desc) = self.host_thread();
         let (mut vc, deps, start) = self.issue_clock(stream, thread_actor, thread_tick, wait);
-        let meet = promised
-            .filter(|&p| p != stream)
-            .map(|p| vc.meet(&self.issue_clock(p, thread_actor, thread_tick, wait).0));
+        let promised = promised.filter(|&p| p != stream);
+        let meet =
+            promised.map(|p| vc.meet(&self.issue_clock(p, thread_actor, thread_tick, wait).0));
+        // The operation's event, and the clock it is judged by: its own, or the meet with
+        // the promise's and an event of the promised stream's copy actor. Not an event of
+        // `stream`'s actor, which every earlier operation of `stream` precedes: the meet
+        // claims none of them that the promise does not give.
+        let (epoch, judged) = match (promised, &meet) {
+            (Some(p), Some(meet)) => {
+                let (actor, made) = match self.streams[&p].promise {
+                    Some(promise) => promise,
+                    None => (self.new_actor(), 0),
+                };
+                let epoch = Epoch {
+                    actor,
+                    tick: made + 1,
+                };
+                self.streams.get_mut(&p).expect("resolved").promise = Some((actor, made + 1));
+                let mut judged = meet.clone();
+                judged.learn(epoch);
+                (epoch, Some(judged))
+            }
+            _ => (vc.tick(self.streams[&stream].actor), None),
+        };
         let s = &self.streams[&stream];
-        let epoch = vc.tick(s.actor);
-        // The clock the operation is judged by: its own, or the meet with the promise's
-        // (and its own event).
-        let judged = meet.clone().map(|mut judged| {
-            judged.learn(epoch);
-            judged
-        });
         let label = Arc::new(OpLabel {
             seq: self.next_seq + 1,
             what,
@@ -712,7 +727,7 @@ impl Engine {
             stream,
             index: s.issued,
         };
-        let host_judged = judged.clone();
+        let stream_learns = meet.clone();
         let host = matches!(work, Work::Host).then(|| match (meet, judged) {
             // The meet without the operation's own event, which would teach its stream's
             // earlier work; its own accesses are forgotten instead.
@@ -736,12 +751,13 @@ impl Engine {
             host,
         });
         s.issued += 1;
-        match &host_judged {
-            // Later work of the stream is ordered after the operation, but only after what
-            // it was judged by: a blocking stream absorbing the legacy stream's clock must
-            // not learn through it what only the legacy stream's order gave (the blocking
-            // streams' earlier work), which the promised stream's copy would not.
-            Some(judged) => s.vc.join(judged),
+        match &stream_learns {
+            // Later work of the stream learns only the meet: not what only the legacy
+            // stream's order gave the operation (the blocking streams' earlier work, which
+            // a blocking stream absorbing the legacy clock would learn through it), nor
+            // the operation itself, which the promised stream's copy would not precede
+            // (its accesses are forgotten once it is done).
+            Some(meet) => s.vc.join(meet),
             None => s.vc = vc.clone(),
         }
         s.last_end_ns = end_ns;

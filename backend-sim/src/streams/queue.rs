@@ -106,6 +106,9 @@ pub(crate) struct StreamState {
     pub(crate) last_end_ns: u64,
     /// Destroyed by the user: its handle is dead, its work still runs.
     pub(crate) destroyed: bool,
+    /// The actor of the synchronous copies cudabuf makes for operations promised on this
+    /// stream (`Engine::issue_for`), and how many it made: made when first needed.
+    pub(crate) promise: Option<(Actor, u64)>,
 }
 
 impl StreamState {
@@ -119,6 +122,7 @@ impl StreamState {
             completed: 0,
             last_end_ns: 0,
             destroyed: false,
+            promise: None,
         }
     }
 
