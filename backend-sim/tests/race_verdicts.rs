@@ -8,15 +8,9 @@
 
 use cudabuf_core::{Backend, Context, ErrorKind, Result, StreamFlags};
 use cudabuf_sim::{FaultOp, Schedule, SimBackend};
-use cudabuf_test_support::{runs, sim, NON_BLOCKING};
-
-/// Seeds per schedule (`HUNT_SEEDS`, default 12).
-fn seeds() -> u64 {
-    std::env::var("HUNT_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(12)
-}
+// `expect(name, racy, program)`: the program under every seed of both schedules, its
+// verdict against `racy` (CUDA's truth).
+use cudabuf_test_support::{expect_verdict as expect, runs, sim, NON_BLOCKING};
 
 /// A simulator (2 devices, races fail) and contexts of devices 0 and 1.
 fn two(schedule: Schedule, seed: u64) -> (SimBackend, Context, Context) {
@@ -36,47 +30,6 @@ fn one_cached(schedule: Schedule, seed: u64) -> (SimBackend, Context) {
     ctx.set_allocator_cache_limit(64 << 20);
     ctx.set_staging_pool_limit(64 << 20);
     (sim, ctx)
-}
-
-/// Whether a run was flagged: the program's result was a `DataRace`, or the report is
-/// not empty.
-fn flagged(sim: &SimBackend, r: &Result<()>) -> bool {
-    matches!(r, Err(e) if e.kind() == ErrorKind::DataRace) || !sim.race_report().is_empty()
-}
-
-/// Runs `program` under every (schedule, seed): `racy` is CUDA's truth. Collects every run
-/// whose verdict differs, and fails listing them. A non-race error of a program expected to
-/// be correct is also a failure.
-#[track_caller]
-fn expect<F>(name: &str, racy: bool, mut program: F)
-where
-    F: FnMut(Schedule, u64) -> (SimBackend, Result<()>),
-{
-    let mut lies = Vec::new();
-    for (schedule, seed) in runs(seeds()) {
-        let (sim, r) = program(schedule, seed);
-        let got = flagged(&sim, &r);
-        if got != racy {
-            lies.push(format!(
-                "{schedule} seed {seed}: flagged={got} (result {:?}; report {})",
-                r.as_ref().err().map(|e| e.to_string()),
-                sim.race_report()
-            ));
-        } else if !racy {
-            if let Err(e) = &r {
-                lies.push(format!(
-                    "{schedule} seed {seed}: correct program failed: {e}"
-                ));
-            }
-        }
-    }
-    assert!(
-        lies.is_empty(),
-        "{name}: expected racy={racy}, {} of {} runs differ:\n{}",
-        lies.len(),
-        2 * seeds(),
-        lies.join("\n")
-    );
 }
 
 /// Asks `start.elapsed(&end)` until it answers (`NotReady` until both events' work is

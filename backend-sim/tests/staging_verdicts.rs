@@ -7,65 +7,14 @@
 //! schedules unless `HUNT_SEEDS` says otherwise). `Stream::to_host_on` of Arrow batches
 //! and the Flight decoder, which choose the same way, are judged in their crates' tests.
 
-use cudabuf_core::{Context, ErrorKind, FileOptions, Result};
+use cudabuf_core::{Context, FileOptions, Result};
 use cudabuf_sim::{FaultOp, Schedule, SimBackend};
-use cudabuf_test_support::{runs, sim, NON_BLOCKING};
-
-fn seeds() -> u64 {
-    std::env::var("HUNT_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(12)
-}
+use cudabuf_test_support::{
+    expect_verdict as expect, flagged, hunt_seeds, lies, sim, NON_BLOCKING,
+};
 
 fn one(schedule: Schedule, seed: u64) -> (SimBackend, Context) {
     sim(schedule, seed).context()
-}
-
-fn flagged(sim: &SimBackend, r: &Result<()>) -> bool {
-    matches!(r, Err(e) if e.kind() == ErrorKind::DataRace) || !sim.race_report().is_empty()
-}
-
-/// Runs `program` under every (schedule, seed); returns the lies (does not panic), so a
-/// caller can collect verdicts per mode.
-fn verdicts<F>(racy: bool, mut program: F) -> Vec<String>
-where
-    F: FnMut(Schedule, u64) -> (SimBackend, Result<()>),
-{
-    let mut lies = Vec::new();
-    for (schedule, seed) in runs(seeds()) {
-        let (sim, r) = program(schedule, seed);
-        let got = flagged(&sim, &r);
-        if got != racy {
-            lies.push(format!(
-                "{schedule} seed {seed}: flagged={got} (result {:?}; report {})",
-                r.as_ref().err().map(|e| e.to_string()),
-                sim.race_report()
-            ));
-        } else if !racy {
-            if let Err(e) = &r {
-                lies.push(format!(
-                    "{schedule} seed {seed}: correct program failed: {e}"
-                ));
-            }
-        }
-    }
-    lies
-}
-
-#[track_caller]
-fn expect<F>(name: &str, racy: bool, program: F)
-where
-    F: FnMut(Schedule, u64) -> (SimBackend, Result<()>),
-{
-    let lies = verdicts(racy, program);
-    assert!(
-        lies.is_empty(),
-        "{name}: expected racy={racy}, {} of {} runs differ:\n{}",
-        lies.len(),
-        2 * seeds(),
-        lies.join("\n")
-    );
 }
 
 /// Runs the program under every mode, and fails listing per mode how many runs lied.
@@ -95,12 +44,12 @@ where
     let mut summary = Vec::new();
     let mut any = false;
     for &mode in modes {
-        let lies = verdicts(racy, |s, seed| program(mode, s, seed));
+        let lies = lies(racy, |s, seed| program(mode, s, seed));
         any |= !lies.is_empty();
         summary.push(format!(
             "  {mode:?}: {} of {} runs lie{}",
             lies.len(),
-            2 * seeds(),
+            2 * hunt_seeds(),
             lies.first()
                 .map(|l| format!(" (first: {})", l.chars().take(600).collect::<String>()))
                 .unwrap_or_default()
@@ -258,47 +207,29 @@ fn read_file_beside_blocking(
     Ok(())
 }
 
-/// Racy: `Stream::read_file_at` on a non-blocking stream promises its copies on that
-/// stream (after its earlier work) and completion on return; it promises nothing about a
-/// blocking stream's earlier work. So a non-blocking read of what the blocking stream
-/// wrote, ordered by nothing else, is a race whichever memory the chunks went through.
+/// Racy: `Stream::read_file_at` (and `write_file_at`) on a stream promises its copies on
+/// that stream (after its earlier work) and completion on return; it promises nothing
+/// about a blocking stream's earlier work. So a non-blocking read of what the blocking
+/// stream wrote, ordered by nothing else, is a race whichever memory the chunks went
+/// through.
 #[test]
-fn stream_read_file_is_no_synchronization_with_a_blocking_stream() {
+fn stream_file_calls_are_no_synchronization_with_a_blocking_stream() {
     let mut results = Vec::new();
-    for on in [On::NonBlocking, On::Blocking, On::PerThread] {
-        let path = temp_file(&format!("rfx{on:?}"), &[5u8; 2 * 4096]);
-        results.push(all_modes(
-            &format!("Stream::read_file_at on {on:?}: no sync with blocking x"),
-            true,
-            &FILE_MODES,
-            |mode, schedule, seed| {
-                let (sim, ctx) = one(schedule, seed);
-                file_setup(mode, &sim, &ctx, 1);
-                let r = read_file_beside_blocking(&ctx, &path, on, false, false);
-                (sim, r)
-            },
-        ));
-    }
-    none_lied(results);
-}
-
-/// Racy: the same for `Stream::write_file_at` (reading `dst` into the file).
-#[test]
-fn stream_write_file_is_no_synchronization_with_a_blocking_stream() {
-    let mut results = Vec::new();
-    for on in [On::NonBlocking, On::Blocking, On::PerThread] {
-        let path = temp_file(&format!("wfx{on:?}"), &[5u8; 2 * 4096]);
-        results.push(all_modes(
-            &format!("Stream::write_file_at on {on:?}: no sync with blocking x"),
-            true,
-            &FILE_MODES,
-            |mode, schedule, seed| {
-                let (sim, ctx) = one(schedule, seed);
-                file_setup(mode, &sim, &ctx, 1);
-                let r = read_file_beside_blocking(&ctx, &path, on, false, true);
-                (sim, r)
-            },
-        ));
+    for write in [false, true] {
+        for on in [On::NonBlocking, On::Blocking, On::PerThread] {
+            let path = temp_file(&format!("x{on:?}{write}"), &[5u8; 2 * 4096]);
+            results.push(all_modes(
+                &format!("Stream file call (write={write}) on {on:?}: no sync with blocking x"),
+                true,
+                &FILE_MODES,
+                |mode, schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    file_setup(mode, &sim, &ctx, 1);
+                    let r = read_file_beside_blocking(&ctx, &path, on, false, write);
+                    (sim, r)
+                },
+            ));
+        }
     }
     none_lied(results);
 }
