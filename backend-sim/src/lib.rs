@@ -181,7 +181,14 @@
 //! - that a synchronous host-to-device copy from pageable memory may return before its
 //!   DMA has reached the device (CUDA returns once the bytes are in its staging memory):
 //!   the simulator takes every synchronous copy as done when it returns, so work on a
-//!   non-blocking stream that reads the destination right after it is not flagged.
+//!   non-blocking stream that reads the destination right after it is not flagged;
+//! - another host thread's conflicting work issued to the same non-blocking stream while
+//!   a call promised on that stream runs (`Stream::read_file_at`, `to_host_on`, ...):
+//!   through pinned staging the call's copies and that work are in the stream's order,
+//!   through pageable staging they race on CUDA, and the simulator flags it only when
+//!   the pageable path ran (one call's chunks may take both paths). Work of other threads
+//!   on a blocking stream or the legacy stream beside such a call is judged alike on
+//!   both paths.
 //!
 //! Events and streams must belong to the context they are used with (an event of
 //! another device's context is refused, although CUDA lets `cuStreamWaitEvent` wait on

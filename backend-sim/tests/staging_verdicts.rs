@@ -719,3 +719,99 @@ fn work_after_a_stream_file_call_is_fine() {
     }
     none_lied(results);
 }
+
+/// Thread A runs a file call (4 helper threads, 32 chunks) on a blocking stream `s` while
+/// thread B writes `dst`'s chunks on `b_on` (`s` itself, or the legacy stream) beside
+/// unrelated work: both paths order B's work with the call's copies (stream order on
+/// `s`; the legacy stream's order, which a blocking stream follows), so only the order of
+/// the writes depends on the threads, and the program is correct.
+fn call_beside_writes(
+    ctx: &Context,
+    path: &std::path::Path,
+    s: &cudabuf_core::Stream,
+    b_on: &cudabuf_core::Stream,
+    write: bool,
+) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const CH: usize = 4096;
+    const N: usize = 32;
+    let dst = ctx.new_buffer(N * CH)?;
+    dst.copy_from_host(&vec![0u8; N * CH], 0, None)?;
+    let nines = ctx.buffer_from_data(&[9u8; CH][..])?;
+    let big1 = ctx.buffer_from_data(&vec![1u8; 1 << 20][..])?;
+    let big2 = ctx.new_buffer(1 << 20)?;
+    let x = ctx.new_stream()?;
+    let done = AtomicBool::new(false);
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| {
+            let r = if write {
+                s.write_file_at(&dst, &wr(path), 0)
+            } else {
+                s.read_file_at(&dst, &rd(path), 0)
+            };
+            done.store(true, Ordering::SeqCst);
+            r
+        });
+        let b = scope.spawn(|| -> Result<()> {
+            let mut i = 0;
+            while !done.load(Ordering::SeqCst) && i < 4 * N {
+                x.copy_device(&big2, &big1)?;
+                b_on.copy_device(&dst.slice((i % N) * CH, CH)?, &nines)?;
+                i += 1;
+            }
+            Ok(())
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    a?;
+    b?;
+    ctx.synchronize()
+}
+
+/// Correct (see [`call_beside_writes`]), in every staging mode, a pool of one pinned
+/// buffer for four threads (chunks of both paths in one call) included.
+#[test]
+fn another_threads_work_on_a_blocking_stream_during_a_file_call_is_fine() {
+    let mut results = Vec::new();
+    for write in [false, true] {
+        for on_legacy in [false, true] {
+            let path = temp_file(&format!("beside{write}{on_legacy}"), &[5u8; 32 * 4096]);
+            let name = format!("file call (write={write}) on blocking s, B on legacy={on_legacy}");
+            let program = |ctx: &Context| {
+                let s = ctx.new_stream()?;
+                let b_on = if on_legacy {
+                    ctx.legacy_stream()
+                } else {
+                    s.clone()
+                };
+                call_beside_writes(ctx, &path, &s, &b_on, write)
+            };
+            results.push(all_modes(
+                &name,
+                false,
+                &FILE_MODES,
+                |mode, schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    file_setup(mode, &sim, &ctx, 4);
+                    let r = program(&ctx);
+                    (sim, r)
+                },
+            ));
+            results.push(all_modes(
+                &format!("{name}, mixed chunks"),
+                false,
+                &[()],
+                |(), schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    file_setup(FileStaging::PoolOff, &sim, &ctx, 4);
+                    ctx.set_staging_pool_limit(4096);
+                    ctx.pin_staging_in_background(4096, 4096, 1);
+                    ctx.wait_background_pinning();
+                    let r = program(&ctx);
+                    (sim, r)
+                },
+            ));
+        }
+    }
+    none_lied(results);
+}

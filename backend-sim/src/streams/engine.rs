@@ -653,7 +653,9 @@ impl Engine {
     /// promise's), and the race detector forgets the operation's own accesses; `stream`'s
     /// later work learns the meet, not the operation or what only `stream`'s order gave
     /// it. The operation's event is one of the promised stream's copy actor (such copies
-    /// are ordered among themselves on either path: by `stream`, or by the promised one).
+    /// are ordered among themselves on either path: by `stream`, or by the promised one);
+    /// a blocking promised stream's later work learns it (both paths order that work
+    /// after the copy), a non-blocking one's does not.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn issue_for(
         &mut self,
@@ -688,7 +690,14 @@ impl Engine {
                     actor,
                     tick: made + 1,
                 };
-                self.streams.get_mut(&p).expect("resolved").promise = Some((actor, made + 1));
+                let promised_state = self.streams.get_mut(&p).expect("resolved");
+                promised_state.promise = Some((actor, made + 1));
+                if promised_state.desc.blocking() {
+                    // Both paths order a blocking stream's later work after the copy (its
+                    // own stream order; on CUDA's legacy stream, which a blocking stream
+                    // waits for), and the legacy stream's later work through it.
+                    promised_state.vc.learn(epoch);
+                }
                 let mut judged = meet.clone();
                 judged.learn(epoch);
                 (epoch, Some(judged))
