@@ -206,45 +206,27 @@ fn convert_beside_blocking(
     Ok(())
 }
 
-/// Racy: `to_host_on(s)` promises its downloads on `s` after `s`'s earlier work; nothing
-/// about another blocking stream's earlier work.
+/// `to_host_on(s)` promises its downloads on `s` after `s`'s earlier work, nothing about
+/// another blocking stream's: racy unless `x` is synchronized first. The synchronous
+/// `to_host` (legacy stream, complete on return: ordered after x's work and known done)
+/// is correct without.
 #[test]
-fn to_host_on_is_no_synchronization_with_a_blocking_stream() {
+fn to_host_on_beside_a_blocking_stream() {
     let mut results = Vec::new();
     for conv in [Conv::BatchToHostOn, Conv::ArrayToHostOn] {
         for blocking_s in [false, true] {
-            results.push(all_modes(
-                &format!("{conv:?} (s blocking={blocking_s}): no sync with blocking x"),
-                true,
-                |mode, schedule, seed| {
-                    let (sim, ctx) = one(schedule, seed);
-                    mode.set_up(&sim, &ctx);
-                    let r = convert_beside_blocking(&ctx, conv, blocking_s, false);
-                    (sim, r)
-                },
-            ));
-        }
-    }
-    none_lied(results);
-}
-
-/// Correct twins (x synchronized first), and the synchronous `to_host` (legacy stream,
-/// complete on return: ordered after x's work and known done) which is correct without.
-#[test]
-fn to_host_correct_twins() {
-    let mut results = Vec::new();
-    for conv in [Conv::BatchToHostOn, Conv::ArrayToHostOn] {
-        for blocking_s in [false, true] {
-            results.push(all_modes(
-                &format!("{conv:?} (s blocking={blocking_s}) then x synchronized"),
-                false,
-                |mode, schedule, seed| {
-                    let (sim, ctx) = one(schedule, seed);
-                    mode.set_up(&sim, &ctx);
-                    let r = convert_beside_blocking(&ctx, conv, blocking_s, true);
-                    (sim, r)
-                },
-            ));
+            for sync_x in [false, true] {
+                results.push(all_modes(
+                    &format!("{conv:?} (s blocking={blocking_s}), x synchronized: {sync_x}"),
+                    !sync_x,
+                    |mode, schedule, seed| {
+                        let (sim, ctx) = one(schedule, seed);
+                        mode.set_up(&sim, &ctx);
+                        let r = convert_beside_blocking(&ctx, conv, blocking_s, sync_x);
+                        (sim, r)
+                    },
+                ));
+            }
         }
     }
     results.push(all_modes(

@@ -258,67 +258,41 @@ fn stream_file_then_blocking_synchronized_is_fine() {
 }
 
 /// Racy: a blocking stream `x` writes `dst`; `Stream::read_file_at` on stream `s`
-/// (non-blocking, or a blocking stream other than x) overwrites `dst`: the two writes
-/// are unordered on CUDA when the chunks are copied on `s`.
+/// (non-blocking, or a blocking stream other than x) overwrites `dst`, or
+/// `Stream::write_file_at` reads it: the two are unordered on CUDA when the chunks are
+/// copied on `s`.
 #[test]
-fn stream_read_file_over_a_blocking_streams_pending_write_is_racy() {
+fn stream_file_calls_over_a_blocking_streams_pending_write_are_racy() {
     let mut results = Vec::new();
-    for on in [On::NonBlocking, On::Blocking, On::PerThread] {
-        let path = temp_file(&format!("rfw{on:?}"), &[5u8; 2 * 4096]);
-        results.push(all_modes(
-            &format!("Stream::read_file_at on {on:?} over x's pending write of dst"),
-            true,
-            &FILE_MODES,
-            |mode, schedule, seed| {
-                let (sim, ctx) = one(schedule, seed);
-                file_setup(mode, &sim, &ctx, 1);
-                let r = (|| {
-                    let dst = ctx.new_buffer(2 * 4096)?;
-                    dst.copy_from_host(&[0u8; 2 * 4096], 0, None)?;
-                    let x = ctx.new_stream()?;
-                    let s = target_stream(&ctx, on)?;
-                    let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
-                    x.copy_device(&dst, &nines)?;
-                    let f = std::fs::File::open(&path).unwrap();
-                    s.read_file_at(&dst, &f, 0)?;
-                    x.synchronize()?;
-                    Ok(())
-                })();
-                (sim, r)
-            },
-        ));
-    }
-    none_lied(results);
-}
-
-/// Racy: the same for `Stream::write_file_at` reading `src` that x is writing.
-#[test]
-fn stream_write_file_of_a_blocking_streams_pending_write_is_racy() {
-    let mut results = Vec::new();
-    for on in [On::NonBlocking, On::Blocking, On::PerThread] {
-        let path = temp_file(&format!("wfw{on:?}"), &[5u8; 2 * 4096]);
-        results.push(all_modes(
-            &format!("Stream::write_file_at on {on:?} of x's pending write of src"),
-            true,
-            &FILE_MODES,
-            |mode, schedule, seed| {
-                let (sim, ctx) = one(schedule, seed);
-                file_setup(mode, &sim, &ctx, 1);
-                let r = (|| {
-                    let src = ctx.new_buffer(2 * 4096)?;
-                    src.copy_from_host(&[0u8; 2 * 4096], 0, None)?;
-                    let x = ctx.new_stream()?;
-                    let s = target_stream(&ctx, on)?;
-                    let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
-                    x.copy_device(&src, &nines)?;
-                    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-                    s.write_file_at(&src, &f, 0)?;
-                    x.synchronize()?;
-                    Ok(())
-                })();
-                (sim, r)
-            },
-        ));
+    for write in [false, true] {
+        for on in [On::NonBlocking, On::Blocking, On::PerThread] {
+            let path = temp_file(&format!("pending{on:?}{write}"), &[5u8; 2 * 4096]);
+            results.push(all_modes(
+                &format!("Stream file call (write={write}) on {on:?} of x's pending write"),
+                true,
+                &FILE_MODES,
+                |mode, schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    file_setup(mode, &sim, &ctx, 1);
+                    let r = (|| {
+                        let dst = ctx.new_buffer(2 * 4096)?;
+                        dst.copy_from_host(&[0u8; 2 * 4096], 0, None)?;
+                        let x = ctx.new_stream()?;
+                        let s = target_stream(&ctx, on)?;
+                        let nines = ctx.buffer_from_data(&[9u8; 2 * 4096][..])?;
+                        x.copy_device(&dst, &nines)?;
+                        if write {
+                            s.write_file_at(&dst, &wr(&path), 0)?;
+                        } else {
+                            s.read_file_at(&dst, &rd(&path), 0)?;
+                        }
+                        x.synchronize()?;
+                        Ok(())
+                    })();
+                    (sim, r)
+                },
+            ));
+        }
     }
     none_lied(results);
 }
