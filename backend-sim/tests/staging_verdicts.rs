@@ -789,3 +789,229 @@ fn another_threads_work_on_a_blocking_stream_during_a_file_call_is_fine() {
     }
     none_lied(results);
 }
+
+// ---- another thread's work on a non-blocking stream during a call promised on it -----
+
+/// Where the pool stands for [`call_with_b`]: [`FILE_MODES`], or a pool holding one
+/// pinned buffer for four threads (chunks of both paths in one call).
+#[derive(Clone, Copy, Debug)]
+enum TwoThreadStaging {
+    File(FileStaging),
+    PoolTooSmall,
+}
+
+const TWO_THREAD_MODES: [TwoThreadStaging; 5] = [
+    TwoThreadStaging::File(FileStaging::PoolOff),
+    TwoThreadStaging::File(FileStaging::PoolOnPinFails),
+    TwoThreadStaging::File(FileStaging::PoolOnCold),
+    TwoThreadStaging::File(FileStaging::PooledPinned),
+    TwoThreadStaging::PoolTooSmall,
+];
+
+/// The modes in which a call on a stream issues at least one pinned copy.
+const PINNED_MODES: [TwoThreadStaging; 2] = [
+    TwoThreadStaging::File(FileStaging::PooledPinned),
+    TwoThreadStaging::PoolTooSmall,
+];
+
+fn two_thread_setup(mode: TwoThreadStaging, sim: &SimBackend, ctx: &Context) {
+    match mode {
+        TwoThreadStaging::File(mode) => file_setup(mode, sim, ctx, 4),
+        TwoThreadStaging::PoolTooSmall => {
+            file_setup(FileStaging::PoolOff, sim, ctx, 4);
+            ctx.set_staging_pool_limit(4096);
+            ctx.pin_staging_in_background(4096, 4096, 1);
+            ctx.wait_background_pinning();
+            assert_eq!(ctx.bytes_pooled(), 4096);
+        }
+    }
+}
+
+/// What thread B does while (or after) thread A's file call on the non-blocking stream
+/// `s` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum B {
+    /// Racy: writes all of `dst` on `s` during the call.
+    WritesDstOnS,
+    /// Correct: writes unrelated bytes on another non-blocking stream during the call.
+    WritesOtherOnT,
+    /// Correct: writes `dst` on `s` after A's call returned (A tells B through a channel).
+    WritesDstOnSAfterReturn,
+    /// Correct: after A's call returned, A records an event on `s` and hands it to B,
+    /// which makes `s` wait for it and writes `dst` on `s`.
+    WaitsEventThenWritesOnS,
+    /// Correct: as above, but B's write is on another non-blocking stream `t` that waits
+    /// for the event.
+    WaitsEventThenWritesOnT,
+}
+
+/// Thread A (named `cudabuf-test-a`) runs `Stream::read_file_at` (or `write_file_at`) of
+/// `dst` (8 chunks, 4 helper threads) on the non-blocking stream `s`; thread B does `b`.
+/// During-the-call work is forced into the call deterministically: a record hook holds
+/// the `at_record`th event record made by A's threads (the first is the event the call
+/// records on `s` when it begins; the next ones follow its pinned copies) until B has
+/// issued its work.
+fn call_with_b(
+    sim: &SimBackend,
+    ctx: &Context,
+    path: &std::path::Path,
+    write: bool,
+    b: B,
+    at_record: usize,
+) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc::{channel, Receiver, Sender};
+    use std::sync::{Arc, Mutex};
+    const CH: usize = 4096;
+    const N: usize = 8;
+    const A: &str = "cudabuf-test-a";
+    let dst = ctx.new_buffer(N * CH)?;
+    dst.copy_from_host(&vec![0u8; N * CH], 0, None)?;
+    let other = ctx.new_buffer(CH)?;
+    let nines = ctx.buffer_from_data(&vec![9u8; N * CH][..])?;
+    let s = ctx.new_stream_with(NON_BLOCKING)?;
+    let t = ctx.new_stream_with(NON_BLOCKING)?;
+    enum Msg {
+        /// The hook holds one of A's threads inside the call until B answers.
+        Go,
+        /// A's call returned (with an event recorded on `s` after it).
+        Returned(Option<cudabuf_core::Event>),
+    }
+    let (to_b, from_a): (Sender<Msg>, Receiver<Msg>) = channel();
+    let (to_hook, from_b) = channel::<()>();
+    let during = matches!(b, B::WritesDstOnS | B::WritesOtherOnT);
+    if during {
+        let records = AtomicUsize::new(0);
+        let to_b = Mutex::new(to_b.clone());
+        let from_b = Mutex::new(from_b);
+        sim.set_record_hook(Some(Arc::new(move |_| {
+            let name = std::thread::current().name().map(str::to_owned);
+            let ours = name.is_some_and(|n| n == A || n.starts_with("cudabuf-file-"));
+            if ours && records.fetch_add(1, Ordering::SeqCst) + 1 == at_record {
+                let _ = to_b.lock().unwrap().send(Msg::Go);
+                let _ = from_b.lock().unwrap().recv();
+            }
+        })));
+    }
+    let result = std::thread::scope(|scope| {
+        let a = std::thread::Builder::new()
+            .name(A.into())
+            .spawn_scoped(scope, || -> Result<()> {
+                let r = if write {
+                    s.write_file_at(&dst, &wr(path), 0)
+                } else {
+                    s.read_file_at(&dst, &rd(path), 0)
+                };
+                let event = match (&r, b) {
+                    (Ok(()), B::WaitsEventThenWritesOnS | B::WaitsEventThenWritesOnT) => {
+                        Some(s.record_event()?)
+                    }
+                    _ => None,
+                };
+                let _ = to_b.send(Msg::Returned(event));
+                r
+            })
+            .unwrap();
+        let (s, t, dst, other, nines) = (&s, &t, &dst, &other, &nines);
+        let b_thread = scope.spawn(move || -> Result<()> {
+            let work = |event: Option<cudabuf_core::Event>| -> Result<()> {
+                match b {
+                    B::WritesDstOnS | B::WritesDstOnSAfterReturn => s.copy_device(dst, nines),
+                    B::WritesOtherOnT => t.copy_device(other, &nines.slice(0, CH)?),
+                    B::WaitsEventThenWritesOnS => {
+                        s.wait_event(&event.expect("recorded after the call"))?;
+                        s.copy_device(dst, nines)
+                    }
+                    B::WaitsEventThenWritesOnT => {
+                        t.wait_event(&event.expect("recorded after the call"))?;
+                        t.copy_device(dst, nines)
+                    }
+                }
+            };
+            match from_a.recv().expect("A or the hook speaks") {
+                Msg::Go => {
+                    let r = work(None);
+                    let _ = to_hook.send(());
+                    r
+                }
+                Msg::Returned(event) if !during => work(event),
+                // The call made fewer records than `at_record`: B did nothing during it.
+                Msg::Returned(_) => Err(cudabuf_core::Error::invalid_argument(
+                    "call_with_b",
+                    "the hook never held A's call",
+                )),
+            }
+        });
+        let a = a.join().unwrap();
+        let b = b_thread.join().unwrap();
+        a.and(b)
+    });
+    sim.set_record_hook(None);
+    result?;
+    ctx.synchronize()
+}
+
+/// Thread A's file call on a non-blocking stream `s` with helper threads, thread B
+/// writing the same bytes on `s` during it: racy (the pageable path's synchronous copies,
+/// on the legacy stream, are unordered with B's work; the pinned path's copies are in
+/// `s`'s order with it, but a program is correct only if it is correct whichever path
+/// ran), so flagged in every staging mode. B's work is forced right after the event the
+/// call records when it begins (every mode), or right after the call's first pinned copy
+/// (the modes that make one).
+#[test]
+fn another_threads_work_on_a_non_blocking_stream_during_a_file_call_is_racy() {
+    let mut results = Vec::new();
+    for write in [false, true] {
+        for (at_record, modes) in [(1, &TWO_THREAD_MODES[..]), (2, &PINNED_MODES[..])] {
+            let path = temp_file(&format!("nbduring{write}{at_record}"), &[5u8; 8 * 4096]);
+            results.push(all_modes(
+                &format!(
+                    "file call (write={write}) on nb s, B writes dst on s at record {at_record}"
+                ),
+                true,
+                modes,
+                |mode, schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    two_thread_setup(mode, &sim, &ctx);
+                    let r = call_with_b(&sim, &ctx, &path, write, B::WritesDstOnS, at_record);
+                    (sim, r)
+                },
+            ));
+        }
+    }
+    none_lied(results);
+}
+
+/// The correct twins of
+/// `another_threads_work_on_a_non_blocking_stream_during_a_file_call_is_racy`, never
+/// flagged: B's work on another non-blocking stream touching other bytes during the call;
+/// B's write on `s` after A's call returned; B's write after waiting (on `s`, or on
+/// another stream) for an event recorded on `s` after the call.
+#[test]
+fn another_threads_ordered_or_unrelated_work_beside_a_non_blocking_file_call_is_fine() {
+    let mut results = Vec::new();
+    for write in [false, true] {
+        let cases = [
+            (B::WritesOtherOnT, 1, &TWO_THREAD_MODES[..]),
+            (B::WritesOtherOnT, 2, &PINNED_MODES[..]),
+            (B::WritesDstOnSAfterReturn, 0, &TWO_THREAD_MODES[..]),
+            (B::WaitsEventThenWritesOnS, 0, &TWO_THREAD_MODES[..]),
+            (B::WaitsEventThenWritesOnT, 0, &TWO_THREAD_MODES[..]),
+        ];
+        for (b, at_record, modes) in cases {
+            let path = temp_file(&format!("nbfine{write}{b:?}{at_record}"), &[5u8; 8 * 4096]);
+            results.push(all_modes(
+                &format!("file call (write={write}) on nb s, B: {b:?} (record {at_record})"),
+                false,
+                modes,
+                |mode, schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    two_thread_setup(mode, &sim, &ctx);
+                    let r = call_with_b(&sim, &ctx, &path, write, b, at_record);
+                    (sim, r)
+                },
+            ));
+        }
+    }
+    none_lied(results);
+}
