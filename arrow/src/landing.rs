@@ -247,7 +247,10 @@ pub(crate) fn start_copy_on(device: &DeviceBuffer, stream: &Stream) -> Result<Pe
                 .expect("a new loan holds its block until it is handed to a copy");
             // On error the block is dropped (freed, not pooled) and the loan gives back its
             // reservation.
-            let transfer = stream.copy_to_host(device, block)?;
+            // A copy made for `to_host_on`'s promise on `stream` (which may take the
+            // `Pageable` path instead): a backend that checks ordering judges it as that
+            // path's copy.
+            let transfer = stream.copy_to_host_promised(device, block, None)?;
             return Ok(PendingCopy::Lent {
                 loan,
                 transfer,

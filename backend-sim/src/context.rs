@@ -340,7 +340,7 @@ unsafe impl RawStreams for SimContext {
         stream: RawStream,
     ) -> Result<()> {
         self.check_alive("copy_host_to_device_on")?;
-        self.h2d_on(dst, src, len, stream)
+        self.h2d_on(dst, src, len, stream, None)
     }
 
     /// `dst` must be pinned memory of this simulator instance (pageable memory is
@@ -353,7 +353,7 @@ unsafe impl RawStreams for SimContext {
         stream: RawStream,
     ) -> Result<()> {
         self.check_alive("copy_device_to_host_on")?;
-        self.d2h_on(dst, src, len, stream)
+        self.d2h_on(dst, src, len, stream, None)
     }
 
     unsafe fn copy_device_to_device_on(
@@ -388,7 +388,9 @@ unsafe impl RawStreams for SimContext {
 
 // SAFETY: the hooks only update the ordering records and touch no memory, except the two
 // `copy_*_as_on`, which copy as `copy_host_to_device` / `copy_device_to_host` do (ranges
-// checked under the instance's lock) and return `Ok` only once the bytes have moved.
+// checked under the instance's lock) and return `Ok` only once the bytes have moved, and
+// the two `promised_copy_*_on`, which issue the same copy on the stream as
+// `copy_host_to_device_on` / `copy_device_to_host_on` do.
 unsafe impl OrderingHooks for SimContext {
     /// Same answer as `event_query`; the race detector does not take it as the host
     /// synchronizing with the event's work (cudabuf's bookkeeping, not the program's).
@@ -443,6 +445,34 @@ unsafe impl OrderingHooks for SimContext {
     ) -> Result<()> {
         self.check_alive("copy_device_to_host_as_on")?;
         self.sync_d2h(OpWhat::D2hAsOn, dst, src, Some(stream))
+    }
+
+    /// `copy_host_to_device_on`, judged as the synchronous copy the operation would make
+    /// without a pinned buffer (see the crate docs).
+    unsafe fn promised_copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+        since: Option<RawEvent>,
+    ) -> Result<()> {
+        self.check_alive("promised_copy_host_to_device_on")?;
+        self.h2d_on(dst, src, len, stream, Some(since))
+    }
+
+    /// `copy_device_to_host_on`, judged as the synchronous copy the operation would make
+    /// without a pinned buffer (see the crate docs).
+    unsafe fn promised_copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+        since: Option<RawEvent>,
+    ) -> Result<()> {
+        self.check_alive("promised_copy_device_to_host_on")?;
+        self.d2h_on(dst, src, len, stream, Some(since))
     }
 
     /// `event_synchronize` that teaches the host nothing (cudabuf's bookkeeping).

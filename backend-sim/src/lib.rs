@@ -142,10 +142,22 @@
 //! `Stream::read_file_at` and `write_file_at`, `to_host_on` of Arrow batches and arrays,
 //! the Flight decoder's uploads) run on the legacy stream, as on CUDA, but are judged by
 //! what both paths would order them after (the meet of the legacy stream's clock and the
-//! promised stream's), and the host learns that and the copy's completion, no more: a
-//! program that takes such an operation as the completion of another blocking stream's
-//! work, or that issues conflicting work to a non-blocking stream while the operation
-//! runs, is flagged whichever path ran. Likewise a `cudabuf_core::BufferWriter` promises
+//! promised stream's), and the host learns that and the copy's completion, no more. The
+//! asynchronous copies of the first path
+//! (`OrderingHooks::promised_copy_host_to_device_on`, `promised_copy_device_to_host_on`)
+//! run in the promised stream's order, as on CUDA, but are judged as the second path's
+//! are: by the meet of the stream's clock and the legacy stream's joined with the
+//! stream's work before the operation began (which the second path waits for first),
+//! with an event of the same per-stream copy actor (one operation's chunks may take both
+//! paths); a non-blocking stream's later work is not ordered after them (a blocking
+//! stream's is, on both paths), and the host learns them complete when the operation
+//! waits for them (their accesses are then forgotten, as a synchronous copy's are when
+//! it returns), so work issued after the operation returned, by any thread, is ordered
+//! after them. So a program that takes such an operation as the completion of another
+//! blocking stream's work, or whose other thread issues conflicting work to the same
+//! non-blocking stream while the operation runs, is flagged whichever path ran; work of
+//! other threads on a blocking stream or the legacy stream beside such an operation is
+//! judged alike on both paths. Likewise a `cudabuf_core::BufferWriter` promises
 //! its staged writes no more than asynchronous copies on the legacy stream give: its
 //! synchronous sends from its own pageable memory are a write by the legacy stream that
 //! teaches the host nothing, as its sends from pinned memory are, and its waits to refill
@@ -181,14 +193,7 @@
 //! - that a synchronous host-to-device copy from pageable memory may return before its
 //!   DMA has reached the device (CUDA returns once the bytes are in its staging memory):
 //!   the simulator takes every synchronous copy as done when it returns, so work on a
-//!   non-blocking stream that reads the destination right after it is not flagged;
-//! - another host thread's conflicting work issued to the same non-blocking stream while
-//!   a call promised on that stream runs (`Stream::read_file_at`, `to_host_on`, ...):
-//!   through pinned staging the call's copies and that work are in the stream's order,
-//!   through pageable staging they race on CUDA, and the simulator flags it only when
-//!   the pageable path ran (one call's chunks may take both paths). Work of other threads
-//!   on a blocking stream or the legacy stream beside such a call is judged alike on
-//!   both paths.
+//!   non-blocking stream that reads the destination right after it is not flagged.
 //!
 //! Events and streams must belong to the context they are used with (an event of
 //! another device's context is refused, although CUDA lets `cuStreamWaitEvent` wait on

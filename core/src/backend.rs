@@ -746,22 +746,30 @@ pub unsafe trait RawStreams: Send + Sync {
 /// detector) needs to hear from cudabuf's core besides the user's calls: which queries
 /// and waits are cudabuf's own bookkeeping rather than the program's synchronization, and
 /// where memory changes hands in stream order inside cudabuf (the caching allocator, the
-/// staging pool), and which of cudabuf's synchronous copies stand for an operation of a
-/// stream. A backend without such a checker (CUDA) does not implement it; core then uses
-/// [`RawStreams::event_query`], [`RawStreams::event_synchronize`],
-/// [`RawStreams::stream_synchronize`], [`RawContext::copy_host_to_device_unpinned`] and
-/// [`RawContext::copy_device_to_host_unpinned`] and marks nothing.
+/// staging pool), and which of cudabuf's copies stand for an operation it promised on a
+/// stream (synchronous ones through pageable memory, asynchronous ones through a pinned
+/// staging buffer). A backend without such a checker (CUDA) does not implement it; core
+/// then uses [`RawStreams::event_query`], [`RawStreams::event_synchronize`],
+/// [`RawStreams::stream_synchronize`], [`RawContext::copy_host_to_device_unpinned`],
+/// [`RawContext::copy_device_to_host_unpinned`], [`RawStreams::copy_host_to_device_on`]
+/// and [`RawStreams::copy_device_to_host_on`] and marks nothing.
 ///
 /// # Safety
 /// Core calls these while memory changes hands and trusts them to order nothing but the
 /// checker's records: an implementation touches no memory (neither device memory nor the
 /// host bytes [`check_host_access`](Self::check_host_access) is told of) and waits as
-/// `stream_synchronize` does, except the two copies
+/// `stream_synchronize` does, except the copies: the two synchronous ones
 /// ([`copy_host_to_device_as_on`](Self::copy_host_to_device_as_on),
-/// [`copy_device_to_host_as_on`](Self::copy_device_to_host_as_on)), which copy exactly
-/// as [`RawContext::copy_host_to_device_unpinned`] and
+/// [`copy_device_to_host_as_on`](Self::copy_device_to_host_as_on)) copy exactly as
+/// [`RawContext::copy_host_to_device_unpinned`] and
 /// [`RawContext::copy_device_to_host_unpinned`] do, with their promises (core relies on
-/// the bytes having moved when they return `Ok`). Implementing it is therefore `unsafe`.
+/// the bytes having moved when they return `Ok`), and the two asynchronous ones
+/// ([`promised_copy_host_to_device_on`](Self::promised_copy_host_to_device_on),
+/// [`promised_copy_device_to_host_on`](Self::promised_copy_device_to_host_on)) issue
+/// exactly the copy [`RawStreams::copy_host_to_device_on`] and
+/// [`RawStreams::copy_device_to_host_on`] issue, with their promises (core relies on it
+/// being in `stream`'s order, complete once an event recorded after it on `stream` is).
+/// Implementing it is therefore `unsafe`.
 pub unsafe trait OrderingHooks: Send + Sync {
     /// [`event_query`](RawStreams::event_query) asked by cudabuf for its own bookkeeping (whether
     /// what an operation held can be let go, whether a block freed in stream order is
@@ -884,6 +892,66 @@ pub unsafe trait OrderingHooks: Send + Sync {
         dst: &mut [u8],
         src: DevicePtr,
         stream: RawStream,
+    ) -> Result<()>;
+
+    /// Issue a copy of `len > 0` bytes from pinned host memory at `src` to the device at
+    /// `dst` on `stream`, as [`copy_host_to_device_on`](RawStreams::copy_host_to_device_on)
+    /// does, where cudabuf's API promised the caller an operation of `stream` that moves
+    /// its bytes through a pinned staging buffer when the staging pool lends one and
+    /// through pageable memory otherwise
+    /// ([`copy_host_to_device_as_on`](Self::copy_host_to_device_as_on)), which depends on
+    /// the timing of the pool's background pinning. `since` is an event the operation
+    /// recorded on `stream` when it began, which its pageable copies wait for on the host
+    /// first (`None`: the operation begins with this copy). Core records an event on
+    /// `stream` right after the copy, from the same thread, and the operation waits for
+    /// that event (as the program's synchronization) before it returns. Without hooks,
+    /// core calls `copy_host_to_device_on`.
+    ///
+    /// A backend that checks ordering (the simulator's race detector) judges the copy as
+    /// the pageable path's synchronous copy on the legacy default stream: by what both
+    /// copies would order it after (`stream`'s work before `since`, and what the legacy
+    /// default stream's order and the host give both). Later work of a non-blocking
+    /// `stream` is not ordered after the copy (another thread's work issued to `stream`
+    /// meanwhile races with it, as with the synchronous copy); the program learns the
+    /// copy complete when it waits for an event its thread recorded on `stream` after
+    /// the copy, or for `stream` or the context.
+    ///
+    /// Unlike most hooks, this one copies: as `copy_host_to_device_on` does, with its
+    /// promises.
+    ///
+    /// # Safety
+    /// As [`copy_host_to_device_on`](RawStreams::copy_host_to_device_on); and `since`, if
+    /// any, is a live event of this context.
+    unsafe fn promised_copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+        since: Option<RawEvent>,
+    ) -> Result<()>;
+
+    /// Issue a copy of `len > 0` bytes from the device at `src` to pinned host memory at
+    /// `dst` on `stream`, as [`copy_device_to_host_on`](RawStreams::copy_device_to_host_on)
+    /// does, where cudabuf's API promised an operation of `stream` that may move its
+    /// bytes through pageable memory instead
+    /// ([`copy_device_to_host_as_on`](Self::copy_device_to_host_as_on)); judged as
+    /// [`promised_copy_host_to_device_on`](Self::promised_copy_host_to_device_on) is.
+    /// Without hooks, core calls `copy_device_to_host_on`.
+    ///
+    /// Unlike most hooks, this one copies: as `copy_device_to_host_on` does, with its
+    /// promises.
+    ///
+    /// # Safety
+    /// As [`copy_device_to_host_on`](RawStreams::copy_device_to_host_on); and `since`, if
+    /// any, is a live event of this context.
+    unsafe fn promised_copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+        since: Option<RawEvent>,
     ) -> Result<()>;
 
     /// Wait until the work `event` captured is done, for cudabuf's own bookkeeping (the
@@ -1020,6 +1088,54 @@ pub(crate) unsafe fn copy_device_to_host_as_on(
         // SAFETY: the caller upholds `copy_device_to_host_unpinned`'s contract, part of
         // the hook's.
         None => unsafe { raw.copy_device_to_host_unpinned(dst, src) },
+    }
+}
+
+/// [`OrderingHooks::promised_copy_host_to_device_on`] of `streams`' backend, or
+/// [`RawStreams::copy_host_to_device_on`] without hooks.
+///
+/// # Safety
+/// As [`OrderingHooks::promised_copy_host_to_device_on`].
+pub(crate) unsafe fn promised_copy_host_to_device_on(
+    streams: &dyn RawStreams,
+    dst: DevicePtr,
+    src: *const u8,
+    len: usize,
+    stream: RawStream,
+    since: Option<RawEvent>,
+) -> Result<()> {
+    match streams.ordering() {
+        // SAFETY: the caller upholds the hook's contract.
+        Some(hooks) => unsafe {
+            hooks.promised_copy_host_to_device_on(dst, src, len, stream, since)
+        },
+        // SAFETY: the caller upholds `copy_host_to_device_on`'s contract, part of the
+        // hook's.
+        None => unsafe { streams.copy_host_to_device_on(dst, src, len, stream) },
+    }
+}
+
+/// [`OrderingHooks::promised_copy_device_to_host_on`] of `streams`' backend, or
+/// [`RawStreams::copy_device_to_host_on`] without hooks.
+///
+/// # Safety
+/// As [`OrderingHooks::promised_copy_device_to_host_on`].
+pub(crate) unsafe fn promised_copy_device_to_host_on(
+    streams: &dyn RawStreams,
+    dst: *mut u8,
+    src: DevicePtr,
+    len: usize,
+    stream: RawStream,
+    since: Option<RawEvent>,
+) -> Result<()> {
+    match streams.ordering() {
+        // SAFETY: the caller upholds the hook's contract.
+        Some(hooks) => unsafe {
+            hooks.promised_copy_device_to_host_on(dst, src, len, stream, since)
+        },
+        // SAFETY: the caller upholds `copy_device_to_host_on`'s contract, part of the
+        // hook's.
+        None => unsafe { streams.copy_device_to_host_on(dst, src, len, stream) },
     }
 }
 

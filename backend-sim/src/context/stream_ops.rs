@@ -212,7 +212,10 @@ impl SimContext {
         Ok(ms)
     }
 
-    /// Issues a copy of `len` bytes from `src` to `dst` on `stream`.
+    /// Issues a copy of `len` bytes from `src` to `dst` on `stream`; with `promised`, one
+    /// cudabuf makes for an operation its API promised on `stream`, which began after
+    /// the record of the event given (`None`: with this copy): `Engine::issue_promised`.
+    #[allow(clippy::too_many_arguments)]
     fn issue_copy(
         &self,
         state: &mut State,
@@ -221,6 +224,7 @@ impl SimContext {
         dst: Located,
         src: Located,
         len: usize,
+        promised: Option<(&'static str, Option<RawEvent>)>,
     ) -> Result<()> {
         let cost = state
             .streams
@@ -233,46 +237,66 @@ impl SimContext {
             len,
         };
         let accesses = [Access::read(src, len), Access::write(dst, len)];
-        let key = state
-            .streams
-            .resolve_stream(call_of(what), self.device, stream)?;
-        state
-            .streams
-            .issue(key, what, work, &accesses, cost, None)?;
+        let call = promised.map_or(call_of(what), |(call, _)| call);
+        let key = state.streams.resolve_stream(call, self.device, stream)?;
+        match promised {
+            Some((call, since)) => state
+                .streams
+                .issue_promised(call, key, since, what, work, &accesses, cost)?,
+            None => drop(
+                state
+                    .streams
+                    .issue(key, what, work, &accesses, cost, None)?,
+            ),
+        }
         self.shared.core.kick(state);
         Ok(())
     }
 
+    /// `copy_host_to_device_on`; with `promised` (`Some(since)`), as
+    /// `OrderingHooks::promised_copy_host_to_device_on` (see `issue_copy`).
     pub(super) fn h2d_on(
         &self,
         dst: DevicePtr,
         src: *const u8,
         len: usize,
         stream: RawStream,
+        promised: Option<Option<RawEvent>>,
     ) -> Result<()> {
-        const CALL: &str = "copy_host_to_device_on";
+        let call = match promised {
+            Some(_) => "promised_copy_host_to_device_on",
+            None => "copy_host_to_device_on",
+        };
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         state.faults.check(FaultOp::Copy)?;
-        let to = state.table.locate(CALL, self.device, dst, len)?;
-        let from = state.table.locate_pinned_host(CALL, src as usize, len)?;
-        self.issue_copy(state, stream, OpWhat::H2dAsync, to, from, len)
+        let to = state.table.locate(call, self.device, dst, len)?;
+        let from = state.table.locate_pinned_host(call, src as usize, len)?;
+        let promised = promised.map(|since| (call, since));
+        self.issue_copy(state, stream, OpWhat::H2dAsync, to, from, len, promised)
     }
 
+    /// `copy_device_to_host_on`; with `promised` (`Some(since)`), as
+    /// `OrderingHooks::promised_copy_device_to_host_on` (see `issue_copy`).
     pub(super) fn d2h_on(
         &self,
         dst: *mut u8,
         src: DevicePtr,
         len: usize,
         stream: RawStream,
+        promised: Option<Option<RawEvent>>,
     ) -> Result<()> {
-        const CALL: &str = "copy_device_to_host_on";
+        let call = match promised {
+            Some(_) => "promised_copy_device_to_host_on",
+            None => "copy_device_to_host_on",
+        };
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         state.faults.check(FaultOp::Copy)?;
-        let from = state.table.locate(CALL, self.device, src, len)?;
-        let to = state.table.locate_pinned_host(CALL, dst as usize, len)?;
-        self.issue_copy(state, stream, OpWhat::D2hAsync, to, from, len)
+        let from = state.table.locate(call, self.device, src, len)?;
+        let to = state.table.locate_pinned_host(call, dst as usize, len)?;
+        let promised = promised.map(|since| (call, since));
+        self.issue_copy(state, stream, OpWhat::D2hAsync, to, from, len, promised)
     }
 
     pub(super) fn d2d_on(
@@ -288,7 +312,7 @@ impl SimContext {
         state.faults.check(FaultOp::Copy)?;
         let to = state.table.locate(CALL, self.device, dst, len)?;
         let from = state.table.locate(CALL, self.device, src, len)?;
-        self.issue_copy(state, stream, OpWhat::D2dAsync, to, from, len)
+        self.issue_copy(state, stream, OpWhat::D2dAsync, to, from, len, None)
     }
 
     /// `src_device` is the device of the (checked) source context.
@@ -306,7 +330,7 @@ impl SimContext {
         state.faults.check(FaultOp::Copy)?;
         let to = state.table.locate(CALL, self.device, dst, len)?;
         let from = state.table.locate(CALL, src_device, src, len)?;
-        self.issue_copy(state, stream, OpWhat::PeerAsync, to, from, len)
+        self.issue_copy(state, stream, OpWhat::PeerAsync, to, from, len, None)
     }
 
     /// A stream-ordered free (`what` = `FreeOnStream`) or allocation (`AllocOnStream`) of

@@ -17,7 +17,7 @@ use cudabuf_core::{Error, Result};
 use super::clock::{Actor, Epoch, VectorClock};
 use super::handles::{self, Decoded, HandleKind};
 use super::label::{OpLabel, OpWhat, StreamDesc, StreamKind, ThreadDesc};
-use super::queue::{HostSide, Op, OpRef, StreamKey, StreamState, Work};
+use super::queue::{HostSide, Op, OpRef, PromisedCopy, StreamKey, StreamState, Work};
 use super::rng::Rng;
 use super::settings::{RaceMode, Schedule, StreamSettings};
 use super::trace::{ScheduleEntry, Trace};
@@ -62,6 +62,9 @@ pub(crate) struct Recorded {
     op: OpRef,
     vc: VectorClock,
     end_ns: u64,
+    /// The copies made for a promise on the stream by the recording thread before the
+    /// record (`Engine::issue_promised`): the program's wait for the record forgets them.
+    promised: Vec<Arc<PromisedCopy>>,
 }
 
 #[derive(Debug)]
@@ -95,6 +98,8 @@ pub(crate) struct Target {
     ops: Vec<OpRef>,
     vc: VectorClock,
     end_ns: u64,
+    /// Copies made for a promise that the target covers (see [`Recorded::promised`]).
+    promised: Vec<Arc<PromisedCopy>>,
 }
 
 /// An operation just issued.
@@ -548,11 +553,21 @@ impl Engine {
     ) -> Result<()> {
         self.event("event_record", device, event)?;
         let issued = self.issue(stream, OpWhat::EventRecord, Work::Marker, &[], 0, None)?;
+        // The recording thread's copies made for a promise on this stream precede the
+        // record on either path: in the stream's order, or (a synchronous copy) on the
+        // host before the thread went on.
+        let thread = std::thread::current().id();
+        let s = self.streams.get_mut(&stream).expect("issued to above");
+        let (promised, others) = std::mem::take(&mut s.promised)
+            .into_iter()
+            .partition(|p| p.thread == thread);
+        s.promised = others;
         let e = self.events.get_mut(&event.as_raw()).expect("checked above");
         e.recorded = Some(Recorded {
             op: issued.op,
             vc: issued.vc,
             end_ns: issued.end_ns,
+            promised,
         });
         Ok(())
     }
@@ -771,6 +786,117 @@ impl Engine {
         }
         s.last_end_ns = end_ns;
         Ok(Issued { op, vc, end_ns })
+    }
+
+    /// An asynchronous copy cudabuf makes on `stream`, through a pinned staging buffer,
+    /// for an operation its API promised on that stream, where the operation may move its
+    /// bytes with a synchronous copy on the legacy stream instead when the staging pool
+    /// lends nothing ([`issue_for`](Self::issue_for)); `OrderingHooks::promised_copy_*_on`.
+    /// It runs in `stream`'s order, as on CUDA, but it is judged as that copy is: by what
+    /// both would order it after, the meet of `stream`'s clock and the legacy stream's
+    /// clock joined with `stream`'s work before the operation began (the `since` record,
+    /// which that path waits for first; `None`: the operation begins with this copy, so
+    /// all of `stream`'s work so far), with an event of `stream`'s copy actor (the one of
+    /// `issue_for`'s copies: one operation's chunks may take both paths). A blocking
+    /// stream's later work learns that event (both paths order it after the copy); a
+    /// non-blocking one's learns nothing from the copy, so that another thread's work
+    /// issued to it meanwhile races with the copy, as it does with the synchronous one.
+    /// The host learns the copy's completion when the program waits for an event its
+    /// thread records on `stream` after it, or for `stream` or its context: its accesses
+    /// are then forgotten ([`PromisedCopy`]), as the synchronous copy's are when it
+    /// returns.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn issue_promised(
+        &mut self,
+        call: &'static str,
+        stream: StreamKey,
+        since: Option<RawEvent>,
+        what: OpWhat,
+        work: Work,
+        accesses: &[Access],
+        cost_ns: u64,
+    ) -> Result<()> {
+        let device = self.streams[&stream].desc.device;
+        let since = match since {
+            Some(event) => Some(
+                self.event(call, device, event)?
+                    .recorded
+                    .as_ref()
+                    .map_or_else(VectorClock::default, |r| r.vc.clone()),
+            ),
+            None => None,
+        };
+        let legacy = self.legacy[device];
+        if stream == legacy {
+            // Both paths are the legacy stream's.
+            return self
+                .issue(stream, what, work, accesses, cost_ns, None)
+                .map(drop);
+        }
+        self.take_unreported_race(device)?;
+        let (thread, thread_actor, thread_tick, thread_desc) = self.host_thread();
+        let (vc, deps, start) = self.issue_clock(stream, thread_actor, thread_tick, None);
+        let mut other = self.issue_clock(legacy, thread_actor, thread_tick, None).0;
+        other.join(since.as_ref().unwrap_or(&vc));
+        let meet = vc.meet(&other);
+        let (actor, made) = match self.streams[&stream].promise {
+            Some(promise) => promise,
+            None => (self.new_actor(), 0),
+        };
+        let epoch = Epoch {
+            actor,
+            tick: made + 1,
+        };
+        let mut judged = meet;
+        judged.learn(epoch);
+        let s = &self.streams[&stream];
+        let label = Arc::new(OpLabel {
+            seq: self.next_seq + 1,
+            what,
+            stream: Some(s.desc.clone()),
+            thread: thread_desc,
+            api: cudabuf_core::backend::current_call(),
+        });
+        if let Some(race) = self.race.check(accesses, &judged, &label) {
+            self.race.judge(race)?;
+        }
+        // Committed from here on.
+        self.next_seq += 1;
+        self.threads.get_mut(&thread).expect("registered").tick += 1;
+        self.race.record(
+            accesses,
+            &Accessor {
+                epoch,
+                label: label.clone(),
+            },
+            &judged,
+            &self.knowledge,
+        );
+        let end_ns = start.saturating_add(cost_ns);
+        let s = self.streams.get_mut(&stream).expect("looked up above");
+        s.promise = Some((actor, made + 1));
+        s.queue.push_back(Op {
+            index: s.issued,
+            label,
+            deps,
+            work,
+            end_ns,
+            host: None,
+        });
+        s.issued += 1;
+        if s.desc.blocking() {
+            // Both paths order a blocking stream's later work after the copy (see
+            // `issue_for`); its issue clock is the meet (the legacy stream's covers it).
+            s.vc.join(&vc);
+            s.vc.learn(epoch);
+        }
+        s.last_end_ns = end_ns;
+        s.promised.push(Arc::new(PromisedCopy {
+            thread,
+            accesses: accesses.to_vec(),
+            judged,
+        }));
+        Ok(())
     }
 
     /// The legacy default stream of `device`.
@@ -1012,6 +1138,7 @@ impl Engine {
             ops: s.last_op(stream).into_iter().collect(),
             vc: s.vc.clone(),
             end_ns: s.last_end_ns,
+            promised: s.promised.clone(),
         }
     }
 
@@ -1030,6 +1157,7 @@ impl Engine {
                 ops: vec![r.op],
                 vc: r.vc.clone(),
                 end_ns: r.end_ns,
+                promised: r.promised.clone(),
             }))
     }
 
@@ -1040,12 +1168,14 @@ impl Engine {
             ops: Vec::new(),
             vc: r.vc.clone(),
             end_ns: r.end_ns,
+            promised: Vec::new(),
         };
         for (&key, s) in &self.streams {
             if s.desc.device == device {
                 target.ops.extend(s.last_op(key));
                 target.vc.join(&s.vc);
                 target.end_ns = target.end_ns.max(s.last_end_ns);
+                target.promised.extend(s.promised.iter().cloned());
             }
         }
         target
@@ -1061,6 +1191,20 @@ impl Engine {
         self.knowledge.join(&target.vc);
         self.seen_by_cudabuf.join(&target.vc);
         self.host_time_ns = self.host_time_ns.max(target.end_ns);
+        // The copies made for a promise that the target covers are done: their accesses
+        // are forgotten (the host does not learn their events, which would teach it the
+        // other copies of their actor, some perhaps still running).
+        if !target.promised.is_empty() {
+            for p in &target.promised {
+                for a in &p.accesses {
+                    self.race.retire(&a.at, a.len, &p.judged);
+                }
+            }
+            for s in self.streams.values_mut() {
+                s.promised
+                    .retain(|q| !target.promised.iter().any(|p| Arc::ptr_eq(p, q)));
+            }
+        }
         self.put_away_settled_per_thread();
     }
 
@@ -1068,6 +1212,9 @@ impl Engine {
     /// it but the memory cudabuf retires (`retire_accesses`).
     pub(crate) fn note_seen_by_cudabuf(&mut self, target: &Target) {
         self.seen_by_cudabuf.join(&target.vc);
+        for p in &target.promised {
+            self.seen_by_cudabuf.join(&p.judged);
+        }
     }
 
     /// cudabuf hands `len` bytes at `at` to a new owner: the race detector forgets the

@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::thread::ThreadId;
 
 use cudabuf_core::backend::DevicePtr;
 
@@ -91,6 +92,20 @@ pub(crate) struct HostSide {
     pub(crate) retire: Option<VectorClock>,
 }
 
+/// An asynchronous copy cudabuf made on a stream for an operation its API promised on
+/// that stream (`Engine::issue_promised`), which the host has not yet seen complete: its
+/// accesses are forgotten once the program waits for it (a wait for an event recorded
+/// after it on its stream by the thread that made it, or for the whole stream or
+/// context), as the synchronous copy of the other path is forgotten when it returns.
+#[derive(Debug)]
+pub(crate) struct PromisedCopy {
+    /// The thread that issued it.
+    pub(crate) thread: ThreadId,
+    pub(crate) accesses: Vec<Access>,
+    /// The clock it was judged by, its own event included.
+    pub(crate) judged: VectorClock,
+}
+
 /// One stream.
 #[derive(Debug)]
 pub(crate) struct StreamState {
@@ -109,6 +124,9 @@ pub(crate) struct StreamState {
     /// The actor of the synchronous copies cudabuf makes for operations promised on this
     /// stream (`Engine::issue_for`), and how many it made: made when first needed.
     pub(crate) promise: Option<(Actor, u64)>,
+    /// The asynchronous copies made on this stream for such operations that no event
+    /// record of their thread on this stream has claimed yet (see [`PromisedCopy`]).
+    pub(crate) promised: Vec<Arc<PromisedCopy>>,
 }
 
 impl StreamState {
@@ -123,6 +141,7 @@ impl StreamState {
             last_end_ns: 0,
             destroyed: false,
             promise: None,
+            promised: Vec::new(),
         }
     }
 

@@ -587,6 +587,30 @@ unsafe impl OrderingHooks for FakeDevice {
         unsupported("copy_device_to_host_as_on")
     }
 
+    unsafe fn promised_copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+        _: Option<RawEvent>,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds `copy_host_to_device_on`'s contract, part of this one's.
+        unsafe { self.copy_host_to_device_on(dst, src, len, stream) }
+    }
+
+    unsafe fn promised_copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+        _: Option<RawEvent>,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds `copy_device_to_host_on`'s contract, part of this one's.
+        unsafe { self.copy_device_to_host_on(dst, src, len, stream) }
+    }
+
     fn retire_accesses(&self, address: DevicePtr, len: usize) {
         let _ = (address, len);
     }

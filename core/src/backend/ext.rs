@@ -5,8 +5,9 @@
 
 use super::{
     copy_device_to_host_as_on, copy_host_to_device_as_on, event_poll, event_wait_bookkeeping,
-    mark_alloc_on, mark_free_on, retire_accesses, stream_wait_bookkeeping, streams_of, DevicePtr,
-    RawContext, RawEvent, RawStream, StreamFlags,
+    mark_alloc_on, mark_free_on, promised_copy_device_to_host_on, promised_copy_host_to_device_on,
+    retire_accesses, stream_wait_bookkeeping, streams_of, DevicePtr, RawContext, RawEvent,
+    RawStream, StreamFlags,
 };
 use crate::error::Result;
 
@@ -84,6 +85,32 @@ pub(crate) trait StreamsExt {
         src: DevicePtr,
         len: usize,
         stream: RawStream,
+    ) -> Result<()>;
+    /// [`OrderingHooks::promised_copy_host_to_device_on`](super::OrderingHooks::promised_copy_host_to_device_on)
+    /// of this context's backend, or `copy_host_to_device_on` without hooks.
+    ///
+    /// # Safety
+    /// As the method it forwards to.
+    unsafe fn promised_copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+        since: Option<RawEvent>,
+    ) -> Result<()>;
+    /// [`OrderingHooks::promised_copy_device_to_host_on`](super::OrderingHooks::promised_copy_device_to_host_on)
+    /// of this context's backend, or `copy_device_to_host_on` without hooks.
+    ///
+    /// # Safety
+    /// As the method it forwards to.
+    unsafe fn promised_copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+        since: Option<RawEvent>,
     ) -> Result<()>;
     /// [`RawStreams::copy_device_to_device_on`] (or its ordering hook) of this context's backend.
     ///
@@ -246,6 +273,32 @@ impl StreamsExt for dyn RawContext {
             streams_of(self, "copy_device_to_host_on")?
                 .copy_device_to_host_on(dst, src, len, stream)
         }
+    }
+
+    unsafe fn promised_copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+        since: Option<RawEvent>,
+    ) -> Result<()> {
+        let streams = streams_of(self, "copy_host_to_device_on")?;
+        // SAFETY: forwarded from this method's contract.
+        unsafe { promised_copy_host_to_device_on(streams, dst, src, len, stream, since) }
+    }
+
+    unsafe fn promised_copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+        since: Option<RawEvent>,
+    ) -> Result<()> {
+        let streams = streams_of(self, "copy_device_to_host_on")?;
+        // SAFETY: forwarded from this method's contract.
+        unsafe { promised_copy_device_to_host_on(streams, dst, src, len, stream, since) }
     }
 
     unsafe fn copy_device_to_device_on(

@@ -63,7 +63,9 @@ struct Job<'a> {
     stream: Option<Stream>,
     /// For a call on a stream of the caller's: an event recorded on it when the call
     /// began. A chunk copied synchronously through pageable memory (on the legacy
-    /// stream) waits for it first, so that it too comes after the stream's earlier work.
+    /// stream) waits for it first, so that it too comes after the stream's earlier work;
+    /// a chunk copied through a pinned buffer names it as the start of the promise its
+    /// copy is made for (`Stream::copy_from_host_promised`), judged as the other path's.
     after: Option<Event>,
     /// The public call this job serves, entered on its helper threads too (for the
     /// backend's messages).
@@ -666,7 +668,11 @@ fn read_chunks(job: &Job<'_>, staging: &mut Staging<Transfer<HostRange>>) -> Res
         };
         let range = buf.into_range(head..head + n)?;
         let dst = job.device.slice(start, n)?;
-        match stream.copy_from_host(&dst, range) {
+        let issued = match &job.after {
+            Some(after) => stream.copy_from_host_promised(&dst, range, Some(after)),
+            None => stream.copy_from_host(&dst, range),
+        };
+        match issued {
             Ok(transfer) => staging.in_flight.push_back(transfer),
             Err(e) => {
                 let (e, host) = e.into_parts();
@@ -774,7 +780,11 @@ fn write_chunks(job: &Job<'_>, staging: &mut Staging<(usize, Transfer<HostRange>
         };
         let range = buf.into_range(..n)?;
         let src = job.device.slice(start, n)?;
-        match stream.copy_to_host(&src, range) {
+        let issued = match &job.after {
+            Some(after) => stream.copy_to_host_promised(&src, range, Some(after)),
+            None => stream.copy_to_host(&src, range),
+        };
+        match issued {
             Ok(transfer) => staging.in_flight.push_back((start, transfer)),
             Err(e) => {
                 let (e, host) = e.into_parts();

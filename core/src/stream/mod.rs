@@ -631,7 +631,7 @@ impl Stream {
         let _call = enter_call(
             ApiCall::here("Stream::copy_from_host").with_buffer(dst.address(), dst.size()),
         );
-        self.transfer(Direction::ToDevice, dst, src.into_host_range())
+        self.transfer(Direction::ToDevice, dst, src.into_host_range(), None)
     }
 
     /// Copy all of `src` (device memory) into the start of the pinned host bytes `dst` (a
@@ -663,7 +663,93 @@ impl Stream {
         let _call = enter_call(
             ApiCall::here("Stream::copy_to_host").with_buffer(src.address(), src.size()),
         );
-        self.transfer(Direction::ToHost, src, dst.into_host_range())
+        self.transfer(Direction::ToHost, src, dst.into_host_range(), None)
+    }
+
+    /// [`copy_from_host`](Self::copy_from_host) made for an operation of a library built
+    /// on cudabuf that promised its caller an operation of this stream and moves its bytes
+    /// through a pinned staging buffer when the context's pool lends one, or else through
+    /// pageable memory with
+    /// [`DeviceBuffer::copy_from_host_unpinned_as_on`](crate::DeviceBuffer::copy_from_host_unpinned_as_on)
+    /// (as cudabuf's own `Stream::read_file_at` does). `since` is an event the operation
+    /// recorded on this stream when it began, which its pageable copies wait for first
+    /// (`None`: the operation begins with this copy). The operation waits for the
+    /// transfer ([`Transfer::wait`]) before it hands over what the copy moved.
+    ///
+    /// On CUDA this is `copy_from_host`. A backend that checks ordering (the simulator's
+    /// race detector) judges the copy as the pageable path's synchronous copy, so that
+    /// its verdict on the program does not depend on what the pool lent: another host
+    /// thread's work issued to a non-blocking stream while the operation runs races with
+    /// the copy (the synchronous copy, on the legacy default stream on CUDA, is not in
+    /// this stream's order), and the program knows the copy complete once the transfer is
+    /// waited for.
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let dst = ctx.new_buffer(4)?;
+    /// let began = stream.record_event()?;
+    /// let mut host = ctx.new_host_buffer(4)?;
+    /// host.copy_from_slice(b"kept");
+    /// let host = stream.copy_from_host_promised(&dst, host, Some(&began))?.wait()?;
+    /// assert_eq!(dst.to_vec()?, &host[..]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`copy_from_host`](Self::copy_from_host); [`Error::InvalidArgument`] if `since`
+    /// is an event of another context.
+    #[track_caller]
+    pub fn copy_from_host_promised<S: IntoHostRange>(
+        &self,
+        dst: &DeviceBuffer,
+        src: S,
+        since: Option<&Event>,
+    ) -> std::result::Result<Transfer<S::Output>, CopyError<S::Output>> {
+        let _call = enter_call(
+            ApiCall::here("Stream::copy_from_host_promised").with_buffer(dst.address(), dst.size()),
+        );
+        let host = src.into_host_range();
+        match self.since("Stream::copy_from_host_promised", since) {
+            Ok(since) => self.transfer(Direction::ToDevice, dst, host, Some(since)),
+            Err(e) => Err(give_back(e, host)),
+        }
+    }
+
+    /// [`copy_to_host`](Self::copy_to_host) made for an operation promised on this stream
+    /// that moves its bytes through pageable memory when the pool lends no pinned buffer
+    /// ([`DeviceBuffer::copy_to_host_unpinned_as_on`](crate::DeviceBuffer::copy_to_host_unpinned_as_on)):
+    /// as [`copy_from_host_promised`](Self::copy_from_host_promised).
+    ///
+    /// ```
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// # let ctx = cudabuf_core::Backend::new(cudabuf_sim::SimBackend::new()).context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let src = ctx.buffer_from_data(b"kept")?;
+    /// let host = stream.copy_to_host_promised(&src, ctx.new_host_buffer(4)?, None)?.wait()?;
+    /// assert_eq!(&host[..], b"kept");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`copy_to_host`](Self::copy_to_host); [`Error::InvalidArgument`] if `since` is
+    /// an event of another context.
+    #[track_caller]
+    pub fn copy_to_host_promised<D: IntoHostRange>(
+        &self,
+        src: &DeviceBuffer,
+        dst: D,
+        since: Option<&Event>,
+    ) -> std::result::Result<Transfer<D::Output>, CopyError<D::Output>> {
+        let _call = enter_call(
+            ApiCall::here("Stream::copy_to_host_promised").with_buffer(src.address(), src.size()),
+        );
+        let host = dst.into_host_range();
+        match self.since("Stream::copy_to_host_promised", since) {
+            Ok(since) => self.transfer(Direction::ToHost, src, host, Some(since)),
+            Err(e) => Err(give_back(e, host)),
+        }
     }
 
     /// Copy all of `src` (pageable host memory) to the start of `dst` on this stream: the
@@ -908,6 +994,22 @@ fn give_back<H: GiveBack>(error: Error, host: HostRange) -> CopyError<H> {
     CopyError::new(error, Some(H::give_back(host, Token::new())))
 }
 
+impl Stream {
+    /// The raw event of `since` for a promised copy: it must be of this stream's context.
+    fn since(&self, operation: &'static str, since: Option<&Event>) -> Result<Option<RawEvent>> {
+        match since {
+            None => Ok(None),
+            Some(event) if event.context().handle() == self.context().handle() => {
+                Ok(Some(event.raw()))
+            }
+            Some(_) => Err(Error::invalid_argument(
+                operation,
+                "`since` is an event of another context than the stream's",
+            )),
+        }
+    }
+}
+
 /// Which way an asynchronous copy between the device and pinned host memory goes.
 #[derive(Debug, Clone, Copy)]
 enum Direction {
@@ -920,12 +1022,14 @@ impl Stream {
     /// (`copy_from_host`: host to device; `copy_to_host`: device to host): the checks
     /// first (`device` must be this stream's context's memory, and the copy must fit),
     /// then the copy and its event. Refused before anything is issued, the host memory
-    /// comes back in the error.
+    /// comes back in the error. With `promised` (`Some(since)`), a copy made for an
+    /// operation promised on this stream (`OrderingHooks::promised_copy_*_on`).
     fn transfer<H: GiveBack>(
         &self,
         direction: Direction,
         device: &DeviceBuffer,
         host: HostRange,
+        promised: Option<Option<RawEvent>>,
     ) -> std::result::Result<Transfer<H>, CopyError<H>> {
         let (operation, len, too_small) = match direction {
             Direction::ToDevice => (
@@ -972,13 +1076,17 @@ impl Stream {
         // until the copy is known complete, so no Rust reference reads or writes it
         // meanwhile, and it is not freed. `device`'s range lies in its live memory, kept
         // alive by the transfer. The stream is live.
+        // `promised`'s event is live, of this context (`since` checked it).
         let issued = unsafe {
-            match direction {
-                Direction::ToDevice => {
-                    raw.copy_host_to_device_on(device.address(), host.host_ptr(), len, stream)
+            let (d, h) = (device.address(), host.host_ptr());
+            match (direction, promised) {
+                (Direction::ToDevice, None) => raw.copy_host_to_device_on(d, h, len, stream),
+                (Direction::ToHost, None) => raw.copy_device_to_host_on(h, d, len, stream),
+                (Direction::ToDevice, Some(since)) => {
+                    raw.promised_copy_host_to_device_on(d, h, len, stream, since)
                 }
-                Direction::ToHost => {
-                    raw.copy_device_to_host_on(host.host_ptr(), device.address(), len, stream)
+                (Direction::ToHost, Some(since)) => {
+                    raw.promised_copy_device_to_host_on(h, d, len, stream, since)
                 }
             }
         };

@@ -552,6 +552,38 @@ unsafe impl OrderingHooks for CountingContext {
         }
     }
 
+    unsafe fn promised_copy_host_to_device_on(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: RawStream,
+        since: Option<RawEvent>,
+    ) -> Result<()> {
+        bump(&self.counts.hooks);
+        // SAFETY: forwarded from this method's contract.
+        unsafe {
+            self.inner_hooks()?
+                .promised_copy_host_to_device_on(dst, src, len, stream, since)
+        }
+    }
+
+    unsafe fn promised_copy_device_to_host_on(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: RawStream,
+        since: Option<RawEvent>,
+    ) -> Result<()> {
+        bump(&self.counts.hooks);
+        // SAFETY: forwarded from this method's contract.
+        unsafe {
+            self.inner_hooks()?
+                .promised_copy_device_to_host_on(dst, src, len, stream, since)
+        }
+    }
+
     fn retire_accesses(&self, address: DevicePtr, len: usize) {
         bump(&self.counts.hooks);
         if let Ok(hooks) = self.inner_hooks() {
