@@ -336,3 +336,110 @@ fn cold_pool_same_seed_repeated() {
         );
     }
 }
+
+/// What thread B does beside thread A's `to_host_on(s)`, `s` non-blocking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum B {
+    /// Racy: rewrites the batch's body on `s` during the conversion.
+    RewritesBodyOnS,
+    /// Correct: writes unrelated bytes on another non-blocking stream during it.
+    WritesOtherOnT,
+    /// Correct: rewrites the body on `s` after A's conversion returned.
+    RewritesBodyOnSAfterReturn,
+}
+
+/// Thread A (named `cudabuf-test-a`) converts the batch (or its column) with
+/// `to_host_on(s)`; thread B does `b`. B's during-the-call work is forced right after the
+/// first event record A's thread makes in the conversion (after the copy into a lent
+/// block, or the event a conversion into a new vector waits for before its copy), by a
+/// record hook that holds A there until B has issued it.
+fn convert_with_b(sim: &SimBackend, ctx: &Context, conv: Conv, b: B) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc::channel;
+    use std::sync::Mutex;
+    const A: &str = "cudabuf-test-a";
+    let host = host_batch();
+    let batch = DeviceRecordBatch::from_host(&host, ctx)?;
+    let body = batch.body().expect("a body").clone();
+    let copy = ctx.new_buffer(body.size())?;
+    copy.copy_from_device(&body, 0, None)?;
+    let other = ctx.new_buffer(body.size())?;
+    let s = ctx.new_stream_with(NON_BLOCKING)?;
+    let t = ctx.new_stream_with(NON_BLOCKING)?;
+    let (to_b, from_a) = channel::<bool>(); // true: held inside the call; false: returned
+    let (to_hook, from_b) = channel::<()>();
+    let during = b != B::RewritesBodyOnSAfterReturn;
+    if during {
+        let fired = AtomicBool::new(false);
+        let to_b = Mutex::new(to_b.clone());
+        let from_b = Mutex::new(from_b);
+        sim.set_record_hook(Some(Arc::new(move |_| {
+            let ours = std::thread::current().name() == Some(A);
+            if ours && !fired.swap(true, Ordering::SeqCst) {
+                let _ = to_b.lock().unwrap().send(true);
+                let _ = from_b.lock().unwrap().recv();
+            }
+        })));
+    }
+    let result = std::thread::scope(|scope| {
+        let a = std::thread::Builder::new()
+            .name(A.into())
+            .spawn_scoped(scope, || {
+                let r = convert(&batch, conv, &s);
+                let _ = to_b.send(false);
+                r
+            })
+            .unwrap();
+        let (s, t, body, copy, other) = (&s, &t, &body, &copy, &other);
+        let b_thread = scope.spawn(move || -> Result<()> {
+            let held = from_a.recv().expect("A or the hook speaks");
+            let r = match (b, held) {
+                (B::RewritesBodyOnS, true) => s.copy_device(body, copy),
+                (B::WritesOtherOnT, true) => t.copy_device(other, copy),
+                (B::RewritesBodyOnSAfterReturn, false) => s.copy_device(body, copy),
+                _ => Err(cudabuf_core::Error::invalid_argument(
+                    "convert_with_b",
+                    "the hook never held A's conversion",
+                )),
+            };
+            if held {
+                let _ = to_hook.send(());
+            }
+            r
+        });
+        let a = a.join().unwrap();
+        let b = b_thread.join().unwrap();
+        a.and(b)
+    });
+    sim.set_record_hook(None);
+    result?;
+    ctx.synchronize()
+}
+
+/// Racy: another thread rewrites the body on the conversion's non-blocking stream while
+/// `to_host_on` runs (the copy into a new vector, on the legacy stream on CUDA, is
+/// unordered with it), flagged in every landing mode; correct: the same work after the
+/// conversion returned, or unrelated work on another stream during it.
+#[test]
+fn another_threads_work_on_the_stream_during_to_host_on() {
+    let mut results = Vec::new();
+    for conv in [Conv::BatchToHostOn, Conv::ArrayToHostOn] {
+        for b in [
+            B::RewritesBodyOnS,
+            B::WritesOtherOnT,
+            B::RewritesBodyOnSAfterReturn,
+        ] {
+            results.push(all_modes(
+                &format!("{conv:?} on nb s, thread B: {b:?}"),
+                b == B::RewritesBodyOnS,
+                |mode, schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    mode.set_up(&sim, &ctx);
+                    let r = convert_with_b(&sim, &ctx, conv, b);
+                    (sim, r)
+                },
+            ));
+        }
+    }
+    none_lied(results);
+}
