@@ -191,3 +191,58 @@ fn concurrent_pageable_file_jobs_on_one_stream_threaded() {
         );
     }
 }
+
+/// The asynchronous copies made for a promise (`Stream::copy_from_host_promised`,
+/// `copy_to_host_promised`, the `OrderingHooks::promised_copy_*_on` hooks): the bytes
+/// move; the issuing thread's own later work on the stream is ordered after the copy
+/// (both paths order it); an event of another context is refused with the host memory
+/// back.
+#[test]
+fn promised_copies_move_the_bytes_and_order_the_issuing_threads_work() -> Result<()> {
+    let (sim, ctx) = sim(Schedule::Deterministic, 3).context();
+    let s = ctx.new_stream_with(NON_BLOCKING)?;
+    let dst = ctx.new_buffer(8)?;
+    let out = ctx.new_buffer(8)?;
+    let began = s.record_event()?;
+    let mut host = ctx.new_host_buffer(8)?;
+    host.copy_from_slice(b"promised");
+    let up = s.copy_from_host_promised(&dst, host, Some(&began))?;
+    s.copy_device(&out, &dst)?; // this thread, after its copy: ordered on both paths
+    let host = up.wait()?;
+    let back = s
+        .copy_to_host_promised(&out, ctx.new_host_buffer(8)?, None)?
+        .wait()?;
+    assert_eq!(&back[..], &host[..]);
+    let other = Backend::new(sim.clone()).context(1)?;
+    let foreign = other.new_stream()?.record_event()?;
+    let e = s
+        .copy_from_host_promised(&dst, host, Some(&foreign))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{}", e.error());
+    assert_eq!(e.into_host().expect("never issued").size(), 8);
+    s.synchronize()?;
+    assert!(sim.race_report().is_empty(), "{}", sim.race_report());
+    Ok(())
+}
+
+/// Another thread's write of the bytes on the same non-blocking stream while a promised
+/// copy is in flight (before its transfer is waited for) races with it: the pageable
+/// path's synchronous copy, on the legacy stream on CUDA, is not in the stream's order.
+#[test]
+fn another_threads_write_during_a_promised_copy_is_a_race() -> Result<()> {
+    let (_sim, ctx) = sim(Schedule::Deterministic, 4).context();
+    let s = ctx.new_stream_with(NON_BLOCKING)?;
+    let dst = ctx.new_buffer(8)?;
+    let nines = ctx.buffer_from_data(&[9u8; 8][..])?;
+    let host = ctx.new_host_buffer(8)?;
+    let up = s.copy_from_host_promised(&dst, host, None)?;
+    let b = std::thread::scope(|scope| scope.spawn(|| s.copy_device(&dst, &nines)).join());
+    let b = b.unwrap();
+    assert!(
+        b.as_ref().is_err_and(|e| e.kind() == ErrorKind::DataRace),
+        "{b:?}"
+    );
+    up.wait()?;
+    s.copy_device(&dst, &nines)?; // after the wait: ordered
+    s.synchronize()
+}

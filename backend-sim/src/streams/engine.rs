@@ -688,6 +688,13 @@ impl Engine {
         }
         let (thread, thread_actor, thread_tick, thread_desc) = self.host_thread();
         let (mut vc, deps, start) = self.issue_clock(stream, thread_actor, thread_tick, wait);
+        if what != OpWhat::EventRecord {
+            if let Some(&epoch) = self.streams[&stream].promised_by.get(&thread) {
+                // After this thread's copy made for a promise on `stream` (see
+                // `StreamState::promised_by`).
+                vc.learn(epoch);
+            }
+        }
         let promised = promised.filter(|&p| p != stream);
         let meet =
             promised.map(|p| vc.meet(&self.issue_clock(p, thread_actor, thread_tick, wait).0));
@@ -800,7 +807,8 @@ impl Engine {
     /// `issue_for`'s copies: one operation's chunks may take both paths). A blocking
     /// stream's later work learns that event (both paths order it after the copy); a
     /// non-blocking one's learns nothing from the copy, so that another thread's work
-    /// issued to it meanwhile races with the copy, as it does with the synchronous one.
+    /// issued to it meanwhile races with the copy, as it does with the synchronous one,
+    /// until the issuing thread's own later work on it (`StreamState::promised_by`).
     /// The host learns the copy's completion when the program waits for an event its
     /// thread records on `stream` after it, or for `stream` or its context: its accesses
     /// are then forgotten ([`PromisedCopy`]), as the synchronous copy's are when it
@@ -891,6 +899,7 @@ impl Engine {
             s.vc.learn(epoch);
         }
         s.last_end_ns = end_ns;
+        s.promised_by.insert(thread, epoch);
         s.promised.push(Arc::new(PromisedCopy {
             thread,
             accesses: accesses.to_vec(),

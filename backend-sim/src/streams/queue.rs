@@ -1,12 +1,12 @@
 //! Streams as queues of operations.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::thread::ThreadId;
 
 use cudabuf_core::backend::DevicePtr;
 
-use super::clock::{Actor, VectorClock};
+use super::clock::{Actor, Epoch, VectorClock};
 use super::label::{OpLabel, StreamDesc};
 use crate::race::Access;
 use crate::table::Located;
@@ -127,6 +127,11 @@ pub(crate) struct StreamState {
     /// The asynchronous copies made on this stream for such operations that no event
     /// record of their thread on this stream has claimed yet (see [`PromisedCopy`]).
     pub(crate) promised: Vec<Arc<PromisedCopy>>,
+    /// Per host thread, the event of the last such copy it made on this stream: its
+    /// later operations on the stream (but event records, which cudabuf makes after each
+    /// such copy on one path only) are ordered after it on both paths (the stream's
+    /// order; the host's, the synchronous copy being done when it returns).
+    pub(crate) promised_by: HashMap<ThreadId, Epoch>,
 }
 
 impl StreamState {
@@ -142,6 +147,7 @@ impl StreamState {
             destroyed: false,
             promise: None,
             promised: Vec::new(),
+            promised_by: HashMap::new(),
         }
     }
 
