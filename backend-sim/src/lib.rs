@@ -149,8 +149,9 @@
 //! are: by the meet of the stream's clock and the legacy stream's joined with the
 //! stream's work before the operation began (which the second path waits for first),
 //! with an event of the same per-stream copy actor (one operation's chunks may take both
-//! paths); a non-blocking stream's later work is not ordered after them (a blocking
-//! stream's is, on both paths), and the host learns them complete when the operation
+//! paths); other threads' later work on a non-blocking stream is not ordered after them
+//! (the issuing thread's own later work on it is, and a blocking stream's, as on both
+//! paths), and the host learns them complete when the operation
 //! waits for them (their accesses are then forgotten, as a synchronous copy's are when
 //! it returns), so work issued after the operation returned, by any thread, is ordered
 //! after them. So a program that takes such an operation as the completion of another

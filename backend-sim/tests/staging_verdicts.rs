@@ -833,6 +833,10 @@ fn two_thread_setup(mode: TwoThreadStaging, sim: &SimBackend, ctx: &Context) {
 enum B {
     /// Racy: writes all of `dst` on `s` during the call.
     WritesDstOnS,
+    /// Racy: synchronizes `s` during the call, then writes all of `dst` on another
+    /// non-blocking stream `t` (the pageable path's copies, on the legacy stream, are not
+    /// what `s.synchronize()` waits for).
+    SynchronizesSThenWritesDstOnT,
     /// Correct: writes unrelated bytes on another non-blocking stream during the call.
     WritesOtherOnT,
     /// Correct: writes `dst` on `s` after A's call returned (A tells B through a channel).
@@ -879,7 +883,10 @@ fn call_with_b(
     }
     let (to_b, from_a): (Sender<Msg>, Receiver<Msg>) = channel();
     let (to_hook, from_b) = channel::<()>();
-    let during = matches!(b, B::WritesDstOnS | B::WritesOtherOnT);
+    let during = matches!(
+        b,
+        B::WritesDstOnS | B::WritesOtherOnT | B::SynchronizesSThenWritesDstOnT
+    );
     if during {
         let records = AtomicUsize::new(0);
         let to_b = Mutex::new(to_b.clone());
@@ -918,6 +925,10 @@ fn call_with_b(
                 match b {
                     B::WritesDstOnS | B::WritesDstOnSAfterReturn => s.copy_device(dst, nines),
                     B::WritesOtherOnT => t.copy_device(other, &nines.slice(0, CH)?),
+                    B::SynchronizesSThenWritesDstOnT => {
+                        s.synchronize()?;
+                        t.copy_device(dst, nines)
+                    }
                     B::WaitsEventThenWritesOnS => {
                         s.wait_event(&event.expect("recorded after the call"))?;
                         s.copy_device(dst, nines)
@@ -955,28 +966,33 @@ fn call_with_b(
 /// writing the same bytes on `s` during it: racy (the pageable path's synchronous copies,
 /// on the legacy stream, are unordered with B's work; the pinned path's copies are in
 /// `s`'s order with it, but a program is correct only if it is correct whichever path
-/// ran), so flagged in every staging mode. B's work is forced right after the event the
-/// call records when it begins (every mode), or right after the call's first pinned copy
-/// (the modes that make one).
+/// ran), so flagged in every staging mode; so is B's synchronization of `s` during the
+/// call followed by a write of the bytes on another stream (the pageable path's copies
+/// are not `s`'s work). B's work is forced right after the event the call records when it
+/// begins (every mode), or right after the call's first pinned copy (the modes that make
+/// one).
 #[test]
 fn another_threads_work_on_a_non_blocking_stream_during_a_file_call_is_racy() {
     let mut results = Vec::new();
     for write in [false, true] {
-        for (at_record, modes) in [(1, &TWO_THREAD_MODES[..]), (2, &PINNED_MODES[..])] {
-            let path = temp_file(&format!("nbduring{write}{at_record}"), &[5u8; 8 * 4096]);
-            results.push(all_modes(
-                &format!(
-                    "file call (write={write}) on nb s, B writes dst on s at record {at_record}"
-                ),
-                true,
-                modes,
-                |mode, schedule, seed| {
-                    let (sim, ctx) = one(schedule, seed);
-                    two_thread_setup(mode, &sim, &ctx);
-                    let r = call_with_b(&sim, &ctx, &path, write, B::WritesDstOnS, at_record);
-                    (sim, r)
-                },
-            ));
+        for b in [B::WritesDstOnS, B::SynchronizesSThenWritesDstOnT] {
+            for (at_record, modes) in [(1, &TWO_THREAD_MODES[..]), (2, &PINNED_MODES[..])] {
+                let path = temp_file(
+                    &format!("nbduring{write}{b:?}{at_record}"),
+                    &[5u8; 8 * 4096],
+                );
+                results.push(all_modes(
+                    &format!("file call (write={write}) on nb s, B: {b:?} at record {at_record}"),
+                    true,
+                    modes,
+                    |mode, schedule, seed| {
+                        let (sim, ctx) = one(schedule, seed);
+                        two_thread_setup(mode, &sim, &ctx);
+                        let r = call_with_b(&sim, &ctx, &path, write, b, at_record);
+                        (sim, r)
+                    },
+                ));
+            }
         }
     }
     none_lied(results);

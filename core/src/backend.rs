@@ -910,11 +910,12 @@ pub unsafe trait OrderingHooks: Send + Sync {
     /// A backend that checks ordering (the simulator's race detector) judges the copy as
     /// the pageable path's synchronous copy on the legacy default stream: by what both
     /// copies would order it after (`stream`'s work before `since`, and what the legacy
-    /// default stream's order and the host give both). Later work of a non-blocking
-    /// `stream` is not ordered after the copy (another thread's work issued to `stream`
-    /// meanwhile races with it, as with the synchronous copy); the program learns the
-    /// copy complete when it waits for an event its thread recorded on `stream` after
-    /// the copy, or for `stream` or the context.
+    /// default stream's order and the host give both). Other threads' later work on a
+    /// non-blocking `stream` is not ordered after the copy (another thread's work issued
+    /// to `stream` meanwhile races with it, as with the synchronous copy; the calling
+    /// thread's own later work on it is ordered after it, as on both paths); the program
+    /// learns the copy complete when it waits for an event its thread recorded on
+    /// `stream` after the copy, or for `stream` or the context.
     ///
     /// Unlike most hooks, this one copies: as `copy_host_to_device_on` does, with its
     /// promises.

@@ -810,9 +810,10 @@ impl Engine {
     /// issued to it meanwhile races with the copy, as it does with the synchronous one,
     /// until the issuing thread's own later work on it (`StreamState::promised_by`).
     /// The host learns the copy's completion when the program waits for an event its
-    /// thread records on `stream` after it, or for `stream` or its context: its accesses
-    /// are then forgotten ([`PromisedCopy`]), as the synchronous copy's are when it
-    /// returns.
+    /// thread records on `stream` after it, for `stream` from that thread, or for the
+    /// context: its accesses are then forgotten ([`PromisedCopy`]), as the synchronous
+    /// copy's are when it returns (another thread's wait for `stream` does not cover the
+    /// other path's copy, on the legacy stream).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn issue_promised(
         &mut self,
@@ -1147,7 +1148,15 @@ impl Engine {
             ops: s.last_op(stream).into_iter().collect(),
             vc: s.vc.clone(),
             end_ns: s.last_end_ns,
-            promised: s.promised.clone(),
+            // Only the calling thread's copies made for a promise on the stream: the
+            // other path's synchronous copies of other threads, on the legacy stream, are
+            // not what a wait for this stream covers (the calling thread's are done).
+            promised: s
+                .promised
+                .iter()
+                .filter(|p| p.thread == std::thread::current().id())
+                .cloned()
+                .collect(),
         }
     }
 

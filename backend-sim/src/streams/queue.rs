@@ -95,8 +95,9 @@ pub(crate) struct HostSide {
 /// An asynchronous copy cudabuf made on a stream for an operation its API promised on
 /// that stream (`Engine::issue_promised`), which the host has not yet seen complete: its
 /// accesses are forgotten once the program waits for it (a wait for an event recorded
-/// after it on its stream by the thread that made it, or for the whole stream or
-/// context), as the synchronous copy of the other path is forgotten when it returns.
+/// after it on its stream by the thread that made it, that thread's wait for the stream,
+/// or a wait for the context), as the synchronous copy of the other path is forgotten
+/// when it returns.
 #[derive(Debug)]
 pub(crate) struct PromisedCopy {
     /// The thread that issued it.
