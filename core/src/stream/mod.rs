@@ -671,7 +671,8 @@ impl Stream {
     /// through a pinned staging buffer when the context's pool lends one, or else through
     /// pageable memory with
     /// [`DeviceBuffer::copy_from_host_unpinned_as_on`](crate::DeviceBuffer::copy_from_host_unpinned_as_on)
-    /// (as cudabuf's own `Stream::read_file_at` does). `since` is an event the operation
+    /// (as cudabuf's own `Stream::read_file_at` does): for cudabuf's own layers (the Arrow
+    /// and Flight crates), not part of the stable API. `since` is an event the operation
     /// recorded on this stream when it began, which its pageable copies wait for first
     /// (`None`: the operation begins with this copy). The operation waits for the
     /// transfer ([`Transfer::wait`]) before it hands over what the copy moved.
@@ -700,6 +701,7 @@ impl Stream {
     /// # Errors
     /// As [`copy_from_host`](Self::copy_from_host); [`Error::InvalidArgument`] if `since`
     /// is an event of another context.
+    #[doc(hidden)]
     #[track_caller]
     pub fn copy_from_host_promised<S: IntoHostRange>(
         &self,
@@ -735,6 +737,7 @@ impl Stream {
     /// # Errors
     /// As [`copy_to_host`](Self::copy_to_host); [`Error::InvalidArgument`] if `since` is
     /// an event of another context.
+    #[doc(hidden)]
     #[track_caller]
     pub fn copy_to_host_promised<D: IntoHostRange>(
         &self,
