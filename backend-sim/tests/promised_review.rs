@@ -72,6 +72,10 @@ enum Sync {
     OwnEventHost,
     /// The same event, waited for by another stream `t` (GPU-side wait).
     OwnEventOnT,
+    /// `s.query()` polled until it answers `true` (CUDA: all of `s`'s work is done).
+    StreamQuery,
+    /// The transfer's own `is_complete()` polled until `true` (the control: passes).
+    TransferPolled,
 }
 
 /// Correct on CUDA: the thread issues a promised copy on `s` (into `dst`, or out of
@@ -130,6 +134,23 @@ fn own_sync_after_promised(
             t.wait_event(&e)?;
             Some(&t)
         }
+        Sync::StreamQuery => {
+            while !s.query()? {
+                std::thread::yield_now();
+            }
+            None
+        }
+        Sync::TransferPolled => {
+            let done = match (&transfer_up, &transfer_down) {
+                (Some(up), _) => up,
+                (_, Some(down)) => down,
+                _ => unreachable!(),
+            };
+            while !done.is_complete()? {
+                std::thread::yield_now();
+            }
+            None
+        }
     };
     if to_host {
         // The copy read `buf`: overwrite it (on `t`, after the wait or the sync).
@@ -178,6 +199,8 @@ fn own_sync_cases(promised: bool) {
                 Sync::Context,
                 Sync::OwnEventHost,
                 Sync::OwnEventOnT,
+                Sync::StreamQuery,
+                Sync::TransferPolled,
             ] {
                 results.push(verdicts(
                     &format!(
