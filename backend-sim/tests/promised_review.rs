@@ -560,6 +560,8 @@ enum Before {
     SWritesBuf,
     /// Another stream writes the buffer, `s` waits for its event, before the call.
     TWritesBufSWaits,
+    /// Racy: another non-blocking stream writes the buffer, pending, before the call.
+    TWritesBufNoWait,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -603,6 +605,7 @@ fn single_thread(
             t.copy_device(&buf, &nines)?;
             s.wait_event(&t.record_event()?)?;
         }
+        Before::TWritesBufNoWait => t.copy_device(&buf, &nines)?,
     }
     if write {
         let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
@@ -825,4 +828,38 @@ fn the_modes_take_the_paths_they_name() {
         assert_eq!(records.load(Ordering::SeqCst), want, "{mode:?}");
     }
     let _ = std::fs::remove_file(&path);
+}
+
+/// Racy in every staging mode: a pending write of the buffer on another non-blocking
+/// stream, then a file call over it on `s` (of every kind but the legacy stream, which
+/// is also unordered with a non-blocking stream). Expected: flagged in every run.
+#[test]
+fn a_file_call_over_another_streams_pending_write_is_racy() {
+    let path = temp_file("racypre", &[5u8; 3 * 4096]);
+    let mut results = Vec::new();
+    for write in [false, true] {
+        for on in [On::NonBlocking, On::Blocking, On::PerThread, On::Legacy] {
+            for mode in MODES {
+                results.push(verdicts(
+                    &format!("write={write} on {on:?} after t's pending write, {mode:?}"),
+                    true,
+                    |schedule, seed| {
+                        let (sim, ctx) = one(schedule, seed);
+                        mode_setup(mode, &sim, &ctx);
+                        let r = single_thread(
+                            &ctx,
+                            &path,
+                            on,
+                            write,
+                            Before::TWritesBufNoWait,
+                            After::SReads,
+                        );
+                        (sim, r)
+                    },
+                ));
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    none_lied(results);
 }
