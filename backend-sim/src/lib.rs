@@ -148,13 +148,16 @@
 //! run in the promised stream's order, as on CUDA, but are judged as the second path's
 //! are: by the meet of the stream's clock and the legacy stream's joined with the
 //! stream's work before the operation began (which the second path waits for first),
-//! with an event of the same per-stream copy actor (one operation's chunks may take both
-//! paths); other threads' later work on a non-blocking stream is not ordered after them
-//! (the issuing thread's own later work on it is, and a blocking stream's, as on both
-//! paths), and the host learns them complete when the operation
-//! waits for them (their accesses are then forgotten, as a synchronous copy's are when
-//! it returns), so work issued after the operation returned, by any thread, is ordered
-//! after them. So a program that takes such an operation as the completion of another
+//! with an event of the issuing thread's copy actor for that stream, shared by both
+//! paths' copies (one operation's chunks may take both paths; a thread's copies are in
+//! its issue order on either path, other threads' are not ordered with them); other
+//! threads' later work on a non-blocking stream is not ordered after them (the issuing
+//! thread's own later work on it is, and a blocking stream's, as on both paths, and
+//! whatever waits for an event that thread records on it later), and the host learns
+//! them complete when the program waits for such an event, or the issuing thread for the
+//! stream, or for the context (their accesses are then forgotten, as a synchronous
+//! copy's are when it returns), so work issued after the operation returned, by any
+//! thread, is ordered after them. So a program that takes such an operation as the completion of another
 //! blocking stream's work, or whose other thread issues conflicting work to the same
 //! non-blocking stream while the operation runs, is flagged whichever path ran; work of
 //! other threads on a blocking stream or the legacy stream beside such an operation is

@@ -913,9 +913,11 @@ pub unsafe trait OrderingHooks: Send + Sync {
     /// default stream's order and the host give both). Other threads' later work on a
     /// non-blocking `stream` is not ordered after the copy (another thread's work issued
     /// to `stream` meanwhile races with it, as with the synchronous copy; the calling
-    /// thread's own later work on it is ordered after it, as on both paths); the program
-    /// learns the copy complete when it waits for an event its thread recorded on
-    /// `stream` after the copy, or for `stream` or the context.
+    /// thread's own later work on it is ordered after it, as on both paths, and so is
+    /// what waits for an event that thread records on it after the copy); the program
+    /// learns the copy complete when it waits for such an event, when the calling thread
+    /// waits for `stream`, or when it waits for the context. Copies made by other
+    /// threads are not ordered with the calling thread's.
     ///
     /// Unlike most hooks, this one copies: as `copy_host_to_device_on` does, with its
     /// promises.

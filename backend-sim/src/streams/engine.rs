@@ -555,17 +555,26 @@ impl Engine {
         let issued = self.issue(stream, OpWhat::EventRecord, Work::Marker, &[], 0, None)?;
         // The recording thread's copies made for a promise on this stream precede the
         // record on either path: in the stream's order, or (a synchronous copy) on the
-        // host before the thread went on.
+        // host before the thread went on. They stay the stream's until the program waits
+        // for one of the records (or the stream, or the context) that cover them.
+        // What waits for the record learns them (the thread's last one, and through its
+        // actor the earlier ones).
         let thread = std::thread::current().id();
-        let s = self.streams.get_mut(&stream).expect("issued to above");
-        let (promised, others) = std::mem::take(&mut s.promised)
-            .into_iter()
-            .partition(|p| p.thread == thread);
-        s.promised = others;
+        let s = &self.streams[&stream];
+        let promised = s
+            .promised
+            .iter()
+            .filter(|p| p.thread == thread)
+            .cloned()
+            .collect();
+        let mut vc = issued.vc;
+        if let Some(&epoch) = s.promised_by.get(&thread) {
+            vc.learn(epoch);
+        }
         let e = self.events.get_mut(&event.as_raw()).expect("checked above");
         e.recorded = Some(Recorded {
             op: issued.op,
-            vc: issued.vc,
+            vc,
             end_ns: issued.end_ns,
             promised,
         });
@@ -667,8 +676,9 @@ impl Engine {
     /// operation's place in `stream` (the legacy stream's earlier work is not the
     /// promise's), and the race detector forgets the operation's own accesses; `stream`'s
     /// later work learns the meet, not the operation or what only `stream`'s order gave
-    /// it. The operation's event is one of the promised stream's copy actor (such copies
-    /// are ordered among themselves on either path: by `stream`, or by the promised one);
+    /// it. The operation's event is one of the issuing thread's copy actor for the
+    /// promised stream (a thread's copies are ordered among themselves on either path, in
+    /// its issue order; other threads' are not ordered with them);
     /// a blocking promised stream's later work learns it (both paths order that work
     /// after the copy), a non-blocking one's does not.
     #[allow(clippy::too_many_arguments)]
@@ -691,7 +701,10 @@ impl Engine {
         if what != OpWhat::EventRecord {
             if let Some(&epoch) = self.streams[&stream].promised_by.get(&thread) {
                 // After this thread's copy made for a promise on `stream` (see
-                // `StreamState::promised_by`).
+                // `StreamState::promised_by`). Not a record's: the stream's later work
+                // would learn it through the record, though another thread's is not
+                // ordered after the copy on the pageable path; the record's event learns
+                // it instead (`record_event`).
                 vc.learn(epoch);
             }
         }
@@ -704,16 +717,11 @@ impl Engine {
         // claims none of them that the promise does not give.
         let (epoch, judged) = match (promised, &meet) {
             (Some(p), Some(meet)) => {
-                let (actor, made) = match self.streams[&p].promise {
-                    Some(promise) => promise,
-                    None => (self.new_actor(), 0),
-                };
-                let epoch = Epoch {
-                    actor,
-                    tick: made + 1,
-                };
+                let epoch = self.next_copy_epoch(p, thread);
                 let promised_state = self.streams.get_mut(&p).expect("resolved");
-                promised_state.promise = Some((actor, made + 1));
+                promised_state
+                    .promise
+                    .insert(thread, (epoch.actor, epoch.tick));
                 if promised_state.desc.blocking() {
                     // Both paths order a blocking stream's later work after the copy (its
                     // own stream order; on CUDA's legacy stream, which a blocking stream
@@ -803,13 +811,14 @@ impl Engine {
     /// both would order it after, the meet of `stream`'s clock and the legacy stream's
     /// clock joined with `stream`'s work before the operation began (the `since` record,
     /// which that path waits for first; `None`: the operation begins with this copy, so
-    /// all of `stream`'s work so far), with an event of `stream`'s copy actor (the one of
-    /// `issue_for`'s copies: one operation's chunks may take both paths). A blocking
+    /// all of `stream`'s work so far), with an event of the issuing thread's copy actor
+    /// for `stream` (the one of its `issue_for` copies: one operation's chunks may take
+    /// both paths). A blocking
     /// stream's later work learns that event (both paths order it after the copy); a
     /// non-blocking one's learns nothing from the copy, so that another thread's work
     /// issued to it meanwhile races with the copy, as it does with the synchronous one,
-    /// until the issuing thread's own later work on it (`StreamState::promised_by`).
-    /// The host learns the copy's completion when the program waits for an event its
+    /// until the issuing thread's own later work on it (`StreamState::promised_by`), and
+    /// what waits for an event that thread records on it later, learn it. The host learns the copy's completion when the program waits for an event its
     /// thread records on `stream` after it, for `stream` from that thread, or for the
     /// context: its accesses are then forgotten ([`PromisedCopy`]), as the synchronous
     /// copy's are when it returns (another thread's wait for `stream` does not cover the
@@ -848,14 +857,7 @@ impl Engine {
         let mut other = self.issue_clock(legacy, thread_actor, thread_tick, None).0;
         other.join(since.as_ref().unwrap_or(&vc));
         let meet = vc.meet(&other);
-        let (actor, made) = match self.streams[&stream].promise {
-            Some(promise) => promise,
-            None => (self.new_actor(), 0),
-        };
-        let epoch = Epoch {
-            actor,
-            tick: made + 1,
-        };
+        let epoch = self.next_copy_epoch(stream, thread);
         let mut judged = meet;
         judged.learn(epoch);
         let s = &self.streams[&stream];
@@ -883,7 +885,7 @@ impl Engine {
         );
         let end_ns = start.saturating_add(cost_ns);
         let s = self.streams.get_mut(&stream).expect("looked up above");
-        s.promise = Some((actor, made + 1));
+        s.promise.insert(thread, (epoch.actor, epoch.tick));
         s.queue.push_back(Op {
             index: s.issued,
             label,
@@ -907,6 +909,21 @@ impl Engine {
             judged,
         }));
         Ok(())
+    }
+
+    /// The event the next copy `thread` makes for an operation promised on `stream` will
+    /// have: one of the thread's copy actor for that stream (made here when first
+    /// needed), after its earlier copies. Not yet counted: the caller stores it in
+    /// `StreamState::promise` once the copy is committed.
+    fn next_copy_epoch(&mut self, stream: StreamKey, thread: ThreadId) -> Epoch {
+        let (actor, made) = match self.streams[&stream].promise.get(&thread) {
+            Some(&promise) => promise,
+            None => (self.new_actor(), 0),
+        };
+        Epoch {
+            actor,
+            tick: made + 1,
+        }
     }
 
     /// The legacy default stream of `device`.

@@ -122,16 +122,20 @@ pub(crate) struct StreamState {
     pub(crate) last_end_ns: u64,
     /// Destroyed by the user: its handle is dead, its work still runs.
     pub(crate) destroyed: bool,
-    /// The actor of the synchronous copies cudabuf makes for operations promised on this
-    /// stream (`Engine::issue_for`), and how many it made: made when first needed.
-    pub(crate) promise: Option<(Actor, u64)>,
-    /// The asynchronous copies made on this stream for such operations that no event
-    /// record of their thread on this stream has claimed yet (see [`PromisedCopy`]).
+    /// Per host thread, the actor of the copies it made for operations promised on this
+    /// stream (`Engine::issue_for`'s synchronous ones, `Engine::issue_promised`'s
+    /// asynchronous ones) and how many it made: made when first needed. One actor per
+    /// thread: a thread's copies are ordered among themselves on either path (in its
+    /// issue order: the stream's order, or the host's, a synchronous copy being done when
+    /// it returns), other threads' copies are not ordered with them.
+    pub(crate) promise: HashMap<ThreadId, (Actor, u64)>,
+    /// The asynchronous copies made on this stream for such operations that the program
+    /// has not yet waited for (see [`PromisedCopy`]).
     pub(crate) promised: Vec<Arc<PromisedCopy>>,
     /// Per host thread, the event of the last such copy it made on this stream: its
-    /// later operations on the stream (but event records, which cudabuf makes after each
-    /// such copy on one path only) are ordered after it on both paths (the stream's
-    /// order; the host's, the synchronous copy being done when it returns).
+    /// later operations on the stream (event records included) are ordered after it on
+    /// both paths (the stream's order; the host's, the synchronous copy being done when
+    /// it returns).
     pub(crate) promised_by: HashMap<ThreadId, Epoch>,
 }
 
@@ -146,7 +150,7 @@ impl StreamState {
             completed: 0,
             last_end_ns: 0,
             destroyed: false,
-            promise: None,
+            promise: HashMap::new(),
             promised: Vec::new(),
             promised_by: HashMap::new(),
         }

@@ -1,4 +1,4 @@
-//! Review of the promised copies (`Stream::copy_{from,to}_host_promised`,
+//! The promised copies (`Stream::copy_{from,to}_host_promised`,
 //! `OrderingHooks::promised_copy_*_on`, `Engine::issue_promised`): programs on which the
 //! race detector's verdict was checked against CUDA's truth. Each test prints, per case,
 //! how many of the `2 * HUNT_SEEDS` runs lied, and fails if any did.
@@ -179,7 +179,6 @@ fn own_sync_after_promised(
 /// `copy_from_host` / `copy_to_host` are the control:
 /// `own_sync_after_a_plain_copy_is_fine`.)
 #[test]
-#[ignore = "review finding 1: false alarm on a non-blocking stream (run with --include-ignored)"]
 fn own_sync_after_a_promised_copy_is_fine() {
     own_sync_cases(true);
 }
@@ -224,7 +223,6 @@ fn own_sync_cases(promised: bool) {
 /// second in `s`'s order on the pinned path, and is synchronous on the pageable one);
 /// then the first transfer is waited for. Expected: never flagged.
 #[test]
-#[ignore = "review finding 1: false alarm (run with --include-ignored)"]
 fn waiting_the_later_of_two_promised_copies_covers_the_earlier() {
     let r = verdicts(
         "two promised copies, wait the second, host reads the first's bytes",
@@ -250,7 +248,7 @@ fn waiting_the_later_of_two_promised_copies_covers_the_earlier() {
     none_lied(vec![r]);
 }
 
-// ---- 2. the shared copy actor: one thread's copy covers another thread's --------------
+// ---- 2. one thread's copies do not stand for another thread's ----------------------------
 
 /// Racy on CUDA: thread T2 issues a promised copy into `x` on the non-blocking stream `s`
 /// and holds its transfer; thread T1 (told by T2 after the issue, a host channel the
@@ -308,7 +306,6 @@ fn other_threads_copy_then_own(ctx: &Context, own: bool, read_on_t: bool) -> Res
 
 /// Racy in every case; expected: flagged in every run. `own = false` is the control.
 #[test]
-#[ignore = "review finding 2: missed race (run with --include-ignored)"]
 fn another_threads_in_flight_promised_copy_is_not_hidden_by_ones_own() {
     let mut results = Vec::new();
     for (own, read_on_t) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -331,7 +328,7 @@ fn another_threads_in_flight_promised_copy_is_not_hidden_by_ones_own() {
 
 fn temp_file(tag: &str, bytes: &[u8]) -> std::path::PathBuf {
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("promised-review-{tag}-{}", std::process::id()));
+        .join(format!("promised-copies-{tag}-{}", std::process::id()));
     std::fs::write(&path, bytes).unwrap();
     path
 }
@@ -367,9 +364,9 @@ fn oom() -> cudabuf_core::Error {
     }
 }
 
-/// Racy on CUDA: thread T2 (`review-t2`) runs `s.read_file_at(x)` (one 4 KiB chunk) on the
+/// Racy on CUDA: thread T2 (`copies-t2`) runs `s.read_file_at(x)` (one 4 KiB chunk) on the
 /// non-blocking `s`; a record hook holds T2 right after its chunk's copy (at the event
-/// the copy's transfer records) until T1 is done. T1 (`review-t1`) then, with `own`,
+/// the copy's transfer records) until T1 is done. T1 (`copies-t1`) then, with `own`,
 /// runs `s.read_file_at(y)` of an unrelated buffer, and reads `x` on `s`. T1 never
 /// synchronizes with T2's call, whose copy (pageable path: a synchronous copy on the
 /// legacy stream) is unordered with T1's work on `s`.
@@ -395,7 +392,7 @@ fn two_file_calls(sim: &SimBackend, ctx: &Context, path: &std::path::Path, own: 
         let held = held.clone();
         let records = AtomicUsize::new(0);
         sim.set_record_hook(Some(Arc::new(move |_| {
-            if std::thread::current().name() == Some("review-t2")
+            if std::thread::current().name() == Some("copies-t2")
                 && records.fetch_add(1, Ordering::SeqCst) + 1 == 2
             {
                 held.fetch_add(1, Ordering::SeqCst);
@@ -407,14 +404,14 @@ fn two_file_calls(sim: &SimBackend, ctx: &Context, path: &std::path::Path, own: 
     let (s, x, y, out) = (&s, &x, &y, &out);
     let result = std::thread::scope(|scope| {
         let t2 = std::thread::Builder::new()
-            .name("review-t2".into())
+            .name("copies-t2".into())
             .spawn_scoped(scope, move || {
                 let f = std::fs::File::open(path).unwrap();
                 s.read_file_at(x, &f, 0)
             })
             .unwrap();
         let t1 = std::thread::Builder::new()
-            .name("review-t1".into())
+            .name("copies-t1".into())
             .spawn_scoped(scope, move || -> Result<()> {
                 if go_rx.recv().is_err() {
                     return Err(cudabuf_core::Error::invalid_argument(
@@ -471,7 +468,6 @@ enum Own {
 /// whether T1's own call found a pinned buffer (pool of 2) or not (pool of 1: T2 holds
 /// the only one).
 #[test]
-#[ignore = "review findings 2 and 3: missed races, staging-dependent (run with --include-ignored)"]
 fn a_file_call_of_ones_own_does_not_hide_another_threads_in_flight_call() {
     let path = temp_file("two", &[5u8; 4096]);
     let mut results = Vec::new();
