@@ -148,9 +148,11 @@
 //! run in the promised stream's order, as on CUDA, but are judged as the second path's
 //! are: by the meet of the stream's clock and the legacy stream's joined with the
 //! stream's work before the operation began (which the second path waits for first),
-//! with an event of the issuing thread's copy actor for that stream, shared by both
-//! paths' copies (one operation's chunks may take both paths; a thread's copies are in
-//! its issue order on either path, other threads' are not ordered with them); other
+//! with an event of the issuing thread's actor for its pinned-path copies on that stream
+//! (a thread's copies along one path are in its issue order: the stream's, or the host's
+//! for the synchronous ones, which have an actor of their own; a synchronous copy is not
+//! ordered after the thread's earlier asynchronous ones, nor other threads' copies with
+//! the thread's); other
 //! threads' later work on a non-blocking stream is not ordered after them (the issuing
 //! thread's own later work on it is, and a blocking stream's, as on both paths, and
 //! whatever waits for an event that thread records on it later), and the host learns

@@ -5,7 +5,7 @@
 
 use cudabuf_core::{Context, Event, FileOptions, Result, Stream};
 use cudabuf_sim::{FaultOp, Schedule, SimBackend};
-use cudabuf_test_support::{hunt_seeds, lies, sim, NON_BLOCKING};
+use cudabuf_test_support::{hunt_seeds, lies, sim, BLOCKING, NON_BLOCKING};
 
 fn one(schedule: Schedule, seed: u64) -> (SimBackend, Context) {
     sim(schedule, seed).context()
@@ -855,6 +855,252 @@ fn a_file_call_over_another_streams_pending_write_is_racy() {
                 ));
             }
         }
+    }
+    let _ = std::fs::remove_file(&path);
+    none_lied(results);
+}
+
+// ---- 6. one thread's pinned (async on s) then pageable (sync, legacy) copies -----------
+
+#[derive(Clone, Copy, Debug)]
+enum Pair {
+    /// pinned H2D into x, then pageable H2D into x (write / write).
+    UpThenUp,
+    /// pinned D2H out of x, then pageable H2D into x (read / write).
+    DownThenUp,
+    /// pinned H2D into x, then pageable D2H out of x (write / read).
+    UpThenDown,
+}
+
+/// One thread: a promised (pinned-path) copy touching `x` on `s`, its transfer held; then
+/// the same thread's pageable-path copy (`*_unpinned_as_on`, promised on `s`) touching
+/// `x`, with no wait between. On CUDA the second is a synchronous copy on the legacy
+/// stream: on a non-blocking `s` it is not ordered after the first (async on `s`, maybe
+/// still running): racy. On a blocking `s` the legacy stream waits for `s`: correct.
+/// `other_thread`: the first copy is made by another thread (the control of the actor).
+fn pinned_then_pageable(ctx: &Context, s: &Stream, pair: Pair, other_thread: bool) -> Result<()> {
+    let x = ctx.new_buffer(64)?;
+    x.copy_from_host(&[1u8; 64], 0, None)?;
+    let first = |s: &Stream, x: &cudabuf_core::DeviceBuffer| -> Result<_> {
+        let mut h = ctx.new_host_buffer(64)?;
+        h.copy_from_slice(&[7u8; 64]);
+        Ok(match pair {
+            Pair::UpThenUp | Pair::UpThenDown => {
+                (Some(s.copy_from_host_promised(x, h, None)?), None)
+            }
+            Pair::DownThenUp => (None, Some(s.copy_to_host_promised(x, h, None)?)),
+        })
+    };
+    let (up, down) = if other_thread {
+        std::thread::scope(|scope| scope.spawn(|| first(s, &x)).join().unwrap())?
+    } else {
+        first(s, &x)?
+    };
+    let second = match pair {
+        Pair::UpThenUp | Pair::DownThenUp => {
+            x.copy_from_host_unpinned_as_on(s, &[3u8; 64], 0, false)
+        }
+        Pair::UpThenDown => {
+            let mut out = [0u8; 64];
+            x.copy_to_host_unpinned_as_on(s, 0, &mut out)
+        }
+    };
+    if let Some(up) = up {
+        up.wait()?;
+    }
+    if let Some(down) = down {
+        down.wait()?;
+    }
+    second?;
+    ctx.synchronize()
+}
+
+/// Racy on a non-blocking stream (expected flagged every run); correct on a blocking one
+/// (expected never flagged). At 1386055: the three same-thread non-blocking cases are
+/// never flagged (24 of 24 runs lie each); the other-thread and blocking controls hold.
+/// (At 10bd1a7 the other-thread cases lied too.)
+#[test]
+fn a_threads_pageable_copy_is_not_ordered_after_its_own_pinned_copy_on_a_non_blocking_stream() {
+    let mut results = Vec::new();
+    for pair in [Pair::UpThenUp, Pair::DownThenUp, Pair::UpThenDown] {
+        for (blocking, other_thread) in [(false, false), (false, true), (true, false)] {
+            results.push(verdicts(
+                &format!(
+                    "{pair:?} blocking={blocking} first copy by another thread={other_thread}"
+                ),
+                !blocking,
+                |schedule, seed| {
+                    let (sim, ctx) = one(schedule, seed);
+                    let r = (|| {
+                        let s =
+                            ctx.new_stream_with(if blocking { BLOCKING } else { NON_BLOCKING })?;
+                        pinned_then_pageable(&ctx, &s, pair, other_thread)
+                    })();
+                    (sim, r)
+                },
+            ));
+        }
+    }
+    none_lied(results);
+}
+
+/// The same false order seen by a third party: T's pinned copy into `x` on non-blocking `s`
+/// (held); T's pageable copy into unrelated `y` promised on `s`; T records `e` on `s` after
+/// both, stream `u` waits for `e` and reads `x` -- correct (the record is after the pinned
+/// copy in `s`'s order). Control only: expected never flagged.
+#[test]
+fn own_event_after_pinned_and_pageable_copies_orders_both() {
+    let r = verdicts(
+        "pinned x, pageable y, record, u waits, u reads x,y",
+        false,
+        |schedule, seed| {
+            let (sim, ctx) = one(schedule, seed);
+            let r = (|| -> Result<()> {
+                let s = ctx.new_stream_with(NON_BLOCKING)?;
+                let u = ctx.new_stream_with(NON_BLOCKING)?;
+                let x = ctx.new_buffer(64)?;
+                let y = ctx.new_buffer(64)?;
+                let out = ctx.new_buffer(64)?;
+                let up = s.copy_from_host_promised(&x, ctx.new_host_buffer(64)?, None)?;
+                y.copy_from_host_unpinned_as_on(&s, &[3u8; 64], 0, false)?;
+                let e = s.record_event()?;
+                u.wait_event(&e)?;
+                u.copy_device(&out, &x)?;
+                u.copy_device(&out, &y)?;
+                u.synchronize()?;
+                up.wait()?;
+                ctx.synchronize()
+            })();
+            (sim, r)
+        },
+    );
+    none_lied(vec![r]);
+}
+
+// ---- 7. copies left on a destroyed stream ----------------------------------------------
+
+/// Correct on CUDA: T makes a promised copy into `x` on non-blocking `s`, drops `s` (the
+/// transfer still held), synchronizes the context (everything done, on both paths), then
+/// reads `x` on another non-blocking stream `u`, then waits for the transfer.
+/// Expected: never flagged.
+#[test]
+fn context_sync_after_the_promised_stream_is_dropped_orders_its_copies() {
+    let mut results = Vec::new();
+    for read_on_host in [false, true] {
+        results.push(verdicts(
+            &format!("promised copy, drop s, ctx.synchronize, read x (host={read_on_host})"),
+            false,
+            |schedule, seed| {
+                let (sim, ctx) = one(schedule, seed);
+                let r = (|| -> Result<()> {
+                    let u = ctx.new_stream_with(NON_BLOCKING)?;
+                    let x = ctx.new_buffer(64)?;
+                    let out = ctx.new_buffer(64)?;
+                    let up = {
+                        let s = ctx.new_stream_with(NON_BLOCKING)?;
+                        let mut h = ctx.new_host_buffer(64)?;
+                        h.copy_from_slice(&[7u8; 64]);
+                        s.copy_from_host_promised(&x, h, None)?
+                    };
+                    ctx.synchronize()?;
+                    if read_on_host {
+                        assert_eq!(x.to_vec()?, vec![7u8; 64]);
+                    } else {
+                        u.copy_device(&out, &x)?;
+                        u.synchronize()?;
+                    }
+                    up.wait()?;
+                    ctx.synchronize()
+                })();
+                (sim, r)
+            },
+        ));
+    }
+    none_lied(results);
+}
+
+// ---- 8. one thread, a pinned-path call then a pageable-path call over the same bytes --
+
+/// `s.read_file_at(x)` on non-blocking `s` with 4 threads: first through a warm pool
+/// (pinned chunks), then with the pool off (pageable chunks); the record hook counts the
+/// records of each call (pinned: the `after` event and a done-event per chunk; pageable:
+/// the `after` event only). `u_write`: when the non-blocking `u` writes `x` --
+/// `Before2` (pending, before the second call: racy), `After` (after both calls returned:
+/// correct, both calls waited for their copies).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum UWrite {
+    Before2,
+    After,
+}
+
+fn pinned_call_then_pageable_call(
+    sim: &SimBackend,
+    ctx: &Context,
+    path: &std::path::Path,
+    when: UWrite,
+) -> Result<(usize, usize)> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    ctx.set_file_options(
+        FileOptions::default()
+            .with_chunk_size(4096)
+            .unwrap()
+            .with_threads(4)
+            .unwrap(),
+    );
+    ctx.set_staging_pool_limit(64 << 20);
+    ctx.pin_staging_in_background(4096, 4096, 16);
+    ctx.wait_background_pinning();
+    let s = ctx.new_stream_with(NON_BLOCKING)?;
+    let u = ctx.new_stream_with(NON_BLOCKING)?;
+    let x = ctx.new_buffer(8 * 4096)?;
+    let nines = ctx.buffer_from_data(&[9u8; 8 * 4096][..])?;
+    let f = std::fs::File::open(path).unwrap();
+    let records = Arc::new(AtomicUsize::new(0));
+    let seen = records.clone();
+    sim.set_record_hook(Some(Arc::new(move |_| {
+        seen.fetch_add(1, Ordering::SeqCst);
+    })));
+    let r = (|| -> Result<(usize, usize)> {
+        s.read_file_at(&x, &f, 0)?;
+        let first = records.swap(0, Ordering::SeqCst);
+        ctx.set_staging_pool_limit(0);
+        if when == UWrite::Before2 {
+            u.copy_device(&x, &nines)?;
+        }
+        s.read_file_at(&x, &f, 0)?;
+        let second = records.swap(0, Ordering::SeqCst);
+        if when == UWrite::After {
+            u.copy_device(&x, &nines)?;
+        }
+        u.synchronize()?;
+        ctx.synchronize()?;
+        Ok((first, second))
+    })();
+    sim.set_record_hook(None);
+    r
+}
+
+/// `Before2` racy (expected flagged every run), `After` correct (never flagged); each run
+/// also checks the first call took the pinned path and the second the pageable one.
+#[test]
+fn a_pinned_call_then_a_pageable_call_of_one_thread() {
+    let path = temp_file("mixedcalls", &[5u8; 8 * 4096]);
+    let mut results = Vec::new();
+    for when in [UWrite::Before2, UWrite::After] {
+        results.push(verdicts(
+            &format!("pinned call, pageable call, u writes x {when:?}"),
+            when == UWrite::Before2,
+            |schedule, seed| {
+                let (sim, ctx) = one(schedule, seed);
+                let r = pinned_call_then_pageable_call(&sim, &ctx, &path, when);
+                if let Ok((first, second)) = r {
+                    assert!(first > 1, "first call pinned ({first} records)");
+                    assert_eq!(second, 1, "second call pageable");
+                }
+                (sim, r.map(drop))
+            },
+        ));
     }
     let _ = std::fs::remove_file(&path);
     none_lied(results);

@@ -17,7 +17,7 @@ use cudabuf_core::{Error, Result};
 use super::clock::{Actor, Epoch, VectorClock};
 use super::handles::{self, Decoded, HandleKind};
 use super::label::{OpLabel, OpWhat, StreamDesc, StreamKind, ThreadDesc};
-use super::queue::{HostSide, Op, OpRef, PromisedCopy, StreamKey, StreamState, Work};
+use super::queue::{CopyPath, HostSide, Op, OpRef, PromisedCopy, StreamKey, StreamState, Work};
 use super::rng::Rng;
 use super::settings::{RaceMode, Schedule, StreamSettings};
 use super::trace::{ScheduleEntry, Trace};
@@ -676,9 +676,9 @@ impl Engine {
     /// operation's place in `stream` (the legacy stream's earlier work is not the
     /// promise's), and the race detector forgets the operation's own accesses; `stream`'s
     /// later work learns the meet, not the operation or what only `stream`'s order gave
-    /// it. The operation's event is one of the issuing thread's copy actor for the
-    /// promised stream (a thread's copies are ordered among themselves on either path, in
-    /// its issue order; other threads' are not ordered with them);
+    /// it. The operation's event is one of the issuing thread's actor for its synchronous
+    /// copies for the promised stream (ordered among themselves by the host; not after
+    /// the thread's asynchronous ones, nor with other threads' copies);
     /// a blocking promised stream's later work learns it (both paths order that work
     /// after the copy), a non-blocking one's does not.
     #[allow(clippy::too_many_arguments)]
@@ -712,16 +712,17 @@ impl Engine {
         let meet =
             promised.map(|p| vc.meet(&self.issue_clock(p, thread_actor, thread_tick, wait).0));
         // The operation's event, and the clock it is judged by: its own, or the meet with
-        // the promise's and an event of the promised stream's copy actor. Not an event of
-        // `stream`'s actor, which every earlier operation of `stream` precedes: the meet
-        // claims none of them that the promise does not give.
+        // the promise's and an event of the thread's synchronous-copy actor for the
+        // promised stream. Not an event of `stream`'s actor, which every earlier operation
+        // of `stream` precedes: the meet claims none of them that the promise does not
+        // give.
         let (epoch, judged) = match (promised, &meet) {
             (Some(p), Some(meet)) => {
-                let epoch = self.next_copy_epoch(p, thread);
+                let epoch = self.next_copy_epoch(p, (thread, CopyPath::Pageable));
                 let promised_state = self.streams.get_mut(&p).expect("resolved");
                 promised_state
                     .promise
-                    .insert(thread, (epoch.actor, epoch.tick));
+                    .insert((thread, CopyPath::Pageable), (epoch.actor, epoch.tick));
                 if promised_state.desc.blocking() {
                     // Both paths order a blocking stream's later work after the copy (its
                     // own stream order; on CUDA's legacy stream, which a blocking stream
@@ -811,9 +812,9 @@ impl Engine {
     /// both would order it after, the meet of `stream`'s clock and the legacy stream's
     /// clock joined with `stream`'s work before the operation began (the `since` record,
     /// which that path waits for first; `None`: the operation begins with this copy, so
-    /// all of `stream`'s work so far), with an event of the issuing thread's copy actor
-    /// for `stream` (the one of its `issue_for` copies: one operation's chunks may take
-    /// both paths). A blocking
+    /// all of `stream`'s work so far), with an event of the issuing thread's actor for its
+    /// asynchronous copies on `stream` (ordered among themselves by the stream; its
+    /// synchronous ones, `issue_for`'s, have another). A blocking
     /// stream's later work learns that event (both paths order it after the copy); a
     /// non-blocking one's learns nothing from the copy, so that another thread's work
     /// issued to it meanwhile races with the copy, as it does with the synchronous one,
@@ -857,7 +858,7 @@ impl Engine {
         let mut other = self.issue_clock(legacy, thread_actor, thread_tick, None).0;
         other.join(since.as_ref().unwrap_or(&vc));
         let meet = vc.meet(&other);
-        let epoch = self.next_copy_epoch(stream, thread);
+        let epoch = self.next_copy_epoch(stream, (thread, CopyPath::Pinned));
         let mut judged = meet;
         judged.learn(epoch);
         let s = &self.streams[&stream];
@@ -885,7 +886,8 @@ impl Engine {
         );
         let end_ns = start.saturating_add(cost_ns);
         let s = self.streams.get_mut(&stream).expect("looked up above");
-        s.promise.insert(thread, (epoch.actor, epoch.tick));
+        s.promise
+            .insert((thread, CopyPath::Pinned), (epoch.actor, epoch.tick));
         s.queue.push_back(Op {
             index: s.issued,
             label,
@@ -911,12 +913,12 @@ impl Engine {
         Ok(())
     }
 
-    /// The event the next copy `thread` makes for an operation promised on `stream` will
-    /// have: one of the thread's copy actor for that stream (made here when first
-    /// needed), after its earlier copies. Not yet counted: the caller stores it in
-    /// `StreamState::promise` once the copy is committed.
-    fn next_copy_epoch(&mut self, stream: StreamKey, thread: ThreadId) -> Epoch {
-        let (actor, made) = match self.streams[&stream].promise.get(&thread) {
+    /// The event the next copy a thread makes along one path for an operation promised
+    /// on `stream` will have: one of the thread's copy actor for that stream and path
+    /// (made here when first needed), after its earlier copies along that path. Not yet
+    /// counted: the caller stores it in `StreamState::promise`.
+    fn next_copy_epoch(&mut self, stream: StreamKey, key: (ThreadId, CopyPath)) -> Epoch {
+        let (actor, made) = match self.streams[&stream].promise.get(&key) {
             Some(&promise) => promise,
             None => (self.new_actor(), 0),
         };

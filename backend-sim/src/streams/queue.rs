@@ -107,6 +107,16 @@ pub(crate) struct PromisedCopy {
     pub(crate) judged: VectorClock,
 }
 
+/// The path a copy made for an operation promised on a stream took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum CopyPath {
+    /// A synchronous copy through pageable memory (`Engine::issue_for`).
+    Pageable,
+    /// An asynchronous copy on the stream through a pinned staging buffer
+    /// (`Engine::issue_promised`).
+    Pinned,
+}
+
 /// One stream.
 #[derive(Debug)]
 pub(crate) struct StreamState {
@@ -122,13 +132,14 @@ pub(crate) struct StreamState {
     pub(crate) last_end_ns: u64,
     /// Destroyed by the user: its handle is dead, its work still runs.
     pub(crate) destroyed: bool,
-    /// Per host thread, the actor of the copies it made for operations promised on this
-    /// stream (`Engine::issue_for`'s synchronous ones, `Engine::issue_promised`'s
-    /// asynchronous ones) and how many it made: made when first needed. One actor per
-    /// thread: a thread's copies are ordered among themselves on either path (in its
-    /// issue order: the stream's order, or the host's, a synchronous copy being done when
-    /// it returns), other threads' copies are not ordered with them.
-    pub(crate) promise: HashMap<ThreadId, (Actor, u64)>,
+    /// Per host thread and path, the actor of the copies it made along that path for
+    /// operations promised on this stream and how many it made: made when first needed.
+    /// A thread's copies along one path are ordered among themselves (its synchronous
+    /// ones by the host, each done when it returns; its asynchronous ones by the
+    /// stream's order); a synchronous copy is not ordered after the thread's earlier
+    /// asynchronous ones (on CUDA it runs on the legacy stream, which a non-blocking
+    /// stream does not order), and other threads' copies are not ordered with them.
+    pub(crate) promise: HashMap<(ThreadId, CopyPath), (Actor, u64)>,
     /// The asynchronous copies made on this stream for such operations that the program
     /// has not yet waited for (see [`PromisedCopy`]).
     pub(crate) promised: Vec<Arc<PromisedCopy>>,
