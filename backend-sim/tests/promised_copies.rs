@@ -5,7 +5,9 @@
 
 use cudabuf_core::{Context, Event, FileOptions, Result, Stream};
 use cudabuf_sim::{FaultOp, Schedule, SimBackend};
-use cudabuf_test_support::{hunt_seeds, lies, sim, BLOCKING, NON_BLOCKING};
+use cudabuf_test_support::{
+    hunt_seeds, lies, pinning_refused, sim, stage, Staging, BLOCKING, NON_BLOCKING, STAGINGS,
+};
 
 fn one(schedule: Schedule, seed: u64) -> (SimBackend, Context) {
     sim(schedule, seed).context()
@@ -351,16 +353,8 @@ fn pool(sim: &SimBackend, ctx: &Context, buffers: usize, pin_fails: bool) {
     ctx.wait_background_pinning();
     assert_eq!(ctx.bytes_pooled(), 4096 * buffers);
     if pin_fails {
-        sim.fail_randomly(FaultOp::AllocHost, 1.0, 0, oom())
+        sim.fail_randomly(FaultOp::AllocHost, 1.0, 0, pinning_refused())
             .unwrap();
-    }
-}
-
-fn oom() -> cudabuf_core::Error {
-    cudabuf_core::Error::OutOfMemory {
-        device: 0,
-        requested: 0,
-        detail: "injected: stays on pageable memory".into(),
     }
 }
 
@@ -503,53 +497,6 @@ fn a_file_call_of_ones_own_does_not_hide_another_threads_in_flight_call() {
 // ---- 4. correct single-threaded programs around file calls, every staging mode --------
 
 #[derive(Clone, Copy, Debug)]
-enum Mode {
-    PoolOff,
-    PinFails,
-    Cold,
-    Warm,
-    TooSmall,
-}
-
-const MODES: [Mode; 5] = [
-    Mode::PoolOff,
-    Mode::PinFails,
-    Mode::Cold,
-    Mode::Warm,
-    Mode::TooSmall,
-];
-
-/// Chunks of 4 KiB, 2 threads; the pool per mode.
-fn mode_setup(mode: Mode, sim: &SimBackend, ctx: &Context) {
-    ctx.set_file_options(
-        FileOptions::default()
-            .with_chunk_size(4096)
-            .unwrap()
-            .with_threads(2)
-            .unwrap(),
-    );
-    match mode {
-        Mode::PoolOff => ctx.set_staging_pool_limit(0),
-        Mode::PinFails => {
-            ctx.set_staging_pool_limit(64 << 20);
-            sim.fail_randomly(FaultOp::AllocHost, 1.0, 0, oom())
-                .unwrap();
-        }
-        Mode::Cold => ctx.set_staging_pool_limit(64 << 20),
-        Mode::Warm => {
-            ctx.set_staging_pool_limit(64 << 20);
-            ctx.pin_staging_in_background(4096, 4096, 8);
-            ctx.wait_background_pinning();
-        }
-        Mode::TooSmall => {
-            ctx.set_staging_pool_limit(4096);
-            ctx.pin_staging_in_background(4096, 4096, 1);
-            ctx.wait_background_pinning();
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
 enum Before {
     Nothing,
     /// `s` writes the buffer (pending) before the call.
@@ -672,13 +619,13 @@ fn single_threaded_programs_around_file_calls_are_fine() {
                     ) {
                         continue; // new_buffer_on refuses the per-thread stream
                     }
-                    for mode in MODES {
+                    for mode in STAGINGS {
                         let line = verdicts(
                             &format!("write={write} on {on:?} {before:?} {after:?} {mode:?}"),
                             false,
                             |schedule, seed| {
                                 let (sim, ctx) = one(schedule, seed);
-                                mode_setup(mode, &sim, &ctx);
+                                stage(mode, &sim, &ctx, 2);
                                 let r = single_thread(&ctx, &path, on, write, before, after);
                                 (sim, r)
                             },
@@ -782,13 +729,13 @@ fn two_threaded_programs_around_file_calls_are_fine() {
             Two::DisjointOwnStreams,
             Two::DisjointSharedStream,
         ] {
-            for mode in MODES {
+            for mode in STAGINGS {
                 results.push(verdicts(
                     &format!("two threads {two:?} write={write} {mode:?}"),
                     false,
                     |schedule, seed| {
                         let (sim, ctx) = one(schedule, seed);
-                        mode_setup(mode, &sim, &ctx);
+                        stage(mode, &sim, &ctx, 2);
                         let r = two_threads(&ctx, &path, two, write);
                         (sim, r)
                     },
@@ -808,9 +755,13 @@ fn the_modes_take_the_paths_they_name() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     let path = temp_file("sanity", &[5u8; 3 * 4096]);
-    for (mode, want) in [(Mode::Warm, 4), (Mode::PoolOff, 1), (Mode::PinFails, 1)] {
+    for (mode, want) in [
+        (Staging::Warm, 4),
+        (Staging::PoolOff, 1),
+        (Staging::PinFails, 1),
+    ] {
         let (sim, ctx) = one(Schedule::Deterministic, 0);
-        mode_setup(mode, &sim, &ctx);
+        stage(mode, &sim, &ctx, 2);
         let s = ctx.new_stream_with(NON_BLOCKING).unwrap();
         let buf = ctx.new_buffer(3 * 4096).unwrap();
         let records = Arc::new(AtomicUsize::new(0));
@@ -835,13 +786,13 @@ fn a_file_call_over_another_streams_pending_write_is_racy() {
     let mut results = Vec::new();
     for write in [false, true] {
         for on in [On::NonBlocking, On::Blocking, On::PerThread, On::Legacy] {
-            for mode in MODES {
+            for mode in STAGINGS {
                 results.push(verdicts(
                     &format!("write={write} on {on:?} after t's pending write, {mode:?}"),
                     true,
                     |schedule, seed| {
                         let (sim, ctx) = one(schedule, seed);
-                        mode_setup(mode, &sim, &ctx);
+                        stage(mode, &sim, &ctx, 2);
                         let r = single_thread(
                             &ctx,
                             &path,

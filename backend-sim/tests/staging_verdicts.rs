@@ -8,9 +8,10 @@
 //! and the Flight decoder, which choose the same way, are judged in their crates' tests.
 
 use cudabuf_core::{Context, FileOptions, Result};
-use cudabuf_sim::{FaultOp, Schedule, SimBackend};
+use cudabuf_sim::{Schedule, SimBackend};
 use cudabuf_test_support::{
-    expect_verdict as expect, flagged, hunt_seeds, lies, sim, NON_BLOCKING,
+    expect_verdict as expect, flagged, hunt_seeds, lies, sim, stage, Staging, NON_BLOCKING,
+    STAGINGS,
 };
 
 fn one(schedule: Schedule, seed: u64) -> (SimBackend, Context) {
@@ -99,62 +100,14 @@ fn temp_file(tag: &str, bytes: &[u8]) -> TempFile {
     TempFile(path)
 }
 
-fn oom() -> cudabuf_core::Error {
-    cudabuf_core::Error::OutOfMemory {
-        device: 0,
-        requested: 0,
-        detail: "injected: stays on pageable memory".into(),
-    }
-}
-
 // ---- the file engine ---------------------------------------------------------------
 
-/// Which memory a file call's chunks are staged in.
-#[derive(Clone, Copy, Debug)]
-enum FileStaging {
-    /// Pool off: every chunk through pageable memory.
-    PoolOff,
-    /// Pool on, but pinning fails: pageable.
-    PoolOnPinFails,
-    /// Pool on, cold (the first call of a context: pageable, pinned in the background
-    /// after it).
-    PoolOnCold,
-    /// Pool warmed: pinned chunks on the stream.
-    PooledPinned,
-}
-
-const FILE_MODES: [FileStaging; 4] = [
-    FileStaging::PoolOff,
-    FileStaging::PoolOnPinFails,
-    FileStaging::PoolOnCold,
-    FileStaging::PooledPinned,
+const FILE_MODES: [Staging; 4] = [
+    Staging::PoolOff,
+    Staging::PinFails,
+    Staging::Cold,
+    Staging::Warm,
 ];
-
-/// Chunks of 4 KiB, `threads` threads; the pool per mode.
-fn file_setup(mode: FileStaging, sim: &SimBackend, ctx: &Context, threads: usize) {
-    ctx.set_file_options(
-        FileOptions::default()
-            .with_chunk_size(4096)
-            .unwrap()
-            .with_threads(threads)
-            .unwrap(),
-    );
-    match mode {
-        FileStaging::PoolOff => ctx.set_staging_pool_limit(0),
-        FileStaging::PoolOnPinFails => {
-            ctx.set_staging_pool_limit(64 << 20);
-            sim.fail_randomly(FaultOp::AllocHost, 1.0, 0, oom())
-                .unwrap();
-        }
-        FileStaging::PoolOnCold => ctx.set_staging_pool_limit(64 << 20),
-        FileStaging::PooledPinned => {
-            ctx.set_staging_pool_limit(64 << 20);
-            ctx.pin_staging_in_background(4096, 4096, 8);
-            ctx.wait_background_pinning();
-            assert!(ctx.bytes_pooled() >= 4096 * 8);
-        }
-    }
-}
 
 /// What a file op is run on.
 #[derive(Clone, Copy, Debug)]
@@ -224,7 +177,7 @@ fn stream_file_calls_are_no_synchronization_with_a_blocking_stream() {
                 &FILE_MODES,
                 |mode, schedule, seed| {
                     let (sim, ctx) = one(schedule, seed);
-                    file_setup(mode, &sim, &ctx, 1);
+                    stage(mode, &sim, &ctx, 1);
                     let r = read_file_beside_blocking(&ctx, &path, on, false, write);
                     (sim, r)
                 },
@@ -247,7 +200,7 @@ fn stream_file_then_blocking_synchronized_is_fine() {
                 &FILE_MODES,
                 |mode, schedule, seed| {
                     let (sim, ctx) = one(schedule, seed);
-                    file_setup(mode, &sim, &ctx, 1);
+                    stage(mode, &sim, &ctx, 1);
                     let r = read_file_beside_blocking(&ctx, &path, on, true, write);
                     (sim, r)
                 },
@@ -273,7 +226,7 @@ fn stream_file_calls_over_a_blocking_streams_pending_write_are_racy() {
                 &FILE_MODES,
                 |mode, schedule, seed| {
                     let (sim, ctx) = one(schedule, seed);
-                    file_setup(mode, &sim, &ctx, 1);
+                    stage(mode, &sim, &ctx, 1);
                     let r = (|| {
                         let dst = ctx.new_buffer(2 * 4096)?;
                         dst.copy_from_host(&[0u8; 2 * 4096], 0, None)?;
@@ -311,7 +264,7 @@ fn sync_read_file_modes() {
         &FILE_MODES,
         |mode, schedule, seed| {
             let (sim, ctx) = one(schedule, seed);
-            file_setup(mode, &sim, &ctx, 2);
+            stage(mode, &sim, &ctx, 2);
             let r = (|| {
                 let nb = ctx.new_stream_with(NON_BLOCKING)?;
                 let dst = ctx.new_buffer(2 * 4096)?;
@@ -331,7 +284,7 @@ fn sync_read_file_modes() {
         &FILE_MODES,
         |mode, schedule, seed| {
             let (sim, ctx) = one(schedule, seed);
-            file_setup(mode, &sim, &ctx, 2);
+            stage(mode, &sim, &ctx, 2);
             let r = (|| {
                 let nb = ctx.new_stream_with(NON_BLOCKING)?;
                 let src = ctx.new_buffer(2 * 4096)?;
@@ -351,7 +304,7 @@ fn sync_read_file_modes() {
         &FILE_MODES,
         |mode, schedule, seed| {
             let (sim, ctx) = one(schedule, seed);
-            file_setup(mode, &sim, &ctx, 2);
+            stage(mode, &sim, &ctx, 2);
             let r = read_file_beside_blocking_sync(&ctx, &path, false);
             (sim, r)
         },
@@ -362,7 +315,7 @@ fn sync_read_file_modes() {
         &FILE_MODES,
         |mode, schedule, seed| {
             let (sim, ctx) = one(schedule, seed);
-            file_setup(mode, &sim, &ctx, 2);
+            stage(mode, &sim, &ctx, 2);
             let r = read_file_beside_blocking_sync(&ctx, &path, true);
             (sim, r)
         },
@@ -653,7 +606,7 @@ fn pending_legacy_work_is_not_ordered_before_a_non_blocking_streams_file_call() 
             &FILE_MODES,
             |mode, schedule, seed| {
                 let (sim, ctx) = one(schedule, seed);
-                file_setup(mode, &sim, &ctx, 1);
+                stage(mode, &sim, &ctx, 1);
                 let r = program(&ctx, &path);
                 (sim, r)
             },
@@ -685,7 +638,7 @@ fn work_after_a_stream_file_call_is_fine() {
             &FILE_MODES,
             |mode, schedule, seed| {
                 let (sim, ctx) = one(schedule, seed);
-                file_setup(mode, &sim, &ctx, 1);
+                stage(mode, &sim, &ctx, 1);
                 let r = program(&ctx, &path);
                 (sim, r)
             },
@@ -766,7 +719,7 @@ fn another_threads_work_on_a_blocking_stream_during_a_file_call_is_fine() {
                 &FILE_MODES,
                 |mode, schedule, seed| {
                     let (sim, ctx) = one(schedule, seed);
-                    file_setup(mode, &sim, &ctx, 4);
+                    stage(mode, &sim, &ctx, 4);
                     let r = program(&ctx);
                     (sim, r)
                 },
@@ -777,7 +730,7 @@ fn another_threads_work_on_a_blocking_stream_during_a_file_call_is_fine() {
                 &[()],
                 |(), schedule, seed| {
                     let (sim, ctx) = one(schedule, seed);
-                    file_setup(FileStaging::PoolOff, &sim, &ctx, 4);
+                    stage(Staging::PoolOff, &sim, &ctx, 4);
                     ctx.set_staging_pool_limit(4096);
                     ctx.pin_staging_in_background(4096, 4096, 1);
                     ctx.wait_background_pinning();
@@ -792,39 +745,15 @@ fn another_threads_work_on_a_blocking_stream_during_a_file_call_is_fine() {
 
 // ---- another thread's work on a non-blocking stream during a call promised on it -----
 
-/// Where the pool stands for [`call_with_b`]: [`FILE_MODES`], or a pool holding one
-/// pinned buffer for four threads (chunks of both paths in one call).
-#[derive(Clone, Copy, Debug)]
-enum TwoThreadStaging {
-    File(FileStaging),
-    PoolTooSmall,
-}
-
-const TWO_THREAD_MODES: [TwoThreadStaging; 5] = [
-    TwoThreadStaging::File(FileStaging::PoolOff),
-    TwoThreadStaging::File(FileStaging::PoolOnPinFails),
-    TwoThreadStaging::File(FileStaging::PoolOnCold),
-    TwoThreadStaging::File(FileStaging::PooledPinned),
-    TwoThreadStaging::PoolTooSmall,
-];
+/// Where the pool stands for [`call_with_b`]: every [`Staging`], with four threads (a
+/// pool too small for them: chunks of both paths in one call).
+const TWO_THREAD_MODES: [Staging; 5] = STAGINGS;
 
 /// The modes in which a call on a stream issues at least one pinned copy.
-const PINNED_MODES: [TwoThreadStaging; 2] = [
-    TwoThreadStaging::File(FileStaging::PooledPinned),
-    TwoThreadStaging::PoolTooSmall,
-];
+const PINNED_MODES: [Staging; 2] = [Staging::Warm, Staging::TooSmall];
 
-fn two_thread_setup(mode: TwoThreadStaging, sim: &SimBackend, ctx: &Context) {
-    match mode {
-        TwoThreadStaging::File(mode) => file_setup(mode, sim, ctx, 4),
-        TwoThreadStaging::PoolTooSmall => {
-            file_setup(FileStaging::PoolOff, sim, ctx, 4);
-            ctx.set_staging_pool_limit(4096);
-            ctx.pin_staging_in_background(4096, 4096, 1);
-            ctx.wait_background_pinning();
-            assert_eq!(ctx.bytes_pooled(), 4096);
-        }
-    }
+fn two_thread_setup(mode: Staging, sim: &SimBackend, ctx: &Context) {
+    stage(mode, sim, ctx, 4);
 }
 
 /// What thread B does while (or after) thread A's file call on the non-blocking stream

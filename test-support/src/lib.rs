@@ -1,8 +1,9 @@
 //! What cudabuf's own tests share, kept once: simulator builders ([`sim`], [`SimBuilder`],
 //! [`runs`]), the race detector's verdicts on a program under every seed
 //! ([`expect_verdict`], [`lies`], [`flagged`]), stream flags and a non-blocking stream
-//! ([`non_blocking`], [`NON_BLOCKING`], [`BLOCKING`]), and a seeded generator of test data
-//! ([`Rng`]).
+//! ([`non_blocking`], [`NON_BLOCKING`], [`BLOCKING`]), the staging pool forced into each
+//! state a file call may find it in ([`stage`], [`Staging`]), and a seeded generator of
+//! test data ([`Rng`]).
 //!
 //! A dev-only crate, never published: the workspace's crates take it as a
 //! dev-dependency by path alone (`cudabuf-test-support = { path = "../test-support" }`),
@@ -15,8 +16,10 @@
 //! The crate has no tests of its own: the tests that use it are its tests.
 
 mod sim;
+mod staging;
 mod verdicts;
 
 pub use cudabuf_conformance::support::{non_blocking, Rng, BLOCKING, NON_BLOCKING};
 pub use sim::{assert_no_races, context, runs, sim, SimBuilder, SCHEDULES};
+pub use staging::{pinning_refused, stage, Staging, STAGINGS};
 pub use verdicts::{expect_verdict, flagged, hunt_seeds, lies};
