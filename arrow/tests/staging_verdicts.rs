@@ -11,96 +11,21 @@ use std::sync::Arc;
 
 use arrow::array::{Int32Array, RecordBatch};
 use cudabuf_arrow::{DeviceArray, DeviceRecordBatch};
-use cudabuf_conformance::support::NON_BLOCKING;
-use cudabuf_core::{Backend, Context, ErrorKind, Result};
-use cudabuf_sim::{FaultOp, RaceMode, Schedule, SimBackend, SimConfig};
-
-fn seeds() -> u64 {
-    std::env::var("HUNT_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(12)
-}
-
-/// Both schedules, `seeds()` seeds each.
-fn runs() -> impl Iterator<Item = (Schedule, u64)> {
-    [Schedule::Deterministic, Schedule::Threaded]
-        .into_iter()
-        .flat_map(|schedule| (0..seeds()).map(move |seed| (schedule, seed)))
-}
+use cudabuf_core::{Context, Result};
+use cudabuf_sim::{FaultOp, Schedule, SimBackend};
+use cudabuf_test_support::{all_modes, flagged, none_lied, sim, NON_BLOCKING};
 
 /// A simulator whose races fail the call, and its device 0's primary context.
 fn one(schedule: Schedule, seed: u64) -> (SimBackend, Context) {
-    let sim = SimBackend::with_config(SimConfig {
-        schedule: Some(schedule),
-        seed: Some(seed),
-        races: Some(RaceMode::Fail),
-        ..SimConfig::default()
-    })
-    .unwrap();
-    let ctx = Backend::new(sim.clone()).context(0).unwrap();
-    (sim, ctx)
+    sim(schedule, seed).context()
 }
 
-fn flagged(sim: &SimBackend, r: &Result<()>) -> bool {
-    matches!(r, Err(e) if e.kind() == ErrorKind::DataRace) || !sim.race_report().is_empty()
-}
-
-fn verdicts<F>(racy: bool, mut program: F) -> Vec<String>
-where
-    F: FnMut(Schedule, u64) -> (SimBackend, Result<()>),
-{
-    let mut lies = Vec::new();
-    for (schedule, seed) in runs() {
-        let (sim, r) = program(schedule, seed);
-        let got = flagged(&sim, &r);
-        if got != racy {
-            lies.push(format!(
-                "{schedule} seed {seed}: flagged={got} (result {:?}; report {})",
-                r.as_ref().err().map(|e| e.to_string()),
-                sim.race_report()
-            ));
-        } else if !racy {
-            if let Err(e) = &r {
-                lies.push(format!(
-                    "{schedule} seed {seed}: correct program failed: {e}"
-                ));
-            }
-        }
-    }
-    lies
-}
-
-fn all_modes<F>(name: &str, racy: bool, mut program: F) -> Option<String>
+/// [`all_modes`] under every [`Landing`].
+fn all_landings<F>(name: &str, racy: bool, program: F) -> Option<String>
 where
     F: FnMut(Landing, Schedule, u64) -> (SimBackend, Result<()>),
 {
-    let mut summary = Vec::new();
-    let mut any = false;
-    for mode in Landing::ALL {
-        let lies = verdicts(racy, |s, seed| program(mode, s, seed));
-        any |= !lies.is_empty();
-        summary.push(format!(
-            "  {mode:?}: {} of {} runs lie{}",
-            lies.len(),
-            2 * seeds(),
-            lies.first()
-                .map(|l| format!(" (first: {})", l.chars().take(500).collect::<String>()))
-                .unwrap_or_default()
-        ));
-    }
-    any.then(|| format!("{name}:\n{}", summary.join("\n")))
-}
-
-#[track_caller]
-fn none_lied(results: Vec<Option<String>>) {
-    let lies: Vec<String> = results.into_iter().flatten().collect();
-    assert!(
-        lies.is_empty(),
-        "{} program(s) lied:\n{}",
-        lies.len(),
-        lies.join("\n---\n")
-    );
+    all_modes(name, racy, &Landing::ALL, program)
 }
 
 /// Where a body lands.
@@ -216,7 +141,7 @@ fn to_host_on_beside_a_blocking_stream() {
     for conv in [Conv::BatchToHostOn, Conv::ArrayToHostOn] {
         for blocking_s in [false, true] {
             for sync_x in [false, true] {
-                results.push(all_modes(
+                results.push(all_landings(
                     &format!("{conv:?} (s blocking={blocking_s}), x synchronized: {sync_x}"),
                     !sync_x,
                     |mode, schedule, seed| {
@@ -229,7 +154,7 @@ fn to_host_on_beside_a_blocking_stream() {
             }
         }
     }
-    results.push(all_modes(
+    results.push(all_landings(
         "BatchToHost (sync) beside blocking x",
         false,
         |mode, schedule, seed| {
@@ -249,7 +174,7 @@ fn to_host_on_reads_a_body_a_blocking_stream_is_writing() {
     let mut results = Vec::new();
     for conv in [Conv::BatchToHostOn, Conv::ArrayToHostOn] {
         for blocking_s in [false, true] {
-            results.push(all_modes(
+            results.push(all_landings(
                 &format!("{conv:?} (s blocking={blocking_s}) of a body x is writing"),
                 true,
                 |mode, schedule, seed| {
@@ -287,7 +212,7 @@ fn to_host_on_stream_order() {
     let mut results = Vec::new();
     for conv in [Conv::BatchToHostOn, Conv::ArrayToHostOn] {
         for other in [false, true] {
-            results.push(all_modes(
+            results.push(all_landings(
                 &format!(
                     "{conv:?} after a pending rewrite of the body on {}",
                     if other { "another nb stream" } else { "s" }
@@ -429,7 +354,7 @@ fn another_threads_work_on_the_stream_during_to_host_on() {
             B::WritesOtherOnT,
             B::RewritesBodyOnSAfterReturn,
         ] {
-            results.push(all_modes(
+            results.push(all_landings(
                 &format!("{conv:?} on nb s, thread B: {b:?}"),
                 b == B::RewritesBodyOnS,
                 |mode, schedule, seed| {

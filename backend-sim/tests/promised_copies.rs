@@ -6,7 +6,8 @@
 use cudabuf_core::{Context, Event, FileOptions, Result, Stream};
 use cudabuf_sim::{FaultOp, Schedule, SimBackend};
 use cudabuf_test_support::{
-    hunt_seeds, lies, pinning_refused, sim, stage, Staging, BLOCKING, NON_BLOCKING, STAGINGS,
+    hunt_seeds, lies, none_lied, pinning_refused, sim, stage, Staging, BLOCKING, NON_BLOCKING,
+    STAGINGS,
 };
 
 fn one(schedule: Schedule, seed: u64) -> (SimBackend, Context) {
@@ -29,17 +30,6 @@ where
     );
     eprintln!("{line}");
     (!lies.is_empty()).then_some(line)
-}
-
-#[track_caller]
-fn none_lied(results: Vec<Option<String>>) {
-    let lies: Vec<String> = results.into_iter().flatten().collect();
-    assert!(
-        lies.is_empty(),
-        "{} case(s) lied:\n{}",
-        lies.len(),
-        lies.join("\n")
-    );
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -10,7 +10,7 @@
 use cudabuf_core::{Context, FileOptions, Result};
 use cudabuf_sim::{Schedule, SimBackend};
 use cudabuf_test_support::{
-    expect_verdict as expect, flagged, hunt_seeds, lies, sim, stage, Staging, NON_BLOCKING,
+    all_modes, expect_verdict as expect, flagged, none_lied, sim, stage, Staging, NON_BLOCKING,
     STAGINGS,
 };
 
@@ -29,45 +29,6 @@ where
         summary.is_none(),
         "{name}: expected racy={racy}:\n{}",
         summary.unwrap()
-    );
-}
-
-/// The per-mode verdicts; `Some(summary)` if any run lied.
-fn all_modes<M: Copy + std::fmt::Debug, F>(
-    name: &str,
-    racy: bool,
-    modes: &[M],
-    mut program: F,
-) -> Option<String>
-where
-    F: FnMut(M, Schedule, u64) -> (SimBackend, Result<()>),
-{
-    let mut summary = Vec::new();
-    let mut any = false;
-    for &mode in modes {
-        let lies = lies(racy, |s, seed| program(mode, s, seed));
-        any |= !lies.is_empty();
-        summary.push(format!(
-            "  {mode:?}: {} of {} runs lie{}",
-            lies.len(),
-            2 * hunt_seeds(),
-            lies.first()
-                .map(|l| format!(" (first: {})", l.chars().take(600).collect::<String>()))
-                .unwrap_or_default()
-        ));
-    }
-    any.then(|| format!("{name} (racy={racy}):\n{}", summary.join("\n")))
-}
-
-/// Fails if any of `results` lied.
-#[track_caller]
-fn none_lied(results: Vec<Option<String>>) {
-    let lies: Vec<String> = results.into_iter().flatten().collect();
-    assert!(
-        lies.is_empty(),
-        "{} program(s) lied:\n{}",
-        lies.len(),
-        lies.join("\n---\n")
     );
 }
 
@@ -167,47 +128,36 @@ fn read_file_beside_blocking(
 /// through.
 #[test]
 fn stream_file_calls_are_no_synchronization_with_a_blocking_stream() {
-    let mut results = Vec::new();
-    for write in [false, true] {
-        for on in [On::NonBlocking, On::Blocking, On::PerThread] {
-            let path = temp_file(&format!("x{on:?}{write}"), &[5u8; 2 * 4096]);
-            results.push(all_modes(
-                &format!("Stream file call (write={write}) on {on:?}: no sync with blocking x"),
-                true,
-                &FILE_MODES,
-                |mode, schedule, seed| {
-                    let (sim, ctx) = one(schedule, seed);
-                    stage(mode, &sim, &ctx, 1);
-                    let r = read_file_beside_blocking(&ctx, &path, on, false, write);
-                    (sim, r)
-                },
-            ));
-        }
-    }
-    none_lied(results);
+    none_lied(beside_blocking(false));
 }
 
 /// Correct: the same with `x` synchronized before the non-blocking read.
 #[test]
 fn stream_file_then_blocking_synchronized_is_fine() {
+    none_lied(beside_blocking(true));
+}
+
+/// [`read_file_beside_blocking`] in every case, under every [`FILE_MODES`]: racy unless
+/// `sync_x`.
+fn beside_blocking(sync_x: bool) -> Vec<Option<String>> {
     let mut results = Vec::new();
     for write in [false, true] {
         for on in [On::NonBlocking, On::Blocking, On::PerThread] {
-            let path = temp_file(&format!("fx{on:?}{write}"), &[5u8; 2 * 4096]);
+            let path = temp_file(&format!("x{on:?}{write}{sync_x}"), &[5u8; 2 * 4096]);
             results.push(all_modes(
-                &format!("Stream file (write={write}) on {on:?} then x.synchronize"),
-                false,
+                &format!("Stream file call (write={write}) on {on:?}, x synchronized: {sync_x}"),
+                !sync_x,
                 &FILE_MODES,
                 |mode, schedule, seed| {
                     let (sim, ctx) = one(schedule, seed);
                     stage(mode, &sim, &ctx, 1);
-                    let r = read_file_beside_blocking(&ctx, &path, on, true, write);
+                    let r = read_file_beside_blocking(&ctx, &path, on, sync_x, write);
                     (sim, r)
                 },
             ));
         }
     }
-    none_lied(results);
+    results
 }
 
 /// Racy: a blocking stream `x` writes `dst`; `Stream::read_file_at` on stream `s`

@@ -10,37 +10,14 @@
 use std::sync::Arc;
 
 use arrow::array::{Int32Array, RecordBatch};
-use cudabuf_core::{Backend, Context, ErrorKind, Result, StreamFlags};
+use cudabuf_core::{Context, Result};
 use cudabuf_flight::{DeviceFlightDecoder, FlightError};
-use cudabuf_sim::{FaultOp, RaceMode, Schedule, SimBackend, SimConfig};
-
-const NON_BLOCKING: StreamFlags = StreamFlags {
-    non_blocking: true,
-    priority: 0,
-};
-
-fn seeds() -> u64 {
-    std::env::var("HUNT_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(12)
-}
+use cudabuf_sim::{FaultOp, Schedule, SimBackend};
+use cudabuf_test_support::{lies, sim, NON_BLOCKING};
 
 /// A simulator whose races fail the call, and its device 0's primary context.
 fn one(schedule: Schedule, seed: u64) -> (SimBackend, Context) {
-    let sim = SimBackend::with_config(SimConfig {
-        schedule: Some(schedule),
-        seed: Some(seed),
-        races: Some(RaceMode::Fail),
-        ..SimConfig::default()
-    })
-    .unwrap();
-    let ctx = Backend::new(sim.clone()).context(0).unwrap();
-    (sim, ctx)
-}
-
-fn flagged(sim: &SimBackend, r: &Result<()>) -> bool {
-    matches!(r, Err(e) if e.kind() == ErrorKind::DataRace) || !sim.race_report().is_empty()
+    sim(schedule, seed).context()
 }
 
 /// Where the decoder's uploads come from, each forced deterministically.
@@ -126,31 +103,25 @@ fn decode_beside_a_blocking_stream(ctx: &Context, sync_x: bool) -> Result<()> {
 /// Racy without `x` synchronized, correct with it, under every upload mode.
 #[test]
 fn the_flight_decoder_is_no_synchronization_with_a_blocking_stream() {
-    let mut lies = Vec::new();
+    let mut all = Vec::new();
     for (racy, sync_x) in [(true, false), (false, true)] {
         for mode in Upload::ALL {
-            for schedule in [Schedule::Deterministic, Schedule::Threaded] {
-                for seed in 0..seeds() {
+            all.extend(
+                lies(racy, |schedule, seed| {
                     let (sim, ctx) = one(schedule, seed);
                     mode.set_up(&sim, &ctx);
                     let r = decode_beside_a_blocking_stream(&ctx, sync_x);
-                    let got = flagged(&sim, &r);
-                    if got != racy || (!racy && r.is_err()) {
-                        lies.push(format!(
-                            "racy={racy} {mode:?} {schedule} seed {seed}: flagged={got} \
-                             (result {:?}; report {})",
-                            r.as_ref().err().map(|e| e.to_string()),
-                            sim.race_report()
-                        ));
-                    }
-                }
-            }
+                    (sim, r)
+                })
+                .into_iter()
+                .map(|l| format!("racy={racy} {mode:?} {l}")),
+            );
         }
     }
     assert!(
-        lies.is_empty(),
+        all.is_empty(),
         "{} runs differ:\n{}",
-        lies.len(),
-        lies.join("\n")
+        all.len(),
+        all.join("\n")
     );
 }

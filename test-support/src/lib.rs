@@ -1,7 +1,8 @@
 //! What cudabuf's own tests share, kept once: simulator builders ([`sim`], [`SimBuilder`],
 //! [`runs`]), the race detector's verdicts on a program under every seed
-//! ([`expect_verdict`], [`lies`], [`flagged`]), stream flags and a non-blocking stream
-//! ([`non_blocking`], [`NON_BLOCKING`], [`BLOCKING`]), the staging pool forced into each
+//! ([`expect_verdict`], [`lies`], [`flagged`], [`all_modes`], [`none_lied`]), stream
+//! flags and a non-blocking stream ([`non_blocking`], [`NON_BLOCKING`], [`BLOCKING`]),
+//! the staging pool forced into each
 //! state a file call may find it in ([`stage`], [`Staging`]), and a seeded generator of
 //! test data ([`Rng`]).
 //!
@@ -22,4 +23,4 @@ mod verdicts;
 pub use cudabuf_conformance::support::{non_blocking, Rng, BLOCKING, NON_BLOCKING};
 pub use sim::{assert_no_races, context, runs, sim, SimBuilder, SCHEDULES};
 pub use staging::{pinning_refused, stage, Staging, STAGINGS};
-pub use verdicts::{expect_verdict, flagged, hunt_seeds, lies};
+pub use verdicts::{all_modes, expect_verdict, flagged, hunt_seeds, lies, none_lied};

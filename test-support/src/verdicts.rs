@@ -67,3 +67,48 @@ where
         lies.join("\n")
     );
 }
+
+/// [`lies`] of `program` under each of `modes` (the states of whatever the program's
+/// path depends on, forced one by one): `Some(summary)`, per mode how many runs lied and
+/// the first, if any run lied.
+pub fn all_modes<M: Copy + std::fmt::Debug, F>(
+    name: &str,
+    racy: bool,
+    modes: &[M],
+    mut program: F,
+) -> Option<String>
+where
+    F: FnMut(M, Schedule, u64) -> (SimBackend, Result<()>),
+{
+    let mut summary = Vec::new();
+    let mut any = false;
+    for &mode in modes {
+        let lies = lies(racy, |s, seed| program(mode, s, seed));
+        any |= !lies.is_empty();
+        summary.push(format!(
+            "  {mode:?}: {} of {} runs lie{}",
+            lies.len(),
+            2 * hunt_seeds(),
+            lies.first()
+                .map(|l| format!(" (first: {})", l.chars().take(600).collect::<String>()))
+                .unwrap_or_default()
+        ));
+    }
+    any.then(|| format!("{name} (racy={racy}):\n{}", summary.join("\n")))
+}
+
+/// Fails the test with every summary of `results` that says a program lied
+/// ([`all_modes`]).
+///
+/// # Panics
+/// If any of `results` is `Some`.
+#[track_caller]
+pub fn none_lied(results: Vec<Option<String>>) {
+    let lies: Vec<String> = results.into_iter().flatten().collect();
+    assert!(
+        lies.is_empty(),
+        "{} program(s) lied:\n{}",
+        lies.len(),
+        lies.join("\n---\n")
+    );
+}
