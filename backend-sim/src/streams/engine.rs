@@ -735,32 +735,14 @@ impl Engine {
             }
             _ => (vc.tick(self.streams[&stream].actor), None),
         };
-        let s = &self.streams[&stream];
-        let label = Arc::new(OpLabel {
-            seq: self.next_seq + 1,
+        let label = self.check_and_commit(
+            stream,
+            (thread, thread_desc),
             what,
-            stream: Some(s.desc.clone()),
-            thread: thread_desc,
-            api: cudabuf_core::backend::current_call(),
-        });
-        if let Some(race) = self
-            .race
-            .check(accesses, judged.as_ref().unwrap_or(&vc), &label)
-        {
-            self.race.judge(race)?;
-        }
-        // Committed from here on.
-        self.next_seq += 1;
-        self.threads.get_mut(&thread).expect("registered").tick += 1;
-        self.race.record(
             accesses,
-            &Accessor {
-                epoch,
-                label: label.clone(),
-            },
             judged.as_ref().unwrap_or(&vc),
-            &self.knowledge,
-        );
+            epoch,
+        )?;
         let end_ns = start.saturating_add(cost_ns);
         let s = self.streams.get_mut(&stream).expect("looked up above");
         let op = OpRef {
@@ -861,29 +843,14 @@ impl Engine {
         let epoch = self.next_copy_epoch(stream, (thread, CopyPath::Pinned));
         let mut judged = meet;
         judged.learn(epoch);
-        let s = &self.streams[&stream];
-        let label = Arc::new(OpLabel {
-            seq: self.next_seq + 1,
+        let label = self.check_and_commit(
+            stream,
+            (thread, thread_desc),
             what,
-            stream: Some(s.desc.clone()),
-            thread: thread_desc,
-            api: cudabuf_core::backend::current_call(),
-        });
-        if let Some(race) = self.race.check(accesses, &judged, &label) {
-            self.race.judge(race)?;
-        }
-        // Committed from here on.
-        self.next_seq += 1;
-        self.threads.get_mut(&thread).expect("registered").tick += 1;
-        self.race.record(
             accesses,
-            &Accessor {
-                epoch,
-                label: label.clone(),
-            },
             &judged,
-            &self.knowledge,
-        );
+            epoch,
+        )?;
         let end_ns = start.saturating_add(cost_ns);
         let s = self.streams.get_mut(&stream).expect("looked up above");
         s.promise
@@ -911,6 +878,44 @@ impl Engine {
             judged,
         }));
         Ok(())
+    }
+
+    /// Checks the accesses of an operation `what` the calling `thread` issues to `stream`
+    /// against the race detector's records, judged by the clock `judged`; unless that
+    /// fails the call, commits the operation: its sequence number, the thread's tick, and
+    /// its accesses recorded under `epoch`. Returns its label.
+    fn check_and_commit(
+        &mut self,
+        stream: StreamKey,
+        (thread, thread_desc): (ThreadId, Arc<ThreadDesc>),
+        what: OpWhat,
+        accesses: &[Access],
+        judged: &VectorClock,
+        epoch: Epoch,
+    ) -> Result<Arc<OpLabel>> {
+        let label = Arc::new(OpLabel {
+            seq: self.next_seq + 1,
+            what,
+            stream: Some(self.streams[&stream].desc.clone()),
+            thread: thread_desc,
+            api: cudabuf_core::backend::current_call(),
+        });
+        if let Some(race) = self.race.check(accesses, judged, &label) {
+            self.race.judge(race)?;
+        }
+        // Committed from here on.
+        self.next_seq += 1;
+        self.threads.get_mut(&thread).expect("registered").tick += 1;
+        self.race.record(
+            accesses,
+            &Accessor {
+                epoch,
+                label: label.clone(),
+            },
+            judged,
+            &self.knowledge,
+        );
+        Ok(label)
     }
 
     /// The event the next copy a thread makes along one path for an operation promised
