@@ -922,14 +922,19 @@ fn own_event_after_pinned_and_pageable_copies_orders_both() {
 
 /// Correct on CUDA: T makes a promised copy into `x` on non-blocking `s`, drops `s` (the
 /// transfer still held), synchronizes the context (everything done, on both paths), then
-/// reads `x` on another non-blocking stream `u`, then waits for the transfer.
+/// reads `x` on another non-blocking stream `u`, then waits for the transfer. With
+/// `pause`, the thread sleeps after the drop, so that (on the threaded schedule) `s`
+/// drains and is put away before the synchronization.
 /// Expected: never flagged.
 #[test]
 fn context_sync_after_the_promised_stream_is_dropped_orders_its_copies() {
     let mut results = Vec::new();
-    for read_on_host in [false, true] {
+    for (read_on_host, pause) in [(false, false), (true, false), (false, true), (true, true)] {
         results.push(verdicts(
-            &format!("promised copy, drop s, ctx.synchronize, read x (host={read_on_host})"),
+            &format!(
+                "promised copy, drop s, ctx.synchronize, read x (host={read_on_host}, \
+                 pause={pause})"
+            ),
             false,
             |schedule, seed| {
                 let (sim, ctx) = one(schedule, seed);
@@ -943,6 +948,9 @@ fn context_sync_after_the_promised_stream_is_dropped_orders_its_copies() {
                         h.copy_from_slice(&[7u8; 64]);
                         s.copy_from_host_promised(&x, h, None)?
                     };
+                    if pause {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
                     ctx.synchronize()?;
                     if read_on_host {
                         assert_eq!(x.to_vec()?, vec![7u8; 64]);

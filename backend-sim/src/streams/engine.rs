@@ -89,6 +89,9 @@ struct HostThread {
 struct Retired {
     vc: VectorClock,
     end_ns: u64,
+    /// Their copies made for a promise that the program has not waited for yet (kept in
+    /// `Engine::drained` only): a context synchronization covers them.
+    promised: Vec<Arc<PromisedCopy>>,
 }
 
 /// What the host waits for in a synchronization, snapshotted when it starts (work
@@ -518,6 +521,7 @@ impl Engine {
                 into(&mut self.retired[device]);
             }
             into(&mut self.drained[device]);
+            self.drained[device].promised.extend(s.promised);
         }
     }
 
@@ -1210,7 +1214,7 @@ impl Engine {
             ops: Vec::new(),
             vc: r.vc.clone(),
             end_ns: r.end_ns,
-            promised: Vec::new(),
+            promised: r.promised.clone(),
         };
         for (&key, s) in &self.streams {
             if s.desc.device == device {
@@ -1242,9 +1246,12 @@ impl Engine {
                     self.race.retire(&a.at, a.len, &p.judged);
                 }
             }
+            let covered = |q: &Arc<PromisedCopy>| target.promised.iter().any(|p| Arc::ptr_eq(p, q));
             for s in self.streams.values_mut() {
-                s.promised
-                    .retain(|q| !target.promised.iter().any(|p| Arc::ptr_eq(p, q)));
+                s.promised.retain(|q| !covered(q));
+            }
+            for r in &mut self.drained {
+                r.promised.retain(|q| !covered(q));
             }
         }
         self.put_away_settled_per_thread();
