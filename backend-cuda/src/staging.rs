@@ -30,12 +30,14 @@
 //! Host to device, the CPU copies into pinned memory use streaming stores
 //! (`streaming_stores`): a DMA that reads lines the CPU holds modified in its caches runs
 //! at a fraction of the link's rate (the `stream_copy` module has the figures). From
-//! `streaming_stores_below` (64 MiB) on, plain stores: a slot's DMA then starts long after
-//! its fill, and plain stores were measured faster there. `plain_fills` can follow those
-//! plain stores with `cldemote` or `clwb` of every written line, or alternate streaming and
-//! plain stores by step ([`FillStores`]); on an H100 host the line instructions made the
-//! DMA fast but slowed the fill more than that gained, and alternating tied at 64 MiB and
-//! lost at 256 MiB, so plain stores stay the default.
+//! `streaming_stores_below` (64 MiB) on, plain stores followed by `cldemote` of every
+//! written line (`plain_fills`, [`FillStores::Demoted`]): the DMA then reads the lines from
+//! the shared cache instead of asking the core that holds them modified. The instruction
+//! slows the writers, so those copies take more of them (`line_fill_threads`, as many as
+//! device to host: 12 on a 16-core host; with 8, demoted fills lost to plain stores). From
+//! `plain_fills_below` (256 MiB) on, plain stores alone: at 1 GiB they were faster. The
+//! other ways ([`FillStores`]: `clwb`, steps that alternate streaming and plain stores)
+//! are switches.
 //!
 //! What a copy costs beyond its bytes, and the switches of [`StagingConfig`] that cut it:
 //! - **The hand-off.** Waking the workers takes tens of microseconds. With
@@ -142,6 +144,15 @@ pub const STAGING_NT_BELOW_VAR: &str = "CUDABUF_STAGING_NT_BELOW";
 /// ([`FillStores::parse`]; an unknown name leaves the default).
 pub const STAGING_PLAIN_FILLS_VAR: &str = "CUDABUF_STAGING_PLAIN_FILLS";
 
+/// The size from which host-to-device fills are plain stores whatever
+/// [`STAGING_PLAIN_FILLS_VAR`] says ([`StagingConfig::plain_fills_below`]; binary suffixes
+/// K, M, G; `max`: `plain_fills` at every size from `streaming_stores_below`).
+pub const STAGING_PLAIN_FILLS_BELOW_VAR: &str = "CUDABUF_STAGING_PLAIN_FILLS_BELOW";
+
+/// The number of staging worker threads for host-to-device copies whose fills add a line
+/// instruction ([`StagingConfig::line_fill_threads`]).
+pub const STAGING_LINE_FILL_THREADS_VAR: &str = "CUDABUF_STAGING_LINE_FILL_THREADS";
+
 /// `0`/`off` turns adaptive staging ([`StagingConfig::adaptive`]) off: every pageable
 /// copy from `CUDABUF_STAGING_MIN` on is staged.
 pub const STAGING_ADAPTIVE_VAR: &str = "CUDABUF_STAGING_ADAPTIVE";
@@ -216,15 +227,29 @@ pub struct StagingConfig {
     pub streaming_stores_below: usize,
     /// How host-to-device fills that do not use streaming stores (from
     /// `streaming_stores_below` on, or at every size without `streaming_stores`) write
-    /// pinned memory: plain stores ([`FillStores::Plain`], the default), or plain stores
+    /// pinned memory: plain stores ([`FillStores::Plain`]), or plain stores
     /// followed by each written line demoted to the shared cache ([`FillStores::Demoted`])
     /// or written back to memory ([`FillStores::WrittenBack`]), so that the DMA does not
     /// find it modified in the core's own caches, or steps that alternate streaming and
     /// plain stores ([`FillStores::Alternating`]). [`FillStores::Streaming`] here counts as
     /// `Plain` (streaming stores at every size are `streaming_stores_below: usize::MAX`).
-    /// On an H100 host none of the other ways beat plain stores at 64 MiB
-    /// (docs/PERFORMANCE.md, "Pageable copies at 64 MiB").
+    /// Demoted by default: with 12 threads (`line_fill_threads`) it ran 0.88-0.90x pinned
+    /// at 64 MiB on an H100 host where plain stores ran 0.80-0.85x (with 8 threads demoted
+    /// fills ran 0.68-0.71x: the instruction slows the writers; docs/PERFORMANCE.md,
+    /// "Pageable copies at 64 MiB").
     pub plain_fills: FillStores,
+    /// `plain_fills` applies to host-to-device copies below this size (256 MiB by
+    /// default); from it on their fills are plain stores (`usize::MAX`: `plain_fills` at
+    /// every size from `streaming_stores_below`). At 1 GiB demoted fills ran 0.88-0.89x
+    /// pinned on the H100 host above, plain stores 0.95x (likely: a copy of that size no
+    /// longer fits the shared cache the lines are demoted to; not measured); at 256 MiB the
+    /// two tied.
+    pub plain_fills_below: usize,
+    /// Worker threads that share a host-to-device copy whose fills add a line instruction
+    /// (`plain_fills` [`FillStores::Demoted`] or [`FillStores::WrittenBack`], at the sizes
+    /// where it applies); other host-to-device copies take `threads`. The instruction slows
+    /// each writer, and more of them keep the DMA fed (the figures at `plain_fills`).
+    pub line_fill_threads: usize,
 }
 
 /// Adaptive staging ([`StagingConfig::adaptive`]) chooses below this size (64 MiB); from
@@ -236,13 +261,16 @@ impl StagingConfig {
     /// 4 MiB steps, device-to-host with three quarters of them (2 to 12) and 2 MiB steps,
     /// copies from 512 KiB, adaptive, the calling thread taking steps, even steps (no
     /// ramp), workers that spin through copies and 50 us after before they sleep, a ring
-    /// of 16 slots of 2 MiB (32 MiB pinned) and streaming stores below 64 MiB.
+    /// of 16 slots of 2 MiB (32 MiB pinned), streaming stores below 64 MiB, demoted fills
+    /// from 64 MiB to 256 MiB with as many threads as device to host, plain stores from
+    /// 256 MiB.
     pub fn default_for_host() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
+        let d2h_threads = (cpus * 3 / 4).clamp(2, 12);
         StagingConfig {
             threads: (cpus / 2).clamp(2, 8),
             chunk_bytes: 4 << 20,
-            d2h_threads: (cpus * 3 / 4).clamp(2, 12),
+            d2h_threads,
             d2h_chunk_bytes: 2 << 20,
             min_bytes: 512 << 10,
             adaptive: true,
@@ -252,7 +280,9 @@ impl StagingConfig {
             ring_slots: 16,
             streaming_stores: true,
             streaming_stores_below: 64 << 20,
-            plain_fills: FillStores::Plain,
+            plain_fills: FillStores::Demoted,
+            plain_fills_below: 256 << 20,
+            line_fill_threads: d2h_threads,
         }
     }
 
@@ -264,6 +294,7 @@ impl StagingConfig {
             d2h_threads: threads,
             d2h_chunk_bytes: chunk_bytes,
             min_bytes,
+            line_fill_threads: threads,
             ..Self::default_for_host()
         }
     }
@@ -292,8 +323,10 @@ impl StagingConfig {
     /// The defaults, overridden by `CUDABUF_STAGING`, `CUDABUF_STAGING_THREADS`,
     /// `CUDABUF_STAGING_D2H_THREADS`, `CUDABUF_STAGING_CHUNK`,
     /// `CUDABUF_STAGING_D2H_CHUNK`, `CUDABUF_STAGING_MIN`, `CUDABUF_STAGING_RING`,
-    /// `CUDABUF_STAGING_NT_BELOW`, `CUDABUF_STAGING_PLAIN_FILLS` and
-    /// `CUDABUF_STAGING_ADAPTIVE`.
+    /// `CUDABUF_STAGING_NT_BELOW`, `CUDABUF_STAGING_PLAIN_FILLS`,
+    /// `CUDABUF_STAGING_PLAIN_FILLS_BELOW`, `CUDABUF_STAGING_LINE_FILL_THREADS` and
+    /// `CUDABUF_STAGING_ADAPTIVE` (`CUDABUF_STAGING_THREADS` sets every direction's
+    /// threads, the line fills' too).
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if let Some(v) = var(STAGING_VAR) {
@@ -305,6 +338,7 @@ impl StagingConfig {
         if let Some(n) = var(STAGING_THREADS_VAR).and_then(|v| v.trim().parse().ok()) {
             config.threads = n;
             config.d2h_threads = n;
+            config.line_fill_threads = n;
         }
         if let Some(n) = var(STAGING_D2H_THREADS_VAR).and_then(|v| v.trim().parse().ok()) {
             config.d2h_threads = n;
@@ -329,6 +363,12 @@ impl StagingConfig {
         if let Some(v) = var(STAGING_PLAIN_FILLS_VAR).and_then(|v| FillStores::parse(&v)) {
             config.plain_fills = v;
         }
+        if let Some(n) = var(STAGING_PLAIN_FILLS_BELOW_VAR).and_then(|v| parse_nt_below(&v)) {
+            config.plain_fills_below = n;
+        }
+        if let Some(n) = var(STAGING_LINE_FILL_THREADS_VAR).and_then(|v| v.trim().parse().ok()) {
+            config.line_fill_threads = n;
+        }
         if let Some(v) = var(STAGING_ADAPTIVE_VAR) {
             config.adaptive = !matches!(v.trim(), "0" | "off" | "false" | "no");
         }
@@ -343,9 +383,11 @@ impl StagingConfig {
         self.threads > 0 && self.chunk_bytes > 0 && self.d2h_threads > 0 && self.d2h_chunk_bytes > 0
     }
 
-    /// The worker threads an engine starts (the larger of the two directions).
+    /// The worker threads an engine starts (the most any copy takes).
     fn workers(&self) -> usize {
-        self.threads.max(self.d2h_threads)
+        self.threads
+            .max(self.d2h_threads)
+            .max(self.line_fill_threads)
     }
 
     /// The bytes of each pinned chunk (the larger step of the two directions).
@@ -372,8 +414,8 @@ impl StagingConfig {
     }
 
     /// How a host-to-device copy of `bytes` fills pinned memory: streaming stores where
-    /// [`StagingConfig::streaming_stores_for`] says so, else `plain_fills` (`Streaming`
-    /// there counts as `Plain`).
+    /// [`StagingConfig::streaming_stores_for`] says so, else `plain_fills` below
+    /// `plain_fills_below` (`Streaming` there counts as `Plain`), plain stores from it.
     ///
     /// ```
     /// use cudabuf_cuda::{FillStores, StagingConfig};
@@ -383,6 +425,7 @@ impl StagingConfig {
     /// };
     /// assert_eq!(config.fill_stores_for(16 << 20), FillStores::Streaming);
     /// assert_eq!(config.fill_stores_for(64 << 20), FillStores::Demoted);
+    /// assert_eq!(config.fill_stores_for(1 << 30), FillStores::Plain); // from 256 MiB
     /// let off = StagingConfig {
     ///     streaming_stores: false,
     ///     plain_fills: FillStores::Streaming,
@@ -393,18 +436,34 @@ impl StagingConfig {
     pub fn fill_stores_for(&self, bytes: usize) -> FillStores {
         if self.streaming_stores_for(bytes) {
             FillStores::Streaming
-        } else if self.plain_fills == FillStores::Streaming {
+        } else if self.plain_fills == FillStores::Streaming || bytes >= self.plain_fills_below {
             FillStores::Plain
         } else {
             self.plain_fills
         }
     }
 
-    /// (threads, largest step) of a copy in `direction`.
-    fn for_direction(&self, direction: Direction) -> (usize, usize) {
+    /// The worker threads that share a copy of `bytes` in `direction`: `d2h_threads` device
+    /// to host; host to device `line_fill_threads` where the fills add a line instruction
+    /// ([`fill_stores_for`](Self::fill_stores_for) is `Demoted` or `WrittenBack`; 0 there
+    /// means `threads`), else `threads`.
+    pub(crate) fn threads_for(&self, direction: Direction, bytes: usize) -> usize {
         match direction {
-            Direction::HostToDevice => (self.threads, self.chunk_bytes),
-            Direction::DeviceToHost => (self.d2h_threads, self.d2h_chunk_bytes),
+            Direction::DeviceToHost => self.d2h_threads,
+            Direction::HostToDevice => match self.fill_stores_for(bytes) {
+                FillStores::Demoted | FillStores::WrittenBack if self.line_fill_threads > 0 => {
+                    self.line_fill_threads
+                }
+                _ => self.threads,
+            },
+        }
+    }
+
+    /// The largest step of a copy in `direction`.
+    fn max_step(&self, direction: Direction) -> usize {
+        match direction {
+            Direction::HostToDevice => self.chunk_bytes,
+            Direction::DeviceToHost => self.d2h_chunk_bytes,
         }
     }
 }
@@ -701,12 +760,13 @@ impl StagingEngine {
             // SAFETY: forwarded from this function's contract.
             return unsafe { self.copy_ring(&ring, direction, pieces, traced, began) };
         }
-        let (threads, max_step) = self.config.for_direction(direction);
+        let bytes = total_bytes(&pieces);
+        let threads = self.config.threads_for(direction, bytes);
         let cut = Cut {
             workers: threads.clamp(1, self.workers.len().max(1)),
-            max_step,
+            max_step: self.config.max_step(direction),
             ramp: self.config.ramp,
-            stores: self.config.fill_stores_for(total_bytes(&pieces)),
+            stores: self.config.fill_stores_for(bytes),
         };
         let Some(task) = Task::new(direction, pieces, cut, traced) else {
             return CopyDone::nothing(Ok(()));
@@ -769,10 +829,14 @@ impl StagingEngine {
         traced: bool,
         began: std::time::Instant,
     ) -> CopyDone {
-        let (threads, max_step) = self.config.for_direction(direction);
-        let workers = threads.clamp(1, self.workers.len().max(1));
+        let bytes = total_bytes(&pieces);
+        let max_step = self.config.max_step(direction);
+        let workers = self
+            .config
+            .threads_for(direction, bytes)
+            .clamp(1, self.workers.len().max(1));
         let lanes = workers + usize::from(self.config.caller_steps);
-        let stores = self.config.fill_stores_for(total_bytes(&pieces));
+        let stores = self.config.fill_stores_for(bytes);
         let Some(task) = RingTask::new(
             direction,
             pieces,
@@ -990,8 +1054,12 @@ mod tests {
         assert!(default.workers() >= default.threads);
         assert!(default.workers() >= default.d2h_threads);
         let uniform = StagingConfig::uniform(3, 1 << 20, 0);
-        assert_eq!(uniform.for_direction(Direction::DeviceToHost), (3, 1 << 20));
-        assert_eq!(uniform.for_direction(Direction::HostToDevice), (3, 1 << 20));
+        for direction in [Direction::DeviceToHost, Direction::HostToDevice] {
+            assert_eq!(uniform.max_step(direction), 1 << 20);
+            for bytes in [1 << 20, 64 << 20, 1 << 30] {
+                assert_eq!(uniform.threads_for(direction, bytes), 3);
+            }
+        }
         assert!(!StagingConfig::uniform(0, 1 << 20, 0).enabled());
     }
 
@@ -1056,10 +1124,29 @@ mod tests {
             ..off
         };
         assert_eq!(odd.fill_stores_for(64 << 20), FillStores::Plain);
+        // The defaults: streaming stores below 64 MiB, demoted fills to 256 MiB, plain
+        // stores from there.
+        let default = StagingConfig::default_for_host();
+        assert_eq!(default.plain_fills, FillStores::Demoted);
+        assert_eq!(default.plain_fills_below, 256 << 20);
         assert_eq!(
-            StagingConfig::default_for_host().plain_fills,
-            FillStores::Plain
+            default.fill_stores_for((64 << 20) - 1),
+            FillStores::Streaming
         );
+        assert_eq!(default.fill_stores_for(64 << 20), FillStores::Demoted);
+        assert_eq!(
+            default.fill_stores_for((256 << 20) - 1),
+            FillStores::Demoted
+        );
+        assert_eq!(default.fill_stores_for(256 << 20), FillStores::Plain);
+        assert_eq!(default.fill_stores_for(1 << 30), FillStores::Plain);
+        let everywhere = StagingConfig {
+            plain_fills_below: usize::MAX,
+            ..default
+        };
+        assert_eq!(everywhere.fill_stores_for(1 << 40), FillStores::Demoted);
+        // Without streaming stores the size bound holds all the same.
+        assert_eq!(off.fill_stores_for(256 << 20), FillStores::Plain);
         for (name, way) in [
             ("plain", FillStores::Plain),
             (" Demote", FillStores::Demoted),
@@ -1071,5 +1158,42 @@ mod tests {
             assert_eq!(FillStores::parse(name), Some(way), "{name}");
         }
         assert_eq!(FillStores::parse("fastest"), None);
+    }
+
+    #[test]
+    fn line_fills_take_their_own_threads() {
+        let h2d = Direction::HostToDevice;
+        let config = StagingConfig {
+            threads: 8,
+            d2h_threads: 10,
+            line_fill_threads: 12,
+            ..StagingConfig::default_for_host()
+        };
+        assert_eq!(config.workers(), 12, "the engine starts enough workers");
+        assert_eq!(config.threads_for(h2d, 16 << 20), 8, "streaming stores");
+        assert_eq!(config.threads_for(h2d, 64 << 20), 12, "demoted fills");
+        assert_eq!(config.threads_for(h2d, 1 << 30), 8, "plain stores");
+        for bytes in [16 << 20, 64 << 20, 1 << 30] {
+            assert_eq!(config.threads_for(Direction::DeviceToHost, bytes), 10);
+        }
+        let written_back = StagingConfig {
+            plain_fills: FillStores::WrittenBack,
+            ..config
+        };
+        assert_eq!(written_back.threads_for(h2d, 64 << 20), 12);
+        for other in [FillStores::Plain, FillStores::Alternating] {
+            let c = StagingConfig {
+                plain_fills: other,
+                ..config
+            };
+            assert_eq!(c.threads_for(h2d, 64 << 20), 8, "{other:?}");
+        }
+        let unset = StagingConfig {
+            line_fill_threads: 0,
+            ..config
+        };
+        assert_eq!(unset.threads_for(h2d, 64 << 20), 8, "0: as `threads`");
+        let default = StagingConfig::default_for_host();
+        assert_eq!(default.line_fill_threads, default.d2h_threads);
     }
 }

@@ -145,7 +145,9 @@ fn run() -> AnyResult<()> {
             "ramp": s.ramp, "spin_micros": s.spin_micros, "ring_slots": s.ring_slots,
             "streaming_stores": s.streaming_stores,
             "streaming_stores_below": s.streaming_stores_below,
-            "plain_fills": format!("{:?}", s.plain_fills)
+            "plain_fills": format!("{:?}", s.plain_fills),
+            "plain_fills_below": s.plain_fills_below,
+            "line_fill_threads": s.line_fill_threads
         });
         // Timed copies meet a running engine (else their first ones go unstaged while it
         // starts in the background).

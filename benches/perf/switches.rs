@@ -8,10 +8,11 @@
 //! workers that spin 200 us: `staged_spin200`; `lanes_nt` and these with streaming stores
 //! at every size), through the ring with plain stores whose lines are then demoted to the
 //! shared cache (`ring_demote`) or written back to memory (`ring_clwb`), the defaults with
-//! demoted fills from 64 MiB (`default_demote`), through the ring with steps that
-//! alternate streaming and plain stores (`ring_alt`; the defaults with them from 64 MiB:
-//! `default_alt`), and the defaults (`default`, adaptive: staged or direct by what was
-//! faster so far; streaming stores below 64 MiB, plain ones from there).
+//! plain stores from 64 MiB (`default_plain`, the defaults before demoted fills), through
+//! the ring with steps that alternate streaming and plain stores (`ring_alt`; the defaults
+//! with them from 64 MiB: `default_alt`), and the defaults (`default`, adaptive: staged or
+//! direct by what was faster so far; streaming stores below 64 MiB, demoted fills with
+//! `line_fill_threads` from 64 MiB to 256 MiB, plain stores from there).
 //! Then the timeline of one 64 MiB copy each way, plain, through the lanes, through the
 //! ring, with every switch (`staged`, `staged_t12`, `staged_spin200`), `ring_demote`,
 //! `ring_clwb` and `ring_alt`: when each lane
@@ -66,12 +67,15 @@ fn cuda_switches(
 
     let plain = default.plain();
     // Every switch but adaptivity, through the workers' own lanes (no ring) and plain
-    // stores, then with each of the two later switches, then both (`staged`).
+    // stores, then with each of the two later switches, then both (`staged`). The ways of
+    // filling below apply at every size (`plain_fills_below` off), host to device with
+    // the defaults' `line_fill_threads` where they add a line instruction.
     let lanes = StagingConfig {
         adaptive: false,
         ring_slots: 0,
         streaming_stores: false,
         plain_fills: FillStores::Plain,
+        plain_fills_below: usize::MAX,
         ..default
     };
     let ring_slots = if default.ring_slots > 0 {
@@ -89,7 +93,8 @@ fn cuda_switches(
     };
     // Through the ring with plain stores, each followed by a demotion of the written lines
     // to the shared cache (`ring_demote`) or by their write-back to memory (`ring_clwb`);
-    // the defaults with demoted fills from 64 MiB (`default_demote`).
+    // the defaults with plain stores instead of demoted fills from 64 MiB
+    // (`default_plain`: the defaults before demoted fills).
     let ring_demote = StagingConfig {
         ring_slots,
         plain_fills: FillStores::Demoted,
@@ -171,9 +176,9 @@ fn cuda_switches(
             },
         ),
         (
-            "default_demote",
+            "default_plain",
             StagingConfig {
-                plain_fills: FillStores::Demoted,
+                plain_fills: FillStores::Plain,
                 ..default
             },
         ),
