@@ -165,8 +165,8 @@ pub const STAGING_ADAPTIVE_VAR: &str = "CUDABUF_STAGING_ADAPTIVE";
 /// wrote in the CPU's cache until the worker copies it out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StagingConfig {
-    /// Worker threads that share a host-to-device copy; 0 turns staging off (as does
-    /// `d2h_threads` 0).
+    /// Worker threads that share a host-to-device copy (but one whose fills add a line
+    /// instruction: `line_fill_threads`); 0 turns staging off (as does `d2h_threads` 0).
     pub threads: usize,
     /// Bytes of the largest host-to-device step.
     pub chunk_bytes: usize,
