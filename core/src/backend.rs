@@ -45,6 +45,8 @@ mod mock;
 
 pub(crate) use call::enter as enter_call;
 pub use call::{current_call, ApiCall};
+#[doc(hidden)]
+pub use call::{enter_public, CallGuard};
 pub(crate) use ext::StreamsExt;
 pub use handles::{RawEvent, RawStream, StreamFlags};
 #[cfg(feature = "mock")]

@@ -7,6 +7,14 @@
 //! saw (the simulator's race reports) speaks of that call instead of its own trait
 //! method: `Stream::copy_from_slice` at `src/pipeline.rs:42:5`, bytes 0..64 of the
 //! 256-byte buffer at `0x...`.
+//!
+//! The layers built on those methods (the buffered writer, the Arrow and Flight crates)
+//! enter a call of their own public method first, so that the copies they make inside
+//! are reported as the user's call of that method (`BufferWriter::write_all` at the
+//! user's line, not a line inside cudabuf); a call made inside another one names the
+//! outer call, and the device buffers of the inner one where the outer names none. Work
+//! a call hands to helper threads (a file's threads, Flight's blocking steps) runs
+//! inside that call there too.
 
 use std::cell::Cell;
 use std::fmt;
@@ -34,6 +42,17 @@ impl ApiCall {
         ApiCall {
             method,
             location: Some(Location::caller()),
+            buffers: [None; 2],
+        }
+    }
+
+    /// A call of `method` made at `location`: for cudabuf's own crates, which enter their
+    /// public methods' calls with [`enter_public`] (not part of the API).
+    #[doc(hidden)]
+    pub fn at(method: &'static str, location: &'static Location<'static>) -> Self {
+        ApiCall {
+            method,
+            location: Some(location),
             buffers: [None; 2],
         }
     }
@@ -87,25 +106,56 @@ pub fn current_call() -> Option<ApiCall> {
 }
 
 /// Marks the calling thread as inside `call` until the guard drops. A public call made
-/// inside another one stays the outer one's; a release made by a drop (no location)
-/// replaces it meanwhile (the free is the drop's, whatever call let go of the handle).
+/// inside another one stays the outer one's (naming the inner one's device buffers
+/// meanwhile if the outer names none); a release made by a drop (no location) replaces
+/// it meanwhile (the free is the drop's, whatever call let go of the handle).
 pub(crate) fn enter(call: ApiCall) -> CallGuard {
     CURRENT.with(|c| {
         let outer = c.get();
-        let replace = outer.is_none() || call.location.is_none();
-        if replace {
-            c.set(Some(call));
+        let now = match outer {
+            Some(outer) if call.location.is_some() => {
+                if outer.buffers.iter().all(Option::is_none) && call.buffers[0].is_some() {
+                    ApiCall {
+                        buffers: call.buffers,
+                        ..outer
+                    }
+                } else {
+                    outer
+                }
+            }
+            _ => call,
+        };
+        let changed = Some(now) != outer;
+        if changed {
+            c.set(Some(now));
         }
         CallGuard {
-            restore: replace.then_some(outer),
+            restore: changed.then_some(outer),
         }
     })
 }
 
-/// Ends the call entered by [`enter`]: the outer one is current again.
+/// Marks the calling thread as inside `call` (a call of one of cudabuf's public methods,
+/// made with [`ApiCall::at`], or one taken with [`current_call`] on the thread that
+/// started the work a helper thread does) until the guard drops, as cudabuf's own
+/// methods do: the outermost call stays current. For cudabuf's own crates (the Arrow and
+/// Flight layers), not part of the API.
+#[doc(hidden)]
+pub fn enter_public(call: ApiCall) -> CallGuard {
+    enter(call)
+}
+
+/// Ends the call entered by [`enter_public`]: the outer one is current again.
+#[doc(hidden)]
 #[must_use]
-pub(crate) struct CallGuard {
+pub struct CallGuard {
     restore: Option<Option<ApiCall>>,
+}
+
+impl fmt::Debug for CallGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallGuard").finish_non_exhaustive()
+    }
 }
 
 impl Drop for CallGuard {
@@ -141,5 +191,18 @@ mod tests {
         assert!(outer.to_string().contains("call.rs"));
         drop(g);
         assert_eq!(current_call(), None);
+    }
+
+    #[test]
+    fn an_outer_call_naming_no_buffer_names_the_inner_calls_meanwhile() {
+        let outer = ApiCall::here("DeviceRecordBatch::to_host");
+        let _g = enter_public(outer);
+        {
+            let _inner = enter(ApiCall::here("Stream::copy_to_host").with_buffer(0x2000, 32));
+            let now = current_call().unwrap();
+            assert_eq!((now.method, now.location), (outer.method, outer.location));
+            assert_eq!(now.buffers, [Some((0x2000, 32)), None]);
+        }
+        assert_eq!(current_call(), Some(outer));
     }
 }
