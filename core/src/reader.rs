@@ -2,6 +2,7 @@
 
 use std::io::{self, Read, Seek, SeekFrom};
 
+use crate::backend::{enter_call, ApiCall};
 use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 
@@ -122,7 +123,17 @@ impl BufferReader {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if `position > size`; [`Error::Closed`] after `close`.
+    #[track_caller]
     pub fn read_at(&self, position: usize, dst: &mut [u8]) -> Result<usize> {
+        self.read_as("BufferReader::read_at", position, dst)
+    }
+
+    /// [`read_at`](Self::read_at) as the user's call of `method`.
+    #[track_caller]
+    fn read_as(&self, method: &'static str, position: usize, dst: &mut [u8]) -> Result<usize> {
+        let _call = enter_call(
+            ApiCall::here(method).with_buffer(self.buffer.address(), self.buffer.size()),
+        );
         self.check_open()?;
         let n = self.clamp("read_at", position, dst.len())?;
         self.buffer.read_into(position, &mut dst[..n])?;
@@ -149,8 +160,44 @@ impl BufferReader {
 }
 
 impl Read for BufferReader {
+    #[track_caller]
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.read_at(self.position, buf)?;
+        let n = self.read_as("BufferReader::read", self.position, buf)?;
+        self.position += n;
+        Ok(n)
+    }
+
+    /// One copy of the next `buf.len()` bytes (overridden so that a race report names
+    /// the user's call, not `std`'s loop).
+    #[track_caller]
+    fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        if self.size().saturating_sub(self.position) < buf.len() && !self.closed {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let n = self.read_as("BufferReader::read_exact", self.position, buf)?;
+        self.position += n;
+        Ok(())
+    }
+
+    /// One copy of the rest of the buffer (overridden so that a race report names the
+    /// user's call, not `std`'s loop).
+    #[track_caller]
+    fn read_to_end(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        let start = buf.len();
+        let n = self.size().saturating_sub(self.position);
+        buf.resize(start + n, 0);
+        let read = self.read_as(
+            "BufferReader::read_to_end",
+            self.position,
+            &mut buf[start..],
+        );
+        let n = match read {
+            Ok(n) => n,
+            Err(e) => {
+                buf.truncate(start);
+                return Err(e.into());
+            }
+        };
         self.position += n;
         Ok(n)
     }

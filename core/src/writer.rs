@@ -4,7 +4,7 @@
 use std::io::{self, Seek, SeekFrom, Write};
 use std::ops::{Deref, DerefMut};
 
-use crate::backend::StreamsExt;
+use crate::backend::{current_call, enter_call, ApiCall, CallGuard, StreamsExt};
 use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -243,6 +243,13 @@ impl BufferWriter {
         self.closed
     }
 
+    /// Enters the user's call of `method` on this writer (for a race report's words),
+    /// naming the writer's buffer.
+    #[track_caller]
+    fn call(&self, method: &'static str) -> CallGuard {
+        enter_call(ApiCall::here(method).with_buffer(self.buffer.address(), self.buffer.size()))
+    }
+
     fn check_open(&self) -> Result<()> {
         if self.closed {
             Err(Error::Closed {
@@ -284,7 +291,9 @@ impl BufferWriter {
     ///
     /// # Errors
     /// As the flush, and the pinned allocation (with the pool off).
+    #[track_caller]
     pub fn set_buffer_size(&mut self, buffer_size: usize) -> Result<()> {
+        let _call = self.call("BufferWriter::set_buffer_size");
         self.check_open()?;
         self.flush_staged()?;
         if buffer_size == self.buffer_size() {
@@ -337,10 +346,12 @@ impl BufferWriter {
     ///
     /// # Errors
     /// As the flush.
+    #[track_caller]
     pub fn set_staging_buffer(
         &mut self,
         staging: Option<HostBuffer>,
     ) -> Result<Option<HostBuffer>> {
+        let _call = self.call("BufferWriter::set_staging_buffer");
         self.check_open()?;
         self.flush_staged()?;
         let previous = self.slots[0]
@@ -491,7 +502,14 @@ impl BufferWriter {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if it does not fit (nothing written); [`Error::Closed`].
+    #[track_caller]
     pub fn write_bytes(&mut self, data: &[u8]) -> Result<()> {
+        self.write_as("BufferWriter::write_bytes", data)
+    }
+
+    /// [`write_bytes`](Self::write_bytes) as the user's call of `method`.
+    #[track_caller]
+    fn write_as(&mut self, method: &'static str, data: &[u8]) -> Result<()> {
         // The common case of small writes, kept short: the write joins bytes already
         // staged in the current slot (so the slot is filling and nothing is in flight
         // from it) and still leaves room, inside the buffer.
@@ -513,6 +531,7 @@ impl BufferWriter {
                 return Ok(());
             }
         }
+        let _call = self.call(method);
         self.write_slow(data)
     }
 
@@ -585,7 +604,9 @@ impl BufferWriter {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] if it does not fit (nothing written); [`Error::Closed`].
+    #[track_caller]
     pub fn write_at(&mut self, position: usize, data: &[u8]) -> Result<()> {
+        let _call = self.call("BufferWriter::write_at");
         self.check_open()?;
         // Refuse before moving: a write that does not fit changes nothing.
         if position
@@ -608,7 +629,9 @@ impl BufferWriter {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] past the end; [`Error::Closed`].
+    #[track_caller]
     pub fn seek_to(&mut self, position: usize) -> Result<()> {
+        let _call = self.call("BufferWriter::seek_to");
         self.check_open()?;
         if position > self.size() {
             return Err(Error::out_of_range(
@@ -676,10 +699,12 @@ impl BufferWriter {
     ///
     /// # Errors
     /// As the flush (the writer is closed even then; the staged bytes are lost).
+    #[track_caller]
     pub fn close(&mut self) -> Result<()> {
         if self.closed {
             return Ok(());
         }
+        let _call = self.call("BufferWriter::close");
         let result = self.flush_staged();
         self.closed = true;
         self.staged = 0;
@@ -696,26 +721,40 @@ impl BufferWriter {
     ///
     /// # Errors
     /// As the flush.
+    #[track_caller]
     pub fn into_inner(mut self) -> Result<DeviceBuffer> {
+        let _call = self.call("BufferWriter::into_inner");
         self.close()?;
         Ok(self.buffer.clone())
     }
 }
 
 impl Write for BufferWriter {
+    #[track_caller]
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.write_bytes(data)?;
+        self.write_as("BufferWriter::write", data)?;
         Ok(data.len())
     }
 
+    /// As [`write`](Self::write): one write of all of `data` (overridden so that a race
+    /// report names the user's call, not `std`'s loop).
+    #[track_caller]
+    fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        Ok(self.write_as("BufferWriter::write_all", data)?)
+    }
+
+    #[track_caller]
     fn flush(&mut self) -> io::Result<()> {
+        let _call = self.call("BufferWriter::flush");
         self.check_open()?;
         Ok(self.flush_staged()?)
     }
 }
 
 impl Seek for BufferWriter {
+    #[track_caller]
     fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        let _call = self.call("BufferWriter::seek");
         self.check_open()?;
         let target = resolve_seek(pos, self.position, self.size()).ok_or_else(|| {
             io::Error::from(Error::invalid_argument(
@@ -730,6 +769,14 @@ impl Seek for BufferWriter {
 
 impl Drop for BufferWriter {
     fn drop(&mut self) {
+        // The drop's flush: named as a drop, unless cudabuf dropped the writer inside a
+        // public call of its own, which stays current.
+        let _call = current_call().is_none().then(|| {
+            enter_call(
+                ApiCall::dropping("dropping a BufferWriter")
+                    .with_buffer(self.buffer.address(), self.buffer.size()),
+            )
+        });
         if let Err(e) = self.close() {
             log::warn!("BufferWriter dropped with staged bytes that could not be flushed: {e}");
         }
