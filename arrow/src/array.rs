@@ -113,7 +113,9 @@ impl DeviceArray {
     /// [`Error::InvalidData`](cudabuf_core::Error::InvalidData) if the copied data is not a
     /// valid array of its type (corrupt offsets, dictionary keys out of range, ...); copy
     /// errors as [`DeviceBuffer::copy_to_host`].
+    #[track_caller]
     pub fn to_host(&self) -> Result<ArrayRef> {
+        let _call = crate::call::enter("DeviceArray::to_host");
         let host = HostCopy::new(&[])?;
         Ok(make_array(self.to_array_data(&host)?))
     }
@@ -127,7 +129,9 @@ impl DeviceArray {
     /// # Errors
     /// [`Error::InvalidArgument`](cudabuf_core::Error::InvalidArgument) if `stream` is not
     /// a stream of the buffers' context; as [`to_host`](Self::to_host).
+    #[track_caller]
     pub fn to_host_on(&self, stream: &Stream) -> Result<ArrayRef> {
+        let _call = crate::call::enter("DeviceArray::to_host_on");
         let host = HostCopy::new_on(&[], &self.device_buffers(), stream)?;
         Ok(make_array(self.to_array_data(&host)?))
     }

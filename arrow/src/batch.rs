@@ -62,7 +62,9 @@ impl DeviceRecordBatch {
     /// [`DeviceStreamWriter`](crate::DeviceStreamWriter)) and [`read_record_batch`].
     ///
     /// [`serialize_record_batch`]: crate::serialize_record_batch
+    #[track_caller]
     pub fn from_host(batch: &RecordBatch, ctx: &Context) -> Result<Self> {
+        let _call = crate::call::enter("DeviceRecordBatch::from_host");
         let message = crate::serialize_record_batch(batch, ctx)?;
         read_record_batch(&message, batch.schema_ref())
     }
@@ -94,7 +96,9 @@ impl DeviceRecordBatch {
     /// As [`from_host`](Self::from_host), and the issue of the copies on `stream`.
     ///
     /// [`serialize_record_batch_on`]: crate::serialize_record_batch_on
+    #[track_caller]
     pub fn from_host_on(batch: &RecordBatch, stream: &Stream) -> Result<Self> {
+        let _call = crate::call::enter("DeviceRecordBatch::from_host_on");
         let message =
             crate::Serializer::new(stream.context()).upload_record_batch_on(batch, stream)?;
         Self::from_message(&message, batch.schema_ref())
@@ -107,7 +111,9 @@ impl DeviceRecordBatch {
     ///
     /// # Errors
     /// As [`read_record_batch`].
+    #[track_caller]
     pub fn from_message(message: &DeviceMessage, schema: &SchemaRef) -> Result<Self> {
+        let _call = crate::call::enter("DeviceRecordBatch::from_message");
         Self::decode(message, schema, &DictionaryIds::new(), &Dictionaries::new())
     }
 
@@ -243,7 +249,9 @@ impl DeviceRecordBatch {
     /// # Errors
     /// [`Error::InvalidData`] if the data is not valid for the schema (corrupt offsets,
     /// dictionary keys out of range, nulls in a non-nullable field, ...); copy errors.
+    #[track_caller]
     pub fn to_host(&self) -> Result<RecordBatch> {
+        let _call = crate::call::enter("DeviceRecordBatch::to_host");
         self.build_host(&HostCopy::new(&self.regions)?)
     }
 
@@ -278,7 +286,9 @@ impl DeviceRecordBatch {
     /// # Errors
     /// [`Error::InvalidArgument`] if `stream` is not a stream of the batch's context; as
     /// [`to_host`](Self::to_host).
+    #[track_caller]
     pub fn to_host_on(&self, stream: &Stream) -> Result<RecordBatch> {
+        let _call = crate::call::enter("DeviceRecordBatch::to_host_on");
         check_stream(&self.context, stream, "DeviceRecordBatch::to_host_on")?;
         let buffers: Vec<&DeviceBuffer> = self
             .columns
@@ -345,7 +355,9 @@ impl DeviceRecordBatch {
     /// # Errors
     /// [`Error::InvalidArgument`] if the rows are not all within the batch; as
     /// [`to_host`](Self::to_host).
+    #[track_caller]
     pub fn to_host_slice(&self, offset: usize, length: usize) -> Result<RecordBatch> {
+        let _call = crate::call::enter("DeviceRecordBatch::to_host_slice");
         if offset
             .checked_add(length)
             .is_none_or(|end| end > self.num_rows)
@@ -485,7 +497,9 @@ impl fmt::Debug for DeviceRecordBatch {
 /// that is not a record batch, or one that does not match `schema`; [`Error::Unsupported`] for a
 /// compressed body or an unsupported type; [`Error::InvalidArgument`] for a
 /// dictionary-encoded column.
+#[track_caller]
 pub fn read_record_batch(buffer: &DeviceBuffer, schema: &SchemaRef) -> Result<DeviceRecordBatch> {
+    let _call = crate::call::enter("read_record_batch");
     let message = read_message(buffer)?;
     if message.len() != buffer.size() {
         return Err(Error::invalid_data(

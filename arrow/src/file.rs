@@ -169,7 +169,9 @@ impl DeviceFileReader {
     /// or larger than the file, a footer the flatbuffer verifier rejects or without a
     /// schema, or a `Block` that lies outside the file's messages or overlaps another;
     /// [`Error::Unsupported`] for a big-endian file or an unsupported type.
+    #[track_caller]
     pub fn open(path: impl AsRef<Path>, ctx: &Context) -> Result<Self> {
+        let _call = crate::call::enter("DeviceFileReader::open");
         let source = SourceFile::open(path.as_ref(), "DeviceFileReader::open")?;
         Self::new(source, ctx)
     }
@@ -179,7 +181,9 @@ impl DeviceFileReader {
     ///
     /// # Errors
     /// As [`open`](Self::open).
+    #[track_caller]
     pub fn from_file(file: File, ctx: &Context) -> Result<Self> {
+        let _call = crate::call::enter("DeviceFileReader::from_file");
         let source = SourceFile::new(file, "the file".into(), "DeviceFileReader::from_file")?;
         Self::new(source, ctx)
     }
@@ -428,7 +432,9 @@ impl DeviceFileReader {
     /// buffer's byte in it); [`Error::Unsupported`] for a delta dictionary or an unknown
     /// codec; [`Error::File`] if reading fails (the file shrank); allocation and copy
     /// errors.
+    #[track_caller]
     pub fn read_batch(&self, index: usize) -> Result<DeviceRecordBatch> {
+        let _call = crate::call::enter("DeviceFileReader::read_batch");
         let range = index..index.saturating_add(1);
         let mut batches = self.read_range(range, "DeviceFileReader::read_batch")?;
         batches
@@ -474,7 +480,9 @@ impl DeviceFileReader {
     /// # Errors
     /// [`Error::OutOfRange`] for a range past the last batch; as
     /// [`read_batch`](Self::read_batch) (of several failures, the one first in the file).
+    #[track_caller]
     pub fn read_batches(&self, range: Range<usize>) -> Result<Vec<DeviceRecordBatch>> {
+        let _call = crate::call::enter("DeviceFileReader::read_batches");
         self.read_range(range, "DeviceFileReader::read_batches")
     }
 
@@ -502,7 +510,9 @@ impl DeviceFileReader {
     ///
     /// # Errors
     /// As [`read_batches`](Self::read_batches).
+    #[track_caller]
     pub fn read_all(&self) -> Result<Vec<DeviceRecordBatch>> {
+        let _call = crate::call::enter("DeviceFileReader::read_all");
         self.read_range(0..self.record_blocks.len(), "DeviceFileReader::read_all")
     }
 
@@ -872,7 +882,9 @@ impl Iterator for DeviceFileReader {
 
     /// The next record batch in file order (an error for one batch does not end the
     /// iteration: the next call reads the next batch).
+    #[track_caller]
     fn next(&mut self) -> Option<Self::Item> {
+        let _call = crate::call::enter("DeviceFileReader::next");
         if self.next >= self.record_blocks.len() {
             return None;
         }
@@ -975,7 +987,9 @@ impl DeviceFileWriter {
     /// # Errors
     /// [`Error::InvalidArgument`] if its fields differ from the file's; [`Error::File`]
     /// naming the file if writing fails; as [`DeviceRecordBatch::to_host`].
+    #[track_caller]
     pub fn write(&mut self, batch: &DeviceRecordBatch) -> Result<()> {
+        let _call = crate::call::enter("DeviceFileWriter::write");
         if batch.schema().fields() != self.schema.fields() {
             return Err(Error::invalid_argument(
                 "DeviceFileWriter::write",
@@ -996,7 +1010,9 @@ impl DeviceFileWriter {
     ///
     /// # Errors
     /// [`Error::File`] naming the file if writing fails.
+    #[track_caller]
     pub fn finish(mut self) -> Result<()> {
+        let _call = crate::call::enter("DeviceFileWriter::finish");
         const OPERATION: &str = "DeviceFileWriter::finish";
         self.writer
             .finish()
@@ -1048,11 +1064,13 @@ fn write_error(operation: &'static str, path: &Path, e: ArrowError) -> Error {
 ///
 /// # Errors
 /// As [`DeviceFileWriter`]'s methods.
+#[track_caller]
 pub fn write_ipc_file<'a>(
     path: impl AsRef<Path>,
     schema: &Schema,
     batches: impl IntoIterator<Item = &'a DeviceRecordBatch>,
 ) -> Result<()> {
+    let _call = crate::call::enter("write_ipc_file");
     let mut writer = DeviceFileWriter::create(path, schema)?;
     for batch in batches {
         writer.write(batch)?;

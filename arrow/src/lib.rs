@@ -125,6 +125,7 @@ mod array;
 mod arrow_error;
 mod batch;
 pub mod c_device;
+mod call;
 mod compression;
 mod decode;
 mod file;

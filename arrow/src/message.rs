@@ -164,7 +164,9 @@ impl<'a> From<&'a mut BufferReader> for MessageSource<'a> {
 /// [`Error::InvalidData`] for an end-of-stream marker or no bytes left, a truncated
 /// prefix, metadata or body, a negative length, metadata the flatbuffer verifier rejects,
 /// or a metadata version before V4; [`Error::Closed`] for a closed reader.
+#[track_caller]
 pub fn read_message<'a>(source: impl Into<MessageSource<'a>>) -> Result<DeviceMessage> {
+    let _call = crate::call::enter("read_message");
     let next = match source.into() {
         MessageSource::Buffer(buffer) => read_next_message(&mut BufferReader::new(buffer.clone())),
         MessageSource::Reader(reader) => read_next_message(reader),

@@ -160,7 +160,9 @@ impl DeviceParquetReader {
     /// with a field of another Thrift type than the `parquet` crate reads it as, whose
     /// schema nests groups more than 128 levels deep, whose row counts are negative or
     /// sum past `usize`, or whose file row count is not the sum of its row groups'.
+    #[track_caller]
     pub fn open(path: impl AsRef<Path>, ctx: &Context, columns: Option<&[&str]>) -> Result<Self> {
+        let _call = crate::call::enter("DeviceParquetReader::open");
         let source = SourceFile::open(path.as_ref(), "DeviceParquetReader::open")?;
         let name = source.name().to_string();
         // The crate decodes the footer bytes checked, not the file again (which may have
@@ -397,7 +399,9 @@ impl Iterator for DeviceParquetReader {
     type Item = Result<DeviceRecordBatch>;
 
     /// The next batch, on the device. After an error the iteration ends.
+    #[track_caller]
     fn next(&mut self) -> Option<Self::Item> {
+        let _call = crate::call::enter("DeviceParquetReader::next");
         if self.done {
             return None;
         }
@@ -587,11 +591,13 @@ fn has_dictionary(data_type: &DataType) -> bool {
 ///
 /// # Errors
 /// As [`DeviceParquetReader::open`] and its iteration.
+#[track_caller]
 pub fn read_parquet(
     path: impl AsRef<Path>,
     ctx: &Context,
     columns: Option<&[&str]>,
 ) -> Result<Vec<DeviceRecordBatch>> {
+    let _call = crate::call::enter("read_parquet");
     DeviceParquetReader::open(path, ctx, columns)?.collect()
 }
 

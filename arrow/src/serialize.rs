@@ -53,7 +53,9 @@ const STREAM_CHUNK: usize = 4 << 20;
 /// them); use [`serialize_stream`](crate::serialize_stream) or
 /// [`DeviceStreamWriter`](crate::DeviceStreamWriter). [`Error::InvalidArgument`] if
 /// arrow-rs cannot encode the batch; allocation and copy errors.
+#[track_caller]
 pub fn serialize_record_batch(batch: &RecordBatch, ctx: &Context) -> Result<DeviceBuffer> {
+    let _call = crate::call::enter("serialize_record_batch");
     Serializer::new(ctx).serialize_record_batch(batch)
 }
 
@@ -91,11 +93,13 @@ pub fn serialize_record_batch(batch: &RecordBatch, ctx: &Context) -> Result<Devi
 /// # Errors
 /// [`Error::InvalidArgument`] if `stream` is not a stream of `ctx`; as
 /// [`serialize_record_batch`].
+#[track_caller]
 pub fn serialize_record_batch_on(
     batch: &RecordBatch,
     ctx: &Context,
     stream: &Stream,
 ) -> Result<DeviceBuffer> {
+    let _call = crate::call::enter("serialize_record_batch_on");
     Serializer::new(ctx).serialize_record_batch_on(batch, stream)
 }
 
@@ -105,12 +109,14 @@ pub fn serialize_record_batch_on(
 /// # Errors
 /// [`Error::InvalidArgument`] if `stream` is not a stream of `ctx`; as
 /// [`serialize_stream`].
+#[track_caller]
 pub fn serialize_stream_on<'a>(
     schema: &Schema,
     batches: impl IntoIterator<Item = &'a RecordBatch>,
     ctx: &Context,
     stream: &Stream,
 ) -> Result<DeviceBuffer> {
+    let _call = crate::call::enter("serialize_stream_on");
     Serializer::new(ctx).serialize_stream_on(schema, batches, stream)
 }
 
@@ -122,11 +128,13 @@ pub fn serialize_stream_on<'a>(
 /// # Errors
 /// [`Error::InvalidArgument`] if a batch's fields differ from `schema`'s or arrow-rs
 /// cannot encode it; allocation and copy errors.
+#[track_caller]
 pub fn serialize_stream<'a>(
     schema: &Schema,
     batches: impl IntoIterator<Item = &'a RecordBatch>,
     ctx: &Context,
 ) -> Result<DeviceBuffer> {
+    let _call = crate::call::enter("serialize_stream");
     Serializer::new(ctx).serialize_stream(schema, batches)
 }
 
@@ -215,7 +223,9 @@ impl Serializer {
     ///
     /// # Errors
     /// As [`serialize_record_batch`](crate::serialize_record_batch).
+    #[track_caller]
     pub fn serialize_record_batch(&mut self, batch: &RecordBatch) -> Result<DeviceBuffer> {
+        let _call = crate::call::enter("Serializer::serialize_record_batch");
         let (parts, skip) = self.encode_record_batch(batch)?;
         self.write_parts(&skip_bytes(&parts, skip))
     }
@@ -265,11 +275,13 @@ impl Serializer {
     /// # Errors
     /// [`Error::InvalidArgument`] if `stream` is not a stream of this serializer's
     /// context; as [`serialize_record_batch`](crate::serialize_record_batch).
+    #[track_caller]
     pub fn serialize_record_batch_on(
         &mut self,
         batch: &RecordBatch,
         stream: &Stream,
     ) -> Result<DeviceBuffer> {
+        let _call = crate::call::enter("Serializer::serialize_record_batch_on");
         check_stream(&self.context, stream, "serialize_record_batch_on")?;
         let (parts, skip) = self.encode_record_batch(batch)?;
         self.write_parts_on(&skip_bytes(&parts, skip), stream)
@@ -295,12 +307,14 @@ impl Serializer {
     /// # Errors
     /// [`Error::InvalidArgument`] if `stream` is not a stream of this serializer's
     /// context; as [`serialize_stream`](crate::serialize_stream).
+    #[track_caller]
     pub fn serialize_stream_on<'a>(
         &mut self,
         schema: &Schema,
         batches: impl IntoIterator<Item = &'a RecordBatch>,
         stream: &Stream,
     ) -> Result<DeviceBuffer> {
+        let _call = crate::call::enter("Serializer::serialize_stream_on");
         check_stream(&self.context, stream, "serialize_stream_on")?;
         let parts = self.encode_stream(schema, batches)?;
         self.write_parts_on(
@@ -314,11 +328,13 @@ impl Serializer {
     ///
     /// # Errors
     /// As [`serialize_stream`](crate::serialize_stream).
+    #[track_caller]
     pub fn serialize_stream<'a>(
         &mut self,
         schema: &Schema,
         batches: impl IntoIterator<Item = &'a RecordBatch>,
     ) -> Result<DeviceBuffer> {
+        let _call = crate::call::enter("Serializer::serialize_stream");
         let parts = self.encode_stream(schema, batches)?;
         self.write_parts(&parts.iter().map(|p| p.as_slice()).collect::<Vec<_>>())
     }

@@ -60,7 +60,9 @@ impl DeviceStreamReader {
     /// # Errors
     /// [`Error::InvalidData`] if the stream does not start with a valid schema message;
     /// [`Error::Unsupported`] for a big-endian stream.
+    #[track_caller]
     pub fn new(mut reader: BufferReader) -> Result<Self> {
+        let _call = crate::call::enter("DeviceStreamReader::new");
         let message = read_next_message(&mut reader)?
             .ok_or_else(|| Error::invalid_data(WHAT, "the stream is empty: no schema message"))?;
         let fb = message.message();
@@ -112,7 +114,9 @@ impl DeviceStreamReader {
     /// [`Error::File`] naming the file if it cannot be opened or read, is not a regular
     /// file, or shrinks while being read; as
     /// [`new`](Self::new); allocation errors.
+    #[track_caller]
     pub fn from_path(path: impl AsRef<std::path::Path>, ctx: &Context) -> Result<Self> {
+        let _call = crate::call::enter("DeviceStreamReader::from_path");
         let source =
             crate::file_io::SourceFile::open(path.as_ref(), "DeviceStreamReader::from_path")?;
         let size = usize::try_from(source.len()).map_err(|_| {
@@ -144,7 +148,9 @@ impl DeviceStreamReader {
     ///
     /// # Errors
     /// As [`new`](Self::new).
+    #[track_caller]
     pub fn from_buffer(buffer: &DeviceBuffer) -> Result<Self> {
+        let _call = crate::call::enter("DeviceStreamReader::from_buffer");
         Self::new(BufferReader::new(buffer.clone()))
     }
 
@@ -190,7 +196,9 @@ impl DeviceStreamReader {
 impl Iterator for DeviceStreamReader {
     type Item = Result<DeviceRecordBatch>;
 
+    #[track_caller]
     fn next(&mut self) -> Option<Self::Item> {
+        let _call = crate::call::enter("DeviceStreamReader::next");
         if self.done {
             return None;
         }
@@ -265,7 +273,9 @@ impl DeviceStreamWriter {
     /// # Errors
     /// [`Error::InvalidArgument`] if its fields differ from the stream's or arrow-rs cannot
     /// encode it.
+    #[track_caller]
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let _call = crate::call::enter("DeviceStreamWriter::write");
         encode_stream_batch(&mut self.encoder, &self.schema, batch, &mut self.parts)
     }
 
@@ -283,7 +293,9 @@ impl DeviceStreamWriter {
     ///
     /// # Errors
     /// Allocation and copy errors.
+    #[track_caller]
     pub fn finish(self) -> Result<DeviceBuffer> {
+        let _call = crate::call::enter("DeviceStreamWriter::finish");
         self.finish_with_serializer().map(|(buffer, _)| buffer)
     }
 
@@ -312,7 +324,9 @@ impl DeviceStreamWriter {
     /// # Errors
     /// [`Error::InvalidArgument`] if `stream` is not a stream of the writer's context;
     /// allocation and copy errors.
+    #[track_caller]
     pub fn finish_on(self, stream: &Stream) -> Result<DeviceBuffer> {
+        let _call = crate::call::enter("DeviceStreamWriter::finish_on");
         self.finish_with_serializer_on(stream)
             .map(|(buffer, _)| buffer)
     }
@@ -321,7 +335,9 @@ impl DeviceStreamWriter {
     ///
     /// # Errors
     /// As [`finish_on`](Self::finish_on).
+    #[track_caller]
     pub fn finish_with_serializer_on(self, stream: &Stream) -> Result<(DeviceBuffer, Serializer)> {
+        let _call = crate::call::enter("DeviceStreamWriter::finish_with_serializer_on");
         crate::ordering::check_stream(
             self.serializer.context(),
             stream,
@@ -343,7 +359,9 @@ impl DeviceStreamWriter {
     ///
     /// # Errors
     /// As [`finish`](Self::finish).
+    #[track_caller]
     pub fn finish_with_serializer(self) -> Result<(DeviceBuffer, Serializer)> {
+        let _call = crate::call::enter("DeviceStreamWriter::finish_with_serializer");
         let DeviceStreamWriter {
             mut serializer,
             encoder,

@@ -239,7 +239,9 @@ impl DeviceStreamDecoder {
     /// field uses, buffers or nodes that do not fit the body, a compressed body that does
     /// not decompress to its declared sizes; [`Error::Unsupported`] for a delta
     /// dictionary or another codec than LZ4_FRAME and ZSTD; allocation and copy errors.
+    #[track_caller]
     pub fn decode_dictionary(&mut self, message: &DeviceMessage) -> Result<()> {
+        let _call = crate::call::enter("DeviceStreamDecoder::decode_dictionary");
         let batch = dictionary_header(message.message())?;
         let (body, layout) = match batch.data() {
             Some(data) => compression::device_body(data, message.body(), self.decompression_limit)?,
@@ -281,7 +283,9 @@ impl DeviceStreamDecoder {
     /// dictionary has not been read, a compressed body that does not decompress to its
     /// declared sizes; [`Error::Unsupported`] for another codec than LZ4_FRAME and ZSTD;
     /// allocation and copy errors.
+    #[track_caller]
     pub fn decode_record_batch(&self, message: &DeviceMessage) -> Result<DeviceRecordBatch> {
+        let _call = crate::call::enter("DeviceStreamDecoder::decode_record_batch");
         let fb = message.message();
         let (body, layout) = match fb.header_as_record_batch() {
             Some(batch) => {

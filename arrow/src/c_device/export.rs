@@ -27,7 +27,9 @@ use crate::layout::type_layout;
 /// [`Error::Unsupported`] for view types (`Utf8View`, `BinaryView`: the interface wants
 /// their variadic buffer sizes in one more buffer, which cudabuf does not build) or a
 /// backend with no device type.
+#[track_caller]
 pub fn export_device_array(array: &DeviceArray, ctx: &Context) -> Result<ArrowDeviceArray> {
+    let _call = crate::call::enter("export_device_array");
     export_with(array, ctx, None, "export_device_array")
 }
 
@@ -74,7 +76,9 @@ pub fn export_device_array(array: &DeviceArray, ctx: &Context) -> Result<ArrowDe
 /// # Errors
 /// As [`export_device_array`], for the stream's context; the driver's failure to make or
 /// record the event.
+#[track_caller]
 pub fn export_device_array_on(array: &DeviceArray, stream: &Stream) -> Result<ArrowDeviceArray> {
+    let _call = crate::call::enter("export_device_array_on");
     export_with(
         array,
         stream.context(),
@@ -90,7 +94,9 @@ pub fn export_device_array_on(array: &DeviceArray, stream: &Stream) -> Result<Ar
 ///
 /// # Errors
 /// As [`export_device_array`].
+#[track_caller]
 pub fn export_device_record_batch(batch: &DeviceRecordBatch) -> Result<ArrowDeviceArray> {
+    let _call = crate::call::enter("export_device_record_batch");
     export_with(
         &batch_as_struct(batch),
         &batch.context,
@@ -106,10 +112,12 @@ pub fn export_device_record_batch(batch: &DeviceRecordBatch) -> Result<ArrowDevi
 /// # Errors
 /// [`Error::InvalidArgument`] if `stream` is not a stream of the batch's context; as
 /// [`export_device_array_on`].
+#[track_caller]
 pub fn export_device_record_batch_on(
     batch: &DeviceRecordBatch,
     stream: &Stream,
 ) -> Result<ArrowDeviceArray> {
+    let _call = crate::call::enter("export_device_record_batch_on");
     const OPERATION: &str = "export_device_record_batch_on";
     check_stream(&batch.context, stream, OPERATION)?;
     export_with(

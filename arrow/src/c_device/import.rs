@@ -86,11 +86,13 @@ struct ImportedArray(ArrowDeviceArray);
 /// simulator, an event of the same simulator instance, as cudabuf exports it). Nothing
 /// more is trusted: a producer's counts, lengths, offsets and device addresses that do not
 /// match `data_type` or the device's allocations are errors.
+#[track_caller]
 pub unsafe fn import_device_array(
     array: *mut ArrowDeviceArray,
     data_type: &DataType,
     ctx: &Context,
 ) -> Result<DeviceArray> {
+    let _call = crate::call::enter("import_device_array");
     // SAFETY: forwarded from this function's contract.
     unsafe { import_array_with(array, data_type, ctx, None, "import_device_array") }
 }
@@ -114,12 +116,14 @@ pub unsafe fn import_device_array(
 ///
 /// # Safety
 /// As [`import_device_array`].
+#[track_caller]
 pub unsafe fn import_device_array_on(
     array: *mut ArrowDeviceArray,
     data_type: &DataType,
     ctx: &Context,
     stream: Option<&Stream>,
 ) -> Result<DeviceArray> {
+    let _call = crate::call::enter("import_device_array_on");
     // SAFETY: forwarded from this function's contract.
     unsafe { import_array_with(array, data_type, ctx, stream, "import_device_array_on") }
 }
@@ -177,11 +181,13 @@ unsafe fn import_array_with(
 ///
 /// # Safety
 /// As [`import_device_array`].
+#[track_caller]
 pub unsafe fn import_device_record_batch(
     array: *mut ArrowDeviceArray,
     schema: SchemaRef,
     ctx: &Context,
 ) -> Result<DeviceRecordBatch> {
+    let _call = crate::call::enter("import_device_record_batch");
     // SAFETY: forwarded from this function's contract.
     unsafe { import_batch_with(array, schema, ctx, None, "import_device_record_batch") }
 }
@@ -199,12 +205,14 @@ pub unsafe fn import_device_record_batch(
 ///
 /// # Safety
 /// As [`import_device_array`].
+#[track_caller]
 pub unsafe fn import_device_record_batch_on(
     array: *mut ArrowDeviceArray,
     schema: SchemaRef,
     ctx: &Context,
     stream: Option<&Stream>,
 ) -> Result<DeviceRecordBatch> {
+    let _call = crate::call::enter("import_device_record_batch_on");
     // SAFETY: forwarded from this function's contract.
     unsafe { import_batch_with(array, schema, ctx, stream, "import_device_record_batch_on") }
 }

@@ -208,12 +208,17 @@ impl<'a> Job<'a> {
             worker(self);
             return;
         }
+        // The helpers' uploads are the user's call's, as the calling thread's are.
+        let call = cudabuf_core::backend::current_call();
         std::thread::scope(|scope| {
             let helpers: Vec<_> = (1..threads)
                 .filter_map(|i| {
                     std::thread::Builder::new()
                         .name(format!("cudabuf-decompress-{i}"))
-                        .spawn_scoped(scope, || worker(self))
+                        .spawn_scoped(scope, move || {
+                            let _call = call.map(cudabuf_core::backend::enter_public);
+                            worker(self)
+                        })
                         .map_err(|e| log::debug!("decompressing with fewer threads: {e}"))
                         .ok()
                 })
