@@ -1,5 +1,7 @@
 //! [`FlightDeviceClient`]: a Flight client whose `DoGet` lands batches in device memory.
 
+use std::future::Future;
+use std::panic::Location;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
@@ -9,6 +11,7 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightData, FlightDescriptor, FlightInfo, PutResult, Ticket};
 use bytes::Bytes;
 use cudabuf_arrow::DeviceRecordBatch;
+use cudabuf_core::backend::{enter_public, ApiCall};
 use cudabuf_core::Context;
 use futures::future::{Fuse, FusedFuture};
 use futures::stream::BoxStream;
@@ -334,7 +337,10 @@ impl FlightDeviceClient {
     }
 
     /// A decoder onto the device of `ctx` with the client's limits.
-    fn decoder(&self, ctx: &Context) -> Result<DeviceFlightDecoder> {
+    /// The decoder of an answer, made inside the user's `call` (its stream is named as
+    /// made there).
+    fn decoder_as(&self, call: ApiCall, ctx: &Context) -> Result<DeviceFlightDecoder> {
+        let _call = enter_public(call);
         Ok(DeviceFlightDecoder::new(ctx)?
             .with_max_message_size(self.max_message_size)
             .with_decompression_limit(self.decompression_limit()))
@@ -398,25 +404,39 @@ impl FlightDeviceClient {
     /// [`FlightError::Timeout`] past the [`timeout`](Self::timeout) (no answer) or the
     /// [`idle_timeout`](Self::idle_timeout) (no next message). The stream's items fail
     /// likewise, and the stream ends after its first error.
-    pub async fn do_get(
-        &mut self,
+    #[track_caller]
+    pub fn do_get<'a>(
+        &'a mut self,
         ticket: impl Into<Bytes>,
+        ctx: &'a Context,
+    ) -> impl Future<Output = Result<DeviceBatchStream>> + 'a {
+        // Called here, where the caller's location is known (an `async fn` cannot track
+        // it): the uploads on tokio's blocking threads are this call's.
+        let call = ApiCall::at("FlightDeviceClient::do_get", Location::caller());
+        self.do_get_as(call, ticket.into(), ctx)
+    }
+
+    /// [`do_get`](Self::do_get) as the user's `call`.
+    async fn do_get_as(
+        &mut self,
+        call: ApiCall,
+        ticket: Bytes,
         ctx: &Context,
     ) -> Result<DeviceBatchStream> {
-        let request = self.request(Ticket {
-            ticket: ticket.into(),
-        })?;
+        let request = self.request(Ticket { ticket })?;
         let inner = &mut self.inner;
         let incoming = bounded("the answer to a call", self.timeout, async {
             Ok(inner.do_get(request).await?.into_inner())
         })
         .await?;
-        DeviceBatchStream::start(
+        let decoder = self.decoder_as(call, ctx)?;
+        DeviceBatchStream::start_as(
             idle_bounded(
                 incoming.map(|m| m.map_err(FlightError::from)),
                 self.idle_timeout,
             ),
-            self.decoder(ctx)?,
+            decoder,
+            Some(call),
         )
         .await
     }
@@ -477,14 +497,28 @@ impl FlightDeviceClient {
     /// (`Unauthenticated`, `InvalidArgument`, ...) or a broken stream;
     /// [`FlightError::Device`] when a download fails; [`FlightError::TooLarge`] when the
     /// server's `PutResult`s come to more than the message limit together.
-    pub async fn do_put(
+    #[track_caller]
+    pub fn do_put(
         &mut self,
+        descriptor: FlightDescriptor,
+        schema: SchemaRef,
+        batches: Vec<DeviceRecordBatch>,
+    ) -> impl Future<Output = Result<Vec<PutResult>>> + '_ {
+        // As `do_get`: the downloads on tokio's blocking threads are this call's.
+        let call = ApiCall::at("FlightDeviceClient::do_put", Location::caller());
+        self.do_put_as(call, descriptor, schema, batches)
+    }
+
+    /// [`do_put`](Self::do_put) as the user's `call`.
+    async fn do_put_as(
+        &mut self,
+        call: ApiCall,
         descriptor: FlightDescriptor,
         schema: SchemaRef,
         batches: Vec<DeviceRecordBatch>,
     ) -> Result<Vec<PutResult>> {
         let (outgoing, failed, sent) =
-            Outgoing::new(descriptor, schema, batches, self.max_flight_data_size)?;
+            Outgoing::new(descriptor, schema, batches, self.max_flight_data_size, call)?;
         let mut failed = failed.fuse();
         let (request, abort) = self.upload_request(outgoing)?;
         let inner = &mut self.inner;
@@ -565,16 +599,31 @@ impl FlightDeviceClient {
     /// # Errors
     /// As [`do_put`](Self::do_put) for the sending side and
     /// [`do_get`](Self::do_get) for the answer.
-    pub async fn do_exchange(
+    #[track_caller]
+    pub fn do_exchange<'a>(
+        &'a mut self,
+        descriptor: FlightDescriptor,
+        schema: SchemaRef,
+        batches: Vec<DeviceRecordBatch>,
+        ctx: &'a Context,
+    ) -> impl Future<Output = Result<DeviceBatchStream>> + 'a {
+        // As `do_get`: the downloads and uploads on tokio's blocking threads are this call's.
+        let call = ApiCall::at("FlightDeviceClient::do_exchange", Location::caller());
+        self.do_exchange_as(call, descriptor, schema, batches, ctx)
+    }
+
+    /// [`do_exchange`](Self::do_exchange) as the user's `call`.
+    async fn do_exchange_as(
         &mut self,
+        call: ApiCall,
         descriptor: FlightDescriptor,
         schema: SchemaRef,
         batches: Vec<DeviceRecordBatch>,
         ctx: &Context,
     ) -> Result<DeviceBatchStream> {
-        let decoder = self.decoder(ctx)?;
+        let decoder = self.decoder_as(call, ctx)?;
         let (outgoing, failed, sent) =
-            Outgoing::new(descriptor, schema, batches, self.max_flight_data_size)?;
+            Outgoing::new(descriptor, schema, batches, self.max_flight_data_size, call)?;
         let mut failed = failed.fuse();
         let (request, abort) = self.upload_request(outgoing)?;
         let response = tokio::select! {
@@ -597,7 +646,7 @@ impl FlightDeviceClient {
         } else {
             with_upload_failure(incoming, failed, abort)
         };
-        DeviceBatchStream::start(incoming, decoder).await
+        DeviceBatchStream::start_as(incoming, decoder, Some(call)).await
     }
 }
 
@@ -649,11 +698,24 @@ impl DeviceBatchStream {
     ///
     /// # Errors
     /// As [`FlightDeviceClient::do_get`].
-    pub async fn start(
+    #[track_caller]
+    pub fn start(
+        incoming: BoxStream<'static, Result<FlightData>>,
+        decoder: DeviceFlightDecoder,
+    ) -> impl Future<Output = Result<Self>> + Send {
+        // The uploads on tokio's blocking threads are this call's.
+        let call = ApiCall::at("DeviceBatchStream::start", Location::caller());
+        Self::start_as(incoming, decoder, Some(call))
+    }
+
+    /// [`start`](Self::start), the decoder's steps made inside `call` (`None`: a server's
+    /// own work) on tokio's blocking threads.
+    pub(crate) async fn start_as(
         mut incoming: BoxStream<'static, Result<FlightData>>,
         decoder: DeviceFlightDecoder,
+        call: Option<ApiCall>,
     ) -> Result<Self> {
-        let mut decoder = AsyncDecoder::new(decoder);
+        let mut decoder = AsyncDecoder::new(decoder, call);
         let schema = loop {
             if let Some(schema) = decoder.schema() {
                 break schema.clone();
@@ -753,6 +815,7 @@ impl Outgoing {
         schema: SchemaRef,
         batches: Vec<DeviceRecordBatch>,
         max_flight_data_size: usize,
+        call: ApiCall,
     ) -> Result<(Self, oneshot::Receiver<FlightError>, watch::Receiver<bool>)> {
         if let Some(i) = batches.iter().position(|b| b.schema() != &schema) {
             return Err(FlightError::invalid(format!(
@@ -766,6 +829,7 @@ impl Outgoing {
             Some(descriptor),
             futures::stream::iter(batches.into_iter().map(Ok)),
             Some(max_flight_data_size),
+            Some(call),
         );
         Ok((
             Outgoing {
@@ -934,14 +998,16 @@ impl BlockingFlightClient {
     ///
     /// # Errors
     /// As [`FlightDeviceClient::do_get`].
+    #[track_caller]
     pub fn do_get(
         &mut self,
         ticket: impl Into<Bytes>,
         ctx: &Context,
     ) -> Result<(SchemaRef, Vec<DeviceRecordBatch>)> {
+        let call = ApiCall::at("BlockingFlightClient::do_get", Location::caller());
         let client = &mut self.client;
         self.runtime.block_on(async {
-            let mut stream = client.do_get(ticket, ctx).await?;
+            let mut stream = client.do_get_as(call, ticket.into(), ctx).await?;
             let mut batches = Vec::new();
             while let Some(batch) = stream.next().await {
                 batches.push(batch?);
@@ -987,14 +1053,16 @@ impl BlockingFlightClient {
     ///
     /// # Errors
     /// As [`FlightDeviceClient::do_put`].
+    #[track_caller]
     pub fn do_put(
         &mut self,
         descriptor: FlightDescriptor,
         schema: SchemaRef,
         batches: Vec<DeviceRecordBatch>,
     ) -> Result<Vec<PutResult>> {
+        let call = ApiCall::at("BlockingFlightClient::do_put", Location::caller());
         self.runtime
-            .block_on(self.client.do_put(descriptor, schema, batches))
+            .block_on(self.client.do_put_as(call, descriptor, schema, batches))
     }
 
     /// `DoExchange` of `batches` from device memory, the answer landed on the device of
@@ -1027,6 +1095,7 @@ impl BlockingFlightClient {
     ///
     /// # Errors
     /// As [`FlightDeviceClient::do_exchange`].
+    #[track_caller]
     pub fn do_exchange(
         &mut self,
         descriptor: FlightDescriptor,
@@ -1034,9 +1103,12 @@ impl BlockingFlightClient {
         batches: Vec<DeviceRecordBatch>,
         ctx: &Context,
     ) -> Result<(SchemaRef, Vec<DeviceRecordBatch>)> {
+        let call = ApiCall::at("BlockingFlightClient::do_exchange", Location::caller());
         let client = &mut self.client;
         self.runtime.block_on(async {
-            let mut stream = client.do_exchange(descriptor, schema, batches, ctx).await?;
+            let mut stream = client
+                .do_exchange_as(call, descriptor, schema, batches, ctx)
+                .await?;
             let mut answers = Vec::new();
             while let Some(batch) = stream.next().await {
                 answers.push(batch?);

@@ -1,12 +1,13 @@
 //! [`DeviceFlightDecoder`]: `FlightData` messages to [`DeviceRecordBatch`]es, each body
 //! staged in pinned memory and uploaded on a stream while the next message arrives.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{catch_unwind, AssertUnwindSafe, Location};
 
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::{self, MessageHeader, MetadataVersion};
 use arrow_flight::FlightData;
 use cudabuf_arrow::{DeviceMessage, DeviceRecordBatch, DeviceStreamDecoder};
+use cudabuf_core::backend::{enter_public, ApiCall};
 use cudabuf_core::{Context, DeviceBuffer, ErrorKind, HostRange, Stream, Transfer};
 
 use tokio::task::JoinHandle;
@@ -128,7 +129,9 @@ impl DeviceFlightDecoder {
     ///
     /// # Errors
     /// [`FlightError::Device`] when the stream cannot be made.
+    #[track_caller]
     pub fn new(ctx: &Context) -> Result<Self> {
+        let _call = enter_public(ApiCall::at("DeviceFlightDecoder::new", Location::caller()));
         Ok(DeviceFlightDecoder {
             ctx: ctx.clone(),
             stream: ctx.new_stream()?,
@@ -290,7 +293,9 @@ impl DeviceFlightDecoder {
     /// [`FlightError::Unsupported`] for delta dictionaries, a big-endian schema, a metadata
     /// version before V4, other message types. After an error the decoder should be
     /// dropped (dropping it waits for its uploads and frees everything).
+    #[track_caller]
     pub fn push(&mut self, data: &FlightData) -> Result<Option<DeviceRecordBatch>> {
+        let _call = enter_public(ApiCall::at("DeviceFlightDecoder::push", Location::caller()));
         let size = data.data_header.len().saturating_add(data.data_body.len());
         if size > self.max_message_size {
             return Err(FlightError::TooLarge {
@@ -350,7 +355,12 @@ impl DeviceFlightDecoder {
     ///
     /// # Errors
     /// [`FlightError::Device`] when the upload failed.
+    #[track_caller]
     pub fn finish(&mut self) -> Result<Option<DeviceRecordBatch>> {
+        let _call = enter_public(ApiCall::at(
+            "DeviceFlightDecoder::finish",
+            Location::caller(),
+        ));
         self.complete_pending()
     }
 
@@ -543,11 +553,12 @@ fn decoding_error(e: cudabuf_core::Error) -> FlightError {
 /// a current-thread runtime keeps serving other tasks meanwhile). After an error the
 /// decoder is gone (dropped on the blocking thread). Dropped with uploads in flight, it
 /// is dropped on a blocking thread too.
-pub(crate) struct AsyncDecoder(Option<DeviceFlightDecoder>);
+pub(crate) struct AsyncDecoder(Option<DeviceFlightDecoder>, Option<ApiCall>);
 
 impl AsyncDecoder {
-    pub(crate) fn new(decoder: DeviceFlightDecoder) -> Self {
-        AsyncDecoder(Some(decoder))
+    /// Drives `decoder` as the user's `call` (entered on the blocking threads).
+    pub(crate) fn new(decoder: DeviceFlightDecoder, call: Option<ApiCall>) -> Self {
+        AsyncDecoder(Some(decoder), call)
     }
 
     pub(crate) fn schema(&self) -> Option<&SchemaRef> {
@@ -563,7 +574,7 @@ impl AsyncDecoder {
     /// [`DeviceFlightDecoder::push`] on a blocking thread.
     pub(crate) async fn push(&mut self, data: FlightData) -> Result<Option<DeviceRecordBatch>> {
         let mut decoder = self.take()?;
-        let (decoder, batch) = blocking(move || match decoder.push(&data) {
+        let (decoder, batch) = blocking(self.1, move || match decoder.push(&data) {
             Ok(batch) => Ok((decoder, batch)),
             Err(e) => {
                 drop(decoder);
@@ -579,7 +590,7 @@ impl AsyncDecoder {
     /// dropped.
     pub(crate) async fn finish(&mut self) -> Result<Option<DeviceRecordBatch>> {
         let mut decoder = self.take()?;
-        blocking(move || {
+        blocking(self.1, move || {
             let last = decoder.finish();
             drop(decoder);
             last
@@ -594,28 +605,36 @@ impl Drop for AsyncDecoder {
             if decoder.has_pending() {
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     // Detached: the uploads are waited for (and the memory freed) there.
-                    drop(runtime.spawn_blocking(move || drop(decoder)));
+                    let call = self.1;
+                    drop(runtime.spawn_blocking(move || {
+                        let _call = call.map(enter_public);
+                        drop(decoder)
+                    }));
                 }
             }
         }
     }
 }
 
-/// Run `f` on one of tokio's blocking threads.
+/// Run `f` on one of tokio's blocking threads, inside `call` there ([`spawn_blocking`]).
 ///
 /// # Errors
 /// As [`spawn_blocking`] and [`joined`].
 pub(crate) async fn blocking<T: Send + 'static>(
+    call: Option<ApiCall>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T> {
-    joined(spawn_blocking(f)?).await
+    joined(spawn_blocking(call, f)?).await
 }
 
-/// Start `f` on one of tokio's blocking threads, now.
+/// Start `f` on one of tokio's blocking threads, now, inside `call` there: the user's
+/// call whose work it is (`None`: the user's own code, which names its calls itself), so
+/// that a race report names it instead of this crate's lines.
 ///
 /// # Errors
 /// [`FlightError::Runtime`] outside a tokio runtime.
 pub(crate) fn spawn_blocking<T: Send + 'static>(
+    call: Option<ApiCall>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<JoinHandle<T>> {
     let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
@@ -623,7 +642,10 @@ pub(crate) fn spawn_blocking<T: Send + 'static>(
             "this step runs on a tokio runtime's blocking threads: {e}"
         ))
     })?;
-    Ok(runtime.spawn_blocking(f))
+    Ok(runtime.spawn_blocking(move || {
+        let _call = call.map(enter_public);
+        f()
+    }))
 }
 
 /// The result of a step started with [`spawn_blocking`].

@@ -9,7 +9,10 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
 use arrow_flight::{FlightData, FlightDescriptor};
+use std::panic::Location;
+
 use cudabuf_arrow::DeviceRecordBatch;
+use cudabuf_core::backend::ApiCall;
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt, TryStreamExt};
 
@@ -69,16 +72,30 @@ const DOWNLOADS_AHEAD: usize = 1;
 /// assert_eq!(arrow_flight::utils::flight_data_to_batches(&messages)?, vec![batch]);
 /// # Ok(()) }
 /// ```
+#[track_caller]
 pub fn encode_device_batches(
     schema: SchemaRef,
     batches: Vec<DeviceRecordBatch>,
     max_flight_data_size: Option<usize>,
+) -> BoxStream<'static, Result<FlightData, tonic::Status>> {
+    let call = ApiCall::at("encode_device_batches", Location::caller());
+    encode_device_batches_as(schema, batches, max_flight_data_size, call)
+}
+
+/// [`encode_device_batches`], its downloads made inside `call` on tokio's blocking
+/// threads.
+pub(crate) fn encode_device_batches_as(
+    schema: SchemaRef,
+    batches: Vec<DeviceRecordBatch>,
+    max_flight_data_size: Option<usize>,
+    call: ApiCall,
 ) -> BoxStream<'static, Result<FlightData, tonic::Status>> {
     encode(
         Some(schema),
         None,
         stream::iter(batches.into_iter().map(Ok)),
         max_flight_data_size,
+        Some(call),
     )
     .map_err(|e| e.to_status())
     .boxed()
@@ -92,11 +109,12 @@ pub(crate) fn encode(
     descriptor: Option<FlightDescriptor>,
     batches: impl Stream<Item = Result<DeviceRecordBatch>> + Send + 'static,
     max_flight_data_size: Option<usize>,
+    call: Option<ApiCall>,
 ) -> BoxStream<'static, Result<FlightData>> {
     encode_host(
         schema,
         descriptor,
-        download_ahead(batches, piece_for(max_flight_data_size)),
+        download_ahead(batches, piece_for(max_flight_data_size), call),
         max_flight_data_size,
     )
 }
@@ -223,6 +241,7 @@ fn pieces(batch: &DeviceRecordBatch, piece: usize) -> Vec<(usize, usize)> {
 pub(crate) fn download_ahead(
     batches: impl Stream<Item = Result<DeviceRecordBatch>> + Send + 'static,
     piece: usize,
+    call: Option<ApiCall>,
 ) -> impl Stream<Item = Result<RecordBatch>> + Send + 'static {
     batches
         .flat_map(move |batch| {
@@ -235,11 +254,11 @@ pub(crate) fn download_ahead(
             };
             stream::iter(runs)
         })
-        .map(|run| {
+        .map(move |run| {
             // Started here, when the buffer below takes the run (not when its future is
             // first polled), so that the next download runs while this one is sent.
             let started = run.and_then(|(batch, offset, length)| {
-                spawn_blocking(move || batch.to_host_slice(offset, length))
+                spawn_blocking(call, move || batch.to_host_slice(offset, length))
             });
             async move { joined(started?).await?.map_err(FlightError::from) }
         })

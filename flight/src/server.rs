@@ -20,11 +20,13 @@ use futures::{future, StreamExt, TryStreamExt};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
+use cudabuf_core::backend::{enter_public, ApiCall};
+
 use crate::auth::BearerAuth;
 use crate::client::DeviceBatchStream;
 use crate::decode::{blocking, DeviceFlightDecoder, DEFAULT_MAX_MESSAGE_SIZE};
 use crate::encode::{
-    download_ahead, encode_device_batches, encode_host, message_size, piece_for,
+    download_ahead, encode_device_batches_as, encode_host, message_size, piece_for,
     DEFAULT_MAX_FLIGHT_DATA_SIZE,
 };
 use crate::error::{FlightError, Result};
@@ -428,8 +430,10 @@ impl DeviceFlightServer {
             .with_total_records(rows.unwrap_or(-1)))
     }
 
-    /// A decoder onto the server's device, with its message limit.
-    fn decoder(&self) -> Result<DeviceFlightDecoder, Status> {
+    /// A decoder onto the server's device, with its message limit, made inside `call`
+    /// (the request it serves).
+    fn decoder(&self, call: ApiCall) -> Result<DeviceFlightDecoder, Status> {
+        let _call = enter_public(call);
         Ok(DeviceFlightDecoder::new(&self.inner.ctx)?
             .with_max_message_size(self.inner.max_message_size)
             .with_decompression_limit(self.decompression_limit()))
@@ -537,10 +541,11 @@ impl FlightService for DeviceFlightServer {
     ) -> Result<Response<Self::DoGetStream>, Status> {
         let flight = self.lookup(&request.get_ref().ticket)?;
         Ok(Response::new(taken_within(
-            encode_device_batches(
+            encode_device_batches_as(
                 flight.schema,
                 flight.batches,
                 Some(self.max_flight_data_size),
+                ApiCall::named(SERVING_DO_GET),
             ),
             self.limits.idle_timeout,
         )))
@@ -559,8 +564,13 @@ impl FlightService for DeviceFlightServer {
             .await?
             .ok_or_else(|| Status::invalid_argument("an empty DoPut stream"))?;
         let key = key_of(first.flight_descriptor.as_ref())?;
-        let stream =
-            DeviceBatchStream::start(self.incoming(first, incoming), self.decoder()?).await?;
+        let call = ApiCall::named(SERVING_DO_PUT);
+        let stream = DeviceBatchStream::start_as(
+            self.incoming(first, incoming),
+            self.decoder(call)?,
+            Some(call),
+        )
+        .await?;
         let schema = stream.schema().clone();
         let batches: Vec<DeviceRecordBatch> = stream.try_collect().await?;
         if body_end.as_ref().is_some_and(BodyEnd::failed) {
@@ -601,8 +611,13 @@ impl FlightService for DeviceFlightServer {
                     .map(|k| String::from_utf8_lossy(&k).into_owned())
             );
         }
-        let received =
-            DeviceBatchStream::start(self.incoming(first, incoming), self.decoder()?).await?;
+        let call = ApiCall::named(SERVING_DO_EXCHANGE);
+        let received = DeviceBatchStream::start_as(
+            self.incoming(first, incoming),
+            self.decoder(call)?,
+            Some(call),
+        )
+        .await?;
         Ok(Response::new(taken_within(
             exchange(received, self.exchange.clone(), self.max_flight_data_size),
             self.limits.idle_timeout,
@@ -623,6 +638,14 @@ impl FlightService for DeviceFlightServer {
         Ok(Response::new(stream::empty().boxed()))
     }
 }
+
+/// What a race report names a server's copies for a `DoGet` by (they have no caller of
+/// the user's).
+const SERVING_DO_GET: &str = "a DeviceFlightServer answering DoGet";
+/// As [`SERVING_DO_GET`], for the uploads of a `DoPut`.
+const SERVING_DO_PUT: &str = "a DeviceFlightServer receiving DoPut";
+/// As [`SERVING_DO_GET`], for the uploads and downloads of a `DoExchange`.
+const SERVING_DO_EXCHANGE: &str = "a DeviceFlightServer answering DoExchange";
 
 /// An empty batch of `schema`. The decoder refuses the schemas arrow-rs cannot build
 /// arrays of; a panic here all the same (a type it missed) is the peer's bad schema, not
@@ -649,7 +672,8 @@ fn exchange(
         async move {
             let batch = batch?;
             match handler {
-                Some(handler) => blocking(move || handler(batch)).await?,
+                // The handler's own calls name themselves.
+                Some(handler) => blocking(None, move || handler(batch)).await?,
                 None => Ok(batch),
             }
         }
@@ -664,7 +688,8 @@ fn exchange(
         )
         .filter_map(future::ready);
     let size = Some(max_flight_data_size);
-    let host = download_ahead(answers, piece_for(size)).chain(schema_only);
+    let call = Some(ApiCall::named(SERVING_DO_EXCHANGE));
+    let host = download_ahead(answers, piece_for(size), call).chain(schema_only);
     encode_host(None, None, host, size)
         .map_err(|e| e.to_status())
         .boxed()

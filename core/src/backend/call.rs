@@ -57,6 +57,19 @@ impl ApiCall {
         }
     }
 
+    /// Work cudabuf does for a public call made elsewhere, with no caller location (a
+    /// Flight server answering a request: `"a DeviceFlightServer answering DoGet"`): for
+    /// cudabuf's own crates, not part of the API. Entered, it replaces the current call
+    /// as a drop does.
+    #[doc(hidden)]
+    pub fn named(method: &'static str) -> Self {
+        ApiCall {
+            method,
+            location: None,
+            buffers: [None; 2],
+        }
+    }
+
     /// What a drop does (no caller location).
     pub(crate) fn dropping(method: &'static str) -> Self {
         ApiCall {
