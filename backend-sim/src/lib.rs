@@ -176,7 +176,10 @@
 //! `copy_from_host` and synchronizes as one, whatever the pool holds.) Races
 //! are reported in the words of cudabuf's public API when the call came through it
 //! (`cudabuf_core::backend::current_call`): the public method and where it was called,
-//! the stream and where it was made, the bytes of the user's buffer, and a fix. Modes
+//! the stream and where it was made, the bytes of the user's buffer, and a fix. The
+//! outermost public call is the one named: a copy that the buffered writer, the Arrow or
+//! the Flight crate makes inside a call of the user's (on the calling thread or a helper
+//! thread of that call) is named by that call and the user's line. Modes
 //! ([`RaceMode`], from [`SimConfig::races`] or `CUDABUF_SIM_RACES`): `fail` (default: the
 //! racing call returns the error and issues nothing; a race found in a release, which
 //! cudabuf makes from a `Drop` where nobody sees the error, also fails the next call of
