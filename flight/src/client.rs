@@ -409,7 +409,7 @@ impl FlightDeviceClient {
         &'a mut self,
         ticket: impl Into<Bytes>,
         ctx: &'a Context,
-    ) -> impl Future<Output = Result<DeviceBatchStream>> + 'a {
+    ) -> impl Future<Output = Result<DeviceBatchStream>> + Send + 'a {
         // Called here, where the caller's location is known (an `async fn` cannot track
         // it): the uploads on tokio's blocking threads are this call's.
         let call = ApiCall::at("FlightDeviceClient::do_get", Location::caller());
@@ -503,7 +503,7 @@ impl FlightDeviceClient {
         descriptor: FlightDescriptor,
         schema: SchemaRef,
         batches: Vec<DeviceRecordBatch>,
-    ) -> impl Future<Output = Result<Vec<PutResult>>> + '_ {
+    ) -> impl Future<Output = Result<Vec<PutResult>>> + Send + '_ {
         // As `do_get`: the downloads on tokio's blocking threads are this call's.
         let call = ApiCall::at("FlightDeviceClient::do_put", Location::caller());
         self.do_put_as(call, descriptor, schema, batches)
@@ -606,7 +606,7 @@ impl FlightDeviceClient {
         schema: SchemaRef,
         batches: Vec<DeviceRecordBatch>,
         ctx: &'a Context,
-    ) -> impl Future<Output = Result<DeviceBatchStream>> + 'a {
+    ) -> impl Future<Output = Result<DeviceBatchStream>> + Send + 'a {
         // As `do_get`: the downloads and uploads on tokio's blocking threads are this call's.
         let call = ApiCall::at("FlightDeviceClient::do_exchange", Location::caller());
         self.do_exchange_as(call, descriptor, schema, batches, ctx)

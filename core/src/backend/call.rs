@@ -18,6 +18,7 @@
 
 use std::cell::Cell;
 use std::fmt;
+use std::marker::PhantomData;
 use std::panic::Location;
 
 use super::DevicePtr;
@@ -144,6 +145,7 @@ pub(crate) fn enter(call: ApiCall) -> CallGuard {
         }
         CallGuard {
             restore: changed.then_some(outer),
+            _this_thread: PhantomData,
         }
     })
 }
@@ -158,11 +160,14 @@ pub fn enter_public(call: ApiCall) -> CallGuard {
     enter(call)
 }
 
-/// Ends the call entered by [`enter_public`]: the outer one is current again.
+/// Ends the call entered by [`enter_public`]: the outer one is current again. It restores
+/// the calling thread's call, so it is neither `Send` nor `Sync` (a guard held across an
+/// `.await` of a future that moves between threads does not compile).
 #[doc(hidden)]
 #[must_use]
 pub struct CallGuard {
     restore: Option<Option<ApiCall>>,
+    _this_thread: PhantomData<*const ()>,
 }
 
 impl fmt::Debug for CallGuard {
