@@ -11,8 +11,7 @@ use cudabuf_arrow::{
     DeviceFileReader, DeviceFileWriter, DeviceRecordBatch, DeviceStreamReader, DeviceStreamWriter,
 };
 use cudabuf_core::{Context, DeviceBuffer, Stream};
-use cudabuf_sim::{RaceMode, Schedule, SimBackend};
-use cudabuf_test_support::{non_blocking, sim};
+use cudabuf_test_support::{assert_names, logged, non_blocking};
 
 fn host_batch() -> RecordBatch {
     RecordBatch::try_from_iter([(
@@ -20,13 +19,6 @@ fn host_batch() -> RecordBatch {
         Arc::new(Int32Array::from((0..1000).collect::<Vec<i32>>())) as _,
     )])
     .unwrap()
-}
-
-/// A simulator whose races are logged (the program goes on), and its context.
-fn logged() -> (SimBackend, Context) {
-    sim(Schedule::Deterministic, 0)
-        .races(RaceMode::Log)
-        .context()
 }
 
 /// Rewrites all of `buf` (the same bytes) on a new non-blocking stream, which is left
@@ -38,21 +30,6 @@ fn rewrite(ctx: &Context, buf: &DeviceBuffer) -> Stream {
     stream
 }
 
-/// Asserts that the report of `sim` names `method` at `line` of this file, and no line
-/// of cudabuf's own sources.
-#[track_caller]
-fn names(sim: &SimBackend, method: &str, line: u32) {
-    let text = sim.race_report().to_string();
-    let wanted = format!("`{method}` at {}:{line}:", file!());
-    assert!(
-        text.contains(&wanted),
-        "the report should say {wanted:?}:\n{text}"
-    );
-    for inside in ["core/src/", "arrow/src/", "flight/src/"] {
-        assert!(!text.contains(inside), "the report names {inside}:\n{text}");
-    }
-}
-
 #[test]
 fn to_host_and_to_host_on_name_the_users_call() {
     let (sim, ctx) = logged();
@@ -60,7 +37,7 @@ fn to_host_and_to_host_on_name_the_users_call() {
     let stream = rewrite(&ctx, batch.body().unwrap());
     let (r, line) = (batch.to_host(), line!());
     r.unwrap();
-    names(&sim, "DeviceRecordBatch::to_host", line);
+    assert_names(&sim, "DeviceRecordBatch::to_host", line);
     stream.synchronize().unwrap();
 
     let (sim, ctx) = logged();
@@ -69,7 +46,7 @@ fn to_host_and_to_host_on_name_the_users_call() {
     let other = non_blocking(&ctx);
     let (r, line) = (batch.to_host_on(&other), line!());
     r.unwrap();
-    names(&sim, "DeviceRecordBatch::to_host_on", line);
+    assert_names(&sim, "DeviceRecordBatch::to_host_on", line);
     stream.synchronize().unwrap();
 
     let (sim, ctx) = logged();
@@ -77,7 +54,7 @@ fn to_host_and_to_host_on_name_the_users_call() {
     let stream = rewrite(&ctx, batch.body().unwrap());
     let (r, line) = (batch.to_host_slice(10, 20), line!());
     r.unwrap();
-    names(&sim, "DeviceRecordBatch::to_host_slice", line);
+    assert_names(&sim, "DeviceRecordBatch::to_host_slice", line);
     stream.synchronize().unwrap();
 
     let (sim, ctx) = logged();
@@ -85,7 +62,7 @@ fn to_host_and_to_host_on_name_the_users_call() {
     let stream = rewrite(&ctx, batch.body().unwrap());
     let (r, line) = (batch.columns()[0].to_host(), line!());
     r.unwrap();
-    names(&sim, "DeviceArray::to_host", line);
+    assert_names(&sim, "DeviceArray::to_host", line);
     stream.synchronize().unwrap();
 
     let (sim, ctx) = logged();
@@ -94,7 +71,7 @@ fn to_host_and_to_host_on_name_the_users_call() {
     let other = non_blocking(&ctx);
     let (r, line) = (batch.columns()[0].to_host_on(&other), line!());
     r.unwrap();
-    names(&sim, "DeviceArray::to_host_on", line);
+    assert_names(&sim, "DeviceArray::to_host_on", line);
     stream.synchronize().unwrap();
 }
 
@@ -105,7 +82,7 @@ fn reading_messages_and_streams_names_the_users_call() {
     let stream = rewrite(&ctx, &message);
     let (r, line) = (read_record_batch(&message, &host_batch().schema()), line!());
     r.unwrap();
-    names(&sim, "read_record_batch", line);
+    assert_names(&sim, "read_record_batch", line);
     stream.synchronize().unwrap();
 
     let (sim, ctx) = logged();
@@ -113,7 +90,7 @@ fn reading_messages_and_streams_names_the_users_call() {
     let stream = rewrite(&ctx, &message);
     let (r, line) = (read_message(&message), line!());
     r.unwrap();
-    names(&sim, "read_message", line);
+    assert_names(&sim, "read_message", line);
     stream.synchronize().unwrap();
 
     let (sim, ctx) = logged();
@@ -123,7 +100,7 @@ fn reading_messages_and_streams_names_the_users_call() {
     let stream = rewrite(&ctx, &buffer);
     let (r, line) = (DeviceStreamReader::from_buffer(&buffer), line!());
     r.unwrap();
-    names(&sim, "DeviceStreamReader::from_buffer", line);
+    assert_names(&sim, "DeviceStreamReader::from_buffer", line);
     stream.synchronize().unwrap();
 }
 
@@ -137,7 +114,7 @@ fn uploads_on_a_stream_are_named_by_the_users_call() {
     let r = serialize_record_batch_on(&host_batch(), &ctx, &stream);
     let message = r.unwrap();
     message.to_vec().unwrap();
-    names(&sim, "serialize_record_batch_on", line);
+    assert_names(&sim, "serialize_record_batch_on", line);
     stream.synchronize().unwrap();
 
     let (sim, ctx) = logged();
@@ -146,7 +123,7 @@ fn uploads_on_a_stream_are_named_by_the_users_call() {
     let r = DeviceRecordBatch::from_host_on(&host_batch(), &stream);
     let batch = r.unwrap();
     batch.body().unwrap().to_vec().unwrap();
-    names(&sim, "DeviceRecordBatch::from_host_on", line);
+    assert_names(&sim, "DeviceRecordBatch::from_host_on", line);
     stream.synchronize().unwrap();
 }
 
@@ -164,7 +141,7 @@ fn files_and_iterators_name_the_users_call() {
     let mut writer = DeviceFileWriter::create(&path, &host_batch().schema()).unwrap();
     let (r, line) = (writer.write(&batch), line!());
     r.unwrap();
-    names(&sim, "DeviceFileWriter::write", line);
+    assert_names(&sim, "DeviceFileWriter::write", line);
     stream.synchronize().unwrap();
     writer.finish().unwrap();
 
@@ -177,7 +154,7 @@ fn files_and_iterators_name_the_users_call() {
     let stream = rewrite(&ctx, batches[0].body().unwrap());
     let (r, to_host) = (batches[0].to_host(), line!());
     r.unwrap();
-    names(&sim, "DeviceRecordBatch::to_host", to_host);
+    assert_names(&sim, "DeviceRecordBatch::to_host", to_host);
     stream.synchronize().unwrap();
 
     let (sim, ctx) = logged();
@@ -188,7 +165,7 @@ fn files_and_iterators_name_the_users_call() {
     let stream = rewrite(&ctx, &buffer);
     let (r, line) = (reader.next(), line!());
     r.unwrap().unwrap();
-    names(&sim, "DeviceStreamReader::next", line);
+    assert_names(&sim, "DeviceStreamReader::next", line);
     stream.synchronize().unwrap();
 
     let (sim, ctx) = logged();
@@ -201,7 +178,7 @@ fn files_and_iterators_name_the_users_call() {
     for batch in reader {
         batch.unwrap();
     }
-    names(&sim, "DeviceStreamReader::next", line);
+    assert_names(&sim, "DeviceStreamReader::next", line);
     stream.synchronize().unwrap();
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -9,7 +9,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 
 use cudabuf_core::{BufferReader, BufferWriter, Context, DeviceBuffer, Stream};
 use cudabuf_sim::{RaceMode, Schedule, SimBackend};
-use cudabuf_test_support::{non_blocking, sim, SimBuilder};
+use cudabuf_test_support::{assert_internal_free, assert_names, non_blocking, sim, SimBuilder};
 
 const N: usize = 4096;
 
@@ -28,34 +28,13 @@ fn racing() -> (SimBackend, Context, DeviceBuffer, Stream) {
     (sim, ctx, buf, stream)
 }
 
-/// Asserts that the report of `sim` names `method` at `line` of this file, and nothing
-/// inside cudabuf's sources.
-#[track_caller]
-fn names(sim: &SimBackend, method: &str, line: u32) {
-    let text = sim.race_report().to_string();
-    let wanted = format!("`{method}` at {}:{line}:", file!());
-    assert!(
-        text.contains(&wanted),
-        "the report should say {wanted:?}:\n{text}"
-    );
-    assert_internal_free(&text);
-}
-
-/// Asserts that `text` names no line of cudabuf's own sources.
-#[track_caller]
-fn assert_internal_free(text: &str) {
-    for inside in ["core/src/", "arrow/src/", "flight/src/"] {
-        assert!(!text.contains(inside), "the report names {inside}:\n{text}");
-    }
-}
-
 #[test]
 fn an_unbuffered_write_names_the_users_write_all() {
     let (sim, _ctx, buf, stream) = racing();
     let mut writer = BufferWriter::new(buf.clone());
     let (written, line) = (writer.write_all(&[1; 64]), line!());
     written.unwrap();
-    names(&sim, "BufferWriter::write_all", line);
+    assert_names(&sim, "BufferWriter::write_all", line);
     stream.synchronize().unwrap();
 }
 
@@ -65,19 +44,19 @@ fn write_bytes_write_at_seek_and_write_name_the_users_calls() {
     let mut writer = BufferWriter::new(buf.clone());
     let (r, line) = (writer.write_bytes(&[1; 64]), line!());
     r.unwrap();
-    names(&sim, "BufferWriter::write_bytes", line);
+    assert_names(&sim, "BufferWriter::write_bytes", line);
 
     let (sim, _ctx, buf, stream2) = racing();
     let mut writer = BufferWriter::new(buf.clone());
     let (r, line) = (writer.write_at(100, &[1; 64]), line!());
     r.unwrap();
-    names(&sim, "BufferWriter::write_at", line);
+    assert_names(&sim, "BufferWriter::write_at", line);
 
     let (sim, _ctx, buf, stream3) = racing();
     let mut writer = BufferWriter::new(buf.clone());
     let (r, line) = (writer.write(&[1; 64]), line!());
     r.unwrap();
-    names(&sim, "BufferWriter::write", line);
+    assert_names(&sim, "BufferWriter::write", line);
     for s in [stream, stream2, stream3] {
         s.synchronize().unwrap();
     }
@@ -97,25 +76,25 @@ fn a_flush_seek_close_or_drop_names_the_users_call() {
     let mut writer = staged(&buf);
     let (r, line) = (writer.flush(), line!());
     r.unwrap();
-    names(&sim, "BufferWriter::flush", line);
+    assert_names(&sim, "BufferWriter::flush", line);
 
     let (sim, _ctx, buf, s2) = racing();
     let mut writer = staged(&buf);
     let (r, line) = (writer.seek(SeekFrom::Start(0)), line!());
     r.unwrap();
-    names(&sim, "BufferWriter::seek", line);
+    assert_names(&sim, "BufferWriter::seek", line);
 
     let (sim, _ctx, buf, s3) = racing();
     let mut writer = staged(&buf);
     let (r, line) = (writer.close(), line!());
     r.unwrap();
-    names(&sim, "BufferWriter::close", line);
+    assert_names(&sim, "BufferWriter::close", line);
 
     let (sim, _ctx, buf, s4) = racing();
     let writer = staged(&buf);
     let (r, line) = (writer.into_inner(), line!());
     r.unwrap();
-    names(&sim, "BufferWriter::into_inner", line);
+    assert_names(&sim, "BufferWriter::into_inner", line);
 
     let (sim, _ctx, buf, s5) = racing();
     let writer = staged(&buf);
@@ -165,20 +144,20 @@ fn a_buffer_readers_read_names_the_users_call() {
     let mut bytes = [0; 64];
     let (r, line) = (reader.read(&mut bytes), line!());
     r.unwrap();
-    names(&sim, "BufferReader::read", line);
+    assert_names(&sim, "BufferReader::read", line);
 
     let (sim, _ctx, buf, s2) = racing();
     let reader = BufferReader::new(buf.clone());
     let (r, line) = (reader.read_at(0, &mut bytes), line!());
     r.unwrap();
-    names(&sim, "BufferReader::read_at", line);
+    assert_names(&sim, "BufferReader::read_at", line);
 
     let (sim, _ctx, buf, s3) = racing();
     let mut reader = BufferReader::new(buf.clone());
     let mut all = Vec::new();
     let (r, line) = (reader.read_to_end(&mut all), line!());
     r.unwrap();
-    names(&sim, "BufferReader::read_to_end", line);
+    assert_names(&sim, "BufferReader::read_to_end", line);
     for s in [s1, s2, s3] {
         s.synchronize().unwrap();
     }

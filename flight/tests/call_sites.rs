@@ -10,10 +10,8 @@ use std::sync::Arc;
 use arrow::array::{Int32Array, RecordBatch};
 use arrow_flight::FlightDescriptor;
 use cudabuf_arrow::DeviceRecordBatch;
-use cudabuf_core::Context;
 use cudabuf_flight::{DeviceFlightServer, FlightDeviceClient};
-use cudabuf_sim::{RaceMode, Schedule, SimBackend};
-use cudabuf_test_support::{non_blocking, sim};
+use cudabuf_test_support::{assert_internal_free, logged, non_blocking};
 use futures::TryStreamExt;
 
 fn host_batch() -> RecordBatch {
@@ -22,21 +20,6 @@ fn host_batch() -> RecordBatch {
         Arc::new(Int32Array::from((0..1000).collect::<Vec<i32>>())) as _,
     )])
     .unwrap()
-}
-
-/// A simulator whose races are logged (the program goes on), and its context.
-fn logged() -> (SimBackend, Context) {
-    sim(Schedule::Deterministic, 0)
-        .races(RaceMode::Log)
-        .context()
-}
-
-/// Asserts that `text` names no line of cudabuf's own sources.
-#[track_caller]
-fn assert_internal_free(text: &str) {
-    for inside in ["core/src/", "arrow/src/", "flight/src/"] {
-        assert!(!text.contains(inside), "the report names {inside}:\n{text}");
-    }
 }
 
 /// A server on a loopback port for `body`, stopped after it.

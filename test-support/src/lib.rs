@@ -3,8 +3,9 @@
 //! ([`expect_verdict`], [`lies`], [`flagged`], [`all_modes`], [`none_lied`]), stream
 //! flags and a non-blocking stream ([`non_blocking`], [`NON_BLOCKING`], [`BLOCKING`]),
 //! the staging pool forced into each
-//! state a file call may find it in ([`stage`], [`Staging`]), and a seeded generator of
-//! test data ([`Rng`]).
+//! state a file call may find it in ([`stage`], [`Staging`]), a seeded generator of
+//! test data ([`Rng`]), and what the race reports' call-site tests assert ([`logged`],
+//! [`assert_names`], [`assert_internal_free`]).
 //!
 //! A dev-only crate, never published: the workspace's crates take it as a
 //! dev-dependency by path alone (`cudabuf-test-support = { path = "../test-support" }`),
@@ -16,10 +17,12 @@
 //! seed).context(); ...; assert_no_races(&sim, &format!("{schedule} seed {seed}")); }`.
 //! The crate has no tests of its own: the tests that use it are its tests.
 
+mod call_sites;
 mod sim;
 mod staging;
 mod verdicts;
 
+pub use call_sites::{assert_internal_free, assert_names, logged};
 pub use cudabuf_conformance::support::{non_blocking, Rng, BLOCKING, NON_BLOCKING};
 pub use sim::{assert_no_races, context, runs, sim, SimBuilder, SCHEDULES};
 pub use staging::{pinning_refused, stage, Staging, STAGINGS};
