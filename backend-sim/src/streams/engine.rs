@@ -1418,3 +1418,7 @@ fn handles_spent(device: usize, what: &str) -> Error {
         ),
     }
 }
+
+#[cfg(test)]
+#[path = "actor_tests.rs"]
+mod actor_tests;
