@@ -16,7 +16,7 @@
 mod report;
 mod shadow;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use cudabuf_core::Result;
 
@@ -24,7 +24,7 @@ pub use report::{RaceRecord, RaceReport};
 pub(crate) use shadow::Accessor;
 
 use crate::region::RegionKind;
-use crate::streams::clock::VectorClock;
+use crate::streams::clock::{Actor, VectorClock};
 use crate::streams::label::{OpLabel, OpWhat};
 use crate::streams::settings::RaceMode;
 use crate::table::{Located, RegionInfo};
@@ -300,6 +300,16 @@ impl RaceDetector {
                 self.shadows.remove(&at.region.id);
             }
         }
+    }
+
+    /// The actors of the accesses remembered (the only events whose being known to a
+    /// clock decides a verdict): an actor not among them orders nothing any more.
+    pub(crate) fn actors_remembered(&self) -> HashSet<Actor> {
+        let mut actors = HashSet::new();
+        for shadow in self.shadows.values() {
+            shadow.actors(&mut actors);
+        }
+        actors
     }
 
     /// Forgets a freed allocation.

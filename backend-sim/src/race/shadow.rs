@@ -1,10 +1,10 @@
 //! Shadow memory of one allocation: for each byte range that has been touched, its last
 //! writer and the readers since (readers that happen before a later reader are pruned).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use crate::streams::clock::{Epoch, VectorClock};
+use crate::streams::clock::{Actor, Epoch, VectorClock};
 use crate::streams::label::OpLabel;
 
 /// One access remembered in shadow memory.
@@ -167,6 +167,13 @@ impl Shadow {
         self.split(start);
         self.split(end);
         self.prune(start, end, known);
+    }
+
+    /// Adds the actors of the accesses remembered here to `into`.
+    pub(crate) fn actors(&self, into: &mut HashSet<Actor>) {
+        for seg in self.segments.values() {
+            into.extend(seg.writer.iter().chain(&seg.readers).map(|a| a.epoch.actor));
+        }
     }
 
     /// Whether nothing is remembered.
