@@ -91,6 +91,10 @@ struct HostThread {
     /// The thread's [`ALIVE`] (`None`: registered while its thread-local storage was
     /// being dropped, so never taken as ended).
     alive: Option<Weak<()>>,
+    /// Where its copy actors are: the streams (and paths) whose `StreamState::promise`
+    /// holds one of its (`Engine::next_copy_epoch` adds them), so that taking them back
+    /// looks at those alone ([`Engine::reclaim_ended_threads`]).
+    copies: Vec<(StreamKey, CopyPath)>,
 }
 
 impl HostThread {
@@ -365,6 +369,7 @@ impl Engine {
                     tick,
                     desc,
                     alive: ALIVE.try_with(Arc::downgrade).ok(),
+                    copies: Vec::new(),
                 },
             );
         }
@@ -965,6 +970,9 @@ impl Engine {
                 let Epoch { actor, tick } = self.thread_actor();
                 let s = self.streams.get_mut(&stream).expect("looked up above");
                 s.promise.insert(key, (actor, tick));
+                // The callers register the thread first (`host_thread`).
+                let t = self.threads.get_mut(&key.0).expect("registered");
+                t.copies.push((stream, key.1));
                 (actor, tick)
             }
         };
@@ -995,6 +1003,15 @@ impl Engine {
     /// their copy actors of the live streams), for [`thread_actor`](Self::thread_actor)
     /// to give out again; a thread whose copy actors still have an access in the race
     /// detector's shadow memory waits for a later call.
+    ///
+    /// Cheap whatever the size of shadow memory, as it runs about once per new thread:
+    /// whether a copy actor has an access remembered is one look-up in the race
+    /// detector's counts of remembered accesses per actor (`RaceDetector::remembers`),
+    /// and a thread's copy actors are found through its own list of them
+    /// (`HostThread::copies`), not over every stream; so a thread that cannot give its
+    /// actors back yet (an unwaited copy) costs as many look-ups as it has copy actors
+    /// per call. Its host actor is not looked up (it never has an access) but stays with
+    /// it: a call it makes from a thread-local destructor keeps its order.
     ///
     /// Why this is safe (the verdicts are those fresh actors would give):
     /// - A verdict asks only whether a clock knows the event of an access remembered in
@@ -1028,23 +1045,27 @@ impl Engine {
         if ended.is_empty() {
             return;
         }
-        let remembered = self.race.actors_remembered();
         for id in ended {
-            let copies: Vec<Epoch> = self
-                .streams
-                .values()
-                .flat_map(|s| s.promise.iter())
-                .filter(|&(&(thread, _), _)| thread == id)
-                .map(|(_, &(actor, tick))| Epoch { actor, tick })
+            // Its copy actors of the live streams (those of streams that are gone stay
+            // unused, as before). `promise` and `promised_by` hold entries of the thread
+            // only in the streams of its list: `next_copy_epoch` lists a stream before
+            // either gets one.
+            let copies: Vec<Epoch> = self.threads[&id]
+                .copies
+                .iter()
+                .filter_map(|&(stream, path)| self.streams.get(&stream)?.promise.get(&(id, path)))
+                .map(|&(actor, tick)| Epoch { actor, tick })
                 .collect();
-            if copies.iter().any(|e| remembered.contains(&e.actor)) {
+            if copies.iter().any(|e| self.race.remembers(e.actor)) {
                 continue;
             }
-            for s in self.streams.values_mut() {
-                s.promise.retain(|&(thread, _), _| thread != id);
-                s.promised_by.remove(&id);
-            }
             let t = self.threads.remove(&id).expect("listed above");
+            for &(stream, path) in &t.copies {
+                if let Some(s) = self.streams.get_mut(&stream) {
+                    s.promise.remove(&(id, path));
+                    s.promised_by.remove(&id);
+                }
+            }
             // The host actor last, so given out first: a new thread registers before its
             // first copy, and each actor tends to keep its role (any role would do).
             self.free_actors.extend(copies);
