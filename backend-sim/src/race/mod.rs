@@ -24,11 +24,11 @@ pub use report::{RaceRecord, RaceReport};
 pub(crate) use shadow::Accessor;
 
 use crate::region::RegionKind;
-use crate::streams::clock::VectorClock;
+use crate::streams::clock::{Actor, VectorClock};
 use crate::streams::label::{OpLabel, OpWhat};
 use crate::streams::settings::RaceMode;
 use crate::table::{Located, RegionInfo};
-use shadow::{Conflict, Shadow};
+use shadow::{Conflict, Remembered, Shadow};
 
 /// One range an operation reads or writes.
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +75,10 @@ pub(crate) struct RaceDetector {
     mode: RaceMode,
     /// Shadow memory by allocation id.
     shadows: HashMap<u64, Shadow>,
+    /// How many accesses of each actor `shadows` remembers (kept by every change of a
+    /// shadow, which takes it): whether an actor still orders anything is one look-up
+    /// ([`remembers`](Self::remembers)).
+    remembered: Remembered,
     report: RaceReport,
 }
 
@@ -204,6 +208,7 @@ impl RaceDetector {
         RaceDetector {
             mode,
             shadows: HashMap::new(),
+            remembered: Remembered::default(),
             report: RaceReport::default(),
         }
     }
@@ -272,9 +277,12 @@ impl RaceDetector {
         }
         for a in accesses {
             let shadow = self.shadows.entry(a.at.region.id).or_default();
-            shadow.record(a.at.offset, a.end(), a.write, who, vc);
-            shadow.prune(a.at.offset, a.end(), known);
+            let counts = &mut self.remembered;
+            shadow.record(a.at.offset, a.end(), a.write, who, vc, counts);
+            shadow.prune(a.at.offset, a.end(), known, counts);
         }
+        #[cfg(test)]
+        self.verify_remembered();
     }
 
     /// Forgets the accesses to these bytes that the host knows about (after it learned
@@ -283,28 +291,59 @@ impl RaceDetector {
     pub(crate) fn settle(&mut self, accesses: &[Access], known: &VectorClock) {
         for a in accesses {
             if let Some(shadow) = self.shadows.get_mut(&a.at.region.id) {
-                shadow.prune(a.at.offset, a.end(), known);
+                shadow.prune(a.at.offset, a.end(), known, &mut self.remembered);
                 if shadow.is_empty() {
                     self.shadows.remove(&a.at.region.id);
                 }
             }
         }
+        #[cfg(test)]
+        self.verify_remembered();
     }
 
     /// Forgets the accesses to `len` bytes at `at` that `seen` knows (memory cudabuf
     /// hands to a new owner after it saw them complete: `OrderingHooks::retire_accesses`).
     pub(crate) fn retire(&mut self, at: &Located, len: usize, seen: &VectorClock) {
         if let Some(shadow) = self.shadows.get_mut(&at.region.id) {
-            shadow.prune_exactly(at.offset, at.offset.saturating_add(len), seen);
+            let end = at.offset.saturating_add(len);
+            shadow.prune_exactly(at.offset, end, seen, &mut self.remembered);
             if shadow.is_empty() {
                 self.shadows.remove(&at.region.id);
             }
         }
+        #[cfg(test)]
+        self.verify_remembered();
+    }
+
+    /// Whether an access of `actor` is remembered (the only events whose being known to
+    /// a clock decides a verdict): an actor with none orders nothing any more. One
+    /// look-up, whatever the size of shadow memory.
+    pub(crate) fn remembers(&self, actor: Actor) -> bool {
+        self.remembered.remembers(actor)
     }
 
     /// Forgets a freed allocation.
     pub(crate) fn forget(&mut self, region_id: u64) {
-        self.shadows.remove(&region_id);
+        if let Some(shadow) = self.shadows.remove(&region_id) {
+            shadow.forget(&mut self.remembered);
+        }
+        #[cfg(test)]
+        self.verify_remembered();
+    }
+
+    /// Panics unless the counts of remembered accesses per actor equal a count from
+    /// scratch over shadow memory (in the unit tests, after every change of it).
+    #[cfg(test)]
+    pub(crate) fn verify_remembered(&self) {
+        let mut recount = Remembered::default();
+        for shadow in self.shadows.values() {
+            shadow.recount(&mut recount);
+        }
+        assert_eq!(
+            self.remembered.nonzero(),
+            recount.nonzero(),
+            "the counts of remembered accesses per actor drifted from shadow memory"
+        );
     }
 
     pub(crate) fn report(&self) -> RaceReport {

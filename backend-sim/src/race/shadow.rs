@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::streams::clock::{Epoch, VectorClock};
+use crate::streams::clock::{Actor, Epoch, VectorClock};
 use crate::streams::label::OpLabel;
 
 /// One access remembered in shadow memory.
@@ -20,6 +20,66 @@ struct Segment {
     end: usize,
     writer: Option<Accessor>,
     readers: Vec<Accessor>,
+}
+
+impl Segment {
+    /// The accesses it remembers: its writer and its readers.
+    fn accessors(&self) -> impl Iterator<Item = &Accessor> {
+        self.writer.iter().chain(&self.readers)
+    }
+}
+
+/// How many accesses of each actor the shadow memory of a race detector remembers,
+/// counted once per segment that holds them (a writer, a reader): kept by every change
+/// of a [`Shadow`] (each takes it), so that whether an actor has an access remembered
+/// anywhere is one look-up ([`remembers`](Self::remembers)).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Remembered(Vec<usize>);
+
+impl Remembered {
+    fn add(&mut self, a: &Accessor) {
+        let actor = a.epoch.actor;
+        if self.0.len() <= actor {
+            self.0.resize(actor + 1, 0);
+        }
+        self.0[actor] += 1;
+    }
+
+    fn remove(&mut self, a: &Accessor) {
+        let slot = self.0.get_mut(a.epoch.actor);
+        debug_assert!(
+            slot.as_ref().is_some_and(|n| **n > 0),
+            "an access of actor {} removed that was never counted",
+            a.epoch.actor
+        );
+        if let Some(n) = slot {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    fn add_segment(&mut self, seg: &Segment) {
+        seg.accessors().for_each(|a| self.add(a));
+    }
+
+    fn remove_segment(&mut self, seg: &Segment) {
+        seg.accessors().for_each(|a| self.remove(a));
+    }
+
+    /// Whether an access of `actor` is remembered.
+    pub(crate) fn remembers(&self, actor: Actor) -> bool {
+        self.0.get(actor).is_some_and(|&n| n > 0)
+    }
+
+    /// The actors with an access remembered, and how many (for comparing counts).
+    #[cfg(test)]
+    pub(crate) fn nonzero(&self) -> Vec<(Actor, usize)> {
+        self.0
+            .iter()
+            .enumerate()
+            .filter(|&(_, &n)| n > 0)
+            .map(|(actor, &n)| (actor, n))
+            .collect()
+    }
 }
 
 /// An earlier access that the new one is not ordered after.
@@ -85,14 +145,16 @@ impl Shadow {
         None
     }
 
-    /// Splits the segment containing `at` (strictly inside it) in two.
-    fn split(&mut self, at: usize) {
+    /// Splits the segment containing `at` (strictly inside it) in two (its accesses
+    /// now counted in both).
+    fn split(&mut self, at: usize, counts: &mut Remembered) {
         let Some((_, head)) = self.segments.range_mut(..at).next_back() else {
             return;
         };
         if head.end > at {
             let tail = head.clone();
             head.end = at;
+            counts.add_segment(&tail);
             self.segments.insert(at, tail);
         }
     }
@@ -105,14 +167,18 @@ impl Shadow {
         write: bool,
         who: &Accessor,
         vc: &VectorClock,
+        counts: &mut Remembered,
     ) {
-        self.split(start);
-        self.split(end);
+        self.split(start, counts);
+        self.split(end, counts);
         if write {
             let keys: Vec<usize> = self.segments.range(start..end).map(|(&k, _)| k).collect();
             for k in keys {
-                self.segments.remove(&k);
+                if let Some(seg) = self.segments.remove(&k) {
+                    counts.remove_segment(&seg);
+                }
             }
+            counts.add(who);
             self.segments.insert(
                 start,
                 Segment {
@@ -132,14 +198,23 @@ impl Shadow {
         };
         for k in keys {
             if k > pos {
+                counts.add(who);
                 self.segments.insert(pos, gap(k));
             }
             let seg = self.segments.get_mut(&k).expect("listed above");
-            seg.readers.retain(|r| !vc.knows(r.epoch));
+            seg.readers.retain(|r| {
+                let known = vc.knows(r.epoch);
+                if known {
+                    counts.remove(r);
+                }
+                !known
+            });
+            counts.add(who);
             seg.readers.push(who.clone());
             pos = seg.end;
         }
         if pos < end {
+            counts.add(who);
             self.segments.insert(pos, gap(end));
         }
     }
@@ -147,14 +222,26 @@ impl Shadow {
     /// Forgets the accesses to `start..end` (and the segments overlapping it) that
     /// `known` knows: every later operation knows them too (its clock includes what the
     /// host knows), so they can never conflict again. Segments left empty go.
-    pub(crate) fn prune(&mut self, start: usize, end: usize, known: &VectorClock) {
+    pub(crate) fn prune(
+        &mut self,
+        start: usize,
+        end: usize,
+        known: &VectorClock,
+        counts: &mut Remembered,
+    ) {
         let keys: Vec<usize> = self.overlapping(start, end).map(|(k, _)| k).collect();
         for k in keys {
             let seg = self.segments.get_mut(&k).expect("listed above");
-            if seg.writer.as_ref().is_some_and(|w| known.knows(w.epoch)) {
-                seg.writer = None;
+            if let Some(w) = seg.writer.take_if(|w| known.knows(w.epoch)) {
+                counts.remove(&w);
             }
-            seg.readers.retain(|r| !known.knows(r.epoch));
+            seg.readers.retain(|r| {
+                let known = known.knows(r.epoch);
+                if known {
+                    counts.remove(r);
+                }
+                !known
+            });
             if seg.writer.is_none() && seg.readers.is_empty() {
                 self.segments.remove(&k);
             }
@@ -163,10 +250,30 @@ impl Shadow {
 
     /// Forgets the accesses to `start..end` that `known` knows, and nothing outside the
     /// range (unlike [`prune`](Self::prune), which drops whole overlapping segments).
-    pub(crate) fn prune_exactly(&mut self, start: usize, end: usize, known: &VectorClock) {
-        self.split(start);
-        self.split(end);
-        self.prune(start, end, known);
+    pub(crate) fn prune_exactly(
+        &mut self,
+        start: usize,
+        end: usize,
+        known: &VectorClock,
+        counts: &mut Remembered,
+    ) {
+        self.split(start, counts);
+        self.split(end, counts);
+        self.prune(start, end, known, counts);
+    }
+
+    /// Forgets everything (the allocation is freed): its accesses leave `counts`.
+    pub(crate) fn forget(self, counts: &mut Remembered) {
+        self.segments
+            .values()
+            .for_each(|seg| counts.remove_segment(seg));
+    }
+
+    /// Adds the accesses remembered here to `into`, counted from scratch (what `counts`
+    /// must equal).
+    #[cfg(test)]
+    pub(crate) fn recount(&self, into: &mut Remembered) {
+        self.segments.values().for_each(|seg| into.add_segment(seg));
     }
 
     /// Whether nothing is remembered.
@@ -216,9 +323,124 @@ mod tests {
         vc
     }
 
+    /// A shadow with its counts of remembered accesses, checked against a count from
+    /// scratch after every change.
+    #[derive(Default)]
+    struct Tracked {
+        shadow: Shadow,
+        counts: Remembered,
+    }
+
+    impl Tracked {
+        fn verify(&self) {
+            let mut recount = Remembered::default();
+            self.shadow.recount(&mut recount);
+            assert_eq!(self.counts.nonzero(), recount.nonzero());
+        }
+
+        fn record(
+            &mut self,
+            start: usize,
+            end: usize,
+            write: bool,
+            who: &Accessor,
+            vc: &VectorClock,
+        ) {
+            self.shadow
+                .record(start, end, write, who, vc, &mut self.counts);
+            self.verify();
+        }
+
+        fn prune(&mut self, start: usize, end: usize, known: &VectorClock) {
+            self.shadow.prune(start, end, known, &mut self.counts);
+            self.verify();
+        }
+
+        fn prune_exactly(&mut self, start: usize, end: usize, known: &VectorClock) {
+            self.shadow
+                .prune_exactly(start, end, known, &mut self.counts);
+            self.verify();
+        }
+
+        fn forget(self) -> Remembered {
+            let mut counts = self.counts;
+            self.shadow.forget(&mut counts);
+            counts
+        }
+
+        fn conflict(
+            &self,
+            start: usize,
+            end: usize,
+            write: bool,
+            vc: &VectorClock,
+        ) -> Option<Conflict> {
+            self.shadow.conflict(start, end, write, vc)
+        }
+
+        fn layout(&self) -> Vec<(usize, usize, Option<u64>, Vec<u64>)> {
+            self.shadow.layout()
+        }
+
+        fn is_empty(&self) -> bool {
+            self.shadow.is_empty()
+        }
+    }
+
+    /// Random records (reads and writes, by clocks that know a random part of what was
+    /// recorded), prunes and exact prunes of overlapping ranges, with a free at the
+    /// end: the counts of remembered accesses per actor equal a count from scratch after
+    /// every step (`Tracked`), and are all zero once the allocation is forgotten.
+    #[test]
+    fn remembered_counts_follow_every_change() {
+        /// splitmix64.
+        struct Rng(u64);
+        impl Rng {
+            fn new(seed: u64) -> Self {
+                Rng(seed)
+            }
+            fn below(&mut self, n: u64) -> u64 {
+                self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = self.0;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                (z ^ (z >> 31)) % n
+            }
+        }
+        for seed in 0..64 {
+            let mut rng = Rng::new(seed);
+            let mut s = Tracked::default();
+            let mut ticks = [0u64; 6];
+            for _ in 0..300 {
+                let start = rng.below(64) as usize;
+                let end = start + 1 + rng.below(24) as usize;
+                let mut vc = VectorClock::default();
+                for (actor, &tick) in ticks.iter().enumerate() {
+                    if tick > 0 && rng.below(2) == 0 {
+                        vc.learn(Epoch {
+                            actor,
+                            tick: 1 + rng.below(tick),
+                        });
+                    }
+                }
+                match rng.below(4) {
+                    0 | 1 => {
+                        let actor = rng.below(ticks.len() as u64) as usize;
+                        ticks[actor] += 1;
+                        let who = who(actor, ticks[actor]);
+                        s.record(start, end, rng.below(3) == 0, &who, &vc);
+                    }
+                    2 => s.prune(start, end, &vc),
+                    _ => s.prune_exactly(start, end, &vc),
+                }
+            }
+            assert!(s.forget().nonzero().is_empty());
+        }
+    }
+
     #[test]
     fn writes_replace_and_reads_accumulate_unordered_readers() {
-        let mut s = Shadow::default();
+        let mut s = Tracked::default();
         let none = VectorClock::default();
         s.record(0, 100, true, &who(0, 1), &none);
         assert_eq!(s.layout(), vec![(0, 100, Some(1), vec![])]);
@@ -265,7 +487,7 @@ mod tests {
 
     #[test]
     fn reads_fill_gaps_between_segments() {
-        let mut s = Shadow::default();
+        let mut s = Tracked::default();
         let none = VectorClock::default();
         s.record(10, 20, true, &who(0, 1), &none);
         s.record(30, 40, true, &who(0, 2), &none);

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
@@ -74,6 +74,13 @@ struct EventState {
     recorded: Option<Recorded>,
 }
 
+thread_local! {
+    /// Held by every thread from its first call into a simulator until it ends (its
+    /// thread-local storage is dropped then): an engine keeps a `Weak` of it per host
+    /// thread, which tells it when the thread has ended ([`HostThread::ended`]).
+    static ALIVE: Arc<()> = Arc::new(());
+}
+
 /// A host thread that touched the instance.
 #[derive(Debug)]
 struct HostThread {
@@ -81,6 +88,22 @@ struct HostThread {
     /// Its own events so far.
     tick: u64,
     desc: Arc<ThreadDesc>,
+    /// The thread's [`ALIVE`] (`None`: registered while its thread-local storage was
+    /// being dropped, so never taken as ended).
+    alive: Option<Weak<()>>,
+    /// Where its copy actors are: the streams (and paths) whose `StreamState::promise`
+    /// holds one of its (`Engine::next_copy_epoch` adds them), so that taking them back
+    /// looks at those alone ([`Engine::reclaim_ended_threads`]).
+    copies: Vec<(StreamKey, CopyPath)>,
+}
+
+impl HostThread {
+    /// Whether the thread has ended: it makes no call any more (a call it makes from
+    /// another thread-local value's destructor, after its `ALIVE` is gone, is taken as a
+    /// new thread's).
+    fn ended(&self) -> bool {
+        self.alive.as_ref().is_some_and(|w| w.strong_count() == 0)
+    }
 }
 
 /// What blocking streams that are gone (destroyed and drained) leave behind: the legacy
@@ -131,6 +154,13 @@ pub(crate) struct Engine {
     instance: u16,
     rng: Rng,
     next_actor: Actor,
+    /// Actors of host threads that have ended, and of their copies made for a promise,
+    /// with the last tick of each that any clock may know: given to the next thread (or
+    /// thread's copies) that needs an actor, which continues after that tick
+    /// ([`Engine::reclaim_ended_threads`] says why that is safe). Without them every
+    /// short-lived thread (a file call's helpers) added actors, and every clock
+    /// operation cost as many steps as actors were ever made.
+    free_actors: Vec<Epoch>,
     /// Ordered by key (creation order), so that the scheduler's choices depend only on
     /// the seed and the program.
     streams: BTreeMap<StreamKey, StreamState>,
@@ -186,6 +216,7 @@ impl Engine {
             instance: handles::new_instance(),
             rng: Rng::new(settings.seed),
             next_actor: 0,
+            free_actors: Vec::new(),
             streams: BTreeMap::new(),
             legacy: Vec::with_capacity(devices),
             per_thread: HashMap::new(),
@@ -328,14 +359,17 @@ impl Engine {
     fn host_thread(&mut self) -> (ThreadId, Actor, u64, Arc<ThreadDesc>) {
         let id = std::thread::current().id();
         if !self.threads.contains_key(&id) {
-            let actor = self.new_actor();
+            let Epoch { actor, tick } = self.thread_actor();
             let desc = Arc::new(ThreadDesc::current());
             self.threads.insert(
                 id,
                 HostThread {
                     actor,
-                    tick: 0,
+                    // Past every event of the actor any clock may know (a reused one's).
+                    tick,
                     desc,
+                    alive: ALIVE.try_with(Arc::downgrade).ok(),
+                    copies: Vec::new(),
                 },
             );
         }
@@ -924,16 +958,121 @@ impl Engine {
 
     /// The event the next copy a thread makes along one path for an operation promised
     /// on `stream` will have: one of the thread's copy actor for that stream and path
-    /// (made here when first needed), after its earlier copies along that path. Not yet
-    /// counted: the caller stores it in `StreamState::promise`.
+    /// (taken here when first needed: [`thread_actor`](Self::thread_actor)), after its
+    /// earlier copies along that path. Not yet counted: the caller stores it in
+    /// `StreamState::promise`.
     fn next_copy_epoch(&mut self, stream: StreamKey, key: (ThreadId, CopyPath)) -> Epoch {
         let (actor, made) = match self.streams[&stream].promise.get(&key) {
             Some(&promise) => promise,
-            None => (self.new_actor(), 0),
+            None => {
+                // Owned by the thread from here on (even if this copy is refused as a
+                // race), so that it goes back only when the thread has ended.
+                let Epoch { actor, tick } = self.thread_actor();
+                let s = self.streams.get_mut(&stream).expect("looked up above");
+                s.promise.insert(key, (actor, tick));
+                // The callers register the thread first (`host_thread`).
+                let t = self.threads.get_mut(&key.0).expect("registered");
+                t.copies.push((stream, key.1));
+                (actor, tick)
+            }
         };
         Epoch {
             actor,
             tick: made + 1,
+        }
+    }
+
+    /// An actor for a host thread, or for a thread's copies made for a promise
+    /// (`next_copy_epoch`), and the last tick of it that any clock may know: one an
+    /// ended thread left ([`reclaim_ended_threads`](Self::reclaim_ended_threads)), or a
+    /// new one (tick 0). Its owner's events continue after that tick.
+    fn thread_actor(&mut self) -> Epoch {
+        if self.free_actors.is_empty() {
+            self.reclaim_ended_threads();
+        }
+        match self.free_actors.pop() {
+            Some(epoch) => epoch,
+            None => Epoch {
+                actor: self.new_actor(),
+                tick: 0,
+            },
+        }
+    }
+
+    /// Takes back the actors of host threads that have ended (their host actor, and
+    /// their copy actors of the live streams), for [`thread_actor`](Self::thread_actor)
+    /// to give out again; a thread whose copy actors still have an access in the race
+    /// detector's shadow memory waits for a later call.
+    ///
+    /// Cheap whatever the size of shadow memory, as it runs about once per new thread:
+    /// whether a copy actor has an access remembered is one look-up in the race
+    /// detector's counts of remembered accesses per actor (`RaceDetector::remembers`),
+    /// and a thread's copy actors are found through its own list of them
+    /// (`HostThread::copies`), not over every stream; so a thread that cannot give its
+    /// actors back yet (an unwaited copy) costs as many look-ups as it has copy actors
+    /// per call. Its host actor is not looked up (it never has an access) but stays with
+    /// it: a call it makes from a thread-local destructor keeps its order.
+    ///
+    /// Why this is safe (the verdicts are those fresh actors would give):
+    /// - A verdict asks only whether a clock knows the event of an access remembered in
+    ///   shadow memory (a conflict, a pruned reader, a forgotten access): what a clock
+    ///   knows of an actor with no remembered access decides nothing. A host actor never
+    ///   has one (accesses are recorded under a stream's or a copy actor's event); an
+    ///   ended thread's copy actor has none once this checks it, and gets none later: an
+    ///   access is recorded when its operation is issued, and the thread issues nothing
+    ///   more. (A call it makes from a thread-local destructor after its `ALIVE` was
+    ///   dropped registers it anew, with other actors and no promised copies: all that
+    ///   is forgotten of it is its order after copies whose accesses are gone, which
+    ///   decides nothing either.)
+    /// - The actor's next owner continues after the last tick any clock may know of it
+    ///   (`tick + 1` for a host actor, whose next event an issue clock may have learned
+    ///   for an operation then refused; the count of a copy actor's events, counted when
+    ///   made). So a clock knows an event of the new owner only if it learned that event
+    ///   or a later one of that owner, as with a fresh actor; that it then also "knows"
+    ///   the old owner's events is the harmless part above.
+    ///
+    /// The ended thread's promised copies still waited for (`StreamState::promised`)
+    /// stay: their accesses are gone, and only a wait of their own thread (which has
+    /// ended) or of the context covers them.
+    fn reclaim_ended_threads(&mut self) {
+        let me = std::thread::current().id();
+        let ended: Vec<ThreadId> = self
+            .threads
+            .iter()
+            .filter(|&(&id, t)| id != me && t.ended())
+            .map(|(&id, _)| id)
+            .collect();
+        if ended.is_empty() {
+            return;
+        }
+        for id in ended {
+            // Its copy actors of the live streams (those of streams that are gone stay
+            // unused, as before). `promise` and `promised_by` hold entries of the thread
+            // only in the streams of its list: `next_copy_epoch` lists a stream before
+            // either gets one.
+            let copies: Vec<Epoch> = self.threads[&id]
+                .copies
+                .iter()
+                .filter_map(|&(stream, path)| self.streams.get(&stream)?.promise.get(&(id, path)))
+                .map(|&(actor, tick)| Epoch { actor, tick })
+                .collect();
+            if copies.iter().any(|e| self.race.remembers(e.actor)) {
+                continue;
+            }
+            let t = self.threads.remove(&id).expect("listed above");
+            for &(stream, path) in &t.copies {
+                if let Some(s) = self.streams.get_mut(&stream) {
+                    s.promise.remove(&(id, path));
+                    s.promised_by.remove(&id);
+                }
+            }
+            // The host actor last, so given out first: a new thread registers before its
+            // first copy, and each actor tends to keep its role (any role would do).
+            self.free_actors.extend(copies);
+            self.free_actors.push(Epoch {
+                actor: t.actor,
+                tick: t.tick + 1,
+            });
         }
     }
 
@@ -1418,3 +1557,7 @@ fn handles_spent(device: usize, what: &str) -> Error {
         ),
     }
 }
+
+#[cfg(test)]
+#[path = "actor_tests.rs"]
+mod actor_tests;
