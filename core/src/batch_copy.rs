@@ -1,7 +1,7 @@
 //! [`DeviceBuffer::copy_from_host_batch`]: several host byte ranges copied into one device
 //! buffer as one operation.
 
-use crate::backend::DevicePtr;
+use crate::backend::{enter_call, ApiCall, DevicePtr};
 use crate::buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 
@@ -34,8 +34,13 @@ impl DeviceBuffer {
     /// assert_eq!(buf.copy_to_host(8, None)?, scores);
     /// # Ok(()) }
     /// ```
+    #[track_caller]
     pub fn copy_from_host_batch(&self, parts: &[(usize, &[u8])]) -> Result<usize> {
         const OPERATION: &str = "copy_from_host_batch";
+        let _call = enter_call(
+            ApiCall::here("DeviceBuffer::copy_from_host_batch")
+                .with_buffer(self.address(), self.size()),
+        );
         let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(parts.len());
         for &(position, bytes) in parts {
             match position.checked_add(bytes.len()) {

@@ -38,6 +38,17 @@ fn an_unbuffered_write_names_the_users_write_all() {
     stream.synchronize().unwrap();
 }
 
+/// A batch of host ranges copied as one operation.
+#[test]
+fn a_batch_copy_names_the_users_call() {
+    let (sim, _ctx, buf, stream) = racing();
+    let (a, b) = ([1u8; 16], [2u8; 32]);
+    let (r, line) = (buf.copy_from_host_batch(&[(0, &a), (64, &b)]), line!());
+    assert_eq!(r.unwrap(), 48);
+    assert_names(&sim, "DeviceBuffer::copy_from_host_batch", line);
+    stream.synchronize().unwrap();
+}
+
 #[test]
 fn write_bytes_write_at_seek_and_write_name_the_users_calls() {
     let (sim, _ctx, buf, stream) = racing();
