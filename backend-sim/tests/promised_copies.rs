@@ -3,7 +3,7 @@
 //! race detector's verdict was checked against CUDA's truth. Each test prints, per case,
 //! how many of the `2 * HUNT_SEEDS` runs lied, and fails if any did.
 
-use cudabuf_core::{Context, Event, FileOptions, Result, Stream};
+use cudabuf_core::{Context, Event, Result, Stream};
 use cudabuf_sim::{FaultOp, Schedule, SimBackend};
 use cudabuf_test_support::{
     hunt_seeds, lies, none_lied, pinning_refused, sim, stage, Staging, BLOCKING, NON_BLOCKING,
@@ -327,13 +327,7 @@ fn temp_file(tag: &str, bytes: &[u8]) -> std::path::PathBuf {
 
 /// How many pinned 4 KiB buffers the pool holds (0: pool off).
 fn pool(sim: &SimBackend, ctx: &Context, buffers: usize, pin_fails: bool) {
-    ctx.set_file_options(
-        FileOptions::default()
-            .with_chunk_size(4096)
-            .unwrap()
-            .with_threads(1)
-            .unwrap(),
-    );
+    cudabuf_test_support::small_file_chunks(ctx, 1);
     if buffers == 0 {
         ctx.set_staging_pool_limit(0);
         return;
@@ -990,13 +984,7 @@ fn pinned_call_then_pageable_call(
 ) -> Result<(usize, usize)> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    ctx.set_file_options(
-        FileOptions::default()
-            .with_chunk_size(4096)
-            .unwrap()
-            .with_threads(4)
-            .unwrap(),
-    );
+    cudabuf_test_support::small_file_chunks(ctx, 4);
     ctx.set_staging_pool_limit(64 << 20);
     ctx.pin_staging_in_background(4096, 4096, 16);
     ctx.wait_background_pinning();

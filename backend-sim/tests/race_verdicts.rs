@@ -661,13 +661,7 @@ fn stream_read_file_on_nonblocking_then_sync_read() {
         expect("stream read_file_at", false, |schedule, seed| {
             let (sim, ctx) = one(schedule, seed);
             with_pool(&ctx, pool);
-            ctx.set_file_options(
-                cudabuf_core::FileOptions::default()
-                    .with_chunk_size(4096)
-                    .unwrap()
-                    .with_threads(3)
-                    .unwrap(),
-            );
+            cudabuf_test_support::small_file_chunks(&ctx, 3);
             let r = (|| {
                 let nb = ctx.new_stream_with(NON_BLOCKING)?;
                 let dst = ctx.new_buffer(data.len())?;

@@ -7,7 +7,7 @@
 //! schedules unless `HUNT_SEEDS` says otherwise). `Stream::to_host_on` of Arrow batches
 //! and the Flight decoder, which choose the same way, are judged in their crates' tests.
 
-use cudabuf_core::{Context, FileOptions, Result};
+use cudabuf_core::{Context, Result};
 use cudabuf_sim::{Schedule, SimBackend};
 use cudabuf_test_support::{
     all_modes, expect_verdict as expect, flagged, none_lied, sim, stage, Staging, NON_BLOCKING,
@@ -311,13 +311,7 @@ fn stream_read_file_cold_pool_same_seed_repeated() {
     for _ in 0..40 {
         let (sim, ctx) = one(Schedule::Deterministic, 0);
         ctx.set_staging_pool_limit(64 << 20);
-        ctx.set_file_options(
-            FileOptions::default()
-                .with_chunk_size(4096)
-                .unwrap()
-                .with_threads(1)
-                .unwrap(),
-        );
+        cudabuf_test_support::small_file_chunks(&ctx, 1);
         let r = (|| {
             let warm = ctx.new_buffer(2 * 4096)?;
             let nb0 = ctx.new_stream_with(NON_BLOCKING)?;
@@ -347,13 +341,7 @@ fn stream_read_file_mixed_chunks() {
             ctx.set_staging_pool_limit(4096);
             ctx.pin_staging_in_background(4096, 4096, 1);
             ctx.wait_background_pinning();
-            ctx.set_file_options(
-                FileOptions::default()
-                    .with_chunk_size(4096)
-                    .unwrap()
-                    .with_threads(4)
-                    .unwrap(),
-            );
+            cudabuf_test_support::small_file_chunks(&ctx, 4);
             let r = (|| {
                 let dst = ctx.new_buffer(4 * 4096)?;
                 dst.copy_from_host(&[0u8; 4 * 4096], 0, None)?;

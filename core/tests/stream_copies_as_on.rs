@@ -4,7 +4,7 @@
 //! the asynchronous path, typed errors, verdicts that claim no more ordering than CUDA
 //! gives, and many threads on one stream.
 
-use cudabuf_core::{Backend, Context, ErrorKind, FileOptions, Result};
+use cudabuf_core::{Backend, Context, ErrorKind, Result};
 use cudabuf_sim::{Schedule, SimBackend};
 use cudabuf_test_support::{sim, NON_BLOCKING};
 
@@ -13,16 +13,6 @@ fn temp(tag: &str, bytes: &[u8]) -> std::path::PathBuf {
         .join(format!("as-on-{tag}-{}", std::process::id()));
     std::fs::write(&p, bytes).unwrap();
     p
-}
-
-fn small_chunks(ctx: &Context, threads: usize) {
-    ctx.set_file_options(
-        FileOptions::default()
-            .with_chunk_size(4096)
-            .unwrap()
-            .with_threads(threads)
-            .unwrap(),
-    );
 }
 
 fn warm(ctx: &Context) {
@@ -41,7 +31,7 @@ fn cross_object(pool_warm: bool, write: bool) -> Result<()> {
     let ctx_b = Backend::new(sim.clone()).context(0)?;
     assert_eq!(ctx_a.handle(), ctx_b.handle());
     assert!(!ctx_a.same_as(&ctx_b));
-    small_chunks(&ctx_b, 1);
+    cudabuf_test_support::small_file_chunks(&ctx_b, 1);
     if pool_warm {
         warm(&ctx_b);
     } else {
@@ -146,7 +136,7 @@ fn as_on_errors() {
 fn concurrent_pageable_file_jobs_on_one_stream_threaded() {
     for seed in 0..4u64 {
         let (sim, ctx) = sim(Schedule::Threaded, seed).context();
-        small_chunks(&ctx, 4);
+        cudabuf_test_support::small_file_chunks(&ctx, 4);
         ctx.set_staging_pool_limit(0);
         let s = ctx.new_stream_with(NON_BLOCKING).unwrap();
         let path = temp(&format!("mt{seed}"), &[5u8; 16 * 4096]);

@@ -25,5 +25,5 @@ mod verdicts;
 pub use call_sites::{assert_internal_free, assert_names, logged};
 pub use cudabuf_conformance::support::{non_blocking, Rng, BLOCKING, NON_BLOCKING};
 pub use sim::{assert_no_races, context, runs, sim, SimBuilder, SCHEDULES};
-pub use staging::{pinning_refused, stage, Staging, STAGINGS};
+pub use staging::{pinning_refused, small_file_chunks, stage, Staging, STAGINGS};
 pub use verdicts::{all_modes, expect_verdict, flagged, hunt_seeds, lies, none_lied};

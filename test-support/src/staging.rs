@@ -40,9 +40,11 @@ pub fn pinning_refused() -> Error {
     }
 }
 
-/// File calls of `ctx` in 4 KiB chunks on `threads` threads, with the staging pool as
-/// `staging` says (pinned buffers of 4 KiB).
-pub fn stage(staging: Staging, sim: &SimBackend, ctx: &Context, threads: usize) {
+/// File calls of `ctx` in 4 KiB chunks on `threads` threads.
+///
+/// # Panics
+/// If `threads` is not a valid thread count.
+pub fn small_file_chunks(ctx: &Context, threads: usize) {
     ctx.set_file_options(
         FileOptions::default()
             .with_chunk_size(4096)
@@ -50,6 +52,12 @@ pub fn stage(staging: Staging, sim: &SimBackend, ctx: &Context, threads: usize) 
             .with_threads(threads)
             .expect("a valid thread count"),
     );
+}
+
+/// File calls of `ctx` in 4 KiB chunks on `threads` threads, with the staging pool as
+/// `staging` says (pinned buffers of 4 KiB).
+pub fn stage(staging: Staging, sim: &SimBackend, ctx: &Context, threads: usize) {
+    small_file_chunks(ctx, threads);
     match staging {
         Staging::PoolOff => ctx.set_staging_pool_limit(0),
         Staging::PinFails => {

@@ -8,9 +8,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Instant;
 
-use cudabuf_core::{
-    Backend, Context, DeviceBuffer, ErrorKind, FileOptions, Result, Stream, StreamFlags,
-};
+use cudabuf_core::{Backend, Context, DeviceBuffer, ErrorKind, Result, Stream, StreamFlags};
 use cudabuf_test_support::hunt_seeds;
 
 use crate::{RaceMode, Schedule, SimBackend, SimConfig};
@@ -46,13 +44,7 @@ fn counts(sim: &SimBackend) -> (usize, usize, usize) {
 /// off (every chunk pageable) or warmed with eight pinned 4 KiB buffers.
 fn file_context(sim: &SimBackend, threads: usize, warm: bool) -> Context {
     let ctx = Backend::new(sim.clone()).context(0).unwrap();
-    ctx.set_file_options(
-        FileOptions::default()
-            .with_chunk_size(4096)
-            .unwrap()
-            .with_threads(threads)
-            .unwrap(),
-    );
+    cudabuf_test_support::small_file_chunks(&ctx, threads);
     if warm {
         ctx.set_staging_pool_limit(64 << 20);
         ctx.pin_staging_in_background(4096, 4096, 8);
