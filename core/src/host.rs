@@ -56,9 +56,8 @@ impl PinnedMemory {
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
         if let Some(alloc) = self.alloc.take() {
-            let _call = crate::backend::enter_call(crate::backend::ApiCall::dropping(
-                "dropping a HostBuffer",
-            ));
+            let _call =
+                crate::backend::enter_call(crate::backend::ApiCall::named("dropping a HostBuffer"));
             // SAFETY: `alloc` came from `alloc_host` on `raw` and is freed once: this is
             // the drop of its only owner.
             if let Err(e) = unsafe { self.raw.free_host(alloc) } {

@@ -225,7 +225,7 @@ impl Drop for Memory {
         }
         let (ctx, address, size) = (self.ctx.clone(), self.address, self.size);
         let _call = crate::backend::enter_call(
-            crate::backend::ApiCall::dropping("dropping the last handle of a DeviceBuffer")
+            crate::backend::ApiCall::named("dropping the last handle of a DeviceBuffer")
                 .with_buffer(address, size),
         );
         self.kind.release(&ctx, address, size);

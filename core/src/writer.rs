@@ -773,7 +773,7 @@ impl Drop for BufferWriter {
         // public call of its own, which stays current.
         let _call = current_call().is_none().then(|| {
             enter_call(
-                ApiCall::dropping("dropping a BufferWriter")
+                ApiCall::named("dropping a BufferWriter")
                     .with_buffer(self.buffer.address(), self.buffer.size()),
             )
         });

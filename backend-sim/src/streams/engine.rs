@@ -1042,9 +1042,6 @@ impl Engine {
             .filter(|&(&id, t)| id != me && t.ended())
             .map(|(&id, _)| id)
             .collect();
-        if ended.is_empty() {
-            return;
-        }
         for id in ended {
             // Its copy actors of the live streams (those of streams that are gone stay
             // unused, as before). `promise` and `promised_by` hold entries of the thread

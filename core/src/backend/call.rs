@@ -40,11 +40,7 @@ impl ApiCall {
     /// A call of `method` from the caller's caller (use in a `#[track_caller]` method).
     #[track_caller]
     pub(crate) fn here(method: &'static str) -> Self {
-        ApiCall {
-            method,
-            location: Some(Location::caller()),
-            buffers: [None; 2],
-        }
+        Self::at(method, Location::caller())
     }
 
     /// A call of `method` made at `location`: for cudabuf's own crates, which enter their
@@ -58,21 +54,12 @@ impl ApiCall {
         }
     }
 
-    /// Work cudabuf does for a public call made elsewhere, with no caller location (a
-    /// Flight server answering a request: `"a DeviceFlightServer answering DoGet"`): for
-    /// cudabuf's own crates, not part of the API. Entered, it replaces the current call
-    /// as a drop does.
+    /// Work cudabuf does with no caller location: a drop's release (`"dropping a
+    /// DeviceBuffer"`), or a public call made elsewhere (a Flight server answering a
+    /// request: `"a DeviceFlightServer answering DoGet"`); for cudabuf's own crates, not
+    /// part of the API. Entered, it replaces the current call while it runs.
     #[doc(hidden)]
     pub fn named(method: &'static str) -> Self {
-        ApiCall {
-            method,
-            location: None,
-            buffers: [None; 2],
-        }
-    }
-
-    /// What a drop does (no caller location).
-    pub(crate) fn dropping(method: &'static str) -> Self {
         ApiCall {
             method,
             location: None,
@@ -196,7 +183,7 @@ mod tests {
         {
             let _inner = enter(ApiCall::here("DeviceBuffer::to_vec"));
             assert_eq!(current_call(), Some(outer));
-            let drop_call = ApiCall::dropping("dropping a DeviceBuffer");
+            let drop_call = ApiCall::named("dropping a DeviceBuffer");
             let dropping = enter(drop_call);
             assert_eq!(current_call(), Some(drop_call));
             drop(dropping);
