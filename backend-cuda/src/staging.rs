@@ -357,13 +357,13 @@ impl StagingConfig {
         if let Some(n) = var(STAGING_RING_VAR).and_then(|v| v.trim().parse().ok()) {
             config.ring_slots = n;
         }
-        if let Some(n) = var(STAGING_NT_BELOW_VAR).and_then(|v| parse_nt_below(&v)) {
+        if let Some(n) = var(STAGING_NT_BELOW_VAR).and_then(|v| parse_size_or_max(&v)) {
             config.streaming_stores_below = n;
         }
         if let Some(v) = var(STAGING_PLAIN_FILLS_VAR).and_then(|v| FillStores::parse(&v)) {
             config.plain_fills = v;
         }
-        if let Some(n) = var(STAGING_PLAIN_FILLS_BELOW_VAR).and_then(|v| parse_nt_below(&v)) {
+        if let Some(n) = var(STAGING_PLAIN_FILLS_BELOW_VAR).and_then(|v| parse_size_or_max(&v)) {
             config.plain_fills_below = n;
         }
         if let Some(n) = var(STAGING_LINE_FILL_THREADS_VAR).and_then(|v| v.trim().parse().ok()) {
@@ -468,8 +468,9 @@ impl StagingConfig {
     }
 }
 
-/// `CUDABUF_STAGING_NT_BELOW`'s value: a size, or `max` for no limit.
-fn parse_nt_below(v: &str) -> Option<usize> {
+/// A size threshold's value (`CUDABUF_STAGING_NT_BELOW`, `CUDABUF_STAGING_PLAIN_FILLS_BELOW`): a size, or
+/// `max` for no limit.
+fn parse_size_or_max(v: &str) -> Option<usize> {
     let v = v.trim();
     if v.eq_ignore_ascii_case("max") {
         Some(usize::MAX)
@@ -1082,11 +1083,11 @@ mod tests {
             ..default
         };
         assert!(always.streaming_stores_for(1 << 40));
-        assert_eq!(parse_nt_below("max"), Some(usize::MAX));
-        assert_eq!(parse_nt_below("Max"), Some(usize::MAX));
-        assert_eq!(parse_nt_below(" 32M "), Some(32 << 20));
-        assert_eq!(parse_nt_below("0"), Some(0));
-        assert_eq!(parse_nt_below("lots"), None);
+        assert_eq!(parse_size_or_max("max"), Some(usize::MAX));
+        assert_eq!(parse_size_or_max("Max"), Some(usize::MAX));
+        assert_eq!(parse_size_or_max(" 32M "), Some(32 << 20));
+        assert_eq!(parse_size_or_max("0"), Some(0));
+        assert_eq!(parse_size_or_max("lots"), None);
         let pieces = [
             Piece {
                 host: 0,
