@@ -468,8 +468,8 @@ impl StagingConfig {
     }
 }
 
-/// A size threshold's value (`CUDABUF_STAGING_NT_BELOW`, `CUDABUF_STAGING_PLAIN_FILLS_BELOW`): a size, or
-/// `max` for no limit.
+/// A size threshold's value (`CUDABUF_STAGING_NT_BELOW`,
+/// `CUDABUF_STAGING_PLAIN_FILLS_BELOW`): a size, or `max` for no limit.
 fn parse_size_or_max(v: &str) -> Option<usize> {
     let v = v.trim();
     if v.eq_ignore_ascii_case("max") {
