@@ -115,8 +115,8 @@ pub use interop::{
 };
 pub use platform::CudaBackend;
 pub use staging::{
-    fill_for_dma, fill_for_dma_with, FillStores, StagedStep, StagingConfig, StagingTrace,
-    ADAPTIVE_BELOW, STAGING_ADAPTIVE_VAR, STAGING_CHUNK_VAR, STAGING_D2H_CHUNK_VAR,
+    fill_for_dma, fill_for_dma_with, FillStores, StagedStep, StagingChoice, StagingConfig,
+    StagingTrace, ADAPTIVE_BELOW, STAGING_ADAPTIVE_VAR, STAGING_CHUNK_VAR, STAGING_D2H_CHUNK_VAR,
     STAGING_D2H_THREADS_VAR, STAGING_LINE_FILL_THREADS_VAR, STAGING_MIN_VAR, STAGING_NT_BELOW_VAR,
     STAGING_PLAIN_FILLS_BELOW_VAR, STAGING_PLAIN_FILLS_VAR, STAGING_RING_VAR, STAGING_THREADS_VAR,
     STAGING_VAR,

@@ -256,6 +256,32 @@ pub struct StagingConfig {
 /// it on, a pageable copy of at least `min_bytes` is always staged.
 pub const ADAPTIVE_BELOW: usize = 64 << 20;
 
+/// What adaptive staging knows of one direction and size class of pageable copies, from
+/// [`CudaDriverContext::staging_choices`](crate::CudaDriverContext::staging_choices): how
+/// many copies took each path, which path it takes now, and the rate it expects of each.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StagingChoice {
+    /// Host to device (else device to host).
+    pub host_to_device: bool,
+    /// The class holds copies of `min_bytes` bytes up to, not including, `max_bytes` (a
+    /// power of two and the next one, or [`ADAPTIVE_BELOW`]).
+    pub min_bytes: usize,
+    /// See `min_bytes`.
+    pub max_bytes: usize,
+    /// Copies of this class timed through the staging engine.
+    pub staged_copies: u64,
+    /// Copies of this class timed through the driver's own copy.
+    pub direct_copies: u64,
+    /// Whether the staging engine is the path taken now (the other is retried now and
+    /// then); `None` while each path is still tried in turn.
+    pub staged_wins: Option<bool>,
+    /// The staged path's estimate, in GB/s (10^9 bytes per second); `None` before its
+    /// first copy.
+    pub staged_gbps: Option<f64>,
+    /// The driver's own copy's estimate, in GB/s; `None` before its first copy.
+    pub direct_gbps: Option<f64>,
+}
+
 impl StagingConfig {
     /// The defaults for this host: host-to-device with half the CPUs (2 to 8) threads and
     /// 4 MiB steps, device-to-host with three quarters of them (2 to 12) and 2 MiB steps,

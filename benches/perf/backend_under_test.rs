@@ -67,4 +67,40 @@ impl Bench {
             Bench::Cuda(cuda) => Self::staging(cuda).map(|c| c.d2h_threads),
         }
     }
+
+    /// Adaptive staging's copies of `size` bytes so far (CUDA, `h2d` host to device else
+    /// device to host): how many of them took each path, which path wins, and each path's
+    /// estimate; empty where nothing chose.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    pub(crate) fn staging_choice_note(&self, h2d: bool, size: usize) -> String {
+        match self {
+            Bench::Sim(_) => String::new(),
+            #[cfg(feature = "cuda")]
+            Bench::Cuda(cuda) => {
+                let Ok(raw) = cuda.cuda_device(0).and_then(|d| d.primary_driver_context()) else {
+                    return String::new();
+                };
+                let choices = raw.staging_choices();
+                let Some(c) = choices
+                    .iter()
+                    .find(|c| c.host_to_device == h2d && c.min_bytes <= size && size < c.max_bytes)
+                else {
+                    return String::new();
+                };
+                let rate = |g: Option<f64>| g.map_or("-".to_owned(), |g| format!("{g:.2}"));
+                format!(
+                    "adaptive: {} staged / {} direct so far, winner {}, estimates staged {} / direct {} GB/s",
+                    c.staged_copies,
+                    c.direct_copies,
+                    match c.staged_wins {
+                        Some(true) => "staged",
+                        Some(false) => "direct",
+                        None => "none yet",
+                    },
+                    rate(c.staged_gbps),
+                    rate(c.direct_gbps)
+                )
+            }
+        }
+    }
 }

@@ -77,6 +77,8 @@ pub(crate) fn copies(
             d1.copy_to_host_into(0, &mut pageable_dst, None)?;
             Ok(())
         })?;
+        // Adaptive staging's choices so far (before the unstaged runs below reset them).
+        let choices = [true, false].map(|h2d| bench.staging_choice_note(h2d, size));
         run("d2d", 2 * size, "read+write", &mut || {
             d2.copy_from_device(&d1, 0, None)?;
             Ok(())
@@ -280,6 +282,16 @@ pub(crate) fn copies(
                         );
                     }
                 }
+            }
+        }
+        for (op, note) in ["h2d_pageable", "d2h_pageable"].iter().zip(choices) {
+            if let Some(r) = rec
+                .0
+                .iter_mut()
+                .rev()
+                .find(|r| r.section == "copies" && r.op == *op && r.size == Some(size))
+            {
+                r.note = note;
             }
         }
         // Check that the copies moved the right bytes.

@@ -11,7 +11,9 @@
 //! Sections, one file each: `copies` (H2D/D2H pinned and pageable, D2D at each size; from
 //! 1 MiB the host's multi-threaded memcpy, the bound of a pageable copy, and a
 //! device-to-host copy into fresh memory; on the simulator a plain host memcpy of the same
-//! size, on CUDA the driver's own pageable path), `switches` (CUDA: the staging
+//! //! size, on CUDA the driver's own pageable path), `adaptive` (CUDA: adaptive staging's
+//! path per copy from 512 KiB to 32 MiB against each path alone, every copy's time in
+//! `adaptive_raw.json`), `switches` (CUDA: the staging
 //! engine's switches side by side from 1 MiB to 256 MiB, with and without the ring, and
 //! the timeline of one 64 MiB copy each way), `dma` (CUDA: a pinned DMA beside threads
 //! copying host memory), `sweep` (CUDA: staging threads x step size), `alloc`
@@ -39,6 +41,7 @@
 //! `scripts/plot_perf.py` draws the curves, `scripts/bench_compare.py` adds PyTorch and
 //! CuPy.
 
+mod adaptive;
 mod alloc;
 mod alloc_live;
 mod backend_under_test;
@@ -155,8 +158,9 @@ fn run() -> AnyResult<()> {
     }
     let mut records = Records::default();
     let started = Instant::now();
-    let sections: [(&str, SectionFn); 13] = [
+    let sections: [(&str, SectionFn); 14] = [
         ("copies", copies::copies),
+        ("adaptive", adaptive::adaptive),
         ("switches", switches::switches),
         ("dma", dma::dma),
         ("sweep", sweep::sweep),

@@ -11,7 +11,9 @@ use cudabuf_core::Result;
 use super::{CuContext, CudaDriverContext, BATCH_STAGED_PIECES};
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
-use crate::staging::{Chooser, Direction, Path, StagingConfig, StagingEngine, StagingTrace};
+use crate::staging::{
+    Chooser, Direction, Path, StagingChoice, StagingConfig, StagingEngine, StagingTrace,
+};
 
 /// The staging state of a context.
 #[derive(Debug)]
@@ -183,6 +185,42 @@ impl CudaDriverContext {
     /// ```
     pub fn trace_next_staged_copy(&self) {
         self.lock_staging().trace_requested = true;
+    }
+
+    /// What adaptive staging ([`StagingConfig::adaptive`]) knows now, per direction and
+    /// size class of the pageable copies it has timed on this context: how many took the
+    /// staging engine and how many the driver's own copy, which of the two it takes now,
+    /// and the rate it expects of each. Empty before the first timed copy, with staging or
+    /// adaptivity off, and after [`set_staging_config`](Self::set_staging_config).
+    ///
+    /// ```no_run
+    /// # fn main() -> cudabuf_core::Result<()> {
+    /// use cudabuf_core::backend::RawContext;
+    /// use cudabuf_cuda::CudaBackend;
+    ///
+    /// let cuda = CudaBackend::new()?;
+    /// let raw = cuda.cuda_device(0)?.primary_driver_context()?;
+    /// raw.start_staging()?;
+    /// let data = vec![7u8; 1 << 20];
+    /// let dst = raw.allocate(data.len())?;
+    /// for _ in 0..20 {
+    ///     // SAFETY: `dst` is a live allocation of `data.len()` bytes on this context.
+    ///     unsafe { raw.copy_host_to_device(dst, &data)? };
+    /// }
+    /// for c in raw.staging_choices() {
+    ///     println!(
+    ///         "{} {}..{} B: {} staged, {} direct, staged wins: {:?}",
+    ///         if c.host_to_device { "H2D" } else { "D2H" },
+    ///         c.min_bytes, c.max_bytes, c.staged_copies, c.direct_copies, c.staged_wins
+    ///     );
+    /// }
+    /// // SAFETY: `dst` came from `allocate` on this context and is freed once.
+    /// unsafe { raw.free(dst)? };
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn staging_choices(&self) -> Vec<StagingChoice> {
+        self.lock_staging().chooser.choices()
     }
 
     /// The timeline of the last traced copy, once ([`trace_next_staged_copy`](Self::trace_next_staged_copy)).

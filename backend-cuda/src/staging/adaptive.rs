@@ -37,7 +37,7 @@
 //! The state is fixed arrays: choosing and learning allocate nothing.
 
 use super::task::Direction;
-use super::ADAPTIVE_BELOW;
+use super::{StagingChoice, ADAPTIVE_BELOW};
 
 /// How a copy the chooser learns from went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +132,9 @@ struct Class {
     since_change: u32,
     /// Whether a copy follows up a cold staged one.
     follow_up: FollowUp,
+    /// Copies learnt through each path, ever (for [`Chooser::choices`]).
+    staged_copies: u64,
+    direct_copies: u64,
 }
 
 /// A class's follow-up of a cold staged copy.
@@ -157,6 +160,8 @@ impl Default for Class {
             doublings: 0,
             since_change: u32::MAX,
             follow_up: FollowUp::None,
+            staged_copies: 0,
+            direct_copies: 0,
         }
     }
 }
@@ -266,8 +271,14 @@ impl Chooser {
         let was_warm = class.warm();
         let per_byte = secs / len as f64;
         match path {
-            Path::Direct => class.direct.add(per_byte),
-            Path::Staged | Path::StagedCold => class.staged.add(per_byte),
+            Path::Direct => {
+                class.direct.add(per_byte);
+                class.direct_copies += 1;
+            }
+            Path::Staged | Path::StagedCold => {
+                class.staged.add(per_byte);
+                class.staged_copies += 1;
+            }
         }
         class.follow_up = match (path, class.follow_up) {
             (Path::StagedCold, FollowUp::None) => FollowUp::Due,
@@ -288,6 +299,34 @@ impl Chooser {
         if other < winner * (1.0 - class.margin()) {
             class.change_winner();
         }
+    }
+
+    /// What the chooser knows of every class that has learnt a copy, host to device
+    /// first, by size.
+    pub(crate) fn choices(&self) -> Vec<StagingChoice> {
+        let mut out = Vec::new();
+        for (d, classes) in self.classes.iter().enumerate() {
+            for (k, class) in classes.iter().enumerate() {
+                if class.staged_copies + class.direct_copies == 0 {
+                    continue;
+                }
+                let gbps = |t: &PathTimes| {
+                    let e = t.estimate();
+                    (e.is_finite() && e > 0.0).then(|| 1e-9 / e)
+                };
+                out.push(StagingChoice {
+                    host_to_device: d == 0,
+                    min_bytes: 1 << k,
+                    max_bytes: (2usize << k).min(ADAPTIVE_BELOW),
+                    staged_copies: class.staged_copies,
+                    direct_copies: class.direct_copies,
+                    staged_wins: class.warm().then_some(class.staged_wins),
+                    staged_gbps: gbps(&class.staged),
+                    direct_gbps: gbps(&class.direct),
+                });
+            }
+        }
+        out
     }
 
     /// The winner of the class of `len` bytes in `direction` (whether it is the staged
@@ -577,6 +616,56 @@ mod tests {
             last_staged = s;
         }
         (picks, total)
+    }
+
+    /// `choices` lists only the classes that learnt a copy, counts each path's copies,
+    /// gives no winner while warming up, then the winner and each path's estimate.
+    #[test]
+    fn choices_count_each_path_and_name_the_winner() {
+        let mut c = Chooser::default();
+        assert!(c.choices().is_empty());
+        let len = 3 << 20;
+        // One staged copy of 3 MiB in 1 ms: 3.15 GB/s, no winner yet.
+        assert!(c.stage(H2D, len));
+        c.learn(H2D, len, Path::Staged, 1e-3);
+        let [one] = c.choices()[..] else {
+            panic!("{:?}", c.choices())
+        };
+        assert_eq!(
+            (one.host_to_device, one.min_bytes, one.max_bytes),
+            (true, 2 << 20, 4 << 20)
+        );
+        assert_eq!((one.staged_copies, one.direct_copies), (1, 0));
+        assert_eq!((one.staged_wins, one.direct_gbps), (None, None));
+        assert!((one.staged_gbps.unwrap_or(0.0) - 3.145_728).abs() < 1e-6);
+        // The direct copy twice as fast: it wins once both paths are warm.
+        let r = run(&mut c, len, 40, 1e-3, 0.5e-3, || 1.0);
+        let [one] = c.choices()[..] else {
+            panic!("{:?}", c.choices())
+        };
+        let staged = r.picks.iter().filter(|&&s| s).count() as u64 + 1;
+        assert_eq!(
+            (one.staged_copies, one.direct_copies),
+            (staged, 41 - staged)
+        );
+        assert_eq!(one.staged_wins, Some(false));
+        assert!((one.direct_gbps.unwrap_or(0.0) - 6.291_456).abs() < 1e-6);
+        // A device-to-host copy of the last class adds a class after it; copies outside
+        // the classes add none.
+        c.learn(
+            Direction::DeviceToHost,
+            ADAPTIVE_BELOW - 1,
+            Path::Direct,
+            1e-3,
+        );
+        c.learn(Direction::DeviceToHost, ADAPTIVE_BELOW, Path::Direct, 1e-3);
+        c.learn(Direction::DeviceToHost, 0, Path::Direct, 1e-3);
+        let all = c.choices();
+        assert_eq!(all.len(), 2);
+        assert_eq!(
+            (all[1].host_to_device, all[1].min_bytes, all[1].max_bytes),
+            (false, ADAPTIVE_BELOW / 2, ADAPTIVE_BELOW)
+        );
     }
 
     /// Back-to-back copies: the staged path is faster once its workers are awake, but

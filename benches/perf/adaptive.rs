@@ -1,0 +1,174 @@
+//! `adaptive` (CUDA): adaptive staging's choices on pageable copies from the staging
+//! engine's least size up to where it always stages, both ways, against both of its paths
+//! alone. Per size and direction, twice in turn: every copy staged (`staged`: adaptivity
+//! off), every copy direct (`direct`: staging off), and the defaults (`adaptive`), each a
+//! run of back-to-back copies after a warm-up, every copy timed; for `adaptive`, which
+//! path each copy took ([`CudaDriverContext::staging_choices`] before and after it). The
+//! medians go into the records, with the share of staged copies; every copy's time and
+//! path into `adaptive_raw.json` beside `--json` (to replay against other estimators).
+//!
+//! [`CudaDriverContext::staging_choices`]: cudabuf::cuda::CudaDriverContext::staging_choices
+
+use cudabuf::{Backend, Context};
+
+use crate::backend_under_test::Bench;
+use crate::options::Options;
+use crate::report::{progress, Records};
+use crate::AnyResult;
+
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+pub(crate) fn adaptive(
+    bench: &Bench,
+    _backend: &Backend,
+    ctx: &Context,
+    opts: &Options,
+    rec: &mut Records,
+) -> AnyResult<()> {
+    match bench {
+        Bench::Sim(_) => {
+            progress("adaptive: CUDA only (staging of pageable copies)");
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        Bench::Cuda(cuda) => {
+            let raw = cuda.cuda_device(0)?.primary_driver_context()?;
+            let default = raw.staging_config();
+            let result = cuda_adaptive(&raw, default, ctx, opts, rec);
+            raw.set_staging_config(default);
+            raw.start_staging()?;
+            result
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_adaptive(
+    raw: &cudabuf::cuda::CudaDriverContext,
+    default: cudabuf::cuda::StagingConfig,
+    ctx: &Context,
+    opts: &Options,
+    rec: &mut Records,
+) -> AnyResult<()> {
+    use std::time::{Duration, Instant};
+
+    use cudabuf::cuda::{StagingConfig, ADAPTIVE_BELOW};
+    use serde_json::json;
+
+    use crate::report::human;
+    use crate::timing::{gbps, median, pattern};
+    use crate::MIB;
+
+    /// Copies per run: at most this many, or as many as fit the budget (at least `LEAST`).
+    const MOST: usize = 1000;
+    const LEAST: usize = 60;
+    const BUDGET: Duration = Duration::from_millis(250);
+    const WARM: usize = 8;
+
+    let sizes: Vec<usize> = if opts.quick {
+        vec![MIB, 4 * MIB]
+    } else {
+        [
+            512 << 10,
+            MIB,
+            2 * MIB,
+            4 * MIB,
+            8 * MIB,
+            16 * MIB,
+            32 * MIB,
+        ]
+        .to_vec()
+    };
+    let sizes: Vec<usize> = sizes
+        .into_iter()
+        .filter(|&s| s >= default.min_bytes && s < ADAPTIVE_BELOW)
+        .collect();
+    let modes: [(&str, StagingConfig); 3] = [
+        (
+            "staged",
+            StagingConfig {
+                adaptive: false,
+                ..default
+            },
+        ),
+        ("direct", StagingConfig::disabled()),
+        ("adaptive", default),
+    ];
+    let mut raw_out = serde_json::Map::new();
+    for &size in &sizes {
+        let dev = ctx.buffer_from_data(&pattern(size))?;
+        let src = pattern(size);
+        let mut dst = pattern(size);
+        for h2d in [true, false] {
+            let way = if h2d { "h2d" } else { "d2h" };
+            progress(format!("adaptive: {way} at {}", human(size)));
+            let staged_count = || {
+                raw.staging_choices()
+                    .iter()
+                    .find(|c| c.host_to_device == h2d && c.min_bytes <= size && size < c.max_bytes)
+                    .map_or(0, |c| c.staged_copies)
+            };
+            let mut copy = || -> AnyResult<()> {
+                if h2d {
+                    dev.copy_from_host(&src, 0, None)?;
+                } else {
+                    dev.copy_to_host_into(0, &mut dst, None)?;
+                }
+                Ok(())
+            };
+            let mut per_mode: Vec<(&str, Vec<f64>, usize)> = Vec::new();
+            for round in 0..2 {
+                for (mode, config) in &modes {
+                    raw.set_staging_config(*config);
+                    raw.start_staging()?;
+                    for _ in 0..WARM {
+                        copy()?;
+                    }
+                    let (mut secs, mut staged) = (Vec::new(), Vec::new());
+                    let started = Instant::now();
+                    while secs.len() < MOST && (secs.len() < LEAST || started.elapsed() < BUDGET) {
+                        let before = staged_count();
+                        let t = Instant::now();
+                        copy()?;
+                        secs.push(t.elapsed().as_secs_f64());
+                        staged.push(match *mode {
+                            "staged" => true,
+                            "direct" => false,
+                            _ => staged_count() > before,
+                        });
+                    }
+                    let n_staged = staged.iter().filter(|&&s| s).count();
+                    raw_out.insert(
+                        format!("{way}_{size}_{mode}_{round}"),
+                        json!({ "secs": secs, "staged": staged }),
+                    );
+                    match per_mode.iter_mut().find(|(m, ..)| m == mode) {
+                        Some((_, all, k)) => {
+                            all.extend_from_slice(&secs);
+                            *k += n_staged;
+                        }
+                        None => per_mode.push((mode, secs, n_staged)),
+                    }
+                }
+            }
+            for (mode, mut all, n_staged) in per_mode {
+                let n = all.len();
+                let note = format!("{n_staged} of {n} copies staged, two runs");
+                rec.push(
+                    "adaptive",
+                    format!("{way}_{mode}"),
+                    Some(size),
+                    gbps(size, median(&mut all)),
+                    "GB/s",
+                    n,
+                    note,
+                );
+            }
+        }
+    }
+    if let Some(json) = &opts.json {
+        let path = std::path::Path::new(json).with_file_name("adaptive_raw.json");
+        std::fs::write(&path, serde_json::to_vec(&raw_out)?)?;
+        progress(format!("wrote {}", path.display()));
+    }
+    Ok(())
+}
