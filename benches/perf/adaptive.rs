@@ -4,7 +4,8 @@
 //! off), every copy direct (`direct`: staging off), and the defaults (`adaptive`), each a
 //! run of back-to-back copies after a warm-up, every copy timed; for `adaptive`, which
 //! path each copy took ([`CudaDriverContext::staging_choices`] before and after it). The
-//! medians go into the records, with the share of staged copies; every copy's time and
+//! medians go into the records, with the share of staged copies and the mean rate (what
+//! the copies cost in all, retries of the slower path included); every copy's time and
 //! path into `adaptive_raw.json` beside `--json` (to replay against other estimators).
 //!
 //! [`CudaDriverContext::staging_choices`]: cudabuf::cuda::CudaDriverContext::staging_choices
@@ -152,7 +153,11 @@ fn cuda_adaptive(
             }
             for (mode, mut all, n_staged) in per_mode {
                 let n = all.len();
-                let note = format!("{n_staged} of {n} copies staged, two runs");
+                let mean = all.iter().sum::<f64>() / n.max(1) as f64;
+                let note = format!(
+                    "{n_staged} of {n} copies staged, two runs; mean {:.2} GB/s",
+                    gbps(size, mean)
+                );
                 rec.push(
                     "adaptive",
                     format!("{way}_{mode}"),

@@ -8,6 +8,11 @@ from collections import defaultdict
 
 WARM, PROBE_FIRST, PROBE_MAX, WINDOW, MARGIN, DOUBLINGS = 3, 8, 1024, 8, 0.03, 3
 PROBE_FLAT = WINDOW - WARM
+COSTLY_RATIO, RETRY_SHARE = 2.5, 0.02
+
+
+def costly_gap(ratio):
+    return min(PROBE_MAX, math.ceil((ratio - 1) / RETRY_SHARE)) if ratio >= COSTLY_RATIO else 0
 
 
 def est_min(w): return min(w)
@@ -27,8 +32,8 @@ ESTIMATES = {"min": est_min, "2nd": est_second, "3rd": est_third, "median": est_
 
 
 class Chooser:
-    def __init__(self, est):
-        self.est = est; self.t = {True: [], False: []}; self.staged_wins = True
+    def __init__(self, est, costly=False):
+        self.est, self.costly = est, costly; self.t = {True: [], False: []}; self.staged_wins = True
         self.until, self.stretch, self.flat = PROBE_FIRST, 2 * PROBE_FIRST, PROBE_FLAT - 1
         self.doublings, self.since = 0, None
 
@@ -50,9 +55,14 @@ class Chooser:
         was = self.warm(); w = self.t[staged]; w.append(secs); del w[:-WINDOW]
         s, d = (self.est(self.t[k]) if self.t[k] else math.inf for k in (True, False))
         if not was:
-            self.staged_wins = s <= d; return
+            self.staged_wins = s <= d
+            if self.costly and self.warm(): self.until = max(self.until, costly_gap(max(s, d) / min(s, d)))
+            return
         self.since = 0 if self.since is None else self.since + 1
         win, oth = (s, d) if self.staged_wins else (d, s)
+        retried = staged != self.staged_wins
+        if oth >= win * (1 - self.margin()) and retried and self.costly:
+            self.until = max(self.until, costly_gap(oth / win))
         if oth < win * (1 - self.margin()):
             soon = self.since < PROBE_MAX
             self.doublings = min(self.doublings + 1, DOUBLINGS) if soon else self.doublings
@@ -95,6 +105,26 @@ def main(paths):
                     c.learn(s, t); tot += t; n_st += s; runs_n += 1
             line.append(f"{name} {best * runs_n / tot:.3f} ({n_st / runs_n:.0%} st)")
         print(f"{'':15s} replay x best: " + "  ".join(line))
+        # The retry schedule, with the other path's times those of the adaptive run's
+        # retries (which follow a run of the winner), 300 and 1000 copies from a fresh
+        # chooser: the usual schedule against costly retries far apart.
+        win_staged = statistics.mean(st) < statistics.mean(di)
+        retry = ad_di if win_staged else ad_st
+        if retry:
+            out = []
+            for n in (300, 1000):
+                for costly in (False, True):
+                    tot = best_tot = 0.0
+                    for rot in range(0, 200, 20):
+                        c, i = Chooser(est_min, costly), {True: rot, False: rot}
+                        for _ in range(n):
+                            s_ = c.stage()
+                            src = (st if s_ else retry) if win_staged else (retry if s_ else di)
+                            t = src[i[s_] % len(src)]; i[s_] += 1
+                            c.learn(s_, t); tot += t
+                        best_tot += n * statistics.mean(st if win_staged else di)
+                    out.append(f"{n} copies {'costly' if costly else 'usual'} {best_tot / tot:.3f}")
+            print(f"{'':15s} retries (times of the adaptive run's): " + ", ".join(out))
 
 
 main(sys.argv[1:])
