@@ -17,9 +17,9 @@
 //! copy in [`PROBE_MAX`]. Where the other path is much slower (by [`COSTLY_RATIO`] or
 //! more), each retry costs several copies' time, so the retries come far enough apart to
 //! cost at most [`RETRY_SHARE`] of the time ((ratio - 1) / share copies of the winner, at
-//! most [`PROBE_MAX`]): device-to-host copies of 8-32 MiB retried the driver's own copy at
-//! 3-6 GB/s against 25-47 GB/s staged, and the early retries took 12-17% of the time of
-//! 600-1400 copies.
+//! most [`PROBE_MAX`]): on an H100, device-to-host copies of 8-32 MiB retried the driver's
+//! own copy at 3-6 GB/s against 25-47 GB/s staged, and the retries took 8-17% of the time
+//! of the first 600-1400 copies.
 //!
 //! **Cold starts.** A staged copy that found the engine's workers asleep (woken by the
 //! copy, [`Path::StagedCold`]) waited for threads to be scheduled, which a copy that
