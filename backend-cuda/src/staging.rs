@@ -276,9 +276,9 @@ pub struct StagingChoice {
     /// then); `None` while each path is still tried in turn.
     pub staged_wins: Option<bool>,
     /// The staged path's estimate, in GB/s (10^9 bytes per second); `None` before its
-    /// first copy.
+    /// first copy (and while its estimate is a time of 0, too short to measure).
     pub staged_gbps: Option<f64>,
-    /// The driver's own copy's estimate, in GB/s; `None` before its first copy.
+    /// The driver's own copy's estimate, in GB/s; `None` as for `staged_gbps`.
     pub direct_gbps: Option<f64>,
 }
 

@@ -1,7 +1,8 @@
 //! `adaptive` (CUDA): adaptive staging's choices on pageable copies from the staging
 //! engine's least size up to where it always stages, both ways, against both of its paths
 //! alone. Per size and direction, twice in turn: every copy staged (`staged`: adaptivity
-//! off), every copy direct (`direct`: staging off), and the defaults (`adaptive`), each a
+//! off), every copy direct (`direct`: staging off), and adaptive staging (`adaptive`: the
+//! configuration in use with adaptivity on), each a
 //! run of back-to-back copies after a warm-up, every copy timed; for `adaptive`, which
 //! path each copy took ([`CudaDriverContext::staging_choices`] before and after it). The
 //! medians go into the records, with the share of staged copies and the mean rate (what
@@ -34,10 +35,16 @@ pub(crate) fn adaptive(
         Bench::Cuda(cuda) => {
             let raw = cuda.cuda_device(0)?.primary_driver_context()?;
             let default = raw.staging_config();
+            if !default.enabled() {
+                progress("adaptive: staging is off (CUDABUF_STAGING)");
+                return Ok(());
+            }
             let result = cuda_adaptive(&raw, default, ctx, opts, rec);
             raw.set_staging_config(default);
-            raw.start_staging()?;
-            result
+            let restarted = raw.start_staging();
+            result?;
+            restarted?;
+            Ok(())
         }
     }
 }
@@ -92,7 +99,13 @@ fn cuda_adaptive(
             },
         ),
         ("direct", StagingConfig::disabled()),
-        ("adaptive", default),
+        (
+            "adaptive",
+            StagingConfig {
+                adaptive: true,
+                ..default
+            },
+        ),
     ];
     let mut raw_out = serde_json::Map::new();
     for &size in &sizes {

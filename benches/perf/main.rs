@@ -11,7 +11,7 @@
 //! Sections, one file each: `copies` (H2D/D2H pinned and pageable, D2D at each size; from
 //! 1 MiB the host's multi-threaded memcpy, the bound of a pageable copy, and a
 //! device-to-host copy into fresh memory; on the simulator a plain host memcpy of the same
-//! //! size, on CUDA the driver's own pageable path), `adaptive` (CUDA: adaptive staging's
+//! size, on CUDA the driver's own pageable path), `adaptive` (CUDA: adaptive staging's
 //! path per copy from 512 KiB to 32 MiB against each path alone, every copy's time in
 //! `adaptive_raw.json`), `switches` (CUDA: the staging
 //! engine's switches side by side from 1 MiB to 256 MiB, with and without the ring, and

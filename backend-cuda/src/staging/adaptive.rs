@@ -15,11 +15,13 @@
 //! [`PROBE_FIRST`] copies apart, then after twice as many each time, up to every
 //! [`PROBE_MAX`] copies. So once the winner is clear, the slower path costs at most one
 //! copy in [`PROBE_MAX`]. Where the other path is much slower (by [`COSTLY_RATIO`] or
-//! more), each retry costs several copies' time, so the retries come far enough apart to
-//! cost at most [`RETRY_SHARE`] of the time ((ratio - 1) / share copies of the winner, at
-//! most [`PROBE_MAX`]): on an H100, device-to-host copies of 8-32 MiB retried the driver's
-//! own copy at 3-6 GB/s against 25-47 GB/s staged, and the retries took 8-17% of the time
-//! of the first 600-1400 copies.
+//! more, by the estimates, once its window is full), each retry costs several copies'
+//! time, so the retries come at least (ratio - 1) / [`RETRY_SHARE`] copies of the winner
+//! apart: they aim at [`RETRY_SHARE`] of the time (at most [`PROBE_MAX`] apart, so above
+//! a ratio of about 21 they cost more, and the estimates are the least times, so the real
+//! ratio can be higher). On an H100, device-to-host copies of 8-32 MiB retried the
+//! driver's own copy at 3-6 GB/s against 15-46 GB/s staged, and the retries took 8-17% of
+//! the time of the first 590-1400 copies.
 //!
 //! **Cold starts.** A staged copy that found the engine's workers asleep (woken by the
 //! copy, [`Path::StagedCold`]) waited for threads to be scheduled, which a copy that
@@ -75,16 +77,18 @@ pub(super) const MARGIN: f64 = 0.03;
 /// margin, up to this many times; each [`PROBE_MAX`] copies without a change halve it
 /// again, down to [`MARGIN`].
 pub(super) const MARGIN_DOUBLINGS: u32 = 3;
-/// Where the other path is at least this many times slower than the winner, its retries
-/// come at least far enough apart that they cost [`RETRY_SHARE`] of the time at most.
+/// Where the other path is at least this many times slower than the winner (by the
+/// estimates), its retries come far enough apart to cost about [`RETRY_SHARE`] of the
+/// time.
 pub(super) const COSTLY_RATIO: f64 = 2.5;
-/// The share of the time that retries of a much slower path may cost (see
+/// The share of the time that the retries of a much slower path aim at (see
 /// [`COSTLY_RATIO`]).
 pub(super) const RETRY_SHARE: f64 = 0.02;
 
 /// The fewest copies of the winner between two retries of a path `ratio` times as slow:
 /// none below [`COSTLY_RATIO`], else enough that a retry's extra time, `ratio - 1` copies
-/// of the winner, is [`RETRY_SHARE`] of theirs (at most [`PROBE_MAX`]).
+/// of the winner, is [`RETRY_SHARE`] of theirs, but at most [`PROBE_MAX`] (from a ratio of
+/// about 21 the retries cost more).
 fn costly_retry_gap(ratio: f64) -> u32 {
     if ratio >= COSTLY_RATIO {
         // In range: ratio - 1 >= 1.5, and the gap is clamped to PROBE_MAX (infinity too).
@@ -312,13 +316,8 @@ impl Chooser {
         };
         let (staged_est, direct_est) = (class.staged.estimate(), class.direct.estimate());
         if !was_warm {
-            // The first winner (once both paths are warm), ties to the engine; a much
-            // slower other path waits longer for its first retry.
+            // The first winner (once both paths are warm), ties to the engine.
             class.staged_wins = staged_est <= direct_est;
-            if class.warm() {
-                let ratio = staged_est.max(direct_est) / staged_est.min(direct_est);
-                class.until_retry = class.until_retry.max(costly_retry_gap(ratio));
-            }
             return;
         }
         class.since_change = class.since_change.saturating_add(1);
@@ -328,9 +327,17 @@ impl Chooser {
             (direct_est, staged_est)
         };
         let retried = (path != Path::Direct) != class.staged_wins;
+        let other_times = if class.staged_wins {
+            &class.direct
+        } else {
+            &class.staged
+        };
         if other < winner * (1.0 - class.margin()) {
             class.change_winner();
-        } else if retried {
+        } else if retried && other_times.kept >= WINDOW {
+            // Only once the other path's window is full: an estimate of its first few
+            // copies, slowed together, must not put its retries far apart (the short
+            // stretches after warming up are there to leave such a winner soon).
             class.until_retry = class.until_retry.max(costly_retry_gap(other / winner));
         }
     }
@@ -652,28 +659,65 @@ mod tests {
         (picks, total)
     }
 
-    /// A path several times slower than the winner is retried rarely: with the driver's
-    /// copy 6 times slower (device to host at 16 MiB), 500 copies spend the warm-up's 3
-    /// direct copies and one retry per 250 copies of the staged path ((6 - 1) / 2%), not
-    /// the five retries 8 copies apart and the doubling stretches after them (13 direct
-    /// copies, 13% of the time); paths less than [`COSTLY_RATIO`] apart keep the usual
-    /// schedule.
+    /// A path several times slower than the winner is retried rarely once its window is
+    /// full: with the driver's copy 6 times slower, 2000 copies spend the warm-up's 3
+    /// direct copies, the five retries 8 copies apart, then retries at least 250 copies of
+    /// the staged path apart ((6 - 1) / 2%; the doubling stretches once they are longer):
+    /// 11 retries, where the usual schedule makes 11 by copy 1000 already. Paths less than
+    /// [`COSTLY_RATIO`] apart keep the usual schedule.
     #[test]
     fn a_much_slower_path_is_retried_rarely() {
+        let len = 16 << 20;
         let mut c = Chooser::default();
-        let r = run(&mut c, 16 << 20, 500, 1.0, 6.0, || 1.0);
-        let direct = r.picks.iter().filter(|&&s| !s).count();
-        assert_eq!(c.winner(H2D, 16 << 20), Some(true));
-        assert_eq!((direct, r.retries), (4, 1));
-        let retry_share = (direct - WARM as usize) as f64 * 5.0 / r.secs;
-        assert!(retry_share <= RETRY_SHARE, "{retry_share}");
+        let r = run(&mut c, len, 2000, 1.0, 6.0, || 1.0);
+        assert_eq!(c.winner(H2D, len), Some(true));
+        let at: Vec<usize> = (6..2000).filter(|&i| !r.picks[i]).collect();
+        assert_eq!(at, [14, 23, 32, 41, 50, 301, 552, 803, 1054, 1311, 1824]);
+        assert_eq!(r.retries, at.len());
         assert_eq!(costly_retry_gap(6.0), 250);
         assert_eq!(costly_retry_gap(2.4), 0);
         assert_eq!(costly_retry_gap(f64::INFINITY), PROBE_MAX);
-        // Twice as slow: the usual schedule.
+        // Twice as slow: the usual schedule (5 flat retries, then after 16, 32, ... 1024).
         let mut c = Chooser::default();
-        let r = run(&mut c, 16 << 20, 500, 1.0, 2.0, || 1.0);
-        assert_eq!(r.retries, 9);
+        let r = run(&mut c, len, 2000, 1.0, 2.0, || 1.0);
+        let at: Vec<usize> = (6..2000).filter(|&i| !r.picks[i]).collect();
+        assert_eq!(at, [14, 23, 32, 41, 50, 67, 100, 165, 294, 551, 1064]);
+    }
+
+    /// The other path truly twice as fast, but its three warm-up copies slowed together
+    /// (by 3 to 30 times): its estimate makes it look far slower than the winner, and yet
+    /// it is retried 8 copies apart until its window is full, and wins within the short
+    /// stretches after warming up.
+    #[test]
+    fn a_slowed_warm_up_does_not_put_the_retries_far_apart() {
+        let len = 1 << 20;
+        for burst in [3.0, 6.0, 13.0, 30.0] {
+            let mut c = Chooser::default();
+            let mut direct_copies = 0;
+            let mut won_at = None;
+            for i in 0..200 {
+                let s = c.stage(H2D, len);
+                let secs = if s {
+                    1.0
+                } else {
+                    direct_copies += 1;
+                    if direct_copies <= WARM {
+                        0.5 * burst
+                    } else {
+                        0.5
+                    }
+                };
+                c.learn(H2D, len, if s { Path::Staged } else { Path::Direct }, secs);
+                if won_at.is_none() && c.winner(H2D, len) == Some(false) {
+                    won_at = Some(i);
+                }
+            }
+            let bound = (2 * WARM + PROBE_FLAT * (PROBE_FIRST + 1)) as usize;
+            assert!(
+                won_at.is_some_and(|i| i <= bound),
+                "burst {burst}x: the direct copy won at {won_at:?}"
+            );
+        }
     }
 
     /// `choices` lists only the classes that learnt a copy, counts each path's copies,
