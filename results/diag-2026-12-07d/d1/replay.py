@@ -56,12 +56,13 @@ class Chooser:
         s, d = (self.est(self.t[k]) if self.t[k] else math.inf for k in (True, False))
         if not was:
             self.staged_wins = s <= d
-            if self.costly and self.warm(): self.until = max(self.until, costly_gap(max(s, d) / min(s, d)))
+            if self.costly == "early" and self.warm(): self.until = max(self.until, costly_gap(max(s, d) / min(s, d)))
             return
         self.since = 0 if self.since is None else self.since + 1
         win, oth = (s, d) if self.staged_wins else (d, s)
         retried = staged != self.staged_wins
-        if oth >= win * (1 - self.margin()) and retried and self.costly:
+        full = len(self.t[not self.staged_wins]) >= WINDOW or self.costly == "early"
+        if oth >= win * (1 - self.margin()) and retried and self.costly and full:
             self.until = max(self.until, costly_gap(oth / win))
         if oth < win * (1 - self.margin()):
             soon = self.since < PROBE_MAX
@@ -107,13 +108,14 @@ def main(paths):
         print(f"{'':15s} replay x best: " + "  ".join(line))
         # The retry schedule, with the other path's times those of the adaptive run's
         # retries (which follow a run of the winner), 300 and 1000 copies from a fresh
-        # chooser: the usual schedule against costly retries far apart.
+        # chooser: the usual schedule, far retries of a much slower path from warming up
+        # ("early", 2a6bc72) and once the slower path's window is full ("full", 9ec6a05).
         win_staged = statistics.mean(st) < statistics.mean(di)
         retry = ad_di if win_staged else ad_st
         if retry:
             out = []
             for n in (300, 1000):
-                for costly in (False, True):
+                for costly in (False, "early", "full"):
                     tot = best_tot = 0.0
                     for rot in range(0, 200, 20):
                         c, i = Chooser(est_min, costly), {True: rot, False: rot}
@@ -123,7 +125,7 @@ def main(paths):
                             t = src[i[s_] % len(src)]; i[s_] += 1
                             c.learn(s_, t); tot += t
                         best_tot += n * statistics.mean(st if win_staged else di)
-                    out.append(f"{n} copies {'costly' if costly else 'usual'} {best_tot / tot:.3f}")
+                    out.append(f"{n} copies {costly or 'usual'} {best_tot / tot:.3f}")
             print(f"{'':15s} retries (times of the adaptive run's): " + ", ".join(out))
 
 
