@@ -62,6 +62,7 @@ fn cuda_adaptive(
     use cudabuf::cuda::{StagingConfig, ADAPTIVE_BELOW};
     use serde_json::json;
 
+    use crate::backend_under_test::staging_choice;
     use crate::report::human;
     use crate::timing::{gbps, median, pattern};
     use crate::MIB;
@@ -115,12 +116,7 @@ fn cuda_adaptive(
         for h2d in [true, false] {
             let way = if h2d { "h2d" } else { "d2h" };
             progress(format!("adaptive: {way} at {}", human(size)));
-            let staged_count = || {
-                raw.staging_choices()
-                    .iter()
-                    .find(|c| c.host_to_device == h2d && c.min_bytes <= size && size < c.max_bytes)
-                    .map_or(0, |c| c.staged_copies)
-            };
+            let staged_count = || staging_choice(raw, h2d, size).map_or(0, |c| c.staged_copies);
             let mut copy = || -> AnyResult<()> {
                 if h2d {
                     dev.copy_from_host(&src, 0, None)?;

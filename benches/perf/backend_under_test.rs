@@ -80,11 +80,7 @@ impl Bench {
                 let Ok(raw) = cuda.cuda_device(0).and_then(|d| d.primary_driver_context()) else {
                     return String::new();
                 };
-                let choices = raw.staging_choices();
-                let Some(c) = choices
-                    .iter()
-                    .find(|c| c.host_to_device == h2d && c.min_bytes <= size && size < c.max_bytes)
-                else {
+                let Some(c) = staging_choice(&raw, h2d, size) else {
                     return String::new();
                 };
                 let rate = |g: Option<f64>| g.map_or("-".to_owned(), |g| format!("{g:.2}"));
@@ -103,4 +99,17 @@ impl Bench {
             }
         }
     }
+}
+
+/// Adaptive staging's class of copies of `size` bytes on `raw` (`h2d` host to device,
+/// else device to host), once it has learnt a copy.
+#[cfg(feature = "cuda")]
+pub(crate) fn staging_choice(
+    raw: &cudabuf::cuda::CudaDriverContext,
+    h2d: bool,
+    size: usize,
+) -> Option<cudabuf::cuda::StagingChoice> {
+    raw.staging_choices()
+        .into_iter()
+        .find(|c| c.host_to_device == h2d && c.min_bytes <= size && size < c.max_bytes)
 }

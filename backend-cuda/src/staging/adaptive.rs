@@ -113,6 +113,8 @@ struct PathTimes {
     next: usize,
     /// Times kept, at most [`WINDOW`].
     kept: usize,
+    /// Copies learnt, ever (for [`Chooser::choices`]).
+    learnt: u64,
 }
 
 impl Default for PathTimes {
@@ -121,6 +123,7 @@ impl Default for PathTimes {
             secs_per_byte: [f64::INFINITY; WINDOW],
             next: 0,
             kept: 0,
+            learnt: 0,
         }
     }
 }
@@ -131,6 +134,7 @@ impl PathTimes {
         self.secs_per_byte[self.next] = secs_per_byte;
         self.next = (self.next + 1) % WINDOW;
         self.kept = (self.kept + 1).min(WINDOW);
+        self.learnt += 1;
     }
 
     /// The estimate: the least time kept (infinity before the first).
@@ -162,9 +166,6 @@ struct Class {
     since_change: u32,
     /// Whether a copy follows up a cold staged one.
     follow_up: FollowUp,
-    /// Copies learnt through each path, ever (for [`Chooser::choices`]).
-    staged_copies: u64,
-    direct_copies: u64,
 }
 
 /// A class's follow-up of a cold staged copy.
@@ -190,8 +191,6 @@ impl Default for Class {
             doublings: 0,
             since_change: u32::MAX,
             follow_up: FollowUp::None,
-            staged_copies: 0,
-            direct_copies: 0,
         }
     }
 }
@@ -301,40 +300,30 @@ impl Chooser {
         let was_warm = class.warm();
         let per_byte = secs / len as f64;
         match path {
-            Path::Direct => {
-                class.direct.add(per_byte);
-                class.direct_copies += 1;
-            }
-            Path::Staged | Path::StagedCold => {
-                class.staged.add(per_byte);
-                class.staged_copies += 1;
-            }
+            Path::Direct => class.direct.add(per_byte),
+            Path::Staged | Path::StagedCold => class.staged.add(per_byte),
         }
         class.follow_up = match (path, class.follow_up) {
             (Path::StagedCold, FollowUp::None) => FollowUp::Due,
             _ => FollowUp::None,
         };
-        let (staged_est, direct_est) = (class.staged.estimate(), class.direct.estimate());
         if !was_warm {
             // The first winner (once both paths are warm), ties to the engine.
-            class.staged_wins = staged_est <= direct_est;
+            class.staged_wins = class.staged.estimate() <= class.direct.estimate();
             return;
         }
         class.since_change = class.since_change.saturating_add(1);
-        let (winner, other) = if class.staged_wins {
-            (staged_est, direct_est)
+        let (winner_times, other_times) = if class.staged_wins {
+            (&class.staged, &class.direct)
         } else {
-            (direct_est, staged_est)
+            (&class.direct, &class.staged)
         };
+        let (winner, other) = (winner_times.estimate(), other_times.estimate());
+        let other_full = other_times.kept >= WINDOW;
         let retried = (path != Path::Direct) != class.staged_wins;
-        let other_times = if class.staged_wins {
-            &class.direct
-        } else {
-            &class.staged
-        };
         if other < winner * (1.0 - class.margin()) {
             class.change_winner();
-        } else if retried && other_times.kept >= WINDOW {
+        } else if retried && other_full {
             // Only once the other path's window is full: an estimate of its first few
             // copies, slowed together, must not put its retries far apart (the short
             // stretches after warming up are there to leave such a winner soon).
@@ -348,7 +337,7 @@ impl Chooser {
         let mut out = Vec::new();
         for (d, classes) in self.classes.iter().enumerate() {
             for (k, class) in classes.iter().enumerate() {
-                if class.staged_copies + class.direct_copies == 0 {
+                if class.staged.learnt + class.direct.learnt == 0 {
                     continue;
                 }
                 let gbps = |t: &PathTimes| {
@@ -359,8 +348,8 @@ impl Chooser {
                     host_to_device: d == 0,
                     min_bytes: 1 << k,
                     max_bytes: (2usize << k).min(ADAPTIVE_BELOW),
-                    staged_copies: class.staged_copies,
-                    direct_copies: class.direct_copies,
+                    staged_copies: class.staged.learnt,
+                    direct_copies: class.direct.learnt,
                     staged_wins: class.warm().then_some(class.staged_wins),
                     staged_gbps: gbps(&class.staged),
                     direct_gbps: gbps(&class.direct),
