@@ -190,7 +190,7 @@ impl CudaDriverContext {
             return Ok(());
         }
         let pushed = self.push()?;
-        let plan = self.plan(
+        let mut plan = self.plan(
             &pushed,
             Direction::HostToDevice,
             src.as_ptr(),
@@ -217,6 +217,15 @@ impl CudaDriverContext {
             self.keep_trace(done.trace);
             cold = done.woke_workers;
             done.result.map_err(|f| self.fail_copy(f, &[dst]))
+        } else if let Some(mut bounce) = plan.take_bounce() {
+            let stores = self.staging_config().fill_stores_for(src.len());
+            // SAFETY: our context is pushed; the caller guarantees the device range; the
+            // plan bounces only copies smaller than the buffer. The buffer is ours until
+            // `bounce` drops, after the wait: the DMA out of it is done before another
+            // copy fills it.
+            unsafe { bounce.upload(dst, src, stores) }
+                .map_err(|f| self.fail_copy(f, &[dst]))
+                .and_then(|()| self.wait_default_stream(&pushed))
         } else {
             // SAFETY: our context is pushed; `src` is readable for `src.len()` bytes; the
             // caller guarantees `dst..dst + src.len()` is in a live allocation reachable
@@ -247,7 +256,7 @@ impl CudaDriverContext {
             return Ok(());
         }
         let pushed = self.push()?;
-        let plan = self.plan(
+        let mut plan = self.plan(
             &pushed,
             Direction::DeviceToHost,
             dst.as_ptr(),
@@ -274,6 +283,11 @@ impl CudaDriverContext {
             self.keep_trace(done.trace);
             cold = done.woke_workers;
             done.result.map_err(|f| self.fail_copy(f, &[src]))
+        } else if let Some(mut bounce) = plan.take_bounce() {
+            // SAFETY: our context is pushed; the caller guarantees the device range; the
+            // plan bounces only copies smaller than the buffer, which is ours until
+            // `bounce` drops.
+            unsafe { bounce.download(dst, src) }.map_err(|f| self.fail_copy(f, &[src]))
         } else {
             // SAFETY: our context is pushed; `dst` is writable for `dst.len()` bytes; the
             // caller guarantees `src..src + dst.len()` is in a live allocation reachable

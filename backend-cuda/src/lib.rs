@@ -35,6 +35,8 @@
 //!   [`ADAPTIVE_BELOW`] (64 MiB) each direction and size goes staged or straight to the
 //!   driver by which was faster so far; the engine starts in the background on the first
 //!   copy that would use it ([`CudaDriverContext::start_staging`] starts it at once).
+//!   Below the engine's least size, from 32 KiB ([`StagingConfig::bounce_min`]), the
+//!   staged path is one pinned bounce buffer that the calling thread copies through.
 //!   `CUDABUF_STAGING=0` (or [`CudaDriverContext::set_staging_config`]) turns it off;
 //!   [`StagingConfig`] has the other switches and the defaults, and the engine's design is
 //!   described in the module docs of `src/staging.rs`.
@@ -116,8 +118,9 @@ pub use interop::{
 pub use platform::CudaBackend;
 pub use staging::{
     fill_for_dma, fill_for_dma_with, FillStores, StagedStep, StagingChoice, StagingConfig,
-    StagingTrace, ADAPTIVE_BELOW, STAGING_ADAPTIVE_VAR, STAGING_CHUNK_VAR, STAGING_D2H_CHUNK_VAR,
-    STAGING_D2H_THREADS_VAR, STAGING_LINE_FILL_THREADS_VAR, STAGING_MIN_VAR, STAGING_NT_BELOW_VAR,
+    StagingTrace, ADAPTIVE_BELOW, BOUNCE_MAX, STAGING_ADAPTIVE_VAR, STAGING_BOUNCE_MIN_VAR,
+    STAGING_CHUNK_VAR, STAGING_D2H_CHUNK_VAR, STAGING_D2H_THREADS_VAR,
+    STAGING_LINE_FILL_THREADS_VAR, STAGING_MIN_VAR, STAGING_NT_BELOW_VAR,
     STAGING_PLAIN_FILLS_BELOW_VAR, STAGING_PLAIN_FILLS_VAR, STAGING_RING_VAR, STAGING_THREADS_VAR,
     STAGING_VAR,
 };

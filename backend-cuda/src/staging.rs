@@ -59,6 +59,12 @@
 //!   `adaptive` the context times both paths per direction and power-of-two size class and
 //!   takes the faster by each path's best recent time, changing only for a clear margin
 //!   (the `adaptive` module says how it estimates and keeps checking).
+//! - **Copies below the engine.** From `bounce_min` (32 KiB) up to `min_bytes` the staged
+//!   path is a bounce buffer (the `bounce` module): one pinned block per context that the
+//!   calling thread copies through itself (a host copy and one DMA, no workers), where
+//!   the driver's own copy stages through buffers of its own at a fraction of the pinned
+//!   rate; adaptive staging times the two as above. It is pinned in the background like
+//!   the engine.
 //! - **The first copy.** Starting the engine pins every lane's chunks and the ring (tens
 //!   of milliseconds). The first copy that would be staged starts it on a thread of its own
 //!   and goes to the driver as is; copies are staged once it runs
@@ -82,6 +88,7 @@
 //! and switches.
 
 mod adaptive;
+mod bounce;
 #[cfg(test)]
 mod late_stream;
 mod pipeline;
@@ -106,6 +113,7 @@ use crate::context::CuContext;
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
 pub(crate) use adaptive::{Chooser, Path};
+pub(crate) use bounce::{Bounce, Taken as BounceTaken};
 use pipeline::StreamCopies;
 use queue::{JobQueue, Joinable};
 use ring::{RingCopier, RingTask};
@@ -154,8 +162,17 @@ pub const STAGING_PLAIN_FILLS_BELOW_VAR: &str = "CUDABUF_STAGING_PLAIN_FILLS_BEL
 pub const STAGING_LINE_FILL_THREADS_VAR: &str = "CUDABUF_STAGING_LINE_FILL_THREADS";
 
 /// `0`/`off` turns adaptive staging ([`StagingConfig::adaptive`]) off: every pageable
-/// copy from `CUDABUF_STAGING_MIN` on is staged.
+/// copy from `CUDABUF_STAGING_MIN` on is staged (and from `CUDABUF_STAGING_BOUNCE_MIN`
+/// on, below it, bounced).
 pub const STAGING_ADAPTIVE_VAR: &str = "CUDABUF_STAGING_ADAPTIVE";
+
+/// The smallest pageable copy that may go through the context's bounce buffer
+/// ([`StagingConfig::bounce_min`]; default 32K; `max`: none).
+pub const STAGING_BOUNCE_MIN_VAR: &str = "CUDABUF_STAGING_BOUNCE_MIN";
+
+/// The largest bounce buffer ([`StagingConfig::bounce_min`]): copies below
+/// `min(min_bytes, BOUNCE_MAX)` may bounce.
+pub const BOUNCE_MAX: usize = 1 << 20;
 
 /// How pageable copies are staged.
 ///
@@ -174,8 +191,22 @@ pub struct StagingConfig {
     pub d2h_threads: usize,
     /// Bytes of the largest device-to-host step.
     pub d2h_chunk_bytes: usize,
-    /// Copies smaller than this go to the driver unstaged.
+    /// Copies smaller than this are not staged by the engine (they go to the driver as
+    /// is, or through the bounce buffer: `bounce_min`).
     pub min_bytes: usize,
+    /// Pageable copies from this size up to `min_bytes` (and below [`BOUNCE_MAX`]) may go
+    /// through one pinned buffer of the context (of that size), on the calling thread: a
+    /// host copy into it and its DMA, or its DMA and a host copy out of it, with no
+    /// workers. The driver's own copy of pageable memory stages through buffers of its
+    /// own, slower at these sizes on an H100 (3.3 GB/s at 64 KiB and 6.4 GB/s at 256 KiB
+    /// device to host, where a DMA from pinned memory ran at 8.4 and 22.8 GB/s). With
+    /// `adaptive` the two are timed and the faster taken, per direction and size class,
+    /// as the engine is above; without it, every such copy bounces. One copy uses the
+    /// buffer at a time: a copy that finds it in use goes to the driver. The buffer is
+    /// pinned on a thread of its own at the first copy that could use it (or by
+    /// `CudaDriverContext::start_staging`); copies go to the driver until it is there.
+    /// `usize::MAX`: no bounce buffer.
+    pub bounce_min: usize,
     /// Copies from `min_bytes` up to [`ADAPTIVE_BELOW`] are staged or sent to the driver
     /// as is, per direction and size (a class per power of two), by which of the two is
     /// faster in this context: each is tried at first, then the winner is kept unless the
@@ -259,6 +290,8 @@ pub const ADAPTIVE_BELOW: usize = 64 << 20;
 /// What adaptive staging knows of one direction and size class of pageable copies, from
 /// [`CudaDriverContext::staging_choices`](crate::CudaDriverContext::staging_choices): how
 /// many copies took each path, which path it takes now, and the rate it expects of each.
+/// The staged path is the staging engine from [`StagingConfig::min_bytes`] on, and the
+/// bounce buffer ([`StagingConfig::bounce_min`]) below it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StagingChoice {
     /// Host to device (else device to host).
@@ -268,12 +301,12 @@ pub struct StagingChoice {
     pub min_bytes: usize,
     /// See `min_bytes`.
     pub max_bytes: usize,
-    /// Copies of this class timed through the staging engine.
+    /// Copies of this class timed through the staging engine (or the bounce buffer).
     pub staged_copies: u64,
     /// Copies of this class timed through the driver's own copy.
     pub direct_copies: u64,
-    /// Whether the staging engine is the path taken now (the other is retried now and
-    /// then); `None` while each path is still tried in turn.
+    /// Whether the staged path is the one taken now (the other is retried now and then);
+    /// `None` while each path is still tried in turn.
     pub staged_wins: Option<bool>,
     /// The staged path's estimate, in GB/s (10^9 bytes per second); `None` before its
     /// first copy (and while its estimate is a time of 0, too short to measure).
@@ -285,7 +318,7 @@ pub struct StagingChoice {
 impl StagingConfig {
     /// The defaults for this host: host-to-device with half the CPUs (2 to 8) threads and
     /// 4 MiB steps, device-to-host with three quarters of them (2 to 12) and 2 MiB steps,
-    /// copies from 512 KiB, adaptive, the calling thread taking steps, even steps (no
+    /// copies from 512 KiB, a bounce buffer from 32 KiB, adaptive, the calling thread taking steps, even steps (no
     /// ramp), workers that spin through copies and 50 us after before they sleep, a ring
     /// of 16 slots of 2 MiB (32 MiB pinned), streaming stores below 64 MiB, demoted fills
     /// from 64 MiB to 256 MiB with as many threads as device to host, plain stores from
@@ -299,6 +332,7 @@ impl StagingConfig {
             d2h_threads,
             d2h_chunk_bytes: 2 << 20,
             min_bytes: 512 << 10,
+            bounce_min: 32 << 10,
             adaptive: true,
             caller_steps: true,
             ramp: false,
@@ -326,11 +360,12 @@ impl StagingConfig {
     }
 
     /// This configuration without the switches that came later: every copy from
-    /// `min_bytes` staged, in even steps, by the workers alone, which sleep at once (to
-    /// measure the switches against).
+    /// `min_bytes` staged, in even steps, by the workers alone, which sleep at once, no
+    /// bounce buffer (to measure the switches against).
     pub fn plain(self) -> Self {
         StagingConfig {
             adaptive: false,
+            bounce_min: usize::MAX,
             caller_steps: false,
             ramp: false,
             spin_micros: 0,
@@ -350,8 +385,8 @@ impl StagingConfig {
     /// `CUDABUF_STAGING_D2H_THREADS`, `CUDABUF_STAGING_CHUNK`,
     /// `CUDABUF_STAGING_D2H_CHUNK`, `CUDABUF_STAGING_MIN`, `CUDABUF_STAGING_RING`,
     /// `CUDABUF_STAGING_NT_BELOW`, `CUDABUF_STAGING_PLAIN_FILLS`,
-    /// `CUDABUF_STAGING_PLAIN_FILLS_BELOW`, `CUDABUF_STAGING_LINE_FILL_THREADS` and
-    /// `CUDABUF_STAGING_ADAPTIVE` (`CUDABUF_STAGING_THREADS` sets every direction's
+    /// `CUDABUF_STAGING_PLAIN_FILLS_BELOW`, `CUDABUF_STAGING_LINE_FILL_THREADS`,
+    /// `CUDABUF_STAGING_BOUNCE_MIN` and `CUDABUF_STAGING_ADAPTIVE` (`CUDABUF_STAGING_THREADS` sets every direction's
     /// threads, the line fills' too).
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
@@ -395,6 +430,9 @@ impl StagingConfig {
         if let Some(n) = var(STAGING_LINE_FILL_THREADS_VAR).and_then(|v| v.trim().parse().ok()) {
             config.line_fill_threads = n;
         }
+        if let Some(n) = var(STAGING_BOUNCE_MIN_VAR).and_then(|v| parse_size_or_max(&v)) {
+            config.bounce_min = n;
+        }
         if let Some(v) = var(STAGING_ADAPTIVE_VAR) {
             config.adaptive = !matches!(v.trim(), "0" | "off" | "false" | "no");
         }
@@ -407,6 +445,32 @@ impl StagingConfig {
     /// Whether copies are staged at all: both directions have threads and steps.
     pub fn enabled(&self) -> bool {
         self.threads > 0 && self.chunk_bytes > 0 && self.d2h_threads > 0 && self.d2h_chunk_bytes > 0
+    }
+
+    /// The bounce buffer's size: copies below it (from `bounce_min`) may bounce; 0 for
+    /// none.
+    ///
+    /// ```
+    /// use cudabuf_cuda::StagingConfig;
+    /// let config = StagingConfig::default_for_host();
+    /// assert_eq!(config.bounce_bytes(), 512 << 10); // below the engine's least size
+    /// assert!(config.bounces(64 << 10) && !config.bounces(16 << 10));
+    /// assert!(!config.bounces(1 << 20)); // the engine's
+    /// assert_eq!(config.plain().bounce_bytes(), 0);
+    /// ```
+    pub fn bounce_bytes(&self) -> usize {
+        let below = self.min_bytes.min(BOUNCE_MAX);
+        if self.enabled() && self.bounce_min < below {
+            below
+        } else {
+            0
+        }
+    }
+
+    /// Whether a pageable copy of `bytes` may go through the bounce buffer (see
+    /// `bounce_min`).
+    pub fn bounces(&self, bytes: usize) -> bool {
+        bytes > 0 && bytes >= self.bounce_min && bytes < self.bounce_bytes()
     }
 
     /// The worker threads an engine starts (the most any copy takes).
@@ -1088,6 +1152,52 @@ mod tests {
             }
         }
         assert!(!StagingConfig::uniform(0, 1 << 20, 0).enabled());
+    }
+
+    /// The bounce buffer covers pageable copies from `bounce_min` up to the engine's least
+    /// size, at most `BOUNCE_MAX`, and is off with staging, in `plain`, and when
+    /// `bounce_min` is not below that.
+    #[test]
+    fn the_bounce_buffer_covers_the_sizes_below_the_engine() {
+        let default = StagingConfig::default_for_host();
+        assert_eq!(default.bounce_min, 32 << 10);
+        assert_eq!(default.bounce_bytes(), default.min_bytes);
+        for (bytes, bounces) in [
+            (0, false),
+            ((32 << 10) - 1, false),
+            (32 << 10, true),
+            ((512 << 10) - 1, true),
+            (512 << 10, false),
+            (64 << 20, false),
+        ] {
+            assert_eq!(default.bounces(bytes), bounces, "{bytes} bytes");
+        }
+        let large_min = StagingConfig {
+            min_bytes: 16 << 20,
+            ..default
+        };
+        assert_eq!(large_min.bounce_bytes(), BOUNCE_MAX);
+        assert!(large_min.bounces(BOUNCE_MAX - 1) && !large_min.bounces(BOUNCE_MAX));
+        let from_one = StagingConfig {
+            bounce_min: 0,
+            ..default
+        };
+        assert!(from_one.bounces(1) && !from_one.bounces(0));
+        for off in [
+            StagingConfig::disabled(),
+            default.plain(),
+            StagingConfig {
+                bounce_min: usize::MAX,
+                ..default
+            },
+            StagingConfig {
+                bounce_min: default.min_bytes,
+                ..default
+            },
+        ] {
+            assert_eq!(off.bounce_bytes(), 0, "{off:?}");
+            assert!(!off.bounces(64 << 10), "{off:?}");
+        }
     }
 
     #[test]

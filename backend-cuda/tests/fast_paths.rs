@@ -1,12 +1,14 @@
 //! The CUDA backend's fast paths against a real driver: staged pageable copies (odd sizes,
-//! offsets, every staging shape), batched copies of many pieces, asynchronous copies
-//! through the double-buffered writer, and the caching allocator on CUDA (on by default
-//! there).
+//! offsets, every staging shape), small ones through the bounce buffer, batched copies of
+//! many pieces, asynchronous copies through the double-buffered writer, and the caching
+//! allocator on CUDA (on by default there).
 //!
 //! The caching allocator is one per device context, shared by every test of this binary:
 //! its test runs alone (the write side of [`ALLOCATOR`]; the others hold the read side),
 //! since what it left idle could otherwise be taken by another test before it looks (on
-//! the H200, 2026-12-03, `trim_cache` once found nothing idle).
+//! the H200, 2026-12-03, `trim_cache` once found nothing idle). So do the bounce buffer's
+//! tests: they count what adaptive staging chose, which another test's configuration
+//! would reset.
 //!
 //! Without libcuda every test here prints why it did nothing and passes, unless
 //! `CUDABUF_REQUIRE_CUDA=1`, which makes a missing driver a failure.
@@ -106,6 +108,12 @@ fn staged_pageable_copies_move_the_right_bytes() {
             adaptive: false,
             streaming_stores: false,
             plain_fills: FillStores::Alternating,
+            ..default
+        },
+        // Every copy below the engine's least size through the bounce buffer.
+        StagingConfig {
+            adaptive: false,
+            bounce_min: 0,
             ..default
         },
         StagingConfig::disabled(),
@@ -283,6 +291,120 @@ fn threads_copying_at_once_share_the_ring_and_the_lanes() {
             });
         }
     });
+    raw.set_staging_config(default);
+}
+
+/// Pageable copies below the engine's least size through the bounce buffer: every copy
+/// bounced (adaptivity off), odd sizes and offsets, both ways; with adaptive staging (the
+/// defaults), each size class it times has tried the bounce (counted as staged) and the
+/// driver's own copy, and the bytes are right whichever it took.
+#[test]
+fn small_pageable_copies_go_through_the_bounce_buffer() {
+    let Some(cuda) = backend("small_pageable_copies_go_through_the_bounce_buffer") else {
+        return;
+    };
+    // Alone: another test's configuration would reset what adaptive staging counted.
+    let _alone = ALLOCATOR.write().unwrap_or_else(PoisonError::into_inner);
+    let (raw, ctx) = primary(&cuda);
+    let default = raw.staging_config();
+    let always = StagingConfig {
+        adaptive: false,
+        bounce_min: 1,
+        ..StagingConfig::default_for_host()
+    };
+    let adaptive = StagingConfig::default_for_host();
+    let sizes = [
+        1usize,
+        4095,
+        32 << 10,
+        (64 << 10) + 3,
+        (200 << 10) + 11,
+        (512 << 10) - 1,
+    ];
+    for config in [always, adaptive] {
+        raw.set_staging_config(config);
+        assert!(raw.start_staging().unwrap());
+        for (s, &size) in sizes.iter().enumerate() {
+            let dev = ctx.new_buffer(size + 5).unwrap();
+            let part = dev.slice(5, size).unwrap();
+            let mut back = vec![0u8; size + 7];
+            for round in 0..40u32 {
+                let host = pattern(size + 3, s as u32 * 1000 + round);
+                part.copy_from_host(&host[3..], 0, None).unwrap();
+                part.copy_to_host_into(0, &mut back[7..], None).unwrap();
+                assert!(
+                    back[7..] == host[3..],
+                    "adaptive {}, size {size}, round {round}: the bytes differ",
+                    config.adaptive
+                );
+            }
+        }
+        if config.adaptive {
+            let choices = raw.staging_choices();
+            for &size in &sizes[2..] {
+                for host_to_device in [true, false] {
+                    let c = choices
+                        .iter()
+                        .find(|c| {
+                            c.host_to_device == host_to_device
+                                && c.min_bytes <= size
+                                && size < c.max_bytes
+                        })
+                        .unwrap_or_else(|| panic!("no class for {size} bytes: {choices:?}"));
+                    assert!(
+                        c.staged_copies >= 3 && c.direct_copies >= 3,
+                        "{size} bytes: both paths are tried: {c:?}"
+                    );
+                }
+            }
+        } else {
+            assert!(
+                raw.staging_choices().is_empty(),
+                "adaptivity off times nothing"
+            );
+        }
+    }
+    raw.set_staging_config(default);
+}
+
+/// Threads copying small pageable buffers at once share the one bounce buffer: one copy
+/// holds it, the others go to the driver, and every thread's bytes are right.
+#[test]
+fn threads_share_the_bounce_buffer() {
+    let Some(cuda) = backend("threads_share_the_bounce_buffer") else {
+        return;
+    };
+    // Alone: another test's configuration would reset what adaptive staging counted.
+    let _alone = ALLOCATOR.write().unwrap_or_else(PoisonError::into_inner);
+    let (raw, ctx) = primary(&cuda);
+    let default = raw.staging_config();
+    for adaptive in [false, true] {
+        raw.set_staging_config(StagingConfig {
+            adaptive,
+            bounce_min: 1,
+            ..StagingConfig::default_for_host()
+        });
+        assert!(raw.start_staging().unwrap());
+        std::thread::scope(|s| {
+            for t in 0..6u32 {
+                let ctx = &ctx;
+                s.spawn(move || {
+                    let size = (48 << 10) + 40_000 * t as usize + 13;
+                    let dev = ctx.new_buffer(size).unwrap();
+                    let mut back = vec![0u8; size];
+                    for round in 0..200 {
+                        let host = pattern(size, t * 1000 + round);
+                        dev.copy_from_host(&host, 0, None).unwrap();
+                        dev.copy_to_host_into(0, &mut back, None).unwrap();
+                        assert!(
+                            back == host,
+                            "adaptive {adaptive}, thread {t}, round {round}: the bytes differ"
+                        );
+                    }
+                });
+            }
+        });
+    }
     raw.set_staging_config(default);
 }
 

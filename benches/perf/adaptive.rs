@@ -8,6 +8,12 @@
 //! medians go into the records, with the share of staged copies and the mean rate (what
 //! the copies cost in all, retries of the slower path included); every copy's time and
 //! path into `adaptive_raw.json` beside `--json` (to replay against other estimators).
+//! Up to 1 MiB two more runs of each: the DMA alone from or to a pinned buffer (`pinned`)
+//! and the pageable copy through that buffer by hand on the calling thread (`bounce`; host
+//! to device `bounce_nt` fills it with `fill_for_dma`'s streaming stores).
+//! Below the engine's least size (`CUDABUF_STAGING_MIN`) the staged path is the bounce
+//! buffer (`StagingConfig::bounce_min`), and the three staging modes run where it applies.
+//! Sizes: 512 KiB-32 MiB, or those of `--sizes` below 64 MiB.
 //!
 //! [`CudaDriverContext::staging_choices`]: cudabuf::cuda::CudaDriverContext::staging_choices
 
@@ -73,7 +79,9 @@ fn cuda_adaptive(
     const BUDGET: Duration = Duration::from_millis(250);
     const WARM: usize = 8;
 
-    let sizes: Vec<usize> = if opts.quick {
+    let sizes: Vec<usize> = if opts.sizes_given {
+        opts.sizes.clone()
+    } else if opts.quick {
         vec![MIB, 4 * MIB]
     } else {
         [
@@ -89,9 +97,9 @@ fn cuda_adaptive(
     };
     let sizes: Vec<usize> = sizes
         .into_iter()
-        .filter(|&s| s >= default.min_bytes && s < ADAPTIVE_BELOW)
+        .filter(|&s| s > 0 && s < ADAPTIVE_BELOW)
         .collect();
-    let modes: [(&str, StagingConfig); 3] = [
+    let adaptive_modes: [(&str, StagingConfig); 3] = [
         (
             "staged",
             StagingConfig {
@@ -108,20 +116,59 @@ fn cuda_adaptive(
             },
         ),
     ];
+    // Up to BOUNCE_MOST, two more: the DMA alone from or to pinned memory (`pinned`), and
+    // the copy through that pinned buffer done by hand (`bounce`: a host copy into it and
+    // its DMA, or its DMA and a host copy out of it; `bounce_nt` fills it with streaming
+    // stores), what a single-buffer staged path on the calling thread would cost.
+    const BOUNCE_MOST: usize = 1 << 20;
+    let bounce_modes: [(&str, StagingConfig); 3] = [
+        ("pinned", StagingConfig::disabled()),
+        ("bounce", StagingConfig::disabled()),
+        ("bounce_nt", StagingConfig::disabled()),
+    ];
     let mut raw_out = serde_json::Map::new();
     for &size in &sizes {
         let dev = ctx.buffer_from_data(&pattern(size))?;
         let src = pattern(size);
         let mut dst = pattern(size);
+        let mut pinned = ctx.new_host_buffer(size)?;
+        let mut modes: Vec<(&str, StagingConfig)> = Vec::new();
+        if size >= default.min_bytes || default.bounces(size) {
+            modes.extend_from_slice(&adaptive_modes);
+        }
+        if size <= BOUNCE_MOST {
+            modes.extend_from_slice(&bounce_modes);
+        }
         for h2d in [true, false] {
             let way = if h2d { "h2d" } else { "d2h" };
             progress(format!("adaptive: {way} at {}", human(size)));
             let staged_count = || staging_choice(raw, h2d, size).map_or(0, |c| c.staged_copies);
-            let mut copy = || -> AnyResult<()> {
-                if h2d {
-                    dev.copy_from_host(&src, 0, None)?;
-                } else {
-                    dev.copy_to_host_into(0, &mut dst, None)?;
+            let mut copy = |mode: &str| -> AnyResult<()> {
+                match (mode, h2d) {
+                    ("pinned", true) => {
+                        dev.copy_from_host(&pinned, 0, None)?;
+                    }
+                    ("pinned", false) => {
+                        dev.copy_to_host_into(0, &mut pinned, None)?;
+                    }
+                    ("bounce", true) => {
+                        pinned.copy_from_slice(&src);
+                        dev.copy_from_host(&pinned, 0, None)?;
+                    }
+                    ("bounce_nt", true) => {
+                        cudabuf::cuda::fill_for_dma(&mut pinned, &src);
+                        dev.copy_from_host(&pinned, 0, None)?;
+                    }
+                    ("bounce" | "bounce_nt", false) => {
+                        dev.copy_to_host_into(0, &mut pinned, None)?;
+                        dst.copy_from_slice(&pinned);
+                    }
+                    (_, true) => {
+                        dev.copy_from_host(&src, 0, None)?;
+                    }
+                    (_, false) => {
+                        dev.copy_to_host_into(0, &mut dst, None)?;
+                    }
                 }
                 Ok(())
             };
@@ -131,18 +178,18 @@ fn cuda_adaptive(
                     raw.set_staging_config(*config);
                     raw.start_staging()?;
                     for _ in 0..WARM {
-                        copy()?;
+                        copy(mode)?;
                     }
                     let (mut secs, mut staged) = (Vec::new(), Vec::new());
                     let started = Instant::now();
                     while secs.len() < MOST && (secs.len() < LEAST || started.elapsed() < BUDGET) {
                         let before = staged_count();
                         let t = Instant::now();
-                        copy()?;
+                        copy(mode)?;
                         secs.push(t.elapsed().as_secs_f64());
                         staged.push(match *mode {
                             "staged" => true,
-                            "direct" => false,
+                            "direct" | "pinned" | "bounce" | "bounce_nt" => false,
                             _ => staged_count() > before,
                         });
                     }

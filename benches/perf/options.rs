@@ -14,6 +14,8 @@ pub(crate) struct Options {
     pub(crate) json: Option<String>,
     pub(crate) only: Option<Vec<String>>,
     pub(crate) sizes: Vec<usize>,
+    /// Whether `--sizes` was given (sections with sizes of their own take these then).
+    pub(crate) sizes_given: bool,
     pub(crate) quick: bool,
     /// Sizes of the `peer` section.
     pub(crate) peer_sizes: Vec<usize>,
@@ -29,6 +31,7 @@ pub(crate) fn parse_options() -> AnyResult<Options> {
         json: std::env::var(JSON_VAR).ok().filter(|s| !s.is_empty()),
         only: None,
         sizes: vec![MIB, 64 * MIB, GIB],
+        sizes_given: false,
         quick: false,
         peer_sizes: vec![64 * MIB, GIB],
         sim_devices: 2,
@@ -49,6 +52,7 @@ pub(crate) fn parse_options() -> AnyResult<Options> {
                     .split(',')
                     .map(|s| parse_size(s).ok_or_else(|| format!("bad size {s:?}")))
                     .collect::<Result<_, _>>()?;
+                opts.sizes_given = true;
             }
             "--peer-sizes" => {
                 let list = args.next().ok_or("--peer-sizes needs a list")?;

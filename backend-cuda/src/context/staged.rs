@@ -1,6 +1,7 @@
 //! A context's staging state: its [`StagingConfig`], its staging engine (started in the
-//! background on the first copy that would use it), adaptive staging's [`Chooser`], and
-//! the traced copy a caller asked for. The engine itself is `crate::staging`.
+//! background on the first copy that would use it), its bounce buffer for smaller copies
+//! (pinned the same way), adaptive staging's [`Chooser`], and the traced copy a caller
+//! asked for. The engine itself is `crate::staging`.
 
 use std::sync::{Arc, PoisonError};
 use std::thread::JoinHandle;
@@ -12,7 +13,8 @@ use super::{CuContext, CudaDriverContext, BATCH_STAGED_PIECES};
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
 use crate::staging::{
-    Chooser, Direction, Path, StagingChoice, StagingConfig, StagingEngine, StagingTrace,
+    Bounce, BounceTaken, Chooser, Direction, Path, StagingChoice, StagingConfig, StagingEngine,
+    StagingTrace,
 };
 
 /// The staging state of a context.
@@ -25,6 +27,12 @@ pub(super) struct Staging {
     /// A start in progress on a thread of its own.
     starting: Option<JoinHandle<std::result::Result<StagingEngine, CuFailure>>>,
     failed: bool,
+    /// The bounce buffer once pinned; `None` before, and after a failed pinning (then
+    /// `bounce_failed` is set and such copies go to the driver).
+    bounce: Option<Arc<Bounce>>,
+    /// The bounce buffer being pinned on a thread of its own.
+    bounce_starting: Option<JoinHandle<std::result::Result<Bounce, CuFailure>>>,
+    bounce_failed: bool,
     chooser: Chooser,
     /// The next staged copy records its timeline.
     trace_requested: bool,
@@ -39,19 +47,63 @@ impl Staging {
             engine: None,
             starting: None,
             failed: false,
+            bounce: None,
+            bounce_starting: None,
+            bounce_failed: false,
             chooser: Chooser::default(),
             trace_requested: false,
             trace: None,
         }
     }
 
-    /// Stop the engine (its workers free their streams and pinned chunks), waiting for a
-    /// start in progress first: afterwards nothing of the engine uses the context.
+    /// Stop the engine (its workers free their streams and pinned chunks) and free the
+    /// bounce buffer, waiting for a start or pinning in progress first: afterwards nothing
+    /// of either uses the context (no copy runs: it would borrow the context).
     pub(super) fn stop(&mut self) {
         if let Some(starting) = self.starting.take() {
             let _ = starting.join();
         }
+        if let Some(pinning) = self.bounce_starting.take() {
+            let _ = pinning.join();
+        }
         self.engine = None;
+        self.bounce = None;
+    }
+
+    /// Install the bounce buffer a finished background pinning made (or note its failure).
+    fn collect_bounce(&mut self) {
+        if !self
+            .bounce_starting
+            .as_ref()
+            .is_some_and(JoinHandle::is_finished)
+        {
+            return;
+        }
+        if let Some(pinning) = self.bounce_starting.take() {
+            self.install_bounce(pinning.join());
+        }
+    }
+
+    fn install_bounce(
+        &mut self,
+        pinned: std::thread::Result<std::result::Result<Bounce, CuFailure>>,
+    ) {
+        match pinned {
+            Ok(Ok(bounce)) => self.bounce = Some(Arc::new(bounce)),
+            Ok(Err(failure)) => {
+                log::warn!(
+                    "the bounce buffer for small pageable copies is off for this context: {}",
+                    failure.reason()
+                );
+                self.bounce_failed = true;
+            }
+            Err(_) => {
+                log::warn!(
+                    "the bounce buffer for small pageable copies is off for this context: its pinning panicked"
+                );
+                self.bounce_failed = true;
+            }
+        }
     }
 
     /// Install the engine a finished background start made (or note its failure).
@@ -87,12 +139,39 @@ impl Staging {
 
 /// How one copy goes.
 pub(super) struct Plan {
-    /// Staged through this engine; else the driver's own copy.
+    /// Staged through this engine; else through `bounce` or the driver's own copy.
     pub(super) engine: Option<Arc<StagingEngine>>,
+    /// Through this bounce buffer, if no other copy uses it ([`Plan::take_bounce`]); else
+    /// the driver's own copy.
+    bounce: Option<Arc<Bounce>>,
     /// Adaptive staging chose the path: the copy's time is learned, from this moment.
     timed: Option<Instant>,
     /// The copy records its timeline.
     pub(super) traced: bool,
+}
+
+impl Plan {
+    /// The driver's own copy, untimed.
+    fn direct() -> Self {
+        Plan {
+            engine: None,
+            bounce: None,
+            timed: None,
+            traced: false,
+        }
+    }
+
+    /// The bounce buffer for this copy: `None` if the plan does not bounce, or if another
+    /// copy uses the buffer, in which case the copy goes to the driver and is not learnt
+    /// (its time is not the bounce's).
+    pub(super) fn take_bounce(&mut self) -> Option<BounceTaken<'_>> {
+        let Plan { bounce, timed, .. } = self;
+        let taken = bounce.as_deref()?.try_take();
+        if taken.is_none() {
+            *timed = None;
+        }
+        taken
+    }
 }
 
 impl CudaDriverContext {
@@ -105,33 +184,36 @@ impl CudaDriverContext {
     /// off). The worker threads and pinned chunks of the old setting are freed once no
     /// copy uses them; the new ones are made in the background from the next copy that
     /// would be staged (or at once by [`start_staging`](Self::start_staging)), and what
-    /// adaptive staging learnt starts over.
+    /// adaptive staging learnt starts over. The same for the bounce buffer.
     pub fn set_staging_config(&self, config: StagingConfig) {
-        let (engine, starting) = {
+        let old = {
             let mut staging = self.lock_staging();
-            let engine = staging.engine.take();
-            let starting = staging.starting.take();
-            *staging = Staging::new(config);
-            (engine, starting)
+            std::mem::replace(&mut *staging, Staging::new(config))
         };
-        if let Some(starting) = starting {
-            let _ = starting.join();
-        }
-        drop(engine);
+        // Outside the lock: joining a start in progress takes a while, and copies that
+        // still use the old engine or bounce buffer keep them until they end.
+        let mut old = old;
+        old.stop();
     }
 
     /// Start the staging engine now and wait until it runs (its worker threads started,
-    /// their pinned chunks allocated), instead of in the background on the first copy
-    /// that would use it, during which such copies go to the driver unstaged. Returns
-    /// whether it runs: `false` when staging is off, or an earlier start failed.
+    /// their pinned chunks allocated), and pin the bounce buffer
+    /// ([`StagingConfig::bounce_min`]), instead of in the background on the first copy
+    /// that would use them, during which such copies go to the driver unstaged. Returns
+    /// whether the engine runs: `false` when staging is off, or an earlier start failed.
     ///
     /// # Errors
     /// The driver's error ([`Error::OutOfMemory`](cudabuf_core::Error::OutOfMemory) for
     /// pinned memory, [`Error::Driver`](cudabuf_core::Error::Driver) otherwise) when the
-    /// engine cannot start; copies then go to the driver unstaged.
+    /// engine cannot start or the bounce buffer cannot be pinned; copies then go to the
+    /// driver unstaged.
     pub fn start_staging(&self) -> Result<bool> {
         let mut staging = self.lock_staging();
-        if !staging.config.enabled() || staging.failed {
+        if !staging.config.enabled() {
+            return Ok(false);
+        }
+        self.pin_bounce_now(&mut staging)?;
+        if staging.failed {
             return Ok(false);
         }
         if staging.engine.is_some() {
@@ -232,6 +314,16 @@ impl CudaDriverContext {
         self.staging.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether a single copy of `len` bytes may go through the bounce buffer, and whether
+    /// it may be staged (if its memory is pageable), under one lock.
+    fn routes(&self, len: usize) -> (bool, bool) {
+        let staging = self.lock_staging();
+        (
+            staging.config.bounces(len) && !staging.bounce_failed,
+            staging.config.enabled() && !staging.failed && len >= staging.config.min_bytes,
+        )
+    }
+
     /// Whether a copy of `len` bytes in `pieces` pieces may be staged (if its memory is
     /// pageable): staging is on, and the copy is large enough or has many pieces (which the
     /// engine gathers, instead of one synchronous driver copy each).
@@ -247,6 +339,64 @@ impl CudaDriverContext {
     pub(super) fn engine_or_start(&self) -> Option<Arc<StagingEngine>> {
         let mut staging = self.lock_staging();
         self.engine_locked(&mut staging, true)
+    }
+
+    /// The bounce buffer, or `None` while it is pinned: a pinning is begun in the
+    /// background if there is none (a copy never waits for `cuMemHostAlloc`).
+    fn bounce_locked(&self, staging: &mut Staging, start: bool) -> Option<Arc<Bounce>> {
+        let bytes = staging.config.bounce_bytes();
+        if bytes == 0 || staging.bounce_failed {
+            return None;
+        }
+        staging.collect_bounce();
+        if staging.bounce.is_none()
+            && staging.bounce_starting.is_none()
+            && !staging.bounce_failed
+            && start
+        {
+            let ctx: CuContext = self.ctx;
+            let spawned = std::thread::Builder::new()
+                .name("cudabuf-bounce-pin".into())
+                .spawn(move || {
+                    let ctx = ctx;
+                    // SAFETY: the context is live until its wrapper drops, whose `Drop`
+                    // (and `set_staging_config`) joins this thread first and drops the
+                    // buffer before the context is released.
+                    unsafe { Bounce::allocate(ctx.0, bytes) }
+                });
+            match spawned {
+                Ok(handle) => staging.bounce_starting = Some(handle),
+                Err(e) => log::warn!("bounce buffer not pinned: no thread ({e})"),
+            }
+        }
+        staging.bounce.clone()
+    }
+
+    /// Pin the bounce buffer now if the configuration has one and it is not there yet
+    /// (waiting for a pinning in progress).
+    fn pin_bounce_now(&self, staging: &mut Staging) -> Result<()> {
+        let bytes = staging.config.bounce_bytes();
+        if bytes == 0 || staging.bounce_failed || staging.bounce.is_some() {
+            return Ok(());
+        }
+        if let Some(pinning) = staging.bounce_starting.take() {
+            let pinned = pinning.join();
+            staging.install_bounce(pinned);
+            return Ok(());
+        }
+        // SAFETY: `self.ctx` is live while `self` is, and the buffer is dropped before the
+        // context is released (`Drop` stops the staging state first).
+        match unsafe { Bounce::allocate(self.ctx.0, bytes) } {
+            Ok(bounce) => {
+                staging.bounce = Some(Arc::new(bounce));
+                Ok(())
+            }
+            Err(failure) => {
+                let error = self.fail(failure);
+                staging.install_bounce(Ok(Err(failure)));
+                Err(error)
+            }
+        }
     }
 
     fn engine_locked(&self, staging: &mut Staging, start: bool) -> Option<Arc<StagingEngine>> {
@@ -277,7 +427,10 @@ impl CudaDriverContext {
     /// How a single copy of `len` bytes from or to host memory at `host` goes: staged if
     /// staging is on, the copy is large enough, the memory is pageable, the engine runs
     /// (else it is started in the background, if `start_engine`) and, below
-    /// [`ADAPTIVE_BELOW`](crate::staging::ADAPTIVE_BELOW), adaptive staging picks it.
+    /// [`ADAPTIVE_BELOW`](crate::staging::ADAPTIVE_BELOW), adaptive staging picks it;
+    /// through the bounce buffer if the copy is of its sizes
+    /// ([`StagingConfig::bounces`]), pageable, the buffer is pinned (else pinned in the
+    /// background, if `start_engine`) and adaptive staging (if on) picks it.
     pub(super) fn plan(
         &self,
         pushed: &PushedContext,
@@ -286,24 +439,37 @@ impl CudaDriverContext {
         len: usize,
         start_engine: bool,
     ) -> Plan {
-        let direct = Plan {
-            engine: None,
-            timed: None,
-            traced: false,
-        };
-        if !self.stages(len, 1) || !self.is_pageable(pushed, host) {
+        let direct = Plan::direct();
+        let (bounces, stages) = self.routes(len);
+        if !(bounces || stages) || !self.is_pageable(pushed, host) {
             return direct;
         }
         let mut staging = self.lock_staging();
+        if bounces {
+            let Some(bounce) = self.bounce_locked(&mut staging, start_engine) else {
+                return direct;
+            };
+            let adaptive = staging.config.adaptive;
+            if adaptive && !staging.chooser.stage(direction, len) {
+                return Plan {
+                    timed: Some(Instant::now()),
+                    ..direct
+                };
+            }
+            return Plan {
+                bounce: Some(bounce),
+                timed: adaptive.then(Instant::now),
+                ..direct
+            };
+        }
         let Some(engine) = self.engine_locked(&mut staging, start_engine) else {
             return direct;
         };
         let timed = staging.config.adaptive && len < crate::staging::ADAPTIVE_BELOW;
         if timed && !staging.chooser.stage(direction, len) {
             return Plan {
-                engine: None,
                 timed: Some(Instant::now()),
-                traced: false,
+                ..direct
             };
         }
         let traced = std::mem::take(&mut staging.trace_requested);
@@ -311,6 +477,7 @@ impl CudaDriverContext {
             engine: Some(engine),
             timed: timed.then(Instant::now),
             traced,
+            ..direct
         }
     }
 
@@ -326,10 +493,10 @@ impl CudaDriverContext {
     ) {
         if let (Some(began), true) = (plan.timed, ok) {
             let secs = began.elapsed().as_secs_f64();
-            let path = match (&plan.engine, cold) {
-                (None, _) => Path::Direct,
-                (Some(_), false) => Path::Staged,
-                (Some(_), true) => Path::StagedCold,
+            let path = match (&plan.engine, &plan.bounce, cold) {
+                (None, None, _) => Path::Direct,
+                (None, Some(_), _) | (Some(_), _, false) => Path::Staged,
+                (Some(_), _, true) => Path::StagedCold,
             };
             self.lock_staging()
                 .chooser

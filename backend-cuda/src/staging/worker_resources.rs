@@ -129,7 +129,7 @@ unsafe impl StreamCopies for Lane {
 
 /// `bytes` of pinned memory (portable, not write-combined: the CPU reads it back for
 /// device-to-host copies), with the context pushed.
-fn alloc_pinned(bytes: usize) -> Result<*mut u8, CuFailure> {
+pub(super) fn alloc_pinned(bytes: usize) -> Result<*mut u8, CuFailure> {
     let mut host: *mut c_void = std::ptr::null_mut();
     // SAFETY: the caller pushed the context; `host` is a valid out-pointer.
     check("cuMemHostAlloc", unsafe {
@@ -139,7 +139,7 @@ fn alloc_pinned(bytes: usize) -> Result<*mut u8, CuFailure> {
 }
 
 /// Free pinned memory from [`alloc_pinned`] (null: nothing), with the context pushed.
-fn free_pinned(ptr: &mut *mut u8) {
+pub(super) fn free_pinned(ptr: &mut *mut u8) {
     if !ptr.is_null() {
         // SAFETY: from `alloc_pinned` in the pushed context, freed once (nulled after),
         // and no copy uses it any more (the owner's stream is idle).
