@@ -217,12 +217,11 @@ impl CudaDriverContext {
             self.keep_trace(done.trace);
             cold = done.woke_workers;
             done.result.map_err(|f| self.fail_copy(f, &[dst]))
-        } else if let Some(mut bounce) = plan.take_bounce() {
-            let stores = self.staging_config().fill_stores_for(src.len());
-            // SAFETY: our context is pushed; the caller guarantees the device range; the
-            // plan bounces only copies smaller than the buffer. The buffer is ours until
-            // `bounce` drops, after the wait: the DMA out of it is done before another
-            // copy fills it.
+        } else if let Some((mut bounce, stores)) = plan.take_bounce(src.len()) {
+            // SAFETY: our context is pushed; the caller guarantees the device range;
+            // `take_bounce` gives the buffer only to a copy that fits it. The buffer is
+            // ours until `bounce` drops, after the wait: the DMA out of it is done before
+            // another copy fills it.
             unsafe { bounce.upload(dst, src, stores) }
                 .map_err(|f| self.fail_copy(f, &[dst]))
                 .and_then(|()| self.wait_default_stream(&pushed))
@@ -283,10 +282,10 @@ impl CudaDriverContext {
             self.keep_trace(done.trace);
             cold = done.woke_workers;
             done.result.map_err(|f| self.fail_copy(f, &[src]))
-        } else if let Some(mut bounce) = plan.take_bounce() {
-            // SAFETY: our context is pushed; the caller guarantees the device range; the
-            // plan bounces only copies smaller than the buffer, which is ours until
-            // `bounce` drops.
+        } else if let Some((mut bounce, _)) = plan.take_bounce(dst.len()) {
+            // SAFETY: our context is pushed; the caller guarantees the device range;
+            // `take_bounce` gives the buffer only to a copy that fits it, and it is ours
+            // until `bounce` drops.
             unsafe { bounce.download(dst, src) }.map_err(|f| self.fail_copy(f, &[src]))
         } else {
             // SAFETY: our context is pushed; `dst` is writable for `dst.len()` bytes; the

@@ -194,12 +194,14 @@ pub struct StagingConfig {
     /// Copies smaller than this are not staged by the engine (they go to the driver as
     /// is, or through the bounce buffer: `bounce_min`).
     pub min_bytes: usize,
-    /// Pageable copies from this size up to `min_bytes` (and below [`BOUNCE_MAX`]) may go
-    /// through one pinned buffer of the context (of that size), on the calling thread: a
+    /// Pageable copies from this size up to `min_bytes` (below [`BOUNCE_MAX`], and below
+    /// the largest power of two not above `min_bytes`: the buffer's size,
+    /// [`StagingConfig::bounce_bytes`]) may go through one pinned buffer of the context,
+    /// on the calling thread: a
     /// host copy into it and its DMA, or its DMA and a host copy out of it, with no
     /// workers. The driver's own copy of pageable memory stages through buffers of its
     /// own, slower at these sizes on an H100 (3.3 GB/s at 64 KiB and 6.4 GB/s at 256 KiB
-    /// device to host, where a DMA from pinned memory ran at 8.4 and 22.8 GB/s). With
+    /// device to host, where a DMA to pinned memory ran at 8.4 and 22.8 GB/s). With
     /// `adaptive` the two are timed and the faster taken, per direction and size class,
     /// as the engine is above; without it, every such copy bounces. One copy uses the
     /// buffer at a time: a copy that finds it in use goes to the driver. The buffer is
@@ -459,7 +461,12 @@ impl StagingConfig {
     /// assert_eq!(config.plain().bounce_bytes(), 0);
     /// ```
     pub fn bounce_bytes(&self) -> usize {
-        let below = self.min_bytes.min(BOUNCE_MAX);
+        // A power of two, so that no size class of adaptive staging holds both bounced and
+        // engine copies (a `min_bytes` of 384 KiB: bounced below 256 KiB).
+        let below = match self.min_bytes.min(BOUNCE_MAX) {
+            0 => 0,
+            n => 1 << n.ilog2(),
+        };
         if self.enabled() && self.bounce_min < below {
             below
         } else {
@@ -1177,6 +1184,14 @@ mod tests {
             ..default
         };
         assert_eq!(large_min.bounce_bytes(), BOUNCE_MAX);
+        // Not a power of two: the buffer stops at the one below, so that no size class
+        // of adaptive staging holds copies of both.
+        let odd_min = StagingConfig {
+            min_bytes: 384 << 10,
+            ..default
+        };
+        assert_eq!(odd_min.bounce_bytes(), 256 << 10);
+        assert!(!odd_min.bounces(300 << 10));
         assert!(large_min.bounces(BOUNCE_MAX - 1) && !large_min.bounces(BOUNCE_MAX));
         let from_one = StagingConfig {
             bounce_min: 0,

@@ -6,9 +6,7 @@
 //! The caching allocator is one per device context, shared by every test of this binary:
 //! its test runs alone (the write side of [`ALLOCATOR`]; the others hold the read side),
 //! since what it left idle could otherwise be taken by another test before it looks (on
-//! the H200, 2026-12-03, `trim_cache` once found nothing idle). So do the bounce buffer's
-//! tests: they count what adaptive staging chose, which another test's configuration
-//! would reset.
+//! the H200, 2026-12-03, `trim_cache` once found nothing idle).
 //!
 //! Without libcuda every test here prints why it did nothing and passes, unless
 //! `CUDABUF_REQUIRE_CUDA=1`, which makes a missing driver a failure.
@@ -295,16 +293,16 @@ fn threads_copying_at_once_share_the_ring_and_the_lanes() {
 }
 
 /// Pageable copies below the engine's least size through the bounce buffer: every copy
-/// bounced (adaptivity off), odd sizes and offsets, both ways; with adaptive staging (the
-/// defaults), each size class it times has tried the bounce (counted as staged) and the
-/// driver's own copy, and the bytes are right whichever it took.
+/// bounced (adaptivity off: the buffer's count is every copy), odd sizes and offsets, both
+/// ways; with adaptive staging (the defaults), each size class it times has tried the
+/// bounce and the driver's own copy, its staged copies are the buffer's, and the bytes
+/// are right whichever it took.
 #[test]
 fn small_pageable_copies_go_through_the_bounce_buffer() {
     let Some(cuda) = backend("small_pageable_copies_go_through_the_bounce_buffer") else {
         return;
     };
-    // Alone: another test's configuration would reset what adaptive staging counted.
-    let _alone = ALLOCATOR.write().unwrap_or_else(PoisonError::into_inner);
+    let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
     let (raw, ctx) = primary(&cuda);
     let default = raw.staging_config();
     let always = StagingConfig {
@@ -339,8 +337,19 @@ fn small_pageable_copies_go_through_the_bounce_buffer() {
                 );
             }
         }
+        let (bounced, busy) = raw.bounce_counts().expect("start_staging pinned it");
+        assert_eq!(busy, 0, "one thread: the buffer is never in use");
         if config.adaptive {
             let choices = raw.staging_choices();
+            let staged: u64 = choices
+                .iter()
+                .filter(|c| c.max_bytes <= config.min_bytes)
+                .map(|c| c.staged_copies)
+                .sum();
+            assert_eq!(
+                staged, bounced,
+                "the staged copies below 512 KiB: {choices:?}"
+            );
             for &size in &sizes[2..] {
                 for host_to_device in [true, false] {
                     let c = choices
@@ -362,20 +371,22 @@ fn small_pageable_copies_go_through_the_bounce_buffer() {
                 raw.staging_choices().is_empty(),
                 "adaptivity off times nothing"
             );
+            assert_eq!(bounced, 2 * 40 * sizes.len() as u64, "every copy bounced");
         }
     }
     raw.set_staging_config(default);
 }
 
 /// Threads copying small pageable buffers at once share the one bounce buffer: one copy
-/// holds it, the others go to the driver, and every thread's bytes are right.
+/// holds it, the others go to the driver (the buffer's counts add up to every copy, or
+/// with adaptive staging, with the copies it sent to the driver), and every thread's
+/// bytes are right.
 #[test]
 fn threads_share_the_bounce_buffer() {
     let Some(cuda) = backend("threads_share_the_bounce_buffer") else {
         return;
     };
-    // Alone: another test's configuration would reset what adaptive staging counted.
-    let _alone = ALLOCATOR.write().unwrap_or_else(PoisonError::into_inner);
+    let _shared = ALLOCATOR.read().unwrap_or_else(PoisonError::into_inner);
     let (raw, ctx) = primary(&cuda);
     let default = raw.staging_config();
     for adaptive in [false, true] {
@@ -404,6 +415,14 @@ fn threads_share_the_bounce_buffer() {
                 });
             }
         });
+        let (bounced, busy) = raw.bounce_counts().expect("start_staging pinned it");
+        let chosen_direct: u64 = raw.staging_choices().iter().map(|c| c.direct_copies).sum();
+        assert!(bounced > 0, "adaptive {adaptive}: no copy bounced");
+        assert_eq!(
+            bounced + busy + chosen_direct,
+            6 * 200 * 2,
+            "adaptive {adaptive}: every copy bounced, found the buffer in use or went direct"
+        );
     }
     raw.set_staging_config(default);
 }

@@ -13,8 +13,8 @@ use super::{CuContext, CudaDriverContext, BATCH_STAGED_PIECES};
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
 use crate::staging::{
-    Bounce, BounceTaken, Chooser, Direction, Path, StagingChoice, StagingConfig, StagingEngine,
-    StagingTrace,
+    Bounce, BounceTaken, Chooser, Direction, FillStores, Path, StagingChoice, StagingConfig,
+    StagingEngine, StagingTrace,
 };
 
 /// The staging state of a context.
@@ -56,9 +56,11 @@ impl Staging {
         }
     }
 
-    /// Stop the engine (its workers free their streams and pinned chunks) and free the
-    /// bounce buffer, waiting for a start or pinning in progress first: afterwards nothing
-    /// of either uses the context (no copy runs: it would borrow the context).
+    /// Stop the engine (its workers free their streams and pinned chunks) and let go of
+    /// the bounce buffer, waiting for a start or pinning in progress first. From the
+    /// context's `Drop` (no copy runs then) nothing of either uses the context afterwards;
+    /// from `set_staging_config`, copies in flight keep the old ones until they end (the
+    /// bounce buffer frees itself, with its context pushed, when the last one lets go).
     pub(super) fn stop(&mut self) {
         if let Some(starting) = self.starting.take() {
             let _ = starting.join();
@@ -144,6 +146,8 @@ pub(super) struct Plan {
     /// Through this bounce buffer, if no other copy uses it ([`Plan::take_bounce`]); else
     /// the driver's own copy.
     bounce: Option<Arc<Bounce>>,
+    /// How a host-to-device copy fills the bounce buffer.
+    stores: FillStores,
     /// Adaptive staging chose the path: the copy's time is learned, from this moment.
     timed: Option<Instant>,
     /// The copy records its timeline.
@@ -156,21 +160,27 @@ impl Plan {
         Plan {
             engine: None,
             bounce: None,
+            stores: FillStores::Plain,
             timed: None,
             traced: false,
         }
     }
 
-    /// The bounce buffer for this copy: `None` if the plan does not bounce, or if another
-    /// copy uses the buffer, in which case the copy goes to the driver and is not learnt
-    /// (its time is not the bounce's).
-    pub(super) fn take_bounce(&mut self) -> Option<BounceTaken<'_>> {
-        let Plan { bounce, timed, .. } = self;
-        let taken = bounce.as_deref()?.try_take();
+    /// The bounce buffer for this copy of `len` bytes, and how to fill it: `None` if the
+    /// plan does not bounce, or if another copy uses the buffer, in which case the copy
+    /// goes to the driver and is not learnt (its time is not the bounce's).
+    pub(super) fn take_bounce(&mut self, len: usize) -> Option<(BounceTaken<'_>, FillStores)> {
+        let Plan {
+            bounce,
+            timed,
+            stores,
+            ..
+        } = self;
+        let taken = bounce.as_deref()?.try_take(len);
         if taken.is_none() {
             *timed = None;
         }
-        taken
+        taken.map(|t| (t, *stores))
     }
 }
 
@@ -201,18 +211,26 @@ impl CudaDriverContext {
     /// ([`StagingConfig::bounce_min`]), instead of in the background on the first copy
     /// that would use them, during which such copies go to the driver unstaged. Returns
     /// whether the engine runs: `false` when staging is off, or an earlier start failed.
+    /// A bounce buffer that cannot be pinned is logged (a warning), not returned: the
+    /// copies it would take go to the driver.
     ///
     /// # Errors
     /// The driver's error ([`Error::OutOfMemory`](cudabuf_core::Error::OutOfMemory) for
     /// pinned memory, [`Error::Driver`](cudabuf_core::Error::Driver) otherwise) when the
-    /// engine cannot start or the bounce buffer cannot be pinned; copies then go to the
-    /// driver unstaged.
+    /// engine cannot start; copies then go to the driver unstaged (those of the bounce
+    /// buffer's sizes through the bounce buffer, if it is there).
     pub fn start_staging(&self) -> Result<bool> {
         let mut staging = self.lock_staging();
         if !staging.config.enabled() {
             return Ok(false);
         }
-        self.pin_bounce_now(&mut staging)?;
+        let started = self.start_engine_now(&mut staging);
+        self.pin_bounce_now(&mut staging);
+        started
+    }
+
+    /// `start_staging`'s engine part.
+    fn start_engine_now(&self, staging: &mut Staging) -> Result<bool> {
         if staging.failed {
             return Ok(false);
         }
@@ -305,6 +323,14 @@ impl CudaDriverContext {
         self.lock_staging().chooser.choices()
     }
 
+    /// How many copies went through the bounce buffer ([`StagingConfig::bounce_min`]), and
+    /// how many of its sizes found it in use and went to the driver, since it was pinned
+    /// (`None` before, and without one). For tests and diagnostics.
+    #[doc(hidden)]
+    pub fn bounce_counts(&self) -> Option<(u64, u64)> {
+        self.lock_staging().bounce.as_ref().map(|b| b.counts())
+    }
+
     /// The timeline of the last traced copy, once ([`trace_next_staged_copy`](Self::trace_next_staged_copy)).
     pub fn take_staging_trace(&self) -> Option<StagingTrace> {
         self.lock_staging().trace.take()
@@ -373,30 +399,19 @@ impl CudaDriverContext {
     }
 
     /// Pin the bounce buffer now if the configuration has one and it is not there yet
-    /// (waiting for a pinning in progress).
-    fn pin_bounce_now(&self, staging: &mut Staging) -> Result<()> {
+    /// (waiting for a pinning in progress); a failure is logged and turns it off.
+    fn pin_bounce_now(&self, staging: &mut Staging) {
         let bytes = staging.config.bounce_bytes();
         if bytes == 0 || staging.bounce_failed || staging.bounce.is_some() {
-            return Ok(());
+            return;
         }
-        if let Some(pinning) = staging.bounce_starting.take() {
-            let pinned = pinning.join();
-            staging.install_bounce(pinned);
-            return Ok(());
-        }
-        // SAFETY: `self.ctx` is live while `self` is, and the buffer is dropped before the
-        // context is released (`Drop` stops the staging state first).
-        match unsafe { Bounce::allocate(self.ctx.0, bytes) } {
-            Ok(bounce) => {
-                staging.bounce = Some(Arc::new(bounce));
-                Ok(())
-            }
-            Err(failure) => {
-                let error = self.fail(failure);
-                staging.install_bounce(Ok(Err(failure)));
-                Err(error)
-            }
-        }
+        let pinned = match staging.bounce_starting.take() {
+            Some(pinning) => pinning.join(),
+            // SAFETY: `self.ctx` is live while `self` is, and the buffer is dropped before
+            // the context is released (`Drop` stops the staging state first).
+            None => Ok(unsafe { Bounce::allocate(self.ctx.0, bytes) }),
+        };
+        staging.install_bounce(pinned);
     }
 
     fn engine_locked(&self, staging: &mut Staging, start: bool) -> Option<Arc<StagingEngine>> {
@@ -446,9 +461,14 @@ impl CudaDriverContext {
         }
         let mut staging = self.lock_staging();
         if bounces {
+            // Again under this lock: the configuration may have changed since `routes`.
+            if !staging.config.bounces(len) {
+                return direct;
+            }
             let Some(bounce) = self.bounce_locked(&mut staging, start_engine) else {
                 return direct;
             };
+            let stores = staging.config.fill_stores_for(len);
             let adaptive = staging.config.adaptive;
             if adaptive && !staging.chooser.stage(direction, len) {
                 return Plan {
@@ -458,6 +478,7 @@ impl CudaDriverContext {
             }
             return Plan {
                 bounce: Some(bounce),
+                stores,
                 timed: adaptive.then(Instant::now),
                 ..direct
             };

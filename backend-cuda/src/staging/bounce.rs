@@ -14,6 +14,7 @@
 //! copy waits for `cuMemHostAlloc`; copies go to the driver until it is there.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 use cudabuf_core::backend::DevicePtr;
@@ -32,6 +33,10 @@ pub(crate) struct Bounce {
     /// The buffer's start; the lock is held for the whole of each copy through it.
     block: Mutex<BlockPtr>,
     len: usize,
+    /// Copies given the buffer.
+    taken: AtomicU64,
+    /// Copies that found it in use.
+    busy: AtomicU64,
 }
 
 /// The start of a [`Bounce`]'s pinned block.
@@ -62,17 +67,27 @@ impl Bounce {
             ctx: CuContext(ctx),
             block: Mutex::new(BlockPtr(block)),
             len,
+            taken: AtomicU64::new(0),
+            busy: AtomicU64::new(0),
         })
     }
 
-    /// The buffer for one copy, or `None` while another copy uses it.
-    pub(crate) fn try_take(&self) -> Option<Taken<'_>> {
+    /// The buffer for a copy of `len` bytes, or `None` while another copy uses it (or if
+    /// the copy does not fit: a configuration changed since the copy was planned).
+    pub(crate) fn try_take(&self, len: usize) -> Option<Taken<'_>> {
+        if len > self.len {
+            return None;
+        }
         let block = match self.block.try_lock() {
             Ok(block) => block,
             // A copy that panicked left no state behind but bytes in the buffer.
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return None,
+            Err(TryLockError::WouldBlock) => {
+                self.busy.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
         };
+        self.taken.fetch_add(1, Ordering::Relaxed);
         Some(Taken {
             block,
             len: self.len,
@@ -80,10 +95,21 @@ impl Bounce {
     }
 }
 
+impl Bounce {
+    /// How many copies were given the buffer, and how many found it in use.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (
+            self.taken.load(Ordering::Relaxed),
+            self.busy.load(Ordering::Relaxed),
+        )
+    }
+}
+
 impl Taken<'_> {
     /// Copy `src` to the device at `dst`: into the buffer with `stores`, then the
-    /// driver's copy from it, which returns once the device has the bytes (a copy from
-    /// pinned memory is synchronous with the host). At most the buffer's size.
+    /// driver's copy from it (documented as synchronous with the host for pinned memory;
+    /// the caller waits for the legacy stream before it lets go of the buffer all the
+    /// same). At most the buffer's size.
     ///
     /// # Safety
     /// The buffer's context is pushed, and `dst..dst + src.len()` lies inside a live
@@ -144,7 +170,10 @@ impl Drop for Bounce {
         // SAFETY: the context outlives the buffer (`allocate`'s contract).
         match unsafe { PushedContext::push(self.ctx.0) } {
             Ok(pushed) => {
-                free_pinned(&mut block.0);
+                // SAFETY: the block came from `alloc_pinned` in this context (pushed) and
+                // is freed once, here; no copy uses it (a copy holds a borrow of `self`),
+                // and each copy's DMA was done before it let go of the block.
+                unsafe { free_pinned(&mut block.0) };
                 drop(pushed);
             }
             Err(f) => log::warn!(

@@ -139,10 +139,13 @@ pub(super) fn alloc_pinned(bytes: usize) -> Result<*mut u8, CuFailure> {
 }
 
 /// Free pinned memory from [`alloc_pinned`] (null: nothing), with the context pushed.
-pub(super) fn free_pinned(ptr: &mut *mut u8) {
+///
+/// # Safety
+/// `*ptr` is null or came from [`alloc_pinned`] in the pushed context and is not freed
+/// yet, and nothing uses it any more (no DMA to or from it is pending).
+pub(super) unsafe fn free_pinned(ptr: &mut *mut u8) {
     if !ptr.is_null() {
-        // SAFETY: from `alloc_pinned` in the pushed context, freed once (nulled after),
-        // and no copy uses it any more (the owner's stream is idle).
+        // SAFETY: this function's contract; freed once (nulled after).
         let _ = unsafe { sys::cuMemFreeHost(ptr.cast()) };
         *ptr = std::ptr::null_mut();
     }
@@ -181,7 +184,9 @@ impl WorkerResources {
     /// Free them, with the context pushed and the stream idle.
     pub(super) fn destroy(&mut self) {
         for chunk in &mut self.chunks {
-            free_pinned(chunk);
+            // SAFETY: null or from `alloc_pinned` in this context (pushed by the caller),
+            // freed once (nulled); the lane's stream is idle, so no DMA uses it.
+            unsafe { free_pinned(chunk) };
         }
         self.lane.destroy();
     }
@@ -243,7 +248,9 @@ impl RingResources {
 
     /// Free them, with the context pushed and the stream idle.
     pub(super) fn destroy(&mut self) {
-        free_pinned(&mut self.block);
+        // SAFETY: null or from `alloc_pinned` in this context (pushed by the caller), freed
+        // once (nulled); the ring's stream is idle, so no DMA uses it.
+        unsafe { free_pinned(&mut self.block) };
         self.lane.destroy();
     }
 }
