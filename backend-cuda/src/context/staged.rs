@@ -17,22 +17,103 @@ use crate::staging::{
     StagingEngine, StagingTrace,
 };
 
+/// What the staging state makes on a thread of its own, so that no copy waits for it
+/// (the engine, the bounce buffer): `None` until made, and after a failed making (then
+/// `failed` is set and the copies it would take go to the driver).
+#[derive(Debug)]
+struct Background<T> {
+    /// What it is, for the log.
+    what: &'static str,
+    made: Option<Arc<T>>,
+    /// A making in progress.
+    making: Option<JoinHandle<std::result::Result<T, CuFailure>>>,
+    failed: bool,
+}
+
+impl<T: Send + 'static> Background<T> {
+    fn new(what: &'static str) -> Self {
+        Background {
+            what,
+            made: None,
+            making: None,
+            failed: false,
+        }
+    }
+
+    /// Wait for a making in progress, then let go of what was made.
+    fn stop(&mut self) {
+        if let Some(making) = self.making.take() {
+            let _ = making.join();
+        }
+        self.made = None;
+    }
+
+    /// Install what a finished making made (or note its failure).
+    fn collect(&mut self) {
+        if !self.making.as_ref().is_some_and(JoinHandle::is_finished) {
+            return;
+        }
+        if let Some(making) = self.making.take() {
+            self.install(making.join());
+        }
+    }
+
+    /// Wait for a making in progress and install what it made; whether something is made.
+    fn wait(&mut self) -> bool {
+        if let Some(making) = self.making.take() {
+            self.install(making.join());
+        }
+        self.made.is_some()
+    }
+
+    fn install(&mut self, made: std::thread::Result<std::result::Result<T, CuFailure>>) {
+        match made {
+            Ok(Ok(made)) => self.made = Some(Arc::new(made)),
+            Ok(Err(failure)) => {
+                log::warn!(
+                    "{} is off for this context: {}",
+                    self.what,
+                    failure.reason()
+                );
+                self.failed = true;
+            }
+            Err(_) => {
+                log::warn!("{} is off for this context: making it panicked", self.what);
+                self.failed = true;
+            }
+        }
+    }
+
+    /// What was made, or `None` while it is made (or failed): if nothing is made or being
+    /// made and `start`, `make` begins on a thread named `thread`.
+    fn get_or_start(
+        &mut self,
+        start: bool,
+        thread: &str,
+        make: impl FnOnce() -> std::result::Result<T, CuFailure> + Send + 'static,
+    ) -> Option<Arc<T>> {
+        if self.failed {
+            return None;
+        }
+        self.collect();
+        if self.made.is_none() && self.making.is_none() && !self.failed && start {
+            match std::thread::Builder::new().name(thread.into()).spawn(make) {
+                Ok(handle) => self.making = Some(handle),
+                Err(e) => log::warn!("{} is not made yet: no thread ({e})", self.what),
+            }
+        }
+        self.made.clone()
+    }
+}
+
 /// The staging state of a context.
 #[derive(Debug)]
 pub(super) struct Staging {
     config: StagingConfig,
-    /// Running once started; `None` also after a failed start (then `failed` is set and
-    /// copies go to the driver unstaged).
-    engine: Option<Arc<StagingEngine>>,
-    /// A start in progress on a thread of its own.
-    starting: Option<JoinHandle<std::result::Result<StagingEngine, CuFailure>>>,
-    failed: bool,
-    /// The bounce buffer once pinned; `None` before, and after a failed pinning (then
-    /// `bounce_failed` is set and such copies go to the driver).
-    bounce: Option<Arc<Bounce>>,
-    /// The bounce buffer being pinned on a thread of its own.
-    bounce_starting: Option<JoinHandle<std::result::Result<Bounce, CuFailure>>>,
-    bounce_failed: bool,
+    /// The staging engine (once it runs).
+    engine: Background<StagingEngine>,
+    /// The bounce buffer (once pinned).
+    bounce: Background<Bounce>,
     chooser: Chooser,
     /// The next staged copy records its timeline.
     trace_requested: bool,
@@ -44,12 +125,8 @@ impl Staging {
     pub(super) fn new(config: StagingConfig) -> Self {
         Staging {
             config,
-            engine: None,
-            starting: None,
-            failed: false,
-            bounce: None,
-            bounce_starting: None,
-            bounce_failed: false,
+            engine: Background::new("staging pageable copies"),
+            bounce: Background::new("the bounce buffer for small pageable copies"),
             chooser: Chooser::default(),
             trace_requested: false,
             trace: None,
@@ -62,80 +139,8 @@ impl Staging {
     /// from `set_staging_config`, copies in flight keep the old ones until they end (the
     /// bounce buffer frees itself, with its context pushed, when the last one lets go).
     pub(super) fn stop(&mut self) {
-        if let Some(starting) = self.starting.take() {
-            let _ = starting.join();
-        }
-        if let Some(pinning) = self.bounce_starting.take() {
-            let _ = pinning.join();
-        }
-        self.engine = None;
-        self.bounce = None;
-    }
-
-    /// Install the bounce buffer a finished background pinning made (or note its failure).
-    fn collect_bounce(&mut self) {
-        if !self
-            .bounce_starting
-            .as_ref()
-            .is_some_and(JoinHandle::is_finished)
-        {
-            return;
-        }
-        if let Some(pinning) = self.bounce_starting.take() {
-            self.install_bounce(pinning.join());
-        }
-    }
-
-    fn install_bounce(
-        &mut self,
-        pinned: std::thread::Result<std::result::Result<Bounce, CuFailure>>,
-    ) {
-        match pinned {
-            Ok(Ok(bounce)) => self.bounce = Some(Arc::new(bounce)),
-            Ok(Err(failure)) => {
-                log::warn!(
-                    "the bounce buffer for small pageable copies is off for this context: {}",
-                    failure.reason()
-                );
-                self.bounce_failed = true;
-            }
-            Err(_) => {
-                log::warn!(
-                    "the bounce buffer for small pageable copies is off for this context: its pinning panicked"
-                );
-                self.bounce_failed = true;
-            }
-        }
-    }
-
-    /// Install the engine a finished background start made (or note its failure).
-    fn collect_start(&mut self) {
-        if !self.starting.as_ref().is_some_and(JoinHandle::is_finished) {
-            return;
-        }
-        if let Some(starting) = self.starting.take() {
-            self.install(starting.join());
-        }
-    }
-
-    fn install(
-        &mut self,
-        started: std::thread::Result<std::result::Result<StagingEngine, CuFailure>>,
-    ) {
-        match started {
-            Ok(Ok(engine)) => self.engine = Some(Arc::new(engine)),
-            Ok(Err(failure)) => {
-                log::warn!(
-                    "staging pageable copies is off for this context: {}",
-                    failure.reason()
-                );
-                self.failed = true;
-            }
-            Err(_) => {
-                log::warn!("staging pageable copies is off for this context: its start panicked");
-                self.failed = true;
-            }
-        }
+        self.engine.stop();
+        self.bounce.stop();
     }
 }
 
@@ -231,30 +236,17 @@ impl CudaDriverContext {
 
     /// `start_staging`'s engine part.
     fn start_engine_now(&self, staging: &mut Staging) -> Result<bool> {
-        if staging.failed {
-            return Ok(false);
-        }
-        if staging.engine.is_some() {
-            return Ok(true);
-        }
-        if let Some(starting) = staging.starting.take() {
-            let started = starting.join();
-            staging.install(started);
-            return Ok(staging.engine.is_some());
+        // A start in progress first (a failed one is not tried again).
+        let runs = staging.engine.wait();
+        if runs || staging.engine.failed {
+            return Ok(runs);
         }
         // SAFETY: `self.ctx` is live while `self` is, and the engine is dropped (its
         // workers joined) before the context is released (`Drop` stops it first).
-        match unsafe { StagingEngine::start(self.ctx.0, staging.config) } {
-            Ok(engine) => {
-                staging.engine = Some(Arc::new(engine));
-                Ok(true)
-            }
-            Err(failure) => {
-                let error = self.fail(failure);
-                staging.install(Ok(Err(failure)));
-                Err(error)
-            }
-        }
+        let started = unsafe { StagingEngine::start(self.ctx.0, staging.config) };
+        let error = started.as_ref().err().map(|&failure| self.fail(failure));
+        staging.engine.install(Ok(started));
+        error.map_or(Ok(true), Err)
     }
 
     /// Record the timeline of the next staged copy on this context (through
@@ -328,7 +320,7 @@ impl CudaDriverContext {
     /// (`None` before, and without one). For tests and diagnostics.
     #[doc(hidden)]
     pub fn bounce_counts(&self) -> Option<(u64, u64)> {
-        self.lock_staging().bounce.as_ref().map(|b| b.counts())
+        self.lock_staging().bounce.made.as_ref().map(|b| b.counts())
     }
 
     /// The timeline of the last traced copy, once ([`trace_next_staged_copy`](Self::trace_next_staged_copy)).
@@ -345,8 +337,8 @@ impl CudaDriverContext {
     fn routes(&self, len: usize) -> (bool, bool) {
         let staging = self.lock_staging();
         (
-            staging.config.bounces(len) && !staging.bounce_failed,
-            staging.config.enabled() && !staging.failed && len >= staging.config.min_bytes,
+            staging.config.bounces(len) && !staging.bounce.failed,
+            staging.config.enabled() && !staging.engine.failed && len >= staging.config.min_bytes,
         )
     }
 
@@ -356,7 +348,7 @@ impl CudaDriverContext {
     pub(super) fn stages(&self, len: usize, pieces: usize) -> bool {
         let staging = self.lock_staging();
         staging.config.enabled()
-            && !staging.failed
+            && !staging.engine.failed
             && (len >= staging.config.min_bytes || pieces >= BATCH_STAGED_PIECES)
     }
 
@@ -371,72 +363,53 @@ impl CudaDriverContext {
     /// background if there is none (a copy never waits for `cuMemHostAlloc`).
     fn bounce_locked(&self, staging: &mut Staging, start: bool) -> Option<Arc<Bounce>> {
         let bytes = staging.config.bounce_bytes();
-        if bytes == 0 || staging.bounce_failed {
+        if bytes == 0 {
             return None;
         }
-        staging.collect_bounce();
-        if staging.bounce.is_none()
-            && staging.bounce_starting.is_none()
-            && !staging.bounce_failed
-            && start
-        {
-            let ctx: CuContext = self.ctx;
-            let spawned = std::thread::Builder::new()
-                .name("cudabuf-bounce-pin".into())
-                .spawn(move || {
-                    let ctx = ctx;
-                    // SAFETY: the context is live until its wrapper drops, whose `Drop`
-                    // (and `set_staging_config`) joins this thread first and drops the
-                    // buffer before the context is released.
-                    unsafe { Bounce::allocate(ctx.0, bytes) }
-                });
-            match spawned {
-                Ok(handle) => staging.bounce_starting = Some(handle),
-                Err(e) => log::warn!("bounce buffer not pinned: no thread ({e})"),
-            }
-        }
-        staging.bounce.clone()
+        let ctx: CuContext = self.ctx;
+        staging
+            .bounce
+            .get_or_start(start, "cudabuf-bounce-pin", move || {
+                let ctx = ctx;
+                // SAFETY: the context is live until its wrapper drops, whose `Drop` (and
+                // `set_staging_config`) joins this thread first and drops the buffer
+                // before the context is released.
+                unsafe { Bounce::allocate(ctx.0, bytes) }
+            })
     }
 
     /// Pin the bounce buffer now if the configuration has one and it is not there yet
     /// (waiting for a pinning in progress); a failure is logged and turns it off.
     fn pin_bounce_now(&self, staging: &mut Staging) {
         let bytes = staging.config.bounce_bytes();
-        if bytes == 0 || staging.bounce_failed || staging.bounce.is_some() {
+        if bytes == 0 {
             return;
         }
-        let pinned = match staging.bounce_starting.take() {
-            Some(pinning) => pinning.join(),
-            // SAFETY: `self.ctx` is live while `self` is, and the buffer is dropped before
-            // the context is released (`Drop` stops the staging state first).
-            None => Ok(unsafe { Bounce::allocate(self.ctx.0, bytes) }),
-        };
-        staging.install_bounce(pinned);
+        // A pinning in progress first (a failed one is not tried again).
+        if staging.bounce.wait() || staging.bounce.failed {
+            return;
+        }
+        // SAFETY: `self.ctx` is live while `self` is, and the buffer is dropped before the
+        // context is released (`Drop` stops the staging state first).
+        let pinned = unsafe { Bounce::allocate(self.ctx.0, bytes) };
+        staging.bounce.install(Ok(pinned));
     }
 
     fn engine_locked(&self, staging: &mut Staging, start: bool) -> Option<Arc<StagingEngine>> {
-        if !staging.config.enabled() || staging.failed {
+        if !staging.config.enabled() {
             return None;
         }
-        staging.collect_start();
-        if staging.engine.is_none() && staging.starting.is_none() && !staging.failed && start {
-            let ctx: CuContext = self.ctx;
-            let config = staging.config;
-            let spawned = std::thread::Builder::new()
-                .name("cudabuf-staging-start".into())
-                .spawn(move || {
-                    let ctx = ctx;
-                    // SAFETY: the context is live until its wrapper drops, whose `Drop`
-                    // (and `set_staging_config`) joins this thread first and drops the
-                    // engine before the context is released.
-                    unsafe { StagingEngine::start(ctx.0, config) }
-                });
-            match spawned {
-                Ok(handle) => staging.starting = Some(handle),
-                Err(e) => log::warn!("staging engine not started: no thread ({e})"),
-            }
-        }
-        staging.engine.clone()
+        let ctx: CuContext = self.ctx;
+        let config = staging.config;
+        staging
+            .engine
+            .get_or_start(start, "cudabuf-staging-start", move || {
+                let ctx = ctx;
+                // SAFETY: the context is live until its wrapper drops, whose `Drop` (and
+                // `set_staging_config`) joins this thread first and drops the engine
+                // before the context is released.
+                unsafe { StagingEngine::start(ctx.0, config) }
+            })
     }
 
     /// How a single copy of `len` bytes from or to host memory at `host` goes: staged if
