@@ -35,7 +35,7 @@
 //!   [`ADAPTIVE_BELOW`] (64 MiB) each direction and size goes staged or straight to the
 //!   driver by which was faster so far; the engine starts in the background on the first
 //!   copy that would use it ([`CudaDriverContext::start_staging`] starts it at once).
-//!   Below the engine's least size, from 32 KiB ([`StagingConfig::bounce_min`]), the
+//!   Below the engine's least size, from 64 KiB ([`StagingConfig::bounce_min`]), the
 //!   staged path is one pinned bounce buffer that the calling thread copies through.
 //!   `CUDABUF_STAGING=0` (or [`CudaDriverContext::set_staging_config`]) turns it off;
 //!   [`StagingConfig`] has the other switches and the defaults, and the engine's design is

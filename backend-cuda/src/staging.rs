@@ -59,7 +59,7 @@
 //!   `adaptive` the context times both paths per direction and power-of-two size class and
 //!   takes the faster by each path's best recent time, changing only for a clear margin
 //!   (the `adaptive` module says how it estimates and keeps checking).
-//! - **Copies below the engine.** From `bounce_min` (32 KiB) up to `min_bytes` the staged
+//! - **Copies below the engine.** From `bounce_min` (64 KiB) up to `min_bytes` the staged
 //!   path is a bounce buffer (the `bounce` module): one pinned block per context that the
 //!   calling thread copies through itself (a host copy and one DMA, no workers), where
 //!   the driver's own copy stages through buffers of its own at a fraction of the pinned
@@ -167,7 +167,7 @@ pub const STAGING_LINE_FILL_THREADS_VAR: &str = "CUDABUF_STAGING_LINE_FILL_THREA
 pub const STAGING_ADAPTIVE_VAR: &str = "CUDABUF_STAGING_ADAPTIVE";
 
 /// The smallest pageable copy that may go through the context's bounce buffer
-/// ([`StagingConfig::bounce_min`]; default 32K; `max`: none).
+/// ([`StagingConfig::bounce_min`]; default 64K; `max`: none).
 pub const STAGING_BOUNCE_MIN_VAR: &str = "CUDABUF_STAGING_BOUNCE_MIN";
 
 /// The largest bounce buffer ([`StagingConfig::bounce_min`]): copies below
@@ -197,11 +197,13 @@ pub struct StagingConfig {
     /// Pageable copies from this size up to `min_bytes` (below [`BOUNCE_MAX`], and below
     /// the largest power of two not above `min_bytes`: the buffer's size,
     /// [`StagingConfig::bounce_bytes`]) may go through one pinned buffer of the context,
-    /// on the calling thread: a
-    /// host copy into it and its DMA, or its DMA and a host copy out of it, with no
-    /// workers. The driver's own copy of pageable memory stages through buffers of its
-    /// own, slower at these sizes on an H100 (3.3 GB/s at 64 KiB and 6.4 GB/s at 256 KiB
-    /// device to host, where a DMA to pinned memory ran at 8.4 and 22.8 GB/s). With
+    /// on the calling thread: a host copy into it and its DMA, or its DMA and a host copy
+    /// out of it, with no workers. The driver's own copy of pageable memory stages
+    /// through buffers of its own, slower at these sizes: on an H100, device to host
+    /// through the buffer ran at 5.2 / 6.8 / 9.4 GB/s at 64 / 128 / 256 KiB against the
+    /// driver's 4.2 / 4.4 / 7.0, host to device 4.4 against 3.6 at 64 KiB and even at
+    /// 128-256 KiB; at 32 KiB host to device it was 7% behind (docs/PERFORMANCE.md, "The
+    /// bounce buffer"), hence 64 KiB by default. With
     /// `adaptive` the two are timed and the faster taken, per direction and size class,
     /// as the engine is above; without it, every such copy bounces. One copy uses the
     /// buffer at a time: a copy that finds it in use goes to the driver. The buffer is
@@ -320,7 +322,7 @@ pub struct StagingChoice {
 impl StagingConfig {
     /// The defaults for this host: host-to-device with half the CPUs (2 to 8) threads and
     /// 4 MiB steps, device-to-host with three quarters of them (2 to 12) and 2 MiB steps,
-    /// copies from 512 KiB, a bounce buffer from 32 KiB, adaptive, the calling thread taking steps, even steps (no
+    /// copies from 512 KiB, a bounce buffer from 64 KiB, adaptive, the calling thread taking steps, even steps (no
     /// ramp), workers that spin through copies and 50 us after before they sleep, a ring
     /// of 16 slots of 2 MiB (32 MiB pinned), streaming stores below 64 MiB, demoted fills
     /// from 64 MiB to 256 MiB with as many threads as device to host, plain stores from
@@ -334,7 +336,7 @@ impl StagingConfig {
             d2h_threads,
             d2h_chunk_bytes: 2 << 20,
             min_bytes: 512 << 10,
-            bounce_min: 32 << 10,
+            bounce_min: 64 << 10,
             adaptive: true,
             caller_steps: true,
             ramp: false,
@@ -1167,12 +1169,12 @@ mod tests {
     #[test]
     fn the_bounce_buffer_covers_the_sizes_below_the_engine() {
         let default = StagingConfig::default_for_host();
-        assert_eq!(default.bounce_min, 32 << 10);
+        assert_eq!(default.bounce_min, 64 << 10);
         assert_eq!(default.bounce_bytes(), default.min_bytes);
         for (bytes, bounces) in [
             (0, false),
-            ((32 << 10) - 1, false),
-            (32 << 10, true),
+            ((64 << 10) - 1, false),
+            (64 << 10, true),
             ((512 << 10) - 1, true),
             (512 << 10, false),
             (64 << 20, false),

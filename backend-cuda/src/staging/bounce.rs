@@ -2,12 +2,13 @@
 //! copies pageable memory too small for the staging engine.
 //!
 //! The driver's own copy of pageable memory stages it too, through buffers of its own,
-//! and below the engine's least size it is the only other way. On an H100 it ran at 3.3
-//! GB/s at 64 KiB and 6.4 GB/s at 256 KiB device to host, where a copy from or to pinned
-//! memory ran at 8.4 and 22.8 GB/s: a host copy of that size costs a few microseconds, so
-//! a DMA from or to a pinned buffer plus a host copy beats the driver's own staging. Which
-//! of the two is faster per direction and size is adaptive staging's to find
-//! (`Chooser`, with this buffer as the staged path below the engine's least size).
+//! and below the engine's least size it is the only other way. On an H100 it ran at 4.2
+//! GB/s at 64 KiB and 7.0 GB/s at 256 KiB device to host, where a DMA into pinned memory
+//! alone ran at 7.6 and 22.1 GB/s: a host copy of that size costs a few microseconds, so
+//! a DMA from or to a pinned buffer plus a host copy can beat the driver's own staging
+//! (through this buffer: 5.2 and 9.4 GB/s; `StagingConfig::bounce_min` has the other
+//! sizes). Which of the two is faster per direction and size is adaptive staging's to
+//! find (`Chooser`, with this buffer as the staged path below the engine's least size).
 //!
 //! One caller uses the buffer at a time (a `try_lock`): a copy that finds it taken goes
 //! to the driver as is. The buffer is pinned on a thread of its own on first need, so no

@@ -79,8 +79,11 @@ def main(paths):
     runs = defaultdict(dict)
     for p in paths:
         for key, v in json.load(open(p)).items():
-            way, size, mode, rnd = key.split("_")
-            runs[(way, int(size))][(p, mode, rnd)] = v
+            # Modes may hold an underscore (bounce_nt); only the three staging modes replay.
+            way, size, rest = key.split("_", 2)
+            mode, rnd = rest.rsplit("_", 1)
+            if mode in ("staged", "direct", "adaptive"):
+                runs[(way, int(size))][(p, mode, rnd)] = v
     for (way, size), r in sorted(runs.items()):
         by = defaultdict(list)
         for (p, mode, rnd), v in r.items(): by[mode].append(v)

@@ -4,7 +4,8 @@
 # (perf's copies, then the peers, in turn; the table from the medians), arrow_throughput
 # six times (the first to_host against its control), the Python bench in three runs (the
 # table from the medians), then the per-copy times of the Python layer's pageable copies
-# at 1-16 MiB (results/diag-2026-12-07c/d1/pydiag.py), the D2D probe, perf's adaptive section (32 KiB-16 MiB: the bounce buffer below 512 KiB).
+# at 1-16 MiB (results/diag-2026-12-07c/d1/pydiag.py), the D2D probe; perf's adaptive section
+# (32 KiB-16 MiB: the bounce buffer below 512 KiB) right after the CUDA tests.
 set -u
 T0=$SECONDS; TOTAL=${TOTAL:-500}
 O="$OUT/r"; mkdir -p "$O"
@@ -25,6 +26,10 @@ for t in cuda-unit cuda-driver cuda-streams cuda-diag cuda-fast_paths; do run $t
 run conformance-cuda 120 $R .gpu/bin/conformance-cuda --test-threads=4
 run arrow-cuda 90 $R .gpu/bin/arrow-cuda --test-threads=4
 run cli-cli 60 $R .gpu/bin/cli-cli --test-threads=4
+mkdir -p $O/ad
+run adaptive 120 .gpu/bin/perf --only adaptive --sizes 32K,64K,128K,256K,512K,1M,4M,16M --json "$O/ad/perf.json"
+grep -E "^\| adaptive" $O/adaptive.log | cut -c1-120
+[ -f $O/ad/adaptive_raw.json ] && python3 results/diag-2026-12-07d/d1/replay.py $O/ad/adaptive_raw.json > $O/replay.log 2>&1; cat $O/replay.log
 run dma 60 .gpu/bin/perf --only dma --sizes 16M,64M,256M --json "$O/dma.json"
 grep -E "beside_mt(8|12)|memcpy_mt(8|12)|dma_alone|fill" $O/dma.log | grep -v "^|" | cut -c1-110
 grep -h -E "test result|FAILED|panicked at" $O/*.log | grep -v cudabuf-parquet | sort | uniq -c
@@ -33,7 +38,8 @@ for k in 1 2 3 4 5; do mkdir -p $O/round$k
   run round$k-perf 90 .gpu/bin/perf --only copies --sizes $S --json "$O/round$k/perf.json"
   run round$k-peers 90 python3 scripts/bench_compare.py --ours "$O/round$k/perf.json" --skip-peer --copies-only --out "$O/round$k"
 done
-run compare 60 python3 scripts/bench_compare.py --compare-only --skip-peer --sizes $S --ours $O/round{1,2,3,4,5}/perf.json --peers $O/round{1,2,3,4,5}/compare.json --out "$O"
+ours=(); peers=(); for k in 1 2 3 4 5; do [ -f $O/round$k/perf.json ] && [ -f $O/round$k/compare.json ] && { ours+=($O/round$k/perf.json); peers+=($O/round$k/compare.json); }; done
+run compare 60 python3 scripts/bench_compare.py --compare-only --skip-peer --sizes $S --ours "${ours[@]}" --peers "${peers[@]}" --out "$O"
 sed -n '/min ratio/,/^$/p' "$O/compare.md"
 grep -E "pageable \| 64 MiB" "$O/compare.md"
 python3 - "$O" <<'PY'
@@ -50,7 +56,7 @@ grep -H 'alternated pairs' $O/arrow*.log
 site=/tmp/site; rm -rf $site; python3 -m pip install --no-index --no-deps --target $site .whl/cudabuf-*.whl > "$O/pip.log" 2>&1
 SZ="4096 16384 65536 262144 1048576 4194304 16777216 67108864 268435456 1073741824"
 for k in 1 2 3; do run py$k 100 env PYTHONPATH=$site python3 scripts/gpu_python_checks.py bench --out "$O/py$k" --sizes $SZ; done
-run pycurve 30 python3 scripts/gpu_python_checks.py merge --out "$O/pycurve" $O/py{1,2,3}/bench.json
+run pycurve 30 python3 scripts/gpu_python_checks.py merge --out "$O/pycurve" $(ls $O/py*/bench.json)
 sed -n '/^| operation | min ratio/,$p' "$O/pycurve/bench.md" | head -8
 run pydiag 30 env PYTHONPATH=$site python3 results/diag-2026-12-07c/d1/pydiag.py $O/pydiag.json
 cut -c1-110 $O/pydiag.log
@@ -69,7 +75,3 @@ mkdir -p $O/probe; run probe 60 env PYTHONPATH=$site python3 results/curve-round
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); r=d['4096']; print('issue only us: cudabuf', r['issue only: cudabuf copy_device'], 'cupy', r['issue only: cupy memcpyAsync'])" $O/probe/d2d_probe.json
 run issue 40 .gpu/bin/perf --only issue --json "$O/issue.json"
 grep '^| issue' $O/issue.log
-mkdir -p $O/ad
-run adaptive 120 .gpu/bin/perf --only adaptive --sizes 32K,64K,128K,256K,512K,1M,4M,16M --json "$O/ad/perf.json"
-grep -E "^\| adaptive" $O/adaptive.log | cut -c1-120
-[ -f $O/ad/adaptive_raw.json ] && python3 results/diag-2026-12-07d/d1/replay.py $O/ad/adaptive_raw.json > $O/replay.log 2>&1; cat $O/replay.log
