@@ -217,11 +217,11 @@ impl CudaDriverContext {
             self.keep_trace(done.trace);
             cold = done.woke_workers;
             done.result.map_err(|f| self.fail_copy(f, &[dst]))
-        } else if let Some((mut bounce, stores)) = plan.take_bounce(src.len()) {
-            // SAFETY: our context is pushed; the caller guarantees the device range;
-            // `take_bounce` gives the buffer only to a copy that fits it. The buffer is
-            // ours until `bounce` drops, after the wait: the DMA out of it is done before
-            // another copy fills it.
+        } else if let Some((bounce, stores)) = plan.take_bounce() {
+            // SAFETY: our context is pushed; the caller guarantees the device range; the
+            // plan leases the buffer only to a copy that fits it. The lease is held until
+            // the plan drops, after the wait (a copy that failed queued nothing): the DMA
+            // out of the buffer is done before another copy fills it.
             unsafe { bounce.upload(dst, src, stores) }
                 .map_err(|f| self.fail_copy(f, &[dst]))
                 .and_then(|()| self.wait_default_stream(&pushed))
@@ -282,10 +282,9 @@ impl CudaDriverContext {
             self.keep_trace(done.trace);
             cold = done.woke_workers;
             done.result.map_err(|f| self.fail_copy(f, &[src]))
-        } else if let Some((mut bounce, _)) = plan.take_bounce(dst.len()) {
-            // SAFETY: our context is pushed; the caller guarantees the device range;
-            // `take_bounce` gives the buffer only to a copy that fits it, and it is ours
-            // until `bounce` drops.
+        } else if let Some((bounce, _)) = plan.take_bounce() {
+            // SAFETY: our context is pushed; the caller guarantees the device range; the
+            // plan leases the buffer only to a copy that fits it, until the plan drops.
             unsafe { bounce.download(dst, src) }.map_err(|f| self.fail_copy(f, &[src]))
         } else {
             // SAFETY: our context is pushed; `dst` is writable for `dst.len()` bytes; the

@@ -59,7 +59,8 @@
 //!   `adaptive` the context times both paths per direction and power-of-two size class and
 //!   takes the faster by each path's best recent time, changing only for a clear margin
 //!   (the `adaptive` module says how it estimates and keeps checking).
-//! - **Copies below the engine.** From `bounce_min` (64 KiB) up to `min_bytes` the staged
+//! - **Copies below the engine.** From `bounce_min` (64 KiB) up to `min_bytes` (below
+//!   `bounce_bytes()`, a power of two, at most [`BOUNCE_MAX`]) the staged
 //!   path is a bounce buffer (the `bounce` module): one pinned block per context that the
 //!   calling thread copies through itself (a host copy and one DMA, no workers), where
 //!   the driver's own copy stages through buffers of its own at a fraction of the pinned
@@ -113,7 +114,7 @@ use crate::context::CuContext;
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
 pub(crate) use adaptive::{Chooser, Path};
-pub(crate) use bounce::{Bounce, Taken as BounceTaken};
+pub(crate) use bounce::{Bounce, Lease as BounceLease};
 use pipeline::StreamCopies;
 use queue::{JobQueue, Joinable};
 use ring::{RingCopier, RingTask};
@@ -170,8 +171,9 @@ pub const STAGING_ADAPTIVE_VAR: &str = "CUDABUF_STAGING_ADAPTIVE";
 /// ([`StagingConfig::bounce_min`]; default 64K; `max`: none).
 pub const STAGING_BOUNCE_MIN_VAR: &str = "CUDABUF_STAGING_BOUNCE_MIN";
 
-/// The largest bounce buffer ([`StagingConfig::bounce_min`]): copies below
-/// `min(min_bytes, BOUNCE_MAX)` may bounce.
+/// The largest bounce buffer ([`StagingConfig::bounce_min`]): copies below the largest
+/// power of two not above `min(min_bytes, BOUNCE_MAX)` may bounce
+/// ([`StagingConfig::bounce_bytes`]).
 pub const BOUNCE_MAX: usize = 1 << 20;
 
 /// How pageable copies are staged.
@@ -469,7 +471,7 @@ impl StagingConfig {
             0 => 0,
             n => 1 << n.ilog2(),
         };
-        if self.enabled() && self.bounce_min < below {
+        if self.enabled() && self.bounce_min.max(1) < below {
             below
         } else {
             0

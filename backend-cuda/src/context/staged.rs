@@ -13,7 +13,7 @@ use super::{CuContext, CudaDriverContext, BATCH_STAGED_PIECES};
 use crate::current::PushedContext;
 use crate::driver_error::CuFailure;
 use crate::staging::{
-    Bounce, BounceTaken, Chooser, Direction, FillStores, Path, StagingChoice, StagingConfig,
+    Bounce, BounceLease, Chooser, Direction, FillStores, Path, StagingChoice, StagingConfig,
     StagingEngine, StagingTrace,
 };
 
@@ -30,6 +30,23 @@ struct Background<T> {
     failed: bool,
 }
 
+impl<T> Background<T> {
+    /// Wait for a making in progress, then let go of what was made.
+    fn stop(&mut self) {
+        if let Some(making) = self.making.take() {
+            let _ = making.join();
+        }
+        self.made = None;
+    }
+}
+
+impl<T> Drop for Background<T> {
+    /// As `stop`: no making thread outlives the staging state (and so the context).
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 impl<T: Send + 'static> Background<T> {
     fn new(what: &'static str) -> Self {
         Background {
@@ -38,14 +55,6 @@ impl<T: Send + 'static> Background<T> {
             making: None,
             failed: false,
         }
-    }
-
-    /// Wait for a making in progress, then let go of what was made.
-    fn stop(&mut self) {
-        if let Some(making) = self.making.take() {
-            let _ = making.join();
-        }
-        self.made = None;
     }
 
     /// Install what a finished making made (or note its failure).
@@ -78,7 +87,7 @@ impl<T: Send + 'static> Background<T> {
                 self.failed = true;
             }
             Err(_) => {
-                log::warn!("{} is off for this context: making it panicked", self.what);
+                log::warn!("{} is off for this context: its start panicked", self.what);
                 self.failed = true;
             }
         }
@@ -99,7 +108,7 @@ impl<T: Send + 'static> Background<T> {
         if self.made.is_none() && self.making.is_none() && !self.failed && start {
             match std::thread::Builder::new().name(thread.into()).spawn(make) {
                 Ok(handle) => self.making = Some(handle),
-                Err(e) => log::warn!("{} is not made yet: no thread ({e})", self.what),
+                Err(e) => log::warn!("{} is not started: no thread ({e})", self.what),
             }
         }
         self.made.clone()
@@ -115,6 +124,8 @@ pub(super) struct Staging {
     /// The bounce buffer (once pinned).
     bounce: Background<Bounce>,
     chooser: Chooser,
+    /// Counts the states a context had: `set_staging_config` makes the next one.
+    generation: u64,
     /// The next staged copy records its timeline.
     trace_requested: bool,
     /// The last traced copy's timeline, until taken.
@@ -125,9 +136,10 @@ impl Staging {
     pub(super) fn new(config: StagingConfig) -> Self {
         Staging {
             config,
-            engine: Background::new("staging pageable copies"),
+            engine: Background::new("the staging engine"),
             bounce: Background::new("the bounce buffer for small pageable copies"),
             chooser: Chooser::default(),
+            generation: 0,
             trace_requested: false,
             trace: None,
         }
@@ -148,13 +160,15 @@ impl Staging {
 pub(super) struct Plan {
     /// Staged through this engine; else through `bounce` or the driver's own copy.
     pub(super) engine: Option<Arc<StagingEngine>>,
-    /// Through this bounce buffer, if no other copy uses it ([`Plan::take_bounce`]); else
-    /// the driver's own copy.
-    bounce: Option<Arc<Bounce>>,
+    /// Through the bounce buffer, held for this copy ([`Plan::take_bounce`]).
+    bounce: Option<BounceLease>,
     /// How a host-to-device copy fills the bounce buffer.
     stores: FillStores,
     /// Adaptive staging chose the path: the copy's time is learned, from this moment.
     timed: Option<Instant>,
+    /// The staging state's generation the plan came from: a copy that ends after
+    /// `set_staging_config` teaches the new state nothing.
+    generation: u64,
     /// The copy records its timeline.
     pub(super) traced: bool,
 }
@@ -167,25 +181,16 @@ impl Plan {
             bounce: None,
             stores: FillStores::Plain,
             timed: None,
+            generation: 0,
             traced: false,
         }
     }
 
-    /// The bounce buffer for this copy of `len` bytes, and how to fill it: `None` if the
-    /// plan does not bounce, or if another copy uses the buffer, in which case the copy
-    /// goes to the driver and is not learnt (its time is not the bounce's).
-    pub(super) fn take_bounce(&mut self, len: usize) -> Option<(BounceTaken<'_>, FillStores)> {
-        let Plan {
-            bounce,
-            timed,
-            stores,
-            ..
-        } = self;
-        let taken = bounce.as_deref()?.try_take(len);
-        if taken.is_none() {
-            *timed = None;
-        }
-        taken.map(|t| (t, *stores))
+    /// The bounce buffer held for this copy, and how to fill it (`None` if the plan does
+    /// not bounce). It stays held until the plan drops.
+    pub(super) fn take_bounce(&mut self) -> Option<(&mut BounceLease, FillStores)> {
+        let stores = self.stores;
+        self.bounce.as_mut().map(|lease| (lease, stores))
     }
 }
 
@@ -203,7 +208,14 @@ impl CudaDriverContext {
     pub fn set_staging_config(&self, config: StagingConfig) {
         let old = {
             let mut staging = self.lock_staging();
-            std::mem::replace(&mut *staging, Staging::new(config))
+            let generation = staging.generation.wrapping_add(1);
+            std::mem::replace(
+                &mut *staging,
+                Staging {
+                    generation,
+                    ..Staging::new(config)
+                },
+            )
         };
         // Outside the lock: joining a start in progress takes a while, and copies that
         // still use the old engine or bounce buffer keep them until they end.
@@ -281,8 +293,9 @@ impl CudaDriverContext {
 
     /// What adaptive staging ([`StagingConfig::adaptive`]) knows now, per direction and
     /// size class of the pageable copies it has timed on this context: how many took the
-    /// staging engine and how many the driver's own copy, which of the two it takes now,
-    /// and the rate it expects of each. Empty before the first timed copy, with staging or
+    /// staged path (the staging engine, or below its least size the bounce buffer) and how
+    /// many the driver's own copy, which of the two it takes now, and the rate it expects
+    /// of each. Empty before the first timed copy, with staging or
     /// adaptivity off, and after [`set_staging_config`](Self::set_staging_config).
     ///
     /// ```no_run
@@ -320,7 +333,9 @@ impl CudaDriverContext {
     /// (`None` before, and without one). For tests and diagnostics.
     #[doc(hidden)]
     pub fn bounce_counts(&self) -> Option<(u64, u64)> {
-        self.lock_staging().bounce.made.as_ref().map(|b| b.counts())
+        let mut staging = self.lock_staging();
+        staging.bounce.collect();
+        staging.bounce.made.as_ref().map(|b| b.counts())
     }
 
     /// The timeline of the last traced copy, once ([`trace_next_staged_copy`](Self::trace_next_staged_copy)).
@@ -438,21 +453,29 @@ impl CudaDriverContext {
             if !staging.config.bounces(len) {
                 return direct;
             }
-            let Some(bounce) = self.bounce_locked(&mut staging, start_engine) else {
+            // Held before adaptive staging is asked: a copy that finds the buffer in use
+            // goes to the driver untimed, and the chooser's turns are not spent on it.
+            let Some(lease) = self
+                .bounce_locked(&mut staging, start_engine)
+                .and_then(|bounce| bounce.try_lease(len))
+            else {
                 return direct;
             };
             let stores = staging.config.fill_stores_for(len);
             let adaptive = staging.config.adaptive;
+            let generation = staging.generation;
             if adaptive && !staging.chooser.stage(direction, len) {
                 return Plan {
                     timed: Some(Instant::now()),
+                    generation,
                     ..direct
                 };
             }
             return Plan {
-                bounce: Some(bounce),
+                bounce: Some(lease),
                 stores,
                 timed: adaptive.then(Instant::now),
+                generation,
                 ..direct
             };
         }
@@ -460,9 +483,11 @@ impl CudaDriverContext {
             return direct;
         };
         let timed = staging.config.adaptive && len < crate::staging::ADAPTIVE_BELOW;
+        let generation = staging.generation;
         if timed && !staging.chooser.stage(direction, len) {
             return Plan {
                 timed: Some(Instant::now()),
+                generation,
                 ..direct
             };
         }
@@ -470,6 +495,7 @@ impl CudaDriverContext {
         Plan {
             engine: Some(engine),
             timed: timed.then(Instant::now),
+            generation,
             traced,
             ..direct
         }
@@ -492,9 +518,10 @@ impl CudaDriverContext {
                 (None, Some(_), _) | (Some(_), _, false) => Path::Staged,
                 (Some(_), _, true) => Path::StagedCold,
             };
-            self.lock_staging()
-                .chooser
-                .learn(direction, len, path, secs);
+            let mut staging = self.lock_staging();
+            if staging.generation == plan.generation {
+                staging.chooser.learn(direction, len, path, secs);
+            }
         }
     }
 

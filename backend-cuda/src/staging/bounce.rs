@@ -10,13 +10,14 @@
 //! sizes). Which of the two is faster per direction and size is adaptive staging's to
 //! find (`Chooser`, with this buffer as the staged path below the engine's least size).
 //!
-//! One caller uses the buffer at a time (a `try_lock`): a copy that finds it taken goes
-//! to the driver as is. The buffer is pinned on a thread of its own on first need, so no
+//! One caller uses the buffer at a time (a [`Lease`], taken before adaptive staging is
+//! asked, so that a copy that finds it in use goes to the driver as is and the chooser
+//! is not touched). The buffer is pinned on a thread of its own on first need, so no
 //! copy waits for `cuMemHostAlloc`; copies go to the driver until it is there.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use cudabuf_core::backend::DevicePtr;
 use cudarc::driver::sys::{self, CUcontext};
@@ -27,31 +28,34 @@ use crate::context::CuContext;
 use crate::current::PushedContext;
 use crate::driver_error::{check, CuFailure};
 
-/// A pinned buffer of a context, for one copy at a time.
+/// A pinned buffer of a context, for one copy at a time (the holder of its [`Lease`]).
 #[derive(Debug)]
 pub(crate) struct Bounce {
     ctx: CuContext,
-    /// The buffer's start; the lock is held for the whole of each copy through it.
-    block: Mutex<BlockPtr>,
+    /// The buffer's start: read and written only through the one [`Lease`].
+    block: *mut u8,
     len: usize,
-    /// Copies given the buffer.
-    taken: AtomicU64,
-    /// Copies that found it in use.
+    /// Whether a [`Lease`] holds the buffer.
+    leased: AtomicBool,
+    /// Copies made through the buffer.
+    bounced: AtomicU64,
+    /// Leases refused because another one held the buffer.
     busy: AtomicU64,
 }
 
-/// The start of a [`Bounce`]'s pinned block.
+// SAFETY: `block` is pinned host memory owned by the `Bounce` and freed only in its `Drop`
+// (with its context pushed, from any thread); its bytes are read and written only by the
+// holder of the one `Lease` (taken with an acquiring compare-exchange of `leased`, given
+// back with a releasing store), so no two threads touch them at once. The other fields are
+// a driver handle and atomics.
+unsafe impl Send for Bounce {}
+// SAFETY: as for `Send`: shared references only lease (atomically) and read counters.
+unsafe impl Sync for Bounce {}
+
+/// The buffer, held for one copy ([`Bounce::try_lease`]); given back when dropped.
 #[derive(Debug)]
-pub(crate) struct BlockPtr(*mut u8);
-
-// SAFETY: the pointer is pinned host memory owned by the `Bounce`, freed only in its
-// `Drop`; it is read and written only by the thread that holds the `Mutex` around it.
-unsafe impl Send for BlockPtr {}
-
-/// The buffer, taken for one copy ([`Bounce::try_take`]).
-pub(crate) struct Taken<'a> {
-    block: MutexGuard<'a, BlockPtr>,
-    len: usize,
+pub(crate) struct Lease {
+    bounce: Arc<Bounce>,
 }
 
 impl Bounce {
@@ -66,51 +70,53 @@ impl Bounce {
         drop(pushed);
         Ok(Bounce {
             ctx: CuContext(ctx),
-            block: Mutex::new(BlockPtr(block)),
+            block,
             len,
-            taken: AtomicU64::new(0),
+            leased: AtomicBool::new(false),
+            bounced: AtomicU64::new(0),
             busy: AtomicU64::new(0),
         })
     }
 
-    /// The buffer for a copy of `len` bytes, or `None` while another copy uses it (or if
-    /// the copy does not fit: a configuration changed since the copy was planned).
-    pub(crate) fn try_take(&self, len: usize) -> Option<Taken<'_>> {
+    /// The buffer for a copy of `len` bytes, or `None` while another copy holds it (or if
+    /// the copy does not fit).
+    pub(crate) fn try_lease(self: &Arc<Self>, len: usize) -> Option<Lease> {
         if len > self.len {
             return None;
         }
-        let block = match self.block.try_lock() {
-            Ok(block) => block,
-            // A copy that panicked left no state behind but bytes in the buffer.
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                self.busy.fetch_add(1, Ordering::Relaxed);
-                return None;
-            }
-        };
-        self.taken.fetch_add(1, Ordering::Relaxed);
-        Some(Taken {
-            block,
-            len: self.len,
+        if self
+            .leased
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.busy.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Lease {
+            bounce: Arc::clone(self),
         })
     }
-}
 
-impl Bounce {
-    /// How many copies were given the buffer, and how many found it in use.
+    /// How many copies went through the buffer, and how many found it in use.
     pub(crate) fn counts(&self) -> (u64, u64) {
         (
-            self.taken.load(Ordering::Relaxed),
+            self.bounced.load(Ordering::Relaxed),
             self.busy.load(Ordering::Relaxed),
         )
     }
 }
 
-impl Taken<'_> {
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.bounce.leased.store(false, Ordering::Release);
+    }
+}
+
+impl Lease {
     /// Copy `src` to the device at `dst`: into the buffer with `stores`, then the
     /// driver's copy from it (documented as synchronous with the host for pinned memory;
-    /// the caller waits for the legacy stream before it lets go of the buffer all the
-    /// same). At most the buffer's size.
+    /// the caller also waits for the legacy stream, on success, before it drops the
+    /// lease: a failed copy queued nothing). At most the buffer's size.
     ///
     /// # Safety
     /// The buffer's context is pushed, and `dst..dst + src.len()` lies inside a live
@@ -121,18 +127,17 @@ impl Taken<'_> {
         src: &[u8],
         stores: FillStores,
     ) -> Result<(), CuFailure> {
-        assert!(
-            src.len() <= self.len,
-            "a bounce copy larger than its buffer"
-        );
-        // SAFETY: the block holds `self.len >= src.len()` bytes and is ours while the lock
-        // is held; `src` is a borrowed slice, so not the block (which nothing outside this
+        let b = &*self.bounce;
+        assert!(src.len() <= b.len, "a bounce copy larger than its buffer");
+        b.bounced.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the block holds `b.len >= src.len()` bytes and is ours while the lease
+        // lives; `src` is a borrowed slice, so not the block (which nothing outside this
         // module points at).
-        unsafe { fill(self.block.0, src.as_ptr(), src.len(), stores) };
+        unsafe { fill(b.block, src.as_ptr(), src.len(), stores) };
         // SAFETY: the context is pushed and the device range valid (this function's
         // contract); the block holds `src.len()` readable bytes.
         check("cuMemcpyHtoD_v2", unsafe {
-            sys::cuMemcpyHtoD_v2(dst, self.block.0.cast::<c_void>(), src.len())
+            sys::cuMemcpyHtoD_v2(dst, b.block.cast::<c_void>(), src.len())
         })
     }
 
@@ -148,33 +153,31 @@ impl Taken<'_> {
         dst: &mut [u8],
         src: DevicePtr,
     ) -> Result<(), CuFailure> {
-        assert!(
-            dst.len() <= self.len,
-            "a bounce copy larger than its buffer"
-        );
+        let b = &*self.bounce;
+        assert!(dst.len() <= b.len, "a bounce copy larger than its buffer");
+        b.bounced.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the context is pushed and the device range valid (this function's
         // contract); the block holds `dst.len()` writable bytes and is ours while the
-        // lock is held. cuMemcpyDtoH returns once the bytes are in the block.
+        // lease lives. cuMemcpyDtoH returns once the bytes are in the block.
         check("cuMemcpyDtoH_v2", unsafe {
-            sys::cuMemcpyDtoH_v2(self.block.0.cast::<c_void>(), src, dst.len())
+            sys::cuMemcpyDtoH_v2(b.block.cast::<c_void>(), src, dst.len())
         })?;
         // SAFETY: the block holds `dst.len()` bytes the driver just wrote; `dst` is a
         // unique borrow, so not the block.
-        unsafe { std::ptr::copy_nonoverlapping(self.block.0, dst.as_mut_ptr(), dst.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(b.block, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 }
 
 impl Drop for Bounce {
     fn drop(&mut self) {
-        let block = self.block.get_mut().unwrap_or_else(PoisonError::into_inner);
         // SAFETY: the context outlives the buffer (`allocate`'s contract).
         match unsafe { PushedContext::push(self.ctx.0) } {
             Ok(pushed) => {
                 // SAFETY: the block came from `alloc_pinned` in this context (pushed) and
-                // is freed once, here; no copy uses it (a copy holds a borrow of `self`),
-                // and each copy's DMA was done before it let go of the block.
-                unsafe { free_pinned(&mut block.0) };
+                // is freed once, here; no copy uses it (a lease holds an `Arc` of the
+                // buffer), and each copy's DMA was done before it dropped its lease.
+                unsafe { free_pinned(&mut self.block) };
                 drop(pushed);
             }
             Err(f) => log::warn!(
