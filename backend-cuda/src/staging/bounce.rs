@@ -188,3 +188,84 @@ impl Drop for Bounce {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `Bounce` over host memory of the test's own (no driver): never dropped (its `Drop`
+    /// frees through the driver), but [`forget`]-ed once every lease is gone.
+    fn over(block: &mut [u8]) -> Arc<Bounce> {
+        Arc::new(Bounce {
+            ctx: CuContext(std::ptr::null_mut()),
+            block: block.as_mut_ptr(),
+            len: block.len(),
+            leased: AtomicBool::new(false),
+            bounced: AtomicU64::new(0),
+            busy: AtomicU64::new(0),
+        })
+    }
+
+    /// Let go of a test's `Bounce` without its `Drop` (it owns no heap memory of its own),
+    /// checking that no lease is left.
+    fn forget(bounce: Arc<Bounce>) {
+        let inner = Arc::try_unwrap(bounce).expect("every lease was dropped");
+        std::mem::forget(inner);
+    }
+
+    /// One lease at a time: a second is refused (and counted) while the first lives, and
+    /// given once it drops; a copy larger than the buffer gets none.
+    #[test]
+    fn one_lease_at_a_time() {
+        let mut block = vec![0u8; 4096];
+        let bounce = over(&mut block);
+        let first = bounce.try_lease(4096).expect("free");
+        assert!(bounce.try_lease(1).is_none(), "held");
+        assert_eq!(bounce.counts(), (0, 1));
+        assert!(bounce.try_lease(4097).is_none(), "too large for the buffer");
+        drop(first);
+        let again = bounce.try_lease(10).expect("given back");
+        drop(again);
+        forget(bounce);
+    }
+
+    /// Threads leasing the buffer at once: the holder writes the whole block with its own
+    /// byte and reads it back, so two holders at once would show (and, under Miri, race);
+    /// every attempt is a lease or a counted refusal.
+    #[test]
+    fn threads_lease_it_one_at_a_time() {
+        const THREADS: u8 = 4;
+        const ROUNDS: u64 = if cfg!(miri) { 20 } else { 2000 };
+        let mut block = vec![0u8; 256];
+        let bounce = over(&mut block);
+        let leased = std::thread::scope(|s| {
+            let handles: Vec<_> = (1..=THREADS)
+                .map(|t| {
+                    let bounce = Arc::clone(&bounce);
+                    s.spawn(move || {
+                        let mut held = 0u64;
+                        for _ in 0..ROUNDS {
+                            if let Some(lease) = bounce.try_lease(256) {
+                                let b = &*lease.bounce;
+                                // SAFETY: the block is 256 bytes of `block`, which outlives
+                                // the scope; the lease makes this thread its only user.
+                                let bytes =
+                                    unsafe { std::slice::from_raw_parts_mut(b.block, b.len) };
+                                bytes.fill(t);
+                                std::thread::yield_now();
+                                assert!(bytes.iter().all(|&x| x == t), "two holders at once");
+                                held += 1;
+                            }
+                        }
+                        held
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
+        });
+        let (_, busy) = bounce.counts();
+        assert_eq!(leased + busy, u64::from(THREADS) * ROUNDS);
+        assert!(leased > 0);
+        forget(bounce);
+    }
+}
