@@ -93,10 +93,16 @@ def parse_sizes(text: str) -> list[int]:
     return out
 
 
-def time_calls(f: Callable[[], object], warmup: int, min_reps: int, max_reps: int, budget_s: float) -> tuple[float, int]:
-    """Seconds per call: warmup calls, then min..max timed calls within the budget."""
-    for _ in range(warmup):
+def time_calls(
+    f: Callable[[], object], warmup: int, min_reps: int, max_reps: int, budget_s: float, warm_s: float = 0.0
+) -> tuple[float, int]:
+    """Seconds per call: at least `warmup` calls and `warm_s` seconds of them, then min..max
+    timed calls within the budget."""
+    warm_start = time.perf_counter()
+    warmed = 0
+    while warmed < warmup or time.perf_counter() - warm_start < warm_s:
         f()
+        warmed += 1
     samples: list[float] = []
     start = time.perf_counter()
     while len(samples) < max_reps and (len(samples) < min_reps or time.perf_counter() - start < budget_s):
@@ -137,10 +143,24 @@ def synced_by(sync: Callable[[], object]) -> Callable[[Callable[[], object]], Ca
     return wrap
 
 
+#: A copy's least warm-up time, as cudabuf's `perf` warms its own (the environment variable
+#: and its default are perf's): a small copy's calls last a few milliseconds in all, and the
+#: device's clocks left by the figure before it would otherwise decide it.
+COPY_WARM_VAR = "CUDABUF_PERF_COPY_WARM_MS"
+COPY_WARM_MS = 10.0
+
+
+def copy_warm_s() -> float:
+    try:
+        return float(os.environ.get(COPY_WARM_VAR, COPY_WARM_MS)) / 1000.0
+    except ValueError:
+        return COPY_WARM_MS / 1000.0
+
+
 def copy_budget(size: int) -> dict[str, Any]:
     if size >= 256 * MIB:
-        return dict(warmup=1, min_reps=5, max_reps=15, budget_s=0.6)
-    return dict(warmup=2, min_reps=10, max_reps=200, budget_s=0.3)
+        return dict(warmup=1, min_reps=5, max_reps=15, budget_s=0.6, warm_s=copy_warm_s())
+    return dict(warmup=2, min_reps=10, max_reps=200, budget_s=0.3, warm_s=copy_warm_s())
 
 
 def gbps(nbytes: int, secs: float) -> float:

@@ -185,7 +185,7 @@ pub(crate) fn copies(
                     dst.copy_from_slice(black_box(&src));
                     black_box(&mut dst);
                     let b = t.elapsed().as_secs_f64();
-                    if i >= warm {
+                    if i >= warm.calls {
                         sim.push(a);
                         memcpy.push(b);
                     }

@@ -188,7 +188,7 @@ pub(crate) fn copy_samples(
     dst: &cudabuf::DeviceBuffer,
     src: &cudabuf::DeviceBuffer,
     host: &mut [u8],
-    budget: (usize, usize, usize, std::time::Duration),
+    budget: (crate::timing::Warmup, usize, usize, std::time::Duration),
 ) -> AnyResult<Vec<f64>> {
     use std::ffi::c_void;
 

@@ -217,7 +217,10 @@ fn cuda_switches(
         for &size in &sizes {
             let (warm, min, max, budget) = copy_budget(size);
             // Adaptive staging tries both paths over its first copies of a size: warm it.
-            let warm = warm.max(8);
+            let warm = crate::timing::Warmup {
+                calls: warm.calls.max(8),
+                ..warm
+            };
             for (op, h2d) in [("h2d", true), ("d2h", false)] {
                 let mut s = time_calls(warm, min, max, budget, || copy(h2d, size))?;
                 let n = s.len();

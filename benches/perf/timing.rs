@@ -17,17 +17,38 @@ pub(crate) fn median(samples: &mut [f64]) -> f64 {
     }
 }
 
-/// Seconds per call of `f`: `warmup` calls, then at least `min` and at most `max` timed
+/// How long a figure warms up before it is timed: at least `calls` calls, and calls until
+/// `at_least` has passed since the first.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Warmup {
+    pub(crate) calls: usize,
+    pub(crate) at_least: Duration,
+}
+
+impl From<usize> for Warmup {
+    fn from(calls: usize) -> Self {
+        Warmup {
+            calls,
+            at_least: Duration::ZERO,
+        }
+    }
+}
+
+/// Seconds per call of `f`: the warm-up, then at least `min` and at most `max` timed
 /// calls, stopping after `budget`.
 pub(crate) fn time_calls(
-    warmup: usize,
+    warmup: impl Into<Warmup>,
     min: usize,
     max: usize,
     budget: Duration,
     mut f: impl FnMut() -> AnyResult<()>,
 ) -> AnyResult<Vec<f64>> {
-    for _ in 0..warmup {
+    let warmup = warmup.into();
+    let warm_start = Instant::now();
+    let mut warmed = 0;
+    while warmed < warmup.calls || warm_start.elapsed() < warmup.at_least {
         f()?;
+        warmed += 1;
     }
     let start = Instant::now();
     let mut samples = Vec::new();
@@ -77,11 +98,36 @@ pub(crate) fn pattern(len: usize) -> Vec<u8> {
     }
     v
 }
-/// (warm-up calls, least and most samples, time budget) of a copy of `size` bytes.
-pub(crate) fn copy_budget(size: usize) -> (usize, usize, usize, Duration) {
+/// The environment variable that sets a copy's least warm-up time in milliseconds
+/// ([`COPY_WARM_MS`] when unset).
+pub(crate) const COPY_WARM_VAR: &str = "CUDABUF_PERF_COPY_WARM_MS";
+
+/// A copy's least warm-up time by default, in milliseconds: the calls of a small copy
+/// last a few milliseconds in all, and the device's clocks and the host's caches left by
+/// the figure before it (a host-bound staged copy, or a busy DMA) would otherwise decide
+/// it. `scripts/bench_compare.py` warms the peers' copies for as long.
+pub(crate) const COPY_WARM_MS: u64 = 10;
+
+/// (warm-up, least and most samples, time budget) of a copy of `size` bytes.
+pub(crate) fn copy_budget(size: usize) -> (Warmup, usize, usize, Duration) {
+    let ms = std::env::var(COPY_WARM_VAR)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(COPY_WARM_MS);
+    let at_least = Duration::from_millis(ms);
     if size >= 256 * MIB {
-        (1, 5, 15, Duration::from_millis(600))
+        (
+            Warmup { calls: 1, at_least },
+            5,
+            15,
+            Duration::from_millis(600),
+        )
     } else {
-        (2, 10, 200, Duration::from_millis(300))
+        (
+            Warmup { calls: 2, at_least },
+            10,
+            200,
+            Duration::from_millis(300),
+        )
     }
 }

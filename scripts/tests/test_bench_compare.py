@@ -228,3 +228,24 @@ def test_a_round_without_its_faster_peer_gives_no_per_round_ratio(tmp_path: Path
                     "--sizes", "1M", "--skip-peer"]) == 0
     path = next(p for p in json.loads((out / "compare.json").read_text())["curve"] if p["op"] == "h2d_pageable")
     assert path["points"][0]["round_ratio"] is None
+
+
+def test_copies_warm_up_for_calls_and_for_time(monkeypatch: Any) -> None:
+    # A copy warms up for its warm-up calls and then for the least warm-up time, as perf's do.
+    calls = 0
+
+    def f() -> None:
+        nonlocal calls
+        calls += 1
+
+    bc.time_calls(f, warmup=2, min_reps=1, max_reps=1, budget_s=0.0)
+    assert calls == 3  # two warm-up calls and one timed call
+    calls = 0
+    bc.time_calls(f, warmup=2, min_reps=1, max_reps=1, budget_s=0.0, warm_s=0.02)
+    assert calls > 3  # warm-up calls went on for 20 ms
+    monkeypatch.setenv(bc.COPY_WARM_VAR, "0")
+    assert bc.copy_budget(MIB)["warm_s"] == 0.0
+    monkeypatch.setenv(bc.COPY_WARM_VAR, "25")
+    assert bc.copy_budget(GIB)["warm_s"] == 0.025
+    monkeypatch.delenv(bc.COPY_WARM_VAR)
+    assert bc.copy_budget(MIB)["warm_s"] == bc.COPY_WARM_MS / 1000.0
