@@ -102,10 +102,10 @@ pub(crate) fn pattern(len: usize) -> Vec<u8> {
 /// ([`COPY_WARM_MS`] when unset).
 pub(crate) const COPY_WARM_VAR: &str = "CUDABUF_PERF_COPY_WARM_MS";
 
-/// A copy's least warm-up time by default, in milliseconds: the calls of a small copy
-/// last a few milliseconds in all, and the device's clocks and the host's caches left by
-/// the figure before it (a host-bound staged copy, or a busy DMA) would otherwise decide
-/// it. `scripts/bench_compare.py` warms the peers' copies for as long.
+/// A copy's least warm-up time by default, in milliseconds: the timed calls of a small
+/// copy last a few milliseconds in all, and would otherwise depend on the state the
+/// figure before left behind (the device's clocks, the caches).
+/// `scripts/bench_compare.py` warms the peers' copies for as long.
 pub(crate) const COPY_WARM_MS: u64 = 10;
 
 /// (warm-up, least and most samples, time budget) of a copy of `size` bytes.
