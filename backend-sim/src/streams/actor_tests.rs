@@ -1,7 +1,8 @@
-//! The cost of a long-lived simulator's file calls: each `Stream` file call runs its
-//! chunks on helper threads that live for that call only, and each such thread needs
-//! actors (its host actor, its copy actors for the stream): the clocks must not grow
-//! with the number of calls made.
+//! The cost of a long-lived simulator's file calls and streams: each `Stream` file call
+//! runs its chunks on helper threads that live for that call only, and each such thread
+//! needs actors (its host actor, its copy actors for the stream); each stream a program
+//! makes needs one too. The clocks must not grow with the number of calls made or
+//! streams dropped, and an actor's next owner must hide no race.
 
 use std::fs::File;
 use std::sync::mpsc;
@@ -385,4 +386,264 @@ fn an_ended_thread_with_a_copy_in_flight_keeps_its_actors() {
         });
         assert_eq!(actors(&sim), before, "{what}");
     }
+}
+
+/// 100 streams one after the other, each written by a copy (every other one a promised
+/// copy through pinned memory, which takes a copy actor of the calling thread for that
+/// stream), synchronized and dropped: they reuse one another's actors. Before, each
+/// stream, and each stream's copy actor, added an actor for good.
+#[test]
+fn dropped_streams_give_their_actors_back() {
+    for (schedule, seed) in runs(2) {
+        let what = format!("{schedule:?} seed {seed}");
+        let sim = sim(schedule, seed);
+        let ctx = Backend::new(sim.clone()).context(0).unwrap();
+        let x = ctx.new_buffer(64).unwrap();
+        let first = actors(&sim);
+        for i in 0..100u8 {
+            let flags = StreamFlags {
+                non_blocking: i % 3 == 0,
+                priority: 0,
+            };
+            let s = ctx.new_stream_with(flags).unwrap();
+            if i % 2 == 0 {
+                copy_into(&ctx, &s, &x, i, true)
+                    .and_then(Transfer::wait)
+                    .unwrap();
+            } else {
+                s.copy_from_slice(&x, &[i; 64]).unwrap();
+            }
+            s.synchronize().unwrap();
+            drop(s);
+        }
+        assert_eq!(x.to_vec().unwrap(), [99; 64], "{what}");
+        assert!(
+            actors(&sim) <= first + 4,
+            "{what}: {} actors made",
+            actors(&sim) - first
+        );
+        assert!(
+            sim.race_report().is_empty(),
+            "{what}: {}",
+            sim.race_report()
+        );
+    }
+}
+
+/// A stream `a` writes a scratch buffer and records an event that a stream `t` waits for
+/// (so `t`'s clock knows `a`'s events); `a` is synchronized and dropped, and the scratch
+/// buffer freed (nothing of `a` is remembered any more). A new stream `b`, which gets
+/// `a`'s actor, writes `x` and is not waited for (`racy`), or records an event that `t`
+/// waits for; then `t` writes `x`. What `t` learned of `a` must not hide `b`'s write.
+/// Returns `t`'s write and whether `b` got no new actor.
+fn after_a_reused_stream_actor(
+    schedule: Schedule,
+    seed: u64,
+    racy: bool,
+) -> (SimBackend, Result<()>, bool) {
+    let sim = sim(schedule, seed);
+    let ctx = Backend::new(sim.clone()).context(0).unwrap();
+    let t = ctx.new_stream_with(NON_BLOCKING).unwrap();
+    let x = ctx.new_buffer(64).unwrap();
+    let scratch = ctx.new_buffer(64).unwrap();
+    let a = ctx.new_stream_with(NON_BLOCKING).unwrap();
+    a.copy_from_slice(&scratch, &[1; 64]).unwrap();
+    t.wait_event(&a.record_event().unwrap()).unwrap();
+    a.synchronize().unwrap();
+    drop((a, scratch));
+    let before = actors(&sim);
+    let b = ctx.new_stream_with(NON_BLOCKING).unwrap();
+    let reused = actors(&sim) == before;
+    b.copy_from_slice(&x, &[2; 64]).unwrap();
+    if !racy {
+        t.wait_event(&b.record_event().unwrap()).unwrap();
+    }
+    let write = t
+        .copy_from_slice(&x, &[3; 64])
+        .and_then(|()| t.synchronize());
+    let _ = b.synchronize();
+    (sim, write, reused)
+}
+
+/// The racy program is flagged, and its synchronized twin passes, under every schedule
+/// and seed, with `b` on `a`'s actor.
+#[test]
+fn a_reused_stream_actor_hides_no_race() {
+    for (schedule, seed) in runs(hunt_seeds()) {
+        for racy in [true, false] {
+            let what = format!("{schedule:?} seed {seed} racy {racy}");
+            let (sim, write, reused) = after_a_reused_stream_actor(schedule, seed, racy);
+            assert!(reused, "{what}: b made a new actor");
+            if racy {
+                let e = write.expect_err(&what);
+                assert_eq!(e.kind(), ErrorKind::DataRace, "{what}: {e}");
+            } else {
+                write.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    sim.race_report().is_empty(),
+                    "{what}: {}",
+                    sim.race_report()
+                );
+            }
+        }
+    }
+}
+
+/// A dropped stream's actor is not given out while an access of it is remembered: `a`
+/// writes `x` and is synchronized and dropped while `x` lives (its write remembered);
+/// `b`, made next, gets a new actor. Once `x` is freed, `c` gets `a`'s.
+#[test]
+fn a_dropped_stream_keeps_its_actor_while_its_access_is_remembered() {
+    for (schedule, seed) in runs(2) {
+        let what = format!("{schedule:?} seed {seed}");
+        let sim = sim(schedule, seed);
+        let ctx = Backend::new(sim.clone()).context(0).unwrap();
+        let x = ctx.new_buffer(64).unwrap();
+        let a = ctx.new_stream_with(NON_BLOCKING).unwrap();
+        let a_actor = sim.lock_state().streams.next_actor - 1;
+        a.copy_from_slice(&x, &[1; 64]).unwrap();
+        a.synchronize().unwrap();
+        drop(a);
+        assert!(sim.lock_state().streams.race.remembers(a_actor), "{what}");
+        let before = actors(&sim);
+        let b = ctx.new_stream_with(NON_BLOCKING).unwrap();
+        assert_eq!(actors(&sim), before + 1, "{what}: b took a's actor");
+        // Ordered after `a`'s write (the host saw it done): no race.
+        b.copy_from_slice(&x, &[2; 64]).unwrap();
+        b.synchronize().unwrap();
+        drop(x);
+        let c = ctx.new_stream_with(NON_BLOCKING).unwrap();
+        assert_eq!(actors(&sim), before + 1, "{what}: c made a new actor");
+        assert!(
+            sim.race_report().is_empty(),
+            "{what}: {}",
+            sim.race_report()
+        );
+        drop((b, c));
+    }
+}
+
+/// [`a_reused_stream_actor_hides_no_race`] through the raw streams, where a stream can be
+/// destroyed and retired (drained) while the host knows only part of its work: a stream
+/// `a` copies a scratch buffer and records an event the host waits for, then records a
+/// second event that a stream `t` waits for (`t` knows more of `a` than the host), and is
+/// destroyed without a wait; the scratch buffers are freed. A new stream `b`, on `a`'s
+/// actor, writes `x`; then `t` writes `x`, after an event `b` recorded (`racy`: without
+/// it). `b`'s events must come after every event of `a` that `t` knows.
+#[test]
+fn a_raw_stream_retired_unseen_hides_no_race() {
+    use crate::test_raw::sx;
+    use cudabuf_core::backend::{Platform, StreamFlags as RawFlags};
+    const FLAGS: RawFlags = RawFlags {
+        non_blocking: true,
+        priority: 0,
+    };
+    // The threaded schedule: its worker runs `a`'s last record without the host's
+    // asking (the deterministic one runs work when the host waits for it).
+    for seed in 0..hunt_seeds() {
+        for racy in [true, false] {
+            let schedule = Schedule::Threaded;
+            let what = format!("{schedule:?} seed {seed} racy {racy}");
+            let sim = sim(schedule, seed);
+            let c = sim.device(0).unwrap().primary_context().unwrap();
+            let s = sx(&*c);
+            let [src, scratch, x, y] = [0; 4].map(|_| c.allocate(8).unwrap());
+            // SAFETY: every pointer is a live 8-byte allocation of `c` (freed once, after
+            // the copies that use it are known done), every stream and event one made
+            // here and destroyed once; the simulator checks them all anyway.
+            let (write, reused) = unsafe {
+                c.copy_host_to_device(src, b"12345678").unwrap();
+                c.copy_host_to_device(y, b"abcdefgh").unwrap();
+                let t = s.stream_create(FLAGS).unwrap();
+                let a = s.stream_create(FLAGS).unwrap();
+                s.copy_device_to_device_on(scratch, src, 8, a).unwrap();
+                let seen = s.event_create(false).unwrap();
+                s.event_record(seen, a).unwrap();
+                s.event_synchronize(seen).unwrap();
+                let unseen = s.event_create(false).unwrap();
+                s.event_record(unseen, a).unwrap();
+                s.stream_wait_event(t, unseen).unwrap();
+                s.stream_destroy(a).unwrap();
+                c.free(scratch).unwrap();
+                c.free(src).unwrap();
+                // The worker drains `a` (its record) in the background.
+                let waited = Instant::now();
+                while sim.lock_state().streams.gone_actors.is_empty() {
+                    assert!(waited.elapsed().as_secs() < 60, "{what}: a never drained");
+                    thread::yield_now();
+                }
+                let before = actors(&sim);
+                let b = s.stream_create(FLAGS).unwrap();
+                let reused = actors(&sim) == before;
+                s.copy_device_to_device_on(x, y, 8, b).unwrap();
+                let done = s.event_create(false).unwrap();
+                s.event_record(done, b).unwrap();
+                if !racy {
+                    s.stream_wait_event(t, done).unwrap();
+                }
+                let write = s
+                    .copy_device_to_device_on(x, y, 8, t)
+                    .and_then(|()| s.stream_synchronize(t));
+                let _ = s.stream_synchronize(b);
+                let _ = c.synchronize();
+                for p in [x, y] {
+                    c.free(p).unwrap();
+                }
+                for e in [seen, unseen, done] {
+                    let _ = s.event_destroy(e);
+                }
+                let _ = s.stream_destroy(b);
+                let _ = s.stream_destroy(t);
+                (write, reused)
+            };
+            assert!(reused, "{what}: b made a new actor");
+            if racy {
+                let e = write.expect_err(&what);
+                assert_eq!(e.kind(), ErrorKind::DataRace, "{what}: {e}");
+            } else {
+                write.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    sim.race_report().is_empty(),
+                    "{what}: {}",
+                    sim.race_report()
+                );
+            }
+        }
+    }
+}
+
+/// The benchmark of a long-lived simulator whose program makes and drops streams:
+/// `STREAM_CHURN` (5000 unless set) streams, each written by a copy, synchronized and
+/// dropped; prints the time of each 1000 and of 500 small operations after them
+/// ([`probe`]), and the engine's actor count. `cargo test -p cudabuf-sim --lib [--release]
+/// -- --ignored stream_churn_cost --nocapture`.
+#[test]
+#[ignore = "a benchmark: run it with --ignored --nocapture"]
+fn stream_churn_cost() {
+    let streams: usize = std::env::var("STREAM_CHURN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000);
+    let sim = sim(Schedule::Deterministic, 1);
+    let ctx = Backend::new(sim.clone()).context(0).unwrap();
+    let (x, small) = (ctx.new_buffer(64).unwrap(), ctx.new_buffer(64).unwrap());
+    let probe_stream = ctx.new_stream().unwrap();
+    let mut block = Instant::now();
+    for i in 1..=streams {
+        let s = ctx.new_stream_with(NON_BLOCKING).unwrap();
+        s.copy_from_slice(&x, &[i as u8; 64]).unwrap();
+        s.synchronize().unwrap();
+        drop(s);
+        if i % 1000 == 0 || i == streams {
+            let made = block.elapsed().as_secs_f64() * 1e3;
+            let probe = probe(&probe_stream, &small);
+            eprintln!(
+                "streams {i:>6}: {made:>8.2} ms for the last {}, probe {probe:>7.2} ms per 500 ops, {} actors",
+                (i - 1) % 1000 + 1,
+                actors(&sim)
+            );
+            block = Instant::now();
+        }
+    }
+    assert!(sim.race_report().is_empty(), "{}", sim.race_report());
 }

@@ -161,6 +161,13 @@ pub(crate) struct Engine {
     /// short-lived thread (a file call's helpers) added actors, and every clock
     /// operation cost as many steps as actors were ever made.
     free_actors: Vec<Epoch>,
+    /// Actors whose owner is gone but may still have an access remembered: those of
+    /// destroyed and drained streams (the stream's own, and its threads' copy actors for
+    /// it) and of the per-thread default streams of ended threads, each with the last
+    /// tick any clock may know. One goes to the next stream or thread that needs an actor
+    /// once the race detector remembers no access of it ([`Engine::spare_actor`]).
+    /// Without them every stream a program made and dropped added an actor for good.
+    gone_actors: VecDeque<Epoch>,
     /// Ordered by key (creation order), so that the scheduler's choices depend only on
     /// the seed and the program.
     streams: BTreeMap<StreamKey, StreamState>,
@@ -205,6 +212,9 @@ pub(crate) struct Engine {
     pub(crate) shutdown: bool,
 }
 
+/// The most [`Engine::gone_actors`] looked at for one that is free, per actor needed.
+const GONE_LOOKS: usize = 8;
+
 fn bad_handle(call: &'static str, reason: String) -> Error {
     Error::invalid_argument(call, reason)
 }
@@ -217,6 +227,7 @@ impl Engine {
             rng: Rng::new(settings.seed),
             next_actor: 0,
             free_actors: Vec::new(),
+            gone_actors: VecDeque::new(),
             streams: BTreeMap::new(),
             legacy: Vec::with_capacity(devices),
             per_thread: HashMap::new(),
@@ -276,8 +287,12 @@ impl Engine {
     ) -> Result<StreamKey> {
         let key = handles::new_handle(HandleKind::Stream, self.instance)
             .ok_or_else(|| handles_spent(device, "stream"))?;
-        let actor = self.new_actor();
-        self.insert_stream(key, device, kind, special, Epoch { actor, tick: 0 });
+        // A spare actor continues after the last of its events any clock may know.
+        let from = self.spare_actor().unwrap_or_else(|| Epoch {
+            actor: self.new_actor(),
+            tick: 0,
+        });
+        self.insert_stream(key, device, kind, special, from);
         Ok(key)
     }
 
@@ -343,14 +358,18 @@ impl Engine {
         for (at, key) in settled {
             self.per_thread.remove(&at);
             if let Some(s) = self.streams.remove(&key) {
-                let tick = s.vc.get(s.actor);
-                self.idle_per_thread.insert(
-                    at,
-                    Epoch {
-                        actor: s.actor,
-                        tick,
-                    },
-                );
+                let epoch = Epoch {
+                    actor: s.actor,
+                    tick: s.vc.get(s.actor),
+                };
+                if self.threads.contains_key(&at.1) {
+                    self.idle_per_thread.insert(at, epoch);
+                } else {
+                    // Its thread has ended and given back its actors: it issues nothing
+                    // more (a call from a thread-local destructor registers the thread
+                    // anew, with a new stream).
+                    self.gone_actors.push_back(epoch);
+                }
             }
         }
     }
@@ -543,9 +562,20 @@ impl Engine {
         Ok(())
     }
 
-    /// Removes a destroyed, drained stream (its operations are all done).
+    /// Removes a destroyed, drained stream (its operations are all done). Its actor and
+    /// its threads' copy actors for it go to [`gone_actors`](Self::gone_actors): nothing
+    /// is issued to it any more.
     fn retire(&mut self, key: StreamKey) {
         if let Some(s) = self.streams.remove(&key) {
+            self.gone_actors.push_back(Epoch {
+                actor: s.actor,
+                tick: s.vc.get(s.actor),
+            });
+            self.gone_actors.extend(
+                s.promise
+                    .values()
+                    .map(|&(actor, tick)| Epoch { actor, tick }),
+            );
             let device = s.desc.device;
             let into = |r: &mut Retired| {
                 r.vc.join(&s.vc);
@@ -987,16 +1017,42 @@ impl Engine {
     /// ended thread left ([`reclaim_ended_threads`](Self::reclaim_ended_threads)), or a
     /// new one (tick 0). Its owner's events continue after that tick.
     fn thread_actor(&mut self) -> Epoch {
+        self.spare_actor().unwrap_or_else(|| Epoch {
+            actor: self.new_actor(),
+            tick: 0,
+        })
+    }
+
+    /// An actor no one uses any more, with the last tick of it that any clock may know,
+    /// for a new stream or thread: one an ended thread left
+    /// ([`reclaim_ended_threads`](Self::reclaim_ended_threads)), or one of
+    /// [`gone_actors`](Self::gone_actors) of which the race detector remembers no access
+    /// (the oldest first; at most [`GONE_LOOKS`] are looked at per call, so that actors
+    /// whose accesses stay remembered cost a bounded time). `None`: make a new one.
+    ///
+    /// Safe for the reasons [`reclaim_ended_threads`](Self::reclaim_ended_threads)
+    /// gives: a verdict asks only whether a clock knows the event of a remembered access,
+    /// and a gone actor has none now and gets none from its old owner (a drained,
+    /// destroyed stream issues nothing; nor does a stream's copy actor once the stream
+    /// is gone, nor an ended thread's per-thread stream); its new owner's events come
+    /// after every event of it that any clock knows (a stream's own clock holds its last
+    /// issued operation's; a copy actor's count of events is its last), so a clock knows
+    /// one of them only if it learned it, as with a new actor.
+    fn spare_actor(&mut self) -> Option<Epoch> {
         if self.free_actors.is_empty() {
             self.reclaim_ended_threads();
         }
-        match self.free_actors.pop() {
-            Some(epoch) => epoch,
-            None => Epoch {
-                actor: self.new_actor(),
-                tick: 0,
-            },
+        if let Some(epoch) = self.free_actors.pop() {
+            return Some(epoch);
         }
+        for _ in 0..self.gone_actors.len().min(GONE_LOOKS) {
+            let epoch = self.gone_actors.pop_front()?;
+            if !self.race.remembers(epoch.actor) {
+                return Some(epoch);
+            }
+            self.gone_actors.push_back(epoch);
+        }
+        None
     }
 
     /// Takes back the actors of host threads that have ended (their host actor, and
@@ -1043,8 +1099,8 @@ impl Engine {
             .map(|(&id, _)| id)
             .collect();
         for id in ended {
-            // Its copy actors of the live streams (those of streams that are gone stay
-            // unused, as before). `promise` and `promised_by` hold entries of the thread
+            // Its copy actors of the live streams (those of streams that are gone went
+            // to `gone_actors` with their stream). `promise` and `promised_by` hold entries of the thread
             // only in the streams of its list: `next_copy_epoch` lists a stream before
             // either gets one.
             let copies: Vec<Epoch> = self.threads[&id]
@@ -1063,6 +1119,15 @@ impl Engine {
                     s.promised_by.remove(&id);
                 }
             }
+            // Its per-thread default streams put away: it issues nothing more to them.
+            let gone = &mut self.gone_actors;
+            self.idle_per_thread.retain(|&(_, thread), &mut epoch| {
+                let keep = thread != id;
+                if !keep {
+                    gone.push_back(epoch);
+                }
+                keep
+            });
             // The host actor last, so given out first: a new thread registers before its
             // first copy, and each actor tends to keep its role (any role would do).
             self.free_actors.extend(copies);

@@ -46,7 +46,10 @@ fn settled_streams_of_finished_threads_are_put_away() {
         let sim = sim(schedule);
         let c = context(&sim);
         let (a, b) = (c.allocate(8).unwrap(), c.allocate(8).unwrap());
-        let before = sim.lock_state().streams.streams.len();
+        let (before, actors_before) = {
+            let state = sim.lock_state();
+            (state.streams.streams.len(), state.streams.next_actor)
+        };
         for _ in 0..THREADS {
             let c = c.clone();
             thread::spawn(move || {
@@ -58,7 +61,17 @@ fn settled_streams_of_finished_threads_are_put_away() {
         }
         let state = sim.lock_state();
         assert_eq!(state.streams.streams.len(), before, "{schedule:?}");
-        assert_eq!(state.streams.idle_per_thread.len(), THREADS);
+        // The streams put away of ended threads go with the threads' other actors to the
+        // next threads: neither they nor the actors grow with the threads.
+        let (idle, actors) = (
+            state.streams.idle_per_thread.len(),
+            state.streams.next_actor - actors_before,
+        );
+        eprintln!("{schedule:?}: {idle} put away, {actors} actors made");
+        assert!(
+            idle <= 2 && actors <= 6,
+            "{schedule:?}: {idle} put away, {actors} actors made"
+        );
         drop(state);
         assert!(sim.race_report().is_empty());
         for p in [a, b] {
