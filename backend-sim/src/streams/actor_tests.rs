@@ -317,6 +317,22 @@ fn after_a_reused_actor(
     (sim, result.0, result.1)
 }
 
+/// The verdict a program across a reused actor must get: a racy one fails with a data
+/// race; its synchronized twin passes with an empty race report.
+fn check_verdict(what: &str, racy: bool, sim: &SimBackend, write: Result<()>) {
+    if racy {
+        let e = write.expect_err(what);
+        assert_eq!(e.kind(), ErrorKind::DataRace, "{what}: {e}");
+    } else {
+        write.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            sim.race_report().is_empty(),
+            "{what}: {}",
+            sim.race_report()
+        );
+    }
+}
+
 /// The racy program is flagged, and its synchronized twin passes, under every schedule
 /// and seed, with `B` on `A`'s actors.
 #[test]
@@ -327,17 +343,7 @@ fn a_reused_actor_hides_no_race() {
                 let what = format!("{schedule:?} seed {seed} a_pinned {a_pinned} racy {racy}");
                 let (sim, write, reused) = after_a_reused_actor(schedule, seed, a_pinned, racy);
                 assert!(reused, "{what}: B made new actors");
-                if racy {
-                    let e = write.expect_err(&what);
-                    assert_eq!(e.kind(), ErrorKind::DataRace, "{what}: {e}");
-                } else {
-                    write.unwrap_or_else(|e| panic!("{what}: {e}"));
-                    assert!(
-                        sim.race_report().is_empty(),
-                        "{what}: {}",
-                        sim.race_report()
-                    );
-                }
+                check_verdict(&what, racy, &sim, write);
             }
         }
     }
@@ -474,17 +480,7 @@ fn a_reused_stream_actor_hides_no_race() {
             let what = format!("{schedule:?} seed {seed} racy {racy}");
             let (sim, write, reused) = after_a_reused_stream_actor(schedule, seed, racy);
             assert!(reused, "{what}: b made a new actor");
-            if racy {
-                let e = write.expect_err(&what);
-                assert_eq!(e.kind(), ErrorKind::DataRace, "{what}: {e}");
-            } else {
-                write.unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert!(
-                    sim.race_report().is_empty(),
-                    "{what}: {}",
-                    sim.race_report()
-                );
-            }
+            check_verdict(&what, racy, &sim, write);
         }
     }
 }
@@ -597,17 +593,7 @@ fn a_raw_stream_retired_unseen_hides_no_race() {
                 (write, reused)
             };
             assert!(reused, "{what}: b made a new actor");
-            if racy {
-                let e = write.expect_err(&what);
-                assert_eq!(e.kind(), ErrorKind::DataRace, "{what}: {e}");
-            } else {
-                write.unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert!(
-                    sim.race_report().is_empty(),
-                    "{what}: {}",
-                    sim.race_report()
-                );
-            }
+            check_verdict(&what, racy, &sim, write);
         }
     }
 }
