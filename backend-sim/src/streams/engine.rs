@@ -1100,9 +1100,9 @@ impl Engine {
             .collect();
         for id in ended {
             // Its copy actors of the live streams (those of streams that are gone went
-            // to `gone_actors` with their stream). `promise` and `promised_by` hold entries of the thread
-            // only in the streams of its list: `next_copy_epoch` lists a stream before
-            // either gets one.
+            // to `gone_actors` with their stream). `promise` and `promised_by` hold
+            // entries of the thread only in the streams of its list: `next_copy_epoch`
+            // lists a stream before either gets one.
             let copies: Vec<Epoch> = self.threads[&id]
                 .copies
                 .iter()
