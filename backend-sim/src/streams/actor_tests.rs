@@ -633,3 +633,70 @@ fn stream_churn_cost() {
     }
     assert!(sim.race_report().is_empty(), "{}", sim.race_report());
 }
+
+/// A thread's default stream, put away once settled and taken back for the next copy,
+/// 100 times, each time with a promised copy on it (pageable, then pinned): the copy
+/// actors it held go back with each put-away, so the actors stay bounded.
+#[test]
+fn a_put_away_stream_gives_back_its_copy_actors() {
+    for (schedule, seed) in runs(2) {
+        let what = format!("{schedule:?} seed {seed}");
+        let sim = sim(schedule, seed);
+        let ctx = Backend::new(sim.clone()).context(0).unwrap();
+        let s = ctx.per_thread_stream();
+        let x = ctx.new_buffer(64).unwrap();
+        let first = actors(&sim);
+        for i in 0..100u8 {
+            copy_into(&ctx, &s, &x, i, i % 2 == 1)
+                .and_then(Transfer::wait)
+                .unwrap();
+            s.synchronize().unwrap();
+        }
+        assert_eq!(x.to_vec().unwrap(), [99; 64], "{what}");
+        let made = actors(&sim) - first;
+        assert!(made <= 4, "{what}: {made} actors made");
+        assert!(
+            sim.race_report().is_empty(),
+            "{what}: {}",
+            sim.race_report()
+        );
+    }
+}
+
+/// A pinned promised copy on a stream `p` takes a copy actor of the main thread; an event
+/// recorded after it, which a stream `t` waits for, teaches `t` that actor's events. `p`
+/// is dropped and its scratch buffer freed; a new stream `b` gets a promised copy into
+/// `x`, on `p`'s copy actor; `t` then writes `x`, after an event `b` recorded, or not
+/// (`racy`). What `t` learned of the copy actor must not hide `b`'s copy.
+#[test]
+fn a_reused_copy_actor_hides_no_race() {
+    for (schedule, seed) in runs(hunt_seeds()) {
+        for racy in [true, false] {
+            let what = format!("{schedule:?} seed {seed} racy {racy}");
+            let sim = sim(schedule, seed);
+            let ctx = Backend::new(sim.clone()).context(0).unwrap();
+            let t = ctx.new_stream_with(NON_BLOCKING).unwrap();
+            let x = ctx.new_buffer(64).unwrap();
+            let scratch = ctx.new_buffer(64).unwrap();
+            let p = ctx.new_stream_with(NON_BLOCKING).unwrap();
+            let copy = copy_into(&ctx, &p, &scratch, 1, true).unwrap();
+            t.wait_event(&p.record_event().unwrap()).unwrap();
+            copy.wait().unwrap();
+            p.synchronize().unwrap();
+            drop((p, scratch));
+            let before = actors(&sim);
+            let b = ctx.new_stream_with(NON_BLOCKING).unwrap();
+            let copy = copy_into(&ctx, &b, &x, 2, true).unwrap();
+            let reused = actors(&sim) == before;
+            if !racy {
+                t.wait_event(&b.record_event().unwrap()).unwrap();
+            }
+            let write = t
+                .copy_from_slice(&x, &[3; 64])
+                .and_then(|()| t.synchronize());
+            copy.wait().unwrap();
+            assert!(reused, "{what}: b or its copy made a new actor");
+            check_verdict(&what, racy, &sim, write);
+        }
+    }
+}

@@ -358,6 +358,8 @@ impl Engine {
         for (at, key) in settled {
             self.per_thread.remove(&at);
             if let Some(s) = self.streams.remove(&key) {
+                // The stream comes back under a new key, with no copy actors.
+                self.give_back_copy_actors(key, &s);
                 let epoch = Epoch {
                     actor: s.actor,
                     tick: s.vc.get(s.actor),
@@ -370,6 +372,22 @@ impl Engine {
                     // anew, with a new stream).
                     self.gone_actors.push_back(epoch);
                 }
+            }
+        }
+    }
+
+    /// The copy actors that threads held for the stream `key`, which has left `streams`
+    /// (retired, or put away: it is never issued to under `key` again), go to
+    /// [`gone_actors`](Self::gone_actors) with their last tick, and leave their threads'
+    /// lists.
+    fn give_back_copy_actors(&mut self, key: StreamKey, s: &StreamState) {
+        // In actor order, so that which actor goes out next depends only on the program.
+        let mut held: Vec<_> = s.promise.iter().collect();
+        held.sort_unstable_by_key(|(_, &(actor, _))| actor);
+        for (&(thread, path), &(actor, tick)) in held {
+            self.gone_actors.push_back(Epoch { actor, tick });
+            if let Some(t) = self.threads.get_mut(&thread) {
+                t.copies.retain(|&c| c != (key, path));
             }
         }
     }
@@ -571,11 +589,7 @@ impl Engine {
                 actor: s.actor,
                 tick: s.vc.get(s.actor),
             });
-            self.gone_actors.extend(
-                s.promise
-                    .values()
-                    .map(|&(actor, tick)| Epoch { actor, tick }),
-            );
+            self.give_back_copy_actors(key, &s);
             let device = s.desc.device;
             let into = |r: &mut Retired| {
                 r.vc.join(&s.vc);
